@@ -1,0 +1,148 @@
+"""Pure renderers for scheduler text: the interactive allocation argv and the validation batch script.
+
+Scheduler dialects come from the recipe (Vista rejects --gres/--gpus-per-task/--mem; Cirrus needs --gres and
+--qos; Polaris is PBS with -l filesystems=). Every recipe value that lands in a script is shell-quoted.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from envbuilder import launchers
+from envbuilder.errors import RecipeError
+
+
+@dataclass(frozen=True)
+class JobShape:
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int
+    cpus_per_task: Optional[int]
+    partition: Optional[str]
+    time: str
+    account: Optional[str]
+    name: str
+
+
+def minutes(hhmmss: str) -> int:
+    h, m, s = (int(x) for x in hhmmss.split(":"))
+    return h * 60 + m + (1 if s else 0)
+
+
+def interactive_argv(template: Sequence[str], job: JobShape) -> list[str]:
+    """Fill the site's interactive template ({partition} {nodes} {tasks} {time} {minutes} {gpus})."""
+    values = {
+        "partition": job.partition or "",
+        "nodes": str(job.nodes),
+        "tasks": str(job.nodes * job.tasks_per_node),
+        "time": job.time,
+        "minutes": str(minutes(job.time)),
+        "gpus": str(job.gpus_per_node),
+        "account": job.account or "",
+    }
+    out: list[str] = []
+    for part in template:
+        try:
+            filled = part.format(**values)
+        except (KeyError, IndexError, ValueError):
+            raise RecipeError(
+                f"unknown placeholder in {part!r}",
+                key="scheduler.interactive",
+                hint="placeholders: {partition} {nodes} {tasks} {time} {minutes} {gpus} {account}",
+            ) from None
+        if not filled and "{" in part:
+            # An option whose value is unknown (no --account given): leave the pair out rather than emit "-A ''".
+            if out and out[-1].startswith("-"):
+                out.pop()
+            continue
+        out.append(filled)
+    return out
+
+
+def slurm_directives(job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
+    flags = [
+        f"--job-name={job.name}",
+        f"--nodes={job.nodes}",
+        f"--ntasks={job.nodes * job.tasks_per_node}",
+        f"--ntasks-per-node={job.tasks_per_node}",
+        f"--time={job.time}",
+    ]
+    if job.partition:
+        flags.append(f"--partition={job.partition}")
+    if job.account:
+        flags.append(f"--account={job.account}")
+    if job.cpus_per_task:
+        flags.append(f"--cpus-per-task={job.cpus_per_task}")
+    if job.gpus_per_node:
+        if gpu_request == "gpus-per-node":
+            flags.append(f"--gpus-per-node={job.gpus_per_node}")
+        elif gpu_request == "gres":
+            flags.append(f"--gres=gpu:{job.gpus_per_node}")
+        elif gpu_request == "gpus":
+            flags.append(f"--gpus={job.gpus_per_node * job.nodes}")
+    flags.extend(required)
+    return flags
+
+
+def pbs_directives(job: JobShape, required: Sequence[str]) -> list[str]:
+    flags = [f"-N {job.name}", f"-l select={job.nodes}", f"-l walltime={job.time}"]
+    if job.partition:
+        flags.append(f"-q {job.partition}")
+    if job.account:
+        flags.append(f"-A {job.account}")
+    flags.extend(required)
+    return flags
+
+
+def check_forbidden(directives: Sequence[str], forbidden: Sequence[str], recipe_file: str) -> None:
+    for flag in directives:
+        head = flag.split("=", 1)[0].split(" ", 1)[0]
+        if head in forbidden:
+            raise RecipeError(
+                f"the batch script would pass {head}, which this site rejects",
+                file=recipe_file,
+                key="scheduler.forbidden_flags",
+                hint="change scheduler.gpu_request or scheduler.required_flags",
+            )
+
+
+def script(
+    *,
+    scheduler: str,
+    directives: Sequence[str],
+    module_use: Sequence[str],
+    modules: Sequence[str],
+    env: Mapping[str, str],
+    unset: Sequence[str],
+    multinode: bool,
+    launch: Sequence[launchers.Arg],
+    workdir: str,
+) -> str:
+    prefix = "#SBATCH " if scheduler == "slurm" else "#PBS "
+    lines = ["#!/bin/bash", *(prefix + d for d in directives), "", "set -euo pipefail"]
+    if scheduler == "pbs":
+        lines.append('cd "${PBS_O_WORKDIR:-$PWD}"')
+    for path in module_use:
+        lines.append(f"module use {shlex.quote(path)}")
+    if modules:
+        lines.append("module load " + " ".join(shlex.quote(m) for m in modules))
+    for var in unset:
+        lines.append(f"unset {var}")
+    for key, value in env.items():
+        lines.append(f"export {key}={shlex.quote(value)}")
+    if multinode:
+        if scheduler == "slurm":
+            lines.append('MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
+        else:
+            lines.append('MASTER_ADDR=$(head -n 1 "$PBS_NODEFILE")')
+        lines.append("export MASTER_ADDR")
+    lines.append(f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)}")
+    lines.append(launchers.render(launch))
+    return "\n".join(lines) + "\n"
+
+
+def required_flags(data: Mapping[str, Any]) -> list[str]:
+    return list(data.get("scheduler", {}).get("required_flags", []))

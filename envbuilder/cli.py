@@ -1,0 +1,146 @@
+"""Thin CLI: parse, dispatch to a command function, render. Errors are caught here and nowhere else."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+from envbuilder import __version__
+from envbuilder.commands import plan as plan_cmd
+from envbuilder.commands import probe as probe_cmd
+from envbuilder.commands import recipes as recipes_cmd
+from envbuilder.console import Out
+from envbuilder.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EnvbuilderError
+
+RESULT_VERSION = 1
+
+Handler = Callable[[argparse.Namespace, Out], Any]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so main() stays the single exit point."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _UsageExit(f"{self.prog}: {message}")
+
+
+class _UsageExit(Exception):
+    pass
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one versioned JSON object on stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="envbuilder",
+        description="Build, validate and keep PyTorch environments on HPC clusters, from tested site recipes.",
+    )
+    parser.add_argument("--version", action="version", version=f"envbuilder {__version__}")
+    parser.add_argument("--traceback", action="store_true", help="show the Python stack on errors")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every command run")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("plan", help="show every step create would take for a recipe")
+    p.add_argument("recipe", help="recipe name (see `envbuilder recipes list`)")
+    p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
+    p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
+    p.add_argument("--launcher", choices=("local", "torchrun", "srun", "ibrun", "mpiexec", "mpirun"))
+    p.add_argument("--nodes", type=_positive, metavar="N")
+    p.add_argument("--nproc-per-node", type=_positive, metavar="N")
+    p.add_argument("--account", metavar="NAME", help="allocation account for batch jobs")
+    _add_json(p)
+    p.set_defaults(handler=plan_cmd.handle)
+
+    p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
+    _add_json(p)
+    p.set_defaults(handler=probe_cmd.handle)
+
+    p = sub.add_parser("recipes", help="list and inspect recipes")
+    rsub = p.add_subparsers(dest="recipes_command", metavar="ACTION", parser_class=_Parser)
+    r = rsub.add_parser("list", help="every recipe on the search path")
+    _add_json(r)
+    r.set_defaults(handler=recipes_cmd.handle_list)
+    r = rsub.add_parser("show", help="a recipe's effective values")
+    r.add_argument("recipe")
+    r.add_argument("--explain", action="store_true", help="show the file each value came from")
+    _add_json(r)
+    r.set_defaults(handler=recipes_cmd.handle_show)
+    r = rsub.add_parser("schema", help="print the recipe JSON schema (for editors)")
+    r.set_defaults(handler=recipes_cmd.handle_schema, json=False)
+    p.set_defaults(handler=None, subparser=p)
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, found {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, found {value}")
+    return value
+
+
+def envelope(command: str, status: str, data: Any, errors: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    return {
+        "envbuilder_result_version": RESULT_VERSION,
+        "command": command,
+        "status": status,
+        "data": data,
+        "errors": list(errors),
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    out = Out()
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except _UsageExit as exc:
+        out.error(str(exc), hint="envbuilder --help")
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help / --version
+        return int(exc.code or 0)
+    if args.verbose:
+        logging.basicConfig(level=logging.DEBUG, format="%(message)s", stream=sys.stderr)
+    handler: Optional[Handler] = getattr(args, "handler", None)
+    if handler is None:
+        (getattr(args, "subparser", None) or parser).print_help(sys.stderr)
+        return EXIT_USAGE
+    command = args.command if args.command != "recipes" else f"recipes {args.recipes_command}"
+    as_json = bool(getattr(args, "json", False))
+    try:
+        data = handler(args, out)
+    except EnvbuilderError as exc:
+        if args.traceback:
+            traceback.print_exc()
+        out.error(exc.message, exc.hint)
+        if as_json:
+            print(json.dumps(envelope(command, "error", getattr(exc, "data", None), _errors(exc)), indent=2))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        out.error("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if args.traceback or os.environ.get("ENVBUILDER_TRACEBACK"):
+            traceback.print_exc()
+        out.error(f"internal error: {type(exc).__name__}: {exc}", hint="rerun with --traceback and report it")
+        return EXIT_INTERNAL
+    if as_json:
+        print(json.dumps(envelope(command, "ok", data), indent=2))
+    return EXIT_OK
+
+
+def _errors(exc: EnvbuilderError) -> list[dict[str, Any]]:
+    many = getattr(exc, "errors", None)
+    if many:
+        return [e.to_json() for e in many]
+    return [exc.to_json()]

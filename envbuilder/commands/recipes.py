@@ -1,0 +1,93 @@
+"""`envbuilder recipes list|show|schema`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.table import Table
+
+from envbuilder import loader, schema
+from envbuilder.catalog import Catalog
+from envbuilder.console import Out
+from envbuilder.errors import RecipeError
+
+
+def list_recipes(catalog: Catalog) -> list[dict[str, Any]]:
+    rows = []
+    for name in catalog.names():
+        entry = catalog.entries[name]
+        row: dict[str, Any] = {
+            "name": name,
+            "file": entry.display(),
+            "layer": entry.layer.label,
+            "overrides": [str(p) for p in entry.shadows],
+        }
+        try:
+            recipe = loader.load(name, catalog)
+        except RecipeError as exc:
+            row.update(error=exc.message)
+            rows.append(row)
+            continue
+        row.update(
+            site=recipe.get("site.name"),
+            status=recipe.get("site.status", "active"),
+            kind=recipe.get("env.kind"),
+            torch=recipe.get("torch.version") if recipe.get("torch.install") else "from site",
+            variant=recipe.get("torch.variant") if recipe.get("torch.install") else None,
+            version=recipe.get("recipe.version"),
+            description=recipe.get("recipe.description", ""),
+        )
+        rows.append(row)
+    return rows
+
+
+def handle_list(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    catalog = Catalog.from_env()
+    rows = list_recipes(catalog)
+    if not args.json:
+        table = Table(box=None, pad_edge=False)
+        width = max((len(r["name"]) for r in rows), default=4)
+        table.add_column("name", no_wrap=True, min_width=width)
+        for col in ("site", "status", "kind", "torch"):
+            table.add_column(col, no_wrap=True)
+        table.add_column("from", overflow="fold")  # "builtin" or the ENVBUILDER_RECIPE_PATH entry
+        for row in rows:
+            if "error" in row:
+                table.add_row(row["name"], "", "[red]broken[/red]", "", "", row["layer"])
+                continue
+            torch = row["torch"] + (f" {row['variant']}" if row.get("variant") else "")
+            table.add_row(row["name"], row["site"] or "-", row["status"], row["kind"], torch, row["layer"])
+        out.console.print(table)
+        for row in rows:
+            if "error" in row:
+                out.warn(f"{row['name']}: {row['error']}")
+    return {
+        "recipes": rows,
+        "search_path": [{"label": la.label, "root": str(la.root)} for la in catalog.layers],
+    }
+
+
+def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    recipe = loader.load(args.recipe, Catalog.from_env())
+    leaves = recipe.leaves()
+    if not args.json:
+        out.heading(f"{recipe.name}: {' <- '.join(recipe.chain)}")
+        width = max(len(k) for k, _, _ in leaves)
+        for key, value, source in leaves:
+            shown = json.dumps(value)
+            if args.explain:
+                out.line(f"  {key.ljust(width)} = {shown}    # {source}")
+            else:
+                out.line(f"  {key.ljust(width)} = {shown}")
+    return {
+        "name": recipe.name,
+        "files": list(recipe.chain),
+        "values": recipe.data,
+        "sources": {k: s for k, _, s in leaves} if args.explain else None,
+    }
+
+
+def handle_schema(args: argparse.Namespace, out: Out) -> None:
+    print(json.dumps(schema.json_schema(), indent=2))

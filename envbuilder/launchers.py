@@ -1,0 +1,173 @@
+"""Pure argv builders for the validation launch: local, torchrun, srun, ibrun, mpiexec (PALS), mpirun.
+
+Two shapes of program exist:
+* ``agent``: the program is torchrun, which spawns one worker per GPU itself. Wrapped by srun it must run
+  exactly once per node (``--ntasks-per-node=1``): the Zurada seed's ``--ntasks-per-node=2`` around torchrun
+  launches two independent jobs on the same GPUs, and this module makes that impossible.
+* ``ranks``: the launcher starts every rank (MPI style); the program reads its rank from the launcher's env.
+
+Values that only a batch script can know (the first host of the allocation) are :class:`ShellVar` elements:
+they show as ``$NAME`` in a plan and render as ``"$NAME"`` in a script, while every other element is quoted.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from envbuilder.errors import UsageError
+
+LAUNCHERS = ("local", "torchrun", "srun", "ibrun", "mpiexec", "mpirun")
+
+
+class ShellVar(str):
+    """An argv element that a batch script expands (``$NAME``); never a recipe value."""
+
+    __slots__ = ()
+
+    def __new__(cls, name: str) -> ShellVar:
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"not a variable name: {name!r}")
+        return super().__new__(cls, "$" + name)
+
+    @property
+    def var(self) -> str:
+        return self[1:]
+
+
+Arg = Union[str, ShellVar]
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    python: str  # the env's interpreter
+    script: tuple[str, ...]  # payload path and its arguments
+    nodes: int = 1
+    nproc_per_node: int = 1
+    #: How to call torchrun with the env's python (``python -m torch.distributed.run``).
+    torchrun: tuple[str, ...] = ()
+    port: int = 29500
+    rdzv_id: Arg = "envbuilder"
+    mpi: Optional[str] = None  # srun --mpi plugin
+    cpu_bind: Optional[str] = None
+    depth: Optional[int] = None
+    #: argv prefix that maps local rank -> CUDA_VISIBLE_DEVICES before the program starts (Polaris)
+    affinity_wrapper: tuple[str, ...] = ()
+
+    @property
+    def program(self) -> tuple[str, ...]:
+        """argv of one rank started directly (MPI launchers, local)."""
+        return (self.python, *self.script)
+
+
+MASTER_ADDR = ShellVar("MASTER_ADDR")
+
+
+def torchrun_argv(spec: LaunchSpec, master: Arg = MASTER_ADDR) -> list[Arg]:
+    """torchrun for one node agent: standalone on one node, c10d rendezvous at the first host otherwise."""
+    if not spec.torchrun:
+        raise UsageError("the torchrun launcher needs the env's python")
+    argv: list[Arg] = list(spec.torchrun)
+    if spec.nodes == 1:
+        argv += ["--standalone", "--nnodes=1", f"--nproc-per-node={spec.nproc_per_node}"]
+    else:
+        # One shared endpoint for every node: the allocation's first host, one fixed port. Never localhost.
+        argv += [
+            f"--nnodes={spec.nodes}",
+            f"--nproc-per-node={spec.nproc_per_node}",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint",
+            _join_host_port(master, spec.port),
+            "--rdzv-id",
+            spec.rdzv_id,
+        ]
+    # torchrun runs the script with its own interpreter (the env's python), so it gets the script, not python.
+    return argv + list(spec.script)
+
+
+def _join_host_port(host: Arg, port: int) -> Arg:
+    if isinstance(host, ShellVar):
+        return _Joined(host, f":{port}")
+    return f"{host}:{port}"
+
+
+class _Joined(str):
+    """A ShellVar followed by literal text (``$MASTER_ADDR:29500``)."""
+
+    var: ShellVar
+    suffix: str
+
+    def __new__(cls, var: ShellVar, suffix: str) -> _Joined:
+        obj = super().__new__(cls, str(var) + suffix)
+        obj.var = var
+        obj.suffix = suffix
+        return obj
+
+
+def build(name: str, spec: LaunchSpec) -> list[Arg]:
+    """The validation launch argv for launcher ``name``."""
+    total = spec.nodes * spec.nproc_per_node
+    if name == "local":
+        if total != 1:
+            raise UsageError(
+                f"the local launcher runs one process; {total} were asked for",
+            )
+        return list(spec.program)
+    if name == "torchrun":
+        if spec.nodes != 1:
+            raise UsageError(
+                "torchrun alone reaches one node; use srun (Slurm) or mpiexec to start one agent per node"
+            )
+        return torchrun_argv(spec)
+    if name == "srun":
+        # Agent mode: exactly one torchrun per node.
+        argv: list[Arg] = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--ntasks={spec.nodes}"]
+        if spec.mpi:
+            argv.append(f"--mpi={spec.mpi}")
+        return argv + torchrun_argv(spec)
+    if name == "ibrun":
+        # TACC's MPI launcher: one rank per GPU; the payload reads its rank from the MPI environment.
+        return ["ibrun", "-n", str(total), *spec.affinity_wrapper, *spec.program]
+    if name == "mpiexec":
+        argv = ["mpiexec", "-n", str(total), "--ppn", str(spec.nproc_per_node)]
+        if spec.depth:
+            argv += ["--depth", str(spec.depth)]
+        if spec.cpu_bind:
+            argv += ["--cpu-bind", spec.cpu_bind]
+        return [*argv, *spec.affinity_wrapper, *spec.program]
+    if name == "mpirun":
+        return [
+            "mpirun",
+            "-n",
+            str(total),
+            "--map-by",
+            f"ppr:{spec.nproc_per_node}:node",
+            *spec.affinity_wrapper,
+            *spec.program,
+        ]
+    raise UsageError(f"unknown launcher {name!r}; known: {', '.join(LAUNCHERS)}")
+
+
+def is_agent(name: str) -> bool:
+    """True when the launcher runs torchrun agents (the program reads torchrun's env), not MPI ranks."""
+    return name in ("torchrun", "srun")
+
+
+def render(argv: Sequence[Arg]) -> str:
+    """Shell text for a batch script: every element quoted, shell variables expanded inside double quotes."""
+    parts = []
+    for arg in argv:
+        if isinstance(arg, _Joined):
+            parts.append(f'"${{{arg.var.var}}}"' + shlex.quote(arg.suffix))
+        elif isinstance(arg, ShellVar):
+            parts.append(f'"${{{arg.var}}}"')
+        else:
+            parts.append(shlex.quote(arg))
+    return " ".join(parts)
+
+
+def plain(argv: Sequence[Arg]) -> list[str]:
+    """argv as plain strings (for JSON): shell variables show as $NAME."""
+    return [str(a) for a in argv]

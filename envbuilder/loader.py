@@ -1,0 +1,276 @@
+"""Load a recipe: read its ``extends`` chain, validate each file strictly, merge, and remember where every value
+came from (built-in defaults < site file < recipe chain < command line)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from envbuilder import schema
+from envbuilder.catalog import Catalog, display_path, read_toml
+from envbuilder.errors import RecipeError, RecipeNotFound
+from envbuilder.wheels import GATES, TORCH_PACKAGES
+
+DEFAULTS_SOURCE = "<defaults>"
+
+#: Values every recipe starts from. Kept small: a recipe should say what it means.
+DEFAULTS: dict[str, Any] = {
+    "env": {
+        "kind": "venv",
+        "installer": "uv",
+        "prefix": "${SCRATCH}/envbuilder/envs/{name}",
+        "system_site_packages": False,
+    },
+    "python": {"command": "python3"},
+    "modules": {"system": "none", "use": [], "load": [], "build_only": []},
+    "scheduler": {"type": "none"},
+    "torch": {
+        "install": True,
+        "version": "latest",
+        "variant": "auto",
+        "channel": "stable",
+        "packages": ["torch", "torchvision", "torchaudio"],
+        "allow": [],
+    },
+    "launcher": {"default": "torchrun", "gpu_affinity": "none", "port": 29500},
+    "activate": {"modules": [], "env": {}, "profiles": []},
+    "validation": {
+        "checks": ["import", "gpu", "arch", "cuda", "libraries", "nccl", "ddp", "filesystem"],
+        "nodes": 1,
+    },
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    path: Path
+    chain: tuple[str, ...]  # display names of the files, child first
+    data: Mapping[str, Any]
+    provenance: Mapping[str, str]  # dotted key -> source
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        node: Any = self.data
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def source_of(self, dotted: str) -> str:
+        return self.provenance.get(dotted, DEFAULTS_SOURCE)
+
+    def leaves(self) -> list[tuple[str, Any, str]]:
+        out: list[tuple[str, Any, str]] = []
+        _leaves(self.data, "", out, self.provenance)
+        return out
+
+
+def _leaves(node: Any, path: str, out: list[tuple[str, Any, str]], prov: Mapping[str, str]) -> None:
+    if isinstance(node, Mapping) and node:
+        for key in node:
+            _leaves(node[key], f"{path}.{key}" if path else key, out, prov)
+    else:
+        out.append((path, node, prov.get(path, DEFAULTS_SOURCE)))
+
+
+def load(name: str, catalog: Catalog, overrides: Optional[Mapping[str, tuple[Any, str]]] = None) -> Recipe:
+    """Load recipe ``name``. ``overrides`` maps dotted keys to (value, source) applied last (CLI flags)."""
+    entry = catalog.entries.get(name)
+    if entry is None:
+        close = difflib.get_close_matches(name, catalog.names(), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else "run `envbuilder recipes list` to see them"
+        raise RecipeNotFound(f"no recipe named {name!r} on the recipe path", hint=hint)
+    if entry.path in catalog.broken:
+        raise RecipeError(catalog.broken[entry.path], file=entry.display())
+
+    chain = _read_chain(entry.path, catalog)
+    merged: dict[str, Any] = {}
+    prov: dict[str, str] = {}
+    _merge(merged, DEFAULTS, DEFAULTS_SOURCE, prov, "")
+    corrections: list[dict[str, Any]] = []
+    for path, doc in reversed(chain):
+        source = display_path(path, catalog.layer_of(path))
+        body = {k: v for k, v in doc.items() if k not in ("schema_version", "extends", "corrections")}
+        _merge(merged, body, source, prov, "")
+        # Corrections accumulate along the chain (site-wide ones, then the variant's own).
+        for item in doc.get("corrections", []):
+            prov[f"corrections[{len(corrections)}]"] = source
+            corrections.append(dict(item))
+    if corrections:
+        merged["corrections"] = corrections
+    for dotted, (value, source) in (overrides or {}).items():
+        _set(merged, dotted, value)
+        prov[dotted] = source
+
+    recipe_name = merged.get("recipe", {}).get("name")
+    top = display_path(entry.path, catalog.layer_of(entry.path))
+    if recipe_name != entry.path.stem:
+        raise RecipeError(
+            f"recipe.name {recipe_name!r} does not match the file name {entry.path.name!r}",
+            file=top,
+            key="recipe.name",
+            hint=f"rename the file to {recipe_name}.toml or set name = {entry.path.stem!r}",
+        )
+    schema.check_required({**merged, "schema_version": schema.SCHEMA_VERSION}, top)
+    _cross_checks(merged, prov, top)
+    return Recipe(
+        name=name,
+        path=entry.path,
+        chain=tuple(display_path(p, catalog.layer_of(p)) for p, _ in chain),
+        data=merged,
+        provenance=prov,
+    )
+
+
+def _read_chain(path: Path, catalog: Catalog) -> list[tuple[Path, dict[str, Any]]]:
+    chain: list[tuple[Path, dict[str, Any]]] = []
+    seen: list[Path] = []
+    current: Optional[Path] = path
+    while current is not None:
+        resolved = current.resolve()
+        shown = display_path(current, catalog.layer_of(current))
+        if resolved in seen:
+            loop = " -> ".join(display_path(p, catalog.layer_of(p)) for p in [*seen, resolved])
+            raise RecipeError(f"extends cycle: {loop}", file=shown, key="extends")
+        seen.append(resolved)
+        doc = read_toml(current)
+        schema.validate(doc, shown)
+        chain.append((current, doc))
+        parent = doc.get("extends")
+        current = _parent_path(parent, current, catalog, shown) if parent else None
+    return chain
+
+
+def _parent_path(parent: str, child: Path, catalog: Catalog, shown: str) -> Path:
+    if parent.endswith(".toml"):
+        candidate = (child.parent / parent).resolve()
+        if not candidate.is_file():
+            raise RecipeError(
+                f"parent file {parent!r} not found (looked for {candidate})", file=shown, key="extends"
+            )
+        return candidate
+    entry = catalog.entries.get(parent)
+    if entry is None:
+        close = difflib.get_close_matches(parent, catalog.names(), n=1)
+        raise RecipeError(
+            f"parent recipe {parent!r} not found on the recipe path",
+            file=shown,
+            key="extends",
+            hint=f"did you mean {close[0]!r}?" if close else "a file parent must end in .toml",
+        )
+    return entry.path
+
+
+def _merge(dst: dict[str, Any], src: Mapping[str, Any], source: str, prov: dict[str, str], path: str) -> None:
+    for key, value in src.items():
+        dotted = f"{path}.{key}" if path else key
+        if isinstance(value, Mapping) and isinstance(dst.get(key), dict):
+            # Tables merge key by key (a variant adds a partition or a profile without restating the rest).
+            _merge(dst[key], value, source, prov, dotted)
+        elif isinstance(value, Mapping):
+            dst[key] = {}
+            _merge(dst[key], value, source, prov, dotted)
+            if not value:
+                prov[dotted] = source
+        else:
+            dst[key] = value
+            # A replaced subtree's old provenance goes with it.
+            for old in [k for k in prov if k.startswith(dotted + ".")]:
+                del prov[old]
+            prov[dotted] = source
+
+
+def _set(dst: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = dst
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) -> None:
+    """Rules that span keys (the schema checks each key alone)."""
+
+    def where(key: str) -> str:
+        return prov.get(key, top)
+
+    profiles = data.get("env_profiles", {})
+    for i, name in enumerate(data.get("activate", {}).get("profiles", [])):
+        if name not in profiles:
+            raise RecipeError(
+                f"no env_profiles entry named {name!r}",
+                file=where("activate.profiles"),
+                key=f"activate.profiles[{i}]",
+                hint=_hint(name, profiles) or f"defined profiles: {', '.join(profiles) or 'none'}",
+            )
+    torch = data.get("torch", {})
+    for i, gate in enumerate(torch.get("allow", [])):
+        if gate not in GATES:
+            raise RecipeError(
+                f"unknown resolver gate {gate!r}",
+                file=where("torch.allow"),
+                key=f"torch.allow[{i}]",
+                hint=_hint(gate, GATES) or f"gates: {', '.join(GATES)}",
+            )
+    for i, pkg in enumerate(torch.get("packages", [])):
+        if pkg not in TORCH_PACKAGES:
+            raise RecipeError(
+                f"torch.packages takes torch, torchvision and torchaudio only, found {pkg!r}",
+                file=where("torch.packages"),
+                key=f"torch.packages[{i}]",
+                hint="put other packages in [[packages]]",
+            )
+    for i, check in enumerate(data.get("validation", {}).get("checks", [])):
+        if check not in schema.CHECKS:
+            raise RecipeError(
+                f"unknown validation check {check!r}",
+                file=where("validation.checks"),
+                key=f"validation.checks[{i}]",
+                hint=_hint(check, schema.CHECKS) or f"checks: {', '.join(schema.CHECKS)}",
+            )
+    fs_name = data.get("env", {}).get("filesystem")
+    if fs_name and fs_name not in data.get("filesystems", {}):
+        raise RecipeError(
+            f"no filesystems entry named {fs_name!r}",
+            file=where("env.filesystem"),
+            key="env.filesystem",
+            hint=_hint(fs_name, data.get("filesystems", {})),
+        )
+    partition = data.get("validation", {}).get("partition") or data.get("scheduler", {}).get("partition")
+    partitions = data.get("scheduler", {}).get("partitions", {})
+    if partition and partitions and partition not in partitions:
+        key = "validation.partition" if data.get("validation", {}).get("partition") else "scheduler.partition"
+        raise RecipeError(
+            f"partition {partition!r} is not in scheduler.partitions",
+            file=where(key),
+            key=key,
+            hint=_hint(partition, partitions) or f"partitions: {', '.join(partitions)}",
+        )
+    launcher = data.get("launcher", {}).get("default")
+    scheduler = data.get("scheduler", {}).get("type")
+    if launcher == "srun" and scheduler != "slurm":
+        raise RecipeError(
+            f"launcher srun needs scheduler.type = 'slurm', found {scheduler!r}",
+            file=where("launcher.default"),
+            key="launcher.default",
+        )
+    kind = data.get("env", {}).get("kind")
+    if kind == "conda" and not data.get("conda", {}).get("channels"):
+        raise RecipeError(
+            "a conda env needs conda.channels",
+            file=where("env.kind"),
+            key="conda.channels",
+            hint='e.g. channels = ["conda-forge"]',
+        )
+    if re.search(r"\$\{[^}]*$", str(data.get("env", {}).get("prefix", ""))):
+        raise RecipeError("unterminated ${ in env.prefix", file=where("env.prefix"), key="env.prefix")
+
+
+def _hint(word: str, choices: Any) -> Optional[str]:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean {close[0]!r}?" if close else None

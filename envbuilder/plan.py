@@ -1,0 +1,550 @@
+"""Resolve first, then apply: turn a loaded recipe and host facts into a frozen Plan of every step ``create`` takes.
+
+Pure: the caller passes the host facts (probe or --facts), the environment mapping used for ${VAR} expansion,
+and options. Nothing here reads the file system or starts a process.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from envbuilder import batch, launchers
+from envbuilder.host import Gpu, HostFacts
+from envbuilder.loader import Recipe
+from envbuilder.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
+
+RESULT_VERSION = 1
+PAYLOAD = "envbuilder/payloads/validate.py"
+AFFINITY = "envbuilder/payloads/gpu_affinity.sh"
+FALLBACK_ROOT = "${HOME}/.local/share/envbuilder/envs/{name}"
+
+
+@dataclass(frozen=True)
+class Options:
+    prefix: Optional[str] = None
+    launcher: Optional[str] = None
+    nodes: Optional[int] = None
+    nproc_per_node: Optional[int] = None
+    account: Optional[str] = None
+    #: Directory holding the envbuilder package (for payload paths in launch commands).
+    package_dir: str = "envbuilder"
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe: str
+    site: Optional[str]
+    status: str
+    kind: str
+    prefix: str
+    python: dict[str, Optional[str]]
+    module_system: str
+    module_use: tuple[str, ...]
+    modules: tuple[str, ...]
+    build_modules: tuple[str, ...]
+    resolution: Optional[Resolution]
+    extra_index_urls: tuple[str, ...]
+    requirements: tuple[str, ...]
+    install_commands: tuple[tuple[str, ...], ...]
+    activate: dict[str, Any]
+    launcher: str
+    launch_command: tuple[str, ...]
+    interactive_command: Optional[tuple[str, ...]]
+    batch_script: Optional[str]
+    target: HostFacts
+    warnings: tuple[str, ...]
+    notes: tuple[str, ...]
+    corrections: tuple[dict[str, str], ...]
+    filesystem: Optional[dict[str, Any]]
+    chain: tuple[str, ...]
+    steps: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        res = self.resolution
+        return {
+            "recipe": self.recipe,
+            "site": self.site,
+            "status": self.status,
+            "files": list(self.chain),
+            "kind": self.kind,
+            "prefix": self.prefix,
+            "python": self.python,
+            "module_system": self.module_system,
+            "module_use": list(self.module_use),
+            "modules": list(self.modules),
+            "build_modules": list(self.build_modules),
+            "torch": res.to_json() if res else None,
+            "index_url": res.index_url if res else None,
+            "extra_index_urls": list(self.extra_index_urls),
+            "requirements": list(self.requirements),
+            "install_commands": [list(c) for c in self.install_commands],
+            "activate": self.activate,
+            "launcher": self.launcher,
+            "launch_command": list(self.launch_command),
+            "interactive_command": list(self.interactive_command) if self.interactive_command else None,
+            "batch_script": self.batch_script,
+            "target": self.target.to_json(),
+            "filesystem": self.filesystem,
+            "corrections": list(self.corrections),
+            "steps": list(self.steps),
+            "warnings": list(self.warnings),
+            "notes": list(self.notes),
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def target_facts(recipe: Recipe, host: HostFacts, warnings: list[str], notes: list[str]) -> HostFacts:
+    """The machine the env is for: the site's compute partition, refined by the host when it is such a node."""
+    compute = recipe.get("compute", {}) or {}
+    python = recipe.get("python.version") or host.python
+    if not compute:
+        return replace(host, python=python, source=f"{host.source} (no site: this host is the target)")
+    arch = compute.get("arch") or host.arch
+    if host.arch and arch and host.arch != arch:
+        warnings.append(
+            f"this host is {host.arch} but {recipe.get('site.name', 'the site')}'s compute nodes are {arch}: "
+            f"create must run on a {arch} node"
+        )
+    site_gpus: Optional[tuple[Gpu, ...]] = None
+    if compute.get("gpus_per_node") is not None:
+        count = int(compute["gpus_per_node"])
+        site_gpus = tuple(
+            Gpu(compute.get("gpu", "GPU"), compute.get("compute_capability")) for _ in range(count)
+        )
+    if host.gpus:
+        gpus: Optional[tuple[Gpu, ...]] = host.gpus
+        driver, max_cuda = host.driver_version, host.max_cuda
+        if site_gpus and compute.get("compute_capability"):
+            host_cc = gpu_capability(host.gpus[0])
+            if host_cc and host_cc != compute["compute_capability"]:
+                warnings.append(
+                    f"this host's GPU ({host.gpus[0].name}, {host_cc}) differs from the site's compute GPU "
+                    f"({compute.get('gpu')}, {compute['compute_capability']}); resolving for this host"
+                )
+        notes.append(f"target: this host's {len(host.gpus)} GPU(s) and driver")
+    else:
+        gpus = site_gpus
+        driver, max_cuda = compute.get("driver_version"), compute.get("max_cuda")
+        if site_gpus:
+            why = "has no GPU" if host.gpus is not None else "has no visible GPU"
+            notes.append(
+                f"target: the compute partition ({len(site_gpus)}× {compute.get('gpu', 'GPU')}), "
+                f"not this host, which {why}"
+            )
+    same_os = not host.arch or host.arch == arch
+    return HostFacts(
+        arch=arch,
+        glibc=compute.get("glibc") or (host.glibc if same_os else None),
+        python=python,
+        driver_version=driver,
+        max_cuda=max_cuda,
+        gpus=gpus,
+        hostname=host.hostname,
+        module_system=host.module_system,
+        scheduler=host.scheduler,
+        allocation=host.allocation,
+        filesystems=host.filesystems,
+        source=f"site compute facts + {host.source}",
+    )
+
+
+_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def expand(text: str, env: Mapping[str, str], name: str) -> tuple[str, list[str]]:
+    """Expand ${VAR}/$VAR from ``env`` and {name}; returns the text and the variables that were unset."""
+    missing: list[str] = []
+
+    def sub(match: re.Match[str]) -> str:
+        var = match.group(1) or match.group(2)
+        if env.get(var):
+            return env[var]
+        missing.append(var)
+        return match.group(0)
+
+    return _VAR_RE.sub(sub, text).replace("{name}", name), missing
+
+
+def _prefix(recipe: Recipe, env: Mapping[str, str], opts: Options, warnings: list[str]) -> str:
+    if opts.prefix:
+        return opts.prefix
+    raw = recipe.get("env.prefix")
+    text, missing = expand(raw, env, recipe.name)
+    if not missing:
+        return text
+    if missing == ["SCRATCH"] and env.get("HOME"):
+        fallback, _ = expand(FALLBACK_ROOT, env, recipe.name)
+        warnings.append(f"$SCRATCH is unset; the env goes to {fallback} (pass --prefix to choose)")
+        return fallback
+    warnings.append(
+        f"env.prefix needs {', '.join('$' + m for m in missing)}, unset here; create will stop (pass --prefix)"
+    )
+    return text
+
+
+def build(
+    recipe: Recipe,
+    host: HostFacts,
+    env: Mapping[str, str],
+    opts: Optional[Options] = None,
+    matrix: Optional[Matrix] = None,
+) -> Plan:
+    """The Plan for ``recipe`` on the machine ``host`` describes. Raises ResolverErrors on a failed gate."""
+    opts = opts or Options()
+    warnings: list[str] = []
+    notes: list[str] = []
+    site = recipe.get("site.name")
+    status = recipe.get("site.status", "active")
+    if status == "retired":
+        warnings.append(
+            f"{site} is retired ({recipe.get('site.retired_on', 'date unknown')}): this recipe plans, but cannot "
+            "be validated on the machine it describes"
+        )
+    for corr in recipe.get("corrections", []) or []:
+        notes.append(f"corrected: {corr['seed']} -> {corr['fix']}")
+    if recipe.get("recipe.experimental"):
+        warnings.append("experimental recipe: it tracks a moving target")
+
+    target = target_facts(recipe, host, warnings, notes)
+    kind = recipe.get("env.kind")
+    installer = recipe.get("env.installer")
+    prefix = _prefix(recipe, env, opts, warnings)
+    fs = _filesystem(recipe, prefix, env, warnings)
+
+    python_cmd = recipe.get("python.command")
+    python = {"command": python_cmd, "version": target.python}
+    env_python = f"{prefix}/bin/python" if kind != "user-prefix" else python_cmd
+
+    resolution: Optional[Resolution] = None
+    requirements: list[str] = []
+    if recipe.get("torch.install"):
+        request = TorchRequest(
+            version=str(recipe.get("torch.version")),
+            variant=str(recipe.get("torch.variant")),
+            channel=str(recipe.get("torch.channel")),
+            packages=tuple(recipe.get("torch.packages")),
+            torchvision=recipe.get("torch.torchvision"),
+            torchaudio=recipe.get("torch.torchaudio"),
+            allow=frozenset(recipe.get("torch.allow", [])),
+        )
+        resolution = resolve(request, target, matrix)
+        warnings.extend(resolution.warnings)
+        notes.extend(resolution.notes)
+        requirements.extend(resolution.requirements)
+    else:
+        notes.append(
+            "torch comes from the site's environment (torch.install = false); validation records its version"
+        )
+
+    packages = recipe.get("packages", []) or []
+    requirements.extend(p.get("spec", p["name"]) for p in packages)
+    commands, extra_indexes = _install_commands(
+        kind, installer, python_cmd, prefix, recipe, resolution, packages, warnings
+    )
+
+    module_use = tuple(recipe.get("modules.use", []))
+    modules = tuple(recipe.get("modules.load", []))
+    build_modules = tuple(recipe.get("modules.build_only", []))
+    module_system = recipe.get("modules.system")
+    for mod in modules:
+        if "/" not in mod and module_system != "none":
+            warnings.append(
+                f"module {mod!r} has no version: the site default decides (pin it to make builds repeat)"
+            )
+    activate = _activate(recipe)
+
+    launcher_name, launch, interactive, script = _launch(
+        recipe, target, prefix, env_python, activate, opts, warnings
+    )
+    steps = _steps(
+        module_system, module_use, modules, build_modules, kind, prefix, commands, activate, launcher_name
+    )
+    return Plan(
+        recipe=recipe.name,
+        site=site,
+        status=status,
+        kind=kind,
+        prefix=prefix,
+        python=python,
+        module_system=module_system,
+        module_use=module_use,
+        modules=modules,
+        build_modules=build_modules,
+        resolution=resolution,
+        extra_index_urls=tuple(extra_indexes),
+        requirements=tuple(requirements),
+        install_commands=tuple(tuple(c) for c in commands),
+        activate=activate,
+        launcher=launcher_name,
+        launch_command=tuple(launchers.plain(launch)),
+        interactive_command=tuple(interactive) if interactive else None,
+        batch_script=script,
+        target=target,
+        warnings=tuple(dict.fromkeys(warnings)),
+        notes=tuple(dict.fromkeys(notes)),
+        corrections=tuple(dict(c) for c in recipe.get("corrections", []) or []),
+        filesystem=fs,
+        chain=recipe.chain,
+        steps=tuple(steps),
+    )
+
+
+def _filesystem(
+    recipe: Recipe, prefix: str, env: Mapping[str, str], warnings: list[str]
+) -> Optional[dict[str, Any]]:
+    name = recipe.get("env.filesystem")
+    filesystems = recipe.get("filesystems", {}) or {}
+    chosen = None
+    if name:
+        chosen = (name, filesystems[name])
+    else:
+        for fs_name, fs in filesystems.items():
+            root, _ = expand(fs["path"], env, recipe.name)
+            if prefix.startswith(root.rstrip("/") + "/"):
+                chosen = (fs_name, fs)
+                break
+    if chosen is None:
+        return None
+    fs_name, fs = chosen
+    out = {"name": fs_name, **fs}
+    if fs.get("purge_days"):
+        warnings.append(
+            f"{fs_name} purges files unread for {fs['purge_days']} days: back this env up "
+            "(envbuilder backup) or expect to rebuild it"
+        )
+    if fs.get("visible_on_compute") is False:
+        warnings.append(f"{fs_name} is not visible on compute nodes: jobs cannot use an env there")
+    return out
+
+
+def _pip(installer: str, python: str, target_flag: Sequence[str] = ()) -> list[str]:
+    if installer == "uv":
+        return ["uv", "pip", "install", "--python", python, *target_flag]
+    return [python, "-m", "pip", "install", *target_flag]
+
+
+def _install_commands(
+    kind: str,
+    installer: str,
+    python_cmd: str,
+    prefix: str,
+    recipe: Recipe,
+    resolution: Optional[Resolution],
+    packages: Sequence[Mapping[str, Any]],
+    warnings: list[str],
+) -> tuple[list[list[str]], list[str]]:
+    cmds: list[list[str]] = []
+    env_python = f"{prefix}/bin/python"
+    ssp = bool(recipe.get("env.system_site_packages")) or kind == "overlay"
+    target_flag: list[str] = []
+    if kind in ("venv", "overlay"):
+        if installer == "uv":
+            cmds.append(
+                ["uv", "venv", "--python", python_cmd, *(["--system-site-packages"] if ssp else []), prefix]
+            )
+        elif installer == "virtualenv":
+            cmds.append(
+                [python_cmd, "-m", "virtualenv", *(["--system-site-packages"] if ssp else []), prefix]
+            )
+        else:
+            cmds.append([python_cmd, "-m", "venv", *(["--system-site-packages"] if ssp else []), prefix])
+    elif kind == "conda":
+        conda_python = recipe.get("python.version") or "3.12"
+        channels = recipe.get("conda.channels", [])
+        engine = recipe.get("conda.engine", "auto")
+        exe = "conda" if engine in ("auto", "conda") else engine
+        cmd = [exe, "create", "--yes", "--prefix", prefix, "--override-channels"]
+        for ch in channels:
+            cmd += ["--channel", ch]
+        # python and pip inside the env: without them pip is the base env's (the Zurada seed's mistake).
+        cmd += [f"python={conda_python}", "pip", *recipe.get("conda.packages", [])]
+        cmds.append(cmd)
+    elif kind == "user-prefix":
+        env_python = python_cmd
+        target_flag = ["--prefix", prefix] if installer == "uv" else ["--user"]
+        if installer != "uv":
+            warnings.append("user-prefix installs run with PYTHONUSERBASE set to the prefix")
+    if resolution is not None:
+        cmds.append(
+            _pip(installer, env_python, target_flag)
+            + list(resolution.pip_flags)
+            + list(resolution.requirements)
+        )
+    extra_indexes: list[str] = []
+    # torch's exact pins as constraints: a later package cannot swap the CUDA torch for PyPI's build.
+    constraint = ["--constraint", f"{prefix}/envbuilder/constraints.txt"] if resolution else []
+    plain_specs: list[str] = []
+    special: list[list[str]] = []
+    for pkg in packages:
+        spec = pkg.get("spec", pkg["name"])
+        if not (
+            pkg.get("build_env") or pkg.get("no_build_isolation") or pkg.get("no_binary") or pkg.get("index")
+        ):
+            plain_specs.append(spec)
+            continue
+        cmd = ["env", *(f"{k}={v}" for k, v in pkg["build_env"].items())] if pkg.get("build_env") else []
+        cmd += _pip(installer, env_python, target_flag)
+        index = pkg.get("index")
+        if index == "torch" and resolution:
+            cmd += ["--index-url", resolution.index_url]
+        elif index and index not in ("pypi", "torch"):
+            cmd += ["--index-url", index]
+            extra_indexes.append(index)
+        if pkg.get("no_build_isolation"):
+            cmd.append("--no-build-isolation")
+        if pkg.get("no_binary"):
+            cmd += ["--no-binary", pkg["name"]]
+        special.append([*cmd, *constraint, spec])
+    if plain_specs:
+        cmds.append([*_pip(installer, env_python, target_flag), *constraint, *plain_specs])
+    return cmds + special, extra_indexes
+
+
+def _activate(recipe: Recipe) -> dict[str, Any]:
+    env: dict[str, str] = {}
+    unset: list[str] = []
+    profiles = recipe.get("env_profiles", {}) or {}
+    for name in recipe.get("activate.profiles", []):
+        env.update(profiles[name].get("set", {}))
+        unset.extend(profiles[name].get("unset", []))
+    env.update(recipe.get("activate.env", {}) or {})
+    return {
+        "modules": list(recipe.get("activate.modules", [])),
+        "module_use": list(recipe.get("modules.use", [])),
+        "env": env,
+        "unset": unset,
+        "profiles": list(recipe.get("activate.profiles", [])),
+    }
+
+
+def _launch(
+    recipe: Recipe,
+    target: HostFacts,
+    prefix: str,
+    env_python: str,
+    activate: Mapping[str, Any],
+    opts: Options,
+    warnings: list[str],
+) -> tuple[str, list[launchers.Arg], Optional[list[str]], Optional[str]]:
+    name = opts.launcher or recipe.get("validation.launcher") or recipe.get("launcher.default")
+    nodes = opts.nodes or int(recipe.get("validation.nodes", 1))
+    gpus = len(target.gpus) if target.gpus else 0
+    nproc = opts.nproc_per_node or recipe.get("validation.nproc_per_node") or (gpus if gpus else 2)
+    if name == "local":
+        nproc = 1
+    if name == "torchrun" and nodes > 1:
+        name = "srun" if recipe.get("scheduler.type") == "slurm" else "mpiexec"
+        warnings.append(f"torchrun alone reaches one node; launching {nodes} nodes through {name}")
+    checks = ",".join(recipe.get("validation.checks", []))
+    script = (f"{opts.package_dir}/payloads/validate.py", "--checks", checks)
+    affinity: tuple[str, ...] = ()
+    if recipe.get("launcher.gpu_affinity") != "none" and not launchers.is_agent(name):
+        affinity = (f"{opts.package_dir}/payloads/gpu_affinity.sh", str(recipe.get("launcher.gpu_affinity")))
+    spec = launchers.LaunchSpec(
+        python=env_python,
+        script=script,
+        nodes=nodes,
+        nproc_per_node=int(nproc),
+        torchrun=(env_python, "-m", "torch.distributed.run"),
+        port=int(recipe.get("launcher.port", 29500)),
+        rdzv_id=launchers.ShellVar("SLURM_JOB_ID")
+        if recipe.get("scheduler.type") == "slurm"
+        else "envbuilder",
+        mpi=recipe.get("launcher.mpi"),
+        cpu_bind=recipe.get("launcher.cpu_bind"),
+        depth=recipe.get("launcher.depth"),
+        affinity_wrapper=affinity,
+    )
+    argv = launchers.build(name, spec)
+
+    scheduler = recipe.get("scheduler.type")
+    if scheduler not in ("slurm", "pbs"):
+        return name, argv, None, None
+    partition = recipe.get("validation.partition") or recipe.get("scheduler.partition")
+    part = (recipe.get("scheduler.partitions", {}) or {}).get(partition or "", {})
+    gpus_per_node = part.get("gpus_per_node", gpus)
+    cores = part.get("cores_per_node") or recipe.get("compute.cores_per_node")
+    agent = launchers.is_agent(name)
+    job = batch.JobShape(
+        nodes=nodes,
+        tasks_per_node=1 if agent else int(nproc),
+        gpus_per_node=int(gpus_per_node or 0),
+        cpus_per_task=int(cores)
+        if (agent and cores and not recipe.get("scheduler.exclusive_nodes"))
+        else None,
+        partition=partition,
+        time=recipe.get("validation.time") or recipe.get("scheduler.time") or "00:30:00",
+        account=opts.account,
+        name=f"envbuilder-{recipe.name}"[:64],
+    )
+    if part.get("max_nodes") and nodes > part["max_nodes"]:
+        warnings.append(f"partition {partition} allows {part['max_nodes']} node(s); {nodes} asked for")
+    if recipe.get("scheduler.account_required") and not opts.account:
+        warnings.append("this site needs an allocation account for every job: pass --account")
+    forbidden = recipe.get("scheduler.forbidden_flags", [])
+    if scheduler == "slurm":
+        directives = batch.slurm_directives(
+            job, recipe.get("scheduler.gpu_request", "gpus-per-node"), batch.required_flags(recipe.data)
+        )
+    else:
+        directives = batch.pbs_directives(job, batch.required_flags(recipe.data))
+    batch.check_forbidden(directives, forbidden, recipe.chain[0])
+    template = recipe.get("scheduler.interactive")
+    interactive = batch.interactive_argv(template, job) if template else None
+    text = batch.script(
+        scheduler=scheduler,
+        directives=directives,
+        module_use=activate["module_use"],
+        modules=[
+            *recipe.get("modules.load", []),
+            *[m for m in activate["modules"] if m not in recipe.get("modules.load", [])],
+        ],
+        env=activate["env"],
+        unset=activate["unset"],
+        multinode=nodes > 1,
+        launch=argv,
+        workdir=f"{prefix}/envbuilder/validation",
+    )
+    return name, argv, interactive, text
+
+
+def _steps(
+    module_system: str,
+    module_use: Sequence[str],
+    modules: Sequence[str],
+    build_modules: Sequence[str],
+    kind: str,
+    prefix: str,
+    commands: Sequence[Sequence[str]],
+    activate: Mapping[str, Any],
+    launcher_name: str,
+) -> list[str]:
+    steps = []
+    for path in module_use:
+        steps.append(f"module use {shlex.quote(path)}")
+    if modules:
+        steps.append(f"module load {' '.join(shlex.quote(m) for m in modules)}  ({module_system})")
+    if build_modules:
+        steps.append(f"module load {' '.join(shlex.quote(m) for m in build_modules)}  (build only)")
+    steps.append(f"build the {kind} env in a temporary sibling of {prefix}; move it into place once complete")
+    for cmd in commands:
+        steps.append(" ".join(shlex.quote(c) for c in cmd))
+    if activate["modules"] or activate["env"] or activate["unset"]:
+        steps.append(
+            "activate extension: "
+            + ", ".join(
+                [
+                    *(f"module load {m}" for m in activate["modules"]),
+                    *(f"{k}={v}" for k, v in activate["env"].items()),
+                    *(f"unset {v}" for v in activate["unset"]),
+                ]
+            )
+        )
+    steps.append(f"validate through {launcher_name}")
+    return steps

@@ -1,0 +1,97 @@
+"""The one place that starts subprocesses.
+
+argv lists only (never a shell string), a scrubbed environment, a timeout that kills the whole process group,
+and the tail of stderr kept for the error message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+from envbuilder.errors import CommandFailed
+
+log = logging.getLogger("envbuilder.proc")
+
+# Variables that would make a child python (or pip/uv) see the caller's packages or settings instead of its own.
+_LEAKY_PREFIXES = ("PIP_", "UV_", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "VIRTUAL_ENV", "CONDA_PREFIX")
+
+STDERR_TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def scrubbed_env(base: Optional[Mapping[str, str]] = None, keep: Sequence[str] = ()) -> dict[str, str]:
+    """A copy of ``base`` (default: os.environ) without python/pip/uv leaks, except names listed in ``keep``."""
+    src = os.environ if base is None else base
+    return {k: v for k, v in src.items() if k in keep or not k.startswith(_LEAKY_PREFIXES)}
+
+
+def quote(argv: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    timeout: Optional[float] = None,
+    check: bool = True,
+    input_text: Optional[str] = None,
+) -> Result:
+    """Run ``argv`` and capture its output.
+
+    ``env`` is used as given (callers build it with :func:`scrubbed_env`); None means a scrubbed os.environ.
+    On timeout the whole process group is killed and CommandFailed is raised with returncode 124.
+    """
+    if isinstance(argv, str):  # defensive: a shell string must never get here
+        raise TypeError("proc.run takes an argv list, not a string")
+    argv = [os.fspath(a) for a in argv]
+    log.debug("+ %s", quote(argv))
+    proc = subprocess.Popen(
+        argv,
+        env=dict(scrubbed_env() if env is None else env),
+        cwd=cwd,
+        stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(input=input_text, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
+        raise CommandFailed(argv, 124, _tail(err) + f"\n(timed out after {timeout:g} s)") from None
+    except BaseException:
+        _kill_group(proc)
+        proc.wait()
+        raise
+    result = Result(tuple(argv), proc.returncode, out, err)
+    if check and proc.returncode != 0:
+        raise CommandFailed(argv, proc.returncode, _tail(err))
+    return result
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
