@@ -414,7 +414,8 @@ def json_schema() -> dict[str, Any]:
     return out
 
 
-def _json(spec: Spec) -> dict[str, Any]:
+def _json(spec: Spec, in_array: bool = False) -> dict[str, Any]:
+    # Like validate(): one file may hold part of a table its parent started, so only array items require keys.
     if isinstance(spec, Table):
         out: dict[str, Any] = {
             "type": "object",
@@ -422,14 +423,14 @@ def _json(spec: Spec) -> dict[str, Any]:
             "properties": {k: _json(v) for k, v in spec.fields.items()},
         }
         required = [k for k, v in spec.fields.items() if getattr(v, "required", False)]
-        if required:
+        if required and in_array:
             out["required"] = required
     elif isinstance(spec, MapOf):
         out = {"type": "object", "additionalProperties": _json(spec.value)}
         if spec.key_pattern:
             out["propertyNames"] = {"pattern": f"^({spec.key_pattern})$"}
     elif isinstance(spec, ArrayOf):
-        out = {"type": "array", "items": _json(spec.item)}
+        out = {"type": "array", "items": _json(spec.item, in_array=True)}
     else:
         out = _json_field(spec)
     if spec.doc:

@@ -530,27 +530,35 @@ def _aarch64_finding(
     release: Release, variant: str, request: TorchRequest, facts: HostFacts, m: Matrix
 ) -> Finding:
     offered = release.variants.get("aarch64", ())
+    options = []
     working = [v for v in offered if not _quick_findings(release, v, facts, m)]
-    later = [r.torch for r in m.stable_releases() if variant in r.variants.get("aarch64", ())]
-    nightly = variant in m.nightly.get("aarch64", ())
-    parts = []
     if working:
-        parts.append(f"use {working[0]} with torch {release.torch}")
-    elif offered:
-        parts.append(f"torch {release.torch} has aarch64 CUDA wheels only for {', '.join(offered)}")
-    if later:
-        parts.append(f"or torch {later[-1]} with {variant}")
-    if nightly:
-        parts.append(f"or the nightly {variant} index with a dated pin")
-    if not parts:
-        parts.append(
-            "pick a torch release ≥ 2.7 (aarch64 CUDA wheels: cu128 in 2.7, cu129 in 2.8, cu126/cu128/cu130 from 2.9)"
+        options.append(f"use {working[0]} with torch {release.torch}")
+    else:
+        # The first newer stable release with an aarch64 CUDA wheel that fits this node.
+        for rel in m.stable_releases():
+            if rel.version <= release.version:
+                continue
+            fits = [v for v in rel.variants.get("aarch64", ()) if not _quick_findings(rel, v, facts, m)]
+            if fits:
+                options.append(
+                    f"use torch {rel.torch} with {fits[0]} (the first release with a fitting aarch64 CUDA wheel)"
+                )
+                break
+    with_variant = [r.torch for r in m.stable_releases() if variant in r.variants.get("aarch64", ())]
+    if with_variant and with_variant[-1] != release.torch:
+        options.append(f"torch {with_variant[-1]} with {variant}")
+    if variant in m.nightly.get("aarch64", ()):
+        options.append(f"the nightly {variant} index with a dated pin")
+    if not options:
+        options.append(
+            "a torch release with aarch64 CUDA wheels (cu128 in 2.7, cu129 in 2.8, several from 2.9)"
         )
     return Finding(
         "aarch64-no-cuda-wheel",
         f"the stable {variant} index has no aarch64 CUDA wheel of torch {release.torch}: pip would install a "
         "CPU-only torch (the Vista cu124 trap)",
-        "; ".join(parts),
+        " or ".join(options),
     )
 
 

@@ -1,0 +1,170 @@
+"""Launchers are pure argv builders: exact argv per launcher, and shell rendering that quotes everything."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from envbuilder import batch, launchers
+from envbuilder.errors import RecipeError, UsageError
+from envbuilder.launchers import LaunchSpec, ShellVar
+
+PY = "/env/bin/python"
+SCRIPT = ("/pkg/payloads/validate.py", "--checks", "import")
+
+
+def spec(**kw):
+    base = {"python": PY, "script": SCRIPT, "torchrun": (PY, "-m", "torch.distributed.run")}
+    return LaunchSpec(**{**base, **kw})
+
+
+def test_local():
+    assert launchers.build("local", spec()) == [PY, *SCRIPT]
+
+
+def test_local_refuses_several_processes():
+    with pytest.raises(UsageError):
+        launchers.build("local", spec(nproc_per_node=2))
+
+
+def test_torchrun_single_node_is_standalone():
+    assert launchers.build("torchrun", spec(nproc_per_node=4)) == [
+        PY, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=4", *SCRIPT,
+    ]
+
+
+def test_torchrun_alone_cannot_span_nodes():
+    with pytest.raises(UsageError, match="one agent per node"):
+        launchers.build("torchrun", spec(nodes=2))
+
+
+def test_srun_runs_exactly_one_agent_per_node():
+    argv = launchers.build("srun", spec(nodes=2, nproc_per_node=4, port=29400, rdzv_id=ShellVar("SLURM_JOB_ID")))
+    assert [str(a) for a in argv] == [
+        "srun", "--nodes=2", "--ntasks-per-node=1", "--ntasks=2",
+        PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
+        "--rdzv-endpoint", "$MASTER_ADDR:29400", "--rdzv-id", "$SLURM_JOB_ID", *SCRIPT,
+    ]
+
+
+@pytest.mark.parametrize("nproc", [1, 2, 4, 8])
+def test_srun_never_starts_more_than_one_task_per_node(nproc):
+    argv = [str(a) for a in launchers.build("srun", spec(nodes=3, nproc_per_node=nproc))]
+    assert "--ntasks-per-node=1" in argv
+    assert not any(a.startswith("--ntasks-per-node=") and a != "--ntasks-per-node=1" for a in argv)
+    assert argv.count("--standalone") == 0  # several nodes share one rendezvous
+
+
+def test_srun_with_mpi_plugin():
+    argv = launchers.build("srun", spec(mpi="pmi2"))
+    assert argv[:5] == ["srun", "--nodes=1", "--ntasks-per-node=1", "--ntasks=1", "--mpi=pmi2"]
+
+
+def test_ibrun_starts_every_rank():
+    assert launchers.build("ibrun", spec(nodes=2, nproc_per_node=1)) == ["ibrun", "-n", "2", PY, *SCRIPT]
+
+
+def test_mpiexec_pals_with_binding_and_affinity_wrapper():
+    argv = launchers.build(
+        "mpiexec",
+        spec(nodes=2, nproc_per_node=4, cpu_bind="depth", depth=16, affinity_wrapper=("/pkg/gpu_affinity.sh", "reverse-local-rank")),
+    )
+    assert argv == [
+        "mpiexec", "-n", "8", "--ppn", "4", "--depth", "16", "--cpu-bind", "depth",
+        "/pkg/gpu_affinity.sh", "reverse-local-rank", PY, *SCRIPT,
+    ]
+
+
+def test_mpirun_maps_ranks_per_node():
+    assert launchers.build("mpirun", spec(nodes=2, nproc_per_node=4)) == [
+        "mpirun", "-n", "8", "--map-by", "ppr:4:node", PY, *SCRIPT,
+    ]
+
+
+def test_unknown_launcher():
+    with pytest.raises(UsageError, match="unknown launcher"):
+        launchers.build("aprun", spec())
+
+
+def test_render_quotes_values_and_expands_only_shell_vars():
+    argv = ["/path with space/python", "it's", "$HOME", ShellVar("MASTER_ADDR"), "a;rm -rf /"]
+    text = launchers.render(argv)
+    assert text == "'/path with space/python' 'it'\"'\"'s' '$HOME' \"${MASTER_ADDR}\" 'a;rm -rf /'"
+    out = subprocess.run(
+        ["bash", "-c", f"MASTER_ADDR=n1; printf '%s\\n' {text}"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out == ["/path with space/python", "it's", "$HOME", "n1", "a;rm -rf /"]
+
+
+def test_render_joined_endpoint():
+    argv = launchers.torchrun_argv(spec(nodes=2, nproc_per_node=1, port=29500))
+    text = launchers.render(argv)
+    assert "--rdzv-endpoint \"${MASTER_ADDR}\":29500" in text
+
+
+def test_shellvar_rejects_non_names():
+    with pytest.raises(ValueError):
+        ShellVar("A; rm")
+
+
+# --- batch helpers --------------------------------------------------------------------------------------------
+
+JOB = batch.JobShape(nodes=2, tasks_per_node=1, gpus_per_node=4, cpus_per_task=32, partition="gpu", time="01:00:00",
+                     account=None, name="t")
+
+
+def test_interactive_template_fills_and_drops_unknown_options():
+    argv = batch.interactive_argv(["qsub", "-I", "-l", "select={nodes}", "-q", "{partition}", "-A", "{account}"], JOB)
+    assert argv == ["qsub", "-I", "-l", "select=2", "-q", "gpu"]
+
+
+def test_interactive_template_minutes():
+    assert batch.interactive_argv(["idev", "-m", "{minutes}"], JOB) == ["idev", "-m", "60"]
+
+
+def test_interactive_template_unknown_placeholder():
+    with pytest.raises(RecipeError, match="unknown placeholder"):
+        batch.interactive_argv(["idev", "-q", "{queue}"], JOB)
+
+
+@pytest.mark.parametrize(
+    ("style", "flag"), [("gpus-per-node", "--gpus-per-node=4"), ("gres", "--gres=gpu:4"), ("gpus", "--gpus=8")]
+)
+def test_slurm_gpu_request_styles(style, flag):
+    assert flag in batch.slurm_directives(JOB, style, [])
+
+
+def test_slurm_gpu_request_none_emits_no_gpu_flag():
+    flags = batch.slurm_directives(JOB, "none", [])
+    assert not any("gpu" in f and not f.startswith("--partition") for f in flags)
+
+
+def test_forbidden_flag_is_refused():
+    with pytest.raises(RecipeError, match="--gres"):
+        batch.check_forbidden(batch.slurm_directives(JOB, "gres", []), ["--gres"], "site.toml")
+
+
+def test_script_quotes_recipe_values(tmp_path):
+    text = batch.script(
+        scheduler="slurm",
+        directives=["--nodes=1"],
+        module_use=["/soft/module files"],
+        modules=["conda/2025; echo pwned"],
+        env={"NCCL_NET": "AWS Libfabric", "X": "$(touch pwned)"},
+        unset=[],
+        multinode=False,
+        launch=["echo", "done"],
+        workdir=str(tmp_path / "w d"),
+    )
+    assert "module load 'conda/2025; echo pwned'" in text
+    assert "export X='$(touch pwned)'" in text
+    # Run it with a module function that records its arguments: nothing is executed from the values.
+    runner = tmp_path / "run.sh"
+    runner.write_text('module() { printf "<%s>" "$@" >> "$LOG"; echo >> "$LOG"; }\n' + text)
+    log = tmp_path / "log"
+    res = subprocess.run(["bash", str(runner)], cwd=tmp_path, env={"LOG": str(log), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "done"
+    assert not (tmp_path / "pwned").exists()
+    assert log.read_text().splitlines() == ["<use></soft/module files>", "<load><conda/2025; echo pwned>"]

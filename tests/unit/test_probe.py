@@ -1,0 +1,142 @@
+"""The host probe, run for real on this machine, against a fake /proc tree, and against an nvidia-smi shim."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from envbuilder.errors import HostProbeError
+from envbuilder.host import facts_from_json, load_facts_file, probe
+
+SHIMS = REPO / "tests" / "shims"
+
+
+def test_probe_on_this_machine_is_real():
+    facts = probe()
+    assert facts.arch == platform.machine()
+    assert facts.python == platform.python_version()
+    assert facts.glibc == os.confstr("CS_GNU_LIBC_VERSION").split()[1]
+    assert facts.hostname
+    assert facts.filesystems.get("HOME") == os.environ["HOME"]
+    # JSON round trip: what probe --json prints, plan --facts reads back unchanged.
+    again = facts_from_json(json.loads(json.dumps(facts.to_json())), "probe")
+    assert again.to_json() == facts.to_json()
+
+
+def test_no_tools_and_no_proc_means_unknown_not_none(tmp_path):
+    facts = probe(env={"PATH": str(tmp_path)}, root=str(tmp_path))
+    assert facts.gpus is None
+    assert facts.driver_version is None
+    assert facts.module_system is None
+    assert facts.scheduler is None
+
+
+def test_proc_without_nvidia_driver_means_no_gpu(tmp_path):
+    (tmp_path / "proc" / "driver").mkdir(parents=True)
+    facts = probe(env={"PATH": str(tmp_path)}, root=str(tmp_path))
+    assert facts.gpus == ()
+
+
+def test_fake_proc_tree_gives_driver_and_gpu_names(tmp_path):
+    nv = tmp_path / "proc" / "driver" / "nvidia"
+    (nv / "gpus" / "0000:41:00.0").mkdir(parents=True)
+    (nv / "gpus" / "0000:c1:00.0").mkdir(parents=True)
+    (nv / "version").write_text(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U16-I2-C05-3)\n"
+        "GCC version:  gcc version 12.3.0\n"
+    )
+    for bus in ("0000:41:00.0", "0000:c1:00.0"):
+        (nv / "gpus" / bus / "information").write_text(f"Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\nBus Location: \t {bus}\n")
+    facts = probe(env={"PATH": str(tmp_path)}, root=str(tmp_path))
+    assert facts.driver_version == "580.159.04"
+    assert [g.name for g in facts.gpus] == ["NVIDIA H200", "NVIDIA H200"]
+    assert facts.gpus[0].compute_capability is None  # /proc does not say; the resolver looks the name up
+
+
+def test_proprietary_driver_version_line(tmp_path):
+    nv = tmp_path / "proc" / "driver" / "nvidia"
+    nv.mkdir(parents=True)
+    (nv / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n")
+    assert probe(env={"PATH": str(tmp_path)}, root=str(tmp_path)).driver_version == "535.104.05"
+
+
+def _shim(tmp_path: Path, spec: dict) -> dict[str, str]:
+    spec_file = tmp_path / "smi.json"
+    spec_file.write_text(json.dumps(spec))
+    return {"PATH": f"{SHIMS}:{os.environ['PATH']}", "NVIDIA_SMI_SHIM": str(spec_file)}
+
+
+def test_nvidia_smi_shim_gives_gpus_driver_and_max_cuda(tmp_path):
+    env = _shim(
+        tmp_path,
+        {"driver": "580.159.04", "cuda": "13.0", "gpus": [{"name": "NVIDIA H200", "cc": "9.0", "mem": 143771}] * 2},
+    )
+    facts = probe(env=env, root=str(tmp_path))
+    assert facts.driver_version == "580.159.04"
+    assert facts.max_cuda == "13.0"
+    assert len(facts.gpus) == 2
+    assert facts.gpus[0].compute_capability == "9.0"
+    assert facts.gpus[0].memory_mib == 143771
+
+
+def test_old_driver_without_compute_cap_field_still_lists_gpus(tmp_path):
+    env = _shim(
+        tmp_path, {"driver": "470.82.01", "cuda": "11.4", "old_driver": True, "gpus": [{"name": "Tesla V100-SXM2-16GB", "cc": "7.0", "mem": 16160}]}
+    )
+    facts = probe(env=env, root=str(tmp_path))
+    assert facts.driver_version == "470.82.01"
+    assert facts.gpus[0].name == "Tesla V100-SXM2-16GB"
+    assert facts.gpus[0].compute_capability is None
+
+
+def test_scheduler_and_module_system_from_environment(tmp_path):
+    env = {"PATH": str(tmp_path), "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "c[1-2]", "LMOD_CMD": "/x/lmod",
+           "SCRATCH": "/scratch/u", "CUDA_VISIBLE_DEVICES": "0,1"}
+    facts = probe(env=env, root=str(tmp_path))
+    assert facts.scheduler == "slurm"
+    assert facts.module_system == "lmod"
+    assert facts.allocation["SLURM_JOB_NODELIST"] == "c[1-2]"
+    assert facts.allocation["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert facts.filesystems["SCRATCH"] == "/scratch/u"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[]", "expected a JSON object"),
+        ('{"arch": 64}', "arch: expected a string, found 64"),
+        ('{"archh": "x86_64"}', "unknown key 'archh'"),
+        ('{"gpus": [{"name": "A100", "compute_capability": 8}]}', 'expected a string like "9.0"'),
+        ('{"gpus": "A100"}', "gpus: expected a list"),
+    ],
+)
+def test_bad_facts_files_are_clear_errors(tmp_path, content, message):
+    path = tmp_path / "facts.json"
+    path.write_text(content)
+    with pytest.raises(HostProbeError) as info:
+        load_facts_file(str(path))
+    assert message in info.value.message
+    assert str(path) in info.value.message
+
+
+def test_facts_file_did_you_mean(tmp_path):
+    path = tmp_path / "facts.json"
+    path.write_text('{"driver": "550.54.15"}')
+    with pytest.raises(HostProbeError) as info:
+        load_facts_file(str(path))
+    assert info.value.hint == "did you mean 'driver_version'?"
+
+
+def test_missing_keys_are_unknown(tmp_path):
+    path = tmp_path / "facts.json"
+    path.write_text('{"arch": "arm64"}')
+    facts = load_facts_file(str(path))
+    assert facts.arch == "aarch64"
+    assert facts.gpus is None
+    assert facts.python is None

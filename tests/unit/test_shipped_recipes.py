@@ -1,0 +1,272 @@
+"""Every shipped recipe loads, validates against the JSON schema, and plans against its site's compute node with
+the exact index URL, modules and launch command the corrected procedure calls for."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import jsonschema
+import pytest
+
+from conftest import PLAN_ENV, REPO, load_facts
+from envbuilder import loader, plan, schema
+from envbuilder._toml import loads
+from envbuilder.catalog import Catalog
+
+CATALOG = Catalog.from_env({})
+OPTS = plan.Options(package_dir="PKG")
+PAYLOAD = "PKG/payloads/validate.py"
+S = "/scratch/u1/envbuilder/envs"
+CHECKS_FULL = "import,gpu,arch,cuda,libraries,nccl,ddp,filesystem"
+
+# recipe, facts fixture, index URL (None: torch from the site), modules, module use, launch command
+CASES = [
+    (
+        "vista-venv-cu124",
+        "gh200-aarch64",
+        "https://download.pytorch.org/whl/cu126",
+        ["gcc/15.1.0", "python3/3.11.8"],
+        [],
+        f"{S}/vista-venv-cu124/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=1 "
+        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,ddp,filesystem",
+    ),
+    (
+        "vista-venv-mpi-cu126",
+        "gh200-aarch64",
+        "https://download.pytorch.org/whl/cu126",
+        ["gcc/13.2.0", "openmpi/5.0.5", "python3_mpi/3.11.8"],
+        [],
+        f"ibrun -n 2 {S}/vista-venv-mpi-cu126/bin/python {PAYLOAD} "
+        "--checks import,gpu,arch,cuda,libraries,mpi,nccl,ddp,filesystem",
+    ),
+    (
+        "vista-overlay-system",
+        "gh200-aarch64",
+        None,
+        ["gcc/15.1.0", "python3/3.11.8"],
+        [],
+        f"{S}/vista-overlay-system/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=1 "
+        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,filesystem",
+    ),
+    (
+        "frontera-venv-cu124",
+        "rtx5000-sm75",
+        "https://download.pytorch.org/whl/cu124",
+        ["python3/3.9.2"],
+        [],
+        f"{S}/frontera-venv-cu124/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=4 "
+        f"{PAYLOAD} --checks {CHECKS_FULL}",
+    ),
+    (
+        "frontera-venv-cu126",
+        "rtx5000-sm75",
+        "https://download.pytorch.org/whl/cu126",
+        ["python3/3.9.2"],
+        [],
+        f"{S}/frontera-venv-cu126/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=4 "
+        f"{PAYLOAD} --checks {CHECKS_FULL}",
+    ),
+    (
+        "stampede3-venv-cu126",
+        "h100-sxm-x4",
+        "https://download.pytorch.org/whl/cu126",
+        [],
+        [],
+        f"{S}/stampede3-venv-cu126/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=4 "
+        f"{PAYLOAD} --checks {CHECKS_FULL}",
+    ),
+    (
+        "lonestar6-venv-cu128",
+        "a100-pcie-x3",
+        "https://download.pytorch.org/whl/cu128",
+        ["python3/3.9.7"],
+        [],
+        f"{S}/lonestar6-venv-cu128/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=3 "
+        f"{PAYLOAD} --checks {CHECKS_FULL}",
+    ),
+    *[
+        (
+            f"zurada-conda-{v}",
+            "h100",
+            f"https://download.pytorch.org/whl/{v}",
+            ["miniforge3/25.3.1-gcc-11.4.1"],
+            [],
+            # One srun task per node around one torchrun: never the seed's two agents on the same GPUs.
+            f"srun --nodes=1 --ntasks-per-node=1 --ntasks=1 /work/u1/envbuilder/envs/zurada-conda-{v}/bin/python "
+            f"-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 {PAYLOAD} --checks {CHECKS_FULL}",
+        )
+        for v in ("cu118", "cu126", "cu128")
+    ],
+    (
+        "cirrus-venv-cu121-horovod",
+        "v100",
+        "https://download.pytorch.org/whl/cu121",
+        ["python/3.12.1-gpu"],
+        [],
+        "mpirun -n 4 --map-by ppr:4:node /work/p01/p01/u1/envbuilder/envs/cirrus-venv-cu121-horovod/bin/python "
+        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,mpi,nccl,horovod",
+    ),
+    (
+        "polaris-overlay-conda",
+        "a100-sxm4-x4",
+        None,
+        ["conda/2025-09-25"],
+        ["/soft/modulefiles"],
+        "mpiexec -n 4 --ppn 4 --depth 16 --cpu-bind depth PKG/payloads/gpu_affinity.sh reverse-local-rank "
+        f"/home/u1/envbuilder/envs/polaris-overlay-conda/bin/python {PAYLOAD} "
+        "--checks import,gpu,arch,cuda,libraries,mpi,nccl,ddp,filesystem",
+    ),
+    (
+        "local",
+        "cpu-only",
+        "https://download.pytorch.org/whl/cpu",
+        [],
+        [],
+        f"{S}/local/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 "
+        f"{PAYLOAD} --checks {CHECKS_FULL}",
+    ),
+]
+
+
+def make(name, facts_name, **opts):
+    return plan.build(loader.load(name, CATALOG), load_facts(facts_name), PLAN_ENV, plan.Options(package_dir="PKG", **opts))
+
+
+@pytest.mark.parametrize(("name", "facts_name", "index", "modules", "use", "launch"), CASES, ids=[c[0] for c in CASES])
+def test_recipe_plans_for_its_site(name, facts_name, index, modules, use, launch):
+    p = make(name, facts_name)
+    assert (p.resolution.index_url if p.resolution else None) == index
+    assert list(p.modules) == modules
+    assert list(p.module_use) == use
+    assert " ".join(p.launch_command) == launch
+    # --index-url, never --extra-index-url: PyPI's build cannot win silently.
+    flat = [a for cmd in p.install_commands for a in cmd]
+    assert "--extra-index-url" not in flat
+    if index:
+        assert flat.count("--index-url") >= 1
+
+
+def test_every_shipped_recipe_has_a_case():
+    assert sorted(CATALOG.names()) == sorted(c[0] for c in CASES)
+
+
+def test_seven_seed_systems_are_covered():
+    sites = {loader.load(n, CATALOG).get("site.name") for n in CATALOG.names()}
+    assert {"frontera", "stampede3", "vista", "lonestar6", "zurada", "cirrus", "polaris"} <= sites
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "recipes").rglob("*.toml")), ids=lambda p: str(p.relative_to(REPO)))
+def test_recipe_files_match_the_json_schema(path):
+    jsonschema.validate(loads(path.read_text()), schema.json_schema())
+
+
+def test_site_recipes_carry_corrections_with_sources():
+    for name in CATALOG.names():
+        if name == "local":
+            continue
+        corrections = loader.load(name, CATALOG).get("corrections")
+        assert corrections, f"{name} records no corrections of its source document"
+
+
+def test_vista_cu124_resolves_cuda_wheel_not_cpu_on_aarch64():
+    p = make("vista-venv-cu124", "gh200-aarch64")
+    assert p.target.arch == "aarch64"
+    assert p.resolution.cuda == "12.6"
+    assert any("cu124" in c["seed"] for c in p.corrections)
+
+
+def test_login_node_without_gpu_still_resolves_for_compute_partition():
+    # A CPU-only login node must not turn a GPU recipe into a CPU wheel.
+    p = plan.build(loader.load("zurada-conda-cu128", CATALOG), load_facts("cpu-only"), PLAN_ENV, OPTS)
+    assert p.resolution.variant == "cu128"
+    assert p.target.gpus and p.target.gpus[0].compute_capability == "9.0"
+    assert any("not this host" in n for n in p.notes)
+
+
+def test_wrong_arch_host_warns():
+    p = plan.build(loader.load("vista-venv-cu124", CATALOG), load_facts("cpu-only"), PLAN_ENV, OPTS)
+    assert any("must run on a aarch64 node" in w for w in p.warnings)
+
+
+def test_zurada_batch_script_has_one_agent_per_node():
+    script = make("zurada-conda-cu128", "h100").batch_script
+    assert "#SBATCH --ntasks-per-node=1\n" in script
+    assert "#SBATCH --cpus-per-task=32\n" in script
+    assert "#SBATCH --gpus-per-node=2\n" in script
+    assert "#SBATCH --partition=gpu2h100\n" in script
+    assert "export OMP_NUM_THREADS=16\n" in script
+    assert "--ntasks-per-node=2" not in script
+
+
+def test_vista_batch_script_avoids_forbidden_flags():
+    script = make("vista-venv-mpi-cu126", "gh200-aarch64").batch_script
+    for flag in ("--gres", "--gpus-per-task", "--mem"):
+        assert flag not in script
+    assert "#SBATCH --nodes=2\n" in script
+    assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in script
+
+
+def test_vista_interactive_uses_idev():
+    p = make("vista-venv-mpi-cu126", "gh200-aarch64")
+    assert list(p.interactive_command) == ["idev", "-p", "gh-dev", "-N", "2", "-n", "2", "-t", "00:30:00"]
+
+
+def test_cirrus_is_retired_but_plans_with_gres_and_qos():
+    p = make("cirrus-venv-cu121-horovod", "v100")
+    assert p.status == "retired"
+    assert any("retired" in w for w in p.warnings)
+    assert "#SBATCH --gres=gpu:4\n" in p.batch_script
+    assert "#SBATCH --qos=gpu\n" in p.batch_script
+    horovod = next(c for c in p.install_commands if c[-1].startswith("horovod @"))
+    assert horovod[0] == "env"
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in horovod
+    assert "--no-build-isolation" in horovod
+    assert horovod[-1].endswith("@3a31d933a13c7c885b8a673f4172b17914ad334d")
+
+
+def test_polaris_pbs_script_and_account():
+    p = make("polaris-overlay-conda", "a100-sxm4-x4")
+    assert "#PBS -l filesystems=home:eagle\n" in p.batch_script
+    assert "#PBS -q debug\n" in p.batch_script
+    assert "module use /soft/modulefiles\n" in p.batch_script
+    assert "export NCCL_NET='AWS Libfabric'\n" in p.batch_script
+    assert any("--account" in w for w in p.warnings)
+    assert "-A" not in p.interactive_command
+    with_account = make("polaris-overlay-conda", "a100-sxm4-x4", account="MyProj")
+    assert "#PBS -A MyProj\n" in with_account.batch_script
+    assert with_account.interactive_command[-2:] == ("-A", "MyProj")
+
+
+def test_zurada_conda_env_gets_python_and_pip():
+    create = make("zurada-conda-cu126", "h100").install_commands[0]
+    assert create[:5] == ("conda", "create", "--yes", "--prefix", "/work/u1/envbuilder/envs/zurada-conda-cu126")
+    assert "python=3.12" in create
+    assert "pip" in create
+
+
+def test_extra_packages_are_constrained_by_torch_pins():
+    cmds = make("local", "cpu-only").install_commands
+    numpy = next(c for c in cmds if c[-1] == "numpy")
+    assert "--constraint" in numpy
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is needed to syntax-check batch scripts")
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] != "local"], ids=[c[0] for c in CASES if c[0] != "local"])
+def test_batch_scripts_are_valid_bash(case, tmp_path):
+    script = make(case[0], case[1]).batch_script
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+
+
+def test_plan_json_has_the_contract_keys():
+    data = make("vista-venv-cu124", "gh200-aarch64").to_json()
+    for key in (
+        "recipe", "site", "kind", "prefix", "python", "modules", "module_use", "index_url", "extra_index_urls",
+        "requirements", "install_commands", "activate", "launcher", "launch_command", "batch_script", "warnings",
+    ):
+        assert key in data, key
+    assert set(data["activate"]) >= {"modules", "env"}
+    json.dumps(data)
