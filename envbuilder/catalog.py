@@ -61,15 +61,15 @@ def layers(env: Optional[Mapping[str, str]] = None) -> list[Layer]:
     return out
 
 
-def read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path, shown: Optional[str] = None) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise RecipeError(f"cannot read: {exc.strerror}", file=str(path)) from None
+        raise RecipeError(f"cannot read: {exc.strerror}", file=shown or str(path)) from None
     try:
         return loads(text)
     except TOMLDecodeError as exc:
-        raise RecipeError(f"not valid TOML: {exc}", file=str(path)) from None
+        raise RecipeError(f"not valid TOML: {exc}", file=shown or str(path)) from None
 
 
 class Catalog:
@@ -78,7 +78,10 @@ class Catalog:
     def __init__(self, search: list[Layer]) -> None:
         self.layers = search
         self.entries: dict[str, Entry] = {}
-        self.broken: dict[Path, str] = {}
+        #: Files that do not parse, by path: whether they are recipes cannot be known, so they are not entries.
+        self.broken: dict[Path, RecipeError] = {}
+        #: Every file by stem, for "not found" messages that can say what the file with that name is.
+        self.stems: dict[str, Path] = {}
         for layer in search:
             if not layer.root.is_dir():
                 continue
@@ -90,13 +93,11 @@ class Catalog:
         return cls(layers(env))
 
     def _add(self, path: Path, layer: Layer) -> None:
+        self.stems[path.stem] = path
         try:
-            doc = read_toml(path)
+            doc = read_toml(path, display_path(path, layer))
         except RecipeError as exc:
-            # A file that does not parse is listed under its stem so `plan NAME` reports the real problem.
-            self.broken[path] = exc.message
-            name = path.stem
-            self._put(Entry(name, path, layer, description="(does not parse)"))
+            self.broken[path] = exc
             return
         recipe = doc.get("recipe")
         if not isinstance(recipe, dict):

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 from envbuilder import schema
 from envbuilder.catalog import Catalog, display_path, read_toml
@@ -82,12 +82,7 @@ def load(name: str, catalog: Catalog, overrides: Optional[Mapping[str, tuple[Any
     """Load recipe ``name``. ``overrides`` maps dotted keys to (value, source) applied last (CLI flags)."""
     entry = catalog.entries.get(name)
     if entry is None:
-        close = difflib.get_close_matches(name, catalog.names(), n=3, cutoff=0.5)
-        hint = f"did you mean {', '.join(close)}?" if close else "run `envbuilder recipes list` to see them"
-        raise RecipeNotFound(f"no recipe named {name!r} on the recipe path", hint=hint)
-    if entry.path in catalog.broken:
-        raise RecipeError(catalog.broken[entry.path], file=entry.display())
-
+        _not_found(name, catalog)
     chain = _read_chain(entry.path, catalog)
     merged: dict[str, Any] = {}
     prov: dict[str, str] = {}
@@ -109,6 +104,13 @@ def load(name: str, catalog: Catalog, overrides: Optional[Mapping[str, tuple[Any
 
     recipe_name = merged.get("recipe", {}).get("name")
     top = display_path(entry.path, catalog.layer_of(entry.path))
+    if recipe_name is None:
+        raise RecipeError(
+            "missing required key",
+            file=top,
+            key="recipe.name",
+            hint=f"add name = {entry.path.stem!r} to [recipe]",
+        )
     if recipe_name != entry.path.stem:
         raise RecipeError(
             f"recipe.name {recipe_name!r} does not match the file name {entry.path.name!r}",
@@ -116,7 +118,9 @@ def load(name: str, catalog: Catalog, overrides: Optional[Mapping[str, tuple[Any
             key="recipe.name",
             hint=f"rename the file to {recipe_name}.toml or set name = {entry.path.stem!r}",
         )
-    schema.check_required({**merged, "schema_version": schema.SCHEMA_VERSION}, top)
+    schema.check_required(
+        {**merged, "schema_version": schema.SCHEMA_VERSION}, lambda key: _table_source(prov, key, top)
+    )
     _cross_checks(merged, prov, top)
     return Recipe(
         name=name,
@@ -125,6 +129,35 @@ def load(name: str, catalog: Catalog, overrides: Optional[Mapping[str, tuple[Any
         data=merged,
         provenance=prov,
     )
+
+
+def _not_found(name: str, catalog: Catalog) -> NoReturn:
+    """Say why NAME is not a recipe as precisely as the files allow."""
+    path = catalog.stems.get(name)
+    if path is not None and path in catalog.broken:
+        raise catalog.broken[path]
+    if path is not None:
+        shown = display_path(path, catalog.layer_of(path))
+        doc = read_toml(path, shown)
+        declared = doc.get("recipe", {}).get("name") if isinstance(doc.get("recipe"), dict) else None
+        if declared is None and not isinstance(doc.get("recipe"), dict):
+            raise RecipeNotFound(
+                f"{shown} has no [recipe] table: it is a base file, reached only through extends",
+                hint=f"add [recipe] with name = {name!r} to make it a recipe",
+            )
+        raise RecipeError(
+            f"recipe.name {declared!r} does not match the file name {path.name!r}",
+            file=shown,
+            key="recipe.name",
+            hint=f"set name = {name!r}",
+        )
+    close = difflib.get_close_matches(name, catalog.names(), n=3, cutoff=0.5)
+    hint = (
+        "did you mean " + " or ".join(repr(c) for c in close) + "?"
+        if close
+        else "run `envbuilder recipes list` to see them"
+    )
+    raise RecipeNotFound(f"no recipe named {name!r} on the recipe path", hint=hint)
 
 
 def _read_chain(path: Path, catalog: Catalog) -> list[tuple[Path, dict[str, Any]]]:
@@ -136,12 +169,23 @@ def _read_chain(path: Path, catalog: Catalog) -> list[tuple[Path, dict[str, Any]
         shown = display_path(current, catalog.layer_of(current))
         if resolved in seen:
             loop = " -> ".join(display_path(p, catalog.layer_of(p)) for p in [*seen, resolved])
-            raise RecipeError(f"extends cycle: {loop}", file=shown, key="extends")
+            # Blame the file whose extends closes the loop.
+            closer = display_path(chain[-1][0], catalog.layer_of(chain[-1][0]))
+            raise RecipeError(f"extends cycle: {loop}", file=closer, key="extends")
         seen.append(resolved)
-        doc = read_toml(current)
+        if resolved in {p.resolve() for p in catalog.broken}:
+            raise catalog.broken[next(p for p in catalog.broken if p.resolve() == resolved)]
+        doc = read_toml(current, shown)
         schema.validate(doc, shown)
         chain.append((current, doc))
         parent = doc.get("extends")
+        if parent is not None and not parent.strip():
+            raise RecipeError(
+                "extends is empty",
+                file=shown,
+                key="extends",
+                hint="name a parent file (site.toml) or remove the key",
+            )
         current = _parent_path(parent, current, catalog, shown) if parent else None
     return chain
 
@@ -183,6 +227,13 @@ def _merge(dst: dict[str, Any], src: Mapping[str, Any], source: str, prov: dict[
             for old in [k for k in prov if k.startswith(dotted + ".")]:
                 del prov[old]
             prov[dotted] = source
+
+
+def _table_source(prov: Mapping[str, str], table: str, default: str) -> str:
+    """The file that defined (part of) a table: the source of any value under it, the child's first."""
+    sources = [src for key, src in prov.items() if key.startswith(table + ".") or key == table]
+    files = [src for src in sources if src != DEFAULTS_SOURCE]
+    return files[-1] if files else default
 
 
 def _set(dst: dict[str, Any], dotted: str, value: Any) -> None:
@@ -239,26 +290,31 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
             f"no filesystems entry named {fs_name!r}",
             file=where("env.filesystem"),
             key="env.filesystem",
-            hint=_hint(fs_name, data.get("filesystems", {})),
+            hint=_hint(fs_name, data.get("filesystems", {}))
+            or f"defined file systems: {', '.join(data.get('filesystems', {})) or 'none'}",
         )
-    partition = data.get("validation", {}).get("partition") or data.get("scheduler", {}).get("partition")
     partitions = data.get("scheduler", {}).get("partitions", {})
-    if partition and partitions and partition not in partitions:
-        key = "validation.partition" if data.get("validation", {}).get("partition") else "scheduler.partition"
-        raise RecipeError(
-            f"partition {partition!r} is not in scheduler.partitions",
-            file=where(key),
-            key=key,
-            hint=_hint(partition, partitions) or f"partitions: {', '.join(partitions)}",
-        )
-    launcher = data.get("launcher", {}).get("default")
+    for key in ("scheduler.partition", "validation.partition"):
+        section, field = key.split(".")
+        partition = data.get(section, {}).get(field)
+        if partition and partitions and partition not in partitions:
+            raise RecipeError(
+                f"partition {partition!r} is not in scheduler.partitions",
+                file=where(key),
+                key=key,
+                hint=_hint(partition, partitions) or f"partitions: {', '.join(partitions)}",
+            )
     scheduler = data.get("scheduler", {}).get("type")
-    if launcher == "srun" and scheduler != "slurm":
-        raise RecipeError(
-            f"launcher srun needs scheduler.type = 'slurm', found {scheduler!r}",
-            file=where("launcher.default"),
-            key="launcher.default",
-        )
+    for key, launcher in (
+        ("launcher.default", data.get("launcher", {}).get("default")),
+        ("validation.launcher", data.get("validation", {}).get("launcher")),
+    ):
+        if launcher in ("srun", "ibrun") and scheduler != "slurm":
+            raise RecipeError(
+                f"launcher {launcher} needs scheduler.type = 'slurm', found {scheduler!r}",
+                file=where(key),
+                key=key,
+            )
     kind = data.get("env", {}).get("kind")
     if kind == "conda" and not data.get("conda", {}).get("channels"):
         raise RecipeError(
@@ -267,8 +323,16 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
             key="conda.channels",
             hint='e.g. channels = ["conda-forge"]',
         )
-    if re.search(r"\$\{[^}]*$", str(data.get("env", {}).get("prefix", ""))):
-        raise RecipeError("unterminated ${ in env.prefix", file=where("env.prefix"), key="env.prefix")
+    paths = [("env.prefix", data.get("env", {}).get("prefix", ""))]
+    paths += [(f"filesystems.{n}.path", fs.get("path", "")) for n, fs in data.get("filesystems", {}).items()]
+    for key, value in paths:
+        if _BAD_VAR.search(str(value)):
+            raise RecipeError(
+                f"malformed ${{...}}: expected ${{NAME}}, found string {value!r}", file=where(key), key=key
+            )
+
+
+_BAD_VAR = re.compile(r"\$\{(?![A-Za-z_][A-Za-z0-9_]*\})")
 
 
 def _hint(word: str, choices: Any) -> Optional[str]:

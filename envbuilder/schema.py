@@ -11,7 +11,7 @@ import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from envbuilder.errors import RecipeError
 
@@ -38,6 +38,7 @@ class Field:
     pattern: Optional[str] = None
     items: Optional[type] = None  # for lists: the element type
     required: bool = False
+    example: str = ""  # shown when a value does not match ``pattern``
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,10 @@ SCHEMA = Table(
         "recipe": Table(
             {
                 "name": Field(
-                    str, "the name users type; must equal the file name without .toml", pattern=NAME_RE
+                    str,
+                    "the name users type; must equal the file name without .toml",
+                    pattern=NAME_RE,
+                    example="vista-venv-cu124",
                 ),
                 "description": Field(str),
                 "version": Field(str, "recipe version (publishing assigns one if absent)"),
@@ -96,14 +100,14 @@ SCHEMA = Table(
         ),
         "site": Table(
             {
-                "name": Field(str, pattern=NAME_RE),
+                "name": Field(str, pattern=NAME_RE, example="vista-venv-cu124"),
                 "center": Field(str),
                 "title": Field(str),
                 "status": Field(str, choices=STATUSES),
-                "retired_on": Field(str, pattern=r"\d{4}-\d{2}-\d{2}"),
+                "retired_on": Field(str, pattern=r"\d{4}-\d{2}-\d{2}", example="2025-12-08"),
                 "validatable": Field(bool, "false where the machine no longer exists"),
                 "document": Field(str, "source document (URL or seed file)"),
-                "document_date": Field(str, pattern=r"\d{4}-\d{2}(-\d{2})?"),
+                "document_date": Field(str, pattern=r"\d{4}-\d{2}(-\d{2})?", example="2024-09-18"),
                 "notes": Field(str),
             }
         ),
@@ -112,10 +116,12 @@ SCHEMA = Table(
                 "arch": Field(str, choices=("x86_64", "aarch64")),
                 "gpus_per_node": Field(int),
                 "gpu": Field(str, "GPU model as the driver names it"),
-                "compute_capability": Field(str, pattern=r"\d+\.\d+"),
-                "driver_version": Field(str, pattern=r"\d+\.\d+(\.\d+)?"),
-                "max_cuda": Field(str, "highest CUDA the driver supports", pattern=r"\d+\.\d+"),
-                "glibc": Field(str, pattern=r"\d+\.\d+"),
+                "compute_capability": Field(str, pattern=r"\d+\.\d+", example="9.0"),
+                "driver_version": Field(str, pattern=r"\d+\.\d+(\.\d+)?", example="550.54.15"),
+                "max_cuda": Field(
+                    str, "highest CUDA the driver supports", pattern=r"\d+\.\d+", example="12.9"
+                ),
+                "glibc": Field(str, pattern=r"\d+\.\d+", example="2.28"),
                 "cores_per_node": Field(int),
                 "memory_gb": Field(int),
                 "interconnect": Field(str),
@@ -132,14 +138,16 @@ SCHEMA = Table(
                 "required_flags": Field(list, "flags every job must carry", items=str),
                 "partition": Field(str, "default partition/queue for validation jobs"),
                 "exclusive_nodes": Field(bool, "jobs get whole nodes (no --cpus-per-task needed)"),
-                "time": Field(str, "default walltime (HH:MM:SS)", pattern=r"\d+:\d{2}:\d{2}"),
+                "time": Field(
+                    str, "default walltime (HH:MM:SS)", pattern=r"\d+:\d{2}:\d{2}", example="01:30:00"
+                ),
                 "account_required": Field(bool),
                 "partitions": MapOf(
                     Table(
                         {
                             "gpus_per_node": Field(int),
                             "max_nodes": Field(int),
-                            "max_time": Field(str, pattern=r"\d+:\d{2}:\d{2}"),
+                            "max_time": Field(str, pattern=r"\d+:\d{2}:\d{2}", example="01:30:00"),
                             "dev": Field(bool, "a short-turnaround debug queue"),
                             "gpu": Field(str),
                             "cores_per_node": Field(int),
@@ -209,6 +217,7 @@ SCHEMA = Table(
                     str,
                     "its version (major.minor); the resolver checks wheels against it",
                     pattern=r"\d+\.\d+(\.\d+)?",
+                    example="3.11",
                 ),
             }
         ),
@@ -223,7 +232,7 @@ SCHEMA = Table(
             {
                 "install": Field(bool, "false when the site env provides torch (overlay)"),
                 "version": Field(str, "latest, a minor (2.7), a release (2.7.1) or a dated nightly"),
-                "variant": Field(str, "auto, cpu or cuNNN", pattern=r"auto|cpu|cu\d+"),
+                "variant": Field(str, "auto, cpu or cuNNN", pattern=r"auto|cpu|cu\d+", example="cu126"),
                 "channel": Field(str, choices=("stable", "test", "nightly")),
                 "packages": Field(list, "which of torch, torchvision, torchaudio to install", items=str),
                 "torchvision": Field(str, "explicit torchvision version"),
@@ -259,7 +268,7 @@ SCHEMA = Table(
                 "nodes": Field(int),
                 "nproc_per_node": Field(int, "ranks per node (default: GPUs per node)"),
                 "partition": Field(str),
-                "time": Field(str, pattern=r"\d+:\d{2}:\d{2}"),
+                "time": Field(str, pattern=r"\d+:\d{2}:\d{2}", example="01:30:00"),
                 "launcher": Field(str, choices=LAUNCHERS),
                 "references": MapOf(Field((int, float)), "performance references (name = figure)"),
             }
@@ -310,7 +319,6 @@ def validate(doc: Mapping[str, Any], file: str) -> None:
     Required keys of tables are checked on the merged recipe (:func:`check_required`), because a variant may
     add to a table its parent started; required keys of array items ([[packages]]) are checked here.
     """
-    _walk(SCHEMA, doc, file, "", required=False)
     version = doc.get("schema_version")
     if version is None:
         raise RecipeError(
@@ -319,6 +327,8 @@ def validate(doc: Mapping[str, Any], file: str) -> None:
             key="schema_version",
             hint=f"every recipe file starts with schema_version = {SCHEMA_VERSION}",
         )
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RecipeError(f"expected an integer, found {_found(version)}", file=file, key="schema_version")
     if version != SCHEMA_VERSION:
         raise RecipeError(
             f"this envbuilder reads schema_version {SCHEMA_VERSION}, found {version!r}",
@@ -326,18 +336,27 @@ def validate(doc: Mapping[str, Any], file: str) -> None:
             key="schema_version",
             hint="upgrade envbuilder" if isinstance(version, int) and version > SCHEMA_VERSION else None,
         )
+    # The version is checked first: a newer recipe's new keys must say "upgrade", not "unknown key".
+    _walk(SCHEMA, doc, file, "", required=False)
 
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def check_required(doc: Mapping[str, Any], file: str) -> None:
-    """Required keys on a merged recipe."""
-    _walk(SCHEMA, doc, file, "", required=True)
+def check_required(doc: Mapping[str, Any], source_of: Callable[[str], str]) -> None:
+    """Required keys on a merged recipe; ``source_of(table path)`` names the file to blame."""
+    _walk(SCHEMA, doc, "", "", required=True, source_of=source_of)
 
 
-def _walk(spec: Spec, value: Any, file: str, path: str, required: bool) -> None:
+def _walk(
+    spec: Spec,
+    value: Any,
+    file: str,
+    path: str,
+    required: bool,
+    source_of: Optional[Callable[[str], str]] = None,
+) -> None:
     if isinstance(spec, Table):
         if not isinstance(value, dict):
             raise RecipeError(
@@ -351,10 +370,16 @@ def _walk(spec: Spec, value: Any, file: str, path: str, required: bool) -> None:
                     key=_join(path, key),
                     hint=_suggest(key, spec.fields) or f"known keys here: {', '.join(spec.fields)}",
                 )
-            _walk(spec.fields[key], sub, file, _join(path, key), required)
+            _walk(spec.fields[key], sub, file, _join(path, key), required, source_of)
         for key, sub_spec in spec.fields.items():
             if required and getattr(sub_spec, "required", False) and key not in value:
-                raise RecipeError("missing required key", file=file, key=_join(path, key))
+                expected = f"expected {_type_name(sub_spec.types)}" if isinstance(sub_spec, Field) else ""
+                doc = f" ({sub_spec.doc})" if sub_spec.doc else ""
+                raise RecipeError(
+                    f"missing required key: {expected}{doc}",
+                    file=source_of(path) if source_of else file,
+                    key=_join(path, key),
+                )
         return
     if isinstance(spec, MapOf):
         if not isinstance(value, dict):
@@ -366,13 +391,13 @@ def _walk(spec: Spec, value: Any, file: str, path: str, required: bool) -> None:
                     file=file,
                     key=_join(path, key),
                 )
-            _walk(spec.value, sub, file, _join(path, key), required)
+            _walk(spec.value, sub, file, _join(path, key), required, source_of)
         return
     if isinstance(spec, ArrayOf):
         if not isinstance(value, list):
             raise RecipeError(f"expected an array of tables, found {_found(value)}", file=file, key=path)
         for i, item in enumerate(value):
-            _walk(spec.item, item, file, f"{path}[{i}]", True)
+            _walk(spec.item, item, file, f"{path}[{i}]", True, source_of)
         return
     _check_field(spec, value, file, path)
 
@@ -397,9 +422,8 @@ def _check_field(spec: Field, value: Any, file: str, path: str) -> None:
             hint=_suggest(str(value), spec.choices),
         )
     if spec.pattern and isinstance(value, str) and not re.fullmatch(spec.pattern, value):
-        raise RecipeError(
-            f"expected a value matching {spec.pattern}, found {_found(value)}", file=file, key=path
-        )
+        like = f"a value like {spec.example!r}" if spec.example else f"a value matching {spec.pattern}"
+        raise RecipeError(f"expected {like}, found {_found(value)}", file=file, key=path)
 
 
 # ---------------------------------------------------------------------------------------------------------------

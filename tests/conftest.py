@@ -34,7 +34,9 @@ def facts():
     return load_facts
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, check: bool = False
+) -> subprocess.CompletedProcess[str]:
     """The real CLI in a child process (python -m envbuilder), as a user runs it."""
     full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1", **(env or PLAN_ENV)}
     return subprocess.run(

@@ -30,7 +30,13 @@ def test_local_refuses_several_processes():
 
 def test_torchrun_single_node_is_standalone():
     assert launchers.build("torchrun", spec(nproc_per_node=4)) == [
-        PY, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=4", *SCRIPT,
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        "--nproc-per-node=4",
+        *SCRIPT,
     ]
 
 
@@ -40,11 +46,25 @@ def test_torchrun_alone_cannot_span_nodes():
 
 
 def test_srun_runs_exactly_one_agent_per_node():
-    argv = launchers.build("srun", spec(nodes=2, nproc_per_node=4, port=29400, rdzv_id=ShellVar("SLURM_JOB_ID")))
+    argv = launchers.build(
+        "srun", spec(nodes=2, nproc_per_node=4, port=29400, rdzv_id=ShellVar("SLURM_JOB_ID"))
+    )
     assert [str(a) for a in argv] == [
-        "srun", "--nodes=2", "--ntasks-per-node=1", "--ntasks=2",
-        PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
-        "--rdzv-endpoint", "$MASTER_ADDR:29400", "--rdzv-id", "$SLURM_JOB_ID", *SCRIPT,
+        "srun",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--ntasks=2",
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=4",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint",
+        "$MASTER_ADDR:29400",
+        "--rdzv-id",
+        "$SLURM_JOB_ID",
+        *SCRIPT,
     ]
 
 
@@ -68,17 +88,40 @@ def test_ibrun_starts_every_rank():
 def test_mpiexec_pals_with_binding_and_affinity_wrapper():
     argv = launchers.build(
         "mpiexec",
-        spec(nodes=2, nproc_per_node=4, cpu_bind="depth", depth=16, affinity_wrapper=("/pkg/gpu_affinity.sh", "reverse-local-rank")),
+        spec(
+            nodes=2,
+            nproc_per_node=4,
+            cpu_bind="depth",
+            depth=16,
+            affinity_wrapper=("/pkg/gpu_affinity.sh", "reverse-local-rank"),
+        ),
     )
     assert argv == [
-        "mpiexec", "-n", "8", "--ppn", "4", "--depth", "16", "--cpu-bind", "depth",
-        "/pkg/gpu_affinity.sh", "reverse-local-rank", PY, *SCRIPT,
+        "mpiexec",
+        "-n",
+        "8",
+        "--ppn",
+        "4",
+        "--depth",
+        "16",
+        "--cpu-bind",
+        "depth",
+        "/pkg/gpu_affinity.sh",
+        "reverse-local-rank",
+        PY,
+        *SCRIPT,
     ]
 
 
 def test_mpirun_maps_ranks_per_node():
     assert launchers.build("mpirun", spec(nodes=2, nproc_per_node=4)) == [
-        "mpirun", "-n", "8", "--map-by", "ppr:4:node", PY, *SCRIPT,
+        "mpirun",
+        "-n",
+        "8",
+        "--map-by",
+        "ppr:4:node",
+        PY,
+        *SCRIPT,
     ]
 
 
@@ -100,7 +143,7 @@ def test_render_quotes_values_and_expands_only_shell_vars():
 def test_render_joined_endpoint():
     argv = launchers.torchrun_argv(spec(nodes=2, nproc_per_node=1, port=29500))
     text = launchers.render(argv)
-    assert "--rdzv-endpoint \"${MASTER_ADDR}\":29500" in text
+    assert '--rdzv-endpoint "${MASTER_ADDR}":29500' in text
 
 
 def test_shellvar_rejects_non_names():
@@ -110,12 +153,22 @@ def test_shellvar_rejects_non_names():
 
 # --- batch helpers --------------------------------------------------------------------------------------------
 
-JOB = batch.JobShape(nodes=2, tasks_per_node=1, gpus_per_node=4, cpus_per_task=32, partition="gpu", time="01:00:00",
-                     account=None, name="t")
+JOB = batch.JobShape(
+    nodes=2,
+    tasks_per_node=1,
+    gpus_per_node=4,
+    cpus_per_task=32,
+    partition="gpu",
+    time="01:00:00",
+    account=None,
+    name="t",
+)
 
 
 def test_interactive_template_fills_and_drops_unknown_options():
-    argv = batch.interactive_argv(["qsub", "-I", "-l", "select={nodes}", "-q", "{partition}", "-A", "{account}"], JOB)
+    argv = batch.interactive_argv(
+        ["qsub", "-I", "-l", "select={nodes}", "-q", "{partition}", "-A", "{account}"], JOB
+    )
     assert argv == ["qsub", "-I", "-l", "select=2", "-q", "gpu"]
 
 
@@ -129,7 +182,8 @@ def test_interactive_template_unknown_placeholder():
 
 
 @pytest.mark.parametrize(
-    ("style", "flag"), [("gpus-per-node", "--gpus-per-node=4"), ("gres", "--gres=gpu:4"), ("gpus", "--gpus=8")]
+    ("style", "flag"),
+    [("gpus-per-node", "--gpus-per-node=4"), ("gres", "--gres=gpu:4"), ("gpus", "--gpus=8")],
 )
 def test_slurm_gpu_request_styles(style, flag):
     assert flag in batch.slurm_directives(JOB, style, [])
@@ -163,8 +217,14 @@ def test_script_quotes_recipe_values(tmp_path):
     runner = tmp_path / "run.sh"
     runner.write_text('module() { printf "<%s>" "$@" >> "$LOG"; echo >> "$LOG"; }\n' + text)
     log = tmp_path / "log"
-    res = subprocess.run(["bash", str(runner)], cwd=tmp_path, env={"LOG": str(log), "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        ["bash", str(runner)],
+        cwd=tmp_path,
+        env={"LOG": str(log), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert res.stdout.strip() == "done"
     assert not (tmp_path / "pwned").exists()
     assert log.read_text().splitlines() == ["<use></soft/module files>", "<load><conda/2025; echo pwned>"]

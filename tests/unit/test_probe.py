@@ -8,8 +8,8 @@ import platform
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from envbuilder.errors import HostProbeError
 from envbuilder.host import facts_from_json, load_facts_file, probe
 
@@ -51,7 +51,9 @@ def test_fake_proc_tree_gives_driver_and_gpu_names(tmp_path):
         "GCC version:  gcc version 12.3.0\n"
     )
     for bus in ("0000:41:00.0", "0000:c1:00.0"):
-        (nv / "gpus" / bus / "information").write_text(f"Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\nBus Location: \t {bus}\n")
+        (nv / "gpus" / bus / "information").write_text(
+            f"Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\nBus Location: \t {bus}\n"
+        )
     facts = probe(env={"PATH": str(tmp_path)}, root=str(tmp_path))
     assert facts.driver_version == "580.159.04"
     assert [g.name for g in facts.gpus] == ["NVIDIA H200", "NVIDIA H200"]
@@ -61,7 +63,9 @@ def test_fake_proc_tree_gives_driver_and_gpu_names(tmp_path):
 def test_proprietary_driver_version_line(tmp_path):
     nv = tmp_path / "proc" / "driver" / "nvidia"
     nv.mkdir(parents=True)
-    (nv / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n")
+    (nv / "version").write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+    )
     assert probe(env={"PATH": str(tmp_path)}, root=str(tmp_path)).driver_version == "535.104.05"
 
 
@@ -74,7 +78,11 @@ def _shim(tmp_path: Path, spec: dict) -> dict[str, str]:
 def test_nvidia_smi_shim_gives_gpus_driver_and_max_cuda(tmp_path):
     env = _shim(
         tmp_path,
-        {"driver": "580.159.04", "cuda": "13.0", "gpus": [{"name": "NVIDIA H200", "cc": "9.0", "mem": 143771}] * 2},
+        {
+            "driver": "580.159.04",
+            "cuda": "13.0",
+            "gpus": [{"name": "NVIDIA H200", "cc": "9.0", "mem": 143771}] * 2,
+        },
     )
     facts = probe(env=env, root=str(tmp_path))
     assert facts.driver_version == "580.159.04"
@@ -86,7 +94,13 @@ def test_nvidia_smi_shim_gives_gpus_driver_and_max_cuda(tmp_path):
 
 def test_old_driver_without_compute_cap_field_still_lists_gpus(tmp_path):
     env = _shim(
-        tmp_path, {"driver": "470.82.01", "cuda": "11.4", "old_driver": True, "gpus": [{"name": "Tesla V100-SXM2-16GB", "cc": "7.0", "mem": 16160}]}
+        tmp_path,
+        {
+            "driver": "470.82.01",
+            "cuda": "11.4",
+            "old_driver": True,
+            "gpus": [{"name": "Tesla V100-SXM2-16GB", "cc": "7.0", "mem": 16160}],
+        },
     )
     facts = probe(env=env, root=str(tmp_path))
     assert facts.driver_version == "470.82.01"
@@ -95,8 +109,14 @@ def test_old_driver_without_compute_cap_field_still_lists_gpus(tmp_path):
 
 
 def test_scheduler_and_module_system_from_environment(tmp_path):
-    env = {"PATH": str(tmp_path), "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "c[1-2]", "LMOD_CMD": "/x/lmod",
-           "SCRATCH": "/scratch/u", "CUDA_VISIBLE_DEVICES": "0,1"}
+    env = {
+        "PATH": str(tmp_path),
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "c[1-2]",
+        "LMOD_CMD": "/x/lmod",
+        "SCRATCH": "/scratch/u",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+    }
     facts = probe(env=env, root=str(tmp_path))
     assert facts.scheduler == "slurm"
     assert facts.module_system == "lmod"

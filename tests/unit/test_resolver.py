@@ -17,7 +17,9 @@ M = load_matrix()
 
 def host(arch="x86_64", python="3.11.7", glibc="2.34", driver=None, max_cuda=None, gpus=(), cc=None, n=1):
     gpu_list = tuple(Gpu(gpus, cc) for _ in range(n)) if isinstance(gpus, str) else gpus
-    return HostFacts(arch=arch, python=python, glibc=glibc, driver_version=driver, max_cuda=max_cuda, gpus=gpu_list)
+    return HostFacts(
+        arch=arch, python=python, glibc=glibc, driver_version=driver, max_cuda=max_cuda, gpus=gpu_list
+    )
 
 
 def gates(request: TorchRequest, facts: HostFacts) -> dict[str, str]:
@@ -55,12 +57,16 @@ def test_torchaudio_frozen_at_2_11_for_later_torch():
 
 
 def test_explicit_companion_versions_win():
-    r = resolve(TorchRequest("2.3.1", "cu121", torchvision="0.18.1", torchaudio="2.3.1"), host(python="3.12.1"))
+    r = resolve(
+        TorchRequest("2.3.1", "cu121", torchvision="0.18.1", torchaudio="2.3.1"), host(python="3.12.1")
+    )
     assert r.requirements == ("torch==2.3.1", "torchvision==0.18.1", "torchaudio==2.3.1")
 
 
 def test_test_channel_uses_test_index():
-    r = resolve(TorchRequest("2.14.0", "cu130", channel="test", packages=("torch",)), host(driver="580.95.05"))
+    r = resolve(
+        TorchRequest("2.14.0", "cu130", channel="test", packages=("torch",)), host(driver="580.95.05")
+    )
     assert r.index_url == "https://download.pytorch.org/whl/test/cu130"
 
 
@@ -80,12 +86,16 @@ def test_auto_on_h200_with_cuda13_driver_takes_pypi_default_cu130():
 
 def test_auto_on_cuda12_driver_avoids_cuda13():
     # cu130/cu132 need driver >= 580; cu126 is the only CUDA-12 variant of 2.13.
-    r = resolve(TorchRequest("2.13.0", "auto"), host(driver="550.54.15", gpus="NVIDIA A100-SXM4-40GB", cc="8.0"))
+    r = resolve(
+        TorchRequest("2.13.0", "auto"), host(driver="550.54.15", gpus="NVIDIA A100-SXM4-40GB", cc="8.0")
+    )
     assert r.variant == "cu126"
 
 
 def test_auto_on_v100_picks_a_variant_with_sm70():
-    r = resolve(TorchRequest("2.11.0", "auto"), host(driver="580.65.06", gpus="Tesla V100-SXM2-16GB", cc="7.0"))
+    r = resolve(
+        TorchRequest("2.11.0", "auto"), host(driver="580.65.06", gpus="Tesla V100-SXM2-16GB", cc="7.0")
+    )
     assert r.variant == "cu126"  # cu130 never had sm_70; 2.11's cu128 dropped it
 
 
@@ -113,7 +123,9 @@ def test_minor_version_compat_is_a_warning_not_an_error():
 
 
 def test_gate_v100_on_cu128_from_2_11():
-    found = gates(TorchRequest("2.11.0", "cu128"), host(driver="570.124.06", gpus="Tesla V100-SXM2-16GB", cc="7.0"))
+    found = gates(
+        TorchRequest("2.11.0", "cu128"), host(driver="570.124.06", gpus="Tesla V100-SXM2-16GB", cc="7.0")
+    )
     assert set(found) == {"gpu-arch"}
     assert "sm_70" in found["gpu-arch"]
     assert "use cu126 with torch 2.11.0" in found["gpu-arch"]
@@ -124,7 +136,9 @@ def test_v100_on_cu128_2_10_is_fine():
 
 
 def test_gate_pascal_on_cu128():
-    found = gates(TorchRequest("2.8.0", "cu128"), host(driver="570.124.06", gpus="Tesla P100-PCIE-16GB", cc="6.0"))
+    found = gates(
+        TorchRequest("2.8.0", "cu128"), host(driver="570.124.06", gpus="Tesla P100-PCIE-16GB", cc="6.0")
+    )
     assert "gpu-arch" in found
     assert "sm_60" in found["gpu-arch"]
 
@@ -149,7 +163,8 @@ def test_ptx_only_coverage_warns_about_jit():
 
 def test_gate_aarch64_cu124_is_the_vista_trap():
     found = gates(
-        TorchRequest("2.6.0", "cu124"), host(arch="aarch64", max_cuda="12.8", gpus="NVIDIA GH200 480GB", cc="9.0")
+        TorchRequest("2.6.0", "cu124"),
+        host(arch="aarch64", max_cuda="12.8", gpus="NVIDIA GH200 480GB", cc="9.0"),
     )
     assert set(found) == {"aarch64-no-cuda-wheel"}
     assert "CPU-only" in found["aarch64-no-cuda-wheel"]
@@ -164,7 +179,8 @@ def test_gate_aarch64_2_8_only_has_cu129():
 
 def test_aarch64_secondary_source_warns():
     r = resolve(
-        TorchRequest("2.4.0", "cu124", packages=("torch",)), host(arch="aarch64", python="3.11.8", gpus="GH200", cc="9.0")
+        TorchRequest("2.4.0", "cu124", packages=("torch",)),
+        host(arch="aarch64", python="3.11.8", gpus="GH200", cc="9.0"),
     )
     assert any("secondary source" in w for w in r.warnings)
 
@@ -187,7 +203,9 @@ def test_glibc_2_6_depends_on_variant():
     assert "glibc" in gates(TorchRequest("2.6.0", "cu126"), host(glibc="2.17"))
 
 
-@pytest.mark.parametrize(("variant", "suggestion"), [("cu125", "cu126"), ("cu131", "cu130"), ("cu12.4", "cu124")])
+@pytest.mark.parametrize(
+    ("variant", "suggestion"), [("cu125", "cu126"), ("cu131", "cu130"), ("cu12.4", "cu124")]
+)
 def test_gate_variant_that_does_not_exist(variant, suggestion):
     found = gates(TorchRequest("2.9.1", variant), host())
     assert set(found) == {"unknown-variant"}
@@ -216,7 +234,8 @@ def test_gate_nightly_must_be_pinned_and_stream_must_exist():
 
 def test_pinned_nightly_resolves_with_pre_and_warns():
     r = resolve(
-        TorchRequest("2.15.0.dev20260801", "cu130", channel="nightly", packages=("torch",)), host(driver="580.95.05")
+        TorchRequest("2.15.0.dev20260801", "cu130", channel="nightly", packages=("torch",)),
+        host(driver="580.95.05"),
     )
     assert r.index_url == "https://download.pytorch.org/whl/nightly/cu130"
     assert "--pre" in r.pip_flags
@@ -224,7 +243,9 @@ def test_pinned_nightly_resolves_with_pre_and_warns():
 
 
 def test_several_failed_gates_are_reported_together():
-    found = gates(TorchRequest("2.11.0", "cu128"), host(python="3.9.2", glibc="2.17", gpus="Tesla V100", cc="7.0"))
+    found = gates(
+        TorchRequest("2.11.0", "cu128"), host(python="3.9.2", glibc="2.17", gpus="Tesla V100", cc="7.0")
+    )
     assert {"python", "glibc", "gpu-arch"} <= set(found)
 
 
@@ -278,7 +299,8 @@ def test_every_stable_cuda_wheel_has_an_arch_list():
         for arch, variants in rel.variants.items():
             for v in variants:
                 if not any(
-                    a.variant == v and a.platform == arch and Version(rel.torch) in a.torch for a in M.arch_lists
+                    a.variant == v and a.platform == arch and Version(rel.torch) in a.torch
+                    for a in M.arch_lists
                 ):
                     missing.append(f"{rel.torch} {v} {arch}")
     assert missing == []

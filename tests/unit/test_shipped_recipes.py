@@ -9,8 +9,8 @@ import subprocess
 
 import jsonschema
 import pytest
-
 from conftest import PLAN_ENV, REPO, load_facts
+
 from envbuilder import loader, plan, schema
 from envbuilder._toml import loads
 from envbuilder.catalog import Catalog
@@ -131,10 +131,14 @@ CASES = [
 
 
 def make(name, facts_name, **opts):
-    return plan.build(loader.load(name, CATALOG), load_facts(facts_name), PLAN_ENV, plan.Options(package_dir="PKG", **opts))
+    return plan.build(
+        loader.load(name, CATALOG), load_facts(facts_name), PLAN_ENV, plan.Options(package_dir="PKG", **opts)
+    )
 
 
-@pytest.mark.parametrize(("name", "facts_name", "index", "modules", "use", "launch"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "facts_name", "index", "modules", "use", "launch"), CASES, ids=[c[0] for c in CASES]
+)
 def test_recipe_plans_for_its_site(name, facts_name, index, modules, use, launch):
     p = make(name, facts_name)
     assert (p.resolution.index_url if p.resolution else None) == index
@@ -157,7 +161,9 @@ def test_seven_seed_systems_are_covered():
     assert {"frontera", "stampede3", "vista", "lonestar6", "zurada", "cirrus", "polaris"} <= sites
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "recipes").rglob("*.toml")), ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "recipes").rglob("*.toml")), ids=lambda p: str(p.relative_to(REPO))
+)
 def test_recipe_files_match_the_json_schema(path):
     jsonschema.validate(loads(path.read_text()), schema.json_schema())
 
@@ -241,7 +247,13 @@ def test_polaris_pbs_script_and_account():
 
 def test_zurada_conda_env_gets_python_and_pip():
     create = make("zurada-conda-cu126", "h100").install_commands[0]
-    assert create[:5] == ("conda", "create", "--yes", "--prefix", "/work/u1/envbuilder/envs/zurada-conda-cu126")
+    assert create[:5] == (
+        "conda",
+        "create",
+        "--yes",
+        "--prefix",
+        "/work/u1/envbuilder/envs/zurada-conda-cu126",
+    )
     assert "python=3.12" in create
     assert "pip" in create
 
@@ -253,7 +265,9 @@ def test_extra_packages_are_constrained_by_torch_pins():
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is needed to syntax-check batch scripts")
-@pytest.mark.parametrize("case", [c for c in CASES if c[0] != "local"], ids=[c[0] for c in CASES if c[0] != "local"])
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c[0] != "local"], ids=[c[0] for c in CASES if c[0] != "local"]
+)
 def test_batch_scripts_are_valid_bash(case, tmp_path):
     script = make(case[0], case[1]).batch_script
     path = tmp_path / "job.sh"
@@ -264,8 +278,22 @@ def test_batch_scripts_are_valid_bash(case, tmp_path):
 def test_plan_json_has_the_contract_keys():
     data = make("vista-venv-cu124", "gh200-aarch64").to_json()
     for key in (
-        "recipe", "site", "kind", "prefix", "python", "modules", "module_use", "index_url", "extra_index_urls",
-        "requirements", "install_commands", "activate", "launcher", "launch_command", "batch_script", "warnings",
+        "recipe",
+        "site",
+        "kind",
+        "prefix",
+        "python",
+        "modules",
+        "module_use",
+        "index_url",
+        "extra_index_urls",
+        "requirements",
+        "install_commands",
+        "activate",
+        "launcher",
+        "launch_command",
+        "batch_script",
+        "warnings",
     ):
         assert key in data, key
     assert set(data["activate"]) >= {"modules", "env"}
