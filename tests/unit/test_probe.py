@@ -160,3 +160,49 @@ def test_missing_keys_are_unknown(tmp_path):
     assert facts.arch == "aarch64"
     assert facts.gpus is None
     assert facts.python is None
+
+
+REAL = REPO / "tests" / "data" / "proc" / "h200-x2"  # captured on the lent 2xH200 node, 2026-11-22
+
+
+def test_real_driver_proc_text_from_the_gpu_node(tmp_path):
+    nv = tmp_path / "proc" / "driver" / "nvidia"
+    nv.mkdir(parents=True)
+    (nv / "version").write_text((REAL / "version").read_text())
+    # The node's two GPUs' information files, concatenated in the capture: split them back per GPU.
+    blocks = (REAL / "gpus-information.txt").read_text().split("Model:")[1:]
+    for i, block in enumerate(blocks):
+        (nv / "gpus" / f"0000:00:0{6 + i}.0").mkdir(parents=True)
+        (nv / "gpus" / f"0000:00:0{6 + i}.0" / "information").write_text("Model:" + block)
+    facts = probe(env={"PATH": str(tmp_path)}, root=str(tmp_path))
+    assert facts.driver_version == "580.159.04"
+    assert [g.name for g in facts.gpus] == ["NVIDIA H200", "NVIDIA H200"]
+
+
+def test_shim_speaks_like_the_real_nvidia_smi(tmp_path):
+    env = _shim(
+        tmp_path,
+        {
+            "driver": "580.159.04",
+            "cuda": "13.0",
+            "gpus": [{"name": "NVIDIA H200", "cc": "9.0", "mem": 143771}] * 2,
+        },
+    )
+    import subprocess
+
+    query = subprocess.run(
+        [
+            "nvidia-smi",
+            "--query-gpu=name,compute_cap,driver_version,memory.total",
+            "--format=csv,noheader,nounits",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert query == (REAL / "nvidia-smi-query.txt").read_text()
+    header = subprocess.run(["nvidia-smi"], env=env, capture_output=True, text=True, check=True).stdout
+    assert "Driver Version: 580.159.04" in header
+    assert "CUDA Version: 13.0" in header
+    assert "CUDA Version: 13.0" in (REAL / "nvidia-smi-header.txt").read_text()

@@ -298,3 +298,11 @@ def test_plan_json_has_the_contract_keys():
         assert key in data, key
     assert set(data["activate"]) >= {"modules", "env"}
     json.dumps(data)
+
+
+def test_local_on_the_real_h200_node_picks_cu130():
+    # Facts probed on the lent 2xH200 node (driver 580.159.04, CUDA 13.0): PyTorch's default CUDA 13 build fits.
+    p = make("local", "h200-x2-device")
+    assert p.resolution.variant == "cu130"
+    assert p.resolution.index_url == "https://download.pytorch.org/whl/cu130"
+    assert "--nproc-per-node=2" in p.launch_command

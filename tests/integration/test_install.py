@@ -1,0 +1,84 @@
+"""`pip install .` gives an `envbuilder` command whose built-in recipes travel inside the wheel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from conftest import FACTS, PLAN_ENV, REPO
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("install")
+    wheels = root / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    wheel = next(wheels.glob("envbuilder-*.whl"))
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return wheel, venv
+
+
+def test_wheel_carries_recipes_matrix_and_payloads(installed):
+    wheel, _ = installed
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "envbuilder/_recipes/tacc/vista/vista-venv-cu124.toml" in names
+    assert "envbuilder/_recipes/local.toml" in names
+    assert "envbuilder/data/torch_matrix.toml" in names
+    assert "envbuilder/payloads/validate.py" in names
+    assert "envbuilder/payloads/gpu_affinity.sh" in names
+
+
+def test_installed_command_plans_vista_outside_the_repo(installed, tmp_path):
+    _, venv = installed
+    res = subprocess.run(  # noqa: PLW1510 - the return code is asserted below
+        [
+            str(venv / "bin" / "envbuilder"),
+            "plan",
+            "vista-venv-cu124",
+            "--facts",
+            str(FACTS / "gh200-aarch64.json"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**PLAN_ENV, "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)["data"]
+    assert data["index_url"] == "https://download.pytorch.org/whl/cu126"
+    assert data["files"][0] == "builtin:tacc/vista/vista-venv-cu124.toml"
+    payload = data["launch_command"][-3]
+    assert payload.startswith(str(venv)), payload  # the installed package's payload, not the repo's
+
+
+def test_python_dash_m_works_too(installed, tmp_path):
+    _, venv = installed
+    res = subprocess.run(  # noqa: PLW1510 - the return code is asserted below
+        [str(venv / "bin" / "python"), "-m", "envbuilder", "recipes", "list", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**PLAN_ENV, "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert len(json.loads(res.stdout)["data"]["recipes"]) >= 13
