@@ -109,7 +109,7 @@ def target_facts(recipe: Recipe, host: HostFacts, warnings: list[str], notes: li
     if host.arch and arch and host.arch != arch:
         warnings.append(
             f"this host is {host.arch} but {recipe.get('site.name', 'the site')}'s compute nodes are {arch}: "
-            f"create must run on a {arch} node"
+            f"create must run on an {arch} node"
         )
     site_gpus: Optional[tuple[Gpu, ...]] = None
     if compute.get("gpus_per_node") is not None:
@@ -234,6 +234,13 @@ def build(
             allow=frozenset(recipe.get("torch.allow", [])),
         )
         resolution = resolve(request, target, matrix)
+        named = re.search(r"(?<![a-z0-9])(cu\d{3}|cpu)(?![a-z0-9])", recipe.name)
+        if named and named.group(1) != resolution.variant:
+            # The recipe keeps a name users already type, but installs something else: say so every time.
+            warnings.append(
+                f"{recipe.name} installs {resolution.variant}, not the {named.group(1)} its name says; "
+                "its corrections explain why"
+            )
         warnings.extend(resolution.warnings)
         notes.extend(resolution.notes)
         requirements.extend(resolution.requirements)

@@ -9,16 +9,25 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib.resources import files
 from typing import Any, Optional
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from envbuilder._toml import loads
 from envbuilder.errors import ResolverError, ResolverErrors
-from envbuilder.host import Gpu, HostFacts
+from envbuilder.host import HostFacts
+from envbuilder.matrix import Matrix, Release, VariantInfo, covers, gpu_capability, load_matrix, minor_tuple
+
+# Re-exported: callers resolve and look GPUs up through this module.
+__all__ = [
+    "GATES",
+    "Matrix",
+    "Resolution",
+    "TorchRequest",
+    "covers",
+    "gpu_capability",
+    "load_matrix",
+    "resolve",
+]
 
 #: Gate names a recipe may list in ``torch.allow`` to turn the error into a warning.
 GATES = (
@@ -35,138 +44,6 @@ GATES = (
 )
 CHANNELS = ("stable", "test", "nightly")
 TORCH_PACKAGES = ("torch", "torchvision", "torchaudio")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The matrix
-
-
-@dataclass(frozen=True)
-class VariantInfo:
-    name: str
-    cuda: str  # "" for cpu
-    family_min_driver: Optional[str]
-    toolkit_driver: Optional[str]
-    lacks: tuple[str, ...] = ()
-    nightly_only: bool = False
-
-    @property
-    def is_cuda(self) -> bool:
-        return bool(self.cuda)
-
-    @property
-    def cuda_major(self) -> Optional[int]:
-        return int(self.cuda.split(".")[0]) if self.cuda else None
-
-
-@dataclass(frozen=True)
-class Release:
-    torch: str
-    channel: str
-    torchvision: str
-    torchaudio: str
-    python: tuple[str, str]
-    variants: dict[str, tuple[str, ...]]  # arch -> variants on the index
-    aarch64_confidence: str
-    pypi_default: dict[str, str]
-    glibc: str
-    glibc_by_variant: dict[str, str]
-    source: str
-
-    @property
-    def version(self) -> Version:
-        return Version(self.torch)
-
-
-@dataclass(frozen=True)
-class ArchList:
-    variant: str
-    platform: str
-    torch: SpecifierSet
-    sm: tuple[str, ...]
-    ptx: tuple[str, ...]
-    confidence: str
-    source: str
-
-
-@dataclass(frozen=True)
-class Matrix:
-    as_of: str
-    index: dict[str, str]
-    variants: dict[str, VariantInfo]
-    no_index: dict[str, str]
-    nightly: dict[str, Any]
-    releases: tuple[Release, ...]
-    arch_lists: tuple[ArchList, ...]
-    gpu_cc: dict[str, str]
-
-    def release(self, torch: str) -> Optional[Release]:
-        for rel in self.releases:
-            if rel.torch == torch:
-                return rel
-        return None
-
-    def stable_releases(self) -> list[Release]:
-        return sorted((r for r in self.releases if r.channel == "stable"), key=lambda r: r.version)
-
-
-def matrix_from_data(data: dict[str, Any]) -> Matrix:
-    variants = {
-        name: VariantInfo(
-            name=name,
-            cuda=v.get("cuda", ""),
-            family_min_driver=v.get("family_min_driver"),
-            toolkit_driver=v.get("toolkit_driver"),
-            lacks=tuple(v.get("lacks", ())),
-            nightly_only=bool(v.get("nightly_only", False)),
-        )
-        for name, v in data["variant"].items()
-    }
-    releases = tuple(
-        Release(
-            torch=r["torch"],
-            channel=r["channel"],
-            torchvision=r["torchvision"],
-            torchaudio=r["torchaudio"],
-            python=(r["python"][0], r["python"][1]),
-            variants={"x86_64": tuple(r["x86_64"]), "aarch64": tuple(r["aarch64"])},
-            aarch64_confidence=r["aarch64_confidence"],
-            pypi_default=dict(r["pypi_default"]),
-            glibc=r["glibc"],
-            glibc_by_variant=dict(r.get("glibc_by_variant", {})),
-            source=r["source"],
-        )
-        for r in data["release"]
-    )
-    arch_lists = tuple(
-        ArchList(
-            variant=a["variant"],
-            platform=a["platform"],
-            torch=SpecifierSet(a["torch"], prereleases=True),
-            sm=tuple(a["sm"]),
-            ptx=tuple(a.get("ptx", ())),
-            confidence=a.get("confidence", "P"),
-            source=a["source"],
-        )
-        for a in data["arch_list"]
-    )
-    return Matrix(
-        as_of=data["as_of"],
-        index=dict(data["index"]),
-        variants=variants,
-        no_index=dict(data["no_index"]),
-        nightly=dict(data["nightly"]),
-        releases=releases,
-        arch_lists=arch_lists,
-        gpu_cc=dict(data["gpu"]),
-    )
-
-
-@lru_cache(maxsize=1)
-def load_matrix() -> Matrix:
-    """The matrix shipped in the package (read once)."""
-    text = files("envbuilder").joinpath("data/torch_matrix.toml").read_text(encoding="utf-8")
-    return matrix_from_data(loads(text))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -320,13 +197,8 @@ def _check_variant_name(variant: str, m: Matrix) -> None:
 def _python_ok(release_range: tuple[str, str], python: Optional[str]) -> bool:
     if not python:
         return True
-    lo, hi = (_minor_tuple(v) for v in release_range)
-    return lo <= _minor_tuple(python) <= hi
-
-
-def _minor_tuple(version: str) -> tuple[int, int]:
-    parts = re.findall(r"\d+", version)
-    return (int(parts[0]), int(parts[1]) if len(parts) > 1 else 0)
+    lo, hi = (minor_tuple(v) for v in release_range)
+    return lo <= minor_tuple(python) <= hi
 
 
 def _pick_release(request: TorchRequest, facts: HostFacts, m: Matrix, notes: list[str]) -> Release:
@@ -372,49 +244,16 @@ def _pick_release(request: TorchRequest, facts: HostFacts, m: Matrix, notes: lis
     )
 
 
-def _arch_list(m: Matrix, variant: str, platform: str, torch: str) -> Optional[ArchList]:
-    v = Version(torch)
-    for entry in m.arch_lists:
-        if entry.variant == variant and entry.platform == platform and v in entry.torch:
-            return entry
-    return None
-
-
-def gpu_capability(gpu: Gpu, m: Optional[Matrix] = None) -> Optional[str]:
-    """A GPU's compute capability: as reported, else looked up from its model name."""
-    if gpu.compute_capability:
-        return gpu.compute_capability
-    table = (m or load_matrix()).gpu_cc
-    # Longest key first so "GH200" wins over "H200" and "RTX 5090" over nothing shorter.
-    for key in sorted(table, key=len, reverse=True):
-        if re.search(r"(?<![A-Za-z0-9])" + re.escape(key) + r"(?![0-9])", gpu.name):
-            return table[key]
-    return None
-
-
-def covers(entry: ArchList, cc: str) -> tuple[bool, bool]:
-    """(runs, needs_jit): SASS of the same major and lower-or-equal minor runs; PTX of an older arch JITs."""
-    major, minor = _minor_tuple(cc)
-    for sm in entry.sm:
-        smaj, smin = _minor_tuple(sm)
-        if smaj == major and smin <= minor:
-            return True, False
-    for ptx in entry.ptx:
-        if _minor_tuple(ptx) <= (major, minor):
-            return True, True
-    return False, False
-
-
 def _driver_max_cuda(facts: HostFacts, m: Matrix) -> Optional[tuple[int, int]]:
     if facts.max_cuda:
-        return _minor_tuple(facts.max_cuda)
+        return minor_tuple(facts.max_cuda)
     if not facts.driver_version:
         return None
     # The newest CUDA whose toolkit driver this driver meets.
     best: Optional[tuple[int, int]] = None
     for info in m.variants.values():
         if info.toolkit_driver and _ver(facts.driver_version) >= _ver(info.toolkit_driver):
-            cand = _minor_tuple(info.cuda)
+            cand = minor_tuple(info.cuda)
             best = cand if best is None or cand > best else best
     return best
 
@@ -588,7 +427,7 @@ def _driver_findings(
                 hint,
             )
         ]
-    if max_cuda is not None and max_cuda < _minor_tuple(info.cuda):
+    if max_cuda is not None and max_cuda < minor_tuple(info.cuda):
         warnings.append(
             f"driver {shown} is older than CUDA {info.cuda}'s own driver: {info.name} runs under minor-version "
             "compatibility (prebuilt kernels work; PTX JIT of newer PTX does not)"
@@ -609,7 +448,7 @@ def _gpu_findings(
 ) -> list[Finding]:
     if not facts.gpus:
         return []
-    entry = _arch_list(m, variant, arch, release.torch)
+    entry = m.arch_list(variant, arch, release.torch)
     if entry is None:
         warnings.append(
             f"no arch list known for torch {release.torch} {variant} on {arch}; GPU support unchecked"
@@ -656,7 +495,7 @@ def _gpu_findings(
 def _variants_covering(release: Release, cc: str, facts: HostFacts, m: Matrix, arch: str) -> list[str]:
     out = []
     for v in release.variants.get(arch, ()):
-        entry = _arch_list(m, v, arch, release.torch)
+        entry = m.arch_list(v, arch, release.torch)
         if entry and covers(entry, cc)[0] and _driver_ok(m.variants[v], facts, _driver_max_cuda(facts, m)):
             out.append(v)
     return out
@@ -665,7 +504,7 @@ def _variants_covering(release: Release, cc: str, facts: HostFacts, m: Matrix, a
 def _older_release_hint(variant: str, cc: str, m: Matrix, arch: str) -> str:
     for rel in reversed(m.stable_releases()):
         for v in rel.variants.get(arch, ()):
-            entry = _arch_list(m, v, arch, rel.torch)
+            entry = m.arch_list(v, arch, rel.torch)
             if entry and covers(entry, cc)[0]:
                 return f"the newest release with sm_{cc.replace('.', '')} code is torch {rel.torch} with {v}"
     return f"no PyTorch wheel carries sm_{cc.replace('.', '')}; build from source"
@@ -681,7 +520,7 @@ def _quick_findings(release: Release, variant: str, facts: HostFacts, m: Matrix)
     if info.is_cuda and not _driver_ok(info, facts, _driver_max_cuda(facts, m)):
         out.append(Finding("driver", variant))
     if info.is_cuda and facts.gpus:
-        entry = _arch_list(m, variant, arch, release.torch)
+        entry = m.arch_list(variant, arch, release.torch)
         for gpu in facts.gpus:
             cc = gpu_capability(gpu, m)
             if entry and cc and not covers(entry, cc)[0]:
@@ -700,7 +539,7 @@ def _auto_variant(
     offered = list(release.variants.get(arch, ()))
     default = release.pypi_default.get(arch)
     # Prefer the variant PyTorch itself ships as default, then the newest CUDA.
-    order = sorted(offered, key=lambda v: (v != default, [-x for x in _minor_tuple(m.variants[v].cuda)]))
+    order = sorted(offered, key=lambda v: (v != default, [-x for x in minor_tuple(m.variants[v].cuda)]))
     usable = [
         v
         for v in order

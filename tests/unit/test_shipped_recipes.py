@@ -181,6 +181,11 @@ def test_vista_cu124_resolves_cuda_wheel_not_cpu_on_aarch64():
     assert p.target.arch == "aarch64"
     assert p.resolution.cuda == "12.6"
     assert any("cu124" in c["seed"] for c in p.corrections)
+    assert "vista-venv-cu124 installs cu126, not the cu124 its name says; its corrections explain why" in p.warnings
+
+
+def test_no_name_warning_when_name_and_variant_agree():
+    assert not any("its name says" in w for w in make("zurada-conda-cu128", "h100").warnings)
 
 
 def test_login_node_without_gpu_still_resolves_for_compute_partition():
@@ -193,7 +198,7 @@ def test_login_node_without_gpu_still_resolves_for_compute_partition():
 
 def test_wrong_arch_host_warns():
     p = plan.build(loader.load("vista-venv-cu124", CATALOG), load_facts("cpu-only"), PLAN_ENV, OPTS)
-    assert any("must run on a aarch64 node" in w for w in p.warnings)
+    assert any("must run on an aarch64 node" in w for w in p.warnings)
 
 
 def test_zurada_batch_script_has_one_agent_per_node():
