@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 if sys.version_info >= (3, 11):
-    import tomllib as _toml
+    import tomllib as _toml  # novermin - guarded by the version check above
 else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as _toml  # type: ignore[import-not-found,no-redef,unused-ignore]
 
