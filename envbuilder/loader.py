@@ -250,40 +250,26 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
     def where(key: str) -> str:
         return prov.get(key, top)
 
-    profiles = data.get("env_profiles", {})
-    for i, name in enumerate(data.get("activate", {}).get("profiles", [])):
-        if name not in profiles:
-            raise RecipeError(
-                f"no env_profiles entry named {name!r}",
-                file=where("activate.profiles"),
-                key=f"activate.profiles[{i}]",
-                hint=_hint(name, profiles) or f"defined profiles: {', '.join(profiles) or 'none'}",
-            )
-    torch = data.get("torch", {})
-    for i, gate in enumerate(torch.get("allow", [])):
-        if gate not in GATES:
-            raise RecipeError(
-                f"unknown resolver gate {gate!r}",
-                file=where("torch.allow"),
-                key=f"torch.allow[{i}]",
-                hint=_hint(gate, GATES) or f"gates: {', '.join(GATES)}",
-            )
-    for i, pkg in enumerate(torch.get("packages", [])):
-        if pkg not in TORCH_PACKAGES:
-            raise RecipeError(
-                f"torch.packages takes torch, torchvision and torchaudio only, found {pkg!r}",
-                file=where("torch.packages"),
-                key=f"torch.packages[{i}]",
-                hint="put other packages in [[packages]]",
-            )
-    for i, check in enumerate(data.get("validation", {}).get("checks", [])):
-        if check not in schema.CHECKS:
-            raise RecipeError(
-                f"unknown validation check {check!r}",
-                file=where("validation.checks"),
-                key=f"validation.checks[{i}]",
-                hint=_hint(check, schema.CHECKS) or f"checks: {', '.join(schema.CHECKS)}",
-            )
+    def members(key: str, allowed: Any, what: str, hint: Optional[str] = None) -> None:
+        section, field = key.split(".")
+        for i, value in enumerate(data.get(section, {}).get(field, [])):
+            if value not in allowed:
+                raise RecipeError(
+                    f"{what} {value!r}",
+                    file=where(key),
+                    key=f"{key}[{i}]",
+                    hint=hint or _hint(value, allowed) or f"known: {', '.join(allowed) or 'none'}",
+                )
+
+    members("activate.profiles", list(data.get("env_profiles", {})), "no env_profiles entry named")
+    members("torch.allow", GATES, "unknown resolver gate")
+    members(
+        "torch.packages",
+        TORCH_PACKAGES,
+        "torch.packages takes torch, torchvision and torchaudio only, found",
+        hint="put other packages in [[packages]]",
+    )
+    members("validation.checks", schema.CHECKS, "unknown validation check")
     fs_name = data.get("env", {}).get("filesystem")
     if fs_name and fs_name not in data.get("filesystems", {}):
         raise RecipeError(

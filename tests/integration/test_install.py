@@ -45,22 +45,18 @@ def test_wheel_carries_recipes_matrix_and_payloads(installed):
     assert "envbuilder/payloads/gpu_affinity.sh" in names
 
 
+def run_installed(argv: list[str], cwd) -> subprocess.CompletedProcess[str]:
+    """Run the installed command from outside the repository, with nothing of the repo on PATH."""
+    return subprocess.run(  # noqa: PLW1510 - callers assert the return code
+        argv, capture_output=True, text=True, cwd=cwd, env={**PLAN_ENV, "PATH": "/usr/bin:/bin"}, timeout=120
+    )
+
+
 def test_installed_command_plans_vista_outside_the_repo(installed, tmp_path):
     _, venv = installed
-    res = subprocess.run(  # noqa: PLW1510 - the return code is asserted below
-        [
-            str(venv / "bin" / "envbuilder"),
-            "plan",
-            "vista-venv-cu124",
-            "--facts",
-            str(FACTS / "gh200-aarch64.json"),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**PLAN_ENV, "PATH": "/usr/bin:/bin"},
-        timeout=120,
+    facts = str(FACTS / "gh200-aarch64.json")
+    res = run_installed(
+        [str(venv / "bin" / "envbuilder"), "plan", "vista-venv-cu124", "--facts", facts, "--json"], tmp_path
     )
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)["data"]
@@ -72,13 +68,8 @@ def test_installed_command_plans_vista_outside_the_repo(installed, tmp_path):
 
 def test_python_dash_m_works_too(installed, tmp_path):
     _, venv = installed
-    res = subprocess.run(  # noqa: PLW1510 - the return code is asserted below
-        [str(venv / "bin" / "python"), "-m", "envbuilder", "recipes", "list", "--json"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**PLAN_ENV, "PATH": "/usr/bin:/bin"},
-        timeout=120,
+    res = run_installed(
+        [str(venv / "bin" / "python"), "-m", "envbuilder", "recipes", "list", "--json"], tmp_path
     )
     assert res.returncode == 0, res.stderr
     assert len(json.loads(res.stdout)["data"]["recipes"]) >= 13

@@ -181,7 +181,10 @@ def test_vista_cu124_resolves_cuda_wheel_not_cpu_on_aarch64():
     assert p.target.arch == "aarch64"
     assert p.resolution.cuda == "12.6"
     assert any("cu124" in c["seed"] for c in p.corrections)
-    assert "vista-venv-cu124 installs cu126, not the cu124 its name says; its corrections explain why" in p.warnings
+    assert (
+        "vista-venv-cu124 installs cu126, not the cu124 its name says; its corrections explain why"
+        in p.warnings
+    )
 
 
 def test_no_name_warning_when_name_and_variant_agree():
