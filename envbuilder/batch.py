@@ -97,7 +97,10 @@ def pbs_directives(job: JobShape, required: Sequence[str]) -> list[str]:
     return flags
 
 
-def check_forbidden(directives: Sequence[str], forbidden: Sequence[str], recipe_file: str) -> None:
+def check_dialect(
+    directives: Sequence[str], forbidden: Sequence[str], allowed: Sequence[str], recipe_file: str
+) -> None:
+    """Every directive must pass the site's dialect: none forbidden, and only allowed ones where a list exists."""
     for flag in directives:
         head = flag.split("=", 1)[0].split(" ", 1)[0]
         if head in forbidden:
@@ -106,6 +109,13 @@ def check_forbidden(directives: Sequence[str], forbidden: Sequence[str], recipe_
                 file=recipe_file,
                 key="scheduler.forbidden_flags",
                 hint="change scheduler.gpu_request or scheduler.required_flags",
+            )
+        if allowed and head not in allowed:
+            raise RecipeError(
+                f"the batch script would pass {head}, which is not in this site's allowed flags",
+                file=recipe_file,
+                key="scheduler.allowed_flags",
+                hint=f"allowed: {', '.join(allowed)}",
             )
 
 

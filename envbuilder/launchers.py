@@ -12,6 +12,7 @@ they show as ``$NAME`` in a plan and render as ``"$NAME"`` in a script, while ev
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -165,6 +166,21 @@ def render(argv: Sequence[Arg]) -> str:
             parts.append(f'"${{{arg.var}}}"')
         else:
             parts.append(shlex.quote(arg))
+    return " ".join(parts)
+
+
+def display(argv: Sequence[str]) -> str:
+    """A plan's argv as text a user can paste: quoted, with $NAME kept expandable."""
+    parts = []
+    for arg in argv:
+        match = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)(.*)", arg)
+        parts.append(
+            f'"${{{match.group(1)}}}"' + shlex.quote(match.group(2))
+            if match and match.group(2)
+            else f'"${{{match.group(1)}}}"'
+            if match
+            else shlex.quote(arg)
+        )
     return " ".join(parts)
 
 

@@ -501,7 +501,7 @@ def _launch(
         )
     else:
         directives = batch.pbs_directives(job, batch.required_flags(recipe.data))
-    batch.check_forbidden(directives, forbidden, recipe.chain[0])
+    batch.check_dialect(directives, forbidden, recipe.get("scheduler.allowed_flags", []), recipe.chain[0])
     template = recipe.get("scheduler.interactive")
     interactive = batch.interactive_argv(template, job) if template else None
     text = batch.script(

@@ -135,6 +135,7 @@ SCHEMA = Table(
                 "batch": Field(str, "batch submit command (sbatch, qsub)"),
                 "gpu_request": Field(str, "how a job asks for GPUs", choices=GPU_REQUEST_STYLES),
                 "forbidden_flags": Field(list, "flags the site rejects", items=str),
+                "allowed_flags": Field(list, "if set, the only flags a batch script may carry", items=str),
                 "required_flags": Field(list, "flags every job must carry", items=str),
                 "partition": Field(str, "default partition/queue for validation jobs"),
                 "exclusive_nodes": Field(bool, "jobs get whole nodes (no --cpus-per-task needed)"),

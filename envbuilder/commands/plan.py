@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import host, loader
+from envbuilder import host, launchers, loader
 from envbuilder import plan as planner
 from envbuilder.catalog import Catalog
 from envbuilder.console import Out
@@ -74,9 +74,9 @@ def render(p: planner.Plan, out: Out) -> None:
     out.line()
     out.heading("Validation")
     out.field("launcher", p.launcher)
-    out.field("command", " ".join(p.launch_command))
+    out.field("command", launchers.display(p.launch_command))
     if p.interactive_command:
-        out.field("interactive allocation", " ".join(p.interactive_command))
+        out.field("interactive allocation", launchers.display(p.interactive_command))
     if p.batch_script:
         out.line("  batch script:")
         for line in p.batch_script.rstrip().splitlines():

@@ -196,7 +196,32 @@ def test_slurm_gpu_request_none_emits_no_gpu_flag():
 
 def test_forbidden_flag_is_refused():
     with pytest.raises(RecipeError, match="--gres"):
-        batch.check_forbidden(batch.slurm_directives(JOB, "gres", []), ["--gres"], "site.toml")
+        batch.check_dialect(batch.slurm_directives(JOB, "gres", []), ["--gres"], [], "site.toml")
+
+
+def test_allowed_flags_whitelist():
+    directives = batch.slurm_directives(JOB, "none", [])
+    allowed = [
+        "--job-name",
+        "--nodes",
+        "--ntasks",
+        "--ntasks-per-node",
+        "--time",
+        "--partition",
+        "--cpus-per-task",
+    ]
+    batch.check_dialect(directives, [], allowed, "site.toml")
+    with pytest.raises(RecipeError, match="--cpus-per-task, which is not in this site's allowed flags"):
+        batch.check_dialect(directives, [], allowed[:-1], "site.toml")
+
+
+def test_display_quotes_for_pasting():
+    shown = launchers.display(
+        ["srun", "/path with space/python", "--rdzv-endpoint", "$MASTER_ADDR:29500", "$SLURM_JOB_ID"]
+    )
+    assert (
+        shown == 'srun \'/path with space/python\' --rdzv-endpoint "${MASTER_ADDR}":29500 "${SLURM_JOB_ID}"'
+    )
 
 
 def test_script_quotes_recipe_values(tmp_path):
@@ -228,3 +253,19 @@ def test_script_quotes_recipe_values(tmp_path):
     assert res.stdout.strip() == "done"
     assert not (tmp_path / "pwned").exists()
     assert log.read_text().splitlines() == ["<use></soft/module files>", "<load><conda/2025; echo pwned>"]
+
+
+def test_plan_refuses_a_directive_outside_the_allowed_flags(tmp_path):
+    from envbuilder import loader, plan
+    from envbuilder.catalog import Catalog, Layer
+    from envbuilder.host import HostFacts
+
+    (tmp_path / "strict.toml").write_text(
+        'schema_version = 1\n[recipe]\nname = "strict"\n[compute]\ngpus_per_node = 1\ncores_per_node = 8\n'
+        '[scheduler]\ntype = "slurm"\ngpu_request = "gpus-per-node"\n'
+        'allowed_flags = ["--job-name", "--nodes", "--ntasks", "--ntasks-per-node", "--time", "--cpus-per-task"]\n'
+        '[launcher]\ndefault = "srun"\n'
+    )
+    recipe = loader.load("strict", Catalog([Layer("t", tmp_path)]))
+    with pytest.raises(RecipeError, match="--gpus-per-node, which is not in this site's allowed flags"):
+        plan.build(recipe, HostFacts(arch="x86_64", python="3.11.7", gpus=()), {"SCRATCH": "/s"})
