@@ -17,9 +17,6 @@ from envbuilder.host import Gpu, HostFacts
 from envbuilder.loader import Recipe
 from envbuilder.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
 
-RESULT_VERSION = 1
-PAYLOAD = "envbuilder/payloads/validate.py"
-AFFINITY = "envbuilder/payloads/gpu_affinity.sh"
 FALLBACK_ROOT = "${HOME}/.local/share/envbuilder/envs/{name}"
 
 

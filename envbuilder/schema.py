@@ -69,8 +69,6 @@ class ArrayOf:
 
 Spec = Union[Field, Table, MapOf, ArrayOf]
 
-_STR = Field(str)
-
 SCHEMA = Table(
     {
         "schema_version": Field(int, "recipe language version; this release reads 1", required=True),
