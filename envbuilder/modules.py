@@ -1,0 +1,174 @@
+"""Module systems: apply `module use`/`module load` to a build environment, or emit the lines for scripts.
+
+One mechanism serves Lmod and Tcl Environment Modules: a child bash sources the system's own init script, runs
+``module use``/``module load`` on *positional arguments* (recipe values never become shell text), and prints
+``env -0``. The difference from the starting environment is the delta the build runs with. The shell function's
+status is used, not Tcl ``modulecmd``'s exit code, which is 0 even when a load fails (it prints _mlstatus = False).
+The caller's own environment is never changed.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from envbuilder import proc
+from envbuilder.errors import CommandFailed, ModuleSystemError
+
+#: Variables a child shell changes by itself; never part of a module delta.
+_SHELL_NOISE = frozenset({"SHLVL", "_", "PWD", "OLDPWD", "BASH_FUNC_module%%", "BASH_FUNC_ml%%"})
+
+_LMOD_INITS = (
+    "/usr/share/lmod/lmod/init/bash",
+    "/opt/apps/lmod/lmod/init/bash",
+    "/usr/local/lmod/lmod/init/bash",
+)
+_TCL_INITS = ("/usr/share/modules/init/bash", "/usr/share/Modules/init/bash", "/etc/modules/init/bash")
+
+# $1: init script; $2: number of `module use` paths; then the paths; then the modules to load.
+_SCRIPT = r"""
+source "$1" >/dev/null 2>&1 || { echo "envbuilder: cannot source $1" >&2; exit 90; }
+shift
+n=$1
+shift
+while [ "$n" -gt 0 ]; do
+    module use "$1" || exit 91
+    shift
+    n=$((n - 1))
+done
+if [ "$#" -gt 0 ]; then
+    module load "$@" || exit 92
+fi
+env -0
+"""
+
+
+@dataclass(frozen=True)
+class EnvDelta:
+    """What loading modules changed: variables set (new values) and variables removed."""
+
+    set: Mapping[str, str] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()
+
+    def apply(self, env: Mapping[str, str]) -> dict[str, str]:
+        out = {k: v for k, v in env.items() if k not in self.unset}
+        out.update(self.set)
+        return out
+
+
+@dataclass(frozen=True)
+class ModuleSystem:
+    """A module system found on this host. ``kind`` is lmod, environment-modules or none."""
+
+    kind: str
+    init: Optional[str] = None
+
+    def apply(
+        self, use: Sequence[str], load: Sequence[str], env: Mapping[str, str], timeout: float = 120
+    ) -> EnvDelta:
+        """Load ``load`` after ``module use`` of each of ``use``, in a child shell started from ``env``."""
+        if not use and not load:
+            return EnvDelta()
+        if self.kind == "none" or not self.init:
+            raise ModuleSystemError(
+                f"the recipe loads modules ({', '.join(load) or 'module use ' + ', '.join(use)}) but no module "
+                "system was found on this host",
+                hint="run on the cluster's nodes, or set LMOD_CMD / MODULESHOME",
+            )
+        argv = [
+            "bash",
+            "--noprofile",
+            "--norc",
+            "-c",
+            _SCRIPT,
+            "envbuilder-modules",
+            self.init,
+            str(len(use)),
+            *use,
+            *load,
+        ]
+        try:
+            res = proc.run(argv, env=dict(env), timeout=timeout)
+        except CommandFailed as exc:
+            raise self._error(exc.returncode, exc.stderr_tail, load) from None
+        after = dict(kv.split("=", 1) for kv in res.stdout.split("\0") if "=" in kv)
+        changed = {k: v for k, v in after.items() if env.get(k) != v and k not in _SHELL_NOISE}
+        removed = tuple(sorted(k for k in env if k not in after and k not in _SHELL_NOISE))
+        return EnvDelta(changed, removed)
+
+    def _error(self, code: int, stderr: str, load: Sequence[str]) -> ModuleSystemError:
+        text = " ".join(stderr.split())
+        if code == 90:
+            return ModuleSystemError(
+                f"cannot start the module system ({self.init})", hint="check LMOD_CMD/MODULESHOME"
+            )
+        if code == 91:
+            return ModuleSystemError(f"`module use` failed: {text}")
+        unknown = _unknown_modules(stderr) or [m for m in load if m in stderr]
+        if unknown:
+            name = unknown[0]
+            base = name.split("/")[0]
+            return ModuleSystemError(
+                f"module {name} is not available on this system ({self.kind}): {text}",
+                hint=f"module spider {base}  (lists every version, and what must be loaded first)",
+            )
+        return ModuleSystemError(
+            f"module load {' '.join(load)} failed: {text}",
+            hint="module spider NAME tells what a module needs",
+        )
+
+    def load_lines(self, use: Sequence[str], load: Sequence[str]) -> list[str]:
+        """Shell lines that load the modules (for activate scripts and batch jobs); every value quoted."""
+        lines = [f"module use {shlex.quote(p)}" for p in use]
+        if load:
+            lines.append("module load " + " ".join(shlex.quote(m) for m in load))
+        return lines
+
+    def unload_lines(self, load: Sequence[str]) -> list[str]:
+        """Shell lines that unload them again, in reverse order."""
+        if not load:
+            return []
+        return ["module unload " + " ".join(shlex.quote(m) for m in reversed(load))]
+
+
+_UNKNOWN_RE = (
+    re.compile(r"unknown:\s*((?:\"[^\"]+\"\s*)+)"),  # Lmod: The following module(s) are unknown: "x" "y"
+    re.compile(r"Unable to locate a modulefile for '([^']+)'"),  # Tcl Environment Modules
+)
+
+
+def _unknown_modules(stderr: str) -> list[str]:
+    found: list[str] = []
+    match = _UNKNOWN_RE[0].search(stderr)
+    if match:
+        found += re.findall(r"\"([^\"]+)\"", match.group(1))
+    found += _UNKNOWN_RE[1].findall(stderr)
+    return found
+
+
+DEFAULT_LOCATIONS: tuple[tuple[str, str], ...] = tuple(
+    [("lmod", p) for p in _LMOD_INITS] + [("environment-modules", p) for p in _TCL_INITS]
+)
+
+
+def detect(env: Mapping[str, str], locations: Sequence[tuple[str, str]] = DEFAULT_LOCATIONS) -> ModuleSystem:
+    """The host's module system, from its environment first, then the usual install locations."""
+    lmod_cmd = env.get("LMOD_CMD")
+    candidates: list[tuple[str, str]] = []
+    if lmod_cmd:
+        candidates.append(("lmod", str(Path(lmod_cmd).resolve().parent.parent / "init" / "bash")))
+    if env.get("LMOD_PKG"):
+        candidates.append(("lmod", str(Path(env["LMOD_PKG"]) / "init" / "bash")))
+    if env.get("MODULESHOME"):
+        home = Path(env["MODULESHOME"])
+        kind = "lmod" if (home / "libexec" / "lmod").exists() else "environment-modules"
+        candidates.append((kind, str(home / "init" / "bash")))
+    candidates += list(locations)
+    for kind, init in candidates:
+        if Path(init).is_file():
+            return ModuleSystem(kind, init)
+    return ModuleSystem("none")

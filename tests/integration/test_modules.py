@@ -1,0 +1,170 @@
+"""The module-system adapter against real Lmod (Debian's lmod, installed by .ci/run) and a fixture tree that uses
+the seed sites' module names. Tcl Environment Modules cannot be installed beside Lmod on Debian; its test runs
+where it is installed and says so otherwise."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import DATA
+
+from envbuilder import loader, modules
+from envbuilder.catalog import Catalog
+from envbuilder.errors import ModuleSystemError
+
+pytestmark = pytest.mark.integration
+
+TREE = DATA / "modules"
+LMOD_INIT = "/usr/share/lmod/lmod/init/bash"
+TCL_INIT = "/usr/share/modules/init/bash"
+
+needs_lmod = pytest.mark.skipif(
+    not Path(LMOD_INIT).is_file(), reason="Lmod not installed (.ci/run installs Debian's lmod)"
+)
+
+
+def base_env(modulepath: Path = TREE / "site") -> dict[str, str]:
+    # A clean environment as a batch job or a login shell without modules loaded would have.
+    return {"HOME": os.environ["HOME"], "PATH": "/usr/bin:/bin", "MODULEPATH": str(modulepath)}
+
+
+@pytest.fixture
+def lmod() -> modules.ModuleSystem:
+    if not Path(LMOD_INIT).is_file():
+        pytest.skip("Lmod not installed (.ci/run installs Debian's lmod)")
+    return modules.ModuleSystem("lmod", LMOD_INIT)
+
+
+def test_detect_finds_lmod_from_lmod_cmd():
+    if not Path(LMOD_INIT).is_file():
+        pytest.skip("Lmod not installed (.ci/run installs Debian's lmod)")
+    found = modules.detect({"LMOD_CMD": "/usr/share/lmod/lmod/libexec/lmod"})
+    assert found == modules.ModuleSystem("lmod", str(Path(LMOD_INIT).resolve()))
+
+
+def test_detect_without_any_module_system(tmp_path):
+    assert modules.detect({}, locations=[("lmod", str(tmp_path / "no-init"))]).kind == "none"
+
+
+def test_detect_tcl_from_moduleshome(tmp_path):
+    (tmp_path / "init").mkdir()
+    (tmp_path / "init" / "bash").write_text("module() { :; }\n")
+    found = modules.detect({"MODULESHOME": str(tmp_path)}, locations=[])
+    assert found == modules.ModuleSystem("environment-modules", str(tmp_path / "init" / "bash"))
+
+
+def test_vista_modules_load_in_order(lmod):
+    env = base_env()
+    delta = lmod.apply([], ["gcc/15.1.0", "python3/3.11.8"], env)
+    after = delta.apply(env)
+    assert after["GCC_VERSION"] == "15.1.0"
+    assert after["TACC_PYTHON_VER"] == "3.11.8"
+    assert after["PATH"].split(":")[:2] == ["/opt/fake/python-3.11.8/bin", "/opt/fake/gcc-15.1.0/bin"]
+    assert after["LOADEDMODULES"] == "gcc/15.1.0:python3/3.11.8"
+    assert "SHLVL" not in delta.set
+
+
+def test_callers_environment_is_untouched(lmod):
+    before = dict(os.environ)
+    lmod.apply([], ["gcc/13.2.0"], base_env())
+    assert dict(os.environ) == before
+
+
+def test_module_use_then_load_polaris_conda(lmod):
+    env = base_env()
+    with pytest.raises(ModuleSystemError):
+        lmod.apply([], ["conda/2025-09-25"], env)  # the seed's mistake: no `module use /soft/modulefiles`
+    delta = lmod.apply([str(TREE / "soft")], ["conda/2025-09-25"], env)
+    assert delta.set["CUDA_HOME"] == "/opt/fake/soft/compilers/cudatoolkit/cuda-12.9.1"
+    assert str(TREE / "soft") in delta.set["MODULEPATH"].split(":")
+
+
+def test_unknown_module_names_it_and_suggests_spider(lmod):
+    with pytest.raises(ModuleSystemError) as info:
+        lmod.apply([], ["gcc/15.1.0", "python3_mpi/3.11.99"], base_env())
+    assert info.value.message.startswith("module python3_mpi/3.11.99 is not available on this system (lmod)")
+    assert info.value.hint.startswith("module spider python3_mpi")
+
+
+def test_missing_prerequisite_is_reported(lmod):
+    with pytest.raises(ModuleSystemError) as info:
+        lmod.apply([], ["python3_mpi/3.11.8"], base_env())
+    assert "without these module(s) loaded" in info.value.message
+    assert "gcc" in info.value.message
+
+
+def test_tcl_modulefile_read_by_lmod(lmod):
+    delta = lmod.apply([], ["python/3.12.1-gpu", "cmake/3.25.2"], base_env())
+    assert delta.set["MINICONDA3_PYTHON_VERSION"] == "3.12.1"
+    assert delta.set["CMAKE_VERSION"] == "3.25.2"
+
+
+def test_hostile_module_use_path_is_an_argument_not_shell_text(lmod, tmp_path):
+    weird = tmp_path / "mods $(touch pwned) `id` 'q' dir"
+    shutil.copytree(TREE / "site" / "gcc", weird / "gcc")
+    delta = lmod.apply([str(weird)], ["gcc/13.2.0"], {**base_env(tmp_path / "empty")})
+    assert delta.set["GCC_VERSION"] == "13.2.0"
+    assert not (Path.cwd() / "pwned").exists()
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_emitted_lines_load_the_same_modules_in_a_real_shell(lmod):
+    lines = lmod.load_lines([str(TREE / "soft")], ["gcc/15.1.0", "conda/2025-09-25"])
+    unload = lmod.unload_lines(["gcc/15.1.0", "conda/2025-09-25"])
+    script = "\n".join(
+        [
+            f"source {LMOD_INIT}",
+            *lines,
+            'echo "loaded=$LOADEDMODULES"',
+            *unload,
+            'echo "after=${LOADEDMODULES:-}"',
+        ]
+    )
+    out = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", script],
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert out == ["loaded=gcc/15.1.0:conda/2025-09-25", "after="]
+
+
+def test_null_system_refuses_modules_but_allows_none():
+    null = modules.ModuleSystem("none")
+    assert null.apply([], [], {}) == modules.EnvDelta()
+    with pytest.raises(ModuleSystemError, match="no module system was found"):
+        null.apply([], ["gcc"], {})
+
+
+@needs_lmod
+def test_every_shipped_lmod_recipe_module_exists_in_the_fixture_tree(lmod):
+    # The fixture tree mirrors the seed sites' module names: a recipe's modules must load there (emulated sites).
+    catalog = Catalog.from_env({})
+    env = {**base_env(), "MODULEPATH": f"{TREE / 'site'}"}
+    for name in (
+        "vista-venv-cu124",
+        "vista-venv-mpi-cu126",
+        "zurada-conda-cu126",
+        "polaris-overlay-conda",
+        "cirrus-venv-cu121-horovod",
+    ):
+        recipe = loader.load(name, catalog)
+        use = [str(TREE / "soft") if u == "/soft/modulefiles" else u for u in recipe.get("modules.use")]
+        delta = lmod.apply(use, recipe.get("modules.load"), env)
+        assert delta.set.get("LOADEDMODULES", "").split(":") == list(recipe.get("modules.load")), name
+
+
+@pytest.mark.skipif(
+    not Path(TCL_INIT).is_file(),
+    reason="Tcl Environment Modules not installed (Debian's package conflicts with lmod)",
+)
+def test_tcl_environment_modules_status_is_checked():
+    tcl = modules.ModuleSystem("environment-modules", TCL_INIT)
+    with pytest.raises(ModuleSystemError):
+        tcl.apply([], ["nosuch/1.0"], base_env())
+    assert tcl.apply([], ["cmake/3.25.2"], base_env()).set["CMAKE_VERSION"] == "3.25.2"
