@@ -1,0 +1,222 @@
+"""Activate extensions: what ``source PREFIX/bin/activate`` does beyond the venv, and what ``deactivate`` undoes.
+
+The extension is a script of its own (``PREFIX/envbuilder/activate.sh``), rendered here (pure) and hooked into
+``bin/activate`` by one sentinel-guarded block appended at the end, so nothing depends on the wording of the
+activate template (Cirrus's sed hook broke on CPython 3.11's lowercase comment). The script:
+
+* records which modules and ``module use`` paths were there before, loads the recipe's, and on deactivate
+  unloads exactly the modules activation added (dependencies included) and unuses the paths it added;
+* saves each variable it sets or unsets (and LD_LIBRARY_PATH, PYTHONPATH, which modules touch), including
+  "was unset", and restores them after the unload;
+* keeps the env's ``bin`` first on PATH after modules prepend theirs;
+* wraps the venv's ``deactivate`` so one call undoes both.
+
+It is plain POSIX sh that bash and zsh both run (no word splitting on unquoted variables, which zsh lacks).
+Every recipe value is shell-quoted; variable names are validated identifiers.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+BEGIN = "# >>> envbuilder activate extension >>>"
+END = "# <<< envbuilder activate extension <<<"
+SCRIPT_REL = "envbuilder/activate.sh"
+#: Variables modules commonly change that must come back exactly, whatever the module system does on unload.
+ALWAYS_RESTORE = ("LD_LIBRARY_PATH", "PYTHONPATH")
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Activation:
+    module_use: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()
+    #: The module system's init directory (holding bash, zsh, ...), used when the user's shell has no ``module``.
+    module_init: Optional[str] = None
+    recipe: str = ""
+
+    def __post_init__(self) -> None:
+        for name in (*dict(self.env), *self.unset):
+            if not _NAME.fullmatch(name):
+                raise ValueError(f"not a variable name: {name!r}")
+
+
+def _hook_block() -> str:
+    # $VIRTUAL_ENV is set by every activate (venv, virtualenv, uv) before its end; expanded in double quotes it is
+    # safe whatever the prefix holds.
+    return (
+        f"{BEGIN}\n"
+        "# Loads the recipe's modules and variables; deactivate undoes them. Rewritten by envbuilder create.\n"
+        f'if [ -f "$VIRTUAL_ENV/{SCRIPT_REL}" ]; then . "$VIRTUAL_ENV/{SCRIPT_REL}"; fi\n'
+        f"{END}\n"
+    )
+
+
+def with_hook(activate_text: str) -> str:
+    """``bin/activate`` with exactly one envbuilder block at its end (idempotent)."""
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
+    text = pattern.sub("", activate_text)
+    if not text.endswith("\n"):
+        text += "\n"
+    return text + _hook_block()
+
+
+def _save(var: str) -> str:
+    return (
+        f'if [ -n "${{{var}+x}}" ]; then _ENVBUILDER_OLD_{var}="${{{var}}}"; _ENVBUILDER_HAD_{var}=1; '
+        f"else _ENVBUILDER_HAD_{var}=0; fi"
+    )
+
+
+def _restore(var: str) -> str:
+    return (
+        f'    if [ "${{_ENVBUILDER_HAD_{var}:-0}}" = 1 ]; then {var}="$_ENVBUILDER_OLD_{var}"; export {var}; '
+        f"else unset {var}; fi\n"
+        f"    unset _ENVBUILDER_OLD_{var} _ENVBUILDER_HAD_{var}"
+    )
+
+
+# Names of the module systems' bookkeeping variables in the environment, colon-separated (Lmod and Tcl modules).
+_STATE_NAMES = (
+    "env | grep -oE '^(_ModuleTable[A-Za-z0-9_]*|__LMOD_REF_COUNT_[A-Za-z0-9_]*|__MODULES_[A-Za-z0-9_]*|"
+    "_LMFILES_|LOADEDMODULES)=' | tr -d '=' | tr '\\n' ':'"
+)
+
+
+def _each(var: str, body: str, indent: str) -> list[str]:
+    """Lines iterating the colon list in ``var`` without word splitting (zsh does not split unquoted variables)."""
+    return [
+        f'{indent}_envbuilder_rest="${{{var}:-}}:"',
+        f'{indent}while [ -n "$_envbuilder_rest" ]; do',
+        f"{indent}    _envbuilder_item=${{_envbuilder_rest%%:*}}",
+        f"{indent}    _envbuilder_rest=${{_envbuilder_rest#*:}}",
+        f'{indent}    [ -n "$_envbuilder_item" ] || continue',
+        f"{indent}    {body}",
+        f"{indent}done",
+    ]
+
+
+def render_script(act: Activation) -> str:
+    """The activate extension script (sourced from bin/activate)."""
+    names = list(dict.fromkeys([*dict(act.env), *act.unset, *ALWAYS_RESTORE]))
+    q = shlex.quote
+    lines = [
+        f"# envbuilder activate extension for {act.recipe or 'this env'}: sourced by bin/activate.",
+        "# Generated; envbuilder create rewrites it. deactivate undoes everything below.",
+        # Sourcing activate again: the venv redefines deactivate before calling it, so undo the previous run here.
+        'if [ -n "${_ENVBUILDER_ACTIVE:-}" ] && type _envbuilder_undo >/dev/null 2>&1; then _envbuilder_undo; fi',
+        "_ENVBUILDER_ACTIVE=1",
+        *(_save(v) for v in names),
+    ]
+    if act.modules or act.module_use:
+        init_dir = q(act.module_init) if act.module_init else "''"
+        lines += [
+            # The module system's init for *this* shell, where the user's shell has no module function yet.
+            'if [ -n "${ZSH_VERSION:-}" ]; then _envbuilder_shell=zsh; else _envbuilder_shell=bash; fi',
+            f'if ! type module >/dev/null 2>&1 && [ -f {init_dir}/"$_envbuilder_shell" ]; then '
+            f'. {init_dir}/"$_envbuilder_shell"; fi',
+            "unset _envbuilder_shell",
+            '_ENVBUILDER_MODULES_BEFORE=":${LOADEDMODULES:-}:"',
+            # Module-system bookkeeping variables present now; deactivate removes any that activation added.
+            f'_ENVBUILDER_STATE_BEFORE=":$({_STATE_NAMES}):"',
+            '_ENVBUILDER_USED=""',
+            "if type module >/dev/null 2>&1; then",
+        ]
+        for path in act.module_use:
+            lines.append(
+                f'    case ":${{MODULEPATH:-}}:" in *:{q(path)}:*) ;; '
+                f'*) module use {q(path)} && _ENVBUILDER_USED="{_dq(path)}:$_ENVBUILDER_USED" ;; esac'
+            )
+        if act.modules:
+            mods = " ".join(q(m) for m in act.modules)
+            lines.append(
+                f'    module load {mods} || echo "envbuilder: module load {_dq(" ".join(act.modules))} failed; '
+                'see module spider" >&2'
+            )
+        lines += [
+            "else",
+            '    echo "envbuilder: no module command here; the env\'s modules are not loaded" >&2',
+            "fi",
+            # Modules this activation added (dependencies included), newest first, for deactivate.
+            '_ENVBUILDER_ADDED=""',
+            *_each(
+                "LOADEDMODULES",
+                'case "$_ENVBUILDER_MODULES_BEFORE" in *":$_envbuilder_item:"*) ;; '
+                '*) _ENVBUILDER_ADDED="$_envbuilder_item:$_ENVBUILDER_ADDED" ;; esac',
+                "",
+            ),
+            "unset _ENVBUILDER_MODULES_BEFORE _envbuilder_rest _envbuilder_item",
+        ]
+    for key, value in act.env.items():
+        lines.append(f"{key}={q(value)}; export {key}")
+    for key in act.unset:
+        lines.append(f"unset {key}")
+    lines += [
+        # Modules may have put their own python first; the env's must win.
+        'if [ -n "${VIRTUAL_ENV:-}" ]; then PATH="$VIRTUAL_ENV/bin:$PATH"; export PATH; fi',
+        "hash -r 2>/dev/null || true",
+        "",
+        "_envbuilder_undo() {",
+    ]
+    if act.modules or act.module_use:
+        lines += [
+            "    if type module >/dev/null 2>&1; then",
+            *_each("_ENVBUILDER_ADDED", 'module unload "$_envbuilder_item"', "        "),
+            *_each("_ENVBUILDER_USED", 'module unuse "$_envbuilder_item"', "        "),
+            "    fi",
+            f'    _ENVBUILDER_STATE_NOW="$({_STATE_NAMES})"',
+            *_each(
+                "_ENVBUILDER_STATE_NOW",
+                'case "$_ENVBUILDER_STATE_BEFORE" in *":$_envbuilder_item:"*) ;; *) unset "$_envbuilder_item" ;; esac',
+                "    ",
+            ),
+            "    unset _ENVBUILDER_ADDED _ENVBUILDER_USED _ENVBUILDER_STATE_BEFORE _ENVBUILDER_STATE_NOW",
+            "    unset _envbuilder_rest _envbuilder_item",
+        ]
+    lines += [*(_restore(v) for v in names), "    unset _ENVBUILDER_ACTIVE", "}", ""]
+    lines += [
+        # Wrap the venv's deactivate (whatever its body) so one call undoes both, in bash and zsh alike.
+        "if type deactivate >/dev/null 2>&1; then",
+        "    eval \"$(typeset -f deactivate | sed '1s/^deactivate/_envbuilder_venv_deactivate/')\"",
+        "    deactivate() {",
+        "        _envbuilder_undo",
+        '        _envbuilder_venv_deactivate "$@"',
+        '        if [ "${1:-}" != nondestructive ]; then unset -f _envbuilder_venv_deactivate _envbuilder_undo; fi',
+        "    }",
+        "fi",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _dq(text: str) -> str:
+    """Text safe inside double quotes."""
+    return re.sub(r'(["\\$`])', r"\\\1", text)
+
+
+def install(prefix: Path, act: Activation) -> None:
+    """Write the extension script and hook it into PREFIX/bin/activate (idempotent)."""
+    script = prefix / SCRIPT_REL
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(render_script(act), encoding="utf-8")
+    activate = prefix / "bin" / "activate"
+    activate.write_text(with_hook(activate.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+def from_plan(activate: Mapping[str, object], module_init: Optional[str], recipe: str) -> Activation:
+    """An Activation from a plan's ``activate`` table."""
+    return Activation(
+        module_use=tuple(activate.get("module_use", ()) or ()),  # type: ignore[arg-type]
+        modules=tuple(activate.get("modules", ()) or ()),  # type: ignore[arg-type]
+        env=dict(activate.get("env", {}) or {}),  # type: ignore[call-overload]
+        unset=tuple(activate.get("unset", ()) or ()),  # type: ignore[arg-type]
+        module_init=module_init,
+        recipe=recipe,
+    )
