@@ -168,3 +168,50 @@ def test_tcl_environment_modules_status_is_checked():
     with pytest.raises(ModuleSystemError):
         tcl.apply([], ["nosuch/1.0"], base_env())
     assert tcl.apply([], ["cmake/3.25.2"], base_env()).set["CMAKE_VERSION"] == "3.25.2"
+
+
+def test_modulefile_loads_the_env_and_its_modules_with_real_lmod(lmod, tmp_path):
+    from envbuilder import modulefile
+
+    prefix = tmp_path / "env $(touch PWNED) `id` \"q\" 's' \\back"
+    (prefix / "bin").mkdir(parents=True)
+    mods = tmp_path / "mods"
+    (mods / "myenv").mkdir(parents=True)
+    text = modulefile.render(
+        name="myenv/1.0",
+        prefix=str(prefix),
+        recipe="demo",
+        modules=["gcc/15.1.0", "conda/2025-09-25"],
+        module_use=[str(TREE / "soft")],
+        env={"OMP_NUM_THREADS": "16", "TRICKY": 'a"b\\c $(x) `y`'},
+        unset=["NCCL_DEBUG"],
+    )
+    (mods / "myenv" / "1.0.lua").write_text(text)
+    env = {**base_env(), "MODULEPATH": f"{mods}:{TREE / 'site'}", "NCCL_DEBUG": "INFO"}
+    delta = lmod.apply([], ["myenv/1.0"], env)
+    after = delta.apply(env)
+    assert after["VIRTUAL_ENV"] == str(prefix)
+    assert after["PATH"].split(":")[0] == str(prefix / "bin")
+    assert after["OMP_NUM_THREADS"] == "16"
+    # (Lmod itself cuts a setenv value at a newline, so none here; lua_string's own test covers that escape.)
+    assert after["TRICKY"] == 'a"b\\c $(x) `y`'
+    assert "NCCL_DEBUG" not in after
+    assert after["LOADEDMODULES"].split(":") == ["gcc/15.1.0", "conda/2025-09-25", "myenv/1.0"]
+    assert not (tmp_path / "PWNED").exists()
+    # module unload takes the dependencies it loaded with it.
+    script = f"""
+source {LMOD_INIT}
+module load myenv/1.0
+module unload myenv/1.0
+echo "loaded=${{LOADEDMODULES:-}} venv=${{VIRTUAL_ENV:-none}} nccl=$NCCL_DEBUG omp=${{OMP_NUM_THREADS-unset}}"
+"""
+    out = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "loaded= venv=none nccl=INFO omp=unset"
+
+
+def test_lua_string_escapes():
+    from envbuilder.modulefile import lua_string
+
+    assert lua_string('a"b\\c\nd\x01') == '"a\\"b\\\\c\\nd\\001"'
