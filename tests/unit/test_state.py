@@ -1,0 +1,173 @@
+"""Env records (versioned, atomic, never world-writable) and the lock that works without flock, with real
+processes contending for it."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from envbuilder import state
+from envbuilder.errors import StateError
+
+
+def record(name="vista-venv-cu124", **kw):
+    base = {
+        "name": name,
+        "recipe": name,
+        "recipe_digest": "sha256:ab",
+        "prefix": "/s/e",
+        "created": "2026-11-22T12:00:00Z",
+    }
+    return state.EnvRecord(**{**base, **kw})
+
+
+def test_home_prefers_envbuilder_home_then_work_then_home(tmp_path):
+    assert state.home({"ENVBUILDER_HOME": "/a", "WORK": "/w", "HOME": "/h"}) == state.Path("/a")
+    assert state.home({"WORK": "/w", "HOME": "/h"}) == state.Path("/w/.envbuilder")
+    assert state.home({"HOME": "/h"}) == state.Path("/h/.envbuilder")
+
+
+def test_record_round_trip(tmp_path):
+    rec = record(packages=({"name": "torch", "version": "2.13.0", "sha256": "00"},), tools={"uv": "0.13.9"})
+    path = state.save(tmp_path, rec)
+    assert state.load(tmp_path, rec.name) == rec
+    assert json.loads(path.read_text())["version"] == state.RECORD_VERSION
+    assert state.names(tmp_path) == ["vista-venv-cu124"]
+
+
+def test_nothing_is_world_writable_even_with_umask_0(tmp_path):
+    old = os.umask(0)
+    try:
+        path = state.save(tmp_path / "h" / "deeper", record())
+    finally:
+        os.umask(old)
+    for p in (path, path.parent, path.parent.parent, path.parent.parent.parent):
+        assert not p.stat().st_mode & 0o002, p
+
+
+def test_an_interrupted_write_leaves_the_old_record(tmp_path):
+    state.save(tmp_path, record(prefix="/old"))
+    envs = tmp_path / "envs"
+    # What a SIGKILL during write_atomic leaves behind: a temp file beside the record.
+    (envs / ".vista-venv-cu124.json.tmp-123-456").write_text('{"version": 1, "na')
+    assert state.load(tmp_path, "vista-venv-cu124").prefix == "/old"
+    assert state.names(tmp_path) == ["vista-venv-cu124"]
+
+
+def test_killed_writer_never_exposes_a_partial_record(tmp_path):
+    # A real process writing a large record is killed at once; the reader sees the old record or the new one.
+    state.save(tmp_path, record(prefix="/old"))
+    code = (
+        "import sys; from envbuilder import state;"
+        "r = state.EnvRecord('vista-venv-cu124','r','d','/new','t', plan={'x': 'y' * 50_000_000});"
+        "state.save(__import__('pathlib').Path(sys.argv[1]), r)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)])
+    time.sleep(0.3)
+    proc.kill()
+    proc.wait()
+    assert state.load(tmp_path, "vista-venv-cu124").prefix in ("/old", "/new")
+
+
+def test_unknown_record_version_and_corrupt_record(tmp_path):
+    path = state.record_path(tmp_path, "x")
+    path.parent.mkdir(parents=True)
+    path.write_text('{"version": 7, "name": "x"}')
+    with pytest.raises(StateError, match="format version 7") as info:
+        state.load(tmp_path, "x")
+    assert info.value.hint == "upgrade envbuilder"
+    path.write_text("{")
+    with pytest.raises(StateError, match="unreadable"):
+        state.load(tmp_path, "x")
+    with pytest.raises(StateError, match="no env named 'y'"):
+        state.load(tmp_path, "y")
+
+
+@pytest.mark.parametrize("bad", ["", "../etc", "a/b", ".hidden"])
+def test_env_names_cannot_escape_the_directory(tmp_path, bad):
+    with pytest.raises(StateError):
+        state.record_path(tmp_path, bad)
+
+
+# --- locks ----------------------------------------------------------------------------------------------------
+
+
+def _contend(root: str, n: int) -> None:
+    counter = state.Path(root) / "counter"
+    with state.locked(state.Path(root), "env", timeout=60):
+        value = int(counter.read_text()) if counter.exists() else 0
+        time.sleep(0.05)  # widen the race a lost update would need
+        counter.write_text(str(value + 1))
+
+
+def test_concurrent_processes_are_serialized(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_contend, args=(str(tmp_path), i)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    assert (tmp_path / "counter").read_text() == "4"
+    assert not (tmp_path / "locks" / "env.lock").exists()
+
+
+def test_held_lock_times_out_naming_the_holder(tmp_path):
+    waited = []
+    with state.locked(tmp_path, "env"):
+        code = (
+            "import sys, pathlib; from envbuilder import state\n"
+            "try:\n"
+            "    with state.locked(pathlib.Path(sys.argv[1]), 'env', timeout=0.5): pass\n"
+            "except Exception as e:\n"
+            "    print(type(e).__name__, e.message); sys.exit(9)\n"
+        )
+        res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+        assert res.returncode == 9
+        assert f"locked by process {os.getpid()} on {socket.gethostname()}" in res.stdout
+        with pytest.raises(StateError), state.locked(tmp_path, "env", timeout=0.3, on_wait=waited.append):
+            pass
+    assert waited and waited[0].pid == os.getpid()
+
+
+def test_lock_of_a_dead_process_on_this_host_is_broken(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock_dir = tmp_path / "locks" / "env.lock"
+    lock_dir.mkdir(parents=True)
+    (lock_dir / "owner.json").write_text(
+        json.dumps({"pid": dead.pid, "host": socket.gethostname(), "since": time.time()})
+    )
+    with state.locked(tmp_path, "env") as lock:
+        assert lock.owner.pid == os.getpid()
+
+
+def test_lock_from_another_host_is_respected_until_old(tmp_path):
+    lock_dir = tmp_path / "locks" / "env.lock"
+    lock_dir.mkdir(parents=True)
+    owner = lock_dir / "owner.json"
+    owner.write_text(json.dumps({"pid": 1, "host": "other-node", "since": time.time()}))
+    with pytest.raises(StateError, match="other-node"), state.locked(tmp_path, "env"):
+        pass
+    owner.write_text(
+        json.dumps({"pid": 1, "host": "other-node", "since": time.time() - state.STALE_AFTER_S - 1})
+    )
+    with state.locked(tmp_path, "env"):
+        pass
+
+
+def test_release_does_not_remove_someone_elses_lock(tmp_path):
+    lock = state.EnvLock(tmp_path / "x.lock")
+    lock.acquire()
+    (tmp_path / "x.lock" / "owner.json").write_text(
+        json.dumps({"pid": 1, "host": "elsewhere", "since": time.time()})
+    )
+    lock.release()
+    assert (tmp_path / "x.lock").exists()
