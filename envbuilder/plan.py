@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from envbuilder import batch, launchers
+from envbuilder import batch, launchers, mirror
 from envbuilder.host import Gpu, HostFacts
 from envbuilder.loader import Recipe
 from envbuilder.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
@@ -251,6 +251,8 @@ def build(
     commands, extra_indexes = _install_commands(
         kind, installer, python_cmd, prefix, recipe, resolution, packages, warnings
     )
+    commands, mirror_notes = mirror.remap(commands, mirror.from_env(env))
+    notes.extend(mirror_notes)
 
     module_use = tuple(recipe.get("modules.use", []))
     modules = tuple(recipe.get("modules.load", []))

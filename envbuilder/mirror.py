@@ -1,0 +1,111 @@
+"""Index mirrors (pure): send a recipe's upstream wheel index to a site mirror or a local wheelhouse.
+
+``ENVBUILDER_INDEX_MIRROR`` holds ``UPSTREAM=TARGET`` pairs separated by whitespace or ``;``. UPSTREAM is a URL
+prefix (the longest matching prefix wins) or ``pypi`` for the default index. TARGET is either a URL (the prefix is
+replaced, so ``https://download.pytorch.org/whl/=https://mirror.site/torch/`` maps every variant), or an absolute
+directory holding wheels (a wheelhouse: ``--no-index --find-links DIR``). Sites without internet and the tests'
+local index use the same mechanism.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+from envbuilder.errors import UsageError
+
+VAR = "ENVBUILDER_INDEX_MIRROR"
+PYPI = "https://pypi.org/simple"
+_INSTALL_VERBS = ("install",)
+
+
+@dataclass(frozen=True)
+class Rule:
+    upstream: str
+    target: str
+
+    @property
+    def is_dir(self) -> bool:
+        return self.target.startswith("/")
+
+    def apply(self, url: str) -> str:
+        return self.target + url[len(self.upstream) :] if not self.is_dir else self.target
+
+
+def parse(text: str) -> list[Rule]:
+    rules = []
+    for part in re.split(r"[;\s]+", text.strip()):
+        if not part:
+            continue
+        upstream, sep, target = part.partition("=")
+        if not sep or not upstream or not target:
+            raise UsageError(
+                f"{VAR}: expected UPSTREAM=TARGET, found {part!r}",
+                hint=f"e.g. {VAR}='https://download.pytorch.org/whl/=https://mirror.example/torch/ pypi=/opt/wheels'",
+            )
+        if upstream == "pypi":
+            upstream = PYPI
+        if not (target.startswith(("http://", "https://", "file://", "/"))):
+            raise UsageError(f"{VAR}: target {target!r} is neither a URL nor an absolute directory")
+        rules.append(Rule(upstream, target))
+    return rules
+
+
+def from_env(env: Mapping[str, str]) -> list[Rule]:
+    return parse(env.get(VAR, ""))
+
+
+def _match(rules: Sequence[Rule], url: str) -> Optional[Rule]:
+    hits = [r for r in rules if url.startswith(r.upstream) or url.rstrip("/") == r.upstream.rstrip("/")]
+    return max(hits, key=lambda r: len(r.upstream)) if hits else None
+
+
+def _is_install(cmd: Sequence[str]) -> bool:
+    # uv pip install ..., python -m pip install ..., env K=V uv pip install ...
+    return "install" in cmd and "pip" in cmd
+
+
+def remap(commands: Sequence[Sequence[str]], rules: Sequence[Rule]) -> tuple[list[list[str]], list[str]]:
+    """Install commands with their indexes mirrored, and a note per change."""
+    if not rules:
+        return [list(c) for c in commands], []
+    notes: list[str] = []
+    out: list[list[str]] = []
+    for original in commands:
+        cmd = list(original)
+        if not _is_install(cmd):
+            out.append(cmd)
+            continue
+        new: list[str] = []
+        has_index = False
+        i = 0
+        while i < len(cmd):
+            arg = cmd[i]
+            if arg in ("--index-url", "--extra-index-url") and i + 1 < len(cmd):
+                has_index = True
+                new += _mirrored(arg, cmd[i + 1], rules, notes)
+                i += 2
+                continue
+            new.append(arg)
+            i += 1
+        if not has_index:
+            # The default index (PyPI) is used: mirror it if a rule says so.
+            rule = _match(rules, PYPI)
+            if rule is not None:
+                at = new.index("install") + 1
+                new[at:at] = _mirrored("--index-url", PYPI, rules, notes)
+        out.append(new)
+    return out, list(dict.fromkeys(notes))
+
+
+def _mirrored(flag: str, url: str, rules: Sequence[Rule], notes: list[str]) -> list[str]:
+    rule = _match(rules, url)
+    if rule is None:
+        return [flag, url]
+    target = rule.apply(url)
+    notes.append(f"index {url} -> {target} ({VAR})")
+    if rule.is_dir:
+        return ["--no-index", "--find-links", target] if flag == "--index-url" else ["--find-links", target]
+    return [flag, target]

@@ -1,0 +1,75 @@
+"""Index mirror remapping: parsing ENVBUILDER_INDEX_MIRROR and rewriting install commands (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import PLAN_ENV, load_facts
+
+from envbuilder import loader, mirror, plan
+from envbuilder.catalog import Catalog
+from envbuilder.errors import UsageError
+
+TORCH = [
+    "uv",
+    "pip",
+    "install",
+    "--python",
+    "/e/bin/python",
+    "--index-url",
+    "https://download.pytorch.org/whl/cu126",
+    "torch==2.10.0",
+]
+EXTRA = ["uv", "pip", "install", "--python", "/e/bin/python", "--constraint", "/e/c.txt", "numpy"]
+
+
+def test_prefix_rule_maps_every_variant():
+    rules = mirror.parse("https://download.pytorch.org/whl/=http://127.0.0.1:8080/torch/")
+    cmds, notes = mirror.remap([TORCH], rules)
+    assert cmds[0][5:7] == ["--index-url", "http://127.0.0.1:8080/torch/cu126"]
+    assert notes == [
+        "index https://download.pytorch.org/whl/cu126 -> http://127.0.0.1:8080/torch/cu126 (ENVBUILDER_INDEX_MIRROR)"
+    ]
+
+
+def test_longest_prefix_wins():
+    rules = mirror.parse(
+        "https://download.pytorch.org/whl/=http://m/all/ ; https://download.pytorch.org/whl/cu126=http://m/special"
+    )
+    assert mirror.remap([TORCH], rules)[0][0][6] == "http://m/special"
+
+
+def test_wheelhouse_directory_means_no_index_and_find_links():
+    rules = mirror.parse("https://download.pytorch.org/whl/cu126=/opt/wheels pypi=/opt/wheels")
+    cmds, _ = mirror.remap([TORCH, EXTRA], rules)
+    assert cmds[0] == [*TORCH[:5], "--no-index", "--find-links", "/opt/wheels", "torch==2.10.0"]
+    assert cmds[1] == [*EXTRA[:3], "--no-index", "--find-links", "/opt/wheels", *EXTRA[3:]]
+
+
+def test_default_index_untouched_without_a_pypi_rule():
+    rules = mirror.parse("https://download.pytorch.org/whl/=http://m/")
+    assert mirror.remap([EXTRA], rules)[0][0] == EXTRA
+
+
+def test_non_install_commands_are_left_alone():
+    create = ["uv", "venv", "--python", "python3", "/e"]
+    assert mirror.remap([create], mirror.parse("pypi=/w"))[0] == [create]
+
+
+@pytest.mark.parametrize("bad", ["no-equals-sign", "=http://x", "https://a=relative/dir"])
+def test_bad_specs_are_usage_errors(bad):
+    with pytest.raises(UsageError, match="ENVBUILDER_INDEX_MIRROR"):
+        mirror.parse(bad)
+
+
+def test_plan_applies_the_mirror_and_says_so():
+    env = {
+        **PLAN_ENV,
+        "ENVBUILDER_INDEX_MIRROR": "https://download.pytorch.org/whl/=http://127.0.0.1:9/torch/",
+    }
+    p = plan.build(loader.load("zurada-conda-cu128", Catalog.from_env({})), load_facts("h100"), env)
+    torch_cmd = next(c for c in p.install_commands if "torch==2.7.1" in c)
+    assert "http://127.0.0.1:9/torch/cu128" in torch_cmd
+    assert (
+        p.resolution.index_url == "https://download.pytorch.org/whl/cu128"
+    )  # the plan still names the upstream
+    assert any("ENVBUILDER_INDEX_MIRROR" in n for n in p.notes)
