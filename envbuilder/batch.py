@@ -119,6 +119,14 @@ def check_dialect(
             )
 
 
+def module_lines(use: Sequence[str], load: Sequence[str]) -> list[str]:
+    """`module use` then `module load` lines, every value quoted (batch scripts, plan steps, the adapter)."""
+    lines = [f"module use {shlex.quote(p)}" for p in use]
+    if load:
+        lines.append("module load " + " ".join(shlex.quote(m) for m in load))
+    return lines
+
+
 def script(
     *,
     scheduler: str,
@@ -135,10 +143,7 @@ def script(
     lines = ["#!/bin/bash", *(prefix + d for d in directives), "", "set -euo pipefail"]
     if scheduler == "pbs":
         lines.append('cd "${PBS_O_WORKDIR:-$PWD}"')
-    for path in module_use:
-        lines.append(f"module use {shlex.quote(path)}")
-    if modules:
-        lines.append("module load " + " ".join(shlex.quote(m) for m in modules))
+    lines += module_lines(module_use, modules)
     for var in unset:
         lines.append(f"unset {var}")
     for key, value in env.items():

@@ -6,8 +6,9 @@ The exit codes are part of the public contract and are listed in the README.
 
 from __future__ import annotations
 
+import difflib
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Optional
 
 # Exit codes shared with the CLI. 1 is reserved for unexpected internal errors, 2 for usage errors
@@ -16,6 +17,12 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+
+def did_you_mean(word: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.6) -> Optional[str]:
+    """The "did you mean" hint every error family uses, or None when nothing is close."""
+    close = difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
+    return "did you mean " + " or ".join(repr(c) for c in close) + "?" if close else None
 
 
 class EnvbuilderError(Exception):

@@ -5,7 +5,6 @@ Every fact may be unknown (None). The probe never fails because a tool is missin
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import platform
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder import proc
-from envbuilder.errors import CommandFailed, HostProbeError
+from envbuilder.errors import CommandFailed, HostProbeError, did_you_mean
 
 FACTS_VERSION = 1
 
@@ -101,7 +100,7 @@ def facts_from_json(data: Any, source: str) -> HostFacts:
         raise HostProbeError(f"{source}: expected a JSON object, found {type(data).__name__}")
     for key in data:
         if key not in _KNOWN_KEYS:
-            raise HostProbeError(f"{source}: unknown key {key!r}", hint=_did_you_mean(key, _KNOWN_KEYS))
+            raise HostProbeError(f"{source}: unknown key {key!r}", hint=did_you_mean(key, _KNOWN_KEYS))
     values: dict[str, Any] = {}
     for key in _STR_KEYS:
         value = data.get(key)
@@ -121,7 +120,7 @@ def facts_from_json(data: Any, source: str) -> HostFacts:
             for key in gpu:
                 if key not in _GPU_KEYS:
                     raise HostProbeError(
-                        f"{source}: gpus[{i}]: unknown key {key!r}", hint=_did_you_mean(key, _GPU_KEYS)
+                        f"{source}: gpus[{i}]: unknown key {key!r}", hint=did_you_mean(key, _GPU_KEYS)
                     )
             cc = gpu.get("compute_capability")
             if cc is not None and not (isinstance(cc, str) and re.fullmatch(r"\d+\.\d+", cc)):
@@ -151,11 +150,6 @@ def load_facts_file(path: str) -> HostFacts:
     except json.JSONDecodeError as exc:
         raise HostProbeError(f"{path}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
     return facts_from_json(data, path)
-
-
-def _did_you_mean(word: str, choices: tuple[str, ...]) -> Optional[str]:
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f"did you mean {close[0]!r}?" if close else None
 
 
 # ---------------------------------------------------------------------------------------------------------------

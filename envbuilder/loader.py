@@ -3,7 +3,6 @@ came from (built-in defaults < site file < recipe chain < command line)."""
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from typing import Any, NoReturn, Optional
 
 from envbuilder import schema
 from envbuilder.catalog import Catalog, display_path, read_toml
-from envbuilder.errors import RecipeError, RecipeNotFound
+from envbuilder.errors import RecipeError, RecipeNotFound, did_you_mean
 from envbuilder.wheels import GATES, TORCH_PACKAGES
 
 DEFAULTS_SOURCE = "<defaults>"
@@ -151,12 +150,7 @@ def _not_found(name: str, catalog: Catalog) -> NoReturn:
             key="recipe.name",
             hint=f"set name = {name!r}",
         )
-    close = difflib.get_close_matches(name, catalog.names(), n=3, cutoff=0.5)
-    hint = (
-        "did you mean " + " or ".join(repr(c) for c in close) + "?"
-        if close
-        else "run `envbuilder recipes list` to see them"
-    )
+    hint = did_you_mean(name, catalog.names(), n=3, cutoff=0.5) or "run `envbuilder recipes list` to see them"
     raise RecipeNotFound(f"no recipe named {name!r} on the recipe path", hint=hint)
 
 
@@ -200,12 +194,11 @@ def _parent_path(parent: str, child: Path, catalog: Catalog, shown: str) -> Path
         return candidate
     entry = catalog.entries.get(parent)
     if entry is None:
-        close = difflib.get_close_matches(parent, catalog.names(), n=1)
         raise RecipeError(
             f"parent recipe {parent!r} not found on the recipe path",
             file=shown,
             key="extends",
-            hint=f"did you mean {close[0]!r}?" if close else "a file parent must end in .toml",
+            hint=did_you_mean(parent, catalog.names()) or "a file parent must end in .toml",
         )
     return entry.path
 
@@ -258,7 +251,7 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
                     f"{what} {value!r}",
                     file=where(key),
                     key=f"{key}[{i}]",
-                    hint=hint or _hint(value, allowed) or f"known: {', '.join(allowed) or 'none'}",
+                    hint=hint or did_you_mean(value, allowed) or f"known: {', '.join(allowed) or 'none'}",
                 )
 
     members("activate.profiles", list(data.get("env_profiles", {})), "no env_profiles entry named")
@@ -276,7 +269,7 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
             f"no filesystems entry named {fs_name!r}",
             file=where("env.filesystem"),
             key="env.filesystem",
-            hint=_hint(fs_name, data.get("filesystems", {}))
+            hint=did_you_mean(fs_name, data.get("filesystems", {}))
             or f"defined file systems: {', '.join(data.get('filesystems', {})) or 'none'}",
         )
     partitions = data.get("scheduler", {}).get("partitions", {})
@@ -288,7 +281,7 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
                 f"partition {partition!r} is not in scheduler.partitions",
                 file=where(key),
                 key=key,
-                hint=_hint(partition, partitions) or f"partitions: {', '.join(partitions)}",
+                hint=did_you_mean(partition, partitions) or f"partitions: {', '.join(partitions)}",
             )
     scheduler = data.get("scheduler", {}).get("type")
     for key, launcher in (
@@ -319,8 +312,3 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
 
 
 _BAD_VAR = re.compile(r"\$\{(?![A-Za-z_][A-Za-z0-9_]*\})")
-
-
-def _hint(word: str, choices: Any) -> Optional[str]:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f"did you mean {close[0]!r}?" if close else None

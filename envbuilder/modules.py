@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import proc
+from envbuilder import batch, proc
 from envbuilder.errors import CommandFailed, ModuleSystemError
 
 #: Variables a child shell changes by itself; never part of a module delta.
@@ -123,10 +123,7 @@ class ModuleSystem:
 
     def load_lines(self, use: Sequence[str], load: Sequence[str]) -> list[str]:
         """Shell lines that load the modules (for activate scripts and batch jobs); every value quoted."""
-        lines = [f"module use {shlex.quote(p)}" for p in use]
-        if load:
-            lines.append("module load " + " ".join(shlex.quote(m) for m in load))
-        return lines
+        return batch.module_lines(use, load)
 
     def unload_lines(self, load: Sequence[str]) -> list[str]:
         """Shell lines that unload them again, in reverse order."""

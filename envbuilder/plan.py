@@ -532,12 +532,11 @@ def _steps(
     launcher_name: str,
 ) -> list[str]:
     steps = []
-    for path in module_use:
-        steps.append(f"module use {shlex.quote(path)}")
+    loads = batch.module_lines(module_use, modules)
     if modules:
-        steps.append(f"module load {' '.join(shlex.quote(m) for m in modules)}  ({module_system})")
-    if build_modules:
-        steps.append(f"module load {' '.join(shlex.quote(m) for m in build_modules)}  (build only)")
+        loads[-1] += f"  ({module_system})"
+    steps += loads
+    steps += [f"{line}  (build only)" for line in batch.module_lines((), build_modules)]
     steps.append(f"build the {kind} env in a temporary sibling of {prefix}; move it into place once complete")
     for cmd in commands:
         steps.append(" ".join(shlex.quote(c) for c in cmd))

@@ -7,13 +7,12 @@ The same spec renders the JSON schema shipped for editors (``envbuilder recipes 
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
-from envbuilder.errors import RecipeError
+from envbuilder.errors import RecipeError, did_you_mean
 
 SCHEMA_VERSION = 1
 
@@ -307,11 +306,6 @@ def _found(value: Any) -> str:
     return f"{kind} {shown}"
 
 
-def _suggest(word: str, choices: Any) -> Optional[str]:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}?" if close else None
-
-
 def validate(doc: Mapping[str, Any], file: str) -> None:
     """Raise RecipeError for the first problem in one file: unknown key, wrong type, bad choice.
 
@@ -367,7 +361,7 @@ def _walk(
                     f"unknown key {key!r}" + (f" in [{path}]" if path else ""),
                     file=file,
                     key=_join(path, key),
-                    hint=_suggest(key, spec.fields) or f"known keys here: {', '.join(spec.fields)}",
+                    hint=did_you_mean(key, spec.fields) or f"known keys here: {', '.join(spec.fields)}",
                 )
             _walk(spec.fields[key], sub, file, _join(path, key), required, source_of)
         for key, sub_spec in spec.fields.items():
@@ -418,7 +412,7 @@ def _check_field(spec: Field, value: Any, file: str, path: str) -> None:
             f"expected one of {', '.join(spec.choices)}, found {_found(value)}",
             file=file,
             key=path,
-            hint=_suggest(str(value), spec.choices),
+            hint=did_you_mean(str(value), spec.choices),
         )
     if spec.pattern and isinstance(value, str) and not re.fullmatch(spec.pattern, value):
         like = f"a value like {spec.example!r}" if spec.example else f"a value matching {spec.pattern}"

@@ -6,14 +6,13 @@ error with a suggested fix unless the recipe lists the gate's name in ``torch.al
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from envbuilder.errors import ResolverError, ResolverErrors
+from envbuilder.errors import ResolverError, ResolverErrors, did_you_mean
 from envbuilder.host import HostFacts
 from envbuilder.matrix import Matrix, Release, VariantInfo, covers, gpu_capability, load_matrix, minor_tuple
 
@@ -184,10 +183,10 @@ def _check_variant_name(variant: str, m: Matrix) -> None:
         reason = "no PyTorch index exists for it"
     else:
         reason = "it is not a variant name (expected auto, cpu or cuNNN)"
-    close = difflib.get_close_matches(variant, [*known, "auto", "cpu"], n=2)
+    close = did_you_mean(variant, [*known, "auto", "cpu"], n=2)
     hint = f"known CUDA variants: {', '.join(known)}"
     if close:
-        hint = f"did you mean {' or '.join(close)}? " + hint
+        hint = f"{close} " + hint
     hint += "; pick the newest one your driver supports, never the one nvcc reports"
     raise ResolverErrors(
         [ResolverError(f"unknown CUDA variant {variant!r}: {reason}", gate="unknown-variant", hint=hint)]
@@ -410,13 +409,8 @@ def _driver_findings(
             f"NVIDIA driver unknown; {info.name} needs driver ≥ {info.family_min_driver} (checked at validation)"
         )
         return []
-    too_old = False
-    if facts.driver_version and info.family_min_driver:
-        too_old = _ver(facts.driver_version) < _ver(info.family_min_driver)
-    elif max_cuda is not None and info.cuda_major is not None:
-        too_old = max_cuda[0] < info.cuda_major
     shown = facts.driver_version or f"supporting CUDA ≤ {facts.max_cuda}"
-    if too_old:
+    if not _driver_ok(info, facts, max_cuda):
         ok = [v for v in release.variants.get(arch, ()) if _driver_ok(m.variants[v], facts, max_cuda)]
         hint = f"use {ok[-1]} with torch {release.torch}" if ok else "ask the site for a newer driver"
         return [

@@ -69,6 +69,14 @@ def test_proprietary_driver_version_line(tmp_path):
     assert probe(env={"PATH": str(tmp_path)}, root=str(tmp_path)).driver_version == "535.104.05"
 
 
+# The lent 2xH200 node as nvidia-smi described it (tests/data/proc/h200-x2).
+H200_NODE = {
+    "driver": "580.159.04",
+    "cuda": "13.0",
+    "gpus": [{"name": "NVIDIA H200", "cc": "9.0", "mem": 143771}] * 2,
+}
+
+
 def _shim(tmp_path: Path, spec: dict) -> dict[str, str]:
     spec_file = tmp_path / "smi.json"
     spec_file.write_text(json.dumps(spec))
@@ -76,14 +84,7 @@ def _shim(tmp_path: Path, spec: dict) -> dict[str, str]:
 
 
 def test_nvidia_smi_shim_gives_gpus_driver_and_max_cuda(tmp_path):
-    env = _shim(
-        tmp_path,
-        {
-            "driver": "580.159.04",
-            "cuda": "13.0",
-            "gpus": [{"name": "NVIDIA H200", "cc": "9.0", "mem": 143771}] * 2,
-        },
-    )
+    env = _shim(tmp_path, H200_NODE)
     facts = probe(env=env, root=str(tmp_path))
     assert facts.driver_version == "580.159.04"
     assert facts.max_cuda == "13.0"
@@ -180,14 +181,7 @@ def test_real_driver_proc_text_from_the_gpu_node(tmp_path):
 
 
 def test_shim_speaks_like_the_real_nvidia_smi(tmp_path):
-    env = _shim(
-        tmp_path,
-        {
-            "driver": "580.159.04",
-            "cuda": "13.0",
-            "gpus": [{"name": "NVIDIA H200", "cc": "9.0", "mem": 143771}] * 2,
-        },
-    )
+    env = _shim(tmp_path, H200_NODE)
     import subprocess
 
     query = subprocess.run(
