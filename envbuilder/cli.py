@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from envbuilder import __version__
+from envbuilder.commands import create as create_cmd
+from envbuilder.commands import envs as envs_cmd
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.commands import probe as probe_cmd
 from envbuilder.commands import recipes as recipes_cmd
@@ -59,6 +61,46 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(handler=plan_cmd.handle)
 
+    p = sub.add_parser("create", help="build an env from a recipe, then check that torch works in it")
+    p.add_argument("recipe", help="recipe name (see `envbuilder recipes list`)")
+    p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
+    p.add_argument("--installer", choices=("uv", "virtualenv", "pip"), help="override the recipe's installer")
+    p.add_argument("--force", action="store_true", help="rebuild an existing env (beside it, then swap)")
+    p.add_argument("--no-validate", action="store_true", help="skip the smoke check after building")
+    p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
+    p.add_argument(
+        "--wait",
+        type=_seconds,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how long to wait for another create of the same env (default 3600; 0 fails at once)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
+    _add_json(p)
+    p.set_defaults(handler=create_cmd.handle)
+
+    p = sub.add_parser("list", help="the envs you have built, with their health")
+    _add_json(p)
+    p.set_defaults(handler=envs_cmd.handle_list)
+    p = sub.add_parser("show", help="one env's record: recipe, packages, tools, last check")
+    p.add_argument("env")
+    _add_json(p)
+    p.set_defaults(handler=envs_cmd.handle_show)
+    p = sub.add_parser("activate", help="print the line that activates an env (source it)")
+    p.add_argument("env")
+    _add_json(p)
+    p.set_defaults(handler=envs_cmd.handle_activate)
+    p = sub.add_parser("remove", help="delete an env and its record")
+    p.add_argument("env")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    _add_json(p)
+    p.set_defaults(handler=envs_cmd.handle_remove)
+    p = sub.add_parser("modulefile", help="write an Lmod modulefile that activates an env")
+    p.add_argument("env")
+    p.add_argument("-o", "--output", metavar="PATH", help="file or directory to write (default: stdout)")
+    _add_json(p)
+    p.set_defaults(handler=envs_cmd.handle_modulefile)
+
     p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
     _add_json(p)
     p.set_defaults(handler=probe_cmd.handle)
@@ -86,6 +128,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, found {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected 1 or more, found {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, found {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, found {value:g}")
     return value
 
 

@@ -1,10 +1,12 @@
 """Index mirrors (pure): send a recipe's upstream wheel index to a site mirror or a local wheelhouse.
 
 ``ENVBUILDER_INDEX_MIRROR`` holds ``UPSTREAM=TARGET`` pairs separated by whitespace or ``;``. UPSTREAM is a URL
-prefix (the longest matching prefix wins) or ``pypi`` for the default index. TARGET is either a URL (the prefix is
-replaced, so ``https://download.pytorch.org/whl/=https://mirror.site/torch/`` maps every variant), or an absolute
-directory holding wheels (a wheelhouse: ``--no-index --find-links DIR``). Sites without internet and the tests'
-local index use the same mechanism.
+prefix (the longest matching prefix wins) or ``pypi`` for the default index. TARGET is one source or several
+joined by ``,``: a URL (the prefix is replaced, so ``https://download.pytorch.org/whl/=https://mirror.site/torch/``
+maps every variant), ``pypi``, or an absolute directory holding wheels (``--find-links DIR``). The first URL becomes
+the index, later ones extra indexes; with directories only there is no index at all (``--no-index``), so
+``https://download.pytorch.org/whl/cpu=/opt/wheels,pypi`` means "torch from that wheelhouse, its dependencies from
+PyPI". Sites without internet and the tests' local index use the same mechanism.
 """
 
 from __future__ import annotations
@@ -18,20 +20,18 @@ from envbuilder.errors import UsageError
 
 VAR = "ENVBUILDER_INDEX_MIRROR"
 PYPI = "https://pypi.org/simple"
-_INSTALL_VERBS = ("install",)
 
 
 @dataclass(frozen=True)
 class Rule:
     upstream: str
-    target: str
+    targets: tuple[str, ...]
 
-    @property
-    def is_dir(self) -> bool:
-        return self.target.startswith("/")
-
-    def apply(self, url: str) -> str:
-        return self.target + url[len(self.upstream) :] if not self.is_dir else self.target
+    def apply(self, url: str) -> tuple[list[str], list[str]]:
+        """The (index URLs, wheel directories) that replace ``url``."""
+        rest = url[len(self.upstream) :] if url.startswith(self.upstream) else ""
+        urls = [t if t == PYPI else t + rest for t in self.targets if not t.startswith("/")]
+        return urls, [t for t in self.targets if t.startswith("/")]
 
 
 def parse(text: str) -> list[Rule]:
@@ -47,9 +47,16 @@ def parse(text: str) -> list[Rule]:
             )
         if upstream == "pypi":
             upstream = PYPI
-        if not (target.startswith(("http://", "https://", "file://", "/"))):
-            raise UsageError(f"{VAR}: target {target!r} is neither a URL nor an absolute directory")
-        rules.append(Rule(upstream, target))
+        targets = []
+        for given in target.split(","):
+            one = PYPI if given == "pypi" else given
+            if not one.startswith(("http://", "https://", "file://", "/")):
+                raise UsageError(
+                    f"{VAR}: target {one!r} is neither a URL, `pypi` nor an absolute directory",
+                    hint="e.g. https://download.pytorch.org/whl/cpu=/opt/wheels,pypi",
+                )
+            targets.append(one)
+        rules.append(Rule(upstream, tuple(targets)))
     return rules
 
 
@@ -104,8 +111,13 @@ def _mirrored(flag: str, url: str, rules: Sequence[Rule], notes: list[str]) -> l
     rule = _match(rules, url)
     if rule is None:
         return [flag, url]
-    target = rule.apply(url)
-    notes.append(f"index {url} -> {target} ({VAR})")
-    if rule.is_dir:
-        return ["--no-index", "--find-links", target] if flag == "--index-url" else ["--find-links", target]
-    return [flag, target]
+    urls, dirs = rule.apply(url)
+    notes.append(f"index {url} -> {', '.join([*urls, *dirs])} ({VAR})")
+    out: list[str] = []
+    for i, target in enumerate(urls):
+        out += ["--index-url" if flag == "--index-url" and i == 0 else "--extra-index-url", target]
+    if flag == "--index-url" and not urls:
+        out.append("--no-index")
+    for d in dirs:
+        out += ["--find-links", d]
+    return out

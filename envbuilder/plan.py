@@ -27,8 +27,29 @@ class Options:
     nodes: Optional[int] = None
     nproc_per_node: Optional[int] = None
     account: Optional[str] = None
+    installer: Optional[str] = None
     #: Directory holding the envbuilder package (for payload paths in launch commands).
     package_dir: str = "envbuilder"
+
+
+@dataclass(frozen=True)
+class InstallStep:
+    """One command of the build. ``env`` holds raw recipe values (``${VAR}`` expanded at run time, from the
+    environment the modules give); ``modules`` are loaded for this step only; ``python_at`` marks the argv slot
+    that names the recipe's python, which create replaces with the interpreter it found."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    modules: tuple[str, ...] = ()
+    python_at: Optional[int] = None
+    creates_env: bool = False
+    label: str = ""
+
+    def display(self) -> tuple[str, ...]:
+        """The step as one command line (``env K=V ...`` first when it sets variables)."""
+        if not self.env:
+            return self.argv
+        return ("env", *(f"{k}={v}" for k, v in self.env.items()), *self.argv)
 
 
 @dataclass(frozen=True)
@@ -46,7 +67,7 @@ class Plan:
     resolution: Optional[Resolution]
     extra_index_urls: tuple[str, ...]
     requirements: tuple[str, ...]
-    install_commands: tuple[tuple[str, ...], ...]
+    install_steps: tuple[InstallStep, ...]
     activate: dict[str, Any]
     launcher: str
     launch_command: tuple[str, ...]
@@ -59,6 +80,13 @@ class Plan:
     filesystem: Optional[dict[str, Any]]
     chain: tuple[str, ...]
     steps: tuple[str, ...] = field(default_factory=tuple)
+    installer: str = "uv"
+    system_site_packages: bool = False
+    prefix_missing: tuple[str, ...] = ()
+
+    @property
+    def install_commands(self) -> tuple[tuple[str, ...], ...]:
+        return tuple(s.display() for s in self.install_steps)
 
     def to_json(self) -> dict[str, Any]:
         res = self.resolution
@@ -68,6 +96,7 @@ class Plan:
             "status": self.status,
             "files": list(self.chain),
             "kind": self.kind,
+            "installer": self.installer,
             "prefix": self.prefix,
             "python": self.python,
             "module_system": self.module_system,
@@ -168,21 +197,24 @@ def expand(text: str, env: Mapping[str, str], name: str) -> tuple[str, list[str]
     return _VAR_RE.sub(sub, text).replace("{name}", name), missing
 
 
-def _prefix(recipe: Recipe, env: Mapping[str, str], opts: Options, warnings: list[str]) -> str:
+def _prefix(
+    recipe: Recipe, env: Mapping[str, str], opts: Options, warnings: list[str]
+) -> tuple[str, list[str]]:
+    """The env's prefix, and the variables it needs that are unset here."""
     if opts.prefix:
-        return opts.prefix
+        return opts.prefix, []
     raw = recipe.get("env.prefix")
     text, missing = expand(raw, env, recipe.name)
     if not missing:
-        return text
+        return text, []
     if missing == ["SCRATCH"] and env.get("HOME"):
         fallback, _ = expand(FALLBACK_ROOT, env, recipe.name)
         warnings.append(f"$SCRATCH is unset; the env goes to {fallback} (pass --prefix to choose)")
-        return fallback
+        return fallback, []
     warnings.append(
         f"env.prefix needs {', '.join('$' + m for m in missing)}, unset here; create will stop (pass --prefix)"
     )
-    return text
+    return text, missing
 
 
 def build(
@@ -210,8 +242,8 @@ def build(
 
     target = target_facts(recipe, host, warnings, notes)
     kind = recipe.get("env.kind")
-    installer = recipe.get("env.installer")
-    prefix = _prefix(recipe, env, opts, warnings)
+    installer = opts.installer or recipe.get("env.installer")
+    prefix, prefix_missing = _prefix(recipe, env, opts, warnings)
     fs = _filesystem(recipe, prefix, env, warnings)
 
     python_cmd = recipe.get("python.command")
@@ -248,11 +280,13 @@ def build(
 
     packages = recipe.get("packages", []) or []
     requirements.extend(p.get("spec", p["name"]) for p in packages)
-    commands, extra_indexes = _install_commands(
+    install_steps, extra_indexes = _install_steps(
         kind, installer, python_cmd, prefix, recipe, resolution, packages, warnings
     )
-    commands, mirror_notes = mirror.remap(commands, mirror.from_env(env))
+    remapped, mirror_notes = mirror.remap([s.argv for s in install_steps], mirror.from_env(env))
+    install_steps = [replace(s, argv=tuple(argv)) for s, argv in zip(install_steps, remapped)]
     notes.extend(mirror_notes)
+    commands = [s.display() for s in install_steps]
 
     module_use = tuple(recipe.get("modules.use", []))
     modules = tuple(recipe.get("modules.load", []))
@@ -285,7 +319,10 @@ def build(
         resolution=resolution,
         extra_index_urls=tuple(extra_indexes),
         requirements=tuple(requirements),
-        install_commands=tuple(tuple(c) for c in commands),
+        install_steps=tuple(install_steps),
+        installer=installer,
+        prefix_missing=tuple(prefix_missing),
+        system_site_packages=bool(recipe.get("env.system_site_packages")) or kind == "overlay",
         activate=activate,
         launcher=launcher_name,
         launch_command=tuple(launchers.plain(launch)),
@@ -335,7 +372,35 @@ def _pip(installer: str, python: str, target_flag: Sequence[str] = ()) -> list[s
     return [python, "-m", "pip", "install", *target_flag]
 
 
-def _install_commands(
+def _create_step(
+    kind: str, installer: str, python_cmd: str, prefix: str, recipe: Recipe
+) -> Optional[InstallStep]:
+    ssp = ["--system-site-packages"] if (recipe.get("env.system_site_packages") or kind == "overlay") else []
+    prompt = ["--prompt", recipe.name]
+    if kind in ("venv", "overlay"):
+        if installer == "uv":
+            # --relocatable: activate and entry points find the env from their own location, so the env can be
+            # built beside its prefix and renamed into place.
+            argv = ["uv", "venv", "--relocatable", *prompt, "--python", python_cmd, *ssp, prefix]
+            return InstallStep(tuple(argv), python_at=argv.index("--python") + 1, creates_env=True)
+        if installer == "virtualenv":
+            argv = ["virtualenv", *prompt, "--python", python_cmd, *ssp, prefix]
+            return InstallStep(tuple(argv), python_at=argv.index("--python") + 1, creates_env=True)
+        return InstallStep((python_cmd, "-m", "venv", *prompt, *ssp, prefix), python_at=0, creates_env=True)
+    if kind == "conda":
+        conda_python = recipe.get("python.version") or "3.12"
+        engine = recipe.get("conda.engine", "auto")
+        exe = "conda" if engine in ("auto", "conda") else engine
+        cmd = [exe, "create", "--yes", "--prefix", prefix, "--override-channels"]
+        for ch in recipe.get("conda.channels", []):
+            cmd += ["--channel", ch]
+        # python and pip inside the env: without them pip is the base env's (the Zurada seed's mistake).
+        cmd += [f"python={conda_python}", "pip", *recipe.get("conda.packages", [])]
+        return InstallStep(tuple(cmd), creates_env=True)
+    return None
+
+
+def _install_steps(
     kind: str,
     installer: str,
     python_cmd: str,
@@ -344,58 +409,44 @@ def _install_commands(
     resolution: Optional[Resolution],
     packages: Sequence[Mapping[str, Any]],
     warnings: list[str],
-) -> tuple[list[list[str]], list[str]]:
-    cmds: list[list[str]] = []
+) -> tuple[list[InstallStep], list[str]]:
+    steps: list[InstallStep] = []
+    create = _create_step(kind, installer, python_cmd, prefix, recipe)
+    if create:
+        steps.append(create)
     env_python = f"{prefix}/bin/python"
-    ssp = bool(recipe.get("env.system_site_packages")) or kind == "overlay"
     target_flag: list[str] = []
-    if kind in ("venv", "overlay"):
-        if installer == "uv":
-            cmds.append(
-                ["uv", "venv", "--python", python_cmd, *(["--system-site-packages"] if ssp else []), prefix]
-            )
-        elif installer == "virtualenv":
-            cmds.append(
-                [python_cmd, "-m", "virtualenv", *(["--system-site-packages"] if ssp else []), prefix]
-            )
-        else:
-            cmds.append([python_cmd, "-m", "venv", *(["--system-site-packages"] if ssp else []), prefix])
-    elif kind == "conda":
-        conda_python = recipe.get("python.version") or "3.12"
-        channels = recipe.get("conda.channels", [])
-        engine = recipe.get("conda.engine", "auto")
-        exe = "conda" if engine in ("auto", "conda") else engine
-        cmd = [exe, "create", "--yes", "--prefix", prefix, "--override-channels"]
-        for ch in channels:
-            cmd += ["--channel", ch]
-        # python and pip inside the env: without them pip is the base env's (the Zurada seed's mistake).
-        cmd += [f"python={conda_python}", "pip", *recipe.get("conda.packages", [])]
-        cmds.append(cmd)
-    elif kind == "user-prefix":
+    python_at: Optional[int] = None
+    if kind == "user-prefix":
         env_python = python_cmd
         target_flag = ["--prefix", prefix] if installer == "uv" else ["--user"]
+        python_at = 4 if installer == "uv" else 0
         if installer != "uv":
             warnings.append("user-prefix installs run with PYTHONUSERBASE set to the prefix")
     if resolution is not None:
-        cmds.append(
+        argv = (
             _pip(installer, env_python, target_flag)
             + list(resolution.pip_flags)
             + list(resolution.requirements)
         )
+        steps.append(InstallStep(tuple(argv), python_at=python_at, label=" ".join(resolution.requirements)))
     extra_indexes: list[str] = []
     # torch's exact pins as constraints: a later package cannot swap the CUDA torch for PyPI's build.
     constraint = ["--constraint", f"{prefix}/envbuilder/constraints.txt"] if resolution else []
     plain_specs: list[str] = []
-    special: list[list[str]] = []
+    special: list[InstallStep] = []
     for pkg in packages:
         spec = pkg.get("spec", pkg["name"])
         if not (
-            pkg.get("build_env") or pkg.get("no_build_isolation") or pkg.get("no_binary") or pkg.get("index")
+            pkg.get("build_env")
+            or pkg.get("no_build_isolation")
+            or pkg.get("no_binary")
+            or pkg.get("index")
+            or pkg.get("build_modules")
         ):
             plain_specs.append(spec)
             continue
-        cmd = ["env", *(f"{k}={v}" for k, v in pkg["build_env"].items())] if pkg.get("build_env") else []
-        cmd += _pip(installer, env_python, target_flag)
+        cmd = _pip(installer, env_python, target_flag)
         index = pkg.get("index")
         if index == "torch" and resolution:
             cmd += ["--index-url", resolution.index_url]
@@ -406,10 +457,24 @@ def _install_commands(
             cmd.append("--no-build-isolation")
         if pkg.get("no_binary"):
             cmd += ["--no-binary", pkg["name"]]
-        special.append([*cmd, *constraint, spec])
+        special.append(
+            InstallStep(
+                (*cmd, *constraint, spec),
+                env=dict(pkg.get("build_env", {}) or {}),
+                modules=tuple(pkg.get("build_modules", []) or ()),
+                python_at=python_at,
+                label=spec,
+            )
+        )
     if plain_specs:
-        cmds.append([*_pip(installer, env_python, target_flag), *constraint, *plain_specs])
-    return cmds + special, extra_indexes
+        steps.append(
+            InstallStep(
+                (*_pip(installer, env_python, target_flag), *constraint, *plain_specs),
+                python_at=python_at,
+                label=" ".join(plain_specs),
+            )
+        )
+    return steps + special, extra_indexes
 
 
 def _activate(recipe: Recipe) -> dict[str, Any]:

@@ -81,6 +81,7 @@ class EnvRecord:
     packages: tuple[Mapping[str, Any], ...] = ()
     tools: Mapping[str, str] = field(default_factory=dict)
     validation: Optional[Mapping[str, Any]] = None
+    modules: Mapping[str, Any] = field(default_factory=dict)
     version: int = RECORD_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -240,3 +241,39 @@ def locked(
     record_path(root, name)  # validates the name
     with EnvLock(root / "locks" / f"{name}.lock", timeout=timeout, on_wait=on_wait) as lock:
         yield lock
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Health
+
+
+@dataclass(frozen=True)
+class Health:
+    status: str  # ok | damaged | gone
+    detail: str
+    missing: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "detail": self.detail, "missing": list(self.missing[:20])}
+
+
+def health(record: EnvRecord) -> Health:
+    """Whether the env is still whole: the prefix, its python, and every file its installed packages listed."""
+    prefix = Path(record.prefix)
+    if not prefix.is_dir():
+        return Health("gone", f"{prefix} does not exist (purged or removed)")
+    missing: list[str] = []
+    kind = record.plan.get("kind", "venv") if record.plan else "venv"
+    if kind != "user-prefix":
+        for rel in ("bin/python", "bin/activate"):
+            if not (prefix / rel).exists():
+                missing.append(rel)
+    for rec in sorted(prefix.glob("lib/python*/site-packages/*.dist-info/RECORD")):
+        site = rec.parent.parent
+        for line in rec.read_text(encoding="utf-8", errors="replace").splitlines():
+            rel = line.split(",", 1)[0]
+            if rel and not (site / rel).exists() and "__pycache__" not in rel:
+                missing.append(str((site / rel).relative_to(prefix)) if not rel.startswith("..") else rel)
+    if missing:
+        return Health("damaged", f"{len(missing)} file(s) missing, e.g. {missing[0]}", tuple(missing))
+    return Health("ok", "all files present")

@@ -166,6 +166,11 @@ def test_readme_exit_code_table_matches_the_error_tree():
 def test_readme_setup_commands_are_the_ones_ci_runs():
     readme = (REPO / "README.md").read_text()
     ci = (REPO / ".ci" / "run").read_text()
-    assert "pip install . && envbuilder plan local" in readme
+    main_job = (
+        "pip install . && ENVBUILDER_INDEX_MIRROR='https://download.pytorch.org/whl/=/opt/wheels,pypi' "
+        "envbuilder create local"
+    )
+    assert main_job in readme
+    assert main_job in ci
     assert "pip install -e '.[test]' && python -m pytest" in readme
     assert "python -m pip install -e '.[test]' && python -m pytest" in ci

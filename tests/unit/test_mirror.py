@@ -73,3 +73,28 @@ def test_plan_applies_the_mirror_and_says_so():
         p.resolution.index_url == "https://download.pytorch.org/whl/cu128"
     )  # the plan still names the upstream
     assert any("ENVBUILDER_INDEX_MIRROR" in n for n in p.notes)
+
+
+def test_wheelhouse_plus_pypi_keeps_pypi_as_the_index():
+    rules = mirror.parse("https://download.pytorch.org/whl/cu126=/opt/wheels,pypi")
+    cmds, notes = mirror.remap([TORCH], rules)
+    assert cmds[0] == [
+        *TORCH[:5],
+        "--index-url",
+        "https://pypi.org/simple",
+        "--find-links",
+        "/opt/wheels",
+        "torch==2.10.0",
+    ]
+    assert "-> https://pypi.org/simple, /opt/wheels" in notes[0]
+
+
+def test_several_urls_become_index_then_extra_indexes():
+    rules = mirror.parse("https://download.pytorch.org/whl/=http://a/torch/,http://b/torch/")
+    cmds, _ = mirror.remap([TORCH], rules)
+    assert cmds[0][5:9] == [
+        "--index-url",
+        "http://a/torch/cu126",
+        "--extra-index-url",
+        "http://b/torch/cu126",
+    ]

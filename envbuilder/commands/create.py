@@ -1,0 +1,117 @@
+"""`envbuilder create NAME`: plan, then build the env (modules, backend, activate extension, record)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional
+
+from envbuilder import create as creator
+from envbuilder import host, loader, modules
+from envbuilder import plan as planner
+from envbuilder.catalog import Catalog
+from envbuilder.console import Out
+from envbuilder.errors import ValidationFailed
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """A batch scheduler's SIGTERM (time limit, scancel) unwinds like Ctrl-C: the partial build is removed."""
+
+    def raise_interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Progress:
+    def __init__(self, out: Out, quiet: bool) -> None:
+        self.out = out
+        self.quiet = quiet
+        self.started = time.monotonic()
+        self.last: Optional[str] = None
+
+    def step(self, text: str) -> None:
+        if not self.quiet:
+            self.out.console.print(
+                f"  [cyan]→[/cyan] {text}  [dim]({time.monotonic() - self.started:.1f} s)[/dim]"
+            )
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self.out.line(f"    {text}")
+
+    def wait(self, text: str) -> None:
+        self.out.warn(text)
+
+
+def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    env = dict(os.environ)
+    opts = planner.Options(
+        prefix=args.prefix,
+        installer=args.installer,
+        package_dir=str(Path(__file__).resolve().parent.parent),
+    )
+    catalog = Catalog.from_env(env)
+    recipe = loader.load(args.recipe, catalog)
+    facts = host.load_facts_file(args.facts) if args.facts else host.probe()
+    the_plan = planner.build(recipe, facts, env, opts)
+    progress = _Progress(out, args.quiet or args.json)
+    if not (args.quiet or args.json):
+        out.heading(
+            f"Creating {the_plan.recipe} ({the_plan.kind}, {the_plan.installer}) at {the_plan.prefix}"
+        )
+        if the_plan.resolution:
+            r = the_plan.resolution
+            out.field("torch", f"{r.torch} {r.variant} from {r.index_url}")
+        for w in the_plan.warnings:
+            out.warn(w)
+    report = creator.Reporter(step=progress.step, note=progress.note, wait=progress.wait)
+    copts = creator.CreateOptions(
+        force=args.force,
+        smoke_check=not args.no_validate,
+        lock_timeout=args.wait,
+        installer_source="--installer" if args.installer else "recipe",
+    )
+    with sigterm_as_interrupt():
+        result = creator.create(
+            the_plan, recipe, env, modules.detect(env), copts, report, facts=facts.to_json()
+        )
+    data = result.to_json()
+    smoke = result.record.validation or {}
+    failed = [k for k, v in (smoke.get("checks") or {}).items() if v.get("status") == "fail"]
+    if not args.json:
+        _render(result, out, failed)
+    if failed:
+        exc = ValidationFailed(
+            f"the env was built at {result.record.prefix}, but its smoke check failed: {', '.join(failed)}",
+            hint=f"see {result.log}" if result.log else "envbuilder show " + result.record.name,
+        )
+        exc.data = data  # type: ignore[attr-defined]
+        raise exc
+    return data
+
+
+def _render(result: creator.CreateResult, out: Out, failed: list[str]) -> None:
+    rec = result.record
+    if result.status == "exists":
+        out.line(f"{rec.name} already exists at {rec.prefix}; nothing to do (--force rebuilds it)")
+    else:
+        in_env = [p for p in rec.packages if p.get("in_env")]
+        out.line(f"{result.status} {rec.name}: {len(in_env)} packages at {rec.prefix}")
+        if result.log:
+            out.field("log", result.log)
+    smoke = (rec.validation or {}).get("checks") or {}
+    if smoke and not failed:
+        imp = smoke.get("import", {})
+        out.field("smoke check", f"torch {imp.get('torch')} imports (cuda {imp.get('cuda')})")
+    out.field("activate", f"source {creator.activate_line(rec.prefix)}")

@@ -1,0 +1,135 @@
+"""`envbuilder list|show|remove|activate|modulefile`: the envs this user has built (their records)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from envbuilder import create, modulefile, state
+from envbuilder.console import Out
+from envbuilder.errors import StateError, UsageError
+
+
+def _home() -> Path:
+    return state.home(os.environ)
+
+
+def _summary(record: state.EnvRecord) -> dict[str, Any]:
+    torch = next((p["version"] for p in record.packages if p.get("name") == "torch"), None)
+    return {
+        "name": record.name,
+        "recipe": record.recipe,
+        "prefix": record.prefix,
+        "created": record.created,
+        "torch": torch,
+        "installer": record.tools.get("installer"),
+        "health": state.health(record).to_json(),
+    }
+
+
+def handle_list(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
+    home = _home()
+    rows = []
+    for name in state.names(home):
+        try:
+            rows.append(_summary(state.load(home, name)))
+        except StateError as exc:
+            rows.append({"name": name, "error": exc.message})
+    if not args.json:
+        if not rows:
+            out.line(f"no envs recorded in {home} (envbuilder create NAME builds one)")
+            return rows
+        table = Table(box=None, pad_edge=False)
+        for col in ("name", "health", "torch", "prefix"):
+            table.add_column(col)
+        for row in rows:
+            health = row.get("health", {}).get("status", "unreadable")
+            table.add_row(
+                row["name"], health, row.get("torch") or "-", row.get("prefix") or row.get("error", "")
+            )
+        out.console.print(table)
+    return rows
+
+
+def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    record = state.load(_home(), args.env)
+    data = record.to_json()
+    data["health"] = state.health(record).to_json()
+    if not args.json:
+        out.heading(f"{record.name} (recipe {record.recipe})")
+        out.field("prefix", record.prefix)
+        out.field("health", f"{data['health']['status']}: {data['health']['detail']}")
+        out.field("created", record.created)
+        out.field("tools", ", ".join(f"{k} {v}" for k, v in record.tools.items() if k != "python_path"))
+        in_env = [p for p in record.packages if p.get("in_env")]
+        out.field("packages", ", ".join(f"{p['name']}=={p['version']}" for p in in_env))
+        modules = record.plan.get("modules") if record.plan else None
+        if modules:
+            out.field("modules", " ".join(modules))
+        if record.validation:
+            checks = record.validation.get("checks", {})
+            out.field("last check", ", ".join(f"{k}: {v.get('status')}" for k, v in checks.items()))
+        out.field("activate", f"source {create.activate_line(record.prefix)}")
+    return data
+
+
+def handle_activate(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    record = state.load(_home(), args.env)
+    line = f"source {create.activate_line(record.prefix)}"
+    if not args.json:
+        print(line)
+    return {"name": record.name, "command": line}
+
+
+def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    home = _home()
+    record = state.load(home, args.env)
+    prefix = Path(record.prefix)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"remove {record.name} ({prefix}) needs confirmation", hint="pass --yes")
+        answer = input(f"remove {record.name} and delete {prefix}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            raise UsageError("not removed")
+    with state.locked(home, record.name):
+        if prefix.exists():
+            # Out of the way first (one rename), then delete: an interrupted remove never leaves half an env
+            # under the env's own name.
+            doomed = prefix.parent / f".{prefix.name}.removing-{os.getpid()}"
+            prefix.rename(doomed)
+            shutil.rmtree(doomed)
+        state.record_path(home, record.name).unlink()
+    if not args.json:
+        out.line(f"removed {record.name} ({prefix})")
+    return {"name": record.name, "prefix": str(prefix), "removed": True}
+
+
+def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    record = state.load(_home(), args.env)
+    plan = record.plan or {}
+    activate = plan.get("activate", {}) or {}
+    text = modulefile.render(
+        name=record.name,
+        prefix=record.prefix,
+        recipe=record.recipe,
+        modules=activate.get("modules", []),
+        module_use=activate.get("module_use", []),
+        env=activate.get("env", {}),
+        unset=activate.get("unset", []),
+    )
+    if args.output:
+        target = Path(args.output)
+        if target.is_dir():
+            target = target / f"{record.name}.lua"
+        state.write_atomic(target, text.encode())
+        if not args.json:
+            out.line(f"wrote {target}; `module use {target.parent}` then `module load {target.stem}`")
+    elif not args.json:
+        sys.stdout.write(text)
+    return {"name": record.name, "path": args.output, "modulefile": text}

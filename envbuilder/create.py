@@ -1,0 +1,357 @@
+"""``create``: apply a Plan. Build beside the prefix, rename into place when complete, record the env.
+
+Order: lock the env → recover what an interrupted run left → load the modules (delta recorded) → create the env
+in ``.NAME.partial-PID`` beside the prefix → install the resolver's pins, then the recipe's packages → write the
+activate extension → inventory → rename into place (``--force``: the old env is moved aside first and removed
+only after the new one is in place) → write the record. Any failure or interrupt removes the partial directory;
+the lock is released by its context manager, and a SIGKILLed run's lock is stale and broken by the next run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shlex
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from envbuilder import __version__, activation, build, proc, state
+from envbuilder.errors import BackendError, StateError, UsageError
+from envbuilder.loader import Recipe
+from envbuilder.modules import EnvDelta, ModuleSystem
+from envbuilder.plan import InstallStep, Plan
+
+PARTIAL = ".partial-"
+OLD = ".old-"
+
+
+@dataclass(frozen=True)
+class CreateOptions:
+    force: bool = False
+    smoke_check: bool = True
+    lock_timeout: float = 0.0
+    #: Installer named on the command line (recorded as the reason for the choice).
+    installer_source: str = "recipe"
+
+
+@dataclass
+class Reporter:
+    """How create talks while it works (the CLI passes rich-backed callables; tests may pass nothing)."""
+
+    step: Callable[[str], None] = lambda text: None
+    note: Callable[[str], None] = lambda text: None
+    wait: Callable[[str], None] = lambda text: None
+
+
+@dataclass
+class CreateResult:
+    status: str  # created | replaced | exists
+    record: state.EnvRecord
+    log: Optional[str]
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "log": self.log, "notes": self.notes, "env": self.record.to_json()}
+
+
+def recipe_digest(recipe: Recipe) -> str:
+    return hashlib.sha256(json.dumps(recipe.data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _siblings(final: Path, marker: str) -> list[Path]:
+    if not final.parent.is_dir():
+        return []
+    return sorted(final.parent.glob(f".{final.name}{marker}*"))
+
+
+def recover(final: Path) -> list[str]:
+    """Undo what an interrupted create left (call with the env's lock held): partial builds are removed; an
+    old env moved aside by ``--force`` comes back if the new one never arrived, and is removed if it did."""
+    notes = []
+    for partial in _siblings(final, PARTIAL):
+        shutil.rmtree(partial, ignore_errors=True)
+        notes.append(f"removed {partial.name}, left by an interrupted create")
+    for old in _siblings(final, OLD):
+        if not final.exists():
+            old.rename(final)
+            notes.append(f"restored the previous env from {old.name} (an interrupted --force left it aside)")
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+            notes.append(f"removed {old.name}, the env a finished --force replaced")
+    return notes
+
+
+def _is_env(path: Path) -> bool:
+    return (path / "pyvenv.cfg").is_file() or (path / "envbuilder" / "record.json").is_file()
+
+
+def create(
+    plan: Plan,
+    recipe: Recipe,
+    env: Mapping[str, str],
+    modules: ModuleSystem,
+    opts: Optional[CreateOptions] = None,
+    report: Optional[Reporter] = None,
+    facts: Optional[Mapping[str, Any]] = None,
+) -> CreateResult:
+    opts = opts or CreateOptions()
+    report = report or Reporter()
+    if plan.prefix_missing:
+        raise UsageError(
+            f"the env prefix {plan.prefix!r} needs {', '.join('$' + v for v in plan.prefix_missing)}, "
+            "which is unset here",
+            hint="set it, or pass --prefix DIR",
+        )
+    if plan.kind == "conda":
+        raise BackendError(
+            "conda envs are not built by this release (the conda backend is planned)",
+            hint="envbuilder plan NAME shows the conda commands to run by hand",
+        )
+    # Resolved: uv's relocatable activate finds the env through realpath, so the record must say the same.
+    final = Path(plan.prefix).expanduser().resolve()
+    home = state.home(env)
+    name = plan.recipe
+
+    def waiting(owner: state.Owner) -> None:
+        report.wait(f"another envbuilder (pid {owner.pid} on {owner.host}) is working on {name}; waiting")
+
+    with state.locked(home, name, timeout=opts.lock_timeout, on_wait=waiting):
+        notes = recover(final)
+        for n in notes:
+            report.note(n)
+        existing = _existing(home, name, final)
+        if existing is not None and not opts.force:
+            return CreateResult(
+                "exists", existing, None, [*notes, f"{final} exists; left alone (--force rebuilds)"]
+            )
+        if final.exists() and not _is_env(final):
+            raise StateError(
+                f"{final} exists and is not an environment; refusing to touch it",
+                hint="choose another --prefix",
+            )
+        if final.exists() and not opts.force:
+            raise StateError(
+                f"{final} already holds an environment that envbuilder has no record of",
+                hint="pass --force to replace it, or choose another --prefix",
+            )
+        had = final.exists()
+        log = _open_log(home, name)
+        try:
+            record = _build(plan, recipe, env, modules, opts, report, final, home, log, notes, facts or {})
+        finally:
+            log.close()
+        status = "replaced" if had else "created"
+        return CreateResult(status, record, str(log.path), notes)
+
+
+def _existing(home: Path, name: str, final: Path) -> Optional[state.EnvRecord]:
+    try:
+        record = state.load(home, name)
+    except StateError:
+        return None
+    if Path(record.prefix) == final and final.exists():
+        return record
+    return None
+
+
+def _open_log(home: Path, name: str) -> build.BuildLog:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return build.BuildLog(home / "logs" / f"{name}-{stamp}-{os.getpid()}.log")
+
+
+def _build(
+    plan: Plan,
+    recipe: Recipe,
+    env: Mapping[str, str],
+    modules: ModuleSystem,
+    opts: CreateOptions,
+    report: Reporter,
+    final: Path,
+    home: Path,
+    log: build.BuildLog,
+    notes: list[str],
+    facts: Mapping[str, Any],
+) -> state.EnvRecord:
+    base_env = proc.scrubbed_env(env)
+    log.write(f"envbuilder {__version__} create {plan.recipe} -> {final}")
+    choice = build.choose_installer(plan.installer, str(final), opts.installer_source)
+    if choice.name != plan.installer:
+        raise BackendError(
+            f"the plan uses {plan.installer}, which cannot run here ({choice.reason})",
+            hint=f"pass --installer {choice.name}",
+        )
+    log.write(f"installer: {choice.reason}")
+
+    report.step(
+        f"loading modules ({modules.kind})" if plan.modules or plan.module_use else "no modules to load"
+    )
+    delta = modules.apply(plan.module_use, [*plan.modules, *plan.build_modules], base_env)
+    build_env = delta.apply(base_env)
+    log.write(f"module delta: {len(delta.set)} set, {len(delta.unset)} unset")
+    python = build.find_python(plan.python["command"] or "python3", build_env)
+    parent = build.python_info(python, build_env, log)
+    log.write(f"python: {python} ({parent['version']})")
+
+    uv_bin = build.uv_binary() if plan.installer == "uv" else None
+    if uv_bin:
+        uv = build.uv_settings(final, env)
+        build_env.update(uv.env())
+        for reason in uv.reasons:
+            log.write(reason)
+        notes.extend(uv.reasons)
+    if plan.installer in {"pip", "virtualenv"}:
+        # The recipe, not a stray pip.conf, decides where packages come from.
+        build_env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.parent / f".{final.name}{PARTIAL}{os.getpid()}"
+    with build.removing_on_failure(partial):
+        if plan.kind == "user-prefix":
+            partial.mkdir(mode=0o755)
+            build_env["PYTHONUSERBASE"] = str(partial)
+        for step in plan.install_steps:
+            argv = build.step_argv(step, python, uv_bin, plan.prefix, str(partial))
+            step_env = build_env
+            if step.modules:
+                extra = modules.apply(plan.module_use, [*plan.modules, *step.modules], base_env)
+                step_env = {
+                    **extra.apply(base_env),
+                    **{k: v for k, v in build_env.items() if k.startswith("UV_")},
+                }
+            step_env, own = build.step_env(step, step_env)
+            report.step(_describe(step))
+            build.run_logged(argv, step_env, log, own)
+            if step.creates_env:
+                _after_create(plan, partial, parent, log)
+        env_python = str(partial / "bin" / "python") if plan.kind != "user-prefix" else python
+        act = activation.from_plan(
+            plan.activate, str(Path(modules.init).parent) if modules.init else None, plan.recipe
+        )
+        if plan.kind != "user-prefix":
+            report.step("writing the activate extension")
+            activation.install(partial, act)
+        report.step("recording installed packages")
+        packages = build.inventory(env_python, build_env, log, partial)
+        if plan.installer != "uv" and plan.kind != "user-prefix":
+            changed = build.relocate_scripts(partial, final)
+            log.write(f"relocated {len(changed)} file(s) from {partial} to {final}")
+        record = state.EnvRecord(
+            name=plan.recipe,
+            recipe=plan.recipe,
+            recipe_digest=recipe_digest(recipe),
+            prefix=str(final),
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            plan=plan.to_json(),
+            facts=dict(facts),
+            packages=tuple(packages),
+            tools=_tools(choice.name, parent["version"], python, uv_bin, log, build_env),
+            modules={
+                "system": modules.kind,
+                "delta_set": sorted(delta.set),
+                "delta_unset": list(delta.unset),
+            },
+        )
+        state.write_atomic(partial / "envbuilder" / "record.json", _dump(record))
+        for rel in build.drop_world_write(partial):
+            log.write(f"removed world write permission from {rel}")
+        report.step(f"moving the env into place at {final}")
+        _swap(partial, final)
+    state.save(home, record)
+    log.write(f"done: {final}")
+    if opts.smoke_check and plan.kind != "user-prefix" and plan.resolution is not None:
+        report.step("checking that torch imports")
+        record = _smoke(record, final, act, delta, base_env, log, home)
+    return record
+
+
+def _describe(step: InstallStep) -> str:
+    return "creating the env" if step.creates_env else f"installing {step.label or 'packages'}"
+
+
+def _after_create(plan: Plan, partial: Path, parent: Mapping[str, Any], log: build.BuildLog) -> None:
+    (partial / "envbuilder").mkdir(exist_ok=True)
+    if plan.resolution is not None:
+        pins = "".join(f"{r}\n" for r in plan.resolution.requirements)
+        (partial / "envbuilder" / "constraints.txt").write_text(pins, encoding="utf-8")
+    if plan.kind == "overlay" or plan.system_site_packages:
+        sites = sorted(partial.glob("lib/python*/site-packages"))
+        if sites:
+            pth = build.parent_site_pth(sites[0], parent)
+            if pth is not None:
+                log.write(f"parent python is a venv ({parent['prefix']}): {pth.name} adds its site-packages")
+
+
+def _swap(partial: Path, final: Path) -> None:
+    """Put ``partial`` at ``final``. An existing env is moved aside first and removed once the new one is in
+    place; a crash between the two renames is repaired by recover() on the next run."""
+    if final.exists():
+        old = final.parent / f".{final.name}{OLD}{os.getpid()}"
+        final.rename(old)
+        partial.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        partial.rename(final)
+
+
+def _dump(record: state.EnvRecord) -> bytes:
+    return (json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n").encode()
+
+
+def _tools(
+    installer: str,
+    python_version: str,
+    python: str,
+    uv_bin: Optional[str],
+    log: build.BuildLog,
+    env: Mapping[str, str],
+) -> dict[str, str]:
+    tools = {
+        "envbuilder": __version__,
+        "installer": installer,
+        "python": python_version,
+        "python_path": python,
+    }
+    tools["host_python"] = platform.python_version()
+    if uv_bin:
+        with contextlib.suppress(Exception):
+            tools["uv"] = build.run_logged([uv_bin, "--version"], env, log).stdout.split()[1]
+    return tools
+
+
+def _smoke(
+    record: state.EnvRecord,
+    final: Path,
+    act: activation.Activation,
+    delta: EnvDelta,
+    base_env: Mapping[str, str],
+    log: build.BuildLog,
+    home: Path,
+) -> state.EnvRecord:
+    """A quick check in the new env (import torch, GPUs visible, arch list) before the full validation."""
+    run_env = {**delta.apply(base_env), **dict(act.env)}
+    for var in act.unset:
+        run_env.pop(var, None)
+    argv = [str(final / "bin" / "python"), str(build.PAYLOADS / "validate.py"), "--checks", "import,gpu,arch"]
+    res = proc.run(argv, env=run_env, check=False, timeout=600)
+    log.command(argv, {}, res)
+    try:
+        result = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        result = {"checks": {"import": {"status": "fail", "error": res.stderr.strip()[-500:]}}}
+    result["kind"] = "smoke"
+    result["exit"] = res.returncode
+    updated = state.EnvRecord(**{**record.__dict__, "validation": result})
+    state.save(home, updated)
+    return updated
+
+
+def activate_line(prefix: str) -> str:
+    """The quoted path a user sources to activate the env."""
+    return shlex.quote(str(Path(prefix) / "bin" / "activate"))

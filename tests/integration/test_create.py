@@ -1,0 +1,548 @@
+"""`envbuilder create` for real: uv/virtualenv/pip against a local HTTP index of wheels built here, real Lmod,
+real bash; interrupted and concurrent creates; the env commands (list/show/activate/remove/modulefile)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import DATA, REPO
+from wheelindex import build_sdist, build_wheel, mirror_env, serve
+
+from envbuilder import build, create
+
+pytestmark = pytest.mark.integration
+
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
+needs_lmod = pytest.mark.skipif(not LMOD_INIT.is_file(), reason="Lmod not installed (.ci/run installs it)")
+
+#: A recipe with no torch: fast envs from the test wheels only.
+SMALL = """
+schema_version = 1
+[recipe]
+name = "{name}"
+[env]
+kind = "{kind}"
+installer = "{installer}"
+[python]
+command = "{python}"
+[torch]
+install = false
+[[packages]]
+name = "ebdemo"
+spec = "ebdemo==1.0"
+{extra}
+"""
+
+SETUP_PY = """
+import os
+from setuptools import setup
+os.makedirs("ebprobe", exist_ok=True)
+with open("ebprobe/__init__.py", "w") as fh:
+    fh.write("FLAG = %r\\n" % os.environ.get("EB_FLAG"))
+setup(name="ebprobe", version="1.0", packages=["ebprobe"])
+"""
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory, setuptools_wheel):
+    d = tmp_path_factory.mktemp("files")
+    build_wheel(d, "ebdemo", "1.0", {"ebdemo/__init__.py": "VERSION = '1.0'\n"}, requires=["ebdep"])
+    build_wheel(d, "ebdep", "2.0", {"ebdep/__init__.py": "WHO = 'dep'\n"})
+    build_wheel(
+        d,
+        "ebtool",
+        "1.0",
+        {"ebtool/__init__.py": "def main():\n    import sys\n    print('ebtool from', sys.prefix)\n"},
+        scripts={"ebtool": "ebtool:main"},
+    )
+    build_wheel(d, "ebslow", "1.0", {"ebslow/__init__.py": ""})
+    build_sdist(d, "ebprobe", "1.0", SETUP_PY)
+    (d / setuptools_wheel.name).write_bytes(setuptools_wheel.read_bytes())
+    return d
+
+
+@pytest.fixture(scope="module")
+def setuptools_wheel(tmp_path_factory):
+    d = tmp_path_factory.mktemp("setuptools")
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--dest", str(d), "setuptools"],
+        capture_output=True,
+        text=True,
+    )
+    found = sorted(d.glob("setuptools-*.whl"))
+    if res.returncode != 0 or not found:
+        pytest.skip(f"no setuptools wheel could be downloaded for the sdist test: {res.stderr[-300:]}")
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def index(wheels):
+    with serve(wheels) as idx:
+        yield idx
+
+
+class World:
+    """A user's world: recipe dir, envbuilder home, uv cache, and a place for envs."""
+
+    def __init__(self, root: Path, index) -> None:
+        self.root = root
+        self.recipes = root / "recipes"
+        self.recipes.mkdir()
+        self.home = root / "home"
+        self.envs = root / "envs"
+        self.index = index
+        index.requested.clear()  # the index serves the whole module; each test watches its own requests
+        self.env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(root / "userhome"),
+            "NO_COLOR": "1",
+            "ENVBUILDER_HOME": str(self.home),
+            "ENVBUILDER_RECIPE_PATH": str(self.recipes),
+            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
+            "UV_CACHE_DIR": str(root / "uv-cache"),
+        }
+        for var in ("LMOD_CMD", "MODULESHOME", "LMOD_PKG"):
+            if var in os.environ:
+                self.env[var] = os.environ[var]
+
+    def recipe(self, name="demo", kind="venv", installer="uv", python="python3", extra="", text=None) -> str:
+        body = text or SMALL.format(name=name, kind=kind, installer=installer, python=python, extra=extra)
+        (self.recipes / f"{name}.toml").write_text(body)
+        return name
+
+    def prefix(self, name="demo") -> Path:
+        return self.envs / name
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "envbuilder", *args]
+
+    def cli(self, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(*args),
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+        )
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv(*args),
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+
+    def create(self, name="demo", *more: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return self.cli("create", name, "--prefix", str(self.prefix(name)), *more, **env)
+
+    def leftovers(self, name="demo") -> list[str]:
+        found = sorted(p.name for p in self.envs.glob(f".{name}.*")) if self.envs.exists() else []
+        locks = (
+            sorted(p.name for p in (self.home / "locks").glob("*")) if (self.home / "locks").exists() else []
+        )
+        return found + locks
+
+
+@pytest.fixture
+def world(tmp_path, index):
+    return World(tmp_path, index)
+
+
+def bash(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", script], env=env, capture_output=True, text=True
+    )
+
+
+def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+    return res
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_create_builds_records_and_activates(world):
+    world.recipe()
+    res = ok(world.create("demo", "--json"))
+    data = json.loads(res.stdout)["data"]
+    assert data["status"] == "created"
+    prefix = world.prefix()
+    names = {p["name"]: p for p in data["env"]["packages"] if p["in_env"]}
+    assert names["ebdemo"]["version"] == "1.0" and names["ebdep"]["version"] == "2.0"
+    assert all(p["record_sha256"] for p in names.values())
+    assert data["env"]["tools"]["installer"] == "uv"
+    assert world.leftovers() == []
+    # The log holds every command that ran.
+    log = Path(data["log"]).read_text()
+    assert "uv venv --relocatable" in log and "ebdemo==1.0" in log
+    assert oct(Path(data["log"]).stat().st_mode & 0o777) == "0o600"
+    # The record survives outside the prefix and the env is usable after activation.
+    assert (world.home / "envs" / "demo.json").is_file()
+    run = ok(
+        bash(
+            f"source {shlex.quote(str(prefix))}/bin/activate && python -c 'import ebdemo, ebdep, sys; print(sys.prefix)'",
+            world.env,
+        )
+    )
+    assert run.stdout.strip() == str(prefix)
+    # Nothing world-writable.
+    for p in [prefix, *prefix.rglob("*")]:
+        if not p.is_symlink():
+            assert not p.stat().st_mode & 0o002, p
+
+
+def test_second_create_leaves_the_env_alone_and_force_replaces_it(world):
+    world.recipe()
+    ok(world.create())
+    marker = world.prefix() / "marker"
+    marker.write_text("old env")
+    again = ok(world.create("demo", "--json"))
+    assert json.loads(again.stdout)["data"]["status"] == "exists"
+    assert marker.exists()
+    forced = ok(world.create("demo", "--force", "--json"))
+    assert json.loads(forced.stdout)["data"]["status"] == "replaced"
+    assert not marker.exists()
+    assert (world.prefix() / "bin" / "python").exists()
+    assert world.leftovers() == []
+
+
+def test_existing_directory_that_is_not_an_env_is_refused(world):
+    world.recipe()
+    world.prefix().mkdir(parents=True)
+    (world.prefix() / "thesis.tex").write_text("precious")
+    res = world.create("demo", "--force")
+    assert res.returncode == 9, res.stderr
+    assert "is not an environment" in res.stderr
+    assert (world.prefix() / "thesis.tex").read_text() == "precious"
+
+
+def test_install_failure_leaves_nothing_and_names_the_command(world):
+    world.recipe(extra='[[packages]]\nname = "does-not-exist-anywhere"\n')
+    res = world.create()
+    assert res.returncode == 11, res.stderr
+    assert "does-not-exist-anywhere" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not world.prefix().exists()
+    assert world.leftovers() == []
+
+
+@pytest.mark.parametrize("installer", ["virtualenv", "pip"])
+def test_fallback_installers_build_a_working_env_at_the_final_prefix(world, installer):
+    world.recipe(installer=installer, extra='[[packages]]\nname = "ebtool"\n')
+    res = ok(world.create("demo", "--json"))
+    data = json.loads(res.stdout)["data"]
+    assert data["env"]["tools"]["installer"] == installer
+    prefix = world.prefix()
+    # Console scripts and activate were written in the build directory and now point at the prefix.
+    run = ok(bash(f"source {prefix}/bin/activate && ebtool && echo VENV=$VIRTUAL_ENV", world.env))
+    assert f"ebtool from {prefix}" in run.stdout
+    assert f"VENV={prefix}" in run.stdout
+    assert ".partial-" not in (prefix / "bin" / "activate").read_text()
+
+
+def test_installer_flag_overrides_the_recipe(world):
+    world.recipe(installer="uv")
+    data = json.loads(ok(world.create("demo", "--installer", "virtualenv", "--json")).stdout)["data"]
+    assert data["env"]["tools"]["installer"] == "virtualenv"
+
+
+def test_pip_installer_refuses_a_prefix_it_cannot_quote(world):
+    world.recipe(installer="pip")
+    res = world.cli("create", "demo", "--prefix", str(world.envs / "a $(touch pwned) b"))
+    assert res.returncode == 7, res.stderr
+    assert "use the uv installer" in res.stderr
+    assert not (Path(REPO) / "pwned").exists()
+
+
+def test_uv_builds_at_a_hostile_prefix_and_activation_round_trips(world):
+    world.recipe()
+    prefix = world.envs / "sp ace 'q' \"dq\" $(touch pwned) `x`"
+    ok(world.cli("create", "demo", "--prefix", str(prefix)))
+    # Non-interactive bash has no PS1, and every venv's own deactivate exports an empty one then: not ours.
+    env = world.env
+    before = ok(bash("env | sort", env)).stdout
+    script = f"source {shlex.quote(str(prefix))}/bin/activate && python -c 'import ebdemo,sys; print(sys.prefix)' && deactivate && env | sort"
+    run = ok(bash(script, env))
+    first, _, after = run.stdout.partition("\n")
+    assert first == str(prefix)
+
+    def strip(text):
+        return [line for line in text.splitlines() if not line.startswith("PS1=")]
+
+    assert strip(after) == strip(before)
+    assert not (world.root / "pwned").exists() and not (Path(REPO) / "pwned").exists()
+
+
+def test_overlay_on_a_python_that_is_itself_a_venv_sees_the_parent_packages(world, tmp_path):
+    uv = build.uv_binary()
+    parent = tmp_path / "parent"
+    env = {**world.env}
+    ok(
+        subprocess.run(
+            [uv, "venv", "-q", "--python", sys.executable, str(parent)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    )
+    ok(
+        subprocess.run(
+            [
+                uv,
+                "pip",
+                "install",
+                "-q",
+                "--python",
+                str(parent / "bin" / "python"),
+                "--index-url",
+                f"{world.index.url}/simple/",
+                "ebtool",
+                "ebdep",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    )
+    world.recipe(kind="overlay", python=str(parent / "bin" / "python"))
+    ok(world.create())
+    py = world.prefix() / "bin" / "python"
+    run = ok(
+        subprocess.run(
+            [str(py), "-c", "import ebtool, ebdep, ebdemo; print(ebtool.__file__); print(ebdemo.__file__)"],
+            capture_output=True,
+            text=True,
+        )
+    )
+    tool_file, demo_file = run.stdout.split()
+    assert tool_file.startswith(str(parent))  # from the parent venv, through the .pth
+    assert demo_file.startswith(str(world.prefix()))  # the env's own package
+
+
+@needs_lmod
+def test_modules_are_applied_for_the_build_and_per_package_build_env_is_expanded(world):
+    extra = """
+[[packages]]
+name = "setuptools"
+[[packages]]
+name = "ebprobe"
+spec = "ebprobe==1.0"
+no_build_isolation = true
+build_modules = ["cmake/3.25.2"]
+build_env = { EB_FLAG = "cmake=${CMAKE_VERSION}" }
+"""
+    text = SMALL.format(name="demo", kind="venv", installer="uv", python="python3", extra=extra)
+    text = text.replace(
+        "[python]",
+        f'[modules]\nsystem = "lmod"\nuse = ["{DATA}/modules/site"]\nload = ["gcc/13.2.0"]\n\n[python]',
+    )
+    world.recipe(text=text)
+    data = json.loads(ok(world.create("demo", "--json")).stdout)["data"]
+    assert "GCC_VERSION" in data["env"]["modules"]["delta_set"] or data["env"]["modules"]["delta_set"]
+    py = world.prefix() / "bin" / "python"
+    run = ok(
+        subprocess.run([str(py), "-c", "import ebprobe; print(ebprobe.FLAG)"], capture_output=True, text=True)
+    )
+    assert run.stdout.strip() == "cmake=3.25.2"
+
+
+@needs_lmod
+def test_unknown_module_fails_with_spider_hint_and_leaves_nothing(world):
+    text = SMALL.format(name="demo", kind="venv", installer="uv", python="python3", extra="")
+    text = text.replace(
+        "[python]",
+        f'[modules]\nsystem = "lmod"\nuse = ["{DATA}/modules/site"]\nload = ["gcc/99.9"]\n\n[python]',
+    )
+    world.recipe(text=text)
+    res = world.create()
+    assert res.returncode == 6, res.stderr
+    assert "module spider gcc" in res.stderr
+    assert not world.prefix().exists() and world.leftovers() == []
+
+
+def test_build_env_variable_missing_from_modules_is_a_clear_error(world):
+    extra = '[[packages]]\nname = "ebdep"\nbuild_env = { X = "${NOT_SET_BY_ANY_MODULE}/lib" }\n'
+    world.recipe(extra=extra)
+    res = world.create()
+    assert res.returncode == 7, res.stderr
+    assert "NOT_SET_BY_ANY_MODULE" in res.stderr
+    assert world.leftovers() == [] and not world.prefix().exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Interrupted and concurrent creates
+
+
+def _wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("point", ["env-created", "downloading"])
+def test_interrupted_create_leaves_no_half_env_and_reruns_cleanly(world, sig, point):
+    world.recipe(extra='[[packages]]\nname = "ebslow"\n')
+    gate = world.index.hold("ebslow") if point == "downloading" else None
+    proc = world.popen("create", "demo", "--prefix", str(world.prefix()))
+    try:
+        if point == "env-created":
+            hit = _wait_for(
+                lambda: any(world.envs.glob(".demo.partial-*/pyvenv.cfg")) if world.envs.exists() else False
+            )
+        else:
+            hit = _wait_for(lambda: any(r.startswith("GET /files/ebslow") for r in world.index.requested))
+        assert hit, "the create never reached the point to interrupt"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if gate is not None:
+            gate.set()
+            world.index.gate.clear()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err
+        assert world.leftovers() == []  # cleaned up on the way out
+    assert not world.prefix().exists()
+    # The next run breaks the stale lock, removes the partial build and succeeds.
+    ok(world.create())
+    assert world.leftovers() == []
+    assert (world.prefix() / "bin" / "python").exists()
+
+
+def test_a_force_interrupted_between_its_renames_is_repaired(world, tmp_path):
+    final = tmp_path / "env"
+    (tmp_path / ".env.old-123").mkdir()
+    (tmp_path / ".env.old-123" / "pyvenv.cfg").write_text("home = /x\n")
+    (tmp_path / ".env.partial-123").mkdir()
+    notes = create.recover(final)
+    assert (final / "pyvenv.cfg").exists()
+    assert not list(tmp_path.glob(".env.*"))
+    assert any("restored the previous env" in n for n in notes)
+
+
+def test_concurrent_creates_of_one_env_build_it_once(world):
+    world.recipe(extra='[[packages]]\nname = "ebslow"\n')
+    gate = world.index.hold("ebslow")
+    procs = [world.popen("create", "demo", "--prefix", str(world.prefix()), "--json") for _ in range(3)]
+    try:
+        assert _wait_for(lambda: any(r.startswith("GET /files/ebslow") for r in world.index.requested))
+        time.sleep(0.5)  # the others are at the lock by now
+        gate.set()
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        gate.set()
+        world.index.gate.clear()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [p.returncode for p in procs] == [0, 0, 0], [o[1] for o in outs]
+    statuses = sorted(json.loads(o[0])["data"]["status"] for o in outs)
+    assert statuses == ["created", "exists", "exists"]
+    assert sum("waiting" in o[1] for o in outs) == 2
+    assert world.leftovers() == []
+
+
+def test_no_wait_fails_clearly_while_another_create_holds_the_env(world):
+    world.recipe(extra='[[packages]]\nname = "ebslow"\n')
+    gate = world.index.hold("ebslow")
+    first = world.popen("create", "demo", "--prefix", str(world.prefix()))
+    try:
+        assert _wait_for(lambda: any(r.startswith("GET /files/ebslow") for r in world.index.requested))
+        second = world.create("demo", "--wait", "0")
+        assert second.returncode == 9, second.stderr
+        assert f"process {first.pid}" in second.stderr
+    finally:
+        gate.set()
+        world.index.gate.clear()
+        first.communicate(timeout=120)
+    assert first.returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# list / show / activate / remove / modulefile
+
+
+def test_env_commands_round_trip(world):
+    world.recipe()
+    ok(world.create())
+    rows = json.loads(ok(world.cli("list", "--json")).stdout)["data"]
+    assert [(r["name"], r["health"]["status"]) for r in rows] == [("demo", "ok")]
+    shown = json.loads(ok(world.cli("show", "demo", "--json")).stdout)["data"]
+    assert shown["prefix"] == str(world.prefix())
+    line = ok(world.cli("activate", "demo")).stdout.strip()
+    assert line == f"source {shlex.quote(str(world.prefix() / 'bin' / 'activate'))}"
+    assert ok(bash(f"{line} && python -c 'import ebdemo'", world.env))
+
+    # A purge that took some files: damaged, named.
+    victim = next(world.prefix().glob("lib/python*/site-packages/ebdep/__init__.py"))
+    victim.unlink()
+    rows = json.loads(ok(world.cli("list", "--json")).stdout)["data"]
+    assert rows[0]["health"]["status"] == "damaged"
+    assert any("ebdep/__init__.py" in m for m in rows[0]["health"]["missing"])
+
+    refused = world.cli("remove", "demo")
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    ok(world.cli("remove", "demo", "--yes"))
+    assert not world.prefix().exists()
+    assert json.loads(ok(world.cli("list", "--json")).stdout)["data"] == []
+    gone = world.cli("show", "demo")
+    assert gone.returncode == 9 and "envbuilder list" in gone.stderr
+
+
+def test_gone_env_is_reported(world):
+    world.recipe()
+    ok(world.create())
+    import shutil
+
+    shutil.rmtree(world.prefix())
+    rows = json.loads(ok(world.cli("list", "--json")).stdout)["data"]
+    assert rows[0]["health"]["status"] == "gone"
+
+
+@needs_lmod
+def test_modulefile_loads_the_env_with_real_lmod(world):
+    text = SMALL.format(name="demo", kind="venv", installer="uv", python="python3", extra="")
+    text = text.replace(
+        "[python]",
+        f'[modules]\nsystem = "lmod"\nuse = ["{DATA}/modules/site"]\nload = ["gcc/13.2.0"]\n\n'
+        '[activate]\nmodules = ["gcc/13.2.0"]\nenv = { OMP_NUM_THREADS = "8" }\n\n[python]',
+    )
+    world.recipe(text=text)
+    ok(world.create())
+    mdir = world.root / "modulefiles"
+    mdir.mkdir()
+    ok(world.cli("modulefile", "demo", "-o", str(mdir)))
+    env = {**world.env, "MODULEPATH": str(DATA / "modules" / "site")}
+    script = (
+        f"source {LMOD_INIT}; module use {shlex.quote(str(mdir))}; module load demo; "
+        "python -c 'import ebdemo, sys; print(sys.prefix)'; echo OMP=$OMP_NUM_THREADS; module -t list 2>&1; "
+        "module unload demo; echo AFTER=${OMP_NUM_THREADS:-unset}; module -t list 2>&1"
+    )
+    run = ok(bash(script, env))
+    assert str(world.prefix()) in run.stdout
+    assert "OMP=8" in run.stdout and "AFTER=unset" in run.stdout
+    loaded, _, after = run.stdout.partition("AFTER=")
+    assert "gcc/13.2.0" in loaded and "gcc" not in after

@@ -1,0 +1,78 @@
+"""End to end with real torch: the embedded default recipe, pointed at a local HTTP index holding the CPU build of
+torch 2.13.0 that the machine image carries (and its dependencies), created, activated, imported, deactivated."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+from wheelindex import mirror_env, serve
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def torch_files(tmp_path_factory):
+    """torch 2.13.0 (CPU) and what it needs, as pip finds them here (its find-links holds the torch file)."""
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the machine image's torch file is for CPython 3.11")
+    d = tmp_path_factory.mktemp("torch-files")
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--dest", str(d), "torch==2.13.0", "numpy"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if res.returncode != 0 or not list(d.glob("torch-2.13.0*cpu*.whl")):
+        pytest.skip(f"the CPU torch 2.13.0 file is not on this machine (pip find-links): {res.stderr[-300:]}")
+    return d
+
+
+def test_local_recipe_creates_a_working_torch_env(torch_files, tmp_path):
+    with serve(torch_files) as index:
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path / "home"),
+            "SCRATCH": str(tmp_path / "scratch"),
+            "NO_COLOR": "1",
+            "ENVBUILDER_HOME": str(tmp_path / "envbuilder-home"),
+            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
+        }
+        res = subprocess.run(
+            [sys.executable, "-m", "envbuilder", "create", "local", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=REPO,
+        )
+        assert res.returncode == 0, res.stderr
+        # The recipe's upstream index, not PyPI's torch, served the wheel: the mirror was used.
+        assert any(r.startswith("GET /whl/cpu/torch") for r in index.requested)
+    data = json.loads(res.stdout)["data"]
+    prefix = tmp_path / "scratch" / "envbuilder" / "envs" / "local"
+    assert data["env"]["prefix"] == str(prefix)
+    versions = {p["name"]: p["version"] for p in data["env"]["packages"] if p["in_env"]}
+    assert versions["torch"] == "2.13.0+cpu"
+    assert "numpy" in versions
+    assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
+    # uv's cache went beside the envs on $SCRATCH, and hardlinks were chosen because they share a file system.
+    assert any("link mode hardlink" in n for n in data["notes"])
+    assert (tmp_path / "scratch" / "envbuilder" / "uv-cache").is_dir()
+
+    script = (
+        f"source '{prefix}/bin/activate' && "
+        "python -c 'import torch; x = torch.ones(3); print(torch.__version__, float((x @ x).item()))' && "
+        "deactivate && command -v python"
+    )
+    run = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", script], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    first, after = run.stdout.splitlines()[:2]
+    assert first == "2.13.0+cpu 3.0"
+    assert not after.startswith(str(prefix))

@@ -1,0 +1,180 @@
+"""Test fixtures for installs: small real wheels and sdists built here, and a PEP 503 index served over HTTP on
+127.0.0.1 (the same simple pages pip and uv read from PyPI or download.pytorch.org)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import http.server
+import io
+import re
+import tarfile
+import threading
+import time
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Optional
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _record_line(path: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{path},sha256={digest},{len(data)}"
+
+
+def build_wheel(
+    out: Path,
+    name: str,
+    version: str,
+    modules: Mapping[str, str],
+    requires: Sequence[str] = (),
+    scripts: Mapping[str, str] = {},
+) -> Path:
+    """A pure-python wheel: ``modules`` maps file paths inside site-packages to their text;
+    ``scripts`` maps console-script names to ``module:function``."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    info = f"{dist}.dist-info"
+    files: dict[str, bytes] = {path: text.encode() for path, text in modules.items()}
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta += [f"Requires-Dist: {r}" for r in requires]
+    files[f"{info}/METADATA"] = ("\n".join(meta) + "\n").encode()
+    files[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: envbuilder-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    if scripts:
+        entry = "[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in scripts.items())
+        files[f"{info}/entry_points.txt"] = entry.encode()
+    record = [_record_line(p, d) for p, d in files.items()] + [f"{info}/RECORD,,"]
+    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for p, d in files.items():
+            zf.writestr(p, d)
+    return path
+
+
+def build_sdist(out: Path, name: str, version: str, setup_py: str) -> Path:
+    """A setuptools sdist whose setup.py is ``setup_py`` (used to see the build environment)."""
+    dist = f"{name}-{version}"
+    files = {
+        "setup.py": setup_py,
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n',
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{dist}.tar.gz"
+    with tarfile.open(path, "w:gz") as tf:
+        for rel, text in files.items():
+            data = text.encode()
+            ti = tarfile.TarInfo(f"{dist}/{rel}")
+            ti.size = len(data)
+            ti.mtime = int(time.time())
+            tf.addfile(ti, io.BytesIO(data))
+    return path
+
+
+def _project(filename: str) -> str:
+    if filename.endswith(".whl"):
+        return normalize(filename.split("-", maxsplit=1)[0])
+    return normalize(filename.rsplit("-", 1)[0])
+
+
+class Index:
+    """A PEP 503 simple index over a directory of distributions, served at several roots at once
+    (``/simple/`` for PyPI, ``/whl/<variant>/`` for download.pytorch.org). ``gate`` holds downloads of the named
+    project until it is set, so tests can stop a create in the middle of an install."""
+
+    def __init__(self, files: Path) -> None:
+        self.files = files
+        self.url = ""
+        self.gate: dict[str, threading.Event] = {}
+        self.requested: list[str] = []
+
+    def hold(self, project: str) -> threading.Event:
+        event = threading.Event()
+        self.gate[normalize(project)] = event
+        return event
+
+    def page(self, project: str) -> Optional[bytes]:
+        links = []
+        for f in sorted(self.files.iterdir()):
+            if f.is_file() and _project(f.name) == project:
+                digest = hashlib.sha256(f.read_bytes()).hexdigest()
+                links.append(
+                    f'<a href="/files/{html.escape(f.name)}#sha256={digest}">{html.escape(f.name)}</a><br>'
+                )
+        if not links:
+            return None
+        return ("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n").encode()
+
+
+def _handler(index: Index) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:  # keep test output clean
+            pass
+
+        def do_HEAD(self) -> None:
+            self._get(head=True)
+
+        def do_GET(self) -> None:
+            self._get(head=False)
+
+        def _get(self, head: bool) -> None:
+            path = self.path.split("?", 1)[0]
+            index.requested.append(f"{'HEAD' if head else 'GET'} {path}")
+            if path.startswith("/files/"):
+                f = index.files / Path(path).name
+                gate = index.gate.get(_project(f.name))
+                if gate is not None and not head:
+                    gate.wait(60)
+                return self._send(f.read_bytes() if f.is_file() else None, "application/octet-stream", head)
+            parts = [p for p in path.split("/") if p]
+            if parts and (parts[0] == "simple" or parts[0] == "whl") and len(parts) >= 2:
+                project = normalize(parts[-1])
+                return self._send(index.page(project), "text/html", head)
+            return self._send(None, "text/plain", head)
+
+        def _send(self, body: Optional[bytes], ctype: str, head: bool = False) -> None:
+            if body is None:
+                self.send_response(404)
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if head:
+                return
+            with suppress(BrokenPipeError, ConnectionResetError):
+                self.wfile.write(body)
+
+    return Handler
+
+
+@contextmanager
+def serve(files: Path) -> Iterator[Index]:
+    index = Index(files)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(index))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    index.url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield index
+    finally:
+        for event in index.gate.values():
+            event.set()
+        server.shutdown()
+        server.server_close()
+
+
+def mirror_env(index: Index) -> str:
+    """ENVBUILDER_INDEX_MIRROR sending PyPI and download.pytorch.org to the test index."""
+    return f"https://download.pytorch.org/whl/={index.url}/whl/ pypi={index.url}/simple/"
