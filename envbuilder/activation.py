@@ -210,6 +210,43 @@ def install(prefix: Path, act: Activation) -> None:
     activate.write_text(with_hook(activate.read_text(encoding="utf-8")), encoding="utf-8")
 
 
+def render_user_prefix_activate(prefix: str) -> str:
+    """``bin/activate`` for a user-prefix env (PYTHONUSERBASE style, Cirrus): no venv, the site python, this
+    prefix as its user base. ``deactivate`` gives PATH and PYTHONUSERBASE back; the extension hooks in as for a
+    venv. The prefix is known at build time and quoted here (the file is written before the rename)."""
+    q = shlex.quote
+    return "\n".join(
+        [
+            "# envbuilder activate for a user-prefix env: source it from bash or zsh.",
+            'if [ -n "${_ENVBUILDER_USERBASE_ACTIVE:-}" ] && type deactivate >/dev/null 2>&1; then deactivate; fi',
+            "_ENVBUILDER_USERBASE_ACTIVE=1",
+            _save("PATH"),
+            _save("PYTHONUSERBASE"),
+            f"PYTHONUSERBASE={q(prefix)}; export PYTHONUSERBASE",
+            'PATH="$PYTHONUSERBASE/bin:$PATH"; export PATH',
+            "hash -r 2>/dev/null || true",
+            "deactivate() {",
+            _restore("PATH"),
+            _restore("PYTHONUSERBASE"),
+            "    unset _ENVBUILDER_USERBASE_ACTIVE",
+            "    hash -r 2>/dev/null || true",
+            '    if [ "${1:-}" != nondestructive ]; then unset -f deactivate; fi',
+            "}",
+            f"if [ -f {q(prefix + '/' + SCRIPT_REL)} ]; then . {q(prefix + '/' + SCRIPT_REL)}; fi",
+            "",
+        ]
+    )
+
+
+def install_user_prefix(build: Path, prefix: str, act: Activation) -> None:
+    """Write the extension and a ``bin/activate`` for a user-prefix env being built in ``build``."""
+    script = build / SCRIPT_REL
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(render_script(act), encoding="utf-8")
+    (build / "bin").mkdir(exist_ok=True)
+    (build / "bin" / "activate").write_text(render_user_prefix_activate(prefix), encoding="utf-8")
+
+
 def from_plan(activate: Mapping[str, object], module_init: Optional[str], recipe: str) -> Activation:
     """An Activation from a plan's ``activate`` table."""
     return Activation(

@@ -275,8 +275,9 @@ def rebase(argv: Sequence[str], old: str, new: str) -> list[str]:
 def step_argv(step: InstallStep, python: str, uv: Optional[str], prefix: str, build: str) -> list[str]:
     """The argv that runs ``step`` in the build directory with the resolved tools."""
     argv = list(step.argv)
-    if step.python_at is not None:
-        argv[step.python_at] = python
+    if step.site_python:
+        at = argv.index("--python") + 1 if "--python" in argv else 0
+        argv[at] = python
     argv = rebase(argv, prefix, build)
     if argv[0] == "uv" and uv:
         argv[0] = uv

@@ -215,6 +215,7 @@ def _build(
     with build.removing_on_failure(partial):
         if plan.kind == "user-prefix":
             partial.mkdir(mode=0o755)
+            _after_create(plan, partial, parent, log)
             build_env["PYTHONUSERBASE"] = str(partial)
         for step in plan.install_steps:
             argv = build.step_argv(step, python, uv_bin, plan.prefix, str(partial))
@@ -234,8 +235,10 @@ def _build(
         act = activation.from_plan(
             plan.activate, str(Path(modules.init).parent) if modules.init else None, plan.recipe
         )
-        if plan.kind != "user-prefix":
-            report.step("writing the activate extension")
+        report.step("writing the activate extension")
+        if plan.kind == "user-prefix":
+            activation.install_user_prefix(partial, str(final), act)
+        else:
             activation.install(partial, act)
         report.step("recording installed packages")
         packages = build.inventory(env_python, build_env, log, partial)
@@ -265,9 +268,11 @@ def _build(
         _swap(partial, final)
     state.save(home, record)
     log.write(f"done: {final}")
-    if opts.smoke_check and plan.kind != "user-prefix" and plan.resolution is not None:
+    if opts.smoke_check and plan.resolution is not None:
         report.step("checking that torch imports")
-        record = _smoke(record, final, act, delta, base_env, log, home)
+        record = _smoke(
+            record, final, python if plan.kind == "user-prefix" else None, act, delta, base_env, log, home
+        )
     return record
 
 
@@ -328,6 +333,7 @@ def _tools(
 def _smoke(
     record: state.EnvRecord,
     final: Path,
+    site_python: Optional[str],
     act: activation.Activation,
     delta: EnvDelta,
     base_env: Mapping[str, str],
@@ -338,7 +344,11 @@ def _smoke(
     run_env = {**delta.apply(base_env), **dict(act.env)}
     for var in act.unset:
         run_env.pop(var, None)
-    argv = [str(final / "bin" / "python"), str(build.PAYLOADS / "validate.py"), "--checks", "import,gpu,arch"]
+    python = str(final / "bin" / "python")
+    if site_python:  # user-prefix: the site python, with the env as its user base
+        python = site_python
+        run_env["PYTHONUSERBASE"] = str(final)
+    argv = [python, str(build.PAYLOADS / "validate.py"), "--checks", "import,gpu,arch"]
     res = proc.run(argv, env=run_env, check=False, timeout=600)
     log.command(argv, {}, res)
     try:

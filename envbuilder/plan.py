@@ -35,13 +35,13 @@ class Options:
 @dataclass(frozen=True)
 class InstallStep:
     """One command of the build. ``env`` holds raw recipe values (``${VAR}`` expanded at run time, from the
-    environment the modules give); ``modules`` are loaded for this step only; ``python_at`` marks the argv slot
-    that names the recipe's python, which create replaces with the interpreter it found."""
+    environment the modules give); ``modules`` are loaded for this step only; ``site_python`` says the step runs
+    the recipe's python (named by ``--python`` or as the command), which create replaces with the one it found."""
 
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     modules: tuple[str, ...] = ()
-    python_at: Optional[int] = None
+    site_python: bool = False
     creates_env: bool = False
     label: str = ""
 
@@ -382,11 +382,13 @@ def _create_step(
             # --relocatable: activate and entry points find the env from their own location, so the env can be
             # built beside its prefix and renamed into place.
             argv = ["uv", "venv", "--relocatable", *prompt, "--python", python_cmd, *ssp, prefix]
-            return InstallStep(tuple(argv), python_at=argv.index("--python") + 1, creates_env=True)
+            return InstallStep(tuple(argv), site_python=True, creates_env=True)
         if installer == "virtualenv":
             argv = ["virtualenv", *prompt, "--python", python_cmd, *ssp, prefix]
-            return InstallStep(tuple(argv), python_at=argv.index("--python") + 1, creates_env=True)
-        return InstallStep((python_cmd, "-m", "venv", *prompt, *ssp, prefix), python_at=0, creates_env=True)
+            return InstallStep(tuple(argv), site_python=True, creates_env=True)
+        return InstallStep(
+            (python_cmd, "-m", "venv", *prompt, *ssp, prefix), site_python=True, creates_env=True
+        )
     if kind == "conda":
         conda_python = recipe.get("python.version") or "3.12"
         engine = recipe.get("conda.engine", "auto")
@@ -416,11 +418,10 @@ def _install_steps(
         steps.append(create)
     env_python = f"{prefix}/bin/python"
     target_flag: list[str] = []
-    python_at: Optional[int] = None
+    site_python = kind == "user-prefix"
     if kind == "user-prefix":
         env_python = python_cmd
         target_flag = ["--prefix", prefix] if installer == "uv" else ["--user"]
-        python_at = 4 if installer == "uv" else 0
         if installer != "uv":
             warnings.append("user-prefix installs run with PYTHONUSERBASE set to the prefix")
     if resolution is not None:
@@ -429,7 +430,9 @@ def _install_steps(
             + list(resolution.pip_flags)
             + list(resolution.requirements)
         )
-        steps.append(InstallStep(tuple(argv), python_at=python_at, label=" ".join(resolution.requirements)))
+        steps.append(
+            InstallStep(tuple(argv), site_python=site_python, label=" ".join(resolution.requirements))
+        )
     extra_indexes: list[str] = []
     # torch's exact pins as constraints: a later package cannot swap the CUDA torch for PyPI's build.
     constraint = ["--constraint", f"{prefix}/envbuilder/constraints.txt"] if resolution else []
@@ -462,7 +465,7 @@ def _install_steps(
                 (*cmd, *constraint, spec),
                 env=dict(pkg.get("build_env", {}) or {}),
                 modules=tuple(pkg.get("build_modules", []) or ()),
-                python_at=python_at,
+                site_python=site_python,
                 label=spec,
             )
         )
@@ -470,7 +473,7 @@ def _install_steps(
         steps.append(
             InstallStep(
                 (*_pip(installer, env_python, target_flag), *constraint, *plain_specs),
-                python_at=python_at,
+                site_python=site_python,
                 label=" ".join(plain_specs),
             )
         )

@@ -546,3 +546,27 @@ def test_modulefile_loads_the_env_with_real_lmod(world):
     assert "OMP=8" in run.stdout and "AFTER=unset" in run.stdout
     loaded, _, after = run.stdout.partition("AFTER=")
     assert "gcc/13.2.0" in loaded and "gcc" not in after
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_user_prefix_env_works_through_pythonuserbase(world, installer):
+    # The site python itself (a user-prefix env is not a venv; pip --user refuses to run inside one).
+    base_python = str(Path(sys.base_prefix) / "bin" / "python3")
+    world.recipe(
+        kind="user-prefix", installer=installer, python=base_python, extra='[[packages]]\nname = "ebtool"\n'
+    )
+    data = json.loads(ok(world.create("demo", "--json")).stdout)["data"]
+    in_env = sorted(p["name"] for p in data["env"]["packages"] if p["in_env"])
+    assert in_env == ["ebdemo", "ebdep", "ebtool"]
+    prefix = world.prefix()
+    env = {**world.env, "PYTHONUSERBASE": "/before"}
+    script = (
+        f"before=$(env | sort); source {shlex.quote(str(prefix))}/bin/activate && "
+        f"{base_python} -c 'import ebdemo; print(ebdemo.__file__)' && ebtool && echo UB=$PYTHONUSERBASE && "
+        'deactivate && [ "$(env | sort)" = "$before" ] && echo RESTORED'
+    )
+    run = ok(bash(script, env))
+    assert str(prefix) in run.stdout.splitlines()[0]
+    assert f"UB={prefix}" in run.stdout
+    assert run.stdout.strip().endswith("RESTORED")
+    assert world.leftovers() == []

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Benchmark: `envbuilder create` against the manual ways, on the same wheels and the same cache state.
+
+Three ways to build the same torch env (torch 2.13.0 CPU + numpy), each from one local HTTP index serving the same
+files (so no run is favoured by the network):
+
+  pip        the seeds' way: python -m venv, then pip install from the index
+  uv         raw uv: uv venv, then uv pip install from the index
+  envbuilder envbuilder create local --no-validate (the index reached through ENVBUILDER_INDEX_MIRROR)
+
+Each is timed cold (empty cache: pip's or uv's) and warm (the cache filled by an earlier build), ``--repeat``
+times; the median is reported with ratios. Usage:
+
+    python scripts/bench_create.py [--repeat 3] [--skip-pip] [--json FILE]
+
+Needs the CPU torch 2.13.0 file that pip finds here (find-links) for CPython 3.11.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from wheelindex import mirror_env, serve  # noqa: E402 - the tests' index server, found through sys.path
+
+from envbuilder.build import uv_binary  # noqa: E402
+
+
+def sh(argv: list[str], env: dict[str, str]) -> None:
+    res = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(argv)}\n{res.stderr[-2000:]}")
+
+
+def timed(fn, prefix: Path, cache: Path) -> float:
+    t0 = time.perf_counter()
+    fn(prefix, cache)
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip-pip", action="store_true", help="leave out the slow pip way")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="envbuilder-bench-"))
+    files = work / "files"
+    sh(
+        [sys.executable, "-m", "pip", "download", "-q", "--dest", str(files), "torch==2.13.0", "numpy"],
+        dict(os.environ),
+    )
+    uv = uv_binary()
+    if not uv:
+        raise SystemExit("uv is needed (pip install uv)")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_", "VIRTUAL_ENV"))}
+    base["PIP_CONFIG_FILE"] = os.devnull
+    base["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    results: dict[str, dict[str, list[float]]] = {}
+
+    with serve(files) as index:
+        simple = f"{index.url}/simple/"
+        specs = ["torch==2.13.0", "numpy"]
+
+        def pip_way(prefix: Path, cache: Path) -> None:
+            env = {**base, "PIP_CACHE_DIR": str(cache)}
+            sh([sys.executable, "-m", "venv", str(prefix)], env)
+            sh(
+                [str(prefix / "bin" / "python"), "-m", "pip", "install", "-q", "--index-url", simple, *specs],
+                env,
+            )
+
+        def uv_way(prefix: Path, cache: Path) -> None:
+            env = {**base, "UV_CACHE_DIR": str(cache)}
+            sh([uv, "venv", "-q", "--python", sys.executable, str(prefix)], env)
+            sh(
+                [
+                    uv,
+                    "pip",
+                    "install",
+                    "-q",
+                    "--python",
+                    str(prefix / "bin" / "python"),
+                    "--index-url",
+                    simple,
+                    *specs,
+                ],
+                env,
+            )
+
+        def envbuilder_way(prefix: Path, cache: Path) -> None:
+            env = {
+                **base,
+                "UV_CACHE_DIR": str(cache),
+                "ENVBUILDER_HOME": str(prefix.parent / f"{prefix.name}-home"),
+                "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
+                "NO_COLOR": "1",
+            }
+            sh(
+                [
+                    sys.executable,
+                    "-m",
+                    "envbuilder",
+                    "create",
+                    "local",
+                    "--prefix",
+                    str(prefix),
+                    "--no-validate",
+                    "-q",
+                ],
+                env,
+            )
+
+        ways = {"pip": pip_way, "uv": uv_way, "envbuilder": envbuilder_way}
+        if args.skip_pip:
+            del ways["pip"]
+        for name, fn in ways.items():
+            results[name] = {"cold": [], "warm": []}
+            for i in range(args.repeat):
+                cache = work / f"cache-{name}-{i}"
+                for state in ("cold", "warm"):  # cold fills the cache the warm run then uses
+                    prefix = work / f"env-{name}-{i}-{state}"
+                    seconds = timed(fn, prefix, cache)
+                    results[name][state].append(seconds)
+                    shutil.rmtree(prefix, ignore_errors=True)
+                    print(f"{name:10s} {state:4s} run {i + 1}: {seconds:7.2f} s", file=sys.stderr)
+
+    med = {n: {s: statistics.median(v) for s, v in r.items()} for n, r in results.items()}
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
+    print(f"\nmachine: {machine}")
+    print(f"median of {args.repeat} runs (torch 2.13.0 CPU + numpy, local HTTP index)\n")
+    print(f"{'way':12s}{'cold s':>10s}{'warm s':>10s}")
+    for n, m in med.items():
+        print(f"{n:12s}{m['cold']:10.2f}{m['warm']:10.2f}")
+    eb, raw = med["envbuilder"], med["uv"]
+    print()
+    print(f"envbuilder warm - raw uv warm: {eb['warm'] - raw['warm']:+.2f} s   (target: within 0.5 s)")
+    print(f"envbuilder cold / raw uv cold: {eb['cold'] / raw['cold']:.2f}x   (target: within 1.1x)")
+    if "pip" in med:
+        print(
+            f"pip warm / envbuilder warm:    {med['pip']['warm'] / eb['warm']:.1f}x   (target: 50x or more)"
+        )
+        print(f"pip cold / envbuilder cold:    {med['pip']['cold'] / eb['cold']:.1f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine, "runs": results, "median": med}, indent=2))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
