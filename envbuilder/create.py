@@ -196,8 +196,12 @@ def _build(
     build_env = delta.apply(base_env)
     log.write(f"module delta: {len(delta.set)} set, {len(delta.unset)} unset")
     python = build.find_python(plan.python["command"] or "python3", build_env)
-    parent = build.python_info(python, build_env, log)
-    log.write(f"python: {python} ({parent['version']})")
+    parent: dict[str, Any] = {}
+    if plan.system_site_packages or plan.kind == "user-prefix":
+        # Only these envs see the base python's packages: is it a venv itself (whose packages a venv on top
+        # would not see)?
+        parent = build.python_info(python, build_env, log)
+    log.write(f"python: {python}")
 
     uv_bin = build.uv_binary() if plan.installer == "uv" else None
     if uv_bin:
@@ -231,7 +235,6 @@ def _build(
             build.run_logged(argv, step_env, log, own)
             if step.creates_env:
                 _after_create(plan, partial, parent, log)
-        env_python = str(partial / "bin" / "python") if plan.kind != "user-prefix" else python
         act = activation.from_plan(
             plan.activate, str(Path(modules.init).parent) if modules.init else None, plan.recipe
         )
@@ -241,7 +244,7 @@ def _build(
         else:
             activation.install(partial, act)
         report.step("recording installed packages")
-        packages = build.inventory(env_python, build_env, log, partial)
+        packages = build.inventory(partial)
         if plan.installer != "uv" and plan.kind != "user-prefix":
             changed = build.relocate_scripts(partial, final)
             log.write(f"relocated {len(changed)} file(s) from {partial} to {final}")
@@ -254,7 +257,7 @@ def _build(
             plan=plan.to_json(),
             facts=dict(facts),
             packages=tuple(packages),
-            tools=_tools(choice.name, parent["version"], python, uv_bin, log, build_env),
+            tools=_tools(choice.name, _python_version(partial, parent), python, uv_bin, log, build_env),
             modules={
                 "system": modules.kind,
                 "delta_set": sorted(delta.set),
@@ -262,7 +265,9 @@ def _build(
             },
         )
         state.write_atomic(partial / "envbuilder" / "record.json", _dump(record))
-        for rel in build.drop_world_write(partial):
+        # Children ran under a umask without world write; only what a tool chmods itself can still be.
+        fixed = build.drop_world_write(partial) if plan.installer != "uv" else _fix_uv_lock(partial)
+        for rel in fixed:
             log.write(f"removed world write permission from {rel}")
         report.step(f"moving the env into place at {final}")
         _swap(partial, final)
@@ -285,12 +290,30 @@ def _after_create(plan: Plan, partial: Path, parent: Mapping[str, Any], log: bui
     if plan.resolution is not None:
         pins = "".join(f"{r}\n" for r in plan.resolution.requirements)
         (partial / "envbuilder" / "constraints.txt").write_text(pins, encoding="utf-8")
-    if plan.kind == "overlay" or plan.system_site_packages:
+    if parent and (plan.kind == "overlay" or plan.system_site_packages):
         sites = sorted(partial.glob("lib/python*/site-packages"))
         if sites:
             pth = build.parent_site_pth(sites[0], parent)
             if pth is not None:
                 log.write(f"parent python is a venv ({parent['prefix']}): {pth.name} adds its site-packages")
+
+
+def _fix_uv_lock(partial: Path) -> list[str]:
+    lock = partial / build.UV_LOCK
+    if lock.is_file() and lock.stat().st_mode & 0o002:
+        lock.chmod(lock.stat().st_mode & 0o7775)
+        return [build.UV_LOCK]
+    return []
+
+
+def _python_version(partial: Path, parent: Mapping[str, Any]) -> str:
+    if parent.get("version"):
+        return str(parent["version"])
+    for line in build.read_text(partial / "pyvenv.cfg").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() in ("version_info", "version"):
+            return value.strip()
+    return "?"
 
 
 def _swap(partial: Path, final: Path) -> None:

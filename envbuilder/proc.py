@@ -52,6 +52,7 @@ def run(
     timeout: Optional[float] = None,
     check: bool = True,
     input_text: Optional[str] = None,
+    umask: int = -1,
 ) -> Result:
     """Run ``argv`` and capture its output.
 
@@ -71,6 +72,7 @@ def run(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        umask=umask,
     )
     try:
         out, err = proc.communicate(input=input_text, timeout=timeout)

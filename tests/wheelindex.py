@@ -12,6 +12,7 @@ import re
 import tarfile
 import threading
 import time
+import urllib.parse
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -96,20 +97,39 @@ class Index:
         self.url = ""
         self.gate: dict[str, threading.Event] = {}
         self.requested: list[str] = []
+        self._digests: dict[tuple[str, int], str] = {}
+        self._metadata: dict[str, bytes] = {}
 
     def hold(self, project: str) -> threading.Event:
         event = threading.Event()
         self.gate[normalize(project)] = event
         return event
 
+    def digest(self, f: Path) -> str:
+        key = (f.name, f.stat().st_mtime_ns)
+        if key not in self._digests:
+            self._digests[key] = hashlib.sha256(f.read_bytes()).hexdigest()
+        return self._digests[key]
+
+    def metadata(self, wheel: Path) -> Optional[bytes]:
+        """The wheel's METADATA, served beside it as PyPI does (PEP 658), so resolvers need not fetch the wheel."""
+        if wheel.name not in self._metadata:
+            with zipfile.ZipFile(wheel) as zf:
+                name = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
+                self._metadata[wheel.name] = zf.read(name) if name else b""
+        return self._metadata[wheel.name] or None
+
     def page(self, project: str) -> Optional[bytes]:
         links = []
         for f in sorted(self.files.iterdir()):
             if f.is_file() and _project(f.name) == project:
-                digest = hashlib.sha256(f.read_bytes()).hexdigest()
-                links.append(
-                    f'<a href="/files/{html.escape(f.name)}#sha256={digest}">{html.escape(f.name)}</a><br>'
-                )
+                attrs = ""
+                meta = self.metadata(f) if f.name.endswith(".whl") else None
+                if meta:
+                    meta_hash = hashlib.sha256(meta).hexdigest()
+                    attrs = f' data-dist-info-metadata="sha256={meta_hash}" data-core-metadata="sha256={meta_hash}"'
+                href = f"/files/{urllib.parse.quote(f.name)}#sha256={self.digest(f)}"
+                links.append(f'<a href="{href}"{attrs}>{html.escape(f.name)}</a><br>')
         if not links:
             return None
         return ("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n").encode()
@@ -127,8 +147,11 @@ def _handler(index: Index) -> type[http.server.BaseHTTPRequestHandler]:
             self._get(head=False)
 
         def _get(self, head: bool) -> None:
-            path = self.path.split("?", 1)[0]
+            path = urllib.parse.unquote(self.path.split("?", 1)[0])
             index.requested.append(f"{'HEAD' if head else 'GET'} {path}")
+            if path.startswith("/files/") and path.endswith(".whl.metadata"):
+                f = index.files / Path(path).name[: -len(".metadata")]
+                return self._send(index.metadata(f) if f.is_file() else None, "text/plain", head)
             if path.startswith("/files/"):
                 f = index.files / Path(path).name
                 gate = index.gate.get(_project(f.name))

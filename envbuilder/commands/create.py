@@ -101,13 +101,22 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     return data
 
 
+def _mib(size: object) -> str:
+    return f"{int(size or 0) / 2**20:.0f} MiB" if isinstance(size, (int, str)) else "?"
+
+
 def _render(result: creator.CreateResult, out: Out, failed: list[str]) -> None:
     rec = result.record
     if result.status == "exists":
         out.line(f"{rec.name} already exists at {rec.prefix}; nothing to do (--force rebuilds it)")
     else:
         in_env = [p for p in rec.packages if p.get("in_env")]
-        out.line(f"{result.status} {rec.name}: {len(in_env)} packages at {rec.prefix}")
+        total = sum(int(p.get("size") or 0) for p in in_env)
+        largest = sorted(in_env, key=lambda p: -int(p.get("size") or 0))[:3]
+        sizes = ", ".join(f"{p['name']} {_mib(p.get('size'))}" for p in largest)
+        out.line(
+            f"{result.status} {rec.name}: {len(in_env)} packages, {_mib(total)} ({sizes}) at {rec.prefix}"
+        )
         if result.log:
             out.field("log", result.log)
     smoke = (rec.validation or {}).get("checks") or {}

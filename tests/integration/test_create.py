@@ -183,6 +183,11 @@ def test_create_builds_records_and_activates(world):
     names = {p["name"]: p for p in data["env"]["packages"] if p["in_env"]}
     assert names["ebdemo"]["version"] == "1.0" and names["ebdep"]["version"] == "2.0"
     assert all(p["record_sha256"] for p in names.values())
+    assert names["ebdemo"]["size"] == len("VERSION = '1.0'\n") + sum(
+        f.stat().st_size
+        for f in next(prefix.glob("lib/python*/site-packages")).glob("ebdemo-1.0.dist-info/*")
+        if f.name != "RECORD"
+    )
     assert data["env"]["tools"]["installer"] == "uv"
     assert world.leftovers() == []
     # The log holds every command that ran.
