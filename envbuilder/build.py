@@ -23,7 +23,8 @@ from typing import IO, Any, Callable, Optional
 
 from envbuilder import proc
 from envbuilder.errors import BackendError, CommandFailed
-from envbuilder.plan import InstallStep, expand
+from envbuilder.plan import expand
+from envbuilder.steps import InstallStep
 
 PAYLOADS = Path(__file__).resolve().parent / "payloads"
 #: uv sets its venv lock file to 0666 itself (so others may lock a shared venv); the umask cannot catch that.

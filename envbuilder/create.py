@@ -26,7 +26,8 @@ from envbuilder import __version__, activation, build, proc, state
 from envbuilder.errors import BackendError, StateError, UsageError
 from envbuilder.loader import Recipe
 from envbuilder.modules import EnvDelta, ModuleSystem
-from envbuilder.plan import InstallStep, Plan
+from envbuilder.plan import Plan
+from envbuilder.steps import InstallStep
 
 PARTIAL = ".partial-"
 OLD = ".old-"
@@ -273,11 +274,12 @@ def _build(
         _swap(partial, final)
     state.save(home, record)
     log.write(f"done: {final}")
-    if opts.smoke_check and plan.resolution is not None:
+    # torch comes from the resolver, or (overlays) from the site python underneath: check it either way.
+    if opts.smoke_check and (plan.resolution is not None or plan.system_site_packages):
         report.step("checking that torch imports")
-        record = _smoke(
-            record, final, python if plan.kind == "user-prefix" else None, act, delta, base_env, log, home
-        )
+        site_python = python if plan.kind == "user-prefix" else None
+        gpus = len(facts.get("gpus") or [])
+        record = _smoke(record, final, site_python, act, delta, base_env, log, home, gpus)
     return record
 
 
@@ -362,6 +364,7 @@ def _smoke(
     base_env: Mapping[str, str],
     log: build.BuildLog,
     home: Path,
+    gpus: int,
 ) -> state.EnvRecord:
     """A quick check in the new env (import torch, GPUs visible, arch list) before the full validation."""
     run_env = {**delta.apply(base_env), **dict(act.env)}
@@ -372,6 +375,8 @@ def _smoke(
         python = site_python
         run_env["PYTHONUSERBASE"] = str(final)
     argv = [python, str(build.PAYLOADS / "validate.py"), "--checks", "import,gpu,arch"]
+    if gpus:  # the probe saw GPUs on this host: torch must see as many
+        argv += ["--expect-gpus", str(gpus)]
     res = proc.run(argv, env=run_env, check=False, timeout=600)
     log.command(argv, {}, res)
     try:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from envbuilder import batch, launchers, mirror
 from envbuilder.host import Gpu, HostFacts
 from envbuilder.loader import Recipe
+from envbuilder.steps import InstallStep, install_steps
 from envbuilder.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
 
 FALLBACK_ROOT = "${HOME}/.local/share/envbuilder/envs/{name}"
@@ -30,26 +31,6 @@ class Options:
     installer: Optional[str] = None
     #: Directory holding the envbuilder package (for payload paths in launch commands).
     package_dir: str = "envbuilder"
-
-
-@dataclass(frozen=True)
-class InstallStep:
-    """One command of the build. ``env`` holds raw recipe values (``${VAR}`` expanded at run time, from the
-    environment the modules give); ``modules`` are loaded for this step only; ``site_python`` says the step runs
-    the recipe's python (named by ``--python`` or as the command), which create replaces with the one it found."""
-
-    argv: tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
-    modules: tuple[str, ...] = ()
-    site_python: bool = False
-    creates_env: bool = False
-    label: str = ""
-
-    def display(self) -> tuple[str, ...]:
-        """The step as one command line (``env K=V ...`` first when it sets variables)."""
-        if not self.env:
-            return self.argv
-        return ("env", *(f"{k}={v}" for k, v in self.env.items()), *self.argv)
 
 
 @dataclass(frozen=True)
@@ -280,13 +261,13 @@ def build(
 
     packages = recipe.get("packages", []) or []
     requirements.extend(p.get("spec", p["name"]) for p in packages)
-    install_steps, extra_indexes = _install_steps(
+    steps_, extra_indexes = install_steps(
         kind, installer, python_cmd, prefix, recipe, resolution, packages, warnings
     )
-    remapped, mirror_notes = mirror.remap([s.argv for s in install_steps], mirror.from_env(env))
-    install_steps = [replace(s, argv=tuple(argv)) for s, argv in zip(install_steps, remapped)]
+    remapped, mirror_notes = mirror.remap([s.argv for s in steps_], mirror.from_env(env))
+    steps_ = [replace(s, argv=tuple(argv)) for s, argv in zip(steps_, remapped)]
     notes.extend(mirror_notes)
-    commands = [s.display() for s in install_steps]
+    commands = [s.display() for s in steps_]
 
     module_use = tuple(recipe.get("modules.use", []))
     modules = tuple(recipe.get("modules.load", []))
@@ -319,7 +300,7 @@ def build(
         resolution=resolution,
         extra_index_urls=tuple(extra_indexes),
         requirements=tuple(requirements),
-        install_steps=tuple(install_steps),
+        install_steps=tuple(steps_),
         installer=installer,
         prefix_missing=tuple(prefix_missing),
         system_site_packages=bool(recipe.get("env.system_site_packages")) or kind == "overlay",
@@ -364,120 +345,6 @@ def _filesystem(
     if fs.get("visible_on_compute") is False:
         warnings.append(f"{fs_name} is not visible on compute nodes: jobs cannot use an env there")
     return out
-
-
-def _pip(installer: str, python: str, target_flag: Sequence[str] = ()) -> list[str]:
-    if installer == "uv":
-        return ["uv", "pip", "install", "--python", python, *target_flag]
-    return [python, "-m", "pip", "install", *target_flag]
-
-
-def _create_step(
-    kind: str, installer: str, python_cmd: str, prefix: str, recipe: Recipe
-) -> Optional[InstallStep]:
-    ssp = ["--system-site-packages"] if (recipe.get("env.system_site_packages") or kind == "overlay") else []
-    prompt = ["--prompt", recipe.name]
-    if kind in ("venv", "overlay"):
-        if installer == "uv":
-            # --relocatable: activate and entry points find the env from their own location, so the env can be
-            # built beside its prefix and renamed into place.
-            argv = ["uv", "venv", "--relocatable", *prompt, "--python", python_cmd, *ssp, prefix]
-            return InstallStep(tuple(argv), site_python=True, creates_env=True)
-        if installer == "virtualenv":
-            argv = ["virtualenv", *prompt, "--python", python_cmd, *ssp, prefix]
-            return InstallStep(tuple(argv), site_python=True, creates_env=True)
-        return InstallStep(
-            (python_cmd, "-m", "venv", *prompt, *ssp, prefix), site_python=True, creates_env=True
-        )
-    if kind == "conda":
-        conda_python = recipe.get("python.version") or "3.12"
-        engine = recipe.get("conda.engine", "auto")
-        exe = "conda" if engine in ("auto", "conda") else engine
-        cmd = [exe, "create", "--yes", "--prefix", prefix, "--override-channels"]
-        for ch in recipe.get("conda.channels", []):
-            cmd += ["--channel", ch]
-        # python and pip inside the env: without them pip is the base env's (the Zurada seed's mistake).
-        cmd += [f"python={conda_python}", "pip", *recipe.get("conda.packages", [])]
-        return InstallStep(tuple(cmd), creates_env=True)
-    return None
-
-
-def _install_steps(
-    kind: str,
-    installer: str,
-    python_cmd: str,
-    prefix: str,
-    recipe: Recipe,
-    resolution: Optional[Resolution],
-    packages: Sequence[Mapping[str, Any]],
-    warnings: list[str],
-) -> tuple[list[InstallStep], list[str]]:
-    steps: list[InstallStep] = []
-    create = _create_step(kind, installer, python_cmd, prefix, recipe)
-    if create:
-        steps.append(create)
-    env_python = f"{prefix}/bin/python"
-    target_flag: list[str] = []
-    site_python = kind == "user-prefix"
-    if kind == "user-prefix":
-        env_python = python_cmd
-        target_flag = ["--prefix", prefix] if installer == "uv" else ["--user"]
-        if installer != "uv":
-            warnings.append("user-prefix installs run with PYTHONUSERBASE set to the prefix")
-    if resolution is not None:
-        argv = (
-            _pip(installer, env_python, target_flag)
-            + list(resolution.pip_flags)
-            + list(resolution.requirements)
-        )
-        steps.append(
-            InstallStep(tuple(argv), site_python=site_python, label=" ".join(resolution.requirements))
-        )
-    extra_indexes: list[str] = []
-    # torch's exact pins as constraints: a later package cannot swap the CUDA torch for PyPI's build.
-    constraint = ["--constraint", f"{prefix}/envbuilder/constraints.txt"] if resolution else []
-    plain_specs: list[str] = []
-    special: list[InstallStep] = []
-    for pkg in packages:
-        spec = pkg.get("spec", pkg["name"])
-        if not (
-            pkg.get("build_env")
-            or pkg.get("no_build_isolation")
-            or pkg.get("no_binary")
-            or pkg.get("index")
-            or pkg.get("build_modules")
-        ):
-            plain_specs.append(spec)
-            continue
-        cmd = _pip(installer, env_python, target_flag)
-        index = pkg.get("index")
-        if index == "torch" and resolution:
-            cmd += ["--index-url", resolution.index_url]
-        elif index and index not in ("pypi", "torch"):
-            cmd += ["--index-url", index]
-            extra_indexes.append(index)
-        if pkg.get("no_build_isolation"):
-            cmd.append("--no-build-isolation")
-        if pkg.get("no_binary"):
-            cmd += ["--no-binary", pkg["name"]]
-        special.append(
-            InstallStep(
-                (*cmd, *constraint, spec),
-                env=dict(pkg.get("build_env", {}) or {}),
-                modules=tuple(pkg.get("build_modules", []) or ()),
-                site_python=site_python,
-                label=spec,
-            )
-        )
-    if plain_specs:
-        steps.append(
-            InstallStep(
-                (*_pip(installer, env_python, target_flag), *constraint, *plain_specs),
-                site_python=site_python,
-                label=" ".join(plain_specs),
-            )
-        )
-    return steps + special, extra_indexes
 
 
 def _activate(recipe: Recipe) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 
 from envbuilder import build
 from envbuilder.errors import BackendError
-from envbuilder.plan import InstallStep
+from envbuilder.steps import InstallStep
 
 
 def test_flock_works_on_a_local_disk(tmp_path):
