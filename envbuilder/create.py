@@ -261,7 +261,7 @@ def _build(
             tools=_tools(choice.name, _python_version(partial, parent), python, uv_bin, log, build_env),
             modules={
                 "system": modules.kind,
-                "delta_set": sorted(delta.set),
+                "delta_set": dict(sorted(delta.set.items())),
                 "delta_unset": list(delta.unset),
             },
         )

@@ -323,7 +323,7 @@ def test_overlay_on_a_python_that_is_itself_a_venv_sees_the_parent_packages(worl
         )
     )
     world.recipe(kind="overlay", python=str(parent / "bin" / "python"))
-    ok(world.create())
+    ok(world.create("demo", "--no-validate"))  # no torch anywhere here; the next test covers that
     py = world.prefix() / "bin" / "python"
     run = ok(
         subprocess.run(
@@ -335,6 +335,20 @@ def test_overlay_on_a_python_that_is_itself_a_venv_sees_the_parent_packages(worl
     tool_file, demo_file = run.stdout.split()
     assert tool_file.startswith(str(parent))  # from the parent venv, through the .pth
     assert demo_file.startswith(str(world.prefix()))  # the env's own package
+
+
+def test_overlay_whose_site_python_has_no_torch_fails_its_smoke_check(world):
+    world.recipe(kind="overlay")
+    res = world.create("demo", "--json")
+    assert res.returncode == 8, res.stderr
+    assert "smoke check failed: import" in res.stderr
+    data = json.loads(res.stdout)["data"]
+    assert data["env"]["validation"]["checks"]["import"]["status"] == "fail"
+    assert "torch" in data["env"]["validation"]["checks"]["import"]["error"]
+    # The env is built and recorded (its packages are fine); the user is told what is missing.
+    assert (world.prefix() / "bin" / "python").exists()
+    shown = json.loads(ok(world.cli("show", "demo", "--json")).stdout)["data"]
+    assert shown["validation"]["checks"]["import"]["status"] == "fail"
 
 
 @needs_lmod
@@ -356,7 +370,10 @@ build_env = { EB_FLAG = "cmake=${CMAKE_VERSION}" }
     )
     world.recipe(text=text)
     data = json.loads(ok(world.create("demo", "--json")).stdout)["data"]
-    assert "GCC_VERSION" in data["env"]["modules"]["delta_set"] or data["env"]["modules"]["delta_set"]
+    delta = data["env"]["modules"]["delta_set"]
+    assert delta["GCC_VERSION"] == "13.2.0"
+    assert delta["PATH"].startswith("/opt/fake/gcc-13.2.0/bin:")
+    assert "CMAKE_VERSION" not in delta  # a build module of one package only, not of the env
     py = world.prefix() / "bin" / "python"
     run = ok(
         subprocess.run([str(py), "-c", "import ebprobe; print(ebprobe.FLAG)"], capture_output=True, text=True)
