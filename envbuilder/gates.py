@@ -1,0 +1,322 @@
+"""The resolver's gates (pure): each checks one way a torch wheel can fail on the target machine (variant not
+built, no CUDA wheel for aarch64, Python, glibc, driver, GPU arch, a missing companion package) and returns
+Findings with a message and a suggested fix. wheels.resolve decides whether a finding is an error or, where the
+recipe allows the gate, a warning."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from envbuilder.host import HostFacts
+from envbuilder.matrix import Matrix, Release, VariantInfo, covers, gpu_capability, minor_tuple
+
+TORCH_PACKAGES = ("torch", "torchvision", "torchaudio")
+
+
+@dataclass(frozen=True)
+class TorchRequest:
+    #: "latest", a minor ("2.7"), an exact release ("2.7.1"), or a dated nightly ("2.15.0.dev20260801").
+    version: str = "latest"
+    #: "auto", "cpu", or a CUDA variant ("cu126").
+    variant: str = "auto"
+    channel: str = "stable"
+    packages: tuple[str, ...] = TORCH_PACKAGES
+    #: Explicit companion versions (required for nightlies; optional otherwise).
+    torchvision: Optional[str] = None
+    torchaudio: Optional[str] = None
+    allow: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Finding:
+    gate: str
+    message: str
+    hint: Optional[str] = None
+
+
+def python_ok(release_range: tuple[str, str], python: Optional[str]) -> bool:
+    if not python:
+        return True
+    lo, hi = (minor_tuple(v) for v in release_range)
+    return lo <= minor_tuple(python) <= hi
+
+
+def driver_max_cuda(facts: HostFacts, m: Matrix) -> Optional[tuple[int, int]]:
+    if facts.max_cuda:
+        return minor_tuple(facts.max_cuda)
+    if not facts.driver_version:
+        return None
+    # The newest CUDA whose toolkit driver this driver meets.
+    best: Optional[tuple[int, int]] = None
+    for info in m.variants.values():
+        if info.toolkit_driver and ver(facts.driver_version) >= ver(info.toolkit_driver):
+            cand = minor_tuple(info.cuda)
+            best = cand if best is None or cand > best else best
+    return best
+
+
+def ver(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text))
+
+
+def check_gates(
+    release: Release,
+    variant: str,
+    request: TorchRequest,
+    facts: HostFacts,
+    m: Matrix,
+    warnings: list[str],
+) -> list[Finding]:
+    findings: list[Finding] = []
+    info = m.variants[variant]
+    arch = facts.arch or "x86_64"
+    if not facts.arch:
+        warnings.append("target CPU architecture unknown; assuming x86_64")
+
+    # Which variants this release has on this CPU architecture.
+    if info.is_cuda:
+        offered = release.variants.get(arch, ())
+        if variant not in offered:
+            if arch == "aarch64":
+                findings.append(aarch64_finding(release, variant, request, facts, m))
+            else:
+                have = [r.torch for r in m.stable_releases() if variant in r.variants.get(arch, ())]
+                span = f"{have[0]}–{have[-1]}" if have else "no stable release"
+                findings.append(
+                    Finding(
+                        "variant-not-built",
+                        f"torch {release.torch} has no {variant} build for {arch} "
+                        f"(it offers {', '.join(offered) or 'none'}); {variant} exists for torch {span}",
+                        f"use one of {', '.join(offered)} with torch {release.torch}, or pin a torch in {span}",
+                    )
+                )
+        elif arch == "aarch64" and release.aarch64_confidence != "P":
+            warnings.append(
+                f"the {variant} aarch64 CUDA wheel for torch {release.torch} is known only from a secondary "
+                f"source ({release.source}); validation will confirm torch.version.cuda"
+            )
+        if variant in release.variants.get(arch, ()) and info.nightly_only:
+            findings.append(Finding("variant-not-built", f"{variant} exists only on the nightly index"))
+
+    # Companion packages that the variant's index does not carry, or the release never had.
+    for pkg in request.packages:
+        if pkg in info.lacks:
+            findings.append(
+                Finding(
+                    "package-missing",
+                    f"the {variant} index has no {pkg} wheel",
+                    f"drop {pkg} from torch.packages, or choose another variant",
+                )
+            )
+        if pkg == "torchvision" and not (request.torchvision or release.torchvision):
+            findings.append(
+                Finding(
+                    "package-missing",
+                    f"no torchvision version is known for torch {release.torch}",
+                    "set torch.torchvision explicitly or drop it from torch.packages",
+                )
+            )
+        if pkg == "torchaudio" and not (request.torchaudio or release.torchaudio):
+            findings.append(
+                Finding(
+                    "package-missing",
+                    f"no torchaudio version is known for torch {release.torch}",
+                    "set torch.torchaudio explicitly or drop it from torch.packages",
+                )
+            )
+
+    # Python and glibc.
+    if facts.python and not python_ok(release.python, facts.python):
+        fitting = [r.torch for r in m.stable_releases() if python_ok(r.python, facts.python)]
+        findings.append(
+            Finding(
+                "python",
+                f"torch {release.torch} supports Python {release.python[0]}–{release.python[1]}, "
+                f"the target has Python {facts.python}",
+                f"load a Python {release.python[0]}–{release.python[1]} module, or pin torch "
+                + (
+                    f"{fitting[-1]} (the newest for Python {facts.python_minor})"
+                    if fitting
+                    else "to another release"
+                ),
+            )
+        )
+    floor = release.glibc_by_variant.get(variant, release.glibc)
+    if facts.glibc and ver(facts.glibc) < ver(floor):
+        findings.append(
+            Finding(
+                "glibc",
+                f"torch {release.torch} {variant} wheels need glibc ≥ {floor} (manylinux), "
+                f"the target has glibc {facts.glibc}",
+                "use a torch release built on manylinux2014 (≤ 2.5, or 2.6 with cu118/cu124), or a container",
+            )
+        )
+
+    if info.is_cuda:
+        findings.extend(driver_findings(release, info, facts, m, warnings, arch))
+        findings.extend(gpu_findings(release, variant, facts, m, warnings, arch))
+    elif facts.gpus:
+        warnings.append(
+            f"the target has {len(facts.gpus)} GPU(s) ({facts.gpus[0].name}) but the CPU wheel was chosen"
+        )
+    return findings
+
+
+def aarch64_finding(
+    release: Release, variant: str, request: TorchRequest, facts: HostFacts, m: Matrix
+) -> Finding:
+    offered = release.variants.get("aarch64", ())
+    options = []
+    working = [v for v in offered if not quick_findings(release, v, facts, m)]
+    if working:
+        options.append(f"use {working[0]} with torch {release.torch}")
+    else:
+        # The first newer stable release with an aarch64 CUDA wheel that fits this node.
+        for rel in m.stable_releases():
+            if rel.version <= release.version:
+                continue
+            fits = [v for v in rel.variants.get("aarch64", ()) if not quick_findings(rel, v, facts, m)]
+            if fits:
+                options.append(
+                    f"use torch {rel.torch} with {fits[0]} (the first release with a fitting aarch64 CUDA wheel)"
+                )
+                break
+    with_variant = [r.torch for r in m.stable_releases() if variant in r.variants.get("aarch64", ())]
+    if with_variant and with_variant[-1] != release.torch:
+        options.append(f"torch {with_variant[-1]} with {variant}")
+    if variant in m.nightly.get("aarch64", ()):
+        options.append(f"the nightly {variant} index with a dated pin")
+    if not options:
+        options.append(
+            "a torch release with aarch64 CUDA wheels (cu128 in 2.7, cu129 in 2.8, several from 2.9)"
+        )
+    return Finding(
+        "aarch64-no-cuda-wheel",
+        f"the stable {variant} index has no aarch64 CUDA wheel of torch {release.torch}: pip would install a "
+        "CPU-only torch (the Vista cu124 trap)",
+        " or ".join(options),
+    )
+
+
+def driver_findings(
+    release: Release, info: VariantInfo, facts: HostFacts, m: Matrix, warnings: list[str], arch: str
+) -> list[Finding]:
+    max_cuda = driver_max_cuda(facts, m)
+    if facts.driver_version is None and max_cuda is None:
+        warnings.append(
+            f"NVIDIA driver unknown; {info.name} needs driver ≥ {info.family_min_driver} (checked at validation)"
+        )
+        return []
+    shown = facts.driver_version or f"supporting CUDA ≤ {facts.max_cuda}"
+    if not driver_ok(info, facts, max_cuda):
+        ok = [v for v in release.variants.get(arch, ()) if driver_ok(m.variants[v], facts, max_cuda)]
+        hint = f"use {ok[-1]} with torch {release.torch}" if ok else "ask the site for a newer driver"
+        return [
+            Finding(
+                "driver",
+                f"{info.name} wheels need an NVIDIA driver ≥ {info.family_min_driver} (CUDA {info.cuda_major}.x); "
+                f"the target's driver is {shown}",
+                hint,
+            )
+        ]
+    if max_cuda is not None and max_cuda < minor_tuple(info.cuda):
+        warnings.append(
+            f"driver {shown} is older than CUDA {info.cuda}'s own driver: {info.name} runs under minor-version "
+            "compatibility (prebuilt kernels work; PTX JIT of newer PTX does not)"
+        )
+    return []
+
+
+def driver_ok(info: VariantInfo, facts: HostFacts, max_cuda: Optional[tuple[int, int]]) -> bool:
+    if facts.driver_version and info.family_min_driver:
+        return ver(facts.driver_version) >= ver(info.family_min_driver)
+    if max_cuda is not None and info.cuda_major is not None:
+        return max_cuda[0] >= info.cuda_major
+    return True
+
+
+def gpu_findings(
+    release: Release, variant: str, facts: HostFacts, m: Matrix, warnings: list[str], arch: str
+) -> list[Finding]:
+    if not facts.gpus:
+        return []
+    entry = m.arch_list(variant, arch, release.torch)
+    if entry is None:
+        warnings.append(
+            f"no arch list known for torch {release.torch} {variant} on {arch}; GPU support unchecked"
+        )
+        return []
+    if entry.confidence != "P":
+        warnings.append(
+            f"the {variant} arch list for torch {release.torch} comes from a secondary source ({entry.source})"
+        )
+    findings = []
+    seen = set()
+    for gpu in facts.gpus:
+        cc = gpu_capability(gpu, m)
+        if cc is None:
+            warnings.append(f"compute capability of {gpu.name!r} unknown; GPU support unchecked")
+            continue
+        if cc in seen:
+            continue
+        seen.add(cc)
+        runs, jit = covers(entry, cc)
+        if runs and jit:
+            warnings.append(
+                f"{gpu.name} (sm_{cc.replace('.', '')}) runs {variant} only through PTX JIT: the first launch "
+                "compiles kernels, and the driver must be at least as new as the toolkit"
+            )
+        if not runs:
+            fix = variants_covering(release, cc, facts, m, arch)
+            hint = (
+                f"use {fix[0]} with torch {release.torch}"
+                if fix
+                else older_release_hint(variant, cc, m, arch)
+            )
+            findings.append(
+                Finding(
+                    "gpu-arch",
+                    f"{gpu.name} is sm_{cc.replace('.', '')}, which torch {release.torch} {variant} does not carry "
+                    f"(it has sm_{', sm_'.join(s.replace('.', '') for s in entry.sm)})",
+                    hint,
+                )
+            )
+    return findings
+
+
+def variants_covering(release: Release, cc: str, facts: HostFacts, m: Matrix, arch: str) -> list[str]:
+    out = []
+    for v in release.variants.get(arch, ()):
+        entry = m.arch_list(v, arch, release.torch)
+        if entry and covers(entry, cc)[0] and driver_ok(m.variants[v], facts, driver_max_cuda(facts, m)):
+            out.append(v)
+    return out
+
+
+def older_release_hint(variant: str, cc: str, m: Matrix, arch: str) -> str:
+    for rel in reversed(m.stable_releases()):
+        for v in rel.variants.get(arch, ()):
+            entry = m.arch_list(v, arch, rel.torch)
+            if entry and covers(entry, cc)[0]:
+                return f"the newest release with sm_{cc.replace('.', '')} code is torch {rel.torch} with {v}"
+    return f"no PyTorch wheel carries sm_{cc.replace('.', '')}; build from source"
+
+
+def quick_findings(release: Release, variant: str, facts: HostFacts, m: Matrix) -> list[Finding]:
+    """Gates for a candidate variant (used for suggestions and 'auto'); never recursive into suggestions."""
+    arch = facts.arch or "x86_64"
+    info = m.variants[variant]
+    out: list[Finding] = []
+    if info.is_cuda and variant not in release.variants.get(arch, ()):
+        out.append(Finding("variant-not-built", variant))
+    if info.is_cuda and not driver_ok(info, facts, driver_max_cuda(facts, m)):
+        out.append(Finding("driver", variant))
+    if info.is_cuda and facts.gpus:
+        entry = m.arch_list(variant, arch, release.torch)
+        for gpu in facts.gpus:
+            cc = gpu_capability(gpu, m)
+            if entry and cc and not covers(entry, cc)[0]:
+                out.append(Finding("gpu-arch", variant))
+    return out
