@@ -201,11 +201,15 @@ def _dq(text: str) -> str:
     return re.sub(r'(["\\$`])', r"\\\1", text)
 
 
-def install(prefix: Path, act: Activation) -> None:
-    """Write the extension script and hook it into PREFIX/bin/activate (idempotent)."""
+def _write_extension(prefix: Path, act: Activation) -> None:
     script = prefix / SCRIPT_REL
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(render_script(act), encoding="utf-8")
+
+
+def install(prefix: Path, act: Activation) -> None:
+    """Write the extension script and hook it into PREFIX/bin/activate (idempotent)."""
+    _write_extension(prefix, act)
     activate = prefix / "bin" / "activate"
     activate.write_text(with_hook(activate.read_text(encoding="utf-8")), encoding="utf-8")
 
@@ -240,9 +244,7 @@ def render_user_prefix_activate(prefix: str) -> str:
 
 def install_user_prefix(build: Path, prefix: str, act: Activation) -> None:
     """Write the extension and a ``bin/activate`` for a user-prefix env being built in ``build``."""
-    script = build / SCRIPT_REL
-    script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(render_script(act), encoding="utf-8")
+    _write_extension(build, act)
     (build / "bin").mkdir(exist_ok=True)
     (build / "bin" / "activate").write_text(render_user_prefix_activate(prefix), encoding="utf-8")
 

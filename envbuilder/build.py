@@ -18,8 +18,11 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from email.parser import HeaderParser
 from pathlib import Path
 from typing import IO, Any, Callable, Optional
+
+from packaging.utils import canonicalize_name
 
 from envbuilder import proc
 from envbuilder.errors import BackendError, CommandFailed
@@ -27,8 +30,6 @@ from envbuilder.plan import expand
 from envbuilder.steps import InstallStep
 
 PAYLOADS = Path(__file__).resolve().parent / "payloads"
-#: uv sets its venv lock file to 0666 itself (so others may lock a shared venv); the umask cannot catch that.
-UV_LOCK = ".lock"
 
 #: Characters that the virtualenv/venv activate templates and pip's script shebangs cannot carry safely.
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9._/+@%:,=~-]+")
@@ -67,17 +68,6 @@ class BuildLog:
         self._fh.close()
 
 
-class NullLog(BuildLog):
-    def __init__(self) -> None:
-        self.path = Path(os.devnull)
-
-    def write(self, text: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def build_umask() -> int:
     """The caller's umask with world-write always masked: nothing a build creates is world-writable, whatever
     the user's umask (group sharing with 002 stays as the user set it)."""
@@ -103,9 +93,7 @@ def run_logged(
         ) from None
     log.command(argv, extra_env or {}, result)
     if result.returncode != 0:
-        raise CommandFailed(
-            list(argv), result.returncode, "\n".join(result.stderr.rstrip().splitlines()[-20:])
-        )
+        raise CommandFailed(list(argv), result.returncode, proc.tail(result.stderr))
     return result
 
 
@@ -335,8 +323,8 @@ def inventory(prefix: Path) -> list[dict[str, Any]]:
     the sha256 of the RECORD file (a fingerprint of exactly what was installed) and the bytes RECORD lists."""
     found: dict[str, dict[str, Any]] = {}
     for info in sorted(prefix.glob("lib/python*/site-packages/*.dist-info")):
-        meta = _headers(info / "METADATA")
-        name = meta.get("name")
+        meta = HeaderParser().parsestr(read_text(info / "METADATA"))
+        name = meta.get("Name")
         if not name:
             continue
         record = read_text(info / "RECORD")
@@ -344,9 +332,9 @@ def inventory(prefix: Path) -> list[dict[str, Any]]:
         for line in record.splitlines():
             last = line.rsplit(",", 1)[-1]
             size += int(last) if last.isdigit() else 0
-        found[re.sub(r"[-_.]+", "-", name).lower()] = {
+        found[canonicalize_name(name)] = {
             "name": name,
-            "version": meta.get("version", "?"),
+            "version": meta.get("Version", "?"),
             "installer": read_text(info / "INSTALLER").strip() or None,
             "in_env": True,
             "record_sha256": hashlib.sha256(record.encode()).hexdigest() if record else None,
@@ -362,18 +350,6 @@ def read_text(path: Path) -> str:
         return ""
 
 
-def _headers(path: Path) -> dict[str, str]:
-    """Name and Version from a METADATA file (RFC 822 headers; the body after the first blank line is skipped)."""
-    out: dict[str, str] = {}
-    for line in read_text(path).splitlines():
-        if not line.strip():
-            break
-        key, sep, value = line.partition(":")
-        if sep and key.lower() in ("name", "version") and key.lower() not in out:
-            out[key.lower()] = value.strip()
-    return out
-
-
 @contextlib.contextmanager
 def removing_on_failure(path: Path) -> Iterator[None]:
     """Remove ``path`` if the block fails in any way (Ctrl-C and SIGTERM included)."""
@@ -385,7 +361,7 @@ def removing_on_failure(path: Path) -> Iterator[None]:
 
 
 def drop_world_write(root: Path) -> list[str]:
-    """Remove the world-write bit everywhere under ``root`` (uv leaves its venv ``.lock`` at 0666). ``find`` does
+    """Remove the world-write bit everywhere under ``root`` (uv sets its venv ``.lock`` to 0666 itself). ``find`` does
     the walk: a torch env holds some 17,000 files, and find is six times faster than a Python walk."""
     res = proc.run(["find", str(root), "-perm", "-0002", "!", "-type", "l", "-print0"])
     fixed = []

@@ -82,24 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="the envs you have built, with their health")
     _add_json(p)
     p.set_defaults(handler=envs_cmd.handle_list)
-    p = sub.add_parser("show", help="one env's record: recipe, packages, tools, last check")
-    p.add_argument("env")
-    _add_json(p)
-    p.set_defaults(handler=envs_cmd.handle_show)
-    p = sub.add_parser("activate", help="print the line that activates an env (source it)")
-    p.add_argument("env")
-    _add_json(p)
-    p.set_defaults(handler=envs_cmd.handle_activate)
-    p = sub.add_parser("remove", help="delete an env and its record")
-    p.add_argument("env")
-    p.add_argument("-y", "--yes", action="store_true", help="do not ask")
-    _add_json(p)
-    p.set_defaults(handler=envs_cmd.handle_remove)
-    p = sub.add_parser("modulefile", help="write an Lmod modulefile that activates an env")
-    p.add_argument("env")
-    p.add_argument("-o", "--output", metavar="PATH", help="file or directory to write (default: stdout)")
-    _add_json(p)
-    p.set_defaults(handler=envs_cmd.handle_modulefile)
+    _env_verb(sub, "show", "one env's record: recipe, packages, tools, last check", envs_cmd.handle_show)
+    _env_verb(sub, "activate", "print the line that activates an env (source it)", envs_cmd.handle_activate)
+    e = _env_verb(sub, "remove", "delete an env and its record", envs_cmd.handle_remove)
+    e.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    e = _env_verb(
+        sub, "modulefile", "write an Lmod modulefile that activates an env", envs_cmd.handle_modulefile
+    )
+    e.add_argument("-o", "--output", metavar="PATH", help="file or directory to write (default: stdout)")
 
     p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
     _add_json(p)
@@ -119,6 +109,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(handler=recipes_cmd.handle_schema, json=False)
     p.set_defaults(handler=None, subparser=p)
     return parser
+
+
+def _env_verb(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    help_text: str,
+    handler: Handler,
+) -> argparse.ArgumentParser:
+    """A verb that acts on one recorded env: ``envbuilder NAME ENV [--json]``."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
+    p.add_argument("env")
+    _add_json(p)
+    p.set_defaults(handler=handler)
+    return p
 
 
 def _positive(text: str) -> int:

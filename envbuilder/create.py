@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder import __version__, activation, build, proc, state
-from envbuilder.errors import BackendError, StateError, UsageError
+from envbuilder.errors import BackendError, EnvbuilderError, StateError, UsageError
 from envbuilder.loader import Recipe
 from envbuilder.modules import EnvDelta, ModuleSystem
 from envbuilder.plan import Plan
@@ -204,33 +204,34 @@ def _build(
         parent = build.python_info(python, build_env, log)
     log.write(f"python: {python}")
 
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.parent / f".{final.name}{PARTIAL}{os.getpid()}"
+    # The installer's own settings, laid over whatever environment the modules give each step.
+    tool_env: dict[str, str] = {}
     uv_bin = build.uv_binary() if plan.installer == "uv" else None
     if uv_bin:
         uv = build.uv_settings(final, env)
-        build_env.update(uv.env())
+        tool_env.update(uv.env())
         for reason in uv.reasons:
             log.write(reason)
         notes.extend(uv.reasons)
     if plan.installer in {"pip", "virtualenv"}:
         # The recipe, not a stray pip.conf, decides where packages come from.
-        build_env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+        tool_env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    if plan.kind == "user-prefix":
+        tool_env["PYTHONUSERBASE"] = str(partial)
+    build_env.update(tool_env)
 
-    final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.parent / f".{final.name}{PARTIAL}{os.getpid()}"
     with build.removing_on_failure(partial):
         if plan.kind == "user-prefix":
             partial.mkdir(mode=0o755)
             _after_create(plan, partial, parent, log)
-            build_env["PYTHONUSERBASE"] = str(partial)
         for step in plan.install_steps:
             argv = build.step_argv(step, python, uv_bin, plan.prefix, str(partial))
             step_env = build_env
             if step.modules:
                 extra = modules.apply(plan.module_use, [*plan.modules, *step.modules], base_env)
-                step_env = {
-                    **extra.apply(base_env),
-                    **{k: v for k, v in build_env.items() if k.startswith("UV_")},
-                }
+                step_env = {**extra.apply(base_env), **tool_env}
             step_env, own = build.step_env(step, step_env)
             report.step(_describe(step))
             build.run_logged(argv, step_env, log, own)
@@ -266,9 +267,8 @@ def _build(
             },
         )
         state.write_atomic(partial / "envbuilder" / "record.json", _dump(record))
-        # Children ran under a umask without world write; only what a tool chmods itself can still be.
-        fixed = build.drop_world_write(partial) if plan.installer != "uv" else _fix_uv_lock(partial)
-        for rel in fixed:
+        # Children ran under a umask without world write; this catches what a tool chmods itself (uv's .lock).
+        for rel in build.drop_world_write(partial):
             log.write(f"removed world write permission from {rel}")
         report.step(f"moving the env into place at {final}")
         _swap(partial, final)
@@ -292,20 +292,12 @@ def _after_create(plan: Plan, partial: Path, parent: Mapping[str, Any], log: bui
     if plan.resolution is not None:
         pins = "".join(f"{r}\n" for r in plan.resolution.requirements)
         (partial / "envbuilder" / "constraints.txt").write_text(pins, encoding="utf-8")
-    if parent and (plan.kind == "overlay" or plan.system_site_packages):
+    if parent and plan.system_site_packages:
         sites = sorted(partial.glob("lib/python*/site-packages"))
         if sites:
             pth = build.parent_site_pth(sites[0], parent)
             if pth is not None:
                 log.write(f"parent python is a venv ({parent['prefix']}): {pth.name} adds its site-packages")
-
-
-def _fix_uv_lock(partial: Path) -> list[str]:
-    lock = partial / build.UV_LOCK
-    if lock.is_file() and lock.stat().st_mode & 0o002:
-        lock.chmod(lock.stat().st_mode & 0o7775)
-        return [build.UV_LOCK]
-    return []
 
 
 def _python_version(partial: Path, parent: Mapping[str, Any]) -> str:
@@ -350,7 +342,7 @@ def _tools(
     }
     tools["host_python"] = platform.python_version()
     if uv_bin:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(EnvbuilderError, IndexError):
             tools["uv"] = build.run_logged([uv_bin, "--version"], env, log).stdout.split()[1]
     return tools
 

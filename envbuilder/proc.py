@@ -79,14 +79,14 @@ def run(
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         out, err = proc.communicate()
-        raise CommandFailed(argv, 124, _tail(err) + f"\n(timed out after {timeout:g} s)") from None
+        raise CommandFailed(argv, 124, tail(err) + f"\n(timed out after {timeout:g} s)") from None
     except BaseException:
         _kill_group(proc)
         proc.wait()
         raise
     result = Result(tuple(argv), proc.returncode, out, err)
     if check and proc.returncode != 0:
-        raise CommandFailed(argv, proc.returncode, _tail(err))
+        raise CommandFailed(argv, proc.returncode, tail(err))
     return result
 
 
@@ -95,5 +95,5 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
+def tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from envbuilder import create as creator
 from envbuilder import host, loader, modules
@@ -38,7 +38,6 @@ class _Progress:
         self.out = out
         self.quiet = quiet
         self.started = time.monotonic()
-        self.last: Optional[str] = None
 
     def step(self, text: str) -> None:
         if not self.quiet:

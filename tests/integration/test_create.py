@@ -592,3 +592,18 @@ def test_user_prefix_env_works_through_pythonuserbase(world, installer):
     assert f"UB={prefix}" in run.stdout
     assert run.stdout.strip().endswith("RESTORED")
     assert world.leftovers() == []
+
+
+@needs_lmod
+def test_a_package_with_build_modules_keeps_the_installer_settings(world):
+    # The step's own module environment must still carry PYTHONUSERBASE (and pip's settings): without them
+    # pip --user would install into the user's real ~/.local.
+    base_python = str(Path(sys.base_prefix) / "bin" / "python3")
+    extra = '[[packages]]\nname = "ebtool"\nbuild_modules = ["cmake/3.25.2"]\n'
+    text = SMALL.format(name="demo", kind="user-prefix", installer="pip", python=base_python, extra=extra)
+    text = text.replace("[python]", f'[modules]\nsystem = "lmod"\nuse = ["{DATA}/modules/site"]\n\n[python]')
+    world.recipe(text=text)
+    data = json.loads(ok(world.create("demo", "--json")).stdout)["data"]
+    in_env = sorted(p["name"] for p in data["env"]["packages"] if p["in_env"])
+    assert in_env == ["ebdemo", "ebdep", "ebtool"]
+    assert not (Path(world.env["HOME"]) / ".local").exists()
