@@ -17,6 +17,7 @@ from envbuilder.commands import envs as envs_cmd
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.commands import probe as probe_cmd
 from envbuilder.commands import recipes as recipes_cmd
+from envbuilder.commands import validate as validate_cmd
 from envbuilder.console import Out
 from envbuilder.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EnvbuilderError
 
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
     p.add_argument("--installer", choices=("uv", "virtualenv", "pip"), help="override the recipe's installer")
     p.add_argument("--force", action="store_true", help="rebuild an existing env (beside it, then swap)")
-    p.add_argument("--no-validate", action="store_true", help="skip the smoke check after building")
+    p.add_argument("--no-validate", action="store_true", help="skip the checks after building")
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument(
         "--wait",
@@ -78,6 +79,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     _add_json(p)
     p.set_defaults(handler=create_cmd.handle)
+
+    p = sub.add_parser(
+        "validate", help="run the bundled checks (GPU, CUDA, NCCL, DDP, MPI, file system) on an env"
+    )
+    p.add_argument("env")
+    p.add_argument("--checks", metavar="LIST", help="comma-separated checks (default: the recipe's)")
+    p.add_argument("--launcher", choices=("local", "torchrun", "srun", "ibrun", "mpiexec", "mpirun"))
+    p.add_argument("--nodes", type=_positive, metavar="N")
+    p.add_argument("--nproc-per-node", type=_positive, metavar="N")
+    p.add_argument("--cpu", action="store_true", help="gloo on CPU processes; GPU checks are skipped")
+    p.add_argument(
+        "--submit", action="store_true", help="submit a batch job, wait for it, collect the report"
+    )
+    p.add_argument("--account", metavar="NAME", help="allocation account for the batch job")
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="per check (default 120)")
+    p.add_argument(
+        "--wait-job", type=_seconds, metavar="SECONDS", help="give up waiting for the job after this"
+    )
+    p.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML")
+    p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
+    _add_json(p)
+    p.set_defaults(handler=validate_cmd.handle)
 
     p = sub.add_parser("list", help="the envs you have built, with their health")
     _add_json(p)

@@ -369,6 +369,8 @@ def _smoke(
     argv = [python, str(build.PAYLOADS / "validate.py"), "--checks", "import,gpu,arch"]
     if gpus:  # the probe saw GPUs on this host: torch must see as many
         argv += ["--expect-gpus", str(gpus)]
+    else:
+        argv += ["--device", "cpu"]
     res = proc.run(argv, env=run_env, check=False, timeout=600)
     log.command(argv, {}, res)
     try:

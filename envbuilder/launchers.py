@@ -184,6 +184,25 @@ def display(argv: Sequence[str]) -> str:
     return " ".join(parts)
 
 
+def bind(argv: Sequence[Arg], values: dict[str, str]) -> list[str]:
+    """argv for running now: each shell variable replaced by its value (the allocation's, known here)."""
+    out = []
+    for arg in argv:
+        if isinstance(arg, _Joined):
+            out.append(_value(arg.var.var, values) + arg.suffix)
+        elif isinstance(arg, ShellVar):
+            out.append(_value(arg.var, values))
+        else:
+            out.append(str(arg))
+    return out
+
+
+def _value(name: str, values: dict[str, str]) -> str:
+    if name not in values:
+        raise UsageError(f"the launch needs ${name}, which only a batch job sets", hint="pass --submit")
+    return values[name]
+
+
 def plain(argv: Sequence[Arg]) -> list[str]:
     """argv as plain strings (for JSON): shell variables show as $NAME."""
     return [str(a) for a in argv]

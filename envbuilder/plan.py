@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from envbuilder import batch, launchers, mirror
+from envbuilder import batch, launchers, mirror, suite
 from envbuilder.host import Gpu, HostFacts
 from envbuilder.loader import Recipe
 from envbuilder.steps import InstallStep, install_steps
@@ -373,86 +373,27 @@ def _launch(
     opts: Options,
     warnings: list[str],
 ) -> tuple[str, list[launchers.Arg], Optional[list[str]], Optional[str]]:
-    name = opts.launcher or recipe.get("validation.launcher") or recipe.get("launcher.default")
-    nodes = opts.nodes or int(recipe.get("validation.nodes", 1))
-    gpus = len(target.gpus) if target.gpus else 0
-    nproc = opts.nproc_per_node or recipe.get("validation.nproc_per_node") or (gpus if gpus else 2)
-    if name == "local":
-        nproc = 1
-    if name == "torchrun" and nodes > 1:
-        name = "srun" if recipe.get("scheduler.type") == "slurm" else "mpiexec"
-        warnings.append(f"torchrun alone reaches one node; launching {nodes} nodes through {name}")
-    checks = ",".join(recipe.get("validation.checks", []))
-    script = (f"{opts.package_dir}/payloads/validate.py", "--checks", checks)
-    affinity: tuple[str, ...] = ()
-    if recipe.get("launcher.gpu_affinity") != "none" and not launchers.is_agent(name):
-        affinity = (f"{opts.package_dir}/payloads/gpu_affinity.sh", str(recipe.get("launcher.gpu_affinity")))
-    spec = launchers.LaunchSpec(
-        python=env_python,
-        script=script,
-        nodes=nodes,
-        nproc_per_node=int(nproc),
-        torchrun=(env_python, "-m", "torch.distributed.run"),
-        port=int(recipe.get("launcher.port", 29500)),
-        rdzv_id=launchers.ShellVar("SLURM_JOB_ID")
-        if recipe.get("scheduler.type") == "slurm"
-        else "envbuilder",
-        mpi=recipe.get("launcher.mpi"),
-        cpu_bind=recipe.get("launcher.cpu_bind"),
-        depth=recipe.get("launcher.depth"),
-        affinity_wrapper=affinity,
+    device = suite.device_for(target, cpu=False)
+    payload = suite.Payload(
+        checks=suite.checks_for(recipe, None),
+        device=device,
     )
-    argv = launchers.build(name, spec)
-
-    scheduler = recipe.get("scheduler.type")
-    if scheduler not in ("slurm", "pbs"):
-        return name, argv, None, None
-    partition = recipe.get("validation.partition") or recipe.get("scheduler.partition")
-    part = (recipe.get("scheduler.partitions", {}) or {}).get(partition or "", {})
-    gpus_per_node = part.get("gpus_per_node", gpus)
-    cores = part.get("cores_per_node") or recipe.get("compute.cores_per_node")
-    agent = launchers.is_agent(name)
-    job = batch.JobShape(
-        nodes=nodes,
-        tasks_per_node=1 if agent else int(nproc),
-        gpus_per_node=int(gpus_per_node or 0),
-        cpus_per_task=int(cores)
-        if (agent and cores and not recipe.get("scheduler.exclusive_nodes"))
-        else None,
-        partition=partition,
-        time=recipe.get("validation.time") or recipe.get("scheduler.time") or "00:30:00",
+    run = suite.launch(
+        recipe,
+        target,
+        prefix,
+        env_python,
+        activate,
+        payload,
+        opts.package_dir,
+        warnings,
+        launcher=opts.launcher,
+        nodes=opts.nodes,
+        nproc_per_node=opts.nproc_per_node,
         account=opts.account,
-        name=f"envbuilder-{recipe.name}"[:64],
     )
-    if part.get("max_nodes") and nodes > part["max_nodes"]:
-        warnings.append(f"partition {partition} allows {part['max_nodes']} node(s); {nodes} asked for")
-    if recipe.get("scheduler.account_required") and not opts.account:
-        warnings.append("this site needs an allocation account for every job: pass --account")
-    forbidden = recipe.get("scheduler.forbidden_flags", [])
-    if scheduler == "slurm":
-        directives = batch.slurm_directives(
-            job, recipe.get("scheduler.gpu_request", "gpus-per-node"), batch.required_flags(recipe.data)
-        )
-    else:
-        directives = batch.pbs_directives(job, batch.required_flags(recipe.data))
-    batch.check_dialect(directives, forbidden, recipe.get("scheduler.allowed_flags", []), recipe.chain[0])
-    template = recipe.get("scheduler.interactive")
-    interactive = batch.interactive_argv(template, job) if template else None
-    text = batch.script(
-        scheduler=scheduler,
-        directives=directives,
-        module_use=activate["module_use"],
-        modules=[
-            *recipe.get("modules.load", []),
-            *[m for m in activate["modules"] if m not in recipe.get("modules.load", [])],
-        ],
-        env=activate["env"],
-        unset=activate["unset"],
-        multinode=nodes > 1,
-        launch=argv,
-        workdir=f"{prefix}/envbuilder/validation",
-    )
-    return name, argv, interactive, text
+    interactive = list(run.interactive) if run.interactive else None
+    return run.launcher, list(run.argv), interactive, run.script
 
 
 def _steps(

@@ -268,7 +268,30 @@ SCHEMA = Table(
                 "partition": Field(str),
                 "time": Field(str, pattern=r"\d+:\d{2}:\d{2}", example="01:30:00"),
                 "launcher": Field(str, choices=LAUNCHERS),
-                "references": MapOf(Field((int, float)), "performance references (name = figure)"),
+                "timeout": Field(int, "seconds each check may take before it counts as hung"),
+                "filesystems": Field(
+                    list, "[filesystems] entries every rank writes to (default $SCRATCH)", items=str
+                ),
+                "references": ArrayOf(
+                    Table(
+                        {
+                            "figure": Field(
+                                str,
+                                "CHECK.FIGURE the report shows",
+                                required=True,
+                                pattern=r"[a-z]+\.[a-z0-9_]+",
+                                example="nccl.busbw",
+                            ),
+                            "value": Field((int, float), "the expected figure", required=True),
+                            "lower": Field((int, float), "allowed fraction below value (-0.1 = 10 % below)"),
+                            "upper": Field((int, float), "allowed fraction above value; unset = unbounded"),
+                            "unit": Field(str),
+                            "partition": Field(str, "the partition it was measured on (unset: any)"),
+                            "ranks": Field(int, "the rank count it holds for (unset: any)"),
+                        }
+                    ),
+                    "performance references, ReFrame style: out of bounds is a FAIL",
+                ),
             }
         ),
     }

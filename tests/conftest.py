@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from slurm import MiniCluster, available
 
 from envbuilder.host import HostFacts, facts_from_json
 
@@ -53,3 +54,43 @@ def run_cli(
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """One real single-node Slurm cluster (tests/slurm.py) shared by the session; skips where it cannot run."""
+    reason = available()
+    if reason is not None:
+        pytest.skip(f"no test Slurm cluster: {reason}")
+    with MiniCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def torch_files(tmp_path_factory):
+    """torch 2.13.0 (CPU) and what it needs, plus mpi4py and MPICH, as pip finds them here (its find-links holds
+    the torch file; the rest comes from PyPI)."""
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the machine image's torch file is for CPython 3.11")
+    d = tmp_path_factory.mktemp("torch-files")
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--dest",
+            str(d),
+            "torch==2.13.0",
+            "numpy",
+            "mpi4py",
+            "mpich",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if res.returncode != 0 or not list(d.glob("torch-2.13.0*cpu*.whl")):
+        pytest.skip(f"the CPU torch 2.13.0 file is not on this machine (pip find-links): {res.stderr[-300:]}")
+    return d

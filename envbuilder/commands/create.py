@@ -9,12 +9,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from envbuilder import create as creator
-from envbuilder import host, loader, modules
+from envbuilder import host, loader, modules, state
 from envbuilder import plan as planner
+from envbuilder import validate as validator
 from envbuilder.catalog import Catalog
+from envbuilder.commands import validate as validate_cmd
 from envbuilder.console import Out
 from envbuilder.errors import ValidationFailed
 
@@ -90,6 +92,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     failed = [k for k, v in (smoke.get("checks") or {}).items() if v.get("status") == "fail"]
     if not args.json:
         _render(result, out, failed)
+    if smoke and not failed and result.status != "exists":
+        data["validation"] = _validate(result.record, recipe, facts, env, args, out)
     if failed:
         exc = ValidationFailed(
             f"the env was built at {result.record.prefix}, but its smoke check failed: {', '.join(failed)}",
@@ -98,6 +102,29 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         exc.data = data  # type: ignore[attr-defined]
         raise exc
     return data
+
+
+def _validate(
+    record: state.EnvRecord,
+    recipe: loader.Recipe,
+    facts: host.HostFacts,
+    env: dict[str, str],
+    args: argparse.Namespace,
+    out: Out,
+) -> Optional[dict[str, Any]]:
+    """The full suite right after the build, where this host can run it; otherwise say how to."""
+    quiet = bool(args.quiet or args.json)
+    try:
+        result = validate_cmd.execute(
+            record, recipe, facts, env, validator.Options(), out, quiet=quiet, home=state.home(env)
+        )
+    except validator.NotHere as exc:
+        if not quiet:
+            out.line(f"{exc.message}")
+            if exc.hint:
+                out.line(f"  {exc.hint}")
+        return None
+    return validate_cmd.finish(result)
 
 
 def _mib(size: object) -> str:

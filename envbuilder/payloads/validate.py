@@ -1,87 +1,236 @@
-"""Validation payload, run by the env's own python (one process per rank). Prints one JSON record per rank.
+"""Validation payload: run by the env's own python, one process per rank, under any launcher.
 
-This release implements the import, gpu and arch checks; the others are reported as "skipped" with the reason
-until the validation issue lands them. The record format is the contract the CLI merges.
+Each rank appends JSON lines to ``--out/rank-<R>.jsonl``: ``hello``, then ``start``/``result`` per check, then
+``end``. A rank that dies or hangs leaves a ``start`` without a ``result``; the CLI turns that into a FAIL naming
+the rank and the check. Every check runs under a watchdog: past ``--timeout`` the rank records a timeout and
+exits, so a hung collective never hangs the run. The process ends with ``os._exit`` after the process group is
+destroyed: interpreter finalisation is where gloo sometimes aborts ("terminate called without an active
+exception") after the work is done.
+
+Standard library and torch only (mpi4py and horovod when present). Without ``--out`` the record of a single
+process is printed as one JSON line (the quick check ``create`` runs).
+
+Fault injection for tests: ``ENVBUILDER_VALIDATE_FAULT="RANK:CHECK:ACTION[,...]"`` where ACTION is ``exit``
+(the rank ends abruptly when the check starts), ``hang`` (it sleeps) or ``arch=sm_80+sm_86`` (the arch list the
+arch check sees).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
+import socket
 import sys
+import threading
 import time
+from typing import Any, Callable, Optional
 
-IMPLEMENTED = ("import", "gpu", "arch")
+# The payload directory is sys.path[0] when this file runs as a script.
+from envbuilder_checks import DIST_CHECKS, GPU_CHECKS, Suite, faults, inject
+
+_RANK_VARS = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PALS_RANKID", "MV2_COMM_WORLD_RANK")
+_SIZE_VARS = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PALS_SIZE", "MV2_COMM_WORLD_SIZE")
+_LOCAL_VARS = (
+    "LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "PALS_LOCAL_RANKID",
+    "PMI_LOCAL_RANK",
+    "MV2_COMM_WORLD_LOCAL_RANK",
+    "SLURM_LOCALID",
+)
+_MPI_MARKERS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PALS_RANKID", "MV2_COMM_WORLD_RANK")
 
 
-def _rank() -> int:
-    for var in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
+def _first_int(names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    if "SLURM_PROCID" in os.environ and names is _RANK_VARS:
+        return int(os.environ["SLURM_PROCID"])
+    if "SLURM_NTASKS" in os.environ and names is _SIZE_VARS:
+        return int(os.environ["SLURM_NTASKS"])
+    return default
 
 
-def _sm(arch: str) -> tuple[int, int]:
-    digits = arch.split("_", 1)[1].rstrip("af")
-    return int(digits[:-1]), int(digits[-1])
+class Rank:
+    def __init__(self) -> None:
+        self.rank = _first_int(_RANK_VARS, 0)
+        self.world = _first_int(_SIZE_VARS, 1)
+        self.local = _first_int(_LOCAL_VARS, 0)
+        self.torchrun = "TORCHELASTIC_RUN_ID" in os.environ or "GROUP_RANK" in os.environ
+        self.mpi = not self.torchrun and any(v in os.environ for v in _MPI_MARKERS)
 
 
-def main(argv: list[str]) -> int:
+class Log:
+    """This rank's event file (or, without --out, an in-memory record printed at the end)."""
+
+    def __init__(self, out: Optional[str], rank: Rank) -> None:
+        self.rank = rank
+        self.results: dict[str, dict[str, Any]] = {}
+        self.current: Optional[str] = None
+        self.lock = threading.Lock()
+        self.fh = None
+        if out:
+            os.makedirs(out, exist_ok=True)
+            self.fh = open(os.path.join(out, f"rank-{rank.rank}.jsonl"), "a", encoding="utf-8")  # noqa: SIM115
+
+    def event(self, kind: str, **data: Any) -> None:
+        with self.lock:
+            if self.fh is not None:
+                self.fh.write(json.dumps({"event": kind, "t": round(time.time(), 3), **data}) + "\n")
+                self.fh.flush()
+
+    def start(self, check: str) -> None:
+        self.current = check
+        self.event("start", check=check)
+
+    def result(self, check: str, status: str, **data: Any) -> dict[str, Any]:
+        record = {"status": status, **data}
+        self.results[check] = record
+        self.current = None
+        self.event("result", check=check, **record)
+        return record
+
+
+class Watchdog:
+    """Ends the rank when a check outlives its deadline; the record says which check and after how long."""
+
+    def __init__(self, log: Log) -> None:
+        self.log = log
+        self.deadline: Optional[float] = None
+        self.seconds = 0.0
+        self.cond = threading.Condition()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def arm(self, seconds: float) -> None:
+        with self.cond:
+            self.seconds = seconds
+            self.deadline = time.monotonic() + seconds
+            self.cond.notify()
+
+    def disarm(self) -> None:
+        with self.cond:
+            self.deadline = None
+
+    def _run(self) -> None:
+        with self.cond:
+            while True:
+                if self.deadline is None:
+                    self.cond.wait()
+                    continue
+                left = self.deadline - time.monotonic()
+                if left > 0:
+                    self.cond.wait(left)
+                    continue
+                check = self.log.current or "?"
+                self.log.result(
+                    check,
+                    "fail",
+                    cause=f"timed out after {self.seconds:.0f} s (a hung collective, rank or file system)",
+                    timeout=True,
+                )
+                _finish(self.log, ok=False, code=124)
+
+
+def _finish(log: Log, ok: bool, code: Optional[int] = None) -> None:
+    log.event("end", ok=ok)
+    if log.fh is None:
+        print(json.dumps(_summary(log)), flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if code is not None else (0 if ok else 1))
+
+
+def _summary(log: Log) -> dict[str, Any]:
+    return {"rank": log.rank.rank, "host": socket.gethostname(), "checks": log.results}
+
+
+# --- main -----------------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("--checks", default="import,gpu,arch")
-    parser.add_argument("--expect-gpus", type=int, default=None)
-    args = parser.parse_args(argv)
-    record: dict = {"rank": _rank(), "host": os.uname().nodename, "checks": {}}
+    parser.add_argument("--out", help="directory for the per-rank event files")
+    parser.add_argument("--expect-gpus", type=int, default=None, help="GPUs each rank should see")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--fs", action="append", default=[], help="directory for the file system check")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per check")
+    parser.add_argument("--sweep-max", type=int, default=1 << 30, help="largest all_reduce message, bytes")
+    parser.add_argument("--matmul-n", type=int, default=4096)
+    parser.add_argument("--epochs", type=int, default=4)
+    return parser
+
+
+def main(argv: list[str]) -> None:
+    args = _parser().parse_args(argv)
+    rank = Rank()
+    log = Log(args.out, rank)
+    log.event(
+        "hello",
+        rank=rank.rank,
+        world=rank.world,
+        local_rank=rank.local,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        launched_by="torchrun" if rank.torchrun else ("mpi" if rank.mpi else "direct"),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+
+    def on_term(signum: int, frame: object) -> None:
+        log.event("killed", signal=signum, check=log.current)
+        _finish(log, ok=False, code=128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    watchdog = Watchdog(log)
+    planned = faults(rank.rank)
+    suite = Suite(args, log, rank)
+    checks = [c for c in args.checks.split(",") if c]
+    if "import" not in checks:
+        checks.insert(0, "import")
     ok = True
-    t0 = time.perf_counter()
+    for check in checks:
+        log.start(check)
+        watchdog.arm(args.timeout)
+        inject(planned.get(check))
+        result = _run_one(suite, check, rank)
+        watchdog.disarm()
+        ok = ok and result["status"] != "fail"
+        if check == "import" and result["status"] == "fail":
+            break
+    if suite.dist_ready:
+        import torch.distributed as dist
+
+        watchdog.arm(args.timeout)
+        # The results are recorded; a failing teardown must not change them.
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    _finish(log, ok)
+
+
+def _run_one(suite: Suite, check: str, rank: Rank) -> dict[str, Any]:
+    method: Optional[Callable[[], dict[str, Any]]] = getattr(suite, f"check_{check}", None)
+    if method is None:
+        return suite.log.result(check, "skip", reason=f"unknown check {check!r}")
+    if check in GPU_CHECKS and suite.args.device == "cpu":
+        return suite.log.result(check, "skip", reason="CPU run: no GPU checks")
+    if check in DIST_CHECKS:
+        if rank.world < 2 and not rank.torchrun:
+            return suite.log.result(check, "skip", reason="a single process: launch with 2 or more ranks")
+        if suite.dist_broken:
+            return suite.log.result(check, "fail", cause=f"no process group: {suite.dist_broken}")
     try:
-        import torch
-    except Exception as exc:  # the record must say why, whatever it was
-        record["checks"]["import"] = {"status": "fail", "error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps(record), flush=True)
-        return 1
-    record["checks"]["import"] = {
-        "status": "pass",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
-    for check in [c for c in args.checks.split(",") if c and c != "import"]:
-        if check not in IMPLEMENTED:
-            record["checks"][check] = {"status": "skipped", "reason": "not implemented in this release"}
-            continue
-        count = torch.cuda.device_count() if torch.version.cuda else 0
-        if check == "gpu":
-            expected = args.expect_gpus
-            status = "pass" if expected is None or count == expected else "fail"
-            record["checks"]["gpu"] = {
-                "status": status,
-                "count": count,
-                "expected": expected,
-                "devices": [torch.cuda.get_device_name(i) for i in range(count)],
-            }
-        elif check == "arch":
-            arch_list = torch.cuda.get_arch_list() if count else []
-            missing = []
-            built = [_sm(a) for a in arch_list if a.startswith("sm_")]
-            ptx = [_sm(a) for a in arch_list if a.startswith("compute_")]
-            for i in range(count):
-                major, minor = torch.cuda.get_device_capability(i)
-                sass = any(b[0] == major and b[1] <= minor for b in built)
-                jit = any(p <= (major, minor) for p in ptx)
-                if not (sass or jit):
-                    missing.append(f"sm_{major}{minor}")
-            record["checks"]["arch"] = {
-                "status": "fail" if missing else ("pass" if count else "skipped"),
-                "arch_list": arch_list,
-                "missing": missing,
-            }
-        ok = ok and record["checks"][check]["status"] != "fail"
-    print(json.dumps(record), flush=True)
-    return 0 if ok else 1
+        return method()
+    except Exception as exc:  # any error in a check is that check's FAIL, never a crash of the rank
+        if check in DIST_CHECKS:  # a failed collective leaves the group unusable: later ones fail fast
+            suite.dist_broken = f"{check} failed: {type(exc).__name__}: {str(exc)[:200]}"
+        return suite.log.result(check, "fail", cause=f"{type(exc).__name__}: {str(exc)[:400]}")
 
 
 if __name__ == "__main__":
-    sys.stdout.flush()
-    os._exit(main(sys.argv[1:]))
+    main(sys.argv[1:])

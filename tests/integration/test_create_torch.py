@@ -15,23 +15,6 @@ from wheelindex import mirror_env, serve
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def torch_files(tmp_path_factory):
-    """torch 2.13.0 (CPU) and what it needs, as pip finds them here (its find-links holds the torch file)."""
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the machine image's torch file is for CPython 3.11")
-    d = tmp_path_factory.mktemp("torch-files")
-    res = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--dest", str(d), "torch==2.13.0", "numpy"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if res.returncode != 0 or not list(d.glob("torch-2.13.0*cpu*.whl")):
-        pytest.skip(f"the CPU torch 2.13.0 file is not on this machine (pip find-links): {res.stderr[-300:]}")
-    return d
-
-
 def test_local_recipe_creates_a_working_torch_env(torch_files, tmp_path):
     with serve(torch_files) as index:
         env = {

@@ -30,7 +30,7 @@ CASES = [
         ["gcc/15.1.0", "python3/3.11.8"],
         [],
         f"{S}/vista-venv-cu124/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=1 "
-        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,ddp,filesystem",
+        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,ddp,filesystem --device cuda --expect-gpus 1",
     ),
     (
         "vista-venv-mpi-cu126",
@@ -39,7 +39,7 @@ CASES = [
         ["gcc/13.2.0", "openmpi/5.0.5", "python3_mpi/3.11.8"],
         [],
         f"ibrun -n 2 {S}/vista-venv-mpi-cu126/bin/python {PAYLOAD} "
-        "--checks import,gpu,arch,cuda,libraries,mpi,nccl,ddp,filesystem",
+        "--checks import,gpu,arch,cuda,libraries,mpi,nccl,ddp,filesystem --device cuda --expect-gpus 1",
     ),
     (
         "vista-overlay-system",
@@ -48,7 +48,7 @@ CASES = [
         ["gcc/15.1.0", "python3/3.11.8"],
         [],
         f"{S}/vista-overlay-system/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=1 "
-        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,filesystem",
+        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,filesystem --device cuda --expect-gpus 1",
     ),
     (
         "frontera-venv-cu124",
@@ -57,7 +57,7 @@ CASES = [
         ["python3/3.9.2"],
         [],
         f"{S}/frontera-venv-cu124/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=4 "
-        f"{PAYLOAD} --checks {CHECKS_FULL}",
+        f"{PAYLOAD} --checks {CHECKS_FULL} --device cuda --expect-gpus 4",
     ),
     (
         "frontera-venv-cu126",
@@ -66,7 +66,7 @@ CASES = [
         ["python3/3.9.2"],
         [],
         f"{S}/frontera-venv-cu126/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=4 "
-        f"{PAYLOAD} --checks {CHECKS_FULL}",
+        f"{PAYLOAD} --checks {CHECKS_FULL} --device cuda --expect-gpus 4",
     ),
     (
         "stampede3-venv-cu126",
@@ -75,7 +75,7 @@ CASES = [
         [],
         [],
         f"{S}/stampede3-venv-cu126/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=4 "
-        f"{PAYLOAD} --checks {CHECKS_FULL}",
+        f"{PAYLOAD} --checks {CHECKS_FULL} --device cuda --expect-gpus 4",
     ),
     (
         "lonestar6-venv-cu128",
@@ -84,7 +84,7 @@ CASES = [
         ["python3/3.9.7"],
         [],
         f"{S}/lonestar6-venv-cu128/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=3 "
-        f"{PAYLOAD} --checks {CHECKS_FULL}",
+        f"{PAYLOAD} --checks {CHECKS_FULL} --device cuda --expect-gpus 3",
     ),
     *[
         (
@@ -95,7 +95,8 @@ CASES = [
             [],
             # One srun task per node around one torchrun: never the seed's two agents on the same GPUs.
             f"srun --nodes=1 --ntasks-per-node=1 --ntasks=1 /work/u1/envbuilder/envs/zurada-conda-{v}/bin/python "
-            f"-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 {PAYLOAD} --checks {CHECKS_FULL}",
+            f"-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 {PAYLOAD} --checks {CHECKS_FULL} "
+            "--device cuda --expect-gpus 2",
         )
         for v in ("cu118", "cu126", "cu128")
     ],
@@ -106,7 +107,7 @@ CASES = [
         ["python/3.12.1-gpu"],
         [],
         "mpirun -n 4 --map-by ppr:4:node /work/p01/p01/u1/envbuilder/envs/cirrus-venv-cu121-horovod/bin/python "
-        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,mpi,nccl,horovod",
+        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,mpi,nccl,horovod --device cuda --expect-gpus 4",
     ),
     (
         "polaris-overlay-conda",
@@ -116,7 +117,7 @@ CASES = [
         ["/soft/modulefiles"],
         "mpiexec -n 4 --ppn 4 --depth 16 --cpu-bind depth PKG/payloads/gpu_affinity.sh reverse-local-rank "
         f"/home/u1/envbuilder/envs/polaris-overlay-conda/bin/python {PAYLOAD} "
-        "--checks import,gpu,arch,cuda,libraries,mpi,nccl,ddp,filesystem",
+        "--checks import,gpu,arch,cuda,libraries,mpi,nccl,ddp,filesystem --device cuda --expect-gpus 1",
     ),
     (
         "local",
@@ -125,7 +126,7 @@ CASES = [
         [],
         [],
         f"{S}/local/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 "
-        f"{PAYLOAD} --checks {CHECKS_FULL}",
+        f"{PAYLOAD} --checks {CHECKS_FULL} --device cpu",
     ),
 ]
 

@@ -1,0 +1,127 @@
+"""`envbuilder validate ENV`: run the bundled checks on the right nodes and print one report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.markup import escape
+from rich.table import Table
+
+from envbuilder import host, loader, modules, report, state
+from envbuilder import validate as validator
+from envbuilder.catalog import Catalog
+from envbuilder.console import Out
+from envbuilder.errors import StateError, ValidationFailed
+
+_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+
+
+def options(args: argparse.Namespace) -> validator.Options:
+    return validator.Options(
+        checks=tuple(args.checks.split(",")) if getattr(args, "checks", None) else None,
+        launcher=getattr(args, "launcher", None),
+        nodes=getattr(args, "nodes", None),
+        nproc_per_node=getattr(args, "nproc_per_node", None),
+        cpu=bool(getattr(args, "cpu", False)),
+        submit=bool(getattr(args, "submit", False)),
+        account=getattr(args, "account", None),
+        timeout=getattr(args, "timeout", None),
+        wait=getattr(args, "wait_job", None),
+    )
+
+
+def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    env = dict(os.environ)
+    home = state.home(env)
+    record = state.load(home, args.env)
+    health = state.health(record)
+    if health.status == "gone":
+        raise StateError(
+            f"{record.name} is gone from {record.prefix}", hint=f"envbuilder create {record.recipe}"
+        )
+    recipe = loader.load(record.recipe, Catalog.from_env(env))
+    facts = host.load_facts_file(args.facts) if args.facts else host.probe()
+    result = execute(record, recipe, facts, env, options(args), out, quiet=args.json, home=home)
+    if args.junit:
+        Path(args.junit).write_text(report.junit(result), encoding="utf-8")
+    return finish(result)
+
+
+def execute(
+    record: state.EnvRecord,
+    recipe: loader.Recipe,
+    facts: host.HostFacts,
+    env: dict[str, str],
+    opts: validator.Options,
+    out: Out,
+    quiet: bool,
+    home: Path,
+) -> report.Report:
+    """Run, store in the record, render (unless quiet)."""
+    status_ctx = out.console.status("validating", spinner="dots") if not quiet else None
+    live = validator.Status(
+        status=(lambda text: status_ctx.update(escape(text))) if status_ctx else (lambda text: None),
+        note=out.line if not quiet else (lambda text: None),
+    )
+    if status_ctx:
+        with status_ctx:
+            result = validator.run(record, recipe, facts, env, modules.detect(env), opts, live)
+    else:
+        result = validator.run(record, recipe, facts, env, modules.detect(env), opts, live)
+    validator.store(home, record, result)
+    if not quiet:
+        render(result, out)
+    return result
+
+
+def finish(result: report.Report) -> dict[str, Any]:
+    data = result.to_json()
+    if not result.ok:
+        exc = ValidationFailed(
+            f"validation of {result.env} failed: {', '.join(result.failed) or 'no check passed'}",
+            hint=_hint(result),
+        )
+        exc.data = data  # type: ignore[attr-defined]
+        raise exc
+    return data
+
+
+def _hint(result: report.Report) -> Optional[str]:
+    for row in result.rows:
+        if row.status == "fail" and row.hint:
+            return row.hint
+    return None
+
+
+def render(result: report.Report, out: Out) -> None:
+    where = "here" if result.where == "here" else f"job {result.where}"
+    out.heading(
+        f"Validation of {result.env}: {result.world} rank(s) on {result.nodes} node(s) through "
+        f"{result.launcher}, {result.device}, {where}, {result.seconds:.1f} s"
+    )
+    table = Table(box=None, pad_edge=False)
+    for col in ("check", "ranks", "status", "figures", "cause / hint"):
+        table.add_column(col, overflow="fold")
+    for row in result.rows:
+        ranks = _ranks(row.ranks, result.world)
+        status = f"[{_STYLE[row.status]}]{row.status.upper()}[/]"
+        detail = row.reason or ""
+        if row.status == "fail":
+            detail = (row.cause or "") + (f"\nhint: {row.hint}" if row.hint else "")
+        table.add_row(row.check, ranks, status, escape(report.figure_text(row)), escape(detail))
+    out.console.print(table)
+    if not result.ok and result.stderr_tail:
+        out.line("launcher output (last lines):")
+        for line in result.stderr_tail.splitlines()[-8:]:
+            out.line(f"  {line}")
+
+
+def _ranks(ranks: tuple[int, ...], world: int) -> str:
+    if not ranks:
+        return "-"
+    if len(ranks) == world and world > 1:
+        return f"all {world}"
+    return ",".join(map(str, ranks))

@@ -1,0 +1,360 @@
+"""Pure: merge the ranks' event files into one validation report, apply performance references, render JUnit.
+
+A rank's file is a list of events (``hello``, ``start``/``result`` per check, ``killed``, ``end``). A ``start``
+without a ``result`` is where that rank died or hung; a rank without a file never started. Both become FAILs
+that name the rank and the check, with the launcher's exit status and stderr tail as evidence.
+
+References follow ReFrame: a figure's expected ``value`` with ``lower``/``upper`` bounds as fractions of it
+(``lower = -0.1`` allows 10 % below; a missing bound is unbounded). Out of bounds is a FAIL showing the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+REPORT_VERSION = 1
+#: Figures where a larger value is worse: the slowest rank sets them. For the others the smallest value does.
+_LOWER_IS_BETTER_UNITS = frozenset({"s", "us", "ms"})
+
+
+@dataclass(frozen=True)
+class Row:
+    check: str
+    status: str  # pass | fail | skip
+    ranks: tuple[int, ...]
+    figures: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    cause: Optional[str] = None
+    hint: Optional[str] = None
+    reason: Optional[str] = None
+    references: tuple[Mapping[str, Any], ...] = ()
+    per_rank: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "status": self.status,
+            "ranks": list(self.ranks),
+            "figures": {k: dict(v) for k, v in self.figures.items()},
+            "cause": self.cause,
+            "hint": self.hint,
+            "reason": self.reason,
+            "references": [dict(r) for r in self.references],
+            "per_rank": {str(k): v for k, v in sorted(self.per_rank.items())},
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    env: str
+    launcher: str
+    device: str
+    world: int
+    nodes: int
+    command: tuple[str, ...]
+    rows: tuple[Row, ...]
+    seconds: float
+    exit_code: Optional[int]
+    where: str  # "here" or the batch job's id
+    started: str
+    partition: Optional[str] = None
+    stderr_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status != "fail" for r in self.rows) and any(r.status == "pass" for r in self.rows)
+
+    @property
+    def failed(self) -> list[str]:
+        return [r.check for r in self.rows if r.status == "fail"]
+
+    def row(self, check: str) -> Optional[Row]:
+        return next((r for r in self.rows if r.check == check), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": REPORT_VERSION,
+            "kind": "suite",
+            "env": self.env,
+            "ok": self.ok,
+            "launcher": self.launcher,
+            "device": self.device,
+            "world": self.world,
+            "nodes": self.nodes,
+            "partition": self.partition,
+            "command": list(self.command),
+            "where": self.where,
+            "started": self.started,
+            "seconds": round(self.seconds, 2),
+            "exit_code": self.exit_code,
+            "checks": {r.check: r.to_json() for r in self.rows},
+            "order": [r.check for r in self.rows],
+            "stderr_tail": self.stderr_tail,
+        }
+
+
+def parse_events(text: str) -> list[dict[str, Any]]:
+    """A rank file's events; a torn last line (the rank was killed mid-write) is dropped."""
+    events = []
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and "event" in item:
+            events.append(item)
+    return events
+
+
+def merge(
+    checks: Sequence[str],
+    events: Mapping[int, Sequence[Mapping[str, Any]]],
+    world: int,
+    exit_code: Optional[int],
+    timed_out_after: Optional[float] = None,
+) -> list[Row]:
+    """One row per check, from every rank's events."""
+    results: dict[int, dict[str, Mapping[str, Any]]] = {}
+    stopped: dict[int, str] = {}  # rank -> check it was in when it stopped
+    killed: dict[int, int] = {}
+    for rank in range(world):
+        evs = events.get(rank, ())
+        results[rank] = {}
+        current: Optional[str] = None
+        for ev in evs:
+            if ev["event"] == "start":
+                current = ev.get("check")
+            elif ev["event"] == "result":
+                results[rank][ev["check"]] = ev
+                current = None
+            elif ev["event"] == "killed":
+                killed[rank] = int(ev.get("signal") or 0)
+        if current is not None:
+            stopped[rank] = current
+    ordered = list(dict.fromkeys(["import", *checks]))
+    rows = []
+    for check in ordered:
+        rows.append(_row(check, results, stopped, killed, events, world, exit_code, timed_out_after))
+    return rows
+
+
+def _row(
+    check: str,
+    results: Mapping[int, Mapping[str, Mapping[str, Any]]],
+    stopped: Mapping[int, str],
+    killed: Mapping[int, int],
+    events: Mapping[int, Sequence[Mapping[str, Any]]],
+    world: int,
+    exit_code: Optional[int],
+    timed_out_after: Optional[float],
+) -> Row:
+    per_rank: dict[int, Mapping[str, Any]] = {}
+    failures: dict[str, list[int]] = {}
+    hints: dict[str, str] = {}
+    not_reached: list[int] = []
+    for rank in range(world):
+        res = results[rank].get(check)
+        if res is not None:
+            per_rank[rank] = {k: v for k, v in res.items() if k not in ("event", "t", "check")}
+            if res["status"] == "fail":
+                failures.setdefault(str(res.get("cause") or "failed"), []).append(rank)
+                if res.get("hint"):
+                    hints.setdefault(str(res.get("cause") or "failed"), str(res["hint"]))
+            continue
+        if stopped.get(rank) == check:
+            cause = _stop_cause(rank, killed.get(rank), exit_code, timed_out_after)
+            failures.setdefault(cause, []).append(rank)
+        elif not events.get(rank) and check == "import":
+            failures.setdefault(_never_started(exit_code, timed_out_after), []).append(rank)
+        else:
+            not_reached.append(rank)
+    if failures:
+        parts = []
+        for cause, ranks in failures.items():
+            parts.append(cause if world == 1 else f"{_ranks_text(ranks)}: {cause}")
+        hint = next(iter(hints.values()), None)
+        if hint is None and any(r in stopped or not events.get(r) for rs in failures.values() for r in rs):
+            hint = "see the launcher's output below; rerun with a single check (--checks) to isolate it"
+        return Row(
+            check,
+            "fail",
+            tuple(sorted(per_rank)),
+            _figures(per_rank),
+            "; ".join(parts),
+            hint,
+            per_rank=per_rank,
+        )
+    if not per_rank:
+        where = sorted({stopped[r] for r in stopped}) or ["an earlier check"]
+        return Row(check, "skip", (), reason=f"not reached: the ranks stopped during {', '.join(where)}")
+    statuses = {v["status"] for v in per_rank.values()}
+    if statuses == {"skip"}:
+        return Row(check, "skip", tuple(sorted(per_rank)), reason=str(per_rank[min(per_rank)].get("reason")))
+    if not_reached:
+        cause = f"{_ranks_text(not_reached)} never reached this check"
+        return Row(check, "fail", tuple(sorted(per_rank)), _figures(per_rank), cause, per_rank=per_rank)
+    return Row(check, "pass", tuple(sorted(per_rank)), _figures(per_rank), per_rank=per_rank)
+
+
+def _stop_cause(rank: int, signal: Optional[int], exit_code: Optional[int], after: Optional[float]) -> str:
+    if after is not None:
+        return f"rank {rank} was still in this check when the run was stopped after {after:.0f} s (hung)"
+    if signal:
+        return f"rank {rank} was terminated (signal {signal}) by the launcher during this check, after another rank failed"
+    code = f" (launcher exit status {exit_code})" if exit_code is not None else ""
+    return f"rank {rank} died during this check without a result{code}"
+
+
+def _never_started(exit_code: Optional[int], after: Optional[float]) -> str:
+    if after is not None:
+        return f"the rank never started within {after:.0f} s"
+    return f"the rank never started (launcher exit status {exit_code})"
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))
+
+
+def _figures(per_rank: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each figure across ranks: the slowest rank's value (max for times, min for rates)."""
+    out: dict[str, dict[str, Any]] = {}
+    for rank in sorted(per_rank):
+        for name, fig in (per_rank[rank].get("figures") or {}).items():
+            if not isinstance(fig, Mapping) or not isinstance(fig.get("value"), (int, float)):
+                continue
+            if name not in out:
+                out[name] = dict(fig)
+                continue
+            worse = max if fig.get("unit") in _LOWER_IS_BETTER_UNITS else min
+            out[name]["value"] = worse(out[name]["value"], fig["value"])
+    return out
+
+
+# --- references -----------------------------------------------------------------------------------------------
+
+
+def references_for(
+    refs: Sequence[Mapping[str, Any]], partition: Optional[str], world: int
+) -> dict[str, Mapping[str, Any]]:
+    """The recipe's references that hold here: any-partition ones, overridden by the partition's own; a
+    reference with ``ranks`` holds only for that many ranks."""
+    chosen: dict[str, Mapping[str, Any]] = {}
+    for ref in sorted(refs, key=lambda r: r.get("partition") is not None):
+        if ref.get("partition") not in (None, partition):
+            continue
+        if ref.get("ranks") is not None and int(ref["ranks"]) != world:
+            continue
+        chosen[str(ref["figure"])] = {**ref, "partition": ref.get("partition") or "*"}
+    return chosen
+
+
+def apply_references(rows: Sequence[Row], refs: Mapping[str, Mapping[str, Any]]) -> list[Row]:
+    """Rows with each reference evaluated; a passing row with a figure out of bounds becomes a FAIL."""
+    out = []
+    for row in rows:
+        evaluated = []
+        breaches = []
+        for name, ref in refs.items():
+            check, _, figure = name.partition(".")
+            if check != row.check:
+                continue
+            fig = row.figures.get(figure)
+            result = {"name": name, **ref}
+            if fig is None:
+                result["verdict"] = "no figure" if row.status != "skip" else "skipped"
+                evaluated.append(result)
+                continue
+            value = float(fig["value"])
+            lo, hi = bounds(ref)
+            result["measured"] = value
+            result["verdict"] = "ok" if (lo is None or value >= lo) and (hi is None or value <= hi) else "out"
+            evaluated.append(result)
+            if result["verdict"] == "out":
+                breaches.append(_breach_text(figure, value, ref, lo, hi))
+        checked = replace(row, references=tuple(evaluated))
+        if breaches and row.status == "pass":
+            checked = replace(
+                checked,
+                status="fail",
+                cause="; ".join(breaches),
+                hint="outside the site's reference: a slow link, a wrong NCCL transport, or a degraded node",
+            )
+        out.append(checked)
+    return out
+
+
+def bounds(ref: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:
+    value = float(ref["value"])
+    lo = value * (1 + float(ref["lower"])) if ref.get("lower") is not None else None
+    hi = value * (1 + float(ref["upper"])) if ref.get("upper") is not None else None
+    return lo, hi
+
+
+def _breach_text(
+    figure: str, value: float, ref: Mapping[str, Any], lo: Optional[float], hi: Optional[float]
+) -> str:
+    unit = ref.get("unit", "")
+    where = f"partition {ref['partition']}" if ref.get("partition") not in (None, "*") else "this site"
+    if lo is not None and value < lo:
+        return f"{figure} {value:.3g} {unit} is below the reference {ref['value']} {unit} {_pct(ref['lower'])} (>= {lo:.3g}) for {where}"
+    return f"{figure} {value:.3g} {unit} is above the reference {ref['value']} {unit} +{_pct(ref['upper'])} (<= {hi:.3g}) for {where}"
+
+
+def _pct(frac: Any) -> str:
+    return f"{float(frac) * 100:+.0f}%".replace("+-", "-")
+
+
+# --- JUnit ----------------------------------------------------------------------------------------------------
+
+
+def junit(report: Report) -> str:
+    """JUnit XML for site CI dashboards: one testcase per check."""
+    suite = ET.Element(
+        "testsuite",
+        name=f"envbuilder.validate.{report.env}",
+        tests=str(len(report.rows)),
+        failures=str(sum(r.status == "fail" for r in report.rows)),
+        skipped=str(sum(r.status == "skip" for r in report.rows)),
+        errors="0",
+        time=f"{report.seconds:.2f}",
+        timestamp=report.started,
+    )
+    props = ET.SubElement(suite, "properties")
+    for key, value in (
+        ("launcher", report.launcher),
+        ("device", report.device),
+        ("world", str(report.world)),
+        ("partition", report.partition or ""),
+    ):
+        ET.SubElement(props, "property", name=key, value=value)
+    for row in report.rows:
+        case = ET.SubElement(
+            suite, "testcase", classname=f"envbuilder.{report.env}", name=row.check, time="0"
+        )
+        if row.status == "fail":
+            failure = ET.SubElement(case, "failure", message=row.cause or "failed", type="ValidationFailed")
+            failure.text = "\n".join(filter(None, [row.cause, f"hint: {row.hint}" if row.hint else None]))
+        elif row.status == "skip":
+            ET.SubElement(case, "skipped", message=row.reason or "skipped")
+        if row.figures:
+            out = ET.SubElement(case, "system-out")
+            out.text = "\n".join(
+                f"{k} = {v['value']} {v.get('unit', '')}".rstrip() for k, v in row.figures.items()
+            )
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+def figure_text(row: Row) -> str:
+    parts = []
+    for name, fig in row.figures.items():
+        value = fig["value"]
+        text = f"{value:.3g}" if isinstance(value, float) else str(value)
+        parts.append(f"{name} {text} {fig.get('unit', '')}".rstrip())
+    for ref in row.references:
+        if ref.get("verdict") in ("ok", "out"):
+            parts.append(f"(ref {ref['value']} {ref.get('unit', '')}: {ref['verdict']})")
+    return ", ".join(parts)

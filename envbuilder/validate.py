@@ -1,0 +1,357 @@
+"""Run the bundled validation for a built env: here (inside an allocation, or on any host for a CPU run) or as
+a batch job (``--submit``), then merge the ranks' records into one report and keep it in the env's record.
+
+Every run gets its own directory under ``<prefix>/envbuilder/validation/``: the payload copied there (compute
+nodes see the env's file system, not necessarily where envbuilder is installed), the batch script, the
+launcher's output, one event file per rank and the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+from envbuilder import build, launchers, plan, proc, report, state, suite
+from envbuilder.errors import CommandFailed, UsageError, ValidationFailed
+from envbuilder.host import HostFacts
+from envbuilder.loader import Recipe
+from envbuilder.modules import ModuleSystem
+
+KEEP_RUNS = 5
+#: Startup allowance on top of the per-check timeouts (interpreter start, rendezvous, module loads).
+SLACK_S = 120.0
+POLL_S = 0.5
+
+
+class NotHere(ValidationFailed):
+    """This host cannot run the checks the env needs (a login node for a GPU env); the hint says where to."""
+
+
+@dataclass(frozen=True)
+class Options:
+    checks: Optional[tuple[str, ...]] = None
+    launcher: Optional[str] = None
+    nodes: Optional[int] = None
+    nproc_per_node: Optional[int] = None
+    cpu: bool = False
+    submit: bool = False
+    account: Optional[str] = None
+    timeout: Optional[float] = None
+    #: How long --submit waits for the job to start and finish (None: until it ends).
+    wait: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Status:
+    """Callbacks for the live line: ``status(text)`` replaces it, ``note(text)`` prints a line."""
+
+    status: Callable[[str], None] = lambda text: None
+    note: Callable[[str], None] = lambda text: None
+
+
+def run(
+    record: state.EnvRecord,
+    recipe: Recipe,
+    host: HostFacts,
+    env: Mapping[str, str],
+    modules: ModuleSystem,
+    opts: Options,
+    live: Status = Status(),
+) -> report.Report:
+    """Validate ``record``'s env. Raises ValidationFailed (with the way forward) when this host cannot run it."""
+    warnings: list[str] = []
+    target = plan.target_facts(recipe, host, warnings, [])
+    device = suite.device_for(target, opts.cpu)
+    reason = suite.where(device, host, target, opts.submit)
+    checks = suite.checks_for(recipe, opts.checks)
+    kind = str(record.plan.get("kind", "venv"))
+    prefix = Path(record.prefix)
+    activate = dict(record.plan.get("activate") or plan_activate(recipe))
+    timeout = float(opts.timeout or recipe.get("validation.timeout") or suite.DEFAULT_TIMEOUT_S)
+    run_dir = _new_run_dir(prefix)
+    payload = suite.Payload(
+        checks=checks,
+        device=device,
+        out=str(run_dir / "ranks"),
+        fs=suite.filesystems(recipe, env, plan.expand),
+        timeout=timeout,
+    )
+    python = str(prefix / "bin" / "python") if kind != "user-prefix" else _site_python(record)
+    the_launch = suite.launch(
+        recipe,
+        target,
+        str(prefix),
+        python,
+        activate,
+        payload,
+        str(run_dir),
+        warnings,
+        launcher=opts.launcher,
+        nodes=opts.nodes,
+        nproc_per_node=opts.nproc_per_node,
+        account=opts.account,
+        workdir=str(run_dir),
+    )
+    for text in warnings:
+        live.note(f"warning: {text}")
+    if reason and not opts.submit:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise NotHere(
+            f"not validating {record.name} here: {reason}",
+            hint=_elsewhere_hint(record.name, the_launch),
+        )
+    _copy_payloads(run_dir)
+    budget = timeout * len(checks) + SLACK_S
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    t0 = time.monotonic()
+    if opts.submit:
+        exit_code, timed_out, where, tail = _submit(the_launch, run_dir, env, opts, live)
+    else:
+        run_env = environment(record, recipe, env, modules, kind)
+        exit_code, timed_out, tail = _here(the_launch, run_dir, run_env, budget, live)
+        where = "here"
+    events = _read_events(run_dir / "ranks")
+    rows = report.merge(checks, events, the_launch.world, exit_code, budget if timed_out else None)
+    partition = env.get("SLURM_JOB_PARTITION") or env.get("PBS_QUEUE") or the_launch.partition
+    refs = report.references_for(recipe.get("validation.references", []) or [], partition, the_launch.world)
+    rows = report.apply_references(rows, refs)
+    result = report.Report(
+        env=record.name,
+        launcher=the_launch.launcher,
+        device=device,
+        world=the_launch.world,
+        nodes=the_launch.nodes,
+        command=tuple(launchers.plain(the_launch.argv)),
+        rows=tuple(rows),
+        seconds=time.monotonic() - t0,
+        exit_code=exit_code,
+        where=where,
+        started=started,
+        partition=partition,
+        stderr_tail=tail,
+    )
+    state.write_atomic(run_dir / "report.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
+    _prune(prefix)
+    return result
+
+
+def store(home: Path, record: state.EnvRecord, result: report.Report) -> state.EnvRecord:
+    """Keep the report in the env's record (``show`` displays it)."""
+    updated = replace(record, validation=result.to_json())
+    state.save(home, updated)
+    return updated
+
+
+def plan_activate(recipe: Recipe) -> dict[str, object]:
+    return {
+        "modules": list(recipe.get("activate.modules", [])),
+        "module_use": list(recipe.get("modules.use", [])),
+        "env": {},
+        "unset": [],
+    }
+
+
+def environment(
+    record: state.EnvRecord,
+    recipe: Recipe,
+    env: Mapping[str, str],
+    modules: ModuleSystem,
+    kind: str,
+) -> dict[str, str]:
+    """What an activated env gives a job: the recipe's modules, its activate variables, the env's bin first."""
+    base = proc.scrubbed_env(env)
+    activate = record.plan.get("activate") or {}
+    use = list(activate.get("module_use") or recipe.get("modules.use", []))
+    load = list(recipe.get("modules.load", []))
+    load += [m for m in activate.get("modules") or [] if m not in load]
+    out = modules.apply(use, load, base).apply(base) if (use or load) else dict(base)
+    out.update({str(k): str(v) for k, v in (activate.get("env") or {}).items()})
+    for var in activate.get("unset") or []:
+        out.pop(str(var), None)
+    if kind == "user-prefix":
+        out["PYTHONUSERBASE"] = record.prefix
+    else:
+        out["VIRTUAL_ENV"] = record.prefix
+    out["PATH"] = f"{record.prefix}/bin" + (f":{out['PATH']}" if out.get("PATH") else "")
+    out.setdefault("OMP_NUM_THREADS", "1")  # torchrun sets it anyway, with a banner
+    return out
+
+
+def _site_python(record: state.EnvRecord) -> str:
+    return str(record.tools.get("python_path") or "python3")
+
+
+def _elsewhere_hint(name: str, the_launch: suite.Launch) -> str:
+    parts = []
+    if the_launch.interactive:
+        parts.append(f"get a compute node ({launchers.display(the_launch.interactive)}) and run it there")
+    parts.append(f"or submit it: envbuilder validate {name} --submit")
+    parts.append(f"or check everything but the GPUs here: envbuilder validate {name} --cpu")
+    return "; ".join(parts)
+
+
+def _new_run_dir(prefix: Path) -> Path:
+    root = prefix / "envbuilder" / "validation"
+    root.mkdir(parents=True, exist_ok=True, mode=0o755)
+    path = root / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    path.mkdir(mode=0o755)
+    (path / "ranks").mkdir(mode=0o755)
+    return path
+
+
+def _copy_payloads(run_dir: Path) -> None:
+    dest = run_dir / "payloads"
+    dest.mkdir(mode=0o755)
+    for src in build.PAYLOADS.iterdir():
+        if src.suffix in (".py", ".sh") and not src.name.startswith("__"):
+            shutil.copy2(src, dest / src.name)
+            (dest / src.name).chmod(0o755 if src.suffix == ".sh" else 0o644)
+
+
+def _prune(prefix: Path) -> None:
+    runs = sorted((prefix / "envbuilder" / "validation").glob("run-*"))
+    for old in runs[:-KEEP_RUNS]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _read_events(ranks: Path) -> dict[int, list[dict[str, object]]]:
+    events: dict[int, list[dict[str, object]]] = {}
+    for path in ranks.glob("rank-*.jsonl"):
+        with contextlib.suppress(ValueError, OSError):
+            events[int(path.stem.split("-", 1)[1])] = report.parse_events(path.read_text(encoding="utf-8"))
+    return events
+
+
+# --- here -----------------------------------------------------------------------------------------------------
+
+
+def _here(
+    the_launch: suite.Launch, run_dir: Path, env: dict[str, str], budget: float, live: Status
+) -> tuple[Optional[int], bool, str]:
+    env = dict(env)
+    values = {"SLURM_JOB_ID": env.get("SLURM_JOB_ID", "envbuilder")}
+    if the_launch.nodes > 1:
+        values["MASTER_ADDR"] = _first_host(env)
+        env.setdefault("MASTER_ADDR", values["MASTER_ADDR"])
+        env.setdefault("MASTER_PORT", "29500")
+    elif not launchers.is_agent(the_launch.launcher):
+        # MPI-started ranks rendezvous through torch's TCP store on this node.
+        env["MASTER_ADDR"] = "127.0.0.1"
+        env["MASTER_PORT"] = str(_free_port())
+    argv = launchers.bind(the_launch.argv, values)
+    live.status(f"running {the_launch.launcher} with {the_launch.world} rank(s)")
+    timed_out = False
+    try:
+        res = proc.run(argv, env=env, cwd=str(run_dir), timeout=budget, check=False)
+        code: Optional[int] = res.returncode
+        out, err = res.stdout, res.stderr
+    except CommandFailed as exc:
+        if exc.returncode != 124:
+            raise
+        timed_out, code, out, err = True, None, "", exc.stderr_tail
+    except FileNotFoundError as exc:
+        raise UsageError(
+            f"the launcher {argv[0]!r} is not on PATH here",
+            hint="load the site's MPI module, or pick another --launcher",
+        ) from exc
+    (run_dir / "launcher.log").write_text(out + err, encoding="utf-8")
+    return code, timed_out, proc.tail(err)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _first_host(env: Mapping[str, str]) -> str:
+    if env.get("SLURM_JOB_NODELIST"):
+        res = proc.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], env=dict(env))
+        return res.stdout.split()[0]
+    if env.get("PBS_NODEFILE"):
+        return Path(env["PBS_NODEFILE"]).read_text(encoding="utf-8").split()[0]
+    raise UsageError(
+        "a multi-node run needs an allocation (SLURM_JOB_NODELIST or PBS_NODEFILE) to find its first host",
+        hint="run inside the job, or pass --submit",
+    )
+
+
+# --- submit ---------------------------------------------------------------------------------------------------
+
+
+def _submit(
+    the_launch: suite.Launch,
+    run_dir: Path,
+    env: Mapping[str, str],
+    opts: Options,
+    live: Status,
+) -> tuple[Optional[int], bool, str, str]:
+    if not the_launch.script or not the_launch.scheduler:
+        raise UsageError(
+            "this recipe names no scheduler, so there is nothing to submit to",
+            hint="run `envbuilder validate ENV` on the node itself",
+        )
+    script = run_dir / "job.sh"
+    script.write_text(the_launch.script, encoding="utf-8")
+    script.chmod(0o755)
+    out_file = run_dir / "job.out"
+    sub_env = proc.scrubbed_env(env)
+    if the_launch.scheduler == "slurm":
+        argv = ["sbatch", "--parsable", f"--output={out_file}", str(script)]
+    else:
+        argv = ["qsub", "-o", str(out_file), "-j", "oe", str(script)]
+    try:
+        res = proc.run(argv, env=sub_env, cwd=str(run_dir))
+    except FileNotFoundError:
+        raise UsageError(f"{argv[0]} is not on PATH: is this a login node of the site?") from None
+    job = res.stdout.strip().split(";", 1)[0]
+    live.note(f"submitted job {job}: {script}")
+    code, timed_out = _wait(the_launch.scheduler, job, sub_env, opts.wait, live)
+    tail = proc.tail(out_file.read_text(encoding="utf-8", errors="replace")) if out_file.exists() else ""
+    return code, timed_out, job, tail
+
+
+def _wait(
+    scheduler: str, job: str, env: Mapping[str, str], limit: Optional[float], live: Status
+) -> tuple[Optional[int], bool]:
+    t0 = time.monotonic()
+    while True:
+        state_ = _job_state(scheduler, job, env)
+        if state_ is None:
+            break
+        live.status(f"job {job}: {state_.lower()} ({time.monotonic() - t0:.0f} s)")
+        if limit is not None and time.monotonic() - t0 > limit:
+            return None, True
+        time.sleep(POLL_S)
+    return _job_exit(scheduler, job, env), False
+
+
+def _job_state(scheduler: str, job: str, env: Mapping[str, str]) -> Optional[str]:
+    """The job's state while it is queued or running; None once it has left the queue."""
+    if scheduler == "slurm":
+        res = proc.run(["squeue", "-h", "-j", job, "-o", "%T"], env=dict(env), check=False)
+        text = res.stdout.strip()
+        return (text or None) if res.returncode == 0 else None
+    res = proc.run(["qstat", job], env=dict(env), check=False)
+    if res.returncode != 0:
+        return None
+    lines = res.stdout.strip().splitlines()
+    return lines[-1].split()[4] if lines and len(lines[-1].split()) > 4 else "Q"
+
+
+def _job_exit(scheduler: str, job: str, env: Mapping[str, str]) -> Optional[int]:
+    if scheduler != "slurm":
+        return None
+    res = proc.run(["scontrol", "show", "job", job], env=dict(env), check=False)
+    for word in res.stdout.split():
+        if word.startswith("ExitCode="):
+            return int(word.split("=", 1)[1].split(":", 1)[0])
+    return None
