@@ -134,10 +134,39 @@ def merge(
                 killed[rank] = int(ev.get("signal") or 0)
         if current is not None:
             stopped[rank] = current
+    # A rank the launcher terminated because another rank failed did not fail itself: its check is marked
+    # interrupted, and the report points at the rank that did fail.
+    culprits = {
+        r
+        for r in range(world)
+        if (r in stopped and r not in killed)
+        or any(res.get("status") == "fail" for res in results[r].values())
+        or not events.get(r)
+    }
+    interrupted = {r: c for r, c in stopped.items() if r in killed and culprits - {r}}
     ordered = list(dict.fromkeys(["import", *checks]))
     rows = []
     for check in ordered:
-        rows.append(_row(check, results, stopped, killed, events, world, exit_code, timed_out_after))
+        row = _row(
+            check,
+            results,
+            {r: c for r, c in stopped.items() if r not in interrupted},
+            killed,
+            events,
+            world,
+            exit_code,
+            timed_out_after,
+            set(interrupted),
+        )
+        cut = sorted(r for r in interrupted if check not in results[r])
+        if cut and row.status != "fail" and row.per_rank:
+            row = replace(
+                row,
+                status="skip",
+                reason=f"{_ranks_text(cut)} stopped by the launcher before finishing, after "
+                f"{_ranks_text(sorted(culprits - set(cut)))} failed",
+            )
+        rows.append(row)
     return rows
 
 
@@ -150,26 +179,32 @@ def _row(
     world: int,
     exit_code: Optional[int],
     timed_out_after: Optional[float],
+    interrupted: set[int],
 ) -> Row:
     per_rank: dict[int, Mapping[str, Any]] = {}
     failures: dict[str, list[int]] = {}
     hints: dict[str, str] = {}
     not_reached: list[int] = []
+    stuck = _stuck_ranks(check, results)
     for rank in range(world):
         res = results[rank].get(check)
         if res is not None:
             per_rank[rank] = {k: v for k, v in res.items() if k not in ("event", "t", "check")}
             if res["status"] == "fail":
-                failures.setdefault(str(res.get("cause") or "failed"), []).append(rank)
+                cause = str(res.get("cause") or "failed")
+                if stuck and res.get("timeout"):
+                    who = _ranks_text(sorted(stuck))
+                    cause = f"hung: {cause}" if rank in stuck else f"waited for {who} until it timed out"
+                failures.setdefault(cause, []).append(rank)
                 if res.get("hint"):
-                    hints.setdefault(str(res.get("cause") or "failed"), str(res["hint"]))
+                    hints.setdefault(cause, str(res["hint"]))
             continue
         if stopped.get(rank) == check:
             cause = _stop_cause(rank, killed.get(rank), exit_code, timed_out_after)
             failures.setdefault(cause, []).append(rank)
         elif not events.get(rank) and check == "import":
             failures.setdefault(_never_started(exit_code, timed_out_after), []).append(rank)
-        else:
+        elif rank not in interrupted:
             not_reached.append(rank)
     if failures:
         parts = []
@@ -197,6 +232,20 @@ def _row(
         cause = f"{_ranks_text(not_reached)} never reached this check"
         return Row(check, "fail", tuple(sorted(per_rank)), _figures(per_rank), cause, per_rank=per_rank)
     return Row(check, "pass", tuple(sorted(per_rank)), _figures(per_rank), per_rank=per_rank)
+
+
+def _stuck_ranks(check: str, results: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> set[int]:
+    """Among ranks that timed out in ``check``, those that got least far (the others waited for them); empty
+    when they all got equally far (then nobody can be singled out)."""
+    progress = {
+        rank: int(res[check].get("progress") or 0)
+        for rank, res in results.items()
+        if check in res and res[check].get("timeout")
+    }
+    if len(progress) < 2 or len(set(progress.values())) == 1:
+        return set()
+    low = min(progress.values())
+    return {rank for rank, value in progress.items() if value == low}
 
 
 def _stop_cause(rank: int, signal: Optional[int], exit_code: Optional[int], after: Optional[float]) -> str:

@@ -73,6 +73,9 @@ class Log:
         self.rank = rank
         self.results: dict[str, dict[str, Any]] = {}
         self.current: Optional[str] = None
+        #: Collectives this rank entered in the current check: when several ranks time out, the
+        #: one that got least far is the one the others were waiting for.
+        self.progress = 0
         self.lock = threading.Lock()
         self.fh = None
         if out:
@@ -87,6 +90,7 @@ class Log:
 
     def start(self, check: str) -> None:
         self.current = check
+        self.progress = 0
         self.event("start", check=check)
 
     def result(self, check: str, status: str, **data: Any) -> dict[str, Any]:
@@ -133,6 +137,7 @@ class Watchdog:
                     "fail",
                     cause=f"timed out after {self.seconds:.0f} s (a hung collective, rank or file system)",
                     timeout=True,
+                    progress=self.log.progress,
                 )
                 _finish(self.log, ok=False, code=124)
 

@@ -344,7 +344,7 @@ def test_overlay_whose_site_python_has_no_torch_fails_its_smoke_check(world):
     assert "smoke check failed: import" in res.stderr
     data = json.loads(res.stdout)["data"]
     assert data["env"]["validation"]["checks"]["import"]["status"] == "fail"
-    assert "torch" in data["env"]["validation"]["checks"]["import"]["error"]
+    assert "torch" in data["env"]["validation"]["checks"]["import"]["cause"]
     # The env is built and recorded (its packages are fine); the user is told what is missing.
     assert (world.prefix() / "bin" / "python").exists()
     shown = json.loads(ok(world.cli("show", "demo", "--json")).stdout)["data"]

@@ -62,7 +62,7 @@ def test_installed_command_plans_vista_outside_the_repo(installed, tmp_path):
     data = json.loads(res.stdout)["data"]
     assert data["index_url"] == "https://download.pytorch.org/whl/cu126"
     assert data["files"][0] == "builtin:tacc/vista/vista-venv-cu124.toml"
-    payload = data["launch_command"][-3]
+    payload = next(a for a in data["launch_command"] if a.endswith("validate.py"))
     assert payload.startswith(str(venv)), payload  # the installed package's payload, not the repo's
 
 

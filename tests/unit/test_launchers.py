@@ -269,3 +269,18 @@ def test_plan_refuses_a_directive_outside_the_allowed_flags(tmp_path):
     recipe = loader.load("strict", Catalog([Layer("t", tmp_path)]))
     with pytest.raises(RecipeError, match="--gpus-per-node, which is not in this site's allowed flags"):
         plan.build(recipe, HostFacts(arch="x86_64", python="3.11.7", gpus=()), {"SCRATCH": "/s"})
+
+
+def test_bind_fills_the_allocation_values_for_a_run_inside_the_job():
+    argv = launchers.build(
+        "srun", spec(nodes=2, nproc_per_node=4, port=29400, rdzv_id=ShellVar("SLURM_JOB_ID"))
+    )
+    bound = launchers.bind(argv, {"MASTER_ADDR": "c001", "SLURM_JOB_ID": "42"})
+    assert "c001:29400" in bound and "42" in bound
+    assert all(isinstance(a, str) and "$" not in a for a in bound)
+
+
+def test_bind_without_a_value_says_a_batch_job_is_needed():
+    argv = launchers.build("srun", spec(nodes=2, port=29400))
+    with pytest.raises(UsageError, match=r"\$MASTER_ADDR"):
+        launchers.bind(argv, {})

@@ -1,0 +1,228 @@
+"""`envbuilder validate` end to end on a real env (torch 2.13.0 CPU, mpi4py, MPICH from PyPI): real torchrun with
+gloo, real mpiexec (MPICH's Hydra), the ibrun stand-in over it, and faults injected into real ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET  # parses the report this test had written
+from pathlib import Path
+
+import pytest
+from conftest import DATA, FACTS, REPO
+from wheelindex import mirror_env, serve
+
+from envbuilder import state
+
+pytestmark = [pytest.mark.integration, pytest.mark.mpi]
+
+SHIMS = REPO / "tests" / "shims"
+
+
+class World:
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root = root
+        self.env = env
+        self.prefix = root / "scratch" / "envbuilder" / "envs" / "vcpu"
+
+    def cli(self, *args: str, extra: dict[str, str] | None = None, timeout: float = 600):
+        return subprocess.run(
+            [sys.executable, "-m", "envbuilder", *args],
+            env={**self.env, **(extra or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+        )
+
+    def validate(self, *args: str, extra: dict[str, str] | None = None, timeout: float = 600):
+        res = self.cli("validate", "vcpu", "--json", *args, extra=extra, timeout=timeout)
+        try:
+            envelope = json.loads(res.stdout)
+        except ValueError:
+            pytest.fail(f"no JSON (rc {res.returncode}): {res.stderr[-2000:]}")
+        return res, envelope
+
+
+@pytest.fixture(scope="module")
+def world(torch_files, tmp_path_factory):
+    root = tmp_path_factory.mktemp("validate")
+    with serve(torch_files) as index:
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(root / "home"),
+            "USER": "u1",
+            "SCRATCH": str(root / "scratch"),
+            "NO_COLOR": "1",
+            "ENVBUILDER_HOME": str(root / "envbuilder-home"),
+            "ENVBUILDER_RECIPE_PATH": str(DATA / "validate-recipes"),
+            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
+        }
+        w = World(root, env)
+        res = w.cli("create", "vcpu", "--no-validate", "--json")
+        assert res.returncode == 0, res.stderr
+    return w
+
+
+def _checks(envelope):
+    return envelope["data"]["checks"]
+
+
+def test_torchrun_gloo_cpu_suite_passes(world, tmp_path):
+    junit = tmp_path / "report.xml"
+    res, env = world.validate("--junit", str(junit))
+    assert res.returncode == 0, res.stderr
+    data = env["data"]
+    assert data["launcher"] == "torchrun" and data["device"] == "cpu" and data["world"] == 2
+    checks = _checks(env)
+    for name in ("import", "libraries", "nccl", "ddp", "filesystem"):
+        assert checks[name]["status"] == "pass", (name, checks[name])
+        assert checks[name]["ranks"] == [0, 1]
+    for name in ("gpu", "arch", "cuda"):
+        assert checks[name]["status"] == "skip" and "CPU run" in checks[name]["reason"]
+    assert "not launched by an MPI launcher" in checks["mpi"]["reason"]
+    assert "horovod is not installed" in checks["horovod"]["reason"]
+    # Correctness and the figures: the sweep reaches 16 MiB, busbw follows nccl-tests' definition for 2 ranks.
+    sweep = checks["nccl"]["per_rank"]["0"]["sweep"]
+    assert sweep[-1]["bytes"] == 16 << 20
+    for row in sweep:
+        assert row["busbw"] == pytest.approx(row["algbw"] * 2 * (2 - 1) / 2)
+        assert row["algbw"] == pytest.approx(row["bytes"] / (row["us"] / 1e6) / 1e9)
+    losses = checks["ddp"]["per_rank"]["0"]["losses"]
+    assert losses[-1] < losses[0] and checks["ddp"]["per_rank"]["1"]["param_spread"] == 0.0
+    # The file system check wrote under $SCRATCH and left nothing behind.
+    assert checks["filesystem"]["per_rank"]["0"]["dirs"][0]["dir"] == world.env["SCRATCH"]
+    assert not list(Path(world.env["SCRATCH"]).glob(".envbuilder-fscheck*"))
+    # The any-partition reference was evaluated (and held); the refcheck one did not apply here.
+    refs = checks["import"]["references"]
+    assert [r["verdict"] for r in refs] == ["ok"]
+    assert checks["nccl"]["references"] == []
+    # JUnit for dashboards: one testcase per check, skips marked.
+    suite = ET.parse(junit).getroot()  # noqa: S314 - our own output
+    assert suite.get("tests") == str(len(checks)) and suite.get("failures") == "0"
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["gpu"].find("skipped") is not None
+    assert "busbw" in cases["nccl"].find("system-out").text
+    # The report is kept in the env's record, and `show` prints it.
+    record = state.load(Path(world.env["ENVBUILDER_HOME"]), "vcpu")
+    assert record.validation["kind"] == "suite" and record.validation["ok"] is True
+    shown = world.cli("show", "vcpu")
+    assert "ddp: pass" in shown.stderr
+
+
+def test_mpiexec_runs_the_mpi_check(world):
+    res, env = world.validate("--launcher", "mpiexec", "--checks", "import,mpi,nccl,filesystem")
+    assert res.returncode == 0, res.stderr
+    checks = _checks(env)
+    mpi = checks["mpi"]
+    assert mpi["status"] == "pass", mpi
+    assert mpi["per_rank"]["0"]["library"].startswith("MPICH")
+    assert [m["rank"] for m in mpi["per_rank"]["0"]["mapping"]] == [0, 1]
+    assert checks["nccl"]["status"] == "pass"
+    assert env["data"]["command"][:4] == ["mpiexec", "-n", "2", "--ppn"]
+
+
+def test_ibrun_stand_in_runs_the_ranks(world):
+    path = f"{SHIMS / 'tacc'}:{world.env['PATH']}"
+    res, env = world.validate("--launcher", "ibrun", "--checks", "import,mpi", extra={"PATH": path})
+    assert res.returncode == 0, res.stderr
+    assert env["data"]["command"][:3] == ["ibrun", "-n", "2"]
+    assert _checks(env)["mpi"]["status"] == "pass"
+
+
+def test_a_rank_that_exits_fails_its_check_and_names_it(world):
+    t0 = time.monotonic()
+    res, env = world.validate(
+        "--checks", "import,nccl,ddp", extra={"ENVBUILDER_VALIDATE_FAULT": "1:nccl:exit"}
+    )
+    assert res.returncode == 8, res.stderr
+    nccl = _checks(env)["nccl"]
+    assert nccl["status"] == "fail"
+    assert "rank 1 died during this check" in nccl["cause"]
+    # Rank 0, terminated by torchrun after rank 1 died, is not blamed for whatever it was doing.
+    assert _checks(env)["import"]["status"] != "fail"
+    assert _checks(env)["ddp"]["status"] == "skip"
+    assert time.monotonic() - t0 < 300  # bounded by the per-check timeout, not a hang
+
+
+def test_a_hung_rank_is_a_fail_within_the_timeout(world):
+    res, env = world.validate(
+        "--checks",
+        "import,ddp",
+        "--timeout",
+        "15",
+        extra={"ENVBUILDER_VALIDATE_FAULT": "1:ddp:hang"},
+        timeout=300,
+    )
+    assert res.returncode == 8, res.stderr
+    ddp = _checks(env)["ddp"]
+    assert ddp["status"] == "fail"
+    # Both ranks time out; the report singles out the one that got least far.
+    assert "rank 1: hung: timed out after 15 s" in ddp["cause"]
+    assert "rank 0: waited for rank 1 until it timed out" in ddp["cause"]
+
+
+def test_ld_library_path_shadowing_a_wheel_library_is_caught(world, tmp_path):
+    other = tmp_path / "othercopy"
+    other.mkdir()
+    site = next(world.prefix.glob("lib/python*/site-packages"))
+    shutil.copy(site / "torch" / "lib" / "libgomp.so.1", other / "libgomp.so.1")
+    res, env = world.validate("--checks", "import,libraries", extra={"LD_LIBRARY_PATH": str(other)})
+    assert res.returncode == 8, res.stderr
+    lib = _checks(env)["libraries"]
+    assert lib["status"] == "fail"
+    assert f"libgomp from {other}/libgomp.so.1" in lib["cause"]
+    assert "LD_LIBRARY_PATH" in lib["cause"]
+
+
+def test_wrong_gpu_count_names_the_cause(world):
+    # This host, described as a 1x H100 node: the env's torch is the CPU build, so torch sees no GPU.
+    res, env = world.validate("--checks", "import,gpu,arch", "--facts", str(FACTS / "h100.json"))
+    assert res.returncode == 8, res.stderr
+    gpu = _checks(env)["gpu"]
+    assert gpu["status"] == "fail"
+    assert "promises 2 GPU(s)" in gpu["cause"] and "CPU build" in gpu["cause"]
+
+
+def test_a_reference_out_of_bounds_fails_and_shows_the_reference(world):
+    res, env = world.validate("--checks", "import,nccl", extra={"SLURM_JOB_PARTITION": "refcheck"})
+    assert res.returncode == 8, res.stderr
+    nccl = _checks(env)["nccl"]
+    assert nccl["status"] == "fail"
+    assert "below the reference 1000000.0 GB/s -10%" in nccl["cause"]
+    assert "partition refcheck" in nccl["cause"]
+    assert nccl["references"][0]["verdict"] == "out"
+
+
+def test_gpu_env_on_a_host_without_gpus_says_where_to_run(world):
+    home = Path(world.env["ENVBUILDER_HOME"])
+    record = state.load(home, "vcpu")
+    # The same env described as one for GPUs (a recipe whose compute partition has them).
+    gpu_recipes = world.root / "gpu-recipes"
+    gpu_recipes.mkdir(exist_ok=True)
+    text = (DATA / "validate-recipes" / "vcpu.toml").read_text().replace('name = "vcpu"', 'name = "vgpu"')
+    text += '\n[compute]\ngpus_per_node = 2\ngpu = "NVIDIA H100"\ncompute_capability = "9.0"\n'
+    (gpu_recipes / "vgpu.toml").write_text(text)
+    state.save(home, state.EnvRecord(**{**record.__dict__, "name": "vgpu", "recipe": "vgpu"}))
+    res = world.cli(
+        "validate",
+        "vgpu",
+        "--facts",
+        str(FACTS / "cpu-only.json"),
+        extra={"ENVBUILDER_RECIPE_PATH": f"{DATA / 'validate-recipes'}:{gpu_recipes}"},
+    )
+    assert res.returncode == 8, res.stderr
+    assert "has no GPU; the env is for 2× NVIDIA H100" in res.stderr
+    assert "srun --partition=debug --nodes=1 --ntasks-per-node=1" in res.stderr
+    assert "envbuilder validate vgpu --submit" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_unknown_check_is_a_usage_error(world):
+    res = world.cli("validate", "vcpu", "--checks", "import,ncl")
+    assert res.returncode == 2
+    assert "unknown check(s): ncl" in res.stderr

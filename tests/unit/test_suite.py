@@ -1,0 +1,99 @@
+"""The validation run resolver (pure): checks, device, where a run can go, payload arguments, the launch."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import PLAN_ENV, load_facts
+
+from envbuilder import loader, plan, suite
+from envbuilder.catalog import Catalog
+from envbuilder.errors import UsageError
+
+CATALOG = Catalog.from_env({})
+
+
+def test_checks_default_to_the_recipe_and_import_comes_first():
+    recipe = loader.load("vista-venv-cu124", CATALOG)
+    assert suite.checks_for(recipe, None) == tuple(recipe.get("validation.checks"))
+    assert suite.checks_for(recipe, ["nccl"]) == ("import", "nccl")
+
+
+def test_unknown_check_names_the_known_ones():
+    with pytest.raises(UsageError, match="unknown check") as err:
+        suite.checks_for(loader.load("local", CATALOG), ["ncl"])
+    assert "nccl" in (err.value.hint or "")
+
+
+def test_device_and_where():
+    gpu_host, cpu_host = load_facts("h100"), load_facts("cpu-only")
+    assert suite.device_for(gpu_host, cpu=False) == "cuda"
+    assert suite.device_for(gpu_host, cpu=True) == "cpu"
+    assert suite.device_for(cpu_host, cpu=False) == "cpu"
+    assert suite.where("cuda", gpu_host, gpu_host, submit=False) is None
+    assert suite.where("cpu", cpu_host, gpu_host, submit=False) is None
+    assert "has no GPU" in suite.where("cuda", cpu_host, gpu_host, submit=False)
+    assert suite.where("cuda", gpu_host, gpu_host, submit=True)
+
+
+def test_payload_args_for_a_run():
+    p = suite.Payload(("import", "nccl"), "cpu", out="/r/ranks", fs=("/scratch/u1",), timeout=30)
+    assert p.args() == [
+        "--checks",
+        "import,nccl",
+        "--device",
+        "cpu",
+        "--out",
+        "/r/ranks",
+        "--timeout",
+        "30",
+        "--sweep-max",
+        str(16 << 20),
+        "--fs",
+        "/scratch/u1",
+    ]
+    assert suite.Payload(("import",), "cuda", out="/r").args()[-1] == str(1 << 30)
+
+
+def test_polaris_ranks_each_expect_one_gpu_behind_the_affinity_wrapper():
+    recipe = loader.load("polaris-overlay-conda", CATALOG)
+    target = plan.target_facts(recipe, load_facts("a100-sxm4-x4"), [], [])
+    run = suite.launch(
+        recipe,
+        target,
+        "/e",
+        "/e/bin/python",
+        {"module_use": [], "modules": [], "env": {}, "unset": []},
+        suite.Payload(("import", "gpu"), "cuda", out="/e/run/ranks"),
+        "/e/run",
+        [],
+        workdir="/e/run",
+    )
+    assert run.launcher == "mpiexec" and run.world == 4
+    argv = list(run.argv)
+    wrapper = next(i for i, a in enumerate(argv) if a.endswith("gpu_affinity.sh"))
+    assert argv[wrapper + 1 : wrapper + 3] == ["reverse-local-rank", "/e/bin/python"]
+    assert argv[argv.index("--expect-gpus") + 1] == "1"
+    assert run.script is not None and "cd /e/run" in run.script and "#PBS -l select=1" in run.script
+
+
+def test_cpu_run_of_a_gpu_recipe_asks_for_no_gpus_in_its_batch_job():
+    recipe = loader.load("zurada-conda-cu126", CATALOG)
+    target = plan.target_facts(recipe, load_facts("cpu-only"), [], [])
+    run = suite.launch(
+        recipe,
+        target,
+        "/e",
+        "/e/bin/python",
+        {"module_use": [], "modules": [], "env": {}, "unset": []},
+        suite.Payload(("import", "ddp"), "cpu", out="/e/r"),
+        "/e/r",
+        [],
+    )
+    assert run.nproc_per_node == 2
+    assert "--gpus-per-node" not in (run.script or "")
+    assert "--expect-gpus" not in run.argv
+
+
+def test_filesystems_from_the_recipe_or_scratch():
+    recipe = loader.load("zurada-conda-cu126", CATALOG)
+    assert suite.filesystems(recipe, PLAN_ENV, plan.expand) == ("/scratch/u1",)
