@@ -226,3 +226,38 @@ def test_unknown_check_is_a_usage_error(world):
     res = world.cli("validate", "vcpu", "--checks", "import,ncl")
     assert res.returncode == 2
     assert "unknown check(s): ncl" in res.stderr
+
+
+@pytest.mark.slurm
+def test_submit_runs_the_suite_as_a_slurm_job_and_collects_the_report(world, slurm_cluster):
+    res, env = world.validate(
+        "--submit", "--checks", "import,libraries,nccl,ddp,filesystem", extra=slurm_cluster.env
+    )
+    assert res.returncode == 0, res.stderr
+    data = env["data"]
+    assert data["where"].isdigit()  # the job id
+    assert all(
+        _checks(env)[c]["status"] == "pass" for c in ("import", "libraries", "nccl", "ddp", "filesystem")
+    )
+    assert data["partition"] == "debug"
+    run_dir = next(
+        p for p in (world.prefix / "envbuilder" / "validation").glob("run-*") if (p / "job.sh").exists()
+    )
+    script = (run_dir / "job.sh").read_text()
+    assert "#SBATCH --partition=debug\n" in script and "#SBATCH --ntasks-per-node=1\n" in script
+    assert "--gres" not in script and "--gpus" not in script  # a CPU env asks for no GPUs
+    assert f"cd {run_dir}" in script
+    assert (run_dir / "job.out").exists()
+
+
+@pytest.mark.slurm
+def test_submitted_job_with_a_dead_rank_reports_it(world, slurm_cluster):
+    res, env = world.validate(
+        "--submit",
+        "--checks",
+        "import,nccl",
+        extra={**slurm_cluster.env, "ENVBUILDER_VALIDATE_FAULT": "0:nccl:exit"},
+    )
+    assert res.returncode == 8, res.stderr
+    assert env["data"]["exit_code"] not in (None, 0)
+    assert "rank 0 died during this check" in _checks(env)["nccl"]["cause"]
