@@ -73,6 +73,7 @@ class Log:
         self.rank = rank
         self.results: dict[str, dict[str, Any]] = {}
         self.current: Optional[str] = None
+        self.started = time.monotonic()
         #: Collectives this rank entered in the current check: when several ranks time out, the
         #: one that got least far is the one the others were waiting for.
         self.progress = 0
@@ -91,10 +92,11 @@ class Log:
     def start(self, check: str) -> None:
         self.current = check
         self.progress = 0
+        self.started = time.monotonic()
         self.event("start", check=check)
 
     def result(self, check: str, status: str, **data: Any) -> dict[str, Any]:
-        record = {"status": status, **data}
+        record = {"status": status, "seconds": round(time.monotonic() - self.started, 3), **data}
         self.results[check] = record
         self.current = None
         self.event("result", check=check, **record)
