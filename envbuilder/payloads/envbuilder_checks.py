@@ -62,6 +62,7 @@ class Suite:
         self.device = "cpu"
         self.dist_ready = False
         self.dist_broken: Optional[str] = None
+        self.prewarm: Any = None  # a thread importing what DDP needs, joined before distributed checks
 
     # import -------------------------------------------------------------------------------------------------
 
@@ -228,19 +229,18 @@ class Suite:
 
     def check_libraries(self) -> dict[str, Any]:
         torch = self.torch
+        versions: dict[str, Any] = {"cudnn": None, "nccl": None}
         if self.device.startswith("cuda"):
-            torch.zeros(1, device=self.device).sum().item()  # load the lazily opened CUDA libraries
-            cudnn = torch.backends.cudnn.version()
+            # CUDA libraries open lazily: use each once (cuBLAS, cuDNN, NCCL) before reading the process's maps.
+            a = torch.ones(8, 8, device=self.device)
+            (a @ a).sum().item()
+            versions["cudnn"] = torch.backends.cudnn.version()
+            versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         else:
-            cudnn = None
             torch.ones(64).sum().item()
         loaded = loaded_libraries()
         copies = wheel_copies(loaded)
         bad = shadowed(loaded, copies)
-        versions = {
-            "cudnn": cudnn,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if self.device.startswith("cuda") else None,
-        }
         data = {
             "loaded": loaded,
             "versions": versions,
