@@ -26,7 +26,11 @@ step arch env ENVBUILDER_VALIDATE_FAULT='*:arch:arch=sm_80+sm_86' python3 -m env
   --checks import,arch --json
 nccl=$(find /opt/torch/.venv -name 'libnccl.so.2*' | head -n 1)
 mkdir -p /tmp/other-nccl && cp "$nccl" /tmp/other-nccl/libnccl.so.2
+# torch preloads its CUDA libraries from the wheels by absolute path, so LD_LIBRARY_PATH does not shadow them
+# (checked: the check passes); LD_PRELOAD does, and must be caught.
 step ldpath env LD_LIBRARY_PATH=/tmp/other-nccl python3 -m envbuilder validate gpu-overlay --checks import,libraries --json
+step preload env LD_PRELOAD=/tmp/other-nccl/libnccl.so.2 python3 -m envbuilder validate gpu-overlay \
+  --checks import,libraries --json
 step exit env ENVBUILDER_VALIDATE_FAULT=1:nccl:exit python3 -m envbuilder validate gpu-overlay --checks import,nccl,ddp --json
 step hang env ENVBUILDER_VALIDATE_FAULT=1:ddp:hang python3 -m envbuilder validate gpu-overlay --checks import,ddp \
   --timeout 20 --json

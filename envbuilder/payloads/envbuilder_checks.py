@@ -62,7 +62,6 @@ class Suite:
         self.device = "cpu"
         self.dist_ready = False
         self.dist_broken: Optional[str] = None
-        self.prewarm: Any = None  # a thread importing what DDP needs, joined before distributed checks
 
     # import -------------------------------------------------------------------------------------------------
 
@@ -247,14 +246,14 @@ class Suite:
             "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
         }
         if bad:
-            names = ", ".join(f"{k} from {v['loaded']}" for k, v in sorted(bad.items()))
+            names = ", ".join(f"{k} from {v['loaded']} ({_how(v['loaded'])})" for k, v in sorted(bad.items()))
             return self.log.result(
                 "libraries",
                 "fail",
                 shadowed=bad,
-                cause=f"LD_LIBRARY_PATH shadows the wheel's copies: {names}",
-                hint="a module put another copy first on LD_LIBRARY_PATH: unload it or drop it from the recipe's "
-                "activate.modules",
+                cause=f"another copy was loaded instead of the wheel's: {names}",
+                hint="a module put another copy first (LD_LIBRARY_PATH or LD_PRELOAD): unload it, or drop it "
+                "from the recipe's activate.modules",
                 **data,
             )
         return self.log.result("libraries", "pass", **data)
@@ -523,3 +522,15 @@ class Suite:
                 "horovod", "fail", cause="horovod has no NCCL operations on a GPU run", **data
             )
         return self.log.result("horovod", "pass", **data)
+
+
+def _how(path: str) -> str:
+    """Which loader setting put ``path`` first."""
+    where = os.path.dirname(os.path.realpath(path))
+    for var in ("LD_PRELOAD", "LD_LIBRARY_PATH"):
+        for entry in os.environ.get(var, "").replace(" ", ":").split(":"):
+            if entry and (
+                os.path.realpath(entry) == os.path.realpath(path) or os.path.realpath(entry) == where
+            ):
+                return f"through {var}"
+    return "from outside the env"

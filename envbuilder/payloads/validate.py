@@ -202,9 +202,6 @@ def main(argv: list[str]) -> None:
         checks.insert(0, "import")
     ok = True
     for check in checks:
-        if check in DIST_CHECKS and suite.prewarm is not None:
-            suite.prewarm.join()  # outside any check: its time is nobody's figure
-            suite.prewarm = None
         log.start(check)
         watchdog.arm(args.timeout)
         inject(planned.get(check))
@@ -213,8 +210,7 @@ def main(argv: list[str]) -> None:
         ok = ok and result["status"] != "fail"
         if check == "import" and result["status"] == "fail":
             break
-        if check == "import" and "ddp" in checks:
-            suite.prewarm = _prewarm()
+
     if suite.dist_ready:
         import torch.distributed as dist
 
@@ -223,19 +219,6 @@ def main(argv: list[str]) -> None:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
     _finish(log, ok)
-
-
-def _prewarm() -> threading.Thread:
-    """Import what DDP's constructor imports (torch._dynamo: seconds) in the background while the GPU checks
-    wait on the GPU. Joined before the first distributed check, so it never competes with a timed collective."""
-
-    def load() -> None:
-        with contextlib.suppress(Exception):  # the ddp check imports it again and reports any error
-            import torch._dynamo  # noqa: F401
-
-    thread = threading.Thread(target=load, daemon=True)
-    thread.start()
-    return thread
 
 
 def _run_one(suite: Suite, check: str, rank: Rank) -> dict[str, Any]:
