@@ -246,7 +246,10 @@ class Suite:
             "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
         }
         if bad:
-            names = ", ".join(f"{k} from {v['loaded']} ({_how(v['loaded'])})" for k, v in sorted(bad.items()))
+            names = ", ".join(
+                f"{k} from {v['loaded']} ({_how(v['loaded'])}{', beside the wheel copy' if v['both'] else ''})"
+                for k, v in sorted(bad.items())
+            )
             return self.log.result(
                 "libraries",
                 "fail",

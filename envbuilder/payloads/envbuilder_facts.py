@@ -41,13 +41,20 @@ def bus_bandwidth(nbytes: int, seconds: float, world: int) -> tuple[float, float
     return algbw, algbw * (2 * (world - 1) / world)
 
 
-def shadowed(loaded: dict[str, str], wheel_copies: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
-    """Libraries loaded from outside the env although the env's wheels carry a copy."""
+def shadowed(loaded: dict[str, list[str]], wheel_copies: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Libraries loaded from outside the env although the env's wheels carry a copy (instead of it, or beside
+    it: two copies in one process, where symbols bind to whichever came first)."""
     out = {}
-    for stem, path in loaded.items():
+    for stem, paths in loaded.items():
         copies = wheel_copies.get(stem, [])
-        if copies and os.path.realpath(path) not in {os.path.realpath(c) for c in copies}:
-            out[stem] = {"loaded": path, "wheel": copies[0]}
+        ours = {os.path.realpath(c) for c in copies}
+        foreign = [p for p in paths if os.path.realpath(p) not in ours]
+        if copies and foreign:
+            out[stem] = {
+                "loaded": foreign[0],
+                "wheel": copies[0],
+                "both": len(foreign) < len(paths),
+            }
     return out
 
 
@@ -106,19 +113,21 @@ def fs_roundtrip(root: str, rank: int) -> dict[str, Any]:
     return out
 
 
-def loaded_libraries() -> dict[str, str]:
-    found: dict[str, str] = {}
+def loaded_libraries() -> dict[str, list[str]]:
+    """Every tracked library mapped into this process, each distinct file once."""
+    found: dict[str, list[str]] = {}
     with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
         for line in fh:
             path = line.split()[-1] if len(line.split()) >= 6 else ""
             name = os.path.basename(path)
             for stem in TRACKED_LIBS:
-                if name.startswith(stem + ".") or name.startswith(stem + "-"):
-                    found.setdefault(stem, path)
+                matches = name.startswith(stem + ".") or name.startswith(stem + "-")
+                if matches and path not in found.setdefault(stem, []):
+                    found[stem].append(path)
     return found
 
 
-def wheel_copies(loaded: dict[str, str]) -> dict[str, list[str]]:
+def wheel_copies(loaded: dict[str, list[str]]) -> dict[str, list[str]]:
     """Where the env's wheels keep each tracked library (torch/lib, nvidia/*/lib)."""
     import site
 

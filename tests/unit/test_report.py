@@ -252,12 +252,15 @@ def test_shadowed_compares_real_paths(tmp_path):
     link = tmp_path / "link.so.2"
     link.symlink_to(wheel / "libnccl.so.2")
     copies = {"libnccl": [str(wheel / "libnccl.so.2")]}
-    assert facts.shadowed({"libnccl": str(link)}, copies) == {}
+    assert facts.shadowed({"libnccl": [str(link)]}, copies) == {}
     other = "/opt/nccl/lib/libnccl.so.2"
-    assert facts.shadowed({"libnccl": other}, copies) == {
-        "libnccl": {"loaded": other, "wheel": str(wheel / "libnccl.so.2")}
+    assert facts.shadowed({"libnccl": [other]}, copies) == {
+        "libnccl": {"loaded": other, "wheel": str(wheel / "libnccl.so.2"), "both": False}
     }
-    assert facts.shadowed({"libcudart": "/usr/local/cuda/lib64/libcudart.so.12"}, copies) == {}
+    # LD_PRELOAD: the other copy and the wheel's both mapped; symbols bind to the first.
+    both = facts.shadowed({"libnccl": [other, str(wheel / "libnccl.so.2")]}, copies)
+    assert both["libnccl"]["both"] is True
+    assert facts.shadowed({"libcudart": ["/usr/local/cuda/lib64/libcudart.so.12"]}, copies) == {}
 
 
 @pytest.mark.parametrize(
