@@ -132,6 +132,12 @@ def merge(
                 current = None
             elif ev["event"] == "killed":
                 killed[rank] = int(ev.get("signal") or 0)
+                if current is not None:
+                    # Where it was, and how far it got: a rank terminated while the others timed out waiting
+                    # is usually the one that hung.
+                    results[rank].setdefault(
+                        current, {"status": "killed", "progress": ev.get("progress"), "timeout": True}
+                    )
         if current is not None:
             stopped[rank] = current
     # A rank the launcher terminated because another rank failed did not fail itself: its check is marked
@@ -158,7 +164,7 @@ def merge(
             timed_out_after,
             set(interrupted),
         )
-        cut = sorted(r for r in interrupted if check not in results[r])
+        cut = sorted(r for r in interrupted if results[r].get(check, {}).get("status") in (None, "killed"))
         if cut and row.status != "fail" and row.per_rank:
             row = replace(
                 row,
@@ -188,6 +194,15 @@ def _row(
     stuck = _stuck_ranks(check, results)
     for rank in range(world):
         res = results[rank].get(check)
+        if res is not None and res.get("status") == "killed":
+            if rank in stuck:
+                cause = "hung: it got least far, and the launcher terminated it after the others timed out"
+                failures.setdefault(cause, []).append(rank)
+            elif rank not in interrupted:
+                failures.setdefault(
+                    _stop_cause(rank, killed.get(rank), exit_code, timed_out_after), []
+                ).append(rank)
+            continue
         if res is not None:
             per_rank[rank] = {k: v for k, v in res.items() if k not in ("event", "t", "check")}
             if res["status"] == "fail":
@@ -242,7 +257,8 @@ def _stuck_ranks(check: str, results: Mapping[int, Mapping[str, Mapping[str, Any
         for rank, res in results.items()
         if check in res and res[check].get("timeout")
     }
-    if len(progress) < 2 or len(set(progress.values())) == 1:
+    timed_out = [r for r, res in results.items() if res.get(check, {}).get("status") == "fail"]
+    if len(progress) < 2 or len(set(progress.values())) == 1 or not timed_out:
         return set()
     low = min(progress.values())
     return {rank for rank, value in progress.items() if value == low}

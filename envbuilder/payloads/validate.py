@@ -190,7 +190,7 @@ def main(argv: list[str]) -> None:
     )
 
     def on_term(signum: int, frame: object) -> None:
-        log.event("killed", signal=signum, check=log.current)
+        log.event("killed", signal=signum, check=log.current, progress=log.progress)
         _finish(log, ok=False, code=128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)

@@ -112,6 +112,35 @@ def test_timeouts_single_out_the_rank_that_got_least_far():
     assert row.cause == "rank 0: waited for rank 1 until it timed out; rank 1: hung: timed out after 15 s"
 
 
+def test_a_hung_rank_terminated_after_the_other_timed_out_is_blamed():
+    # Rank 0 timed out waiting in ddp; torchrun then terminated rank 1, which had not entered a collective.
+    events = {
+        0: rank_events(
+            passed("import"),
+            [
+                ev("start", check="ddp"),
+                ev(
+                    "result",
+                    check="ddp",
+                    status="fail",
+                    cause="timed out after 15 s",
+                    timeout=True,
+                    progress=1,
+                ),
+            ],
+        ),
+        1: rank_events(
+            passed("import"),
+            [ev("start", check="ddp"), ev("killed", signal=15, check="ddp", progress=0)],
+            end=False,
+        ),
+    }
+    row = report.merge(["ddp"], events, 2, 1)[1]
+    assert row.status == "fail"
+    assert "rank 0: waited for rank 1 until it timed out" in row.cause
+    assert "rank 1: hung: it got least far" in row.cause
+
+
 def test_an_outer_timeout_says_hung():
     events = {0: rank_events(passed("import"), [ev("start", check="nccl")], end=False)}
     row = report.merge(["nccl"], events, 1, None, timed_out_after=300)[1]
