@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__
+from envbuilder import __version__, launchers
 from envbuilder.commands import create as create_cmd
 from envbuilder.commands import envs as envs_cmd
 from envbuilder.commands import plan as plan_cmd
@@ -55,10 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", help="recipe name (see `envbuilder recipes list`)")
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
-    p.add_argument("--launcher", choices=("local", "torchrun", "srun", "ibrun", "mpiexec", "mpirun"))
-    p.add_argument("--nodes", type=_positive, metavar="N")
-    p.add_argument("--nproc-per-node", type=_positive, metavar="N")
-    p.add_argument("--account", metavar="NAME", help="allocation account for batch jobs")
+    _add_launch(p)
     _add_json(p)
     p.set_defaults(handler=plan_cmd.handle)
 
@@ -85,14 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("env")
     p.add_argument("--checks", metavar="LIST", help="comma-separated checks (default: the recipe's)")
-    p.add_argument("--launcher", choices=("local", "torchrun", "srun", "ibrun", "mpiexec", "mpirun"))
-    p.add_argument("--nodes", type=_positive, metavar="N")
-    p.add_argument("--nproc-per-node", type=_positive, metavar="N")
+    _add_launch(p)
     p.add_argument("--cpu", action="store_true", help="gloo on CPU processes; GPU checks are skipped")
     p.add_argument(
         "--submit", action="store_true", help="submit a batch job, wait for it, collect the report"
     )
-    p.add_argument("--account", metavar="NAME", help="allocation account for the batch job")
     p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="per check (default 120)")
     p.add_argument(
         "--wait-job", type=_seconds, metavar="SECONDS", help="give up waiting for the job after this"
@@ -132,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(handler=recipes_cmd.handle_schema, json=False)
     p.set_defaults(handler=None, subparser=p)
     return parser
+
+
+def _add_launch(p: argparse.ArgumentParser) -> None:
+    """How the validation is launched (plan shows it, validate runs it)."""
+    p.add_argument("--launcher", choices=launchers.LAUNCHERS)
+    p.add_argument("--nodes", type=_positive, metavar="N")
+    p.add_argument("--nproc-per-node", type=_positive, metavar="N")
+    p.add_argument("--account", metavar="NAME", help="allocation account for batch jobs")
 
 
 def _env_verb(

@@ -278,7 +278,7 @@ def build(
             warnings.append(
                 f"module {mod!r} has no version: the site default decides (pin it to make builds repeat)"
             )
-    activate = _activate(recipe)
+    activate = activation_settings(recipe)
 
     launcher_name, launch, interactive, script = _launch(
         recipe, target, prefix, env_python, activate, opts, warnings
@@ -347,7 +347,8 @@ def _filesystem(
     return out
 
 
-def _activate(recipe: Recipe) -> dict[str, Any]:
+def activation_settings(recipe: Recipe) -> dict[str, Any]:
+    """What activating an env of ``recipe`` loads and sets (modules, variables, unsets)."""
     env: dict[str, str] = {}
     unset: list[str] = []
     profiles = recipe.get("env_profiles", {}) or {}

@@ -179,12 +179,11 @@ def launch(
     )
     template = recipe.get("scheduler.interactive")
     interactive = tuple(batch.interactive_argv(template, job)) if template else None
-    load = list(recipe.get("modules.load", []))
     text = batch.script(
         scheduler=scheduler,
         directives=directives,
         module_use=activate["module_use"],
-        modules=[*load, *[m for m in activate["modules"] if m not in load]],
+        modules=job_modules(recipe, activate),
         env=activate["env"],
         unset=activate["unset"],
         multinode=nodes > 1,
@@ -192,6 +191,12 @@ def launch(
         workdir=workdir or f"{prefix}/envbuilder/validation",
     )
     return Launch(name, argv, nodes, nproc, scheduler, partition, interactive, text)
+
+
+def job_modules(recipe: Recipe, activate: Mapping[str, Any]) -> list[str]:
+    """The modules a validation job loads: the recipe's build modules, then those activate adds."""
+    load = list(recipe.get("modules.load", []))
+    return load + [m for m in activate.get("modules") or [] if m not in load]
 
 
 def filesystems(recipe: Recipe, env: Mapping[str, str], expand: Any) -> tuple[str, ...]:

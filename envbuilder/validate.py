@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from envbuilder import build, launchers, plan, proc, report, state, suite
 from envbuilder.errors import CommandFailed, UsageError, ValidationFailed
@@ -74,9 +74,9 @@ def run(
     checks = suite.checks_for(recipe, opts.checks)
     kind = str(record.plan.get("kind", "venv"))
     prefix = Path(record.prefix)
-    activate = dict(record.plan.get("activate") or plan_activate(recipe))
+    activate = dict(record.plan.get("activate") or plan.activation_settings(recipe))
     timeout = float(opts.timeout or recipe.get("validation.timeout") or suite.DEFAULT_TIMEOUT_S)
-    run_dir = _new_run_dir(prefix)
+    run_dir = prefix / "envbuilder" / "validation" / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     payload = suite.Payload(
         checks=checks,
         device=device,
@@ -103,19 +103,18 @@ def run(
     for text in warnings:
         live.note(f"warning: {text}")
     if reason and not opts.submit:
-        shutil.rmtree(run_dir, ignore_errors=True)
         raise NotHere(
             f"not validating {record.name} here: {reason}",
             hint=_elsewhere_hint(record.name, the_launch),
         )
-    _copy_payloads(run_dir)
+    _make_run_dir(run_dir)
     budget = timeout * len(checks) + SLACK_S
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     t0 = time.monotonic()
     if opts.submit:
         exit_code, timed_out, where, tail = _submit(the_launch, run_dir, env, opts, live)
     else:
-        run_env = environment(record, recipe, env, modules, kind)
+        run_env = environment(record, recipe, activate, env, modules, kind)
         exit_code, timed_out, tail = _here(the_launch, run_dir, run_env, budget, live)
         where = "here"
     events = _read_events(run_dir / "ranks")
@@ -150,28 +149,19 @@ def store(home: Path, record: state.EnvRecord, result: report.Report) -> state.E
     return updated
 
 
-def plan_activate(recipe: Recipe) -> dict[str, object]:
-    return {
-        "modules": list(recipe.get("activate.modules", [])),
-        "module_use": list(recipe.get("modules.use", [])),
-        "env": {},
-        "unset": [],
-    }
-
-
 def environment(
     record: state.EnvRecord,
     recipe: Recipe,
+    activate: Mapping[str, Any],
     env: Mapping[str, str],
     modules: ModuleSystem,
     kind: str,
 ) -> dict[str, str]:
-    """What an activated env gives a job: the recipe's modules, its activate variables, the env's bin first."""
+    """What an activated env gives a job (as the batch script sets it up): the recipe's modules, its activate
+    variables, the env's bin first."""
     base = proc.scrubbed_env(env)
-    activate = record.plan.get("activate") or {}
-    use = list(activate.get("module_use") or recipe.get("modules.use", []))
-    load = list(recipe.get("modules.load", []))
-    load += [m for m in activate.get("modules") or [] if m not in load]
+    use = list(activate.get("module_use") or [])
+    load = suite.job_modules(recipe, activate)
     out = modules.apply(use, load, base).apply(base) if (use or load) else dict(base)
     out.update({str(k): str(v) for k, v in (activate.get("env") or {}).items()})
     for var in activate.get("unset") or []:
@@ -198,16 +188,11 @@ def _elsewhere_hint(name: str, the_launch: suite.Launch) -> str:
     return "; ".join(parts)
 
 
-def _new_run_dir(prefix: Path) -> Path:
-    root = prefix / "envbuilder" / "validation"
-    root.mkdir(parents=True, exist_ok=True, mode=0o755)
-    path = root / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    path.mkdir(mode=0o755)
-    (path / "ranks").mkdir(mode=0o755)
-    return path
-
-
-def _copy_payloads(run_dir: Path) -> None:
+def _make_run_dir(run_dir: Path) -> None:
+    """The run's directory, with its rank directory and a copy of the payload."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    run_dir.mkdir(mode=0o755)
+    (run_dir / "ranks").mkdir(mode=0o755)
     dest = run_dir / "payloads"
     dest.mkdir(mode=0o755)
     for src in build.PAYLOADS.iterdir():

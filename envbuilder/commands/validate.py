@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -66,10 +67,7 @@ def execute(
         status=(lambda text: status_ctx.update(escape(text))) if status_ctx else (lambda text: None),
         note=out.line if not quiet else (lambda text: None),
     )
-    if status_ctx:
-        with status_ctx:
-            result = validator.run(record, recipe, facts, env, modules.detect(env), opts, live)
-    else:
+    with status_ctx or contextlib.nullcontext():
         result = validator.run(record, recipe, facts, env, modules.detect(env), opts, live)
     validator.store(home, record, result)
     if not quiet:

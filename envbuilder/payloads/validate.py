@@ -31,8 +31,17 @@ from typing import Any, Callable, Optional
 # The payload directory is sys.path[0] when this file runs as a script.
 from envbuilder_checks import DIST_CHECKS, GPU_CHECKS, Suite, faults, inject
 
-_RANK_VARS = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PALS_RANKID", "MV2_COMM_WORLD_RANK")
-_SIZE_VARS = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PALS_SIZE", "MV2_COMM_WORLD_SIZE")
+_MPI_MARKERS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PALS_RANKID", "MV2_COMM_WORLD_RANK")
+# torchrun's variables first, then the MPI launchers', then srun's (which also describe a torchrun agent's task).
+_RANK_VARS = ("RANK", *_MPI_MARKERS, "SLURM_PROCID")
+_SIZE_VARS = (
+    "WORLD_SIZE",
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "PALS_SIZE",
+    "MV2_COMM_WORLD_SIZE",
+    "SLURM_NTASKS",
+)
 _LOCAL_VARS = (
     "LOCAL_RANK",
     "MPI_LOCALRANKID",
@@ -42,7 +51,6 @@ _LOCAL_VARS = (
     "MV2_COMM_WORLD_LOCAL_RANK",
     "SLURM_LOCALID",
 )
-_MPI_MARKERS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PALS_RANKID", "MV2_COMM_WORLD_RANK")
 
 
 def _first_int(names: tuple[str, ...], default: int) -> int:
@@ -50,10 +58,6 @@ def _first_int(names: tuple[str, ...], default: int) -> int:
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value)
-    if "SLURM_PROCID" in os.environ and names is _RANK_VARS:
-        return int(os.environ["SLURM_PROCID"])
-    if "SLURM_NTASKS" in os.environ and names is _SIZE_VARS:
-        return int(os.environ["SLURM_NTASKS"])
     return default
 
 

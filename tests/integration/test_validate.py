@@ -47,6 +47,20 @@ class World:
             pytest.fail(f"no JSON (rc {res.returncode}): {res.stderr[-2000:]}")
         return res, envelope
 
+    def variant(self, name: str, edit) -> str:
+        """The vcpu env recorded again under ``name``, with a recipe that ``edit`` derives from vcpu's; returns
+        the recipe path to use."""
+        home = Path(self.env["ENVBUILDER_HOME"])
+        recipes = self.root / f"{name}-recipes"
+        recipes.mkdir(exist_ok=True)
+        text = (
+            (DATA / "validate-recipes" / "vcpu.toml").read_text().replace('name = "vcpu"', f'name = "{name}"')
+        )
+        (recipes / f"{name}.toml").write_text(edit(text))
+        record = state.load(home, "vcpu")
+        state.save(home, state.EnvRecord(**{**record.__dict__, "name": name, "recipe": name}))
+        return f"{DATA / 'validate-recipes'}:{recipes}"
+
 
 @pytest.fixture(scope="module")
 def world(torch_files, tmp_path_factory):
@@ -198,21 +212,13 @@ def test_a_reference_out_of_bounds_fails_and_shows_the_reference(world):
 
 
 def test_gpu_env_on_a_host_without_gpus_says_where_to_run(world):
-    home = Path(world.env["ENVBUILDER_HOME"])
-    record = state.load(home, "vcpu")
     # The same env described as one for GPUs (a recipe whose compute partition has them).
-    gpu_recipes = world.root / "gpu-recipes"
-    gpu_recipes.mkdir(exist_ok=True)
-    text = (DATA / "validate-recipes" / "vcpu.toml").read_text().replace('name = "vcpu"', 'name = "vgpu"')
-    text += '\n[compute]\ngpus_per_node = 2\ngpu = "NVIDIA H100"\ncompute_capability = "9.0"\n'
-    (gpu_recipes / "vgpu.toml").write_text(text)
-    state.save(home, state.EnvRecord(**{**record.__dict__, "name": "vgpu", "recipe": "vgpu"}))
-    res = world.cli(
-        "validate",
+    path = world.variant(
         "vgpu",
-        "--facts",
-        str(FACTS / "cpu-only.json"),
-        extra={"ENVBUILDER_RECIPE_PATH": f"{DATA / 'validate-recipes'}:{gpu_recipes}"},
+        lambda t: t + '\n[compute]\ngpus_per_node = 2\ngpu = "NVIDIA H100"\ncompute_capability = "9.0"\n',
+    )
+    res = world.cli(
+        "validate", "vgpu", "--facts", str(FACTS / "cpu-only.json"), extra={"ENVBUILDER_RECIPE_PATH": path}
     )
     assert res.returncode == 8, res.stderr
     assert "has no GPU; the env is for 2× NVIDIA H100" in res.stderr
@@ -285,14 +291,9 @@ def test_submit_through_srun_starts_one_torchrun_agent_per_node(world, slurm_clu
 def test_submit_to_pbs_through_the_qsub_stand_in(world, tmp_path):
     # PBS cannot run here: qsub/qstat stand-ins (tests/shims/pbs) run the job script in the background as a
     # one-node job would. The env is the same; its recipe's scheduler is PBS (as Polaris's is).
-    home = Path(world.env["ENVBUILDER_HOME"])
-    record = state.load(home, "vcpu")
-    recipes = world.root / "pbs-recipes"
-    recipes.mkdir(exist_ok=True)
-    text = (DATA / "validate-recipes" / "vcpu.toml").read_text().replace('name = "vcpu"', 'name = "vpbs"')
-    text = text.replace('type = "slurm"\nbatch = "sbatch"', 'type = "pbs"\nbatch = "qsub"')
-    (recipes / "vpbs.toml").write_text(text)
-    state.save(home, state.EnvRecord(**{**record.__dict__, "name": "vpbs", "recipe": "vpbs"}))
+    path = world.variant(
+        "vpbs", lambda t: t.replace('type = "slurm"\nbatch = "sbatch"', 'type = "pbs"\nbatch = "qsub"')
+    )
     res = world.cli(
         "validate",
         "vpbs",
@@ -301,7 +302,7 @@ def test_submit_to_pbs_through_the_qsub_stand_in(world, tmp_path):
         "import,nccl",
         "--json",
         extra={
-            "ENVBUILDER_RECIPE_PATH": f"{DATA / 'validate-recipes'}:{recipes}",
+            "ENVBUILDER_RECIPE_PATH": path,
             "PATH": f"{SHIMS / 'pbs'}:{world.env['PATH']}",
             "PBS_SHIM_SPOOL": str(tmp_path / "spool"),
         },

@@ -54,18 +54,20 @@ def test_payload_args_for_a_run():
     assert suite.Payload(("import",), "cuda", out="/r").args()[-1] == str(1 << 30)
 
 
+def _launch(name, facts_name, payload, workdir=None):
+    recipe = loader.load(name, CATALOG)
+    target = plan.target_facts(recipe, load_facts(facts_name), [], [])
+    activate = {"module_use": [], "modules": [], "env": {}, "unset": []}
+    return suite.launch(
+        recipe, target, "/e", "/e/bin/python", activate, payload, "/e/run", [], workdir=workdir
+    )
+
+
 def test_polaris_ranks_each_expect_one_gpu_behind_the_affinity_wrapper():
-    recipe = loader.load("polaris-overlay-conda", CATALOG)
-    target = plan.target_facts(recipe, load_facts("a100-sxm4-x4"), [], [])
-    run = suite.launch(
-        recipe,
-        target,
-        "/e",
-        "/e/bin/python",
-        {"module_use": [], "modules": [], "env": {}, "unset": []},
+    run = _launch(
+        "polaris-overlay-conda",
+        "a100-sxm4-x4",
         suite.Payload(("import", "gpu"), "cuda", out="/e/run/ranks"),
-        "/e/run",
-        [],
         workdir="/e/run",
     )
     assert run.launcher == "mpiexec" and run.world == 4
@@ -77,18 +79,7 @@ def test_polaris_ranks_each_expect_one_gpu_behind_the_affinity_wrapper():
 
 
 def test_cpu_run_of_a_gpu_recipe_asks_for_no_gpus_in_its_batch_job():
-    recipe = loader.load("zurada-conda-cu126", CATALOG)
-    target = plan.target_facts(recipe, load_facts("cpu-only"), [], [])
-    run = suite.launch(
-        recipe,
-        target,
-        "/e",
-        "/e/bin/python",
-        {"module_use": [], "modules": [], "env": {}, "unset": []},
-        suite.Payload(("import", "ddp"), "cpu", out="/e/r"),
-        "/e/r",
-        [],
-    )
+    run = _launch("zurada-conda-cu126", "cpu-only", suite.Payload(("import", "ddp"), "cpu", out="/e/r"))
     assert run.nproc_per_node == 2
     assert "--gpus-per-node" not in (run.script or "")
     assert "--expect-gpus" not in run.argv
