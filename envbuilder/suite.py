@@ -7,12 +7,12 @@ merging. ``plan`` uses :func:`launch` to show the same command a real run uses.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from envbuilder import batch, launchers
-from envbuilder.errors import UsageError
+from envbuilder.errors import RecipeError, UsageError, did_you_mean
 from envbuilder.host import HostFacts
 from envbuilder.loader import Recipe
 
@@ -199,12 +199,24 @@ def job_modules(recipe: Recipe, activate: Mapping[str, Any]) -> list[str]:
     return load + [m for m in activate.get("modules") or [] if m not in load]
 
 
-def filesystems(recipe: Recipe, env: Mapping[str, str], expand: Any) -> tuple[str, ...]:
+def filesystems(
+    recipe: Recipe,
+    env: Mapping[str, str],
+    expand: Callable[[str, Mapping[str, str], str], tuple[str, list[str]]],
+) -> tuple[str, ...]:
     """Directories for the file system check: the recipe's named filesystems, else $SCRATCH."""
     names = recipe.get("validation.filesystems", []) or []
     table = recipe.get("filesystems", {}) or {}
     dirs = []
     for name in names:
+        if name not in table:
+            hint = did_you_mean(name, table) or f"[filesystems] has: {', '.join(table) or 'nothing'}"
+            raise RecipeError(
+                f"validation.filesystems names {name!r}, which is not a [filesystems] entry",
+                file=recipe.chain[0],
+                key="validation.filesystems",
+                hint=hint,
+            )
         text, missing = expand(table[name]["path"], env, recipe.name)
         if not missing:
             dirs.append(text)

@@ -7,7 +7,7 @@ from conftest import PLAN_ENV, load_facts
 
 from envbuilder import loader, plan, suite
 from envbuilder.catalog import Catalog
-from envbuilder.errors import UsageError
+from envbuilder.errors import RecipeError, UsageError
 
 CATALOG = Catalog.from_env({})
 
@@ -88,3 +88,16 @@ def test_cpu_run_of_a_gpu_recipe_asks_for_no_gpus_in_its_batch_job():
 def test_filesystems_from_the_recipe_or_scratch():
     recipe = loader.load("zurada-conda-cu126", CATALOG)
     assert suite.filesystems(recipe, PLAN_ENV, plan.expand) == ("/scratch/u1",)
+
+
+def test_filesystems_named_by_the_recipe_must_exist(tmp_path):
+    (tmp_path / "fsbad.toml").write_text(
+        'schema_version = 1\nextends = "zurada-conda-cu126"\n[recipe]\nname = "fsbad"\n'
+        'description = "x"\n[validation]\nfilesystems = ["wrok"]\n'
+    )
+    recipe = loader.load("fsbad", Catalog.from_env({"ENVBUILDER_RECIPE_PATH": str(tmp_path)}))
+    with pytest.raises(RecipeError, match="not a \\[filesystems\\] entry") as err:
+        suite.filesystems(recipe, PLAN_ENV, plan.expand)
+    assert err.value.hint == "did you mean 'work'?"
+    ok = loader.load("zurada-conda-cu126", CATALOG)
+    assert suite.filesystems(ok, PLAN_ENV, plan.expand) == ("/scratch/u1",)
