@@ -124,9 +124,13 @@ def merge(
         evs = events.get(rank, ())
         results[rank] = {}
         current: Optional[str] = None
+        entered = False
         for ev in evs:
             if ev["event"] == "start":
                 current = ev.get("check")
+                entered = False
+            elif ev["event"] == "entered":
+                entered = True
             elif ev["event"] == "result":
                 results[rank][ev["check"]] = ev
                 current = None
@@ -135,11 +139,11 @@ def merge(
                 if current is not None:
                     # Where it was, and how far it got: a rank terminated while the others timed out waiting
                     # is usually the one that hung.
-                    results[rank].setdefault(
-                        current, {"status": "killed", "progress": ev.get("progress"), "timeout": True}
-                    )
+                    results[rank].setdefault(current, {"status": "killed", "progress": ev.get("progress")})
         if current is not None:
             stopped[rank] = current
+            # Died without a word: all that is known is whether it had entered a collective.
+            results[rank].setdefault(current, {"status": "died", "progress": int(entered)})
     # A rank the launcher terminated because another rank failed did not fail itself: its check is marked
     # interrupted, and the report points at the rank that did fail.
     culprits = {
@@ -194,6 +198,12 @@ def _row(
     stuck = _stuck_ranks(check, results)
     for rank in range(world):
         res = results[rank].get(check)
+        if res is not None and res.get("status") == "died":
+            cause = _stop_cause(rank, killed.get(rank), exit_code, timed_out_after)
+            if stuck and rank not in stuck:
+                cause = f"waited in a collective for {_ranks_text(sorted(stuck))}, then the launcher ended it"
+            failures.setdefault(cause, []).append(rank)
+            continue
         if res is not None and res.get("status") == "killed":
             if rank in stuck:
                 cause = "hung: it got least far, and the launcher terminated it after the others timed out"
@@ -214,10 +224,7 @@ def _row(
                 if res.get("hint"):
                     hints.setdefault(cause, str(res["hint"]))
             continue
-        if stopped.get(rank) == check:
-            cause = _stop_cause(rank, killed.get(rank), exit_code, timed_out_after)
-            failures.setdefault(cause, []).append(rank)
-        elif not events.get(rank) and check == "import":
+        if not events.get(rank) and check == "import":
             failures.setdefault(_never_started(exit_code, timed_out_after), []).append(rank)
         elif rank not in interrupted:
             not_reached.append(rank)
@@ -250,15 +257,19 @@ def _row(
 
 
 def _stuck_ranks(check: str, results: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> set[int]:
-    """Among ranks that timed out in ``check``, those that got least far (the others waited for them); empty
-    when they all got equally far (then nobody can be singled out)."""
+    """Among ranks that timed out, died or were terminated in ``check``, those that got least far (the others
+    waited for them); empty when they all got equally far (then nobody can be singled out)."""
+    ends = {rank: res[check] for rank, res in results.items() if "progress" in res.get(check, {})}
+    failed = [r for r, end in ends.items() if end.get("status") in ("fail", "died")]
+    if len(ends) < 2 or not failed:
+        return set()
+    # A rank that died leaves only whether it entered a collective: compare everyone at that grain then.
+    coarse = any(end.get("status") == "died" for end in ends.values())
     progress = {
-        rank: int(res[check].get("progress") or 0)
-        for rank, res in results.items()
-        if check in res and res[check].get("timeout")
+        r: min(int(end["progress"] or 0), 1) if coarse else int(end["progress"] or 0)
+        for r, end in ends.items()
     }
-    timed_out = [r for r, res in results.items() if res.get(check, {}).get("status") == "fail"]
-    if len(progress) < 2 or len(set(progress.values())) == 1 or not timed_out:
+    if len(set(progress.values())) == 1:
         return set()
     low = min(progress.values())
     return {rank for rank, value in progress.items() if value == low}

@@ -275,7 +275,7 @@ class Suite:
         timeout = datetime.timedelta(seconds=self.args.timeout)
         if self.device.startswith("cuda"):
             self.torch.cuda.set_device(self.torch.device(self.device))
-        self.log.progress += 1  # the rendezvous waits for every rank
+        self.log.advance()  # the rendezvous waits for every rank
         if self.rank.torchrun:
             dist.init_process_group(backend, timeout=timeout)
         else:
@@ -300,7 +300,7 @@ class Suite:
         ok = True
         for numel in (1, 1023, 1 << 20):
             t = torch.full((numel,), float(self.rank.rank + 1), device=dev)
-            self.log.progress += 1
+            self.log.advance()
             dist.all_reduce(t)
             ok = ok and bool((t == world * (world + 1) / 2).all().item())
         flag = torch.tensor([1 if ok else 0], device=dev)
@@ -340,7 +340,7 @@ class Suite:
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(iters):
-                self.log.progress += 1
+                self.log.advance()
                 dist.all_reduce(t)
             self._sync()
             elapsed = torch.tensor(
@@ -372,7 +372,7 @@ class Suite:
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(
             self.device
         )
-        self.log.progress += 1  # the constructor broadcasts rank 0's parameters
+        self.log.advance()  # the constructor broadcasts rank 0's parameters
         ddp = DistributedDataParallel(
             model, device_ids=[self.device] if self.device.startswith("cuda") else None
         )
@@ -383,7 +383,7 @@ class Suite:
             total = torch.zeros(2, dtype=torch.float64, device=self.device)
             for xb, yb in loader:
                 opt.zero_grad()
-                self.log.progress += 1  # backward all-reduces the gradients
+                self.log.advance()  # backward all-reduces the gradients
                 loss = torch.nn.functional.mse_loss(ddp(xb.to(self.device)), yb.to(self.device))
                 loss.backward()
                 opt.step()

@@ -99,6 +99,13 @@ class Log:
         self.started = time.monotonic()
         self.event("start", check=check)
 
+    def advance(self) -> None:
+        """About to enter a collective. The first one of a check is recorded, so a rank that dies blocked in
+        it can be told from the rank it was waiting for."""
+        self.progress += 1
+        if self.progress == 1:
+            self.event("entered", check=self.current)
+
     def result(self, check: str, status: str, **data: Any) -> dict[str, Any]:
         record = {"status": status, "seconds": round(time.monotonic() - self.started, 3), **data}
         self.results[check] = record

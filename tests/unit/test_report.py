@@ -141,6 +141,20 @@ def test_a_hung_rank_terminated_after_the_other_timed_out_is_blamed():
     assert "rank 1: hung: it got least far" in row.cause
 
 
+def test_a_rank_killed_while_blocked_in_a_collective_is_not_blamed_for_the_one_that_died():
+    # Rank 1 died as nccl started; rank 0 was blocked in the rendezvous, where SIGTERM cannot reach Python, so
+    # torchrun had to SIGKILL it: neither wrote a word, but only rank 0 had entered a collective.
+    events = {
+        0: rank_events(passed("import"), [ev("start", check="nccl"), ev("entered", check="nccl")], end=False),
+        1: rank_events(passed("import"), [ev("start", check="nccl")], end=False),
+    }
+    row = report.merge(["nccl"], events, 2, 1)[1]
+    assert row.cause == (
+        "rank 0: waited in a collective for rank 1, then the launcher ended it; "
+        "rank 1: rank 1 died during this check without a result (launcher exit status 1)"
+    )
+
+
 def test_an_outer_timeout_says_hung():
     events = {0: rank_events(passed("import"), [ev("start", check="nccl")], end=False)}
     row = report.merge(["nccl"], events, 1, None, timed_out_after=300)[1]
