@@ -11,7 +11,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, launchers
+from envbuilder import __version__, backup, launchers
+from envbuilder.commands import backup as backup_cmd
 from envbuilder.commands import create as create_cmd
 from envbuilder.commands import envs as envs_cmd
 from envbuilder.commands import plan as plan_cmd
@@ -108,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("-o", "--output", metavar="PATH", help="file or directory to write (default: stdout)")
 
+    _add_backup_verbs(sub)
+
     p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
     _add_json(p)
     p.set_defaults(handler=probe_cmd.handle)
@@ -126,6 +129,68 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(handler=recipes_cmd.handle_schema, json=False)
     p.set_defaults(handler=None, subparser=p)
     return parser
+
+
+def _add_backup_verbs(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    root_help = "backup root (default $WORK/envbuilder/backups) or one backup's directory"
+    wait_help = "how long to wait for another writer of the same backup root (default 3600; 0 fails at once)"
+
+    p = sub.add_parser("backup", help="back an env up to $WORK (deduplicated wheels, or an exact archive)")
+    p.add_argument("env", nargs="?")
+    p.add_argument("--all", action="store_true", help="every env you have built")
+    p.add_argument("--to", metavar="DIR", help="backup root (default $WORK/envbuilder/backups)")
+    p.add_argument("--mode", choices=backup.MODES, help="default: wheelhouse for venvs, archive otherwise")
+    p.add_argument(
+        "--format", choices=backup.FORMATS, default="tar", help="archive mode: tar+zstd or squashfs"
+    )
+    p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=wait_help)
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
+    _add_json(p)
+    p.set_defaults(handler=backup_cmd.handle_backup)
+
+    p = sub.add_parser("backups", help="list backups: id, mode, size, date, verified")
+    p.add_argument("env", nargs="?")
+    p.add_argument("--from", dest="source", metavar="DIR", help=root_help)
+    _add_json(p)
+    p.set_defaults(handler=backup_cmd.handle_backups)
+
+    p = sub.add_parser(
+        "restore", help="bring an env back from its backup (offline, verified, beside then swap)"
+    )
+    p.add_argument("env")
+    p.add_argument("--from", dest="source", metavar="DIR", help=root_help)
+    p.add_argument("--backup", metavar="ID", help="which backup (default: the newest)")
+    p.add_argument("--prefix", metavar="DIR", help="restore here instead of the env's prefix")
+    p.add_argument("--name", metavar="NAME", help="record the restored env under this name")
+    p.add_argument("--force", action="store_true", help="replace an env that exists at the target")
+    p.add_argument("--validate", action="store_true", help="run the full validation suite afterwards")
+    p.add_argument("--no-validate", action="store_true", help="skip even the torch import check")
+    p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=wait_help)
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
+    _add_json(p)
+    p.set_defaults(handler=backup_cmd.handle_restore)
+
+    p = sub.add_parser("verify-backup", help="re-hash a backup (ENV for its newest, or an id ENV@STAMP)")
+    p.add_argument("backup", metavar="ENV|ID")
+    p.add_argument("--from", dest="source", metavar="DIR", help=root_help)
+    _add_json(p)
+    p.set_defaults(handler=backup_cmd.handle_verify)
+
+    p = sub.add_parser("prune-backups", help="keep the newest N backups of each env; free unused wheels")
+    p.add_argument("--keep", type=_positive, required=True, metavar="N")
+    p.add_argument("--env", metavar="NAME", help="prune this env's backups only")
+    p.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    p.add_argument("--from", dest="source", metavar="DIR", help=root_help)
+    p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=wait_help)
+    _add_json(p)
+    p.set_defaults(handler=backup_cmd.handle_prune)
+
+    _env_verb(
+        sub,
+        "touch",
+        "refresh an env's access times, only where the site's purge policy allows it",
+        backup_cmd.handle_touch,
+    )
 
 
 def _add_launch(p: argparse.ArgumentParser) -> None:

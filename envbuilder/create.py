@@ -143,7 +143,7 @@ def create(
                 hint="pass --force to replace it, or choose another --prefix",
             )
         had = final.exists()
-        log = _open_log(home, name)
+        log = open_log(home, name)
         try:
             record = _build(plan, recipe, env, modules, opts, report, final, home, log, notes, facts or {})
         finally:
@@ -162,7 +162,7 @@ def _existing(home: Path, name: str, final: Path) -> Optional[state.EnvRecord]:
     return None
 
 
-def _open_log(home: Path, name: str) -> build.BuildLog:
+def open_log(home: Path, name: str) -> build.BuildLog:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return build.BuildLog(home / "logs" / f"{name}-{stamp}-{os.getpid()}.log")
 
@@ -259,19 +259,19 @@ def _build(
             plan=plan.to_json(),
             facts=dict(facts),
             packages=tuple(packages),
-            tools=_tools(choice.name, _python_version(partial, parent), python, uv_bin, log, build_env),
+            tools=tools_used(choice.name, python_version(partial, parent), python, uv_bin, log, build_env),
             modules={
                 "system": modules.kind,
                 "delta_set": dict(sorted(delta.set.items())),
                 "delta_unset": list(delta.unset),
             },
         )
-        state.write_atomic(partial / "envbuilder" / "record.json", _dump(record))
+        state.write_atomic(partial / "envbuilder" / "record.json", dump_record(record))
         # Children ran under a umask without world write; this catches what a tool chmods itself (uv's .lock).
         for rel in build.drop_world_write(partial):
             log.write(f"removed world write permission from {rel}")
         report.step(f"moving the env into place at {final}")
-        _swap(partial, final)
+        swap(partial, final)
     state.save(home, record)
     log.write(f"done: {final}")
     # torch comes from the resolver, or (overlays) from the site python underneath: check it either way.
@@ -279,7 +279,7 @@ def _build(
         report.step("checking that torch imports")
         site_python = python if plan.kind == "user-prefix" else None
         gpus = len(facts.get("gpus") or [])
-        record = _smoke(record, final, site_python, act, delta, base_env, log, home, gpus)
+        record = smoke(record, final, site_python, act, delta, base_env, log, home, gpus)
     return record
 
 
@@ -300,7 +300,7 @@ def _after_create(plan: Plan, partial: Path, parent: Mapping[str, Any], log: bui
                 log.write(f"parent python is a venv ({parent['prefix']}): {pth.name} adds its site-packages")
 
 
-def _python_version(partial: Path, parent: Mapping[str, Any]) -> str:
+def python_version(partial: Path, parent: Mapping[str, Any]) -> str:
     if parent.get("version"):
         return str(parent["version"])
     for line in build.read_text(partial / "pyvenv.cfg").splitlines():
@@ -310,7 +310,7 @@ def _python_version(partial: Path, parent: Mapping[str, Any]) -> str:
     return "?"
 
 
-def _swap(partial: Path, final: Path) -> None:
+def swap(partial: Path, final: Path) -> None:
     """Put ``partial`` at ``final``. An existing env is moved aside first and removed once the new one is in
     place; a crash between the two renames is repaired by recover() on the next run."""
     if final.exists():
@@ -322,11 +322,11 @@ def _swap(partial: Path, final: Path) -> None:
         partial.rename(final)
 
 
-def _dump(record: state.EnvRecord) -> bytes:
+def dump_record(record: state.EnvRecord) -> bytes:
     return (json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n").encode()
 
 
-def _tools(
+def tools_used(
     installer: str,
     python_version: str,
     python: str,
@@ -347,7 +347,7 @@ def _tools(
     return tools
 
 
-def _smoke(
+def smoke(
     record: state.EnvRecord,
     final: Path,
     site_python: Optional[str],

@@ -156,6 +156,13 @@ class PublishError(EnvbuilderError):
     family = "publish"
 
 
+class BackupError(EnvbuilderError):
+    """A backup could not be written, verified or restored (corrupt, missing, no space, refused)."""
+
+    exit_code = 12
+    family = "backup"
+
+
 class CommandFailed(EnvbuilderError):
     """An external command exited non-zero; carries its argv, status and the tail of its stderr."""
 
@@ -197,4 +204,5 @@ FAMILIES: tuple[type[EnvbuilderError], ...] = (
     StateError,
     PublishError,
     CommandFailed,
+    BackupError,
 )

@@ -12,9 +12,10 @@ import os
 import shlex
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import IO, Any, Optional, cast
 
 from envbuilder.errors import CommandFailed
 
@@ -90,10 +91,52 @@ def run(
     return result
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
+def _kill_group(proc: subprocess.Popen[Any]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
 def tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def feeding(
+    argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, umask: int = -1
+) -> Iterator[IO[bytes]]:
+    """Run ``argv`` with its stdin a pipe the block writes to (a compressor fed a stream). On leaving the block
+    stdin is closed and the command waited for; a non-zero exit raises CommandFailed. If the block fails, the
+    command's process group is killed first, so no half-written output is left being written."""
+    argv = [os.fspath(a) for a in argv]
+    log.debug("+ %s |", quote(argv))
+    with tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(
+            argv,
+            env=dict(scrubbed_env() if env is None else env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+            umask=umask,
+        )
+        stdin = cast(IO[bytes], child.stdin)  # stdin=PIPE always gives one
+        try:
+            yield stdin
+            stdin.close()
+        except BrokenPipeError:
+            # The command ended before reading everything: its own stderr says why (disk full, say).
+            with contextlib.suppress(OSError):
+                stdin.close()
+            code = child.wait()
+            err.seek(0)
+            raise CommandFailed(argv, code or 1, tail(err.read().decode(errors="replace"))) from None
+        except BaseException:
+            _kill_group(child)
+            with contextlib.suppress(OSError):
+                stdin.close()
+            child.wait()
+            raise
+        code = child.wait()
+        if code != 0:
+            err.seek(0)
+            raise CommandFailed(argv, code, tail(err.read().decode(errors="replace")))

@@ -168,6 +168,10 @@ SCHEMA = Table(
                 {
                     "path": Field(str, "path, may use ${VAR}", required=True),
                     "purge_days": Field(int, "files unread this many days may be purged"),
+                    "touch_allowed": Field(
+                        bool,
+                        "the site permits refreshing access times to hold off the purge (envbuilder touch)",
+                    ),
                     "quota": Field(str),
                     "files_quota": Field(str),
                     "backed_up": Field(bool),

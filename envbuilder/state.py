@@ -82,6 +82,8 @@ class EnvRecord:
     tools: Mapping[str, str] = field(default_factory=dict)
     validation: Optional[Mapping[str, Any]] = None
     modules: Mapping[str, Any] = field(default_factory=dict)
+    #: Set by restore: the backup the env came from.
+    origin: Mapping[str, Any] = field(default_factory=dict)
     version: int = RECORD_VERSION
 
     def to_json(self) -> dict[str, Any]:

@@ -1,0 +1,250 @@
+"""An exact copy of an env directory: tar streamed through zstd (or squashfs where mksquashfs exists), with a
+manifest of every entry (type, mode, size, sha256 of each file, link targets), for envs that hold more than
+wheels (conda envs, hand-edited files).
+
+Relocation: restored at another prefix, the old prefix is rewritten where that is known to be safe (script
+headers and activate files in ``bin``, ``pyvenv.cfg``, ``.pth`` files, conda's activate.d/deactivate.d, the
+env's own record); every other file that still names the old prefix is reported, not touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import stat
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Optional
+
+from envbuilder import proc
+from envbuilder.errors import BackupError
+
+CHUNK = 1 << 20
+ZSTD_PACK = ("-T0", "-3", "-q", "-f")
+
+
+class _Hashing:
+    """A file object that hashes what tarfile reads through it."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh = fh
+        self.digest = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.fh.read(size)
+        self.digest.update(data)
+        return data
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    """Every entry under ``root`` (not following links), parents before children, in a stable order."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        here = Path(dirpath)
+        for name in sorted(dirnames):
+            yield here / name
+        for name in sorted(filenames):
+            yield here / name
+
+
+def write_tar(prefix: Path, sink: IO[bytes]) -> list[dict[str, Any]]:
+    """Stream ``prefix`` as a tar archive to ``sink``, hashing each file as it is read; the manifest."""
+    manifest: list[dict[str, Any]] = []
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        # The default 16 KiB reads make a torch env slow to stream.
+        tar.copybufsize = CHUNK  # type: ignore[attr-defined]
+        for path in _walk(prefix):
+            rel = str(path.relative_to(prefix))
+            info = tar.gettarinfo(str(path), arcname=rel)
+            entry: dict[str, Any] = {"path": rel, "mode": info.mode}
+            if info.isreg():
+                with path.open("rb") as fh:
+                    reader = _Hashing(fh)
+                    tar.addfile(info, reader)
+                entry.update(type="file", size=info.size, sha256=reader.digest.hexdigest())
+            else:
+                tar.addfile(info)
+                if info.islnk():
+                    entry.update(type="hardlink", target=info.linkname)
+                elif info.issym():
+                    entry.update(type="symlink", target=info.linkname)
+                elif info.isdir():
+                    entry.update(type="dir")
+                else:
+                    entry.update(type="other")
+            manifest.append(entry)
+    return manifest
+
+
+def hash_tree(prefix: Path) -> list[dict[str, Any]]:
+    """The same manifest as write_tar, read straight from the directory (for squashfs)."""
+    manifest: list[dict[str, Any]] = []
+    seen: dict[tuple[int, int], str] = {}
+    for path in _walk(prefix):
+        st = path.lstat()
+        rel = str(path.relative_to(prefix))
+        entry: dict[str, Any] = {"path": rel, "mode": stat.S_IMODE(st.st_mode)}
+        if stat.S_ISLNK(st.st_mode):
+            entry.update(type="symlink", target=str(path.readlink()))
+        elif stat.S_ISDIR(st.st_mode):
+            entry.update(type="dir")
+        elif stat.S_ISREG(st.st_mode):
+            key = (st.st_dev, st.st_ino)
+            if st.st_nlink > 1 and key in seen:
+                entry.update(type="hardlink", target=seen[key])
+            else:
+                seen[key] = rel
+                h = hashlib.sha256()
+                with path.open("rb") as fh:
+                    for chunk in iter(lambda: fh.read(CHUNK), b""):
+                        h.update(chunk)
+                entry.update(type="file", size=st.st_size, sha256=h.hexdigest())
+        else:
+            entry.update(type="other")
+        manifest.append(entry)
+    return manifest
+
+
+@dataclass(frozen=True)
+class Tools:
+    zstd: Optional[str]
+    tar: Optional[str]
+    mksquashfs: Optional[str]
+    unsquashfs: Optional[str]
+
+    @classmethod
+    def find(cls) -> Tools:
+        return cls(*(shutil.which(t) for t in ("zstd", "tar", "mksquashfs", "unsquashfs")))
+
+
+def pack(prefix: Path, out_dir: Path, fmt: str, tools: Tools) -> tuple[str, list[dict[str, Any]]]:
+    """Write the archive of ``prefix`` into ``out_dir``; (file name, manifest)."""
+    if fmt == "squashfs":
+        if not tools.mksquashfs:
+            raise BackupError(
+                "--format squashfs needs mksquashfs, which is not on PATH",
+                hint="install squashfs-tools or load its module, or use --format tar",
+            )
+        name = "env.sqfs"
+        argv = [tools.mksquashfs, str(prefix), str(out_dir / name), "-noappend", "-quiet", "-no-progress"]
+        argv += ["-comp", "zstd", "-Xcompression-level", "3"] if _squashfs_zstd(tools.mksquashfs) else []
+        manifest = hash_tree(prefix)
+        proc.run(argv)
+        return name, manifest
+    if tools.zstd:
+        name = "env.tar.zst"
+        with proc.feeding([tools.zstd, *ZSTD_PACK, "-o", str(out_dir / name)]) as pipe:
+            manifest = write_tar(prefix, pipe)
+        return name, manifest
+    name = "env.tar"
+    with (out_dir / name).open("wb") as fh:
+        manifest = write_tar(prefix, fh)
+    return name, manifest
+
+
+def _squashfs_zstd(mksquashfs: str) -> bool:
+    res = proc.run([mksquashfs, "-help"], check=False)
+    return "zstd" in res.stdout + res.stderr
+
+
+def unpack(archive: Path, into: Path, tools: Tools) -> None:
+    """Extract ``archive`` so that ``into`` (which must not exist) becomes the env directory."""
+    if archive.name.endswith(".sqfs"):
+        if not tools.unsquashfs:
+            raise BackupError(
+                f"{archive} is a squashfs image and unsquashfs is not on PATH", hint="install squashfs-tools"
+            )
+        proc.run([tools.unsquashfs, "-no-progress", "-q", "-d", str(into), str(archive)], timeout=None)
+        return
+    if not tools.tar:
+        raise BackupError("restoring an archive needs tar, which is not on PATH")
+    into.mkdir(mode=0o700)
+    argv = [tools.tar, "--no-same-owner", "-x", "-f", str(archive), "-C", str(into)]
+    if archive.name.endswith(".zst"):
+        if not tools.zstd:
+            raise BackupError(
+                f"{archive} is zstd-compressed and zstd is not on PATH", hint="load a zstd module"
+            )
+        argv[1:1] = ["--use-compress-program", tools.zstd]
+    proc.run(argv)
+
+
+def check_tree(root: Path, manifest: list[dict[str, Any]]) -> list[str]:
+    """What in ``root`` differs from the manifest (types, sizes, link targets; contents are checked through the
+    archive's own hash before extraction)."""
+    problems = []
+    for entry in manifest:
+        path = root / entry["path"]
+        if not path.is_symlink() and not path.exists():
+            problems.append(f"{entry['path']}: missing after extraction")
+        elif entry["type"] == "file" and path.stat().st_size != entry["size"]:
+            problems.append(
+                f"{entry['path']}: {path.stat().st_size} bytes, the manifest says {entry['size']}"
+            )
+        elif entry["type"] == "symlink" and str(path.readlink()) != entry["target"]:
+            problems.append(
+                f"{entry['path']}: link to {path.readlink()}, the manifest says {entry['target']}"
+            )
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Relocation
+
+
+@dataclass(frozen=True)
+class Relocation:
+    rewritten: tuple[str, ...]
+    left: tuple[str, ...]  # files that still name the old prefix (binaries, data): not touched
+    bytecode: int  # .pyc files naming the old prefix (only their tracebacks show it)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rewritten": list(self.rewritten), "left": list(self.left), "bytecode": self.bytecode}
+
+
+def _safe_to_rewrite(rel: Path) -> bool:
+    parts = rel.parts
+    if len(parts) == 2 and parts[0] == "bin":
+        return True  # script headers and activate files
+    if rel.name == "pyvenv.cfg" and len(parts) == 1:
+        return True
+    if rel.suffix == ".pth" and "site-packages" in parts:
+        return True
+    if len(parts) >= 4 and parts[:2] == ("etc", "conda") and parts[2] in ("activate.d", "deactivate.d"):
+        return True
+    return parts[0] == "envbuilder" and rel.suffix in (".sh", ".json", ".txt")
+
+
+def relocate(root: Path, old: str, new: str) -> Relocation:
+    """Rewrite ``old`` to ``new`` (as a whole path: ``/a/env`` never matches inside ``/a/env2``) in the files
+    where that is safe; list the rest. A new path that would need shell or JSON quoting is never written into
+    scripts: every file is then listed as left."""
+    plain = shlex.quote(new) == new and '"' not in new and "\\" not in new
+    pattern = re.compile(re.escape(old.encode()) + rb"(?=[/\s\"':;=)\]]|\x00|$)")
+    rewritten: list[str] = []
+    left: list[str] = []
+    bytecode = 0
+    for path in _walk(root):
+        if path.is_symlink() or not path.is_file():
+            continue
+        rel = path.relative_to(root)
+        data = path.read_bytes()
+        if old.encode() not in data:
+            continue
+        if rel.suffix == ".pyc":
+            bytecode += 1
+            continue
+        text = b"\0" not in data[:8192]
+        if text and plain and _safe_to_rewrite(rel):
+            mode = path.stat().st_mode
+            path.write_bytes(pattern.sub(new.encode(), data))
+            path.chmod(stat.S_IMODE(mode))
+            rewritten.append(str(rel))
+        else:
+            left.append(str(rel))
+    return Relocation(tuple(rewritten), tuple(left), bytecode)

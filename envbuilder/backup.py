@@ -1,0 +1,472 @@
+"""Backups of envs to a place the scratch purge does not reach ($WORK), and their upkeep.
+
+Layout under the backup root::
+
+    envs/NAME/STAMP/backup.json      what the backup holds (the env's record, its wheels or its archive)
+    envs/NAME/STAMP/manifest.json    archive mode: every entry of the env with its sha256
+    envs/NAME/STAMP/env.tar.zst      archive mode: the env itself (or env.sqfs, env.tar)
+    envs/NAME/STAMP/verify.json      the last verify-backup result
+    store/ab/DIGEST.whl.zst          wheelhouse mode: each wheel once, shared by every backup
+    locks/backups.lock               one writer at a time (mkdir lock: works on Lustre and NFS)
+
+A backup is written in ``envs/NAME/.partial-STAMP-PID`` and renamed to ``STAMP`` when complete, so an
+interrupted backup is never listed; the next writer removes what it left. ``backup.json`` carries a checksum
+of its own content.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from envbuilder import __version__, archive, state, wheelhouse
+from envbuilder.errors import BackupError, CommandFailed, EnvbuilderError, UsageError
+
+BACKUP_VERSION = 1
+MODES = ("wheelhouse", "archive")
+FORMATS = ("tar", "squashfs")
+PARTIAL = ".partial-"
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def root_for(env: Mapping[str, str]) -> tuple[Path, str]:
+    """Where backups go, and why: $ENVBUILDER_BACKUP_ROOT, else $WORK/envbuilder/backups (not purged), else
+    the envbuilder home's ``backups`` (with $WORK unset, that is ~/.envbuilder: small, but not purged)."""
+    if env.get("ENVBUILDER_BACKUP_ROOT"):
+        return Path(env["ENVBUILDER_BACKUP_ROOT"]), "ENVBUILDER_BACKUP_ROOT"
+    if env.get("WORK"):
+        return Path(env["WORK"]) / "envbuilder" / "backups", "$WORK"
+    return state.home(env) / "backups", "$WORK is unset: the envbuilder home"
+
+
+def _stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def _modes(prefix: Path) -> tuple[int, int]:
+    """File and directory modes for a backup of ``prefix``: private, plus the read access the env itself gives
+    its group and others (a backup is never more readable than the env)."""
+    try:
+        bits = prefix.stat().st_mode
+    except OSError:
+        bits = 0
+    file_mode = 0o600 | (bits & 0o044)
+    dir_mode = 0o700 | (0o050 if bits & 0o040 else 0) | (0o005 if bits & 0o004 else 0)
+    return file_mode, dir_mode
+
+
+def checksum(data: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in data.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Listing
+
+
+@dataclass(frozen=True)
+class Backup:
+    root: Path
+    path: Path
+    data: Mapping[str, Any]
+    verified: Optional[Mapping[str, Any]]
+    error: Optional[str] = None
+
+    @property
+    def env(self) -> str:
+        return self.path.parent.name
+
+    @property
+    def stamp(self) -> str:
+        return self.path.name
+
+    @property
+    def id(self) -> str:
+        return f"{self.env}@{self.stamp}"
+
+    @property
+    def mode(self) -> str:
+        return str(self.data.get("mode", "?"))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "env": self.env,
+            "mode": self.mode,
+            "created": self.data.get("created"),
+            "prefix": self.data.get("prefix"),
+            "bytes": self.data.get("bytes"),
+            "new_bytes": self.data.get("new_bytes"),
+            "packages": len(self.data.get("wheels", ())),
+            "verified": dict(self.verified) if self.verified else None,
+            "path": str(self.path),
+            "error": self.error,
+        }
+
+
+def _load(root: Path, path: Path) -> Backup:
+    verified = None
+    with contextlib.suppress(OSError, ValueError):
+        verified = json.loads((path / "verify.json").read_text(encoding="utf-8"))
+    try:
+        data = json.loads((path / "backup.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return Backup(root, path, {}, verified, f"backup.json is unreadable: {exc}")
+    if not isinstance(data, dict) or data.get("version") != BACKUP_VERSION:
+        return Backup(root, path, {}, verified, f"backup.json has format {data.get('version')!r}")
+    if data.get("checksum") != checksum(data):
+        return Backup(
+            root, path, data, verified, "backup.json does not match its checksum (changed or damaged)"
+        )
+    return Backup(root, path, data, verified)
+
+
+def backups(root: Path, env: Optional[str] = None) -> list[Backup]:
+    """Complete backups, oldest first (partial ones, named with a leading dot, are not backups)."""
+    base = root / "envs"
+    if not base.is_dir():
+        return []
+    found = []
+    for env_dir in sorted(base.iterdir()):
+        if env is not None and env_dir.name != env:
+            continue
+        if not env_dir.is_dir() or env_dir.name.startswith("."):
+            continue
+        for path in sorted(env_dir.iterdir()):
+            if path.name.startswith(".") or not (path / "backup.json").is_file():
+                continue
+            found.append(_load(root, path))
+    return sorted(found, key=lambda b: (b.stamp, b.env))
+
+
+def find(root: Path, what: str, backup_id: Optional[str] = None) -> Backup:
+    """``what`` is an env name (its newest backup, or ``backup_id``) or a backup id ``NAME@STAMP``."""
+    if "@" in what and backup_id is None:
+        what, backup_id = what.split("@", 1)
+    state.record_path(root, what)  # validates the name
+    mine = backups(root, what)
+    if backup_id is not None:
+        stamp = backup_id.split("@", 1)[1] if "@" in backup_id else backup_id
+        for b in mine:
+            if b.stamp == stamp:
+                return b
+        raise BackupError(
+            f"no backup {what}@{stamp} in {root}",
+            hint=f"envbuilder backups {what}" if mine else "envbuilder backups",
+        )
+    if not mine:
+        others = sorted({b.env for b in backups(root)})
+        from envbuilder.errors import did_you_mean  # noqa: PLC0415 - only on this error path
+
+        raise BackupError(
+            f"no backup of {what!r} in {root}",
+            hint=did_you_mean(what, others) or f"envbuilder backup {what} makes one",
+        )
+    return mine[-1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+@contextlib.contextmanager
+def writer_lock(
+    root: Path, timeout: float, on_wait: Optional[Callable[[state.Owner], None]] = None
+) -> Iterator[None]:
+    """One writer at a time on a backup root; what an interrupted writer left is cleared first."""
+    with state.EnvLock(root / "locks" / "backups.lock", timeout=timeout, on_wait=on_wait):
+        for partial in sorted((root / "envs").glob(f"*/{PARTIAL}*")):
+            shutil.rmtree(partial, ignore_errors=True)
+        for tmp in sorted((root / "store").glob("*/.*.tmp-*")):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        yield
+
+
+@dataclass
+class BackupResult:
+    backup: Backup
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.backup.summary(), "notes": self.notes}
+
+
+def _known(root: Path) -> dict[str, dict[str, Any]]:
+    """Wheels earlier backups stored: digest -> their blob entry (with the stored bytes' sha256)."""
+    known: dict[str, dict[str, Any]] = {}
+    for b in backups(root):
+        if b.error:
+            continue
+        for wheel in b.data.get("wheels", ()):
+            if (root / wheel["path"]).is_file():
+                known.setdefault(wheel["digest"], wheel)
+    return known
+
+
+def make(
+    record: state.EnvRecord,
+    root: Path,
+    mode: str,
+    fmt: str = "tar",
+    step: Callable[[str], None] = lambda text: None,
+) -> BackupResult:
+    """Back ``record``'s env up under ``root`` (call with writer_lock held)."""
+    prefix = Path(record.prefix)
+    health = state.health(record)
+    if health.status == "gone":
+        raise BackupError(
+            f"{record.name} is gone ({health.detail}); there is nothing to back up",
+            hint=f"envbuilder restore {record.name}",
+        )
+    if health.status == "damaged":
+        raise BackupError(
+            f"{record.name} is damaged ({health.detail}): a backup of it would not restore",
+            hint=f"envbuilder restore {record.name} --force (from an earlier backup) or "
+            f"envbuilder create {record.name} --force",
+        )
+    kind = (record.plan or {}).get("kind", "venv")
+    if mode == "wheelhouse" and kind not in ("venv", "overlay"):
+        raise BackupError(
+            f"{record.name} is a {kind} env: a wheelhouse backup holds venvs (their wheels)",
+            hint=f"envbuilder backup {record.name} --mode archive",
+        )
+    file_mode, dir_mode = _modes(prefix)
+    stamp = _stamp()
+    env_dir = root / "envs" / record.name
+    while (env_dir / stamp).exists():  # two backups within a second
+        time.sleep(1)
+        stamp = _stamp()
+    partial = env_dir / f"{PARTIAL}{stamp}-{os.getpid()}"
+    state._mkdir(env_dir)
+    partial.mkdir(mode=dir_mode)
+    partial.chmod(dir_mode)
+    notes: list[str] = []
+    try:
+        data: dict[str, Any] = {
+            "version": BACKUP_VERSION,
+            "mode": mode,
+            "env": record.name,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "host": socket.gethostname(),
+            "envbuilder": __version__,
+            "prefix": record.prefix,
+            "record": record.to_json(),
+        }
+        if mode == "wheelhouse":
+            data.update(_wheelhouse(record, prefix, root, file_mode, step, notes))
+        else:
+            data.update(_archive(prefix, partial, fmt, file_mode, step))
+        data["verified"] = data["created"]
+        data["checksum"] = checksum(data)
+        state.write_atomic(partial / "backup.json", (json.dumps(data, indent=1) + "\n").encode(), file_mode)
+        final = env_dir / stamp
+        partial.rename(final)
+        _fsync_dir(env_dir)
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        if exc.errno in _NO_SPACE:
+            raise _no_space(root, exc.strerror or str(exc)) from None
+        raise
+    except CommandFailed as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        if any(w in exc.stderr_tail.lower() for w in ("space", "quota", "too large")):
+            raise _no_space(root, exc.stderr_tail.strip().splitlines()[-1]) from None
+        raise
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return BackupResult(_load(root, final), notes)
+
+
+def _no_space(root: Path, why: str) -> BackupError:
+    return BackupError(
+        f"the backup could not be written to {root}: {why}; earlier backups are intact",
+        hint="free space or quota there (envbuilder prune-backups --keep 1), or back up elsewhere with --to DIR",
+    )
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _wheelhouse(
+    record: state.EnvRecord,
+    prefix: Path,
+    root: Path,
+    file_mode: int,
+    step: Callable[[str], None],
+    notes: list[str],
+) -> dict[str, Any]:
+    dists = wheelhouse.scan(prefix)
+    damaged = [d for d in dists if d.missing]
+    if damaged:
+        raise BackupError(
+            f"{record.name} is damaged ({damaged[0].name}: {damaged[0].missing[0]} is missing)",
+            hint=f"envbuilder restore {record.name} --force (from an earlier backup) or "
+            f"envbuilder create {record.name} --force",
+        )
+    for d in dists:
+        if d.problems:
+            raise BackupError(
+                f"{d.name} {d.version}: {d.problems[0]}",
+                hint=f"envbuilder backup {record.name} --mode archive",
+            )
+    store = wheelhouse.Store(root, file_mode, wheelhouse.zstd())
+    known = _known(root)
+    wheels: list[dict[str, Any]] = []
+    new_bytes = 0
+    for d in dists:
+        if d.editable:
+            notes.append(f"{d.name} is an editable install: not in the backup (reinstall it from its source)")
+            continue
+        step(f"{'checking' if d.digest in known else 'storing'} {d.name} {d.version}")
+        blob = store.put(d, known.get(d.digest))
+        new_bytes += blob.size if blob.new else 0
+        wheels.append({"name": d.name, "version": d.version, **blob.to_json()})
+        known.setdefault(d.digest, wheels[-1])
+    return {
+        "wheels": wheels,
+        "bytes": sum(w["size"] for w in wheels),
+        "new_bytes": new_bytes,
+        "compression": "zstd" if store.zstd else "none",
+    }
+
+
+def _archive(
+    prefix: Path, partial: Path, fmt: str, file_mode: int, step: Callable[[str], None]
+) -> dict[str, Any]:
+    tools = archive.Tools.find()
+    step(f"archiving {prefix} ({fmt})")
+    name, manifest = archive.pack(prefix, partial, fmt, tools)
+    (partial / name).chmod(file_mode)
+    text = (json.dumps(manifest, separators=(",", ":")) + "\n").encode()
+    state.write_atomic(partial / "manifest.json", text, file_mode)
+    size = (partial / name).stat().st_size
+    step("hashing the archive")
+    return {
+        "archive": {
+            "file": name,
+            "format": fmt,
+            "sha256": wheelhouse.file_sha256(partial / name),
+            "size": size,
+            "manifest_sha256": hashlib.sha256(text).hexdigest(),
+            "entries": len(manifest),
+        },
+        "bytes": size,
+        "new_bytes": size,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Verifying and pruning
+
+
+def verify(b: Backup, record_result: bool = True) -> list[str]:
+    """Re-hash everything the backup holds; the problems found (none: it restores as written)."""
+    problems: list[str] = [b.error] if b.error else []
+    if not b.error:
+        if b.mode == "wheelhouse":
+            for wheel in b.data.get("wheels", ()):
+                problems += _check_file(b.root / wheel["path"], wheel["size"], wheel["sha256"], wheel["name"])
+        else:
+            arc = b.data.get("archive", {})
+            problems += _check_file(b.path / arc["file"], arc["size"], arc["sha256"], "the archive")
+            manifest = b.path / "manifest.json"
+            try:
+                digest = hashlib.sha256(manifest.read_bytes()).hexdigest()
+            except OSError:
+                digest = "missing"
+            if digest != arc.get("manifest_sha256"):
+                problems.append("manifest.json is missing or changed")
+    if record_result and b.path.is_dir():
+        result = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ok": not problems, "problems": problems}
+        file_mode, _ = _modes(b.path)
+        with contextlib.suppress(OSError):
+            state.write_atomic(b.path / "verify.json", json.dumps(result).encode(), file_mode & 0o644)
+    return problems
+
+
+def _check_file(path: Path, size: int, digest: str, what: str) -> list[str]:
+    try:
+        actual_size = path.stat().st_size
+    except OSError:
+        return [f"{what}: {path} is missing"]
+    if actual_size != size:
+        return [f"{what}: {path} has {actual_size} bytes, {size} were written"]
+    if wheelhouse.file_sha256(path) != digest:
+        return [f"{what}: {path} does not match its sha256 (a changed or damaged byte)"]
+    return []
+
+
+@dataclass
+class PruneResult:
+    removed: list[str]
+    blobs: int
+    freed: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"removed": self.removed, "blobs_removed": self.blobs, "bytes_freed": self.freed}
+
+
+def prune(root: Path, keep: int, env: Optional[str] = None, dry_run: bool = False) -> PruneResult:
+    """Keep the newest ``keep`` backups of each env (of ``env`` only, if given); then remove the stored wheels
+    no remaining backup uses. Call with writer_lock held."""
+    if keep < 1:
+        raise UsageError("--keep must be 1 or more (remove backups by hand to drop every one)")
+    by_env: dict[str, list[Backup]] = {}
+    for b in backups(root):
+        by_env.setdefault(b.env, []).append(b)
+    doomed = []
+    for name, mine in by_env.items():
+        if env is None or name == env:
+            doomed += mine[: max(0, len(mine) - keep)]
+    freed = 0
+    for b in doomed:
+        freed += sum(p.stat().st_size for p in b.path.iterdir() if p.is_file())
+        if not dry_run:
+            # Out of the listing first (one rename), then delete.
+            gone = b.path.parent / f"{PARTIAL}pruned-{b.stamp}"
+            b.path.rename(gone)
+            shutil.rmtree(gone)
+    keep_paths = {w["path"] for b in backups(root) if b not in doomed for w in b.data.get("wheels", ())}
+    store = wheelhouse.Store(root)
+    blobs = 0
+    for blob in list(store.blobs()):
+        if str(blob.relative_to(root)) not in keep_paths:
+            blobs += 1
+            freed += blob.stat().st_size
+            if not dry_run:
+                blob.unlink()
+    return PruneResult([b.id for b in doomed], blobs, freed)
+
+
+def make_all(
+    records: Sequence[state.EnvRecord], root: Path, mode: Optional[str], step: Callable[[str], None]
+) -> tuple[list[BackupResult], list[tuple[str, EnvbuilderError]]]:
+    """Back every env up (wheelhouse for venvs, archive otherwise, unless ``mode`` says); failures are
+    collected, not fatal, so one broken env does not stop the rest."""
+    done, failed = [], []
+    for record in records:
+        kind = (record.plan or {}).get("kind", "venv")
+        chosen = mode or ("wheelhouse" if kind in ("venv", "overlay") else "archive")
+        try:
+            done.append(make(record, root, chosen, step=step))
+        except EnvbuilderError as exc:
+            failed.append((record.name, exc))
+    return done, failed

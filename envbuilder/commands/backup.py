@@ -1,0 +1,225 @@
+"""`envbuilder backup|backups|restore|verify-backup|prune-backups|touch`: keep envs safe from the scratch purge."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.table import Table
+
+from envbuilder import backup, host, loader, modules, purge, state
+from envbuilder import restore as restorer
+from envbuilder import validate as validator
+from envbuilder.catalog import Catalog
+from envbuilder.commands import validate as validate_cmd
+from envbuilder.commands.create import sigterm_as_interrupt
+from envbuilder.console import Out
+from envbuilder.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
+
+
+def _root(arg: Optional[str]) -> tuple[Path, Optional[str]]:
+    """The backup root, and a backup id when ``arg`` names one backup's directory."""
+    if arg:
+        path = Path(arg).expanduser().resolve()
+        if (path / "backup.json").is_file():  # ROOT/envs/NAME/STAMP
+            return path.parent.parent.parent, f"{path.parent.name}@{path.name}"
+        return path, None
+    return backup.root_for(os.environ)[0], None
+
+
+def _mib(n: object) -> str:
+    return f"{int(n) / 2**20:.0f} MiB" if isinstance(n, int) else "?"
+
+
+def _waiting(out: Out) -> Any:
+    def on_wait(owner: state.Owner) -> None:
+        out.warn(f"another envbuilder (pid {owner.pid} on {owner.host}) is writing backups here; waiting")
+
+    return on_wait
+
+
+def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    home = state.home(os.environ)
+    root = Path(args.to).expanduser().resolve() if args.to else backup.root_for(os.environ)[0]
+    if args.all == bool(args.env):
+        raise UsageError(
+            "name one env, or pass --all", hint="envbuilder backup NAME | envbuilder backup --all"
+        )
+    quiet = args.json or args.quiet
+
+    def step(text: str) -> None:
+        if not quiet:
+            out.console.print(f"  [cyan]→[/cyan] {text}")
+
+    with sigterm_as_interrupt(), backup.writer_lock(root, args.wait, _waiting(out)):
+        if not args.all:
+            record = state.load(home, args.env)
+            mode = args.mode or _default_mode(record)
+            if not quiet:
+                out.heading(f"Backing up {record.name} ({mode}) to {root}")
+            result = backup.make(record, root, mode, args.format, step)
+            if not quiet:
+                _render_one(result, out)
+            return result.to_json()
+        records = []
+        for name in state.names(home):
+            try:
+                records.append(state.load(home, name))
+            except EnvbuilderError as exc:
+                out.warn(f"{name}: {exc.message}")
+        done, failed = backup.make_all(records, root, args.mode, step)
+    if not quiet:
+        for r in done:
+            _render_one(r, out)
+        for name, problem in failed:
+            out.error(f"{name}: {problem.message}", problem.hint)
+    data = {"backups": [r.to_json() for r in done], "failed": {n: e.to_json() for n, e in failed}}
+    if failed:
+        names = ", ".join(n for n, _ in failed)
+        err = BackupError(f"{len(failed)} of {len(records)} env(s) could not be backed up: {names}")
+        err.data = data  # type: ignore[attr-defined]
+        raise err
+    return data
+
+
+def _default_mode(record: state.EnvRecord) -> str:
+    return "wheelhouse" if (record.plan or {}).get("kind", "venv") in ("venv", "overlay") else "archive"
+
+
+def _render_one(result: backup.BackupResult, out: Out) -> None:
+    s = result.backup.summary()
+    shared = (s["bytes"] or 0) - (s["new_bytes"] or 0)
+    out.line(
+        f"backed up {s['env']} as {s['id']} ({s['mode']}): {_mib(s['bytes'])}, of which {_mib(s['new_bytes'])} "
+        f"new and {_mib(shared)} shared with earlier backups"
+    )
+    for note in result.notes:
+        out.line(f"    {note}")
+    out.field("restore", f"envbuilder restore {s['env']}")
+
+
+def handle_backups(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
+    root, _ = _root(args.source)
+    rows = [b.summary() for b in backup.backups(root, args.env)]
+    if not args.json:
+        if not rows:
+            out.line(f"no backups in {root}" + (f" for {args.env}" if args.env else ""))
+            return rows
+        table = Table(box=None, pad_edge=False, title=str(root), title_justify="left")
+        for col in ("id", "mode", "size", "new", "created", "verified"):
+            table.add_column(col)
+        for r in rows:
+            v = r["verified"]
+            verified = (f"ok {v['time']}" if v["ok"] else "FAILED") if v else "at write"
+            if r["error"]:
+                verified = f"BROKEN: {r['error']}"
+            table.add_row(
+                r["id"], r["mode"], _mib(r["bytes"]), _mib(r["new_bytes"]), str(r["created"]), verified
+            )
+        out.console.print(table)
+    return rows
+
+
+def handle_verify(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    root, from_id = _root(args.source)
+    b = backup.find(root, from_id or args.backup)
+    problems = backup.verify(b)
+    data = {"id": b.id, "ok": not problems, "problems": problems}
+    if problems:
+        err = BackupError(
+            f"{b.id} failed verification: " + "; ".join(problems[:3]),
+            hint=f"it cannot be restored; back the env up again (envbuilder backup {b.env}) if it still exists",
+        )
+        err.data = data  # type: ignore[attr-defined]
+        raise err
+    if not args.json:
+        count = len(b.data.get("wheels", ())) or 1
+        out.line(f"{b.id} is intact ({count} file(s) re-hashed, {_mib(b.data.get('bytes'))})")
+    return data
+
+
+def handle_prune(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    root, _ = _root(args.source)
+    with backup.writer_lock(root, args.wait, _waiting(out)):
+        result = backup.prune(root, args.keep, args.env, args.dry_run)
+    if not args.json:
+        verb = "would remove" if args.dry_run else "removed"
+        out.line(
+            f"{verb} {len(result.removed)} backup(s) and {result.blobs} stored wheel(s); "
+            f"{_mib(result.freed)} freed"
+        )
+        for bid in result.removed:
+            out.line(f"    {bid}")
+    return result.to_json()
+
+
+def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    env = dict(os.environ)
+    root, from_id = _root(args.source)
+    b = backup.find(root, args.env, args.backup or (from_id.split("@", 1)[1] if from_id else None))
+    quiet = args.json or args.quiet
+
+    def step(text: str) -> None:
+        if not quiet:
+            out.console.print(f"  [cyan]→[/cyan] {text}")
+
+    if not quiet:
+        out.heading(f"Restoring {b.id} ({b.mode}, created {b.data.get('created')})")
+    opts = restorer.RestoreOptions(
+        prefix=args.prefix,
+        name=args.name,
+        force=args.force,
+        smoke_check=not args.no_validate,
+        lock_timeout=args.wait,
+    )
+    with sigterm_as_interrupt():
+        result = restorer.restore(b, env, modules.detect(env), opts, step)
+    data = result.to_json()
+    rec = result.record
+    if not quiet:
+        out.line(f"{result.status} {rec.name} at {rec.prefix} from {b.id}")
+        reloc = result.relocation
+        if reloc:
+            out.field("relocated", f"{len(reloc['rewritten'])} file(s) rewritten to the new prefix")
+            if reloc["left"]:
+                out.warn(
+                    f"{len(reloc['left'])} file(s) still name {b.data.get('prefix')} and were not changed, "
+                    f"e.g. {reloc['left'][0]}"
+                )
+        smoke = (rec.validation or {}).get("checks", {}).get("import")
+        if smoke:
+            out.field("smoke check", f"torch {smoke.get('torch')} imports: {smoke.get('status')}")
+        out.field("activate", f"source {rec.prefix}/bin/activate")
+    failed = [k for k, v in ((rec.validation or {}).get("checks") or {}).items() if v.get("status") == "fail"]
+    if failed:
+        raise ValidationFailed(f"{rec.name} was restored, but its smoke check failed: {', '.join(failed)}")
+    if args.validate:
+        recipe = loader.load(rec.recipe, Catalog.from_env(env))
+        report = validate_cmd.execute(
+            rec, recipe, host.probe(), env, validator.Options(), out, quiet=quiet, home=state.home(env)
+        )
+        data["validation"] = validate_cmd.finish(report)
+    return data
+
+
+def handle_touch(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    record = state.load(state.home(os.environ), args.env)
+    count = purge.touch(record)
+    if not args.json:
+        out.line(f"refreshed the access time of {count} file(s) in {record.prefix}")
+    return {"name": record.name, "files": count}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hints for list and create
+
+
+def advice(record: state.EnvRecord, health: str, have_backup: bool) -> Optional[str]:
+    """The one thing to do about an env's safety, or None."""
+    if health in ("gone", "damaged") and have_backup:
+        return f"envbuilder restore {record.name}" + (" --force" if health == "damaged" else "")
+    if health == "ok" and not have_backup and purge.policy(record):
+        return f"envbuilder backup {record.name}"
+    return None

@@ -1,0 +1,259 @@
+"""Bring an env back from a backup: verified first, built beside the target, renamed into place.
+
+wheelhouse: the recorded modules are loaded, the env is created with the recorded command (same backend, same
+python), the stored wheels are installed offline (``--no-index``: no index is asked, whether it still serves
+them or not), the activate extension is written again, and each package's digest is checked against the
+backup's before the rename. archive: the archive is extracted beside the target and, at a new prefix, relocated.
+An existing env is replaced only with ``force``; the previous one is moved aside and removed after the rename.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from envbuilder import activation, archive, build, create, proc, state, wheelhouse
+from envbuilder.backup import Backup, verify
+from envbuilder.errors import BackupError, StateError
+from envbuilder.modules import ModuleSystem
+from envbuilder.steps import InstallStep
+
+
+@dataclass(frozen=True)
+class RestoreOptions:
+    prefix: Optional[str] = None
+    name: Optional[str] = None
+    force: bool = False
+    smoke_check: bool = True
+    lock_timeout: float = 0.0
+
+
+@dataclass
+class RestoreResult:
+    status: str  # restored | replaced
+    record: state.EnvRecord
+    backup: str
+    log: str
+    notes: list[str] = field(default_factory=list)
+    relocation: Optional[dict[str, Any]] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "backup": self.backup,
+            "log": self.log,
+            "notes": self.notes,
+            "relocation": self.relocation,
+            "env": self.record.to_json(),
+        }
+
+
+def restore(
+    b: Backup,
+    env: Mapping[str, str],
+    modules: ModuleSystem,
+    opts: RestoreOptions,
+    step: Callable[[str], None] = lambda text: None,
+) -> RestoreResult:
+    step(f"verifying {b.id}")
+    problems = verify(b)
+    if problems:
+        raise BackupError(
+            f"backup {b.id} failed verification, so nothing was restored: {problems[0]}"
+            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+            hint=f"restore an older one: envbuilder backups {b.env}, then --backup ID",
+        )
+    fields = {k: v for k, v in b.data["record"].items() if k in state.EnvRecord.__dataclass_fields__}
+    fields["packages"] = tuple(fields.get("packages", ()))
+    old = state.EnvRecord(**fields)
+    name = opts.name or old.name
+    final = Path(opts.prefix or old.prefix).expanduser().resolve()
+    home = state.home(env)
+    with state.locked(home, name, timeout=opts.lock_timeout):
+        notes = create.recover(final)
+        replacing = final.exists()
+        if replacing and not opts.force:
+            raise StateError(
+                f"{final} exists ({_describe(home, name, final)}); restore never overwrites an env by itself",
+                hint="pass --force to replace it, or --prefix DIR to restore beside it",
+            )
+        if replacing and not _replaceable(final):
+            raise StateError(f"{final} exists and is not an environment; refusing to touch it")
+        log = create.open_log(home, name)
+        try:
+            if b.mode == "wheelhouse":
+                record, relocation = _wheelhouse(b, old, name, final, env, modules, log, step), None
+            else:
+                record, relocation = _archive(b, old, name, final, log, step)
+        finally:
+            log.close()
+        state.save(home, record)
+    if opts.smoke_check and record.plan.get("torch"):
+        step("checking that torch imports")
+        act = activation.from_plan(record.plan.get("activate") or {}, None, record.recipe)
+        delta = modules.apply(
+            record.plan.get("module_use", []), record.plan.get("modules", []), proc.scrubbed_env(env)
+        )
+        gpus = len(record.facts.get("gpus") or [])
+        relog = build.BuildLog(Path(log.path))
+        try:
+            record = create.smoke(record, final, None, act, delta, proc.scrubbed_env(env), relog, home, gpus)
+        finally:
+            relog.close()
+    status = "replaced" if replacing else "restored"
+    return RestoreResult(
+        status, record, b.id, str(log.path), notes, relocation.to_json() if relocation else None
+    )
+
+
+def _describe(home: Path, name: str, final: Path) -> str:
+    try:
+        rec = state.load(home, name)
+    except StateError:
+        return "not recorded by envbuilder"
+    if Path(rec.prefix) != final:
+        return "another env"
+    health = state.health(rec)
+    return f"{name}, {health.status}: {health.detail}"
+
+
+def _replaceable(path: Path) -> bool:
+    return (path / "pyvenv.cfg").is_file() or (path / "envbuilder").is_dir() or (path / "conda-meta").is_dir()
+
+
+def _restored_record(
+    old: state.EnvRecord, b: Backup, name: str, final: Path, packages: list[dict[str, Any]], **more: Any
+) -> state.EnvRecord:
+    plan = dict(old.plan)
+    plan["prefix"] = str(final)
+    values = {
+        **old.__dict__,
+        "name": name,
+        "prefix": str(final),
+        "plan": plan,
+        "packages": tuple(packages),
+        "validation": None,
+        "origin": {
+            "backup": b.id,
+            "mode": b.mode,
+            "backup_created": b.data.get("created"),
+            "restored": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "from_prefix": old.prefix,
+        },
+        **more,
+    }
+    return state.EnvRecord(**values)
+
+
+def _wheelhouse(
+    b: Backup,
+    old: state.EnvRecord,
+    name: str,
+    final: Path,
+    env: Mapping[str, str],
+    modules: ModuleSystem,
+    log: build.BuildLog,
+    step: Callable[[str], None],
+) -> state.EnvRecord:
+    plan = old.plan
+    kind = plan.get("kind", "venv")
+    if kind not in ("venv", "overlay"):
+        raise BackupError(f"a wheelhouse backup of a {kind} env cannot be restored by this release")
+    base_env = proc.scrubbed_env(env)
+    step(f"loading modules ({modules.kind})" if plan.get("modules") else "no modules to load")
+    delta = modules.apply(plan.get("module_use", []), plan.get("modules", []), base_env)
+    build_env = delta.apply(base_env)
+    python = build.find_python((plan.get("python") or {}).get("command") or "python3", build_env)
+    installer = plan.get("installer", "uv")
+    uv_bin = build.uv_binary() if installer == "uv" else None
+    if installer == "uv" and not uv_bin:
+        raise BackupError("this env was built with uv, which is not installed here", hint="pip install uv")
+    if installer == "uv":
+        build_env.update(build.uv_settings(final, env).env())
+    else:
+        build_env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.parent / f".{final.name}{create.PARTIAL}{os.getpid()}"
+    wheels_dir = final.parent / f".{final.name}{create.PARTIAL}wheels-{os.getpid()}"
+    store = wheelhouse.Store(b.root, zstd_bin=wheelhouse.zstd())
+    with build.removing_on_failure(partial):
+        try:
+            wheels_dir.mkdir(mode=0o700)
+            step(f"unpacking {len(b.data['wheels'])} wheels from the backup")
+            files = [str(store.extract(w, wheels_dir)) for w in b.data["wheels"]]
+            step("creating the env")
+            first = InstallStep(tuple(plan["install_commands"][0]), site_python=True, creates_env=True)
+            argv = build.step_argv(first, python, uv_bin, str(plan.get("prefix") or old.prefix), str(partial))
+            argv = build.rebase(argv, old.prefix, str(partial))
+            build.run_logged(argv, build_env, log)
+            step("installing the wheels (offline)")
+            target = str(partial / "bin" / "python")
+            if installer == "uv":
+                install = [str(uv_bin), "pip", "install", "--python", target, "--offline", "--no-index"]
+            else:
+                install = [target, "-m", "pip", "install", "--no-index"]
+            build.run_logged([*install, "--no-deps", *files], build_env, log)
+        finally:
+            shutil.rmtree(wheels_dir, ignore_errors=True)
+        act = activation.from_plan(
+            plan.get("activate") or {}, str(Path(modules.init).parent) if modules.init else None, old.recipe
+        )
+        activation.install(partial, act)
+        _compare(b, partial)
+        if installer != "uv":
+            build.relocate_scripts(partial, final)
+        record = _restored_record(old, b, name, final, build.inventory(partial))
+        state.write_atomic(partial / "envbuilder" / "record.json", create.dump_record(record))
+        build.drop_world_write(partial)
+        step(f"moving the env into place at {final}")
+        create.swap(partial, final)
+    return record
+
+
+def _compare(b: Backup, partial: Path) -> None:
+    """Every package restored is the one backed up (same digest), and none is missing."""
+    want = {w["digest"]: w["name"] for w in b.data["wheels"]}
+    have = {d.digest for d in wheelhouse.scan(partial)}
+    lost = sorted(n for dg, n in want.items() if dg not in have)
+    if lost:
+        raise BackupError(
+            f"after installing, {', '.join(lost)} differ(s) from the backup; the env was not put in place",
+            hint="run with -v and report it; envbuilder verify-backup checks the backup itself",
+        )
+
+
+def _archive(
+    b: Backup,
+    old: state.EnvRecord,
+    name: str,
+    final: Path,
+    log: build.BuildLog,
+    step: Callable[[str], None],
+) -> tuple[state.EnvRecord, Optional[archive.Relocation]]:
+    arc = b.data["archive"]
+    manifest = json.loads((b.path / "manifest.json").read_text(encoding="utf-8"))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.parent / f".{final.name}{create.PARTIAL}{os.getpid()}"
+    relocation = None
+    with build.removing_on_failure(partial):
+        step(f"extracting {arc['file']}")
+        archive.unpack(b.path / arc["file"], partial, archive.Tools.find())
+        problems = archive.check_tree(partial, manifest)
+        if problems:
+            raise BackupError(f"the extracted env differs from the manifest: {problems[0]}")
+        if str(final) != old.prefix:
+            step(f"relocating {old.prefix} -> {final}")
+            relocation = archive.relocate(partial, old.prefix, str(final))
+            log.write(f"relocated: {len(relocation.rewritten)} rewritten, {len(relocation.left)} left")
+        record = _restored_record(old, b, name, final, [dict(p) for p in old.packages])
+        if (partial / "envbuilder").is_dir():
+            state.write_atomic(partial / "envbuilder" / "record.json", create.dump_record(record))
+        step(f"moving the env into place at {final}")
+        create.swap(partial, final)
+    return record, relocation

@@ -1,0 +1,437 @@
+"""Wheels back from an installed env, and the content-addressed store that keeps each one once.
+
+A distribution installed from a wheel leaves a RECORD: every file it put in the env with its sha256. From that
+RECORD alone we get a *digest* that names the wheel's content, whatever env or prefix it sits in; two envs with
+the same torch give the same digest, so the store keeps torch once. Packing reads every file, checks it against
+its RECORD hash (a file changed or lost since install is refused, not silently backed up), and writes a wheel
+that installs the same files again: package files at the wheel's root, other files under ``.data/data`` (paths
+relative to the prefix), non-entry-point scripts under ``.data/scripts`` with their ``#!python`` header back.
+Files the installer generates (entry-point scripts, INSTALLER, REQUESTED, direct_url.json, RECORD, bytecode) are
+left out: the installer writes them again on restore.
+
+Store layout: ``store/ab/<digest>.whl.zst`` (zstd when the ``zstd`` command exists, else ``.whl``): one file per
+wheel, so a backup costs few inodes. Blobs are written to a temp name and renamed: a reader sees a whole blob
+or none.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import stat
+import time
+import zipfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path
+from typing import IO, Any, Optional, cast
+
+from packaging.utils import canonicalize_name
+
+from envbuilder import proc
+from envbuilder.errors import BackupError
+
+#: dist-info files the installer writes (not part of the wheel).
+GENERATED = frozenset({"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json"})
+CHUNK = 1 << 20
+#: zstd level 1 on one worker: about 550 MB/s here, a third of gzip's output size lost at most.
+ZSTD_PACK = ("-T1", "-1", "-q", "-f")
+ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def b64_sha256(data_digest: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(data_digest).rstrip(b"=").decode()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of a distribution: where it lies now, where it goes in the wheel, what RECORD says it holds."""
+
+    source: Path
+    arcname: str
+    hash: str  # RECORD's "sha256=..." (empty when RECORD gave none)
+    script: bool = False  # a .data/scripts file: its installer-written header is put back to #!python
+
+
+@dataclass(frozen=True)
+class Dist:
+    name: str
+    version: str
+    info: Path
+    entries: tuple[Entry, ...]
+    tags: tuple[str, ...]
+    digest: str
+    missing: tuple[str, ...] = ()
+    editable: bool = False
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def key(self) -> str:
+        return str(canonicalize_name(self.name))
+
+    def wheel_filename(self) -> str:
+        """A valid wheel file name for the repacked wheel (its tags compressed as the spec allows)."""
+        stem = self.info.name[: -len(".dist-info")]
+        dist_name, _, _ = stem.partition("-")
+        py, abi, plat = (sorted({t.split("-")[i] for t in self.tags}) for i in range(3))
+        tag = "-".join(".".join(part) for part in (py, abi, plat))
+        return f"{_escape(dist_name)}-{_escape(self.version)}-{tag}.whl"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "digest": self.digest, "files": len(self.entries)}
+
+
+def _escape(part: str) -> str:
+    out = []
+    prev = ""
+    for ch in part:
+        c = "_" if ch in "-_" else ch
+        if not (c == "_" and prev == "_"):
+            out.append(c)
+        prev = c
+    return "".join(out)
+
+
+def _entry_points(info: Path) -> set[str]:
+    """Names of console and GUI scripts (the installer generates these; they are not wheel content)."""
+    names: set[str] = set()
+    section = ""
+    with contextlib.suppress(OSError):
+        for raw in (info / "entry_points.txt").read_text(encoding="utf-8", errors="replace").splitlines():
+            line = raw.strip()
+            if line.startswith("["):
+                section = line.strip("[]").strip()
+            elif "=" in line and section in ("console_scripts", "gui_scripts"):
+                names.add(line.split("=", 1)[0].strip())
+    return names
+
+
+def restore_header(data: bytes) -> bytes:
+    """A script as the wheel had it: the installer's header (``#!/prefix/bin/python`` or the ``/bin/sh``
+    trampoline that relocatable envs and long paths use) replaced by ``#!python``."""
+    if not data.startswith(b"#!"):
+        return data
+    lines = data.split(b"\n", 3)
+    if (
+        lines[0] == b"#!/bin/sh"
+        and len(lines) >= 3
+        and lines[1].startswith(b"'''exec'")
+        and lines[2] == b"' '''"
+    ):
+        return b"#!python\n" + (lines[3] if len(lines) > 3 else b"")
+    first = lines[0][2:].strip().split(b" ")[0]
+    if first.rsplit(b"/", 1)[-1].startswith(b"python"):
+        return b"#!python\n" + data.split(b"\n", 1)[1] if b"\n" in data else b"#!python\n"
+    return data
+
+
+def scan(prefix: Path) -> list[Dist]:
+    """Every distribution installed in the env, with its digest (from RECORD; only script headers are read)."""
+    dists = []
+    for site in sorted(prefix.glob("lib/python*/site-packages")):
+        for info in sorted(site.glob("*.dist-info")):
+            dist = _scan_one(prefix, site, info)
+            if dist is not None:
+                dists.append(dist)
+    return dists
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _scan_one(prefix: Path, site: Path, info: Path) -> Optional[Dist]:
+    meta = HeaderParser().parsestr(_read(info / "METADATA"))
+    name, version = meta.get("Name"), meta.get("Version")
+    if not name or not version:
+        return None
+    wheel = HeaderParser().parsestr(_read(info / "WHEEL"))
+    tags = tuple(wheel.get_all("Tag") or ("py3-none-any",))
+    stem = info.name[: -len(".dist-info")]
+    data_dir = f"{stem}.data"
+    direct = _read(info / "direct_url.json")
+    editable = bool(direct) and bool(json.loads(direct).get("dir_info", {}).get("editable"))
+    scripts = _entry_points(info)
+    entries: list[Entry] = []
+    missing: list[str] = []
+    problems: list[str] = []
+    lines: list[str] = []
+    for row in _read(info / "RECORD").splitlines():
+        if not row.strip():
+            continue
+        rel, digest = _record_row(row)
+        target = Path(os.path.normpath(site / rel))
+        if "__pycache__" in target.parts or target.suffix == ".pyc":
+            continue
+        if target.parent == info and target.name in GENERATED:
+            continue
+        try:
+            inside = target.relative_to(prefix)
+        except ValueError:
+            problems.append(f"{rel} lies outside the env")
+            continue
+        if _is_under(target, site):
+            arc, is_script = str(target.relative_to(site)), False
+        elif inside.parts[0] == "bin" and len(inside.parts) == 2:
+            if inside.name in scripts:
+                continue  # generated from entry_points.txt on install
+            arc, is_script = f"{data_dir}/scripts/{inside.name}", True
+        else:
+            arc, is_script = f"{data_dir}/data/{inside}", False
+        if not target.exists() and not target.is_symlink():
+            missing.append(str(inside))
+            continue
+        entry_hash = digest
+        if is_script:
+            # The header differs from env to env; the digest uses the script as the wheel had it.
+            entry_hash = b64_sha256(hashlib.sha256(restore_header(target.read_bytes())).digest())
+        entries.append(Entry(target, arc, digest, is_script))
+        lines.append(f"{arc},{entry_hash}")
+    content = hashlib.sha256("\n".join(sorted([*lines, *(f"tag {t}" for t in tags)])).encode()).hexdigest()
+    return Dist(name, version, info, tuple(entries), tags, content, tuple(missing), editable, tuple(problems))
+
+
+def _record_row(row: str) -> tuple[str, str]:
+    # RECORD is CSV; paths with commas are quoted. The hash and size never contain commas.
+    path, digest, _size = row.rsplit(",", 2)
+    if path.startswith('"') and path.endswith('"'):
+        path = path[1:-1].replace('""', '"')
+    return path, digest
+
+
+def _is_under(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Packing
+
+
+class Modified(BackupError):
+    """A file differs from its RECORD hash: the env is not what was installed."""
+
+
+class _Counter:
+    """A write-only stream that counts (zipfile needs tell() on a pipe)."""
+
+    def __init__(self, sink: IO[bytes]) -> None:
+        self.sink = sink
+        self.count = 0
+
+    def write(self, data: bytes) -> int:
+        self.sink.write(data)
+        self.count += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.count
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+
+def pack(dist: Dist, sink: IO[bytes]) -> None:
+    """Write ``dist`` as a wheel to ``sink`` (a stream; no seeking), checking each file against RECORD."""
+    record: list[str] = []
+    changed: list[str] = []
+    with zipfile.ZipFile(cast(IO[bytes], _Counter(sink)), "w", zipfile.ZIP_STORED) as zf:
+        for entry in dist.entries:
+            st = entry.source.stat()
+            info = zipfile.ZipInfo(entry.arcname, ZIP_EPOCH)
+            info.external_attr = (stat.S_IFREG | (st.st_mode & 0o755)) << 16
+            info.file_size = st.st_size
+            whole = hashlib.sha256()
+            if entry.script:
+                raw = entry.source.read_bytes()
+                whole.update(raw)
+                data = restore_header(raw)
+                zf.writestr(info, data)
+                out_digest = hashlib.sha256(data).digest()
+                size = len(data)
+            else:
+                size = 0
+                with (
+                    entry.source.open("rb") as src,
+                    zf.open(info, "w", force_zip64=st.st_size > 2**31) as dst,
+                ):
+                    while True:
+                        chunk = src.read(CHUNK)
+                        if not chunk:
+                            break
+                        whole.update(chunk)
+                        dst.write(chunk)
+                        size += len(chunk)
+                out_digest = whole.digest()
+            if entry.hash and b64_sha256(whole.digest()) != entry.hash:
+                changed.append(entry.arcname)
+            record.append(f"{_csv(entry.arcname)},{b64_sha256(out_digest)},{size}")
+        record_name = f"{dist.info.name}/RECORD"
+        record.append(f"{record_name},,")
+        rinfo = zipfile.ZipInfo(record_name, ZIP_EPOCH)
+        rinfo.external_attr = (stat.S_IFREG | 0o644) << 16
+        zf.writestr(rinfo, "\n".join(record) + "\n")
+    if changed:
+        raise Modified(
+            f"{dist.name} {dist.version}: {len(changed)} file(s) differ from what was installed, e.g. {changed[0]}",
+            hint="a wheelhouse backup restores packages as installed; --mode archive keeps the env as it is",
+        )
+
+
+def _csv(path: str) -> str:
+    return f'"{path.replace(chr(34), chr(34) * 2)}"' if ("," in path or '"' in path) else path
+
+
+def check_unchanged(dist: Dist) -> None:
+    """Hash every file of ``dist`` against RECORD without packing (for a wheel the store already has)."""
+    changed = []
+    for entry in dist.entries:
+        if not entry.hash:
+            continue
+        whole = hashlib.sha256()
+        with entry.source.open("rb") as src:
+            for chunk in iter(lambda: src.read(CHUNK), b""):
+                whole.update(chunk)
+        if b64_sha256(whole.digest()) != entry.hash:
+            changed.append(entry.arcname)
+    if changed:
+        raise Modified(
+            f"{dist.name} {dist.version}: {len(changed)} file(s) differ from what was installed, e.g. {changed[0]}",
+            hint="a wheelhouse backup restores packages as installed; --mode archive keeps the env as it is",
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Store
+
+
+@dataclass(frozen=True)
+class Blob:
+    digest: str
+    filename: str  # the wheel file name to install it under
+    path: str  # relative to the backup root
+    sha256: str  # of the stored bytes
+    size: int  # stored bytes
+    compression: str  # zstd | none
+    new: bool = False  # written by this backup (not shared with an earlier one)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "digest": self.digest,
+            "filename": self.filename,
+            "path": self.path,
+            "sha256": self.sha256,
+            "size": self.size,
+            "compression": self.compression,
+        }
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def zstd() -> Optional[str]:
+    return shutil.which("zstd")
+
+
+class Store:
+    """Content-addressed wheels under ``root/store``."""
+
+    def __init__(self, root: Path, file_mode: int = 0o600, zstd_bin: Optional[str] = None) -> None:
+        self.root = root
+        self.file_mode = file_mode
+        self.zstd = zstd_bin
+
+    def _rel(self, digest: str, compression: str) -> str:
+        suffix = ".whl.zst" if compression == "zstd" else ".whl"
+        return f"store/{digest[:2]}/{digest}{suffix}"
+
+    def existing(self, digest: str) -> Optional[tuple[str, str]]:
+        for compression in ("zstd", "none"):
+            rel = self._rel(digest, compression)
+            if (self.root / rel).is_file():
+                return rel, compression
+        return None
+
+    def put(self, dist: Dist, known: Optional[dict[str, Any]] = None) -> Blob:
+        """The blob for ``dist``: the stored one if any backup wrote it (its files still checked against RECORD),
+        else packed now."""
+        found = self.existing(dist.digest)
+        if found is not None and known is not None:
+            rel, compression = found
+            check_unchanged(dist)
+            path = self.root / rel
+            self._widen(path)
+            return Blob(
+                dist.digest, dist.wheel_filename(), rel, known["sha256"], path.stat().st_size, compression
+            )
+        compression = "zstd" if self.zstd else "none"
+        rel = self._rel(dist.digest, compression)
+        final = self.root / rel
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+        try:
+            if self.zstd:
+                with proc.feeding([self.zstd, *ZSTD_PACK, "-o", str(tmp)]) as pipe:
+                    pack(dist, pipe)
+            else:
+                with tmp.open("wb") as fh:
+                    pack(dist, fh)
+            with tmp.open("rb+") as fh:
+                os.fsync(fh.fileno())
+            tmp.chmod(self.file_mode)
+            digest = file_sha256(tmp)
+            tmp.replace(final)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        return Blob(
+            dist.digest, dist.wheel_filename(), rel, digest, final.stat().st_size, compression, new=True
+        )
+
+    def _widen(self, path: Path) -> None:
+        mode = path.stat().st_mode & 0o777
+        if mode | self.file_mode != mode:
+            with contextlib.suppress(PermissionError):
+                path.chmod(mode | self.file_mode)
+
+    def extract(self, blob: dict[str, Any], into: Path) -> Path:
+        """The blob as an installable wheel file in ``into`` (decompressed if it was stored compressed)."""
+        src = self.root / blob["path"]
+        out = into / str(blob["filename"])
+        if blob["compression"] == "zstd":
+            if not self.zstd:
+                raise BackupError(
+                    f"{src} is zstd-compressed and no zstd command is on PATH", hint="load a zstd module"
+                )
+            proc.run([self.zstd, "-d", "-q", "-f", "-o", str(out), str(src)])
+        else:
+            shutil.copyfile(src, out)
+        return out
+
+    def blobs(self) -> Iterator[Path]:
+        base = self.root / "store"
+        if base.is_dir():
+            for sub in sorted(base.iterdir()):
+                if sub.is_dir():
+                    yield from sorted(p for p in sub.iterdir() if not p.name.startswith("."))
+
+
+def stored_paths(blobs: Sequence[dict[str, Any]]) -> set[str]:
+    return {b["path"] for b in blobs}
