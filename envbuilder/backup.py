@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, archive, state, wheelhouse
+from envbuilder import __version__, archive, purge, state, wheelhouse
 from envbuilder.errors import BackupError, CommandFailed, EnvbuilderError, UsageError
 
 BACKUP_VERSION = 1
@@ -223,12 +223,13 @@ def make(
 ) -> BackupResult:
     """Back ``record``'s env up under ``root`` (call with writer_lock held)."""
     prefix = Path(record.prefix)
-    health = state.health(record)
-    if health.status == "gone":
+    if not prefix.is_dir():
         raise BackupError(
-            f"{record.name} is gone ({health.detail}); there is nothing to back up",
+            f"{record.name} is gone ({prefix} does not exist); there is nothing to back up",
             hint=f"envbuilder restore {record.name}",
         )
+    # A wheelhouse backup finds missing files itself while reading RECORDs (one pass instead of two).
+    health = state.health(record) if mode == "archive" else state.Health("ok", "")
     if health.status == "damaged":
         raise BackupError(
             f"{record.name} is damaged ({health.detail}): a backup of it would not restore",
@@ -470,3 +471,12 @@ def make_all(
         except EnvbuilderError as exc:
             failed.append((record.name, exc))
     return done, failed
+
+
+def advice(record: state.EnvRecord, health: str, have_backup: bool) -> Optional[str]:
+    """The one thing to do about an env's safety (for list and create), or None."""
+    if health in ("gone", "damaged") and have_backup:
+        return f"envbuilder restore {record.name}" + (" --force" if health == "damaged" else "")
+    if health == "ok" and not have_backup and purge.policy(record):
+        return f"envbuilder backup {record.name}"
+    return None

@@ -7,6 +7,7 @@ and the tail of stderr kept for the error message.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import shlex
@@ -25,6 +26,8 @@ log = logging.getLogger("envbuilder.proc")
 _LEAKY_PREFIXES = ("PIP_", "UV_", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "VIRTUAL_ENV", "CONDA_PREFIX")
 
 STDERR_TAIL_LINES = 20
+#: fcntl.F_SETPIPE_SZ (Linux), which the fcntl module names only from Python 3.10.
+_F_SETPIPE_SZ = 1031
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,9 @@ def feeding(
             umask=umask,
         )
         stdin = cast(IO[bytes], child.stdin)  # stdin=PIPE always gives one
+        with contextlib.suppress(OSError):
+            # A 1 MiB pipe instead of 64 KiB: a compressor fed gigabytes spends less time switching.
+            fcntl.fcntl(stdin.fileno(), _F_SETPIPE_SZ, 1 << 20)
         try:
             yield stdin
             stdin.close()
@@ -140,3 +146,17 @@ def feeding(
         if code != 0:
             err.seek(0)
             raise CommandFailed(argv, code, tail(err.read().decode(errors="replace")))
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """A batch scheduler's SIGTERM (time limit, scancel) unwinds like Ctrl-C: the partial build is removed."""
+
+    def raise_interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

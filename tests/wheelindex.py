@@ -36,12 +36,15 @@ def build_wheel(
     modules: Mapping[str, str],
     requires: Sequence[str] = (),
     scripts: Mapping[str, str] = {},
+    data: Mapping[str, str] = {},
 ) -> Path:
     """A pure-python wheel: ``modules`` maps file paths inside site-packages to their text;
-    ``scripts`` maps console-script names to ``module:function``."""
+    ``scripts`` maps console-script names to ``module:function``; ``data`` maps paths under the wheel's
+    ``.data`` directory (``data/share/x``, ``scripts/tool``) to their text."""
     dist = f"{name.replace('-', '_')}-{version}"
     info = f"{dist}.dist-info"
     files: dict[str, bytes] = {path: text.encode() for path, text in modules.items()}
+    files.update({f"{dist}.data/{path}": text.encode() for path, text in data.items()})
     meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     files[f"{info}/METADATA"] = ("\n".join(meta) + "\n").encode()

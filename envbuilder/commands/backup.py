@@ -9,12 +9,11 @@ from typing import Any, Optional
 
 from rich.table import Table
 
-from envbuilder import backup, host, loader, modules, purge, state
+from envbuilder import backup, host, loader, modules, proc, purge, state
 from envbuilder import restore as restorer
 from envbuilder import validate as validator
 from envbuilder.catalog import Catalog
 from envbuilder.commands import validate as validate_cmd
-from envbuilder.commands.create import sigterm_as_interrupt
 from envbuilder.console import Out
 from envbuilder.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
 
@@ -53,7 +52,7 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if not quiet:
             out.console.print(f"  [cyan]→[/cyan] {text}")
 
-    with sigterm_as_interrupt(), backup.writer_lock(root, args.wait, _waiting(out)):
+    with proc.sigterm_as_interrupt(), backup.writer_lock(root, args.wait, _waiting(out)):
         if not args.all:
             record = state.load(home, args.env)
             mode = args.mode or _default_mode(record)
@@ -174,7 +173,7 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         smoke_check=not args.no_validate,
         lock_timeout=args.wait,
     )
-    with sigterm_as_interrupt():
+    with proc.sigterm_as_interrupt():
         result = restorer.restore(b, env, modules.detect(env), opts, step)
     data = result.to_json()
     rec = result.record
@@ -210,16 +209,3 @@ def handle_touch(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     if not args.json:
         out.line(f"refreshed the access time of {count} file(s) in {record.prefix}")
     return {"name": record.name, "files": count}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Hints for list and create
-
-
-def advice(record: state.EnvRecord, health: str, have_backup: bool) -> Optional[str]:
-    """The one thing to do about an env's safety, or None."""
-    if health in ("gone", "damaged") and have_backup:
-        return f"envbuilder restore {record.name}" + (" --force" if health == "damaged" else "")
-    if health == "ok" and not have_backup and purge.policy(record):
-        return f"envbuilder backup {record.name}"
-    return None

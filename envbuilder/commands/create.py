@@ -4,35 +4,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
+from envbuilder import backup, host, loader, modules, proc, purge, state
 from envbuilder import create as creator
-from envbuilder import host, loader, modules, state
 from envbuilder import plan as planner
 from envbuilder import validate as validator
 from envbuilder.catalog import Catalog
 from envbuilder.commands import validate as validate_cmd
 from envbuilder.console import Out
 from envbuilder.errors import ValidationFailed
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """A batch scheduler's SIGTERM (time limit, scancel) unwinds like Ctrl-C: the partial build is removed."""
-
-    def raise_interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class _Progress:
@@ -83,7 +66,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         lock_timeout=args.wait,
         installer_source="--installer" if args.installer else "recipe",
     )
-    with sigterm_as_interrupt():
+    with proc.sigterm_as_interrupt():
         result = creator.create(
             the_plan, recipe, env, modules.detect(env), copts, report, facts=facts.to_json()
         )
@@ -94,6 +77,13 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         _render(result, out, failed)
     if smoke and not failed and result.status != "exists":
         data["validation"] = _validate(result.record, recipe, facts, env, args, out)
+    hint = backup.advice(
+        result.record, "ok", bool(backup.backups(backup.root_for(env)[0], result.record.name))
+    )
+    if hint and not args.json:
+        days = (purge.policy(result.record) or {}).get("purge_days")
+        out.line(f"{the_plan.prefix} is purged after {days} days unread; keep a copy in $WORK: {hint}")
+    data["advice"] = hint
     if failed:
         exc = ValidationFailed(
             f"the env was built at {result.record.prefix}, but its smoke check failed: {', '.join(failed)}",

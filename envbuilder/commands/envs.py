@@ -7,11 +7,11 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from rich.table import Table
 
-from envbuilder import create, modulefile, state
+from envbuilder import backup, create, modulefile, purge, state
 from envbuilder.console import Out
 from envbuilder.errors import StateError, UsageError
 
@@ -20,8 +20,10 @@ def _home() -> Path:
     return state.home(os.environ)
 
 
-def _summary(record: state.EnvRecord) -> dict[str, Any]:
+def _summary(record: state.EnvRecord, latest: Optional[backup.Backup]) -> dict[str, Any]:
     torch = next((p["version"] for p in record.packages if p.get("name") == "torch"), None)
+    health = state.health(record)
+    purged = purge.status(record)
     return {
         "name": record.name,
         "recipe": record.recipe,
@@ -29,16 +31,29 @@ def _summary(record: state.EnvRecord) -> dict[str, Any]:
         "created": record.created,
         "torch": torch,
         "installer": record.tools.get("installer"),
-        "health": state.health(record).to_json(),
+        "health": health.to_json(),
+        "purge": purged.to_json() if purged else None,
+        "backup": latest.id if latest else None,
+        "advice": backup.advice(record, health.status, latest is not None),
     }
+
+
+def _purge_text(purged: Optional[dict[str, Any]]) -> str:
+    if not purged:
+        return "-"
+    left = purged["days_left"]
+    if left is None:
+        return "-"
+    return f"{left:.0f} d" if left >= 1 else "due now"
 
 
 def handle_list(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
     home = _home()
+    latest = {b.env: b for b in backup.backups(backup.root_for(os.environ)[0]) if not b.error}
     rows = []
     for name in state.names(home):
         try:
-            rows.append(_summary(state.load(home, name)))
+            rows.append(_summary(state.load(home, name), latest.get(name)))
         except StateError as exc:
             rows.append({"name": name, "error": exc.message})
     if not args.json:
@@ -46,14 +61,23 @@ def handle_list(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
             out.line(f"no envs recorded in {home} (envbuilder create NAME builds one)")
             return rows
         table = Table(box=None, pad_edge=False)
-        for col in ("name", "health", "torch", "prefix"):
-            table.add_column(col)
+        for col in ("name", "health", "purge in", "backup", "torch", "prefix"):
+            table.add_column(col, no_wrap=col in ("name", "backup"))
         for row in rows:
             health = row.get("health", {}).get("status", "unreadable")
+            stamp = row["backup"].split("@", 1)[1] if row.get("backup") else "none"
             table.add_row(
-                row["name"], health, row.get("torch") or "-", row.get("prefix") or row.get("error", "")
+                row["name"],
+                health,
+                _purge_text(row.get("purge")),
+                stamp,
+                row.get("torch") or "-",
+                row.get("prefix") or row.get("error", ""),
             )
         out.console.print(table)
+        for row in rows:
+            if row.get("advice"):
+                out.line(f"{row['name']}: {row['advice']}")
     return rows
 
 

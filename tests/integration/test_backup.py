@@ -1,0 +1,594 @@
+"""Backups for real: envs built with real uv/pip from a local index (torch 2.13.0 CPU and small test wheels), backed
+up, deleted, damaged, killed mid-way, corrupted, and restored offline with the index gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+from conftest import REPO
+from wheelindex import build_wheel, mirror_env, serve
+
+from envbuilder import wheelhouse
+
+pytestmark = pytest.mark.integration
+SQUASHFS = shutil.which("mksquashfs") and shutil.which("unsquashfs")
+
+TORCH_RECIPE = """
+schema_version = 1
+[recipe]
+name = "{name}"
+[env]
+kind = "venv"
+installer = "uv"
+prefix = "${{SCRATCH}}/envs/{{name}}"
+[python]
+command = "python3"
+[torch]
+version = "latest"
+variant = "auto"
+packages = ["torch"]
+[[packages]]
+name = "numpy"
+[[packages]]
+name = "ebdata"
+spec = "ebdata==1.0"
+[[packages]]
+name = "ebtool"
+spec = "ebtool==1.0"
+[filesystems.scratch]
+path = "${{SCRATCH}}"
+purge_days = 10
+touch_allowed = false
+notes = "touching files to dodge the purge is prohibited"
+"""
+
+SMALL_RECIPE = """
+schema_version = 1
+[recipe]
+name = "{name}"
+[env]
+kind = "venv"
+installer = "{installer}"
+prefix = "${{SCRATCH}}/envs/{{name}}"
+[python]
+command = "python3"
+[torch]
+install = false
+{packages}
+[filesystems.scratch]
+path = "${{SCRATCH}}"
+purge_days = 30
+touch_allowed = {touch}
+"""
+
+
+def _packages(*specs: str) -> str:
+    return "".join(f'[[packages]]\nname = "{s.split("==")[0]}"\nspec = "{s}"\n' for s in specs)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, torch_files):
+    d = tmp_path_factory.mktemp("backup-files")
+    for f in torch_files.iterdir():
+        (d / f.name).symlink_to(f)
+    build_wheel(d, "ebdemo", "1.0", {"ebdemo/__init__.py": "VERSION = '1.0'\n"}, requires=["ebdep"])
+    build_wheel(d, "ebdemo", "2.0", {"ebdemo/__init__.py": "VERSION = '2.0'\n"}, requires=["ebdep"])
+    build_wheel(d, "ebdep", "2.0", {"ebdep/__init__.py": "WHO = 'dep'\n"})
+    build_wheel(
+        d,
+        "ebtool",
+        "1.0",
+        {"ebtool/__init__.py": "def main():\n    import sys\n    print('ebtool from', sys.prefix)\n"},
+        scripts={"ebtool": "ebtool:main"},
+    )
+    build_wheel(
+        d,
+        "ebdata",
+        "1.0",
+        {"ebdata/__init__.py": ""},
+        data={
+            "data/share/ebdata/table.txt": "row 1\nrow 2\n",
+            "scripts/ebdata-run": "#!python\nimport sys\nprint('ebdata-run in', sys.prefix)\n",
+        },
+    )
+    # 2 MB that does not compress: a package whose bytes show in the store's size.
+    blob = random.Random(7).randbytes(2_000_000).hex()  # noqa: S311 - test data, not a secret
+    build_wheel(d, "ebbig", "1.0", {"ebbig/__init__.py": "", "ebbig/blob.txt": blob})
+    return d
+
+
+@pytest.fixture(scope="module")
+def index(files):
+    with serve(files) as idx:
+        yield idx
+
+
+class World:
+    def __init__(self, root: Path, index) -> None:
+        self.root = root
+        self.recipes = root / "recipes"
+        self.recipes.mkdir(exist_ok=True)
+        self.scratch = root / "scratch"
+        self.work = root / "work"
+        self.backups = self.work / "envbuilder" / "backups"
+        self.env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(root / "userhome"),
+            "NO_COLOR": "1",
+            "SCRATCH": str(self.scratch),
+            "WORK": str(self.work),
+            "ENVBUILDER_HOME": str(root / "home"),
+            "ENVBUILDER_RECIPE_PATH": str(self.recipes),
+            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
+            "UV_CACHE_DIR": str(root / "uv-cache"),
+            "COLUMNS": "200",
+        }
+
+    def small(self, name: str, *specs: str, installer: str = "uv", touch: str = "false") -> str:
+        text = SMALL_RECIPE.format(name=name, installer=installer, packages=_packages(*specs), touch=touch)
+        (self.recipes / f"{name}.toml").write_text(text)
+        return name
+
+    def torch(self, name: str) -> str:
+        (self.recipes / f"{name}.toml").write_text(TORCH_RECIPE.format(name=name))
+        return name
+
+    def prefix(self, name: str) -> Path:
+        return self.scratch / "envs" / name
+
+    def cli(self, *args: str, timeout: float = 600, **extra: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "envbuilder", *args],
+            env={**self.env, **{k: str(v) for k, v in extra.items()}},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+        )
+
+    def popen(self, *args: str, preexec: Optional[Callable[[], None]] = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "envbuilder", *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            preexec_fn=preexec,  # noqa: PLW1509 - only sets a resource limit in the child
+        )
+
+    def data(self, *args: str) -> Any:
+        res = ok(self.cli(*args, "--json"))
+        return json.loads(res.stdout)["data"]
+
+    def store_bytes(self) -> int:
+        return sum(p.stat().st_size for p in (self.backups / "store").glob("*/*") if p.is_file())
+
+    def python(self, name: str, code: str, prefix: Optional[Path] = None) -> str:
+        py = (prefix or self.prefix(name)) / "bin" / "python"
+        res = subprocess.run(
+            [str(py), "-c", code], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}
+        )
+        assert res.returncode == 0, res.stderr
+        return res.stdout.strip()
+
+
+def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+    return res
+
+
+def digests(prefix: Path) -> dict[str, str]:
+    return {d.key: d.digest for d in wheelhouse.scan(prefix)}
+
+
+def wait_for(predicate: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            pytest.fail(f"the process ended (exit {proc.returncode}) before the kill point\n{err}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the kill point was never reached")
+        time.sleep(0.005)
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def tworld(tmp_path_factory, index):
+    """One torch env for the module (created once: about 10 s)."""
+    w = World(tmp_path_factory.mktemp("tworld"), index)
+    ok(w.cli("create", w.torch("tbk"), "--no-validate"))
+    return w
+
+
+@pytest.fixture
+def world(tmp_path, index):
+    return World(tmp_path, index)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Round trips
+
+
+def test_torch_round_trip_offline_same_packages_and_hashes(tworld, tmp_path):
+    w = tworld
+    before = digests(w.prefix("tbk"))
+    assert {"torch", "numpy", "ebdata", "ebtool"} <= set(before)
+    made = w.data("backup", "tbk")
+    assert made["mode"] == "wheelhouse" and made["packages"] == len(before)
+    assert made["new_bytes"] == made["bytes"] > 100 * 2**20  # torch, compressed
+    listed = w.data("backups", "tbk")
+    assert [b["id"] for b in listed][-1] == made["id"]
+
+    subprocess.run(["rm", "-rf", str(w.prefix("tbk"))], check=True)  # as the purge would
+    rows = {r["name"]: r for r in w.data("list")}
+    assert rows["tbk"]["health"]["status"] == "gone"
+    assert rows["tbk"]["advice"] == "envbuilder restore tbk"
+
+    # No index at all: the mirror points nowhere and uv's cache is new and empty.
+    res = ok(
+        w.cli(
+            "restore",
+            "tbk",
+            "--json",
+            ENVBUILDER_INDEX_MIRROR="https://download.pytorch.org/whl/=http://127.0.0.1:9/ pypi=http://127.0.0.1:9/",
+            UV_CACHE_DIR=str(tmp_path / "empty-uv-cache"),
+        )
+    )
+    data = json.loads(res.stdout)["data"]
+    assert data["status"] == "restored"
+    assert data["env"]["origin"]["backup"] == made["id"]
+    assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
+    assert digests(w.prefix("tbk")) == before
+    assert w.python("tbk", "import torch, ebdata; print(torch.__version__, float(torch.ones(3).sum()))") == (
+        "2.13.0+cpu 3.0"
+    )
+    # Non-package files came back where the wheel put them; the console script and the data script run.
+    assert (w.prefix("tbk") / "share" / "ebdata" / "table.txt").read_text() == "row 1\nrow 2\n"
+    for script, word in (("ebtool", "ebtool from"), ("ebdata-run", "ebdata-run in")):
+        run = subprocess.run([str(w.prefix("tbk") / "bin" / script)], capture_output=True, text=True)
+        assert run.stdout.strip() == f"{word} {w.prefix('tbk')}", run.stderr
+    assert w.data("list")[0]["health"]["status"] == "ok"
+
+
+def test_restore_to_a_new_prefix_under_a_new_name(tworld):
+    w = tworld
+    if not list(w.backups.glob("envs/tbk/*/backup.json")):
+        ok(w.cli("backup", "tbk"))
+    elsewhere = w.root / "elsewhere" / "tbk copy"
+    ok(w.cli("restore", "tbk", "--prefix", str(elsewhere), "--name", "tbk2", "--no-validate"))
+    assert w.python("tbk2", "import sys, torch; print(sys.prefix)", prefix=elsewhere) == str(elsewhere)
+    assert digests(elsewhere) == digests(w.prefix("tbk"))
+    run = subprocess.run([str(elsewhere / "bin" / "ebtool")], capture_output=True, text=True)
+    assert run.stdout.strip() == f"ebtool from {elsewhere}"
+    shown = w.data("show", "tbk2")
+    assert shown["prefix"] == str(elsewhere) and shown["health"]["status"] == "ok"
+    # A second restore to the same place refuses to overwrite without --force.
+    res = w.cli("restore", "tbk", "--prefix", str(elsewhere), "--name", "tbk2", "--no-validate")
+    assert res.returncode == 9 and "--force" in res.stderr
+
+
+def test_sibling_envs_store_torch_once(tworld):
+    w = tworld
+    ok(w.cli("backup", "tbk"))
+    one = w.store_bytes()
+    # A second env from the same recipe at another prefix (different script headers, same wheels).
+    ok(w.cli("create", "tbk", "--prefix", str(w.root / "sib" / "tbk"), "--no-validate", "--force"))
+    made = w.data("backup", "tbk")
+    assert made["new_bytes"] == 0
+    assert w.store_bytes() == one
+
+
+def test_three_envs_store_only_what_differs(world):
+    w = world
+    for name, extra in (("a", ()), ("b", ()), ("c", ("ebbig==1.0",))):
+        ok(w.cli("create", w.small(name, "ebdemo==1.0", *extra), "--no-validate"))
+    sizes = []
+    for name in ("a", "b", "c"):
+        ok(w.cli("backup", name))
+        sizes.append(w.store_bytes())
+    assert sizes[1] == sizes[0]  # b holds exactly a's wheels
+    big = w.data("backups", "c")[-1]
+    assert big["new_bytes"] == sizes[2] - sizes[1]
+    assert 1_000_000 < sizes[2] - sizes[1] < 4_500_000  # ebbig's 4 MB of hex text, zstd-compressed
+    # Few files: one per distinct wheel, whatever the number of envs.
+    assert len(list((w.backups / "store").glob("*/*"))) == 3  # ebdemo, ebdep, ebbig
+
+
+def test_archive_round_trip_relocates_pip_scripts(world):
+    w = world
+    ok(w.cli("create", w.small("arc", "ebtool==1.0", installer="pip"), "--no-validate"))
+    made = w.data("backup", "arc", "--mode", "archive")
+    assert made["mode"] == "archive"
+    header = (w.prefix("arc") / "bin" / "ebtool").read_text().splitlines()[0]
+    assert header == f"#!{w.prefix('arc')}/bin/python"  # pip writes absolute headers
+    new = w.root / "moved" / "arc"
+    data = w.data("restore", "arc", "--prefix", str(new), "--name", "arc2")
+    assert "bin/ebtool" in data["relocation"]["rewritten"] and "pyvenv.cfg" not in data["relocation"]["left"]
+    run = subprocess.run([str(new / "bin" / "ebtool")], capture_output=True, text=True)
+    assert run.stdout.strip() == f"ebtool from {new}", run.stderr
+    # At the original prefix, the restore is exact: every entry matches the manifest's hash.
+    subprocess.run(["rm", "-rf", str(w.prefix("arc"))], check=True)
+    ok(w.cli("restore", "arc"))
+    from envbuilder import archive
+
+    manifest = json.loads(next(w.backups.glob("envs/arc/*/manifest.json")).read_text())
+    assert archive.hash_tree(w.prefix("arc")) == manifest
+
+
+@pytest.mark.skipif(
+    not SQUASHFS, reason="squashfs-tools (mksquashfs, unsquashfs) is not installed; .ci/run installs it"
+)
+def test_squashfs_archive_round_trip(world):
+    w = world
+    ok(w.cli("create", w.small("sq", "ebtool==1.0"), "--no-validate"))
+    made = w.data("backup", "sq", "--mode", "archive", "--format", "squashfs")
+    assert Path(made["path"], "env.sqfs").is_file()
+    subprocess.run(["rm", "-rf", str(w.prefix("sq"))], check=True)
+    ok(w.cli("restore", "sq"))
+    run = subprocess.run([str(w.prefix("sq") / "bin" / "ebtool")], capture_output=True, text=True)
+    assert run.stdout.strip() == f"ebtool from {w.prefix('sq')}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Integrity
+
+
+def test_a_corrupted_byte_is_found_and_restore_refuses(world):
+    w = world
+    ok(w.cli("create", w.small("cor", "ebdemo==1.0"), "--no-validate"))
+    wheel = w.data("backup", "cor")
+    arc = w.data("backup", "cor", "--mode", "archive")
+    assert w.data("verify-backup", "cor")["ok"]
+    blob = next(w.backups.glob("store/*/*"))
+    raw = bytearray(blob.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    blob.write_bytes(bytes(raw))
+    res = w.cli("verify-backup", wheel["id"])
+    assert res.returncode == 12 and "sha256" in res.stderr, res.stderr
+    subprocess.run(["rm", "-rf", str(w.prefix("cor"))], check=True)
+    res = w.cli("restore", "cor", "--backup", wheel["id"])
+    assert res.returncode == 12 and "failed verification" in res.stderr
+    assert not w.prefix("cor").exists() and list(w.prefix("cor").parent.glob(".cor*")) == []
+    listed = {b["id"]: b for b in w.data("backups", "cor")}
+    assert listed[wheel["id"]]["verified"]["ok"] is False
+    # The archive backup is corrupted the same way, and refused the same way.
+    tar = Path(arc["path"]) / "env.tar.zst"
+    raw = bytearray(tar.read_bytes())
+    raw[-100] ^= 0x40
+    tar.write_bytes(bytes(raw))
+    res = w.cli("restore", "cor", "--backup", arc["id"])
+    assert res.returncode == 12 and "the archive" in res.stderr
+    assert not w.prefix("cor").exists()
+
+
+def test_a_changed_file_refuses_a_wheelhouse_backup_but_not_an_archive(world):
+    w = world
+    ok(w.cli("create", w.small("edit", "ebdemo==1.0"), "--no-validate"))
+    init = next(w.prefix("edit").glob("lib/python*/site-packages/ebdemo/__init__.py"))
+    init.write_text("VERSION = 'edited'\n")
+    res = w.cli("backup", "edit")
+    assert (
+        res.returncode == 12
+        and "differ from what was installed" in res.stderr
+        and "--mode archive" in res.stderr
+    )
+    assert w.data("backups", "edit") == []
+    ok(w.cli("backup", "edit", "--mode", "archive"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Interruptions
+
+
+def _no_partials(w: World) -> None:
+    assert list(w.backups.glob("envs/*/.partial-*")) == []
+    assert list(w.backups.glob("store/*/.*.tmp-*")) == []
+
+
+@pytest.mark.parametrize("point", ["backup directory made", "torch half written", "torch stored"])
+def test_killed_backup_leaves_earlier_backups_intact(tworld, point):
+    w = tworld
+    if not w.data("backups", "tbk"):
+        ok(w.cli("backup", "tbk"))
+    before = [b["id"] for b in w.data("backups", "tbk")]
+    # A new store, so torch is written again by the backup being killed.
+    root = w.root / f"killed-{point.split()[0]}"
+    for b in w.backups.glob("envs/tbk/*"):
+        (root / "envs" / "tbk").mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-a", str(b), str(root / "envs" / "tbk" / b.name)], check=True)
+    subprocess.run(["cp", "-a", str(w.backups / "store"), str(root / "store")], check=True)
+    torch_blob = next(
+        x["path"]
+        for x in json.loads(next(root.glob("envs/tbk/*/backup.json")).read_text())["wheels"]
+        if x["name"] == "torch"
+    )
+    (root / torch_blob).unlink()
+    conditions = {
+        "backup directory made": lambda: bool(list(root.glob("envs/tbk/.partial-*"))),
+        "torch half written": lambda: any(
+            p.stat().st_size > 20_000_000 for p in root.glob("store/*/.*.tmp-*")
+        ),
+        "torch stored": (root / torch_blob).exists,
+    }
+    proc = w.popen("backup", "tbk", "--to", str(root))
+    wait_for(conditions[point], proc)
+    kill(proc)
+    listed = json.loads(ok(w.cli("backups", "tbk", "--from", str(root), "--json")).stdout)["data"]
+    assert [b["id"] for b in listed] == before  # nothing partial is listed
+    # The next backup clears what the killed one left and succeeds; the lock of the dead process is broken.
+    ok(w.cli("backup", "tbk", "--to", str(root), "--wait", "0"))
+    assert list(root.glob("envs/tbk/.partial-*")) == [] and list(root.glob("store/*/.*.tmp-*")) == []
+    for b in json.loads(ok(w.cli("backups", "tbk", "--from", str(root), "--json")).stdout)["data"]:
+        ok(w.cli("verify-backup", b["id"], "--from", str(root)))
+
+
+@pytest.mark.parametrize("point", ["env being created", "torch being installed"])
+def test_killed_restore_leaves_the_previous_state(tworld, point):
+    w = tworld
+    if not w.data("backups", "tbk"):
+        ok(w.cli("backup", "tbk"))
+    target = w.root / f"restore-{point.split()[0]}" / "tbk"
+    partial = lambda: list(target.parent.glob(".tbk.partial-[0-9]*"))  # noqa: E731
+    conditions = {
+        "env being created": lambda: any((p / "pyvenv.cfg").exists() for p in partial()),
+        "torch being installed": lambda: any(
+            list(p.glob("lib/python*/site-packages/torch/lib")) for p in partial()
+        ),
+    }
+    proc = w.popen("restore", "tbk", "--prefix", str(target), "--name", "tbk-k", "--no-validate")
+    wait_for(conditions[point], proc)
+    kill(proc)
+    assert not target.exists()  # never half an env at the target
+    res = ok(
+        w.cli("restore", "tbk", "--prefix", str(target), "--name", "tbk-k", "--no-validate", "--wait", "0")
+    )
+    assert "interrupted" in res.stderr  # the leftovers were named as they were removed
+    assert list(target.parent.glob(".tbk.*")) == []
+    assert digests(target) == digests(w.prefix("tbk"))
+
+
+def test_purge_simulation_damage_is_reported_and_restore_repairs(tworld):
+    w = tworld
+    if not w.data("backups", "tbk"):
+        ok(w.cli("backup", "tbk"))
+    files = sorted(p for p in w.prefix("tbk").rglob("*") if p.is_file() and not p.is_symlink())
+    doomed = random.Random(42).sample(files, k=len(files) // 20)  # noqa: S311 - a repeatable choice
+    for p in doomed:
+        p.unlink()
+    row = next(r for r in w.data("list") if r["name"] == "tbk")
+    assert row["health"]["status"] == "damaged"
+    assert row["advice"] == "envbuilder restore tbk --force"
+    res = w.cli("backup", "tbk")  # a damaged env is not backed up over the good backups
+    assert res.returncode == 12 and "damaged" in res.stderr
+    res = w.cli("restore", "tbk", "--no-validate")
+    assert res.returncode == 9 and "damaged" in res.stderr and "--force" in res.stderr
+    ok(w.cli("restore", "tbk", "--force"))
+    row = next(r for r in w.data("list") if r["name"] == "tbk")
+    assert row["health"]["status"] == "ok"
+    assert all(p.exists() for p in doomed if "__pycache__" not in p.parts)
+
+
+def test_a_full_disk_fails_cleanly(world):
+    w = world
+    ok(w.cli("create", w.small("full", "ebdemo==1.0", "ebbig==1.0"), "--no-validate"))
+    ok(w.cli("backup", "full", "--mode", "archive"))
+    first = w.data("backups", "full")
+
+    def small_files() -> (
+        None
+    ):  # the kernel's file size limit: writes past 1 MB fail (EFBIG), as on a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, 1_000_000))
+
+    for mode in ("wheelhouse", "archive"):
+        proc = w.popen("backup", "full", "--mode", mode, preexec=small_files)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 12, err
+        assert "could not be written" in err and "earlier backups are intact" in err
+        assert w.data("backups", "full") == first
+        _no_partials(w)
+    ok(w.cli("verify-backup", "full"))
+
+
+def test_concurrent_backups_of_one_env_are_serialized(world):
+    w = world
+    ok(w.cli("create", w.small("conc", "ebdemo==1.0", "ebbig==1.0"), "--no-validate"))
+    procs = [w.popen("backup", "conc", "--mode", "archive") for _ in range(2)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    listed = w.data("backups", "conc")
+    assert len(listed) == 2 and len({b["id"] for b in listed}) == 2
+    for b in listed:
+        ok(w.cli("verify-backup", b["id"]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Upkeep, policy, permissions
+
+
+def test_prune_keeps_the_newest_and_frees_unused_wheels(world):
+    w = world
+    ok(w.cli("create", w.small("pr", "ebdemo==1.0", "ebbig==1.0"), "--no-validate"))
+    ok(w.cli("backup", "pr"))
+    ok(w.cli("create", w.small("pr", "ebdemo==2.0"), "--no-validate", "--force"))
+    ok(w.cli("backup", "pr"))
+    assert len(list(w.backups.glob("store/*/*"))) == 4  # ebdemo 1.0 and 2.0, ebdep, ebbig
+    dry = w.data("prune-backups", "--keep", "1", "--dry-run")
+    assert len(dry["removed"]) == 1 and dry["blobs_removed"] == 2 and len(w.data("backups", "pr")) == 2
+    done = w.data("prune-backups", "--keep", "1")
+    assert done["removed"] == dry["removed"] and done["bytes_freed"] > 1_000_000
+    assert [b["id"] for b in w.data("backups", "pr")] != dry["removed"]
+    assert len(list(w.backups.glob("store/*/*"))) == 2
+    subprocess.run(["rm", "-rf", str(w.prefix("pr"))], check=True)
+    ok(w.cli("restore", "pr", "--no-validate"))
+    assert w.python("pr", "import ebdemo; print(ebdemo.VERSION)") == "2.0"
+
+
+def test_backup_all_and_listing(world):
+    w = world
+    for name in ("x1", "x2"):
+        ok(w.cli("create", w.small(name, "ebdemo==1.0"), "--no-validate"))
+    rows = {r["name"]: r for r in w.data("list")}
+    assert rows["x1"]["advice"] == "envbuilder backup x1" and rows["x1"]["backup"] is None
+    assert 29 < rows["x1"]["purge"]["days_left"] <= 30
+    data = w.data("backup", "--all")
+    assert sorted(b["env"] for b in data["backups"]) == ["x1", "x2"] and data["failed"] == {}
+    rows = {r["name"]: r for r in w.data("list")}
+    assert rows["x1"]["advice"] is None and rows["x1"]["backup"].startswith("x1@")
+    one = data["backups"][0]
+    by_dir = json.loads(ok(w.cli("backups", "--from", one["path"], "--json")).stdout)["data"]
+    assert {b["env"] for b in by_dir} == {"x1", "x2"}
+    ok(w.cli("verify-backup", "x1", "--from", one["path"]))
+    res = w.cli("restore", "x3")
+    assert res.returncode == 12 and "no backup of 'x3'" in res.stderr and "x1" in res.stderr
+
+
+def test_purge_days_and_touch_follow_the_site_policy(world):
+    w = world
+    ok(w.cli("create", w.small("old", "ebdemo==1.0"), "--no-validate"))
+    ok(w.cli("create", w.small("ok2", "ebdemo==1.0", touch="true"), "--no-validate"))
+    eight_days = time.time() - 8 * 86400
+    for name in ("old", "ok2"):
+        target = next(w.prefix(name).glob("lib/python*/site-packages/ebdemo/__init__.py"))
+        os.utime(target, (eight_days, target.stat().st_mtime))
+    rows = {r["name"]: r for r in w.data("list")}
+    assert 21.5 < rows["old"]["purge"]["days_left"] < 22.5
+    assert rows["old"]["purge"]["oldest"].endswith("ebdemo/__init__.py")
+    res = w.cli("touch", "old")
+    assert res.returncode == 2 and "will not refresh" in res.stderr and "envbuilder backup old" in res.stderr
+    ok(w.cli("touch", "ok2"))
+    rows = {r["name"]: r for r in w.data("list")}
+    assert rows["ok2"]["purge"]["days_left"] > 29.9
+    assert rows["old"]["purge"]["days_left"] < 22.5  # refused: nothing was touched
+
+
+@pytest.mark.parametrize(("env_mode", "file_mode"), [(0o700, 0o600), (0o755, 0o644)])
+def test_a_backup_is_no_more_readable_than_its_env(world, env_mode, file_mode):
+    w = world
+    ok(w.cli("create", w.small("perm", "ebdemo==1.0"), "--no-validate"))
+    w.prefix("perm").chmod(env_mode)
+    for mode in ("wheelhouse", "archive"):
+        made = w.data("backup", "perm", "--mode", mode)
+        for f in Path(made["path"]).iterdir():
+            assert f.stat().st_mode & 0o777 == file_mode, f
+        assert Path(made["path"]).stat().st_mode & 0o007 == (env_mode & 0o005)
+    for blob in w.backups.glob("store/*/*"):
+        assert blob.stat().st_mode & 0o777 == file_mode
