@@ -61,7 +61,7 @@ def write_tar(prefix: Path, sink: IO[bytes]) -> list[dict[str, Any]]:
         for path in _walk(prefix):
             rel = str(path.relative_to(prefix))
             info = tar.gettarinfo(str(path), arcname=rel)
-            entry: dict[str, Any] = {"path": rel, "mode": info.mode}
+            entry: dict[str, Any] = {"path": rel, "mode": stat.S_IMODE(info.mode)}
             if info.isreg():
                 with path.open("rb") as fh:
                     reader = _Hashing(fh)

@@ -332,7 +332,8 @@ def _wheelhouse(
     known = _known(root)
     wheels: list[dict[str, Any]] = []
     new_bytes = 0
-    for d in dists:
+    # Largest first (by file count): the long part is done early, and the progress lines say so.
+    for d in sorted(dists, key=lambda d: -len(d.entries)):
         if d.editable:
             notes.append(f"{d.name} is an editable install: not in the backup (reinstall it from its source)")
             continue

@@ -7,6 +7,7 @@ and the tail of stderr kept for the error message.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import logging
 import os
@@ -14,7 +15,7 @@ import shlex
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Optional, cast
 
@@ -28,6 +29,7 @@ _LEAKY_PREFIXES = ("PIP_", "UV_", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", 
 STDERR_TAIL_LINES = 20
 #: fcntl.F_SETPIPE_SZ (Linux), which the fcntl module names only from Python 3.10.
 _F_SETPIPE_SZ = 1031
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,25 @@ def scrubbed_env(base: Optional[Mapping[str, str]] = None, keep: Sequence[str] =
     """A copy of ``base`` (default: os.environ) without python/pip/uv leaks, except names listed in ``keep``."""
     src = os.environ if base is None else base
     return {k: v for k, v in src.items() if k in keep or not k.startswith(_LEAKY_PREFIXES)}
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: be killed when envbuilder dies, even by SIGKILL (Linux prctl
+    PR_SET_PDEATHSIG). Otherwise an installer in its own session would go on writing into a build directory
+    that the next run has already cleared."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _find_prctl() -> Optional[Callable[..., int]]:
+    # Looked up once in the parent: the child, between fork and exec, only makes the call.
+    try:
+        return cast(Callable[..., int], ctypes.CDLL(None).prctl)
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _find_prctl()
 
 
 def quote(argv: Sequence[str]) -> str:
@@ -76,6 +97,7 @@ def run(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - async-signal-safe: one prctl call
         umask=umask,
     )
     try:
@@ -120,6 +142,7 @@ def feeding(
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - async-signal-safe: one prctl call
             umask=umask,
         )
         stdin = cast(IO[bytes], child.stdin)  # stdin=PIPE always gives one

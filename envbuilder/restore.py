@@ -251,9 +251,8 @@ def _archive(
             step(f"relocating {old.prefix} -> {final}")
             relocation = archive.relocate(partial, old.prefix, str(final))
             log.write(f"relocated: {len(relocation.rewritten)} rewritten, {len(relocation.left)} left")
+        # The env's own files stay exactly as archived (its envbuilder/record.json was relocated with the rest).
         record = _restored_record(old, b, name, final, [dict(p) for p in old.packages])
-        if (partial / "envbuilder").is_dir():
-            state.write_atomic(partial / "envbuilder" / "record.json", create.dump_record(record))
         step(f"moving the env into place at {final}")
         create.swap(partial, final)
     return record, relocation

@@ -178,6 +178,8 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     data = result.to_json()
     rec = result.record
     if not quiet:
+        for note in result.notes:
+            out.line(f"    {note}")
         out.line(f"{result.status} {rec.name} at {rec.prefix} from {b.id}")
         reloc = result.relocation
         if reloc:
