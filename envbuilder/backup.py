@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -281,6 +282,8 @@ def make(
         raise
     except CommandFailed as exc:
         shutil.rmtree(partial, ignore_errors=True)
+        if exc.returncode == -signal.SIGXFSZ:  # the compressor passed the file size limit (ulimit -f)
+            raise _no_space(root, "the file size limit (ulimit -f) was reached") from None
         if any(w in exc.stderr_tail.lower() for w in ("space", "quota", "too large")):
             raise _no_space(root, exc.stderr_tail.strip().splitlines()[-1]) from None
         raise

@@ -142,7 +142,7 @@ def feeding(
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - async-signal-safe: one prctl call
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - async-signal-safe: one prctl call
             umask=umask,
         )
         stdin = cast(IO[bytes], child.stdin)  # stdin=PIPE always gives one
