@@ -1,0 +1,154 @@
+"""The pure parts of backups: script headers, wheel names, digests that ignore the prefix, relocation boundaries,
+purge arithmetic, advice, and the self-checksum of backup.json."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from envbuilder import archive, backup, purge, state, wheelhouse
+
+
+def _record_line(rel: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{rel},sha256={digest},{len(data)}"
+
+
+def fake_env(prefix: Path, header: bytes) -> Path:
+    """A venv-shaped directory holding one installed distribution with a module, a data file, an entry-point
+    script and a plain script whose header the installer rewrote to ``header``."""
+    site = prefix / "lib" / "python3.11" / "site-packages"
+    info = site / "demo-1.0.dist-info"
+    info.mkdir(parents=True)
+    (prefix / "bin").mkdir()
+    (prefix / "share").mkdir()
+    files = {
+        site / "demo" / "__init__.py": b"X = 1\n",
+        info / "METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+        info / "WHEEL": b"Wheel-Version: 1.0\nTag: py2-none-any\nTag: py3-none-any\n",
+        info / "entry_points.txt": b"[console_scripts]\ndemo-cli = demo:main\n",
+        info / "INSTALLER": b"uv\n",
+        prefix / "bin" / "demo-cli": header + b"from demo import main\n",
+        prefix / "bin" / "demo-run": header + b"print('run')\n",
+        prefix / "share" / "demo.txt": b"data\n",
+    }
+    lines = []
+    for path, data in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        lines.append(_record_line(os.path.relpath(path, site), data))
+    (info / "RECORD").write_text("\n".join([*lines, "demo-1.0.dist-info/RECORD,,"]) + "\n")
+    return prefix
+
+
+def test_headers_written_by_installers_go_back_to_python():
+    body = b"import sys\n"
+    assert wheelhouse.restore_header(b"#!/scratch/env/bin/python3.11\n" + body) == b"#!python\n" + body
+    trampoline = (
+        b"#!/bin/sh\n'''exec' \"$(dirname -- \"$(realpath -- \"$0\")\")\"/'python' \"$0\" \"$@\"\n' '''\n"
+    )
+    assert wheelhouse.restore_header(trampoline + body) == b"#!python\n" + body
+    assert wheelhouse.restore_header(b"#!/bin/bash\necho hi\n") == b"#!/bin/bash\necho hi\n"
+    assert wheelhouse.restore_header(b"no header") == b"no header"
+
+
+def test_digest_ignores_the_prefix_and_the_installers_own_files(tmp_path):
+    a = wheelhouse.scan(fake_env(tmp_path / "a", b"#!/a/bin/python\n"))
+    b = wheelhouse.scan(fake_env(tmp_path / "b" / "deeper", b"#!/bin/sh\n'''exec' x \"$0\" \"$@\"\n' '''\n"))
+    assert len(a) == len(b) == 1
+    assert a[0].digest == b[0].digest
+    arcs = {e.arcname for e in a[0].entries}
+    # The entry-point script and INSTALLER are the installer's; the plain script and the data file are the wheel's.
+    assert "demo-1.0.data/scripts/demo-run" in arcs and "demo-1.0.data/data/share/demo.txt" in arcs
+    assert not any(x.endswith(("demo-cli", "INSTALLER", "RECORD")) for x in arcs)
+    assert a[0].wheel_filename() == "demo-1.0-py2.py3-none-any.whl"
+
+
+def test_a_changed_file_changes_nothing_in_the_digest_but_is_refused_when_packed(tmp_path):
+    prefix = fake_env(tmp_path / "env", b"#!/x/bin/python\n")
+    before = wheelhouse.scan(prefix)[0]
+    (prefix / "lib/python3.11/site-packages/demo/__init__.py").write_text("X = 2\n")
+    after = wheelhouse.scan(prefix)[0]
+    assert after.digest == before.digest  # RECORD did not change
+    with pytest.raises(wheelhouse.Modified, match="differ from what was installed"):
+        wheelhouse.check_unchanged(after)
+    with (tmp_path / "out.whl").open("wb") as fh, pytest.raises(wheelhouse.Modified):
+        wheelhouse.pack(after, fh)
+
+
+def test_a_missing_file_is_reported(tmp_path):
+    prefix = fake_env(tmp_path / "env", b"#!/x/bin/python\n")
+    (prefix / "share" / "demo.txt").unlink()
+    assert wheelhouse.scan(prefix)[0].missing == ("share/demo.txt",)
+
+
+def test_relocation_rewrites_whole_paths_in_safe_files_only(tmp_path):
+    root = tmp_path / "env"
+    (root / "bin").mkdir(parents=True)
+    (root / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    (root / "bin" / "tool").write_text("#!/old/env/bin/python\n# /old/env2 is another env\n")
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\ncommand = /usr/bin/python3 -m venv /old/env\n")
+    (root / "lib" / "python3.11" / "site-packages" / "x.pth").write_text("/old/env/src\n")
+    (root / "lib" / "libfoo.so").write_bytes(b"\x7fELF\0\0/old/env/lib\0")
+    (root / "notes.txt").write_text("built in /old/env\n")
+    result = archive.relocate(root, "/old/env", "/new/place")
+    assert sorted(result.rewritten) == ["bin/tool", "lib/python3.11/site-packages/x.pth", "pyvenv.cfg"]
+    assert sorted(result.left) == ["lib/libfoo.so", "notes.txt"]
+    assert (root / "bin" / "tool").read_text() == "#!/new/place/bin/python\n# /old/env2 is another env\n"
+    # A new prefix that would need quoting in a shell script is written nowhere.
+    again = archive.relocate(root, "/new/place", "/new/it's here")
+    assert again.rewritten == () and "bin/tool" in again.left
+
+
+def _record(prefix: Path, fs: dict) -> state.EnvRecord:
+    return state.EnvRecord("e", "e", "d", str(prefix), "now", plan={"kind": "venv", "filesystem": fs})
+
+
+def test_purge_days_left_come_from_the_least_recently_read_file(tmp_path):
+    prefix = tmp_path / "env"
+    (prefix / "a").mkdir(parents=True)
+    (prefix / "a" / "old.py").write_text("")
+    (prefix / "new.py").write_text("")
+    now = time.time()
+    os.utime(prefix / "a" / "old.py", (now - 3 * 86400, now))
+    status = purge.status(_record(prefix, {"name": "scratch", "purge_days": 10}), now=now)
+    assert status is not None and status.oldest == "a/old.py"
+    assert status.days_left == pytest.approx(7, abs=0.01)
+    assert purge.status(_record(prefix, {"name": "work"})) is None  # not purged
+    gone = purge.status(_record(tmp_path / "nope", {"name": "scratch", "purge_days": 10}))
+    assert gone is not None and gone.days_left is None
+
+
+def test_advice_suggests_backup_on_purged_file_systems_and_restore_when_gone(tmp_path):
+    purged = _record(tmp_path, {"name": "scratch", "purge_days": 10})
+    safe = _record(tmp_path, {"name": "home"})
+    assert backup.advice(purged, "ok", have_backup=False) == "envbuilder backup e"
+    assert backup.advice(purged, "ok", have_backup=True) is None
+    assert backup.advice(safe, "ok", have_backup=False) is None
+    assert backup.advice(safe, "gone", have_backup=True) == "envbuilder restore e"
+    assert backup.advice(purged, "damaged", have_backup=True) == "envbuilder restore e --force"
+
+
+def test_an_edited_backup_json_is_reported_not_trusted(tmp_path):
+    d = tmp_path / "envs" / "e" / "20260101T000000Z"
+    d.mkdir(parents=True)
+    data = {"version": backup.BACKUP_VERSION, "mode": "wheelhouse", "wheels": []}
+    data["checksum"] = backup.checksum(data)
+    (d / "backup.json").write_text(__import__("json").dumps(data))
+    assert backup.backups(tmp_path)[0].error is None
+    data["mode"] = "archive"
+    (d / "backup.json").write_text(__import__("json").dumps(data))
+    found = backup.backups(tmp_path)[0]
+    assert found.error is not None and "checksum" in found.error
+    assert backup.verify(found) == [found.error]
+
+
+def test_backup_root_order(tmp_path):
+    assert backup.root_for({"ENVBUILDER_BACKUP_ROOT": "/r", "WORK": "/w"})[0] == Path("/r")
+    assert backup.root_for({"WORK": "/w"})[0] == Path("/w/envbuilder/backups")
+    assert backup.root_for({"ENVBUILDER_HOME": "/h"})[0] == Path("/h/backups")
