@@ -208,7 +208,12 @@ def _wheelhouse(
         _compare(b, partial)
         if installer != "uv":
             build.relocate_scripts(partial, final)
-        record = _restored_record(old, b, name, final, build.inventory(partial))
+        loaded = {
+            "system": modules.kind,
+            "delta_set": dict(sorted(delta.set.items())),
+            "delta_unset": list(delta.unset),
+        }
+        record = _restored_record(old, b, name, final, build.inventory(partial), modules=loaded)
         state.write_atomic(partial / "envbuilder" / "record.json", create.dump_record(record))
         build.drop_world_write(partial)
         step(f"moving the env into place at {final}")

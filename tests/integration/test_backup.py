@@ -596,3 +596,38 @@ def test_a_backup_is_no_more_readable_than_its_env(world, env_mode, file_mode):
         assert Path(made["path"]).stat().st_mode & 0o007 == (env_mode & 0o005)
     for blob in w.backups.glob("store/*/*"):
         assert blob.stat().st_mode & 0o777 == file_mode
+
+
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
+
+
+@pytest.mark.skipif(not LMOD_INIT.is_file(), reason="Lmod not installed (.ci/run installs it)")
+def test_restore_loads_the_recipes_modules_under_real_lmod(world):
+    w = world
+    modules = REPO / "tests" / "data" / "modules" / "site"
+    text = SMALL_RECIPE.format(name="mods", installer="uv", packages=_packages("ebdemo==1.0"), touch="false")
+    text = text.replace(
+        "[python]",
+        f'[modules]\nsystem = "lmod"\nuse = ["{modules}"]\nload = ["gcc/13.2.0"]\n\n'
+        '[activate]\nmodules = ["gcc/13.2.0"]\nenv = { OMP_NUM_THREADS = "8" }\n\n[python]',
+    )
+    (w.recipes / "mods.toml").write_text(text)
+    for var in ("LMOD_CMD", "MODULESHOME", "LMOD_PKG"):
+        if var in os.environ:
+            w.env[var] = os.environ[var]
+    ok(w.cli("create", "mods", "--no-validate"))
+    ok(w.cli("backup", "mods"))
+    subprocess.run(["rm", "-rf", str(w.prefix("mods"))], check=True)
+    data = w.data("restore", "mods", "--no-validate")
+    # The restore ran with the recipe's modules loaded (its own delta, recorded), and activate loads them again.
+    assert data["env"]["modules"]["delta_set"]["GCC_VERSION"] == "13.2.0"
+    script = (
+        f"source {LMOD_INIT}; source {w.prefix('mods')}/bin/activate; "
+        "echo GCC=$GCC_VERSION OMP=$OMP_NUM_THREADS; python -c 'import ebdemo'; deactivate; "
+        "echo AFTER=${GCC_VERSION:-unset}"
+    )
+    run = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", script], env=w.env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert "GCC=13.2.0 OMP=8" in run.stdout and "AFTER=unset" in run.stdout
