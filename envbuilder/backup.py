@@ -24,8 +24,10 @@ import os
 import shutil
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -333,24 +335,59 @@ def _wheelhouse(
             )
     store = wheelhouse.Store(root, file_mode, wheelhouse.zstd())
     known = _known(root)
-    wheels: list[dict[str, Any]] = []
-    new_bytes = 0
-    # Largest first (by file count): the long part is done early, and the progress lines say so.
-    for d in sorted(dists, key=lambda d: -len(d.entries)):
+    todo = []
+    for d in dists:
         if d.editable:
             notes.append(f"{d.name} is an editable install: not in the backup (reinstall it from its source)")
-            continue
-        step(f"{'checking' if d.digest in known else 'storing'} {d.name} {d.version}")
-        blob = store.put(d, known.get(d.digest))
-        new_bytes += blob.size if blob.new else 0
-        wheels.append({"name": d.name, "version": d.version, **blob.to_json()})
-        known.setdefault(d.digest, wheels[-1])
+        else:
+            todo.append(d)
+    # Largest first (by file count): the long part starts at once, and the small wheels are packed beside it
+    # while its compressor is busy. Threads suffice: hashing, crc32 and file I/O release the GIL.
+    todo.sort(key=lambda d: -len(d.entries))
+    cancel = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=pack_workers(len(todo)), thread_name_prefix="pack")
+    wheels: list[dict[str, Any]] = []
+    new_bytes = 0
+    try:
+        futures = [pool.submit(store.put, d, known.get(d.digest), cancel) for d in todo]
+        for fut in futures:  # the first failure stops the others at once, not when its turn comes
+            fut.add_done_callback(lambda f: cancel.set() if not f.cancelled() and f.exception() else None)
+        for d, fut in zip(todo, futures):
+            step(f"{'checking' if d.digest in known else 'storing'} {d.name} {d.version}")
+            try:
+                blob = fut.result()
+            except wheelhouse.Cancelled:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise _first_failure(futures) from None
+            new_bytes += blob.size if blob.new else 0
+            wheels.append({"name": d.name, "version": d.version, **blob.to_json()})
+    except BaseException:
+        cancel.set()  # the other workers stop at their next file and remove their temp blobs
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return {
         "wheels": wheels,
         "bytes": sum(w["size"] for w in wheels),
         "new_bytes": new_bytes,
         "compression": "zstd" if store.zstd else "none",
     }
+
+
+def _first_failure(futures: Sequence[Future[Any]]) -> BaseException:
+    """The error that stopped the other workers (theirs is only Cancelled)."""
+    for fut in futures:
+        if fut.done() and not fut.cancelled():
+            exc = fut.exception()
+            if exc is not None and not isinstance(exc, wheelhouse.Cancelled):
+                return exc
+    return BackupError("packing was stopped")  # not reached: something set cancel
+
+
+def pack_workers(count: int) -> int:
+    """Wheels packed at once: each is a Python thread and a one-thread zstd, so at most one per core, and four
+    at most (more only competes for the file system)."""
+    return max(1, min(count, os.cpu_count() or 1, 4))
 
 
 def _archive(
@@ -382,13 +419,23 @@ def _archive(
 # Verifying and pruning
 
 
-def verify(b: Backup, record_result: bool = True) -> list[str]:
-    """Re-hash everything the backup holds; the problems found (none: it restores as written)."""
+def verify(b: Backup, record_result: bool = True, hash_wheels: bool = True) -> list[str]:
+    """Re-hash everything the backup holds; the problems found (none: it restores as written). With
+    ``hash_wheels`` false the stored wheels are only checked for presence and size (restore hashes them as it
+    decompresses them, before anything is installed)."""
     problems: list[str] = [b.error] if b.error else []
     if not b.error:
         if b.mode == "wheelhouse":
-            for wheel in b.data.get("wheels", ()):
-                problems += _check_file(b.root / wheel["path"], wheel["size"], wheel["sha256"], wheel["name"])
+            wheels = list(b.data.get("wheels", ()))
+            with ThreadPoolExecutor(max_workers=pack_workers(len(wheels))) as pool:
+                found = pool.map(
+                    lambda w: _check_file(
+                        b.root / w["path"], w["size"], w["sha256"] if hash_wheels else None, w["name"]
+                    ),
+                    wheels,
+                )
+                for more in found:
+                    problems += more
         else:
             arc = b.data.get("archive", {})
             problems += _check_file(b.path / arc["file"], arc["size"], arc["sha256"], "the archive")
@@ -407,14 +454,14 @@ def verify(b: Backup, record_result: bool = True) -> list[str]:
     return problems
 
 
-def _check_file(path: Path, size: int, digest: str, what: str) -> list[str]:
+def _check_file(path: Path, size: int, digest: Optional[str], what: str) -> list[str]:
     try:
         actual_size = path.stat().st_size
     except OSError:
         return [f"{what}: {path} is missing"]
     if actual_size != size:
         return [f"{what}: {path} has {actual_size} bytes, {size} were written"]
-    if wheelhouse.file_sha256(path) != digest:
+    if digest is not None and wheelhouse.file_sha256(path) != digest:
         return [f"{what}: {path} does not match its sha256 (a changed or damaged byte)"]
     return []
 

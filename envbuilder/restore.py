@@ -14,12 +14,13 @@ import os
 import shutil
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder import activation, archive, build, create, proc, state, wheelhouse
-from envbuilder.backup import Backup, verify
+from envbuilder.backup import Backup, pack_workers, verify
 from envbuilder.errors import BackupError, StateError
 from envbuilder.modules import ModuleSystem
 from envbuilder.steps import InstallStep
@@ -62,13 +63,10 @@ def restore(
     step: Callable[[str], None] = lambda text: None,
 ) -> RestoreResult:
     step(f"verifying {b.id}")
-    problems = verify(b)
+    # A wheelhouse's wheels are hashed as they are decompressed (one read, not two), all before any is installed.
+    problems = verify(b, record_result=b.mode != "wheelhouse", hash_wheels=b.mode != "wheelhouse")
     if problems:
-        raise BackupError(
-            f"backup {b.id} failed verification, so nothing was restored: {problems[0]}"
-            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
-            hint=f"restore an older one: envbuilder backups {b.env}, then --backup ID",
-        )
+        raise _unverified(b, problems)
     fields = {k: v for k, v in b.data["record"].items() if k in state.EnvRecord.__dataclass_fields__}
     fields["packages"] = tuple(fields.get("packages", ()))
     old = state.EnvRecord(**fields)
@@ -109,6 +107,14 @@ def restore(
     status = "replaced" if replacing else "restored"
     return RestoreResult(
         status, record, b.id, str(log.path), notes, relocation.to_json() if relocation else None
+    )
+
+
+def _unverified(b: Backup, problems: list[str]) -> BackupError:
+    return BackupError(
+        f"backup {b.id} failed verification, so nothing was restored: {problems[0]}"
+        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+        hint=f"restore an older one: envbuilder backups {b.env}, then --backup ID",
     )
 
 
@@ -185,13 +191,24 @@ def _wheelhouse(
     with build.removing_on_failure(partial):
         try:
             wheels_dir.mkdir(mode=0o700)
-            step(f"unpacking {len(b.data['wheels'])} wheels from the backup")
-            files = [str(store.extract(w, wheels_dir)) for w in b.data["wheels"]]
-            step("creating the env")
-            first = InstallStep(tuple(plan["install_commands"][0]), site_python=True, creates_env=True)
-            argv = build.step_argv(first, python, uv_bin, str(plan.get("prefix") or old.prefix), str(partial))
-            argv = build.rebase(argv, old.prefix, str(partial))
-            build.run_logged(argv, build_env, log)
+            step(f"checking and unpacking {len(b.data['wheels'])} wheels, creating the env beside")
+            # The wheels are decompressed in parallel while the env is created: both only write new files.
+            with ThreadPoolExecutor(max_workers=pack_workers(len(b.data["wheels"]))) as pool:
+                futures = [pool.submit(store.extract, w, wheels_dir) for w in b.data["wheels"]]
+                first = InstallStep(tuple(plan["install_commands"][0]), site_python=True, creates_env=True)
+                argv = build.step_argv(
+                    first, python, uv_bin, str(plan.get("prefix") or old.prefix), str(partial)
+                )
+                argv = build.rebase(argv, old.prefix, str(partial))
+                build.run_logged(argv, build_env, log)
+                failed = [e for e in (f.exception() for f in futures) if e is not None]
+                if failed:
+                    if isinstance(failed[0], BackupError):
+                        raise _unverified(
+                            b, [e.message if isinstance(e, BackupError) else str(e) for e in failed]
+                        )
+                    raise failed[0]  # a full disk, say: not the backup's fault
+                files = [str(f.result()) for f in futures]
             step("installing the wheels (offline)")
             target = str(partial / "bin" / "python")
             if installer == "uv":

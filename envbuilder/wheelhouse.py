@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import stat
+import threading
 import time
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -34,7 +35,7 @@ from typing import IO, Any, Optional, cast
 from packaging.utils import canonicalize_name
 
 from envbuilder import proc
-from envbuilder.errors import BackupError
+from envbuilder.errors import BackupError, CommandFailed
 
 #: dist-info files the installer writes (not part of the wheel).
 GENERATED = frozenset({"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json"})
@@ -218,6 +219,15 @@ class Modified(BackupError):
     """A file differs from its RECORD hash: the env is not what was installed."""
 
 
+class Cancelled(Exception):
+    """Another part of the same backup failed or was interrupted: stop at the next file."""
+
+
+def _check_cancel(cancel: Optional[threading.Event]) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled
+
+
 class _Counter:
     """A write-only stream that counts (zipfile needs tell() on a pipe)."""
 
@@ -237,12 +247,15 @@ class _Counter:
         self.sink.flush()
 
 
-def pack(dist: Dist, sink: IO[bytes]) -> None:
-    """Write ``dist`` as a wheel to ``sink`` (a stream; no seeking), checking each file against RECORD."""
+def pack(dist: Dist, sink: IO[bytes], cancel: Optional[threading.Event] = None) -> int:
+    """Write ``dist`` as a wheel to ``sink`` (a stream; no seeking), checking each file against RECORD; the
+    wheel's size. ``cancel`` set by another thread stops it at the next file."""
     record: list[str] = []
     changed: list[str] = []
-    with zipfile.ZipFile(cast(IO[bytes], _Counter(sink)), "w", zipfile.ZIP_STORED) as zf:
+    counter = _Counter(sink)
+    with zipfile.ZipFile(cast(IO[bytes], counter), "w", zipfile.ZIP_STORED) as zf:
         for entry in dist.entries:
+            _check_cancel(cancel)
             st = os.stat(entry.source)
             info = zipfile.ZipInfo(entry.arcname, ZIP_EPOCH)
             info.external_attr = (stat.S_IFREG | (st.st_mode & 0o755)) << 16
@@ -282,16 +295,18 @@ def pack(dist: Dist, sink: IO[bytes]) -> None:
             f"{dist.name} {dist.version}: {len(changed)} file(s) differ from what was installed, e.g. {changed[0]}",
             hint="a wheelhouse backup restores packages as installed; --mode archive keeps the env as it is",
         )
+    return counter.count
 
 
 def _csv(path: str) -> str:
     return f'"{path.replace(chr(34), chr(34) * 2)}"' if ("," in path or '"' in path) else path
 
 
-def check_unchanged(dist: Dist) -> None:
+def check_unchanged(dist: Dist, cancel: Optional[threading.Event] = None) -> None:
     """Hash every file of ``dist`` against RECORD without packing (for a wheel the store already has)."""
     changed = []
     for entry in dist.entries:
+        _check_cancel(cancel)
         if not entry.hash:
             continue
         whole = hashlib.sha256()
@@ -320,6 +335,7 @@ class Blob:
     size: int  # stored bytes
     compression: str  # zstd | none
     new: bool = False  # written by this backup (not shared with an earlier one)
+    wheel_size: Optional[int] = None  # the wheel's bytes once decompressed (restore sizes its scratch space)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -329,7 +345,18 @@ class Blob:
             "sha256": self.sha256,
             "size": self.size,
             "compression": self.compression,
+            "wheel_size": self.wheel_size,
         }
+
+
+def _copy_hashing(src: IO[bytes], sink: Optional[IO[bytes]], digest: Any) -> int:
+    size = 0
+    for chunk in iter(lambda: src.read(CHUNK), b""):
+        digest.update(chunk)
+        if sink is not None:
+            sink.write(chunk)
+        size += len(chunk)
+    return size
 
 
 def file_sha256(path: Path) -> str:
@@ -363,17 +390,25 @@ class Store:
                 return rel, compression
         return None
 
-    def put(self, dist: Dist, known: Optional[dict[str, Any]] = None) -> Blob:
+    def put(
+        self, dist: Dist, known: Optional[dict[str, Any]] = None, cancel: Optional[threading.Event] = None
+    ) -> Blob:
         """The blob for ``dist``: the stored one if any backup wrote it (its files still checked against RECORD),
-        else packed now."""
+        else packed now. Safe to call from several threads for different dists."""
         found = self.existing(dist.digest)
         if found is not None and known is not None:
             rel, compression = found
-            check_unchanged(dist)
+            check_unchanged(dist, cancel)
             path = self.root / rel
             self._widen(path)
             return Blob(
-                dist.digest, dist.wheel_filename(), rel, known["sha256"], path.stat().st_size, compression
+                dist.digest,
+                dist.wheel_filename(),
+                rel,
+                known["sha256"],
+                path.stat().st_size,
+                compression,
+                wheel_size=known.get("wheel_size"),
             )
         compression = "zstd" if self.zstd else "none"
         rel = self._rel(dist.digest, compression)
@@ -383,10 +418,10 @@ class Store:
         try:
             if self.zstd:
                 with proc.feeding([self.zstd, *ZSTD_PACK, "-o", str(tmp)]) as pipe:
-                    pack(dist, pipe)
+                    wheel_size = pack(dist, pipe, cancel)
             else:
                 with tmp.open("wb") as fh:
-                    pack(dist, fh)
+                    wheel_size = pack(dist, fh, cancel)
             with tmp.open("rb+") as fh:
                 os.fsync(fh.fileno())
             tmp.chmod(self.file_mode)
@@ -397,7 +432,14 @@ class Store:
                 tmp.unlink()
             raise
         return Blob(
-            dist.digest, dist.wheel_filename(), rel, digest, final.stat().st_size, compression, new=True
+            dist.digest,
+            dist.wheel_filename(),
+            rel,
+            digest,
+            final.stat().st_size,
+            compression,
+            new=True,
+            wheel_size=wheel_size,
         )
 
     def _widen(self, path: Path) -> None:
@@ -407,17 +449,43 @@ class Store:
                 path.chmod(mode | self.file_mode)
 
     def extract(self, blob: dict[str, Any], into: Path) -> Path:
-        """The blob as an installable wheel file in ``into`` (decompressed if it was stored compressed)."""
+        """The blob as an installable wheel file in ``into`` (decompressed if it was stored compressed). The stored
+        bytes are hashed as they are read, in the same pass: a blob that is not the one the backup wrote raises
+        BackupError (its partial output is removed), so verifying costs no second read."""
         src = self.root / blob["path"]
         out = into / str(blob["filename"])
-        if blob["compression"] == "zstd":
-            if not self.zstd:
-                raise BackupError(
-                    f"{src} is zstd-compressed and no zstd command is on PATH", hint="load a zstd module"
-                )
-            proc.run([self.zstd, "-d", "-q", "-f", "-o", str(out), str(src)])
-        else:
-            shutil.copyfile(src, out)
+        if blob["compression"] == "zstd" and not self.zstd:
+            raise BackupError(
+                f"{src} is zstd-compressed and no zstd command is on PATH", hint="load a zstd module"
+            )
+        digest = hashlib.sha256()
+        what = blob.get("name", src.name)
+        try:
+            with src.open("rb") as fh:
+                size = 0
+                try:
+                    if blob["compression"] == "zstd":
+                        with proc.feeding([str(self.zstd), "-d", "-q", "-f", "-o", str(out)]) as pipe:
+                            size = _copy_hashing(fh, pipe, digest)
+                    else:
+                        with out.open("wb") as sink:
+                            size = _copy_hashing(fh, sink, digest)
+                except CommandFailed:
+                    # zstd stopped: a damaged blob, or no room for its output. The rest of the hash tells which.
+                    size += _copy_hashing(fh, None, digest)
+                    if digest.hexdigest() == blob["sha256"]:
+                        raise
+                    size = -1
+        except OSError as exc:
+            if exc.filename == str(src):
+                raise BackupError(f"{what}: cannot read {src}: {exc.strerror}") from None
+            raise
+        finally:
+            if digest.hexdigest() != blob["sha256"]:
+                with contextlib.suppress(FileNotFoundError):
+                    out.unlink()
+        if size != blob["size"] or digest.hexdigest() != blob["sha256"]:
+            raise BackupError(f"{what}: {src} does not match its sha256 (a changed or damaged byte)")
         return out
 
     def blobs(self) -> Iterator[Path]:

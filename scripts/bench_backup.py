@@ -18,6 +18,10 @@ envs (one recipe under five names) take when backed up with wheelhouse into one 
   wheelhouse restore time / warm create time   <= 2
 
     python scripts/bench_backup.py [--repeat 3] [--out FILE] [--drop-caches] [--keep] [--workdir DIR]
+        [--torch VERSION] [--variant VARIANT] [--siblings N]
+
+``--torch``/``--variant`` pick another build (a CUDA one on a GPU node, from a local wheel directory given in
+ENVBUILDER_INDEX_MIRROR); ``--siblings 0`` leaves the sibling part out (its ratio is then not reported).
 
 ENVBUILDER_INDEX_MIRROR is taken from the caller (default: the PyTorch index from /opt/wheels, the rest from PyPI).
 """
@@ -53,8 +57,8 @@ prefix = "${{SCRATCH}}/envs/{{name}}"
 [python]
 command = "python3"
 [torch]
-version = "latest"
-variant = "auto"
+version = "{torch}"
+variant = "{variant}"
 packages = ["torch"]
 [[packages]]
 name = "numpy"
@@ -174,6 +178,9 @@ def main() -> int:
         "--drop-caches", action="store_true", help="drop the page cache before each timed step (root)"
     )
     ap.add_argument("--out", metavar="FILE", help="also write every figure here as JSON")
+    ap.add_argument("--torch", default="latest", metavar="VERSION", help="torch version (default: latest)")
+    ap.add_argument("--variant", default="auto", help="torch variant, e.g. cpu or cu130 (default: auto)")
+    ap.add_argument("--siblings", type=int, default=SIBLINGS, metavar="N", help="sibling envs (0: none)")
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat must be 1 or more")
@@ -205,9 +212,10 @@ def log(text: str) -> None:
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     env = build_env(work)
     recipes = Path(env["ENVBUILDER_RECIPE_PATH"])
-    siblings = [f"{NAME}-sib{i}" for i in range(1, SIBLINGS + 1)]
+    siblings = [f"{NAME}-sib{i}" for i in range(1, args.siblings + 1)]
     for name in (NAME, *siblings):
-        (recipes / f"{name}.toml").write_text(RECIPE.format(name=name))
+        recipe = RECIPE.format(name=name, torch=args.torch, variant=args.variant)
+        (recipes / f"{name}.toml").write_text(recipe)
     out = work / "out"
     out.mkdir()
 
@@ -311,10 +319,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         sib_stored.append(tree_size(sib_root)[0])
         sib_new.append(data_of(res).get("new_bytes"))
         log(f"sibling {name}: root holds {mib(sib_stored[-1])}")
-    listed = data_of(envbuilder(env, "backups", "--from", str(sib_root), "--json"))
-    if len(listed) != SIBLINGS:
+    listed = data_of(envbuilder(env, "backups", "--from", str(sib_root), "--json")) if siblings else []
+    if len(listed) != len(siblings):
         notes.append(
-            f"`envbuilder backups --from` lists {len(listed)} backups in the siblings root, not {SIBLINGS}"
+            f"`envbuilder backups --from` lists {len(listed)} backups in the siblings root, not {len(siblings)}"
         )
 
     for step in steps.values():
@@ -327,7 +335,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     wh_backup = steps["backup_wheelhouse"]["median_s"]
     ratios = {
         "tar_czf_over_wheelhouse_backup": steps["tar_czf"]["median_s"] / wh_backup,
-        "siblings_over_one": sib_stored[-1] / sib_stored[0],
+        "siblings_over_one": sib_stored[-1] / sib_stored[0] if sib_stored else None,
         "wheelhouse_restore_over_warm_create": steps["restore_wheelhouse"]["median_s"]
         / steps["create_warm"]["median_s"],
     }
@@ -352,6 +360,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "met": v >= TARGETS[k][0] if TARGETS[k][1] else v <= TARGETS[k][0],
             }
             for k, v in ratios.items()
+            if v is not None
         },
         "notes": notes,
     }
@@ -382,7 +391,10 @@ def report(f: dict[str, Any]) -> None:
         size = f"{mib(step['median_bytes'])} {kind}" if "median_bytes" in step else ""
         print(f"| {label} | {secs(step.get('median_s'))} | {size} |")
     sib = f["siblings"]["stored_bytes_after_each"]
-    print(f"| {len(sib)} siblings, wheelhouse, one root | | {mib(sib[-1])} stored (first: {mib(sib[0])}) |")
+    if sib:
+        print(
+            f"| {len(sib)} siblings, wheelhouse, one root | | {mib(sib[-1])} stored (first: {mib(sib[0])}) |"
+        )
     print("\n| ratio | value | target | met |")
     print("|---|---:|---:|---|")
     labels = {

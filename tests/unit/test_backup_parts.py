@@ -6,12 +6,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from envbuilder import archive, backup, purge, state, wheelhouse
+from envbuilder.errors import BackupError
 
 
 def _record_line(rel: str, data: bytes) -> str:
@@ -19,30 +21,31 @@ def _record_line(rel: str, data: bytes) -> str:
     return f"{rel},sha256={digest},{len(data)}"
 
 
-def fake_env(prefix: Path, header: bytes) -> Path:
+def fake_env(prefix: Path, header: bytes, name: str = "demo", payload: bytes = b"X = 1\n") -> Path:
     """A venv-shaped directory holding one installed distribution with a module, a data file, an entry-point
-    script and a plain script whose header the installer rewrote to ``header``."""
+    script and a plain script whose header the installer rewrote to ``header`` (call again with another
+    ``name`` for a second distribution in the same env)."""
     site = prefix / "lib" / "python3.11" / "site-packages"
-    info = site / "demo-1.0.dist-info"
+    info = site / f"{name}-1.0.dist-info"
     info.mkdir(parents=True)
-    (prefix / "bin").mkdir()
-    (prefix / "share").mkdir()
+    (prefix / "bin").mkdir(exist_ok=True)
+    (prefix / "share").mkdir(exist_ok=True)
     files = {
-        site / "demo" / "__init__.py": b"X = 1\n",
-        info / "METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+        site / name / "__init__.py": payload,
+        info / "METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
         info / "WHEEL": b"Wheel-Version: 1.0\nTag: py2-none-any\nTag: py3-none-any\n",
-        info / "entry_points.txt": b"[console_scripts]\ndemo-cli = demo:main\n",
+        info / "entry_points.txt": f"[console_scripts]\n{name}-cli = {name}:main\n".encode(),
         info / "INSTALLER": b"uv\n",
-        prefix / "bin" / "demo-cli": header + b"from demo import main\n",
-        prefix / "bin" / "demo-run": header + b"print('run')\n",
-        prefix / "share" / "demo.txt": b"data\n",
+        prefix / "bin" / f"{name}-cli": header + f"from {name} import main\n".encode(),
+        prefix / "bin" / f"{name}-run": header + b"print('run')\n",
+        prefix / "share" / f"{name}.txt": b"data\n",
     }
     lines = []
     for path, data in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         lines.append(_record_line(os.path.relpath(path, site), data))
-    (info / "RECORD").write_text("\n".join([*lines, "demo-1.0.dist-info/RECORD,,"]) + "\n")
+    (info / "RECORD").write_text("\n".join([*lines, f"{name}-1.0.dist-info/RECORD,,"]) + "\n")
     return prefix
 
 
@@ -79,6 +82,48 @@ def test_a_changed_file_changes_nothing_in_the_digest_but_is_refused_when_packed
         wheelhouse.check_unchanged(after)
     with (tmp_path / "out.whl").open("wb") as fh, pytest.raises(wheelhouse.Modified):
         wheelhouse.pack(after, fh)
+
+
+@pytest.mark.skipif(not wheelhouse.zstd(), reason="zstd is not installed (CI installs it)")
+def test_a_blob_is_checked_as_it_is_decompressed(tmp_path):
+    prefix = fake_env(tmp_path / "env", b"#!/x/bin/python\n")
+    dist = wheelhouse.scan(prefix)[0]
+    store = wheelhouse.Store(tmp_path / "root", zstd_bin=wheelhouse.zstd())
+    blob = store.put(dist).to_json()
+    with (tmp_path / "plain.whl").open("wb") as fh:
+        assert wheelhouse.pack(dist, fh) == blob["wheel_size"]
+    good = store.extract({**blob, "name": "demo"}, tmp_path)
+    assert good.read_bytes() == (tmp_path / "plain.whl").read_bytes()
+    good.unlink()
+    stored = tmp_path / "root" / blob["path"]
+    data = bytearray(stored.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    stored.write_bytes(bytes(data))
+    with pytest.raises(BackupError, match=r"demo: .* does not match its sha256"):
+        store.extract({**blob, "name": "demo"}, tmp_path)
+    assert not good.exists()  # no half-written wheel is left behind
+
+
+def test_a_cancelled_pack_stops_and_leaves_no_temp_blob(tmp_path):
+    dist = wheelhouse.scan(fake_env(tmp_path / "env", b"#!/x/bin/python\n"))[0]
+    store = wheelhouse.Store(tmp_path / "root", zstd_bin=wheelhouse.zstd())
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(wheelhouse.Cancelled):
+        store.put(dist, cancel=cancel)
+    assert [p for p in (tmp_path / "root").rglob("*") if p.is_file()] == []
+
+
+def test_the_first_real_failure_is_reported_not_the_cancellation_of_the_others(tmp_path):
+    prefix = fake_env(tmp_path / "env", b"#!/x/bin/python\n", "big", b"X = 1\n" * 3_000_000)
+    fake_env(prefix, b"#!/x/bin/python\n", "small")
+    (prefix / "lib/python3.11/site-packages/small/__init__.py").write_text("edited\n")
+    record = state.EnvRecord("two", "r", "", str(prefix), "", plan={"kind": "venv"})
+    root = tmp_path / "root"
+    with pytest.raises(wheelhouse.Modified, match=r"small 1\.0: 1 file"):
+        backup.make(record, root, "wheelhouse")
+    assert not any(p.name.startswith(".") for p in root.rglob("*") if p.is_file())
+    assert not (root / "envs" / "two").exists() or list((root / "envs" / "two").iterdir()) == []
 
 
 def test_a_missing_file_is_reported(tmp_path):
