@@ -17,6 +17,7 @@ from envbuilder.commands import create as create_cmd
 from envbuilder.commands import envs as envs_cmd
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.commands import probe as probe_cmd
+from envbuilder.commands import publish as publish_cmd
 from envbuilder.commands import recipes as recipes_cmd
 from envbuilder.commands import validate as validate_cmd
 from envbuilder.console import Out
@@ -127,7 +128,41 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(handler=recipes_cmd.handle_show)
     r = rsub.add_parser("schema", help="print the recipe JSON schema (for editors)")
     r.set_defaults(handler=recipes_cmd.handle_schema, json=False)
+    r = rsub.add_parser("diff", help="what changed between two published versions of a recipe")
+    r.add_argument("recipe")
+    r.add_argument("old", metavar="A")
+    r.add_argument("new", metavar="B")
+    _add_json(r)
+    r.set_defaults(handler=publish_cmd.handle_diff)
+    r = rsub.add_parser("update", help="the latest published versions, and your envs built from older ones")
+    _add_json(r)
+    r.set_defaults(handler=publish_cmd.handle_update)
     p.set_defaults(handler=None, subparser=p)
+
+    p = sub.add_parser(
+        "publish", help="(site admins) validate recipes and publish them, versioned, to a registry"
+    )
+    p.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe names or .toml files")
+    p.add_argument(
+        "--registry", required=True, metavar="DIR", help="the registry directory (created if absent)"
+    )
+    p.add_argument(
+        "--sign-key", metavar="KEY", help="OpenSSH private key to sign each file with (ssh-keygen -Y)"
+    )
+    p.add_argument(
+        "--allowed-signers",
+        metavar="FILE",
+        help="ship this allowed-signers file with the registry (ssh-keygen format)",
+    )
+    p.add_argument(
+        "--require-signatures", action="store_true", help="from now on, users refuse unsigned recipes from it"
+    )
+    p.add_argument("--facts", metavar="FILE", help="also plan each recipe against these host facts")
+    p.add_argument(
+        "--wait", type=_seconds, default=60.0, metavar="SECONDS", help="wait for another publish (default 60)"
+    )
+    _add_json(p)
+    p.set_defaults(handler=publish_cmd.handle_publish)
     return parser
 
 

@@ -51,6 +51,8 @@ class Recipe:
     chain: tuple[str, ...]  # display names of the files, child first
     data: Mapping[str, Any]
     provenance: Mapping[str, str]  # dotted key -> source
+    #: Published recipes: the registry version loaded.
+    version: str = ""
 
     def get(self, dotted: str, default: Any = None) -> Any:
         node: Any = self.data
@@ -79,9 +81,17 @@ def _leaves(node: Any, path: str, out: list[tuple[str, Any, str]], prov: Mapping
 
 def load(name: str, catalog: Catalog, overrides: Optional[Mapping[str, tuple[Any, str]]] = None) -> Recipe:
     """Load recipe ``name``. ``overrides`` maps dotted keys to (value, source) applied last (CLI flags)."""
-    entry = catalog.entries.get(name)
-    if entry is None:
-        _not_found(name, catalog)
+    if "@" in name:
+        entry = catalog.lookup(name)
+        name = entry.name
+    else:
+        found = catalog.entries.get(name)
+        if found is None:
+            _not_found(name, catalog)
+        entry = found
+    if entry.published is not None and entry.layer.registry is not None:
+        # A published recipe is read only once its bytes match the registry's index (and its signature checks).
+        entry.layer.registry.verify(entry.published)
     chain = _read_chain(entry.path, catalog)
     merged: dict[str, Any] = {}
     prov: dict[str, str] = {}
@@ -110,7 +120,7 @@ def load(name: str, catalog: Catalog, overrides: Optional[Mapping[str, tuple[Any
             key="recipe.name",
             hint=f"add name = {entry.path.stem!r} to [recipe]",
         )
-    if recipe_name != entry.path.stem:
+    if recipe_name != (entry.name if entry.published is not None else entry.path.stem):
         raise RecipeError(
             f"recipe.name {recipe_name!r} does not match the file name {entry.path.name!r}",
             file=top,
@@ -127,6 +137,7 @@ def load(name: str, catalog: Catalog, overrides: Optional[Mapping[str, tuple[Any
         chain=tuple(display_path(p, catalog.layer_of(p)) for p, _ in chain),
         data=merged,
         provenance=prov,
+        version=entry.version,
     )
 
 

@@ -64,6 +64,8 @@ class Plan:
     installer: str = "uv"
     system_site_packages: bool = False
     prefix_missing: tuple[str, ...] = ()
+    #: A published recipe's registry version ("" for a plain recipe file).
+    recipe_version: str = ""
 
     @property
     def install_commands(self) -> tuple[tuple[str, ...], ...]:
@@ -73,6 +75,7 @@ class Plan:
         res = self.resolution
         return {
             "recipe": self.recipe,
+            "recipe_version": self.recipe_version,
             "site": self.site,
             "status": self.status,
             "files": list(self.chain),
@@ -316,6 +319,7 @@ def build(
         filesystem=fs,
         chain=recipe.chain,
         steps=tuple(steps),
+        recipe_version=recipe.version,
     )
 
 

@@ -36,7 +36,8 @@ def list_recipes(catalog: Catalog) -> list[dict[str, Any]]:
             kind=recipe.get("env.kind"),
             torch=recipe.get("torch.version") if recipe.get("torch.install") else "from site",
             variant=recipe.get("torch.variant") if recipe.get("torch.install") else None,
-            version=recipe.get("recipe.version"),
+            version=entry.version or recipe.get("recipe.version"),
+            published=entry.published.to_json() if entry.published else None,
             description=recipe.get("recipe.description", ""),
         )
         rows.append(row)
@@ -50,15 +51,23 @@ def handle_list(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         table = Table(box=None, pad_edge=False)
         width = max((len(r["name"]) for r in rows), default=4)
         table.add_column("name", no_wrap=True, min_width=width)
-        for col in ("site", "status", "kind", "torch"):
+        for col in ("version", "site", "status", "kind", "torch"):
             table.add_column(col, no_wrap=True)
         table.add_column("from", overflow="fold")  # "builtin" or the ENVBUILDER_RECIPE_PATH entry
         for row in rows:
             if "error" in row:
-                table.add_row(row["name"], "", "[red]broken[/red]", "", "", row["layer"])
+                table.add_row(row["name"], "", "", "[red]broken[/red]", "", "", row["layer"])
                 continue
             torch = row["torch"] + (f" {row['variant']}" if row.get("variant") else "")
-            table.add_row(row["name"], row["site"] or "-", row["status"], row["kind"], torch, row["layer"])
+            table.add_row(
+                row["name"],
+                row["version"] or "-",
+                row["site"] or "-",
+                row["status"],
+                row["kind"],
+                torch,
+                row["layer"],
+            )
         out.console.print(table)
         for row in rows:
             if "error" in row:
@@ -70,10 +79,28 @@ def handle_list(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 
 
 def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
-    recipe = loader.load(args.recipe, Catalog.from_env())
+    catalog = Catalog.from_env()
+    recipe = loader.load(args.recipe, catalog)
+    entry = catalog.lookup(args.recipe)
+    published = entry.published.to_json() if entry.published else None
     leaves = recipe.leaves()
     if not args.json:
         out.heading(f"{recipe.name}: {' <- '.join(recipe.chain)}")
+        if entry.published is not None:
+            p = entry.published
+            out.line(
+                f"  published {recipe.name}@{p.version} in {entry.layer.root} on {p.published} by {p.by}; "
+                + (f"signed by {p.signer}" if p.signer else "unsigned")
+            )
+            if p.validations:
+                last = p.validations[-1]
+                figures = ", ".join(f"{k} {v}" for k, v in (last.get("figures") or {}).items())
+                out.line(
+                    f"  last validated {last.get('date')} on {last.get('partition') or last.get('host')}: "
+                    f"{last.get('status')}" + (f" ({figures})" if figures else "")
+                )
+            else:
+                out.line("  not yet validated (envbuilder validate ENV --publish-report)")
         width = max(len(k) for k, _, _ in leaves)
         for key, value, source in leaves:
             shown = json.dumps(value)
@@ -83,6 +110,8 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 out.line(f"  {key.ljust(width)} = {shown}")
     return {
         "name": recipe.name,
+        "version": recipe.version or None,
+        "published": published,
         "files": list(recipe.chain),
         "values": recipe.data,
         "sources": {k: s for k, _, s in leaves} if args.explain else None,

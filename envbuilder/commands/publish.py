@@ -1,0 +1,160 @@
+"""`envbuilder publish`, `recipes diff`, `recipes update`: site admins publish; users see what changed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from envbuilder import host, loader, registry, state
+from envbuilder import plan as planner
+from envbuilder.catalog import Catalog, Layer, read_toml
+from envbuilder.console import Out
+from envbuilder.errors import EnvbuilderError, PublishError
+from envbuilder.loader import Recipe
+
+
+def _catalog_for(refs: list[str]) -> tuple[Catalog, list[str]]:
+    """The user's catalog, plus the directories of recipes named by file path (``path/to/name.toml``)."""
+    base = Catalog.from_env()
+    extra: list[Layer] = []
+    names = []
+    for ref in refs:
+        if ref.endswith(".toml"):
+            path = Path(ref).expanduser().resolve()
+            if not path.is_file():
+                raise PublishError(f"{ref}: no such recipe file")
+            extra.append(Layer(str(path.parent), path.parent))
+            names.append(path.stem)
+        else:
+            names.append(ref)
+    if not extra:
+        return base, names
+    seen = {la.root for la in extra}
+    return Catalog([*base.layers, *(Layer(str(r), r) for r in sorted(seen))]), names
+
+
+def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    catalog, names = _catalog_for(args.recipes)
+    reg = registry.Registry(Path(args.registry).expanduser())
+    key = Path(args.sign_key).expanduser() if args.sign_key else None
+    if args.allowed_signers or args.require_signatures:
+        signers = Path(args.allowed_signers).expanduser() if args.allowed_signers else None
+        reg.configure(signers, args.require_signatures)
+    facts = host.load_facts_file(args.facts) if args.facts else None
+    # Everything is checked before anything is written: a broken recipe in the set publishes none of it.
+    checked: list[tuple[Recipe, dict[str, Any]]] = []
+    for name in names:
+        recipe = loader.load(name, catalog)
+        if facts is not None:
+            try:
+                planner.build(recipe, facts, dict(os.environ))
+            except EnvbuilderError as exc:
+                raise PublishError(
+                    f"{name} does not plan on the facts in {args.facts}: {exc.message}",
+                    hint=exc.hint
+                    or "fix the recipe, or publish against the facts of the partition it targets",
+                ) from None
+        doc = registry.flatten_for_publish(recipe.data, loader.DEFAULTS)
+        doc["schema_version"] = 1
+        checked.append((recipe, doc))
+    results = []
+    for recipe, doc in checked:
+        pub, status, changed = reg.publish(recipe.name, doc, key, lock_timeout=args.wait)
+        results.append(
+            {
+                "name": recipe.name,
+                "version": pub.version,
+                "status": status,
+                "changed": changed,
+                "sha256": pub.sha256,
+                "signer": pub.signer,
+                "file": str(reg.root / pub.file),
+            }
+        )
+        if not args.json:
+            if status == "unchanged":
+                out.line(f"{recipe.name}@{pub.version}: unchanged (already published)")
+            else:
+                signed = f", signed by {pub.signer}" if pub.signer else ", unsigned"
+                what = (
+                    f"; changed: {', '.join(changed[:6])}{' …' if len(changed) > 6 else ''}"
+                    if changed
+                    else ""
+                )
+                out.line(f"published {recipe.name}@{pub.version}{signed}{what}")
+    return {"registry": str(reg.root), "recipes": results}
+
+
+def _registry_layers(catalog: Catalog) -> list[Layer]:
+    return [la for la in catalog.layers if la.registry is not None and la.root.is_dir()]
+
+
+def _published_doc(catalog: Catalog, name: str, version: str) -> dict[str, Any]:
+    entry = catalog.lookup(f"{name}@{version}")
+    if entry.published is None or entry.layer.registry is None:
+        raise PublishError(f"{name} is not a published recipe")
+    path = entry.layer.registry.verify(entry.published)
+    return read_toml(path)
+
+
+def handle_diff(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    catalog = Catalog.from_env()
+    old = _published_doc(catalog, args.recipe, args.old)
+    new = _published_doc(catalog, args.recipe, args.new)
+    rows = [(k, a, b) for k, a, b in registry.diff(old, new) if k != "recipe.version"]
+    if not args.json:
+        out.heading(f"{args.recipe}: {args.old} -> {args.new}")
+        if not rows:
+            out.line("  no differences")
+        for key, a, b in rows:
+            if a is None:
+                out.line(f"  + {key} = {json.dumps(b)}")
+            elif b is None:
+                out.line(f"  - {key} = {json.dumps(a)}")
+            else:
+                out.line(f"  ~ {key}: {json.dumps(a)} -> {json.dumps(b)}")
+    return {
+        "recipe": args.recipe,
+        "old": args.old,
+        "new": args.new,
+        "changes": [{"key": k, "old": a, "new": b} for k, a, b in rows],
+    }
+
+
+def handle_update(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    """For every published recipe: its latest version, and the envs built from an older one."""
+    catalog = Catalog.from_env()
+    home = state.home(os.environ)
+    records = []
+    for env_name in state.names(home):
+        try:
+            records.append(state.load(home, env_name))
+        except EnvbuilderError:
+            continue  # a broken record is `envbuilder list`'s to report
+    rows = []
+    for name in catalog.names():
+        entry = catalog.entries[name]
+        if entry.published is None:
+            continue
+        behind = []
+        for rec in records:
+            built = str((rec.plan or {}).get("recipe_version") or "")
+            if rec.recipe == name and built and built != entry.version:
+                behind.append({"env": rec.name, "built_from": built})
+        rows.append(
+            {"name": name, "latest": entry.version, "registry": str(entry.layer.root), "envs_behind": behind}
+        )
+        if not args.json:
+            out.line(f"{name}: latest {entry.version} ({entry.layer.root})")
+            for b in behind:
+                out.line(
+                    f"  {b['env']} was built from {name}@{b['built_from']}: "
+                    f"envbuilder recipes diff {name} {b['built_from']} {entry.version}; "
+                    f"envbuilder create {name} --force to rebuild"
+                )
+    if not rows and not args.json:
+        out.line("no published recipes on the recipe path (see ENVBUILDER_RECIPE_PATH and the site config)")
+    return {"recipes": rows}
