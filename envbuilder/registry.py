@@ -484,22 +484,8 @@ def parse_ref(text: str) -> tuple[str, Optional[str]]:
     return name, (version if sep else None)
 
 
-def flatten_for_publish(data: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """The merged recipe without the built-in defaults it did not change (they stay the loader's to supply)."""
-    return _strip(dict(data), defaults)
-
-
-def _strip(node: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        default = defaults.get(key, _MISSING)
-        if isinstance(value, dict) and isinstance(default, Mapping):
-            inner = _strip(value, default)
-            if inner:
-                out[key] = inner
-        elif value != default:
-            out[key] = value
-    return out
-
-
-_MISSING = object()
+def flatten_for_publish(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The merged recipe, built-in defaults included: a published file means the same under a later envbuilder
+    whose defaults differ."""
+    copy: dict[str, Any] = json.loads(json.dumps(data))
+    return copy

@@ -57,7 +57,7 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                     hint=exc.hint
                     or "fix the recipe, or publish against the facts of the partition it targets",
                 ) from None
-        doc = registry.flatten_for_publish(recipe.data, loader.DEFAULTS)
+        doc = registry.flatten_for_publish(recipe.data)
         doc["schema_version"] = 1
         checked.append((recipe, doc))
     results = []

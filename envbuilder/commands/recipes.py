@@ -11,7 +11,7 @@ from rich.table import Table
 from envbuilder import loader, schema
 from envbuilder.catalog import Catalog
 from envbuilder.console import Out
-from envbuilder.errors import RecipeError
+from envbuilder.errors import PublishError, RecipeError
 
 
 def list_recipes(catalog: Catalog) -> list[dict[str, Any]]:
@@ -26,7 +26,7 @@ def list_recipes(catalog: Catalog) -> list[dict[str, Any]]:
         }
         try:
             recipe = loader.load(name, catalog)
-        except RecipeError as exc:
+        except (RecipeError, PublishError) as exc:
             row.update(error=exc.message)
             rows.append(row)
             continue
