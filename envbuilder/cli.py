@@ -15,6 +15,7 @@ from envbuilder import __version__, backup, launchers
 from envbuilder.commands import backup as backup_cmd
 from envbuilder.commands import create as create_cmd
 from envbuilder.commands import envs as envs_cmd
+from envbuilder.commands import lock as lock_cmd
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.commands import probe as probe_cmd
 from envbuilder.commands import publish as publish_cmd
@@ -57,9 +58,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", help="recipe name (see `envbuilder recipes list`)")
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
+    _add_lock_use(p)
     _add_launch(p)
     _add_json(p)
     p.set_defaults(handler=plan_cmd.handle)
+
+    p = sub.add_parser(
+        "lock", help="resolve a recipe's exact packages for each target platform (x86_64, aarch64)"
+    )
+    p.add_argument("recipe", help="recipe name or NAME@VERSION")
+    p.add_argument(
+        "--platform",
+        action="append",
+        metavar="ARCH",
+        help="x86_64 or aarch64; repeat for several (default: the site's compute nodes)",
+    )
+    p.add_argument(
+        "--python", metavar="X.Y", help="Python to lock for (default: the recipe's python.version)"
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="default: NAME.lock.toml in your envbuilder home")
+    p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
+    _add_json(p)
+    p.set_defaults(handler=lock_cmd.handle)
 
     p = sub.add_parser("create", help="build an env from a recipe, then check that torch works in it")
     p.add_argument("recipe", help="recipe name (see `envbuilder recipes list`)")
@@ -75,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long to wait for another create of the same env (default 3600; 0 fails at once)",
     )
+    _add_lock_use(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     _add_json(p)
     p.set_defaults(handler=create_cmd.handle)
@@ -159,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--facts", metavar="FILE", help="also plan each recipe against these host facts")
     p.add_argument(
+        "--lock",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="ship this lockfile with its recipe (it must have been made from the recipe as published)",
+    )
+    p.add_argument(
         "--wait", type=_seconds, default=60.0, metavar="SECONDS", help="wait for another publish (default 60)"
     )
     _add_json(p)
@@ -226,6 +255,19 @@ def _add_backup_verbs(sub: argparse._SubParsersAction) -> None:  # type: ignore[
         "refresh an env's access times, only where the site's purge policy allows it",
         backup_cmd.handle_touch,
     )
+
+
+def _add_lock_use(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lock", metavar="FILE", help="use this lockfile (default: yours, else the published one)"
+    )
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--locked",
+        action="store_true",
+        help="fail unless a lock applies (it matches the recipe and platform)",
+    )
+    group.add_argument("--no-lock", action="store_true", help="resolve afresh even where a lock exists")
 
 
 def _add_launch(p: argparse.ArgumentParser) -> None:

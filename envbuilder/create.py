@@ -27,7 +27,7 @@ from envbuilder.errors import BackendError, EnvbuilderError, StateError, UsageEr
 from envbuilder.loader import Recipe
 from envbuilder.modules import EnvDelta, ModuleSystem
 from envbuilder.plan import Plan
-from envbuilder.steps import InstallStep
+from envbuilder.steps import CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
 
 PARTIAL = ".partial-"
 OLD = ".old-"
@@ -289,9 +289,12 @@ def _describe(step: InstallStep) -> str:
 
 def _after_create(plan: Plan, partial: Path, parent: Mapping[str, Any], log: build.BuildLog) -> None:
     (partial / "envbuilder").mkdir(exist_ok=True)
-    if plan.resolution is not None:
+    if plan.lock_requirements:
+        (partial / LOCK_REQUIREMENTS).write_text(plan.lock_requirements, encoding="utf-8")
+        (partial / CONSTRAINTS).write_text(plan.lock_pins, encoding="utf-8")
+    elif plan.resolution is not None:
         pins = "".join(f"{r}\n" for r in plan.resolution.requirements)
-        (partial / "envbuilder" / "constraints.txt").write_text(pins, encoding="utf-8")
+        (partial / CONSTRAINTS).write_text(pins, encoding="utf-8")
     if parent and plan.system_site_packages:
         sites = sorted(partial.glob("lib/python*/site-packages"))
         if sites:

@@ -163,6 +163,13 @@ class BackupError(EnvbuilderError):
     family = "backup"
 
 
+class LockError(EnvbuilderError):
+    """A lockfile is unreadable, stale for its recipe, lacks the target platform, or could not be resolved."""
+
+    exit_code = 13
+    family = "lock"
+
+
 class CommandFailed(EnvbuilderError):
     """An external command exited non-zero; carries its argv, status and the tail of its stderr."""
 
@@ -205,4 +212,5 @@ FAMILIES: tuple[type[EnvbuilderError], ...] = (
     PublishError,
     CommandFailed,
     BackupError,
+    LockError,
 )

@@ -70,8 +70,8 @@ def _match(rules: Sequence[Rule], url: str) -> Optional[Rule]:
 
 
 def _is_install(cmd: Sequence[str]) -> bool:
-    # uv pip install ..., python -m pip install ..., env K=V uv pip install ...
-    return "install" in cmd and "pip" in cmd
+    # uv pip install ..., python -m pip install ..., env K=V uv pip install ..., uv pip compile (locks) ...
+    return ("install" in cmd or "compile" in cmd) and "pip" in cmd
 
 
 def remap(commands: Sequence[Sequence[str]], rules: Sequence[Rule]) -> tuple[list[list[str]], list[str]]:
@@ -101,7 +101,7 @@ def remap(commands: Sequence[Sequence[str]], rules: Sequence[Rule]) -> tuple[lis
             # The default index (PyPI) is used: mirror it if a rule says so.
             rule = _match(rules, PYPI)
             if rule is not None:
-                at = new.index("install") + 1
+                at = new.index("install" if "install" in new else "compile") + 1
                 new[at:at] = _mirrored("--index-url", PYPI, rules, notes)
         out.append(new)
     return out, list(dict.fromkeys(notes))

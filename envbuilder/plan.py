@@ -12,10 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from envbuilder import batch, launchers, mirror, suite
+from envbuilder import batch, launchers, lockfile, mirror, suite
+from envbuilder.errors import LockError
 from envbuilder.host import Gpu, HostFacts
 from envbuilder.loader import Recipe
-from envbuilder.steps import InstallStep, install_steps
+from envbuilder.steps import InstallStep, install_steps, locked_flags, special
 from envbuilder.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
 
 FALLBACK_ROOT = "${HOME}/.local/share/envbuilder/envs/{name}"
@@ -31,6 +32,10 @@ class Options:
     installer: Optional[str] = None
     #: Directory holding the envbuilder package (for payload paths in launch commands).
     package_dir: str = "envbuilder"
+    #: Plan for nodes of this architecture, wherever this runs (``envbuilder lock --platform``).
+    arch: Optional[str] = None
+    #: Refuse to build unless a lock applies (``create --locked``).
+    locked: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,13 @@ class Plan:
     prefix_missing: tuple[str, ...] = ()
     #: A published recipe's registry version ("" for a plain recipe file).
     recipe_version: str = ""
+    #: What a lock for this target must have been resolved from (see lockfile.inputs).
+    lock_inputs: dict[str, Any] = field(default_factory=dict)
+    #: The lock in use (summary), or None.
+    lock: Optional[dict[str, Any]] = None
+    #: The locked packages as hashed requirements, and as constraints, written into the env before installing.
+    lock_requirements: str = ""
+    lock_pins: str = ""
 
     @property
     def install_commands(self) -> tuple[tuple[str, ...], ...]:
@@ -101,6 +113,8 @@ class Plan:
             "filesystem": self.filesystem,
             "corrections": list(self.corrections),
             "steps": list(self.steps),
+            "lock": self.lock,
+            "lock_inputs": self.lock_inputs,
             "warnings": list(self.warnings),
             "notes": list(self.notes),
         }
@@ -109,10 +123,22 @@ class Plan:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def target_facts(recipe: Recipe, host: HostFacts, warnings: list[str], notes: list[str]) -> HostFacts:
-    """The machine the env is for: the site's compute partition, refined by the host when it is such a node."""
+def target_facts(
+    recipe: Recipe,
+    host: HostFacts,
+    warnings: list[str],
+    notes: list[str],
+    arch_override: Optional[str] = None,
+) -> HostFacts:
+    """The machine the env is for: the site's compute partition, refined by the host when it is such a node.
+    ``arch_override`` plans for nodes of another architecture (a lock for them), whatever this host is."""
     compute = recipe.get("compute", {}) or {}
     python = recipe.get("python.version") or host.python
+    if arch_override:
+        host = replace(host, arch=arch_override, glibc=None if host.arch != arch_override else host.glibc)
+        if compute.get("arch") and compute["arch"] != arch_override:
+            notes.append(f"planned for {arch_override} nodes; the site's compute nodes are {compute['arch']}")
+            compute = {k: v for k, v in compute.items() if k not in ("arch", "glibc")}
     if not compute:
         return replace(host, python=python, source=f"{host.source} (no site: this host is the target)")
     arch = compute.get("arch") or host.arch
@@ -207,8 +233,10 @@ def build(
     env: Mapping[str, str],
     opts: Optional[Options] = None,
     matrix: Optional[Matrix] = None,
+    lock: Optional[lockfile.Lock] = None,
 ) -> Plan:
-    """The Plan for ``recipe`` on the machine ``host`` describes. Raises ResolverErrors on a failed gate."""
+    """The Plan for ``recipe`` on the machine ``host`` describes. Raises ResolverErrors on a failed gate, and
+    LockError when ``opts.locked`` and ``lock`` does not apply to the target."""
     opts = opts or Options()
     warnings: list[str] = []
     notes: list[str] = []
@@ -224,7 +252,7 @@ def build(
     if recipe.get("recipe.experimental"):
         warnings.append("experimental recipe: it tracks a moving target")
 
-    target = target_facts(recipe, host, warnings, notes)
+    target = target_facts(recipe, host, warnings, notes, opts.arch)
     kind = recipe.get("env.kind")
     installer = opts.installer or recipe.get("env.installer")
     prefix, prefix_missing = _prefix(recipe, env, opts, warnings)
@@ -264,8 +292,17 @@ def build(
 
     packages = recipe.get("packages", []) or []
     requirements.extend(p.get("spec", p["name"]) for p in packages)
+    lock_inputs = _lock_inputs(kind, target.python, resolution, packages)
+    locked, lock_summary = _applicable_lock(recipe.name, lock, lock_inputs, kind, target.arch, opts, warnings)
+    if locked is not None and lock is not None:
+        notes.append(
+            f"locked: {len(locked.packages)} packages for {locked.arch} from {lock.path} ({lock.origin}), "
+            "installed by version and sha256"
+        )
+        if lock.nightly():
+            warnings.append(lockfile.NIGHTLY_WARNING.replace("NAME", recipe.name))
     steps_, extra_indexes = install_steps(
-        kind, installer, python_cmd, prefix, recipe, resolution, packages, warnings
+        kind, installer, python_cmd, prefix, recipe, resolution, packages, warnings, locked
     )
     remapped, mirror_notes = mirror.remap([s.argv for s in steps_], mirror.from_env(env))
     steps_ = [replace(s, argv=tuple(argv)) for s, argv in zip(steps_, remapped)]
@@ -320,7 +357,63 @@ def build(
         chain=recipe.chain,
         steps=tuple(steps),
         recipe_version=recipe.version,
+        lock_inputs=lock_inputs,
+        lock=lock_summary,
+        lock_requirements=locked.requirements_txt() if locked else "",
+        lock_pins=locked.pins() if locked else "",
     )
+
+
+def _python_minor(version: Optional[str]) -> str:
+    return ".".join(str(version or "").split(".")[:2])
+
+
+def _lock_inputs(
+    kind: str, python: Optional[str], resolution: Optional[Resolution], packages: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The resolution a lock for this target records: torch's pins and the recipe's plain packages, through
+    torch's index first and PyPI after it (packages that need their own index or a source build install after the
+    locked set, under its versions as constraints)."""
+    plain = [p.get("spec", p["name"]) for p in packages if not special(p)]
+    reqs = [*(resolution.requirements if resolution else ()), *plain]
+    flags = locked_flags(resolution, plain)
+    channel = resolution.channel if resolution else ""
+    return lockfile.inputs(kind, _python_minor(python), reqs, flags, channel)
+
+
+def _applicable_lock(
+    name: str,
+    lock: Optional[lockfile.Lock],
+    wanted: Mapping[str, Any],
+    kind: str,
+    arch: Optional[str],
+    opts: Options,
+    warnings: list[str],
+) -> tuple[Optional[lockfile.PlatformLock], Optional[dict[str, Any]]]:
+    """The lock's platform for this target when it still matches the recipe; otherwise say why not."""
+    fix = f"envbuilder lock {name} --platform {arch or 'ARCH'}"
+    if lock is None:
+        if opts.locked:
+            raise LockError(f"--locked, but {name} has no lock", hint=f"make one: {fix}")
+        return None, None
+    summary = {**lock.summary(), "arch": arch, "status": "applies"}
+    problem = ""
+    platform = lock.for_arch(arch)
+    if kind == "conda":
+        problem = f"{lock.path}: conda envs are not built from locks by this release"
+    elif platform is None:
+        problem = f"{lock.path} has no {arch} platform (it locks {', '.join(lock.arches()) or 'none'})"
+    elif dict(platform.inputs) != dict(wanted):
+        changes = "; ".join(lockfile.changed_inputs(platform.inputs, wanted))
+        problem = (
+            f"{lock.path} is stale for {name} on {arch}: the recipe now resolves differently ({changes})"
+        )
+    if not problem:
+        return platform, summary
+    if opts.locked:
+        raise LockError(problem, hint=f"regenerate it: {fix}")
+    warnings.append(f"{problem}; building without the lock")
+    return None, {**summary, "status": "ignored", "reason": problem}
 
 
 def _filesystem(

@@ -8,6 +8,7 @@ Layout of a registry directory (shared, read-only to users)::
     publish.log                   one JSON line per publish: who, when, what changed
     recipes/NAME/VERSION.toml     the recipe, flattened (its extends chain merged): one file says everything
     recipes/NAME/VERSION.toml.sig ssh-keygen -Y sign signature (namespace envbuilder-recipe)
+    recipes/NAME/VERSION.lock.toml   the version's lockfile, when one was published with it (and its .sig)
     locks/                        the publish lock (mkdir-based: works on Lustre and NFS)
 
 A published file is used only after its sha256 matches the index and, where the registry or the site requires
@@ -27,15 +28,15 @@ import shutil
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from envbuilder import proc, state
+from envbuilder import lockfile, proc, state
 from envbuilder._toml import TOMLDecodeError, dumps, loads
-from envbuilder.errors import CommandFailed, PublishError
+from envbuilder.errors import CommandFailed, LockError, PublishError
 
 INDEX = "index.json"
 LOG = "publish.log"
@@ -74,9 +75,12 @@ class Published:
     published: str
     by: str
     validations: tuple[Mapping[str, Any], ...] = ()
+    #: The version's lockfile (relative to the registry root) and its sha256, when one was published.
+    lock_file: Optional[str] = None
+    lock_sha256: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "file": self.file,
             "sha256": self.sha256,
             "signer": self.signer,
@@ -84,6 +88,9 @@ class Published:
             "by": self.by,
             "validations": list(self.validations),
         }
+        if self.lock_file:
+            out.update(lock_file=self.lock_file, lock_sha256=self.lock_sha256)
+        return out
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,8 @@ class Registry:
                         str(e.get("published", "")),
                         str(e.get("by", "")),
                         tuple(e.get("validations", ())),
+                        e.get("lock_file"),
+                        e.get("lock_sha256"),
                     )
                     for v, e in versions.items()
                 }
@@ -179,28 +188,42 @@ class Registry:
 
     def verify(self, pub: Published) -> Path:
         """The published file, once its bytes match the index and (where required) its signature verifies."""
+        return self._verified(pub, pub.file, pub.sha256, f"{pub.name}@{pub.version}")
+
+    def verify_lock(self, pub: Published) -> Optional[lockfile.Lock]:
+        """The version's published lock, verified like the recipe, or None when it was published without one."""
+        if not pub.lock_file or not pub.lock_sha256:
+            return None
+        path = self._verified(pub, pub.lock_file, pub.lock_sha256, f"the lock of {pub.name}@{pub.version}")
+        try:
+            return lockfile.read(path, "published")
+        except LockError as exc:
+            raise PublishError(
+                f"{pub.name}@{pub.version}: its published lock is unreadable: {exc.message}"
+            ) from None
+
+    def _verified(self, pub: Published, rel: str, sha256: str, what: str) -> Path:
         check_name("recipe name", pub.name)
         check_name("version", pub.version)
-        path = self.root / pub.file
+        path = self.root / rel
         if path.resolve().parent != (self.root / "recipes" / pub.name).resolve():
-            raise PublishError(f"{pub.name}@{pub.version}: the index points outside recipes/{pub.name}/")
+            raise PublishError(f"{what}: the index points outside recipes/{pub.name}/")
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise PublishError(f"{pub.name}@{pub.version}: cannot read {path}: {exc.strerror}") from None
-        if hashlib.sha256(data).hexdigest() != pub.sha256:
+            raise PublishError(f"{what}: cannot read {path}: {exc.strerror}") from None
+        if hashlib.sha256(data).hexdigest() != sha256:
             raise PublishError(
-                f"{pub.name}@{pub.version}: {path} does not match the sha256 in {self.root / INDEX}; "
+                f"{what}: {path} does not match the sha256 in {self.root / INDEX}; "
                 "it was changed after publishing, so it is not used",
                 hint="ask the registry's admins to republish it",
             )
         sig = path.with_name(path.name + ".sig")
         if self.require_signatures() or sig.exists():
-            self._check_signature(pub, path, sig)
+            self._check_signature(what, path, sig)
         return path
 
-    def _check_signature(self, pub: Published, path: Path, sig: Path) -> str:
-        what = f"{pub.name}@{pub.version}"
+    def _check_signature(self, what: str, path: Path, sig: Path) -> str:
         if not sig.is_file():
             raise PublishError(f"{what} is not signed, and {self.root} requires signatures; it is not used")
         signers = self.allowed_signers()
@@ -219,9 +242,12 @@ class Registry:
         doc: dict[str, Any],
         sign_key: Optional[Path] = None,
         lock_timeout: float = 60.0,
+        lock: Optional[lockfile.Lock] = None,
     ) -> tuple[Published, str, list[str]]:
-        """Write ``doc`` (a flattened recipe) as a new version; (published, status, changed keys). status is
-        "published" or "unchanged" (the same content is already the latest or the declared version)."""
+        """Write ``doc`` (a flattened recipe), with ``lock`` when given, as a new version; (published, status,
+        changed keys). status is "published", "unchanged" (the same recipe, and the same lock or none given, is
+        already the latest or the declared version) or "lock added" (a version published without a lock gets one;
+        a version's lock, once there, never changes)."""
         check_name("recipe name", name)
         self._init()
         if self.require_signatures() and sign_key is None:
@@ -231,27 +257,42 @@ class Registry:
             versions = sorted(index.get(name, {}).values(), key=lambda p: _version_key(p.version))
             declared = (doc.get("recipe") or {}).get("version")
             previous = versions[-1] if versions else None
+            same: Optional[Published] = None
             if declared is not None:
                 version = check_name("version", str(declared))
                 same = next((p for p in versions if p.version == version), None)
+                if same is not None and self._text(same) != _render(doc, version):
+                    raise PublishError(
+                        f"{name}@{version} is already published with other content; a published version "
+                        "never changes",
+                        hint="give the recipe a new [recipe] version, or leave version out to number it "
+                        "automatically",
+                    )
             else:
                 numbers = [int(p.version) for p in versions if p.version.isdigit()]
                 version = str(max(numbers, default=0) + 1)
-                same = None
                 if previous is not None and _body(self._text(previous)) == _body(
                     _render(doc, previous.version)
                 ):
-                    return previous, "unchanged", []
-            text = _render(doc, version)
+                    same = previous
             if same is not None:
-                if self._text(same) == text:
-                    return same, "unchanged", []
-                raise PublishError(
-                    f"{name}@{version} is already published with other content; a published version never changes",
-                    hint="give the recipe a new [recipe] version, or leave version out to number it automatically",
-                )
+                kept = self._same_lock(same, lock)
+                if kept is not None:
+                    return same, kept, []
+                if same.lock_file is None and lock is not None:
+                    return self._add_lock(index, same, lock, sign_key), "lock added", []
+                if declared is not None:
+                    raise PublishError(
+                        f"{name}@{version} already ships another lock; a published version never changes",
+                        hint="give the recipe a new [recipe] version to publish the new lock with it",
+                    )
+            text = _render(doc, version)
             changed = _changed(loads(self._text(previous)) if previous else {}, loads(text))
+            if same is not None:
+                changed = ["lock"]
             pub = self._write(name, version, text, sign_key)
+            if lock is not None:
+                pub = self._with_lock(pub, lock, sign_key)
             index.setdefault(name, {})[version] = pub
             self._save_index(index)
             self._log(
@@ -261,11 +302,39 @@ class Registry:
                     "version": version,
                     "sha256": pub.sha256,
                     "signer": pub.signer,
+                    "lock_sha256": pub.lock_sha256,
                     "previous": previous.version if previous else None,
                     "changed": changed,
                 }
             )
         return pub, "published", changed
+
+    def _same_lock(self, pub: Published, lock: Optional[lockfile.Lock]) -> Optional[str]:
+        """ "unchanged" when publishing ``lock`` beside ``pub`` changes nothing, else None."""
+        if lock is None:
+            return "unchanged"
+        if pub.lock_file is None:
+            return None
+        old = self.verify_lock(pub)
+        return "unchanged" if old is not None and old.content() == lock.content() else None
+
+    def _add_lock(
+        self, index: dict[str, dict[str, Published]], pub: Published, lock: lockfile.Lock, key: Optional[Path]
+    ) -> Published:
+        updated = self._with_lock(pub, lock, key)
+        index[pub.name][pub.version] = updated
+        self._save_index(index)
+        self._log(
+            {"action": "lock", "name": pub.name, "version": pub.version, "lock_sha256": updated.lock_sha256}
+        )
+        return updated
+
+    def _with_lock(self, pub: Published, lock: lockfile.Lock, key: Optional[Path]) -> Published:
+        stamped = replace(lock, recipe_version=pub.version)
+        rel = str(Path(pub.file).with_name(f"{pub.version}{lockfile.SUFFIX}"))
+        data = stamped.dumps().encode()
+        self._put_file(self.root / rel, data, key, f"the lock of {pub.name}@{pub.version}")
+        return replace(pub, lock_file=rel, lock_sha256=hashlib.sha256(data).hexdigest())
 
     def attach_validation(
         self, name: str, version: str, report: Mapping[str, Any], lock_timeout: float = 60.0
@@ -324,21 +393,8 @@ class Registry:
         folder = self.root / "recipes" / name
         folder.mkdir(mode=DIR_MODE, exist_ok=True)
         final = folder / f"{version}.toml"
-        tmp = folder / f".{version}.toml.tmp-{os.getpid()}"
         data = text.encode()
-        signer = None
-        try:
-            tmp.write_bytes(data)
-            tmp.chmod(FILE_MODE)
-            if sign_key is not None:
-                signer = self._sign(tmp, sign_key, f"{name}@{version}")
-                Path(str(tmp) + ".sig").chmod(FILE_MODE)
-                Path(str(tmp) + ".sig").replace(str(final) + ".sig")
-            tmp.replace(final)
-        finally:
-            for leftover in (tmp, Path(str(tmp) + ".sig")):
-                with contextlib.suppress(FileNotFoundError):
-                    leftover.unlink()
+        signer = self._put_file(final, data, sign_key, f"{name}@{version}")
         return Published(
             name,
             version,
@@ -348,6 +404,24 @@ class Registry:
             time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             _who(),
         )
+
+    def _put_file(self, final: Path, data: bytes, sign_key: Optional[Path], what: str) -> Optional[str]:
+        """Write ``final`` read-only (and its signature first), each through a temp file and a rename."""
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        signer = None
+        try:
+            tmp.write_bytes(data)
+            tmp.chmod(FILE_MODE)
+            if sign_key is not None:
+                signer = self._sign(tmp, sign_key, what)
+                Path(str(tmp) + ".sig").chmod(FILE_MODE)
+                Path(str(tmp) + ".sig").replace(str(final) + ".sig")
+            tmp.replace(final)
+        finally:
+            for leftover in (tmp, Path(str(tmp) + ".sig")):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
+        return signer
 
     def _sign(self, path: Path, key: Path, what: str) -> str:
         if not key.is_file():

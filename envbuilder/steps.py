@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from envbuilder.loader import Recipe
+from envbuilder.lockfile import PlatformLock
+from envbuilder.mirror import PYPI
 from envbuilder.wheels import Resolution
+
+#: Where create writes the locked packages (hashed) and the pins later installs must keep, inside the env.
+LOCK_REQUIREMENTS = "envbuilder/lock-requirements.txt"
+CONSTRAINTS = "envbuilder/constraints.txt"
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,20 @@ def _create_step(
     return None
 
 
+def special(pkg: Mapping[str, Any]) -> bool:
+    """A package that needs its own index, build settings or a source build: installed on its own, after the
+    resolver's set (and outside any lock)."""
+    return any(pkg.get(k) for k in ("build_env", "no_build_isolation", "no_binary", "index", "build_modules"))
+
+
+def locked_flags(resolution: Optional[Resolution], plain_specs: Sequence[str]) -> list[str]:
+    """The indexes a lock resolves against and installs from: torch's first, then PyPI for the rest."""
+    flags = list(resolution.pip_flags) if resolution else []
+    if resolution and plain_specs:
+        flags += ["--extra-index-url", PYPI]
+    return flags
+
+
 def install_steps(
     kind: str,
     installer: str,
@@ -76,6 +96,7 @@ def install_steps(
     resolution: Optional[Resolution],
     packages: Sequence[Mapping[str, Any]],
     warnings: list[str],
+    locked: Optional[PlatformLock] = None,
 ) -> tuple[list[InstallStep], list[str]]:
     steps: list[InstallStep] = []
     create = _create_step(kind, installer, python_cmd, prefix, recipe)
@@ -89,7 +110,21 @@ def install_steps(
         target_flag = ["--prefix", prefix] if installer == "uv" else ["--user"]
         if installer != "uv":
             warnings.append("user-prefix installs run with PYTHONUSERBASE set to the prefix")
-    if resolution is not None:
+    plain = [pkg.get("spec", pkg["name"]) for pkg in packages if not special(pkg)]
+    if locked is not None:
+        # Exactly the locked files: every version pinned, every file's hash checked, nothing resolved again.
+        argv = [
+            *_pip(installer, env_python, target_flag),
+            "--no-deps",
+            "--require-hashes",
+            *locked_flags(resolution, plain),
+            "--requirement",
+            f"{prefix}/{LOCK_REQUIREMENTS}",
+        ]
+        steps.append(
+            InstallStep(tuple(argv), site_python=site_python, label=f"{len(locked.packages)} locked packages")
+        )
+    elif resolution is not None:
         argv = (
             _pip(installer, env_python, target_flag)
             + list(resolution.pip_flags)
@@ -100,19 +135,14 @@ def install_steps(
         )
     extra_indexes: list[str] = []
     # torch's exact pins as constraints: a later package cannot swap the CUDA torch for PyPI's build.
-    constraint = ["--constraint", f"{prefix}/envbuilder/constraints.txt"] if resolution else []
+    constraint = ["--constraint", f"{prefix}/{CONSTRAINTS}"] if (resolution or locked) else []
     plain_specs: list[str] = []
-    special: list[InstallStep] = []
+    own_steps: list[InstallStep] = []
     for pkg in packages:
         spec = pkg.get("spec", pkg["name"])
-        if not (
-            pkg.get("build_env")
-            or pkg.get("no_build_isolation")
-            or pkg.get("no_binary")
-            or pkg.get("index")
-            or pkg.get("build_modules")
-        ):
-            plain_specs.append(spec)
+        if not special(pkg):
+            if locked is None:
+                plain_specs.append(spec)
             continue
         cmd = _pip(installer, env_python, target_flag)
         index = pkg.get("index")
@@ -125,7 +155,7 @@ def install_steps(
             cmd.append("--no-build-isolation")
         if pkg.get("no_binary"):
             cmd += ["--no-binary", pkg["name"]]
-        special.append(
+        own_steps.append(
             InstallStep(
                 (*cmd, *constraint, spec),
                 env=dict(pkg.get("build_env", {}) or {}),
@@ -142,4 +172,4 @@ def install_steps(
                 label=" ".join(plain_specs),
             )
         )
-    return steps + special, extra_indexes
+    return steps + own_steps, extra_indexes

@@ -37,10 +37,12 @@ def build_wheel(
     requires: Sequence[str] = (),
     scripts: Mapping[str, str] = {},
     data: Mapping[str, str] = {},
+    tag: str = "py3-none-any",
 ) -> Path:
-    """A pure-python wheel: ``modules`` maps file paths inside site-packages to their text;
+    """A wheel: ``modules`` maps file paths inside site-packages to their text;
     ``scripts`` maps console-script names to ``module:function``; ``data`` maps paths under the wheel's
-    ``.data`` directory (``data/share/x``, ``scripts/tool``) to their text."""
+    ``.data`` directory (``data/share/x``, ``scripts/tool``) to their text. ``tag`` other than the default makes
+    a platform wheel (``cp311-cp311-manylinux_2_28_aarch64``) that only installers for that platform take."""
     dist = f"{name.replace('-', '_')}-{version}"
     info = f"{dist}.dist-info"
     files: dict[str, bytes] = {path: text.encode() for path, text in modules.items()}
@@ -48,16 +50,17 @@ def build_wheel(
     meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     files[f"{info}/METADATA"] = ("\n".join(meta) + "\n").encode()
+    purelib = "true" if tag == "py3-none-any" else "false"
     files[f"{info}/WHEEL"] = (
-        b"Wheel-Version: 1.0\nGenerator: envbuilder-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    )
+        f"Wheel-Version: 1.0\nGenerator: envbuilder-tests\nRoot-Is-Purelib: {purelib}\nTag: {tag}\n"
+    ).encode()
     if scripts:
         entry = "[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in scripts.items())
         files[f"{info}/entry_points.txt"] = entry.encode()
     record = [_record_line(p, d) for p, d in files.items()] + [f"{info}/RECORD,,"]
     files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{dist}-py3-none-any.whl"
+    path = out / f"{dist}-{tag}.whl"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         for p, d in files.items():
             zf.writestr(p, d)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import backup, host, loader, modules, proc, purge, state
+from envbuilder import backup, host, loader, locking, modules, proc, purge, state
 from envbuilder import create as creator
 from envbuilder import plan as planner
 from envbuilder import validate as validator
@@ -44,11 +44,13 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         prefix=args.prefix,
         installer=args.installer,
         package_dir=str(Path(__file__).resolve().parent.parent),
+        locked=args.locked,
     )
     catalog = Catalog.from_env(env)
     recipe = loader.load(args.recipe, catalog)
     facts = host.load_facts_file(args.facts) if args.facts else host.probe()
-    the_plan = planner.build(recipe, facts, env, opts)
+    lock = None if args.no_lock else locking.find(recipe, catalog, env, args.lock)
+    the_plan = planner.build(recipe, facts, env, opts, lock=lock)
     progress = _Progress(out, args.quiet or args.json)
     if not (args.quiet or args.json):
         out.heading(
@@ -57,6 +59,12 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if the_plan.resolution:
             r = the_plan.resolution
             out.field("torch", f"{r.torch} {r.variant} from {r.index_url}")
+        if the_plan.lock and the_plan.lock["status"] == "applies":
+            lk = the_plan.lock
+            out.field(
+                "lock",
+                f"{lk['path']} ({lk['origin']}): {lk['platforms'][lk['arch']]} packages for {lk['arch']}",
+            )
         for w in the_plan.warnings:
             out.warn(w)
     report = creator.Reporter(step=progress.step, note=progress.note, wait=progress.wait)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import host, launchers, loader
+from envbuilder import host, launchers, loader, locking
 from envbuilder import plan as planner
 from envbuilder.catalog import Catalog
 from envbuilder.console import Out
@@ -23,12 +23,15 @@ def make_plan(
     facts_file: Optional[str] = None,
     opts: Optional[planner.Options] = None,
     env: Optional[dict[str, str]] = None,
+    lock_file: Optional[str] = None,
+    use_lock: bool = True,
 ) -> planner.Plan:
     env = dict(os.environ if env is None else env)
     catalog = Catalog.from_env(env)
     recipe = loader.load(name, catalog)
     facts = facts_for(facts_file)
-    return planner.build(recipe, facts, env, opts)
+    lock = locking.find(recipe, catalog, env, lock_file) if use_lock else None
+    return planner.build(recipe, facts, env, opts, lock=lock)
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
@@ -39,9 +42,10 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         nproc_per_node=args.nproc_per_node,
         account=args.account,
         package_dir=str(Path(__file__).resolve().parent.parent),
+        locked=args.locked,
     )
     try:
-        result = make_plan(args.recipe, args.facts, opts)
+        result = make_plan(args.recipe, args.facts, opts, lock_file=args.lock, use_lock=not args.no_lock)
     except EnvbuilderError as exc:
         exc.data = {"recipe": args.recipe}  # type: ignore[attr-defined]
         raise
@@ -67,6 +71,9 @@ def render(p: planner.Plan, out: Out) -> None:
     if p.resolution:
         r = p.resolution
         out.field("torch", f"{r.torch} {r.variant} ({r.channel}) from {r.index_url}")
+    if p.lock:
+        status = "applies" if p.lock["status"] == "applies" else "ignored (stale)"
+        out.field("lock", f"{p.lock['path']} ({p.lock['origin']}), {p.lock['arch']}: {status}")
     out.line()
     out.heading("Steps")
     for i, step in enumerate(p.steps, 1):

@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envbuilder import host, loader, registry, state
+from envbuilder import host, loader, lockfile, registry, state
 from envbuilder import plan as planner
 from envbuilder.catalog import Catalog, Layer, read_toml
 from envbuilder.console import Out
-from envbuilder.errors import EnvbuilderError, PublishError
+from envbuilder.errors import EnvbuilderError, LockError, PublishError
 from envbuilder.loader import Recipe
 
 
@@ -44,6 +44,7 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         signers = Path(args.allowed_signers).expanduser() if args.allowed_signers else None
         reg.configure(signers, args.require_signatures)
     facts = host.load_facts_file(args.facts) if args.facts else None
+    locks = _locks(args.lock, names)
     # Everything is checked before anything is written: a broken recipe in the set publishes none of it.
     checked: list[tuple[Recipe, dict[str, Any]]] = []
     for name in names:
@@ -57,12 +58,20 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                     hint=exc.hint
                     or "fix the recipe, or publish against the facts of the partition it targets",
                 ) from None
+        lock = locks.get(recipe.name)
+        if lock is not None and lock.recipe_sha256 != lockfile.recipe_sha256(recipe.data):
+            raise PublishError(
+                f"{lock.path} was made from another version of {recipe.name} than the one being published",
+                hint=f"regenerate it: envbuilder lock {recipe.name} --platform ... -o {lock.path}",
+            )
         doc = registry.flatten_for_publish(recipe.data)
         doc["schema_version"] = 1
         checked.append((recipe, doc))
     results = []
     for recipe, doc in checked:
-        pub, status, changed = reg.publish(recipe.name, doc, key, lock_timeout=args.wait)
+        pub, status, changed = reg.publish(
+            recipe.name, doc, key, lock_timeout=args.wait, lock=locks.get(recipe.name)
+        )
         results.append(
             {
                 "name": recipe.name,
@@ -72,13 +81,17 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 "sha256": pub.sha256,
                 "signer": pub.signer,
                 "file": str(reg.root / pub.file),
+                "lock": str(reg.root / pub.lock_file) if pub.lock_file else None,
             }
         )
         if not args.json:
             if status == "unchanged":
                 out.line(f"{recipe.name}@{pub.version}: unchanged (already published)")
+            elif status == "lock added":
+                out.line(f"{recipe.name}@{pub.version}: lock added ({pub.lock_file})")
             else:
                 signed = f", signed by {pub.signer}" if pub.signer else ", unsigned"
+                signed += ", with its lock" if pub.lock_file else ""
                 what = (
                     f"; changed: {', '.join(changed[:6])}{' …' if len(changed) > 6 else ''}"
                     if changed
@@ -86,6 +99,25 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 )
                 out.line(f"published {recipe.name}@{pub.version}{signed}{what}")
     return {"registry": str(reg.root), "recipes": results}
+
+
+def _locks(files: list[str], names: list[str]) -> dict[str, lockfile.Lock]:
+    """The ``--lock`` files by the recipe each was made from; each must belong to a recipe being published."""
+    out: dict[str, lockfile.Lock] = {}
+    for f in files:
+        try:
+            lock = lockfile.read(Path(f).expanduser(), "--lock")
+        except LockError as exc:
+            raise PublishError(exc.message, hint=exc.hint) from None
+        if lock.recipe not in names:
+            raise PublishError(
+                f"{f} locks {lock.recipe}, which is not among the recipes being published",
+                hint=f"publish {lock.recipe} with it, or leave the lock out",
+            )
+        if lock.recipe in out:
+            raise PublishError(f"two locks given for {lock.recipe}: {out[lock.recipe].path} and {f}")
+        out[lock.recipe] = lock
+    return out
 
 
 def _registry_layers(catalog: Catalog) -> list[Layer]:

@@ -1,0 +1,38 @@
+"""`envbuilder lock NAME [--platform ARCH]...`: resolve a recipe for each target platform into a lockfile."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from envbuilder import host, loader, lockfile, locking, state
+from envbuilder.catalog import Catalog
+from envbuilder.console import Out
+
+
+def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    env = dict(os.environ)
+    catalog = Catalog.from_env(env)
+    recipe = loader.load(args.recipe, catalog)
+    facts = host.load_facts_file(args.facts) if args.facts else host.probe()
+    arches = args.platform or locking.default_arches(recipe, facts)
+    quiet = bool(args.json or args.quiet)
+    log = (lambda _: None) if quiet else (lambda text: out.line(f"  {text}"))
+    if not quiet:
+        out.heading(f"Locking {recipe.name} for {', '.join(lockfile.arch_name(a) for a in arches)}")
+    lock, warnings = locking.make(recipe, facts, env, arches, python=args.python, log=log)
+    path = Path(args.output).expanduser() if args.output else lockfile.user_path(state.home(env), recipe.name)
+    locking.write(lock, path)
+    if not quiet:
+        for p in lock.platforms:
+            top = ", ".join(f"{k.name} {k.version}" for k in p.packages[:4])
+            more = f" and {len(p.packages) - 4} more" if len(p.packages) > 4 else ""
+            out.line(f"{p.arch} ({p.tag}): {len(p.packages)} packages: {top}{more}")
+        out.line(f"wrote {path}")
+        out.line(f"create uses it from now on: envbuilder create {recipe.name} [--locked]")
+    for w in warnings:
+        if not args.json:
+            out.warn(w)
+    return {**lock.summary(), "path": str(path), "warnings": warnings}

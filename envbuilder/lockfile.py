@@ -1,0 +1,380 @@
+"""Lockfiles (pure): the exact packages a recipe resolves to, per target platform, with their hashes.
+
+A lock is TOML with one ``[[platform]]`` table per target (``x86_64``, ``aarch64``). Each holds the *inputs* it was
+resolved from (python, requirements, indexes, channel) and the packages: name, version and every file it may be
+installed from, with its sha256. ``create`` installs a platform's packages by version and hash through the plan's
+own (possibly mirrored) indexes, so a lock made against download.pytorch.org installs from a site mirror too, and
+a file with other bytes is refused by the installer.
+
+The shape serves both backends. Wheel locks come from uv (``engine = "uv"``, ``source = "wheel"|"sdist"``,
+``tag`` a uv ``--python-platform`` such as ``aarch64-manylinux_2_28``). Conda locks (the conda backend) fill the
+same tables from conda-lock or py-rattler: ``engine = "conda-lock"|"rattler"``, ``source = "conda"``, ``tag`` the
+conda subdir (``linux-aarch64``), files the package URLs with their sha256. A ``Locker`` is anything that turns
+one platform's inputs into a ``PlatformLock``.
+
+Stale locks: a lock applies to a platform when the inputs the current recipe resolves to there equal the stored
+ones. A recipe edit that changes no package input (an activate variable) keeps the lock; one that does (a new
+package, another torch) makes it stale, which ``create --locked`` refuses and plain ``create`` reports and ignores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+from envbuilder._toml import TOMLDecodeError, dumps, loads
+from envbuilder.errors import LockError, did_you_mean
+
+LOCK_VERSION = 1
+SUFFIX = ".lock.toml"
+ARCHES = ("x86_64", "aarch64")
+_ALIASES = {"arm64": "aarch64", "amd64": "x86_64", "x86-64": "x86_64"}
+ENGINES = ("uv", "conda-lock", "rattler")
+SOURCES = ("wheel", "sdist", "conda")
+#: manylinux levels uv accepts for --python-platform (2_17 is manylinux2014).
+_MANYLINUX = (17, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+NIGHTLY_WARNING = (
+    "this lock pins nightly wheels, which leave their index within weeks: an env rebuilt from it later will not "
+    "find them. Back the env up once it is built (envbuilder backup NAME)"
+)
+
+
+@dataclass(frozen=True)
+class LockedFile:
+    url: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class LockedPackage:
+    name: str
+    version: str
+    source: str
+    files: tuple[LockedFile, ...]
+
+    def requirement(self) -> str:
+        """One requirements.txt line: the exact version, and every hash the installer may accept."""
+        hashes = "".join(f" --hash=sha256:{f.sha256}" for f in self.files)
+        return f"{self.name}=={self.version}{hashes}"
+
+
+@dataclass(frozen=True)
+class PlatformLock:
+    arch: str
+    tag: str
+    inputs: Mapping[str, Any]
+    packages: tuple[LockedPackage, ...]
+
+    def requirements_txt(self) -> str:
+        return "".join(p.requirement() + "\n" for p in sorted(self.packages, key=lambda p: p.name))
+
+    def pins(self) -> str:
+        """The locked versions as constraints (for packages built from source after the locked set)."""
+        return "".join(f"{p.name}=={p.version}\n" for p in sorted(self.packages, key=lambda p: p.name))
+
+    def versions(self) -> dict[str, str]:
+        return {p.name: p.version for p in self.packages}
+
+
+@dataclass(frozen=True)
+class Lock:
+    recipe: str
+    recipe_version: str
+    recipe_sha256: str
+    kind: str
+    engine: str
+    created: str
+    created_by: str
+    platforms: tuple[PlatformLock, ...]
+    path: Optional[str] = None
+    #: Where the lock was found: "--lock", "yours" (the lock directory), or "published".
+    origin: str = ""
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    def arches(self) -> list[str]:
+        return [p.arch for p in self.platforms]
+
+    def for_arch(self, arch: Optional[str]) -> Optional[PlatformLock]:
+        return next((p for p in self.platforms if p.arch == arch), None)
+
+    def nightly(self) -> bool:
+        return any(p.inputs.get("channel") == "nightly" for p in self.platforms)
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "lock_version": LOCK_VERSION,
+            "recipe": self.recipe,
+            "recipe_version": self.recipe_version,
+            "recipe_sha256": self.recipe_sha256,
+            "kind": self.kind,
+            "engine": self.engine,
+            "created": self.created,
+            "created_by": self.created_by,
+            "platform": [
+                {
+                    "arch": p.arch,
+                    "tag": p.tag,
+                    "inputs": dict(p.inputs),
+                    "package": [
+                        {
+                            "name": k.name,
+                            "version": k.version,
+                            "source": k.source,
+                            "files": [{"url": f.url, "sha256": f.sha256} for f in k.files],
+                        }
+                        for k in p.packages
+                    ],
+                }
+                for p in self.platforms
+            ],
+        }
+
+    def dumps(self) -> str:
+        head = "# envbuilder lockfile: exact packages per platform. Regenerate with `envbuilder lock`; do not edit.\n"
+        return head + dumps(self.to_data())
+
+    def content(self) -> dict[str, Any]:
+        """What the lock pins, without when, by what, or for which published version it was written."""
+        data = self.to_data()
+        for key in ("created", "created_by", "recipe_version"):
+            data.pop(key)
+        return data
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "origin": self.origin,
+            "recipe": self.recipe,
+            "recipe_version": self.recipe_version,
+            "engine": self.engine,
+            "created": self.created,
+            "platforms": {p.arch: len(p.packages) for p in self.platforms},
+        }
+
+
+class Locker(Protocol):
+    """Resolves one platform's inputs to its locked packages (uv for wheels; conda-lock or rattler for conda)."""
+
+    engine: str
+
+    def lock(self, arch: str, tag: str, inputs: Mapping[str, Any]) -> PlatformLock: ...
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def arch_name(text: str) -> str:
+    """``x86_64`` or ``aarch64`` (``arm64``/``amd64`` accepted), or a LockError with a did-you-mean."""
+    arch = _ALIASES.get(text.lower(), text.lower())
+    if arch not in ARCHES:
+        raise LockError(
+            f"unknown platform {text!r}: expected one of {', '.join(ARCHES)}",
+            hint=did_you_mean(text, ARCHES) or "e.g. --platform x86_64 --platform aarch64",
+        )
+    return arch
+
+
+def python_platform(arch: str, glibc: Optional[str]) -> str:
+    """uv's ``--python-platform`` for ``arch`` nodes whose glibc is ``glibc``: the newest manylinux level they
+    run (2.28 where the glibc is not known, the level current torch wheels need)."""
+    if not glibc:
+        return f"{arch}-manylinux_2_28"
+    try:
+        minor = int(str(glibc).split(".")[1])
+    except (IndexError, ValueError):
+        raise LockError(
+            f"cannot read glibc version {glibc!r}", hint="expected MAJOR.MINOR, e.g. 2.28"
+        ) from None
+    fits = [m for m in _MANYLINUX if m <= minor]
+    if not fits:
+        raise LockError(f"glibc {glibc} is older than manylinux2014 (2.17): no wheel installs there")
+    return f"{arch}-manylinux_2_{fits[-1]}"
+
+
+def recipe_sha256(data: Mapping[str, Any]) -> str:
+    """The recipe's digest, the same for a recipe file and its published copy (which adds only its version)."""
+    copy: dict[str, Any] = json.loads(json.dumps(data, default=str))
+    recipe = copy.get("recipe")
+    if isinstance(recipe, dict):
+        recipe.pop("version", None)
+    return hashlib.sha256(json.dumps(copy, sort_keys=True).encode()).hexdigest()
+
+
+def inputs(
+    kind: str,
+    python: Optional[str],
+    requirements: Sequence[str],
+    index_flags: Sequence[str],
+    channel: str,
+) -> dict[str, Any]:
+    """What one platform's resolution depends on: a lock applies while these stay equal."""
+    return {
+        "kind": kind,
+        "python": python or "",
+        "requirements": list(requirements),
+        "index_flags": list(index_flags),
+        "channel": channel,
+    }
+
+
+def changed_inputs(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Human lines for what differs between two inputs."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
+    return out
+
+
+def from_pylock(text: str, where: str) -> tuple[LockedPackage, ...]:
+    """The packages of a pylock.toml (PEP 751) as uv writes it."""
+    try:
+        doc = loads(text)
+    except TOMLDecodeError as exc:
+        raise LockError(f"{where}: the resolver wrote unreadable TOML: {exc}") from None
+    out = []
+    for pkg in doc.get("packages", []):
+        files = []
+        source = "wheel"
+        for wheel in pkg.get("wheels", []) or []:
+            files.append(LockedFile(str(wheel["url"]), str(wheel.get("hashes", {}).get("sha256", ""))))
+        if not files and pkg.get("sdist"):
+            source = "sdist"
+            sd = pkg["sdist"]
+            files.append(LockedFile(str(sd.get("url", "")), str(sd.get("hashes", {}).get("sha256", ""))))
+        if not files or any(not _SHA256.match(f.sha256) for f in files):
+            raise LockError(
+                f"{where}: {pkg.get('name')} {pkg.get('version')} has no file with a sha256",
+                hint="a package from a local path or VCS URL cannot be locked; publish it as a wheel",
+            )
+        out.append(LockedPackage(str(pkg["name"]), str(pkg["version"]), source, tuple(files)))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def _need(doc: Mapping[str, Any], key: str, kind: type, where: str, table: str = "") -> Any:
+    dotted = f"{table}.{key}" if table else key
+    if key not in doc:
+        raise LockError(f"{where}: missing key {dotted!r}", hint="regenerate it with `envbuilder lock`")
+    value = doc[key]
+    if not isinstance(value, kind):
+        raise LockError(
+            f"{where}: {dotted} must be a {kind.__name__}, found {type(value).__name__} {value!r}",
+            hint="regenerate it with `envbuilder lock`",
+        )
+    return value
+
+
+def _strict(doc: Mapping[str, Any], allowed: Sequence[str], where: str, table: str) -> None:
+    for key in doc:
+        if key not in allowed:
+            raise LockError(
+                f"{where}: unknown key {(table + '.' if table else '') + key!r}",
+                hint=did_you_mean(key, allowed) or f"expected {', '.join(allowed)}",
+            )
+
+
+_TOP = (
+    "lock_version",
+    "recipe",
+    "recipe_version",
+    "recipe_sha256",
+    "kind",
+    "engine",
+    "created",
+    "created_by",
+)
+_PLATFORM = ("arch", "tag", "inputs", "package")
+_PACKAGE = ("name", "version", "source", "files")
+
+
+def parse(text: str, where: str) -> Lock:
+    try:
+        doc = loads(text)
+    except TOMLDecodeError as exc:
+        raise LockError(f"{where}: not valid TOML: {exc}") from None
+    _strict(doc, (*_TOP, "platform"), where, "")
+    version = _need(doc, "lock_version", int, where)
+    if version != LOCK_VERSION:
+        raise LockError(
+            f"{where}: lock_version {version} is not one this envbuilder reads ({LOCK_VERSION})",
+            hint="regenerate it with this envbuilder's `envbuilder lock`",
+        )
+    engine = _need(doc, "engine", str, where)
+    if engine not in ENGINES:
+        raise LockError(f"{where}: engine {engine!r} is not one of {', '.join(ENGINES)}")
+    platforms = []
+    for i, raw in enumerate(_need(doc, "platform", list, where)):
+        table = f"platform[{i}]"
+        if not isinstance(raw, dict):
+            raise LockError(f"{where}: {table} must be a table")
+        _strict(raw, _PLATFORM, where, table)
+        arch = _need(raw, "arch", str, where, table)
+        if arch not in ARCHES:
+            raise LockError(f"{where}: {table}.arch {arch!r} is not one of {', '.join(ARCHES)}")
+        packages = []
+        for j, pkg in enumerate(raw.get("package", [])):
+            ptable = f"{table}.package[{j}]"
+            _strict(pkg, _PACKAGE, where, ptable)
+            files = []
+            for f in _need(pkg, "files", list, where, ptable):
+                sha = str(f.get("sha256", "")) if isinstance(f, dict) else ""
+                if not _SHA256.match(sha):
+                    raise LockError(
+                        f"{where}: {ptable}.files has an entry without a valid sha256",
+                        hint="regenerate it with `envbuilder lock`",
+                    )
+                files.append(LockedFile(str(f.get("url", "")), sha))
+            source = _need(pkg, "source", str, where, ptable)
+            if source not in SOURCES:
+                raise LockError(f"{where}: {ptable}.source {source!r} is not one of {', '.join(SOURCES)}")
+            packages.append(
+                LockedPackage(
+                    _need(pkg, "name", str, where, ptable),
+                    _need(pkg, "version", str, where, ptable),
+                    source,
+                    tuple(files),
+                )
+            )
+        platforms.append(
+            PlatformLock(
+                arch,
+                _need(raw, "tag", str, where, table),
+                dict(_need(raw, "inputs", dict, where, table)),
+                tuple(packages),
+            )
+        )
+    return Lock(
+        recipe=_need(doc, "recipe", str, where),
+        recipe_version=str(doc.get("recipe_version", "")),
+        recipe_sha256=_need(doc, "recipe_sha256", str, where),
+        kind=_need(doc, "kind", str, where),
+        engine=engine,
+        created=str(doc.get("created", "")),
+        created_by=str(doc.get("created_by", "")),
+        platforms=tuple(platforms),
+        path=where,
+    )
+
+
+def read(path: Path, origin: str = "") -> Lock:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise LockError(f"cannot read lockfile {path}: {exc.strerror or exc}") from None
+    lock = parse(text, str(path))
+    return Lock(**{**lock.__dict__, "origin": origin})
+
+
+def user_path(home: Path, name: str) -> Path:
+    """Where ``envbuilder lock NAME`` writes by default (beside the env records: $WORK is not purged)."""
+    return home / "lockfiles" / f"{name}{SUFFIX}"

@@ -1,0 +1,151 @@
+"""Making and finding locks (the side-effect half of lockfile.py): resolve a recipe for each target platform with
+uv, without being on it, and find the lock ``create`` should use."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from envbuilder import __version__, build, lockfile, mirror, proc, state
+from envbuilder import plan as planner
+from envbuilder.catalog import Catalog
+from envbuilder.errors import CommandFailed, LockError
+from envbuilder.host import HostFacts
+from envbuilder.loader import Recipe
+
+LOCK_TIMEOUT_S = 600.0
+
+
+class UvLocker:
+    """Wheels: ``uv pip compile --python-platform TAG --python-version X.Y`` through the recipe's (mirrored)
+    indexes, written as pylock.toml, which names the one file per package that platform installs."""
+
+    engine = "uv"
+
+    def __init__(self, env: Mapping[str, str], uv: str, log: Callable[[str], None] = lambda _: None) -> None:
+        self.env = env
+        self.uv = uv
+        self.log = log
+
+    def lock(self, arch: str, tag: str, inputs: Mapping[str, Any]) -> lockfile.PlatformLock:
+        rules = mirror.from_env(self.env)
+        remapped, notes = mirror.remap([["uv", "pip", "compile", *inputs["index_flags"]]], rules)
+        for note in notes:
+            self.log(note)
+        with tempfile.TemporaryDirectory(prefix="envbuilder-lock-") as tmp:
+            req = Path(tmp) / "requirements.in"
+            req.write_text("".join(f"{r}\n" for r in inputs["requirements"]), encoding="utf-8")
+            out = Path(tmp) / f"pylock.{arch}.toml"
+            argv = [
+                self.uv,
+                "pip",
+                "compile",
+                str(req),
+                *remapped[0][3:],
+                "--python-platform",
+                tag,
+                "--python-version",
+                str(inputs["python"]),
+                "--generate-hashes",
+                "--no-header",
+                "--quiet",
+                "--output-file",
+                str(out),
+            ]
+            settings = build.uv_settings(Path(tmp) / "env", self.env)
+            env = {**proc.scrubbed_env(self.env), **settings.env()}
+            self.log("+ " + proc.quote(argv))
+            try:
+                proc.run(argv, env=env, timeout=LOCK_TIMEOUT_S)
+            except CommandFailed as exc:
+                raise LockError(
+                    f"uv could not resolve the recipe for {arch} ({tag}, Python {inputs['python']}):\n"
+                    + exc.stderr_tail.rstrip(),
+                    hint="every package needs a wheel (or sdist) for that platform on the recipe's indexes",
+                ) from None
+            packages = lockfile.from_pylock(out.read_text(encoding="utf-8"), f"the lock for {arch}")
+        return lockfile.PlatformLock(arch, tag, dict(inputs), packages)
+
+
+def default_arches(recipe: Recipe, facts: HostFacts) -> list[str]:
+    """The site's compute architecture, else this host's."""
+    arch = recipe.get("compute.arch") or facts.arch
+    return [lockfile.arch_name(arch)] if arch else list(lockfile.ARCHES[:1])
+
+
+def make(
+    recipe: Recipe,
+    facts: HostFacts,
+    env: Mapping[str, str],
+    arches: Sequence[str],
+    python: Optional[str] = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> tuple[lockfile.Lock, list[str]]:
+    """Resolve ``recipe`` for each of ``arches``; (the lock, warnings)."""
+    uv = build.uv_binary()
+    if uv is None:
+        raise LockError("locking needs uv, which is not installed", hint="pip install uv")
+    warnings: list[str] = []
+    platforms = []
+    kind = ""
+    for arch in dict.fromkeys(lockfile.arch_name(a) for a in arches):
+        the_plan = planner.build(recipe, facts, env, planner.Options(arch=arch))
+        kind = the_plan.kind
+        if kind == "conda":
+            raise LockError(
+                f"{recipe.name} is a conda env: conda locks come with the conda backend",
+                hint="lock a venv recipe, or build this one without a lock",
+            )
+        inputs = dict(the_plan.lock_inputs)
+        if python:
+            inputs["python"] = python
+        if not inputs["python"]:
+            raise LockError(
+                f"{recipe.name} sets no python.version, so the Python to lock for is unknown",
+                hint="set python.version in the recipe, or pass --python X.Y",
+            )
+        if not inputs["requirements"]:
+            raise LockError(f"{recipe.name} installs no packages from an index: there is nothing to lock")
+        warnings.extend(the_plan.warnings)
+        tag = lockfile.python_platform(arch, the_plan.target.glibc)
+        log(f"resolving {recipe.name} for {arch} ({tag}, Python {inputs['python']})")
+        platforms.append(UvLocker(env, uv, log).lock(arch, tag, inputs))
+    lock = lockfile.Lock(
+        recipe=recipe.name,
+        recipe_version=recipe.version,
+        recipe_sha256=lockfile.recipe_sha256(recipe.data),
+        kind=kind,
+        engine=UvLocker.engine,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        created_by=f"envbuilder {__version__}",
+        platforms=tuple(platforms),
+    )
+    if lock.nightly():
+        warnings.append(lockfile.NIGHTLY_WARNING.replace("NAME", recipe.name))
+    return lock, list(dict.fromkeys(warnings))
+
+
+def write(lock: lockfile.Lock, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state.write_atomic(path, lock.dumps().encode(), 0o644)
+
+
+def find(
+    recipe: Recipe, catalog: Catalog, env: Mapping[str, str], explicit: Optional[str] = None
+) -> Optional[lockfile.Lock]:
+    """The lock ``create`` uses: ``--lock FILE``, else yours (``envbuilder lock NAME`` wrote it), else the one
+    published with the recipe's registry version (verified like the recipe)."""
+    if explicit:
+        return lockfile.read(Path(explicit).expanduser(), "--lock")
+    mine = lockfile.user_path(state.home(env), recipe.name)
+    if mine.is_file():
+        return lockfile.read(mine, "yours")
+    entry = catalog.entries.get(recipe.name)
+    if recipe.version:
+        entry = catalog.lookup(f"{recipe.name}@{recipe.version}")
+    if entry is not None and entry.published is not None and entry.layer.registry is not None:
+        return entry.layer.registry.verify_lock(entry.published)
+    return None

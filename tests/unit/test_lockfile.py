@@ -1,0 +1,243 @@
+"""Lockfiles without a resolver: their format and its errors, platform tags, and how a lock changes a plan
+(applies, stale, missing platform, --locked, nightly). The real resolutions are in tests/integration/test_lock.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envbuilder import lockfile, plan
+from envbuilder.catalog import Catalog, Layer, builtin_dir
+from envbuilder.errors import LockError
+from envbuilder.host import Gpu, HostFacts
+from envbuilder.loader import load
+
+SHA_A = "a" * 64
+SHA_B = "b" * 64
+CPU_HOST = HostFacts(arch="x86_64", python="3.11.7", glibc="2.34", gpus=())
+GH200 = HostFacts(
+    arch="aarch64", python="3.11.7", glibc="2.34", driver_version="560.35.03", max_cuda="12.6",
+    gpus=(Gpu("NVIDIA GH200 480GB", "9.0"),),
+)  # fmt: skip
+ENV = {"SCRATCH": "/scratch/u", "HOME": "/home/u"}
+
+RECIPE = """
+schema_version = 1
+[recipe]
+name = "demo"
+[env]
+kind = "venv"
+installer = "uv"
+prefix = "${{SCRATCH}}/envs/{{name}}"
+[python]
+command = "python3"
+version = "3.11"
+[torch]
+install = true
+version = "{torch}"
+variant = "cpu"
+channel = "{channel}"
+packages = ["torch"]
+[[packages]]
+name = "helper"
+spec = "helper==2.0"
+[[packages]]
+name = "mpi4py"
+no_binary = true
+"""
+
+
+def recipe(tmp_path: Path, torch: str = "2.7.1", channel: str = "stable"):
+    (tmp_path / "demo.toml").write_text(RECIPE.format(torch=torch, channel=channel))
+    return load("demo", Catalog([Layer("test", tmp_path)]))
+
+
+def lock_for(inputs: dict, arch: str = "x86_64", path: str = "/locks/demo.lock.toml") -> lockfile.Lock:
+    pkgs = (
+        lockfile.LockedPackage(
+            "torch", "2.7.1+cpu", "wheel", (lockfile.LockedFile("https://x/torch.whl", SHA_A),)
+        ),
+        lockfile.LockedPackage(
+            "helper", "2.0", "wheel", (lockfile.LockedFile("https://x/helper.whl", SHA_B),)
+        ),
+    )
+    return lockfile.Lock(
+        "demo", "", "f" * 64, "venv", "uv", "now", "test",
+        (lockfile.PlatformLock(arch, f"{arch}-manylinux_2_28", inputs, pkgs),),
+        path=path, origin="--lock",
+    )  # fmt: skip
+
+
+# --- the file format ------------------------------------------------------------------------------------------
+
+
+def test_dumps_and_parse_round_trip(tmp_path):
+    lock = lock_for(
+        {"kind": "venv", "python": "3.11", "requirements": ["x"], "index_flags": [], "channel": ""}
+    )
+    path = tmp_path / "demo.lock.toml"
+    path.write_text(lock.dumps())
+    again = lockfile.read(path, "yours")
+    assert again.content() == lock.content()
+    assert again.origin == "yours"
+    assert again.for_arch("x86_64").requirements_txt() == (
+        f"helper==2.0 --hash=sha256:{SHA_B}\ntorch==2.7.1+cpu --hash=sha256:{SHA_A}\n"
+    )
+    assert again.for_arch("aarch64") is None
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda t: t.replace("lock_version = 1", "lock_version = 9"),
+            "lock_version 9 is not one this envbuilder",
+        ),
+        (lambda t: t.replace('engine = "uv"', 'engine = "poetry"'), "engine 'poetry' is not one of"),
+        (lambda t: t.replace('arch = "x86_64"', 'arch = "ppc64le"'), "platform[0].arch 'ppc64le'"),
+        (
+            lambda t: t.replace(SHA_A, "xyz"),
+            "platform[0].package[0].files has an entry without a valid sha256",
+        ),
+        (lambda t: t.replace('kind = "venv"\nengine', 'knd = "venv"\nengine'), "unknown key 'knd'"),
+        (lambda t: t.replace('recipe = "demo"\n', ""), "missing key 'recipe'"),
+        (
+            lambda t: t.replace('version = "2.0"', "version = 2"),
+            "platform[0].package[1].version must be a str",
+        ),
+        (lambda t: t + "[oops", "not valid TOML"),
+    ],
+)
+def test_a_broken_lock_names_the_file_and_the_key(tmp_path, edit, message):
+    lock = lock_for({"kind": "venv", "python": "3.11", "requirements": [], "index_flags": [], "channel": ""})
+    path = tmp_path / "demo.lock.toml"
+    path.write_text(edit(lock.dumps()))
+    with pytest.raises(LockError) as info:
+        lockfile.read(path)
+    assert str(path) in info.value.message
+    assert message in info.value.message
+    if "knd" in message:
+        assert info.value.hint == "did you mean 'kind'?"
+
+
+def test_platform_names_and_tags():
+    assert lockfile.arch_name("arm64") == "aarch64"
+    assert lockfile.arch_name("X86_64") == "x86_64"
+    with pytest.raises(LockError, match="unknown platform 'aarch46'") as info:
+        lockfile.arch_name("aarch46")
+    assert info.value.hint == "did you mean 'aarch64'?"
+    assert lockfile.python_platform("aarch64", "2.34") == "aarch64-manylinux_2_34"
+    assert lockfile.python_platform("x86_64", "2.30") == "x86_64-manylinux_2_28"
+    assert lockfile.python_platform("x86_64", "2.17") == "x86_64-manylinux_2_17"
+    assert lockfile.python_platform("x86_64", "2.41") == "x86_64-manylinux_2_40"
+    assert lockfile.python_platform("x86_64", None) == "x86_64-manylinux_2_28"
+    with pytest.raises(LockError, match="older than manylinux2014"):
+        lockfile.python_platform("x86_64", "2.12")
+
+
+def test_pylock_packages_and_a_package_without_a_hash():
+    text = f"""
+lock-version = "1.0"
+[[packages]]
+name = "fastmath"
+version = "1.0"
+wheels = [{{ url = "http://i/fastmath-1.0-cp311-cp311-manylinux_2_28_aarch64.whl", hashes = {{ sha256 = "{SHA_A}" }} }}]
+[[packages]]
+name = "srconly"
+version = "3"
+sdist = {{ url = "http://i/srconly-3.tar.gz", hashes = {{ sha256 = "{SHA_B}" }} }}
+"""
+    pkgs = lockfile.from_pylock(text, "aarch64")
+    assert [(p.name, p.version, p.source, p.files[0].sha256) for p in pkgs] == [
+        ("fastmath", "1.0", "wheel", SHA_A),
+        ("srconly", "3", "sdist", SHA_B),
+    ]
+    with pytest.raises(LockError, match="local 1 has no file with a sha256"):
+        lockfile.from_pylock('[[packages]]\nname = "local"\nversion = "1"\ndirectory = { path = "." }\n', "x")
+
+
+def test_recipe_digest_ignores_only_the_published_version():
+    data = {"recipe": {"name": "demo"}, "torch": {"version": "2.7.1"}}
+    published = {"recipe": {"name": "demo", "version": "4"}, "torch": {"version": "2.7.1"}}
+    changed = {"recipe": {"name": "demo"}, "torch": {"version": "2.7.0"}}
+    assert lockfile.recipe_sha256(data) == lockfile.recipe_sha256(published)
+    assert lockfile.recipe_sha256(data) != lockfile.recipe_sha256(changed)
+
+
+# --- a lock in a plan -----------------------------------------------------------------------------------------
+
+
+def test_an_applying_lock_replaces_the_resolver_installs_with_one_hashed_install(tmp_path):
+    r = recipe(tmp_path)
+    unlocked = plan.build(r, CPU_HOST, ENV)
+    locked = plan.build(r, CPU_HOST, ENV, lock=lock_for(unlocked.lock_inputs))
+    assert unlocked.lock is None
+    assert locked.lock["status"] == "applies"
+    installs = [s.argv for s in locked.install_steps if "install" in s.argv]
+    assert installs[0][:5] == ("uv", "pip", "install", "--python", "/scratch/u/envs/demo/bin/python")
+    assert installs[0][5:] == (
+        "--no-deps",
+        "--require-hashes",
+        "--index-url",
+        "https://download.pytorch.org/whl/cpu",
+        "--extra-index-url",
+        "https://pypi.org/simple",
+        "--requirement",
+        "/scratch/u/envs/demo/envbuilder/lock-requirements.txt",
+    )
+    # The source build still runs afterwards, held to the locked versions.
+    assert installs[1][-4:] == (
+        "mpi4py",
+        "--constraint",
+        "/scratch/u/envs/demo/envbuilder/constraints.txt",
+        "mpi4py",
+    )
+    assert len(installs) == 2
+    assert locked.lock_pins == "helper==2.0\ntorch==2.7.1+cpu\n"
+    assert "helper==2.0" not in " ".join(" ".join(a) for a in installs)
+    assert unlocked.lock_inputs["requirements"] == ["torch==2.7.1", "helper==2.0"]
+
+
+def test_a_stale_lock_is_reported_and_ignored_or_refused_with_locked(tmp_path):
+    r = recipe(tmp_path)
+    old_inputs = plan.build(r, CPU_HOST, ENV).lock_inputs
+    newer = recipe(tmp_path, torch="2.7.0")
+    p = plan.build(newer, CPU_HOST, ENV, lock=lock_for(old_inputs))
+    assert p.lock["status"] == "ignored"
+    assert any("is stale for demo on x86_64" in w and "torch==2.7.0" in w for w in p.warnings)
+    assert not p.lock_requirements
+    with pytest.raises(LockError, match="stale") as info:
+        plan.build(newer, CPU_HOST, ENV, plan.Options(locked=True), lock=lock_for(old_inputs))
+    assert info.value.hint == "regenerate it: envbuilder lock demo --platform x86_64"
+    assert info.value.exit_code == 13
+
+
+def test_locked_without_a_lock_or_without_this_platform(tmp_path):
+    r = recipe(tmp_path)
+    with pytest.raises(LockError, match="--locked, but demo has no lock"):
+        plan.build(r, CPU_HOST, ENV, plan.Options(locked=True))
+    inputs = plan.build(r, CPU_HOST, ENV).lock_inputs
+    with pytest.raises(LockError, match=r"has no x86_64 platform \(it locks aarch64\)"):
+        plan.build(r, CPU_HOST, ENV, plan.Options(locked=True), lock=lock_for(inputs, arch="aarch64"))
+
+
+def test_a_nightly_lock_warns_that_its_wheels_disappear(tmp_path):
+    r = recipe(tmp_path, torch="2.11.0.dev20260301", channel="nightly")
+    inputs = plan.build(r, CPU_HOST, ENV).lock_inputs
+    assert inputs["channel"] == "nightly"
+    assert "--pre" in inputs["index_flags"]
+    p = plan.build(r, CPU_HOST, ENV, lock=lock_for(inputs))
+    assert any("nightly wheels" in w and "envbuilder backup demo" in w for w in p.warnings)
+
+
+def test_planning_for_another_architecture_resolves_for_it():
+    catalog = Catalog([Layer("builtin", builtin_dir())])
+    vista = load("vista-venv-cu124", catalog)
+    arm = plan.build(vista, GH200, ENV)
+    x86 = plan.build(vista, GH200, ENV, plan.Options(arch="x86_64"))
+    assert arm.target.arch == "aarch64"
+    assert x86.target.arch == "x86_64"
+    assert any("planned for x86_64 nodes; the site's compute nodes are aarch64" in n for n in x86.notes)
+    assert x86.lock_inputs["index_flags"] == arm.lock_inputs["index_flags"]
+    assert x86.lock_inputs["requirements"][0].startswith("torch==")
