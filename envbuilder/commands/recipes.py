@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from rich.table import Table
 
-from envbuilder import loader, schema
+from envbuilder import loader, locking, schema
 from envbuilder.catalog import Catalog
 from envbuilder.console import Out
 from envbuilder.errors import PublishError, RecipeError
@@ -83,9 +84,13 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     recipe = loader.load(args.recipe, catalog)
     entry = catalog.lookup(args.recipe)
     published = entry.published.to_json() if entry.published else None
+    lock = locking.find(recipe, catalog, os.environ)
     leaves = recipe.leaves()
     if not args.json:
         out.heading(f"{recipe.name}: {' <- '.join(recipe.chain)}")
+        if lock is not None:
+            arches = ", ".join(f"{p.arch} ({len(p.packages)} packages)" for p in lock.platforms)
+            out.line(f"  lock: {lock.path} ({lock.origin}), made {lock.created}: {arches}")
         if entry.published is not None:
             p = entry.published
             out.line(
@@ -112,6 +117,7 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         "name": recipe.name,
         "version": recipe.version or None,
         "published": published,
+        "lock": lock.summary() if lock else None,
         "files": list(recipe.chain),
         "values": recipe.data,
         "sources": {k: s for k, _, s in leaves} if args.explain else None,

@@ -1,0 +1,344 @@
+"""Lockfiles for real: uv resolves a recipe for x86_64 and aarch64 against a local index holding platform-tagged
+wheels for both; create builds from the lock with real uv (and the index gaining newer wheels changes nothing);
+the aarch64 half installs for aarch64 with uv's cross-platform install; stale, tampered and unresolvable locks
+are refused; a lock published with a recipe is verified and used; and real torch builds from a lock."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO
+from packaging.utils import canonicalize_name
+from wheelindex import build_wheel, mirror_env, serve
+
+from envbuilder import lockfile
+
+pytestmark = pytest.mark.integration
+UV = shutil.which("uv")
+X86 = "cp311-cp311-manylinux_2_28_x86_64"
+ARM = "cp311-cp311-manylinux_2_28_aarch64"
+
+RECIPE = """
+schema_version = 1
+[recipe]
+name = "{name}"
+description = "{description}"
+[env]
+kind = "venv"
+installer = "uv"
+prefix = "${{SCRATCH}}/envs/{{name}}"
+[python]
+command = "{python}"
+version = "3.11"
+[torch]
+install = false
+{packages}
+"""
+
+
+def fastmath(d: Path, version: str, tag: str) -> Path:
+    arch = "arm" if "aarch64" in tag else "x86"
+    return build_wheel(d, "fastmath", version, {"fastmath/__init__.py": f"X = '{arch} {version}'\n"}, tag=tag)
+
+
+@pytest.fixture
+def world(tmp_path):
+    """fastmath 1.0 for both architectures and 1.1 for x86_64 only; helper (pure) needs fastmath."""
+    files = tmp_path / "files"
+    fastmath(files, "1.0", X86)
+    fastmath(files, "1.0", ARM)
+    fastmath(files, "1.1", X86)
+    build_wheel(files, "helper", "2.0", {"helper/__init__.py": ""}, requires=["fastmath>=1.0"])
+    build_wheel(files, "x86only", "1.0", {"x86only/__init__.py": ""}, tag=X86)
+    with serve(files) as index:
+        yield World(tmp_path, files, index)
+
+
+class World:
+    def __init__(self, root: Path, files: Path, index: Any) -> None:
+        self.root = root
+        self.files = files
+        self.index = index
+        self.recipes = root / "recipes"
+        self.recipes.mkdir()
+        self.home = root / "eb-home"
+        self.scratch = root / "scratch"
+        self.env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(root / "home"),
+            "NO_COLOR": "1",
+            "COLUMNS": "200",
+            "SCRATCH": str(self.scratch),
+            "ENVBUILDER_HOME": str(self.home),
+            "ENVBUILDER_RECIPE_PATH": str(self.recipes),
+            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
+            "UV_CACHE_DIR": str(root / "uv-cache"),
+        }
+
+    def recipe(
+        self, name: str = "demo", specs: tuple[str, ...] = ("helper==2.0",), description: str = "x"
+    ) -> Path:
+        packages = "".join(f'[[packages]]\nname = "{s.split("=")[0]}"\nspec = "{s}"\n' for s in specs)
+        path = self.recipes / f"{name}.toml"
+        path.write_text(
+            RECIPE.format(name=name, description=description, python=sys.executable, packages=packages)
+        )
+        return path
+
+    def run(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "envbuilder", *args],
+            env={**self.env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=REPO,
+        )
+
+    def data(self, *args: str, **extra: str) -> Any:
+        return json.loads(ok(self.run(*args, "--json", **extra)).stdout)["data"]
+
+    def x(self, name: str = "demo") -> str:
+        py = self.scratch / "envs" / name / "bin" / "python"
+        return subprocess.run([str(py), "-c", "import fastmath; print(fastmath.X)"], capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+
+
+def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+    return res
+
+
+def refused(res: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+    assert res.returncode == code, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
+    assert text in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_lock_two_platforms_then_create_from_the_lock(world):
+    world.recipe()
+    data = world.data("lock", "demo", "--platform", "x86_64", "--platform", "aarch64")
+    assert data["platforms"] == {"x86_64": 2, "aarch64": 2}
+    path = world.home / "lockfiles" / "demo.lock.toml"
+    assert data["path"] == str(path)
+    lock = lockfile.read(path)
+    x86, arm = lock.for_arch("x86_64"), lock.for_arch("aarch64")
+    assert x86.versions() == {"fastmath": "1.1", "helper": "2.0"}
+    # aarch64 has no fastmath 1.1: its resolution differs, and names the aarch64 file and its hash.
+    assert arm.versions() == {"fastmath": "1.0", "helper": "2.0"}
+    arm_fm = next(p for p in arm.packages if p.name == "fastmath")
+    arm_file = world.files / f"fastmath-1.0-{ARM}.whl"
+    assert [f.url.rsplit("/", 1)[1] for f in arm_fm.files] == [arm_file.name]
+    assert arm_fm.files[0].sha256 == sha(arm_file)
+    assert arm.tag == "aarch64-manylinux_2_28"
+
+    # The index moves on; a build from the lock does not.
+    fastmath(world.files, "1.2", X86)
+    created = world.data("create", "demo", "--locked", "--no-validate")
+    assert created["env"]["plan"]["lock"]["status"] == "applies"
+    assert world.x() == "x86 1.1"
+    requested = list(world.index.requested)
+    assert not any("fastmath-1.2" in r for r in requested)
+
+    ok(world.run("create", "demo", "--force", "--no-lock", "--no-validate"))
+    assert world.x() == "x86 1.2"
+    ok(world.run("create", "demo", "--force", "--locked", "--no-validate"))
+    assert world.x() == "x86 1.1"
+
+
+@pytest.mark.skipif(UV is None, reason="uv is not installed")
+def test_the_aarch64_half_installs_for_aarch64_and_not_the_x86_half(world, tmp_path):
+    """No aarch64 machine here (nor on the device): uv's cross-platform install is the aarch64 'create'."""
+    world.recipe()
+    ok(world.run("lock", "demo", "--platform", "aarch64", "--platform", "x86_64"))
+    lock = lockfile.read(world.home / "lockfiles" / "demo.lock.toml")
+
+    def install(arch: str, target: Path) -> subprocess.CompletedProcess[str]:
+        req = tmp_path / f"{arch}.txt"
+        req.write_text(lock.for_arch(arch).requirements_txt())
+        argv = [UV, "pip", "install", "--python-platform", "aarch64-manylinux_2_28", "--python-version", "3.11",
+                "--target", str(target), "--no-deps", "--require-hashes", "-r", str(req),
+                "--index-url", f"{world.index.url}/simple/"]  # fmt: skip
+        return subprocess.run(argv, capture_output=True, text=True, env={**world.env, "UV_NO_CONFIG": "1"})
+
+    ok(install("aarch64", tmp_path / "arm"))
+    assert (tmp_path / "arm" / "fastmath" / "__init__.py").read_text() == "X = 'arm 1.0'\n"
+    wheel = (tmp_path / "arm" / "fastmath-1.0.dist-info" / "WHEEL").read_text()
+    assert f"Tag: {ARM}" in wheel
+    bad = install("x86_64", tmp_path / "x86")
+    assert bad.returncode != 0
+    assert "fastmath" in bad.stderr
+
+
+def test_stale_missing_and_tampered_locks(world):
+    world.recipe()
+    refused(world.run("create", "demo", "--locked"), 13, "--locked, but demo has no lock")
+    assert not (world.scratch / "envs" / "demo").exists()
+    ok(world.run("lock", "demo"))
+
+    # A change that resolves the same keeps the lock; one that does not makes it stale.
+    world.recipe(description="reworded")
+    assert world.data("plan", "demo")["lock"]["status"] == "applies"
+    world.recipe(specs=("helper>=2.0",))
+    res = world.run("create", "demo", "--locked")
+    refused(res, 13, "is stale for demo on x86_64")
+    assert "helper>=2.0" in res.stderr
+    assert "envbuilder lock demo --platform x86_64" in res.stderr
+    assert not (world.scratch / "envs" / "demo").exists()
+    res = ok(world.run("create", "demo", "--no-validate"))
+    assert "building without the lock" in res.stderr
+
+    # A lock whose hash was edited: the installer refuses the file, and no env is left behind.
+    world.recipe()
+    ok(world.run("lock", "demo"))
+    path = world.home / "lockfiles" / "demo.lock.toml"
+    real = sha(world.files / f"fastmath-1.1-{X86}.whl")
+    path.write_text(path.read_text().replace(real, "0" * 64))
+    res = world.run("create", "demo", "--force", "--locked", "--prefix", str(world.root / "tampered"))
+    assert res.returncode == 11, res.stderr
+    assert "hash" in res.stderr.lower()
+    assert not (world.root / "tampered").exists()
+    assert not list(world.root.glob(".tampered*"))
+
+    # A hand-broken lock names the file and the key.
+    path.write_text(path.read_text().replace("engine = ", "engin = "))
+    refused(world.run("plan", "demo"), 13, "unknown key 'engin'")
+
+
+def test_unresolvable_platform_and_unknown_platform(world):
+    world.recipe(specs=("x86only==1.0",))
+    res = world.run("lock", "demo", "--platform", "x86_64", "--platform", "aarch64")
+    refused(res, 13, "uv could not resolve the recipe for aarch64")
+    assert "x86only" in res.stderr
+    assert not (world.home / "lockfiles" / "demo.lock.toml").exists()
+    res = world.run("lock", "demo", "--platform", "aarch46")
+    refused(res, 13, "unknown platform 'aarch46'")
+    assert "did you mean 'aarch64'?" in res.stderr
+
+
+def test_a_lock_published_with_its_recipe_is_verified_and_used(world, tmp_path):
+    admin_lock = tmp_path / "demo.lock.toml"
+    registry = tmp_path / "registry"
+    world.recipe()
+    ok(world.run("lock", "demo", "-o", str(admin_lock), "--platform", "x86_64", "--platform", "aarch64"))
+    pub = world.data("publish", "demo", "--registry", str(registry), "--lock", str(admin_lock))
+    assert pub["recipes"][0]["lock"] == str(registry / "recipes" / "demo" / "1.lock.toml")
+    assert stat.S_IMODE((registry / "recipes" / "demo" / "1.lock.toml").stat().st_mode) == 0o444
+    again = world.data("publish", "demo", "--registry", str(registry), "--lock", str(admin_lock))
+    assert again["recipes"][0]["status"] == "unchanged"
+
+    user = {"ENVBUILDER_RECIPE_PATH": str(registry), "ENVBUILDER_HOME": str(tmp_path / "user-home")}
+    fastmath(world.files, "1.2", X86)
+    plan = world.data("plan", "demo", **user)
+    assert plan["lock"]["origin"] == "published"
+    assert plan["lock"]["status"] == "applies"
+    ok(world.run("create", "demo", "--locked", "--no-validate", **user))
+    assert world.x() == "x86 1.1"
+
+    # A lock made from another version of the recipe is not shipped with this one.
+    world.recipe(specs=("helper>=2.0",))
+    res = world.run("publish", "demo", "--registry", str(registry), "--lock", str(admin_lock))
+    refused(res, 10, "was made from another version of demo")
+
+    # Tampering with the published lock: refused before anything is built.
+    lock_file = registry / "recipes" / "demo" / "1.lock.toml"
+    lock_file.chmod(0o644)
+    lock_file.write_text(lock_file.read_text().replace('"1.1"', '"1.0"'))
+    res = world.run("create", "demo", "--force", "--prefix", str(tmp_path / "t"), **user)
+    refused(res, 10, "does not match the sha256")
+    assert not (tmp_path / "t").exists()
+
+
+def test_real_torch_from_a_lock(torch_files, tmp_path):
+    """The embedded recipe `local` (torch 2.13.0 CPU): lock it for x86_64 through the torch index, build from the
+    lock with the hashes of the real wheels, import torch. aarch64 cannot resolve here (no such torch file)."""
+    with serve(torch_files) as index:
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path / "home"),
+            "SCRATCH": str(tmp_path / "scratch"),
+            "NO_COLOR": "1",
+            "ENVBUILDER_HOME": str(tmp_path / "eb"),
+            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
+        }
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "envbuilder", *args], env=env, capture_output=True,
+                                  text=True, timeout=900, cwd=REPO)  # fmt: skip
+
+        ok(run("lock", "local", "--platform", "x86_64", "--python", "3.11"))
+        lock = lockfile.read(tmp_path / "eb" / "lockfiles" / "local.lock.toml")
+        versions = lock.for_arch("x86_64").versions()
+        assert versions["torch"] == "2.13.0+cpu"
+        torch_file = next(torch_files.glob("torch-2.13.0*cpu*.whl"))
+        torch_pkg = next(p for p in lock.for_arch("x86_64").packages if p.name == "torch")
+        assert [f.sha256 for f in torch_pkg.files] == [sha(torch_file)]
+        res = ok(run("create", "local", "--locked", "--json"))
+        refused(run("lock", "local", "--platform", "aarch64", "--python", "3.11"), 13, "for aarch64")
+    data = json.loads(res.stdout)["data"]
+    assert data["env"]["plan"]["lock"]["status"] == "applies"
+    installed = {canonicalize_name(p["name"]): p["version"] for p in data["env"]["packages"] if p["in_env"]}
+    assert installed == {canonicalize_name(k): v for k, v in versions.items()}
+    assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="ssh-keygen is not installed (openssh-client)")
+def test_a_signed_registry_signs_the_lock_and_refuses_it_unsigned(world, tmp_path):
+    keygen = str(shutil.which("ssh-keygen"))
+    key = tmp_path / "admin"
+    subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-C", "admin", "-f", str(key)], check=True)
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_text(f"admin@site {(tmp_path / 'admin.pub').read_text().strip()}\n")
+    registry = tmp_path / "registry"
+    world.recipe()
+    ok(world.run("lock", "demo", "-o", str(tmp_path / "demo.lock.toml")))
+    # Published without a lock first; the lock is added to that version later (once), signed.
+    ok(world.run("publish", "demo", "--registry", str(registry), "--sign-key", str(key),
+                 "--allowed-signers", str(allowed), "--require-signatures"))  # fmt: skip
+    res = ok(world.run("publish", "demo", "--registry", str(registry), "--sign-key", str(key),
+                       "--lock", str(tmp_path / "demo.lock.toml")))  # fmt: skip
+    assert "demo@1: lock added" in res.stderr
+    sig = registry / "recipes" / "demo" / "1.lock.toml.sig"
+    assert sig.is_file()
+    user = {"ENVBUILDER_RECIPE_PATH": str(registry), "ENVBUILDER_HOME": str(tmp_path / "user-home")}
+    assert world.data("plan", "demo", "--locked", **user)["lock"]["origin"] == "published"
+    shown = world.data("recipes", "show", "demo", **user)
+    assert shown["lock"]["platforms"] == {"x86_64": 2}
+    assert shown["published"]["lock_file"] == "recipes/demo/1.lock.toml"
+    log = [json.loads(line) for line in (registry / "publish.log").read_text().splitlines()]
+    assert [e["action"] for e in log] == ["publish", "lock"]
+
+    # A newer lock for the same recipe: that version's lock never changes, so it becomes version 2.
+    fastmath(world.files, "1.2", X86)
+    ok(world.run("lock", "demo", "-o", str(tmp_path / "newer.lock.toml")))
+    res = ok(world.run("publish", "demo", "--registry", str(registry), "--sign-key", str(key),
+                       "--lock", str(tmp_path / "newer.lock.toml")))  # fmt: skip
+    assert "published demo@2, signed by admin@site, with its lock" in res.stderr
+    plan = world.data("plan", "demo", "--locked", **user)
+    assert plan["recipe_version"] == "2"
+    published = lockfile.read(registry / "recipes" / "demo" / "2.lock.toml")
+    assert published.recipe_version == "2"
+    assert published.for_arch("x86_64").versions()["fastmath"] == "1.2"
+    ok(world.run("create", "demo", "--locked", "--no-validate", **user))
+    assert world.x() == "x86 1.2"
+    # An unsigned lock in a registry that requires signatures is not used.
+    sig2 = registry / "recipes" / "demo" / "2.lock.toml.sig"
+    sig2.chmod(0o644)
+    sig2.unlink()
+    refused(world.run("plan", "demo", **user), 10, "the lock of demo@2 is not signed")
