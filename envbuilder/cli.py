@@ -117,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML")
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
+    p.add_argument(
+        "--publish-report",
+        action="store_true",
+        help="(site admins) attach a passing report to the published recipe version the env was built from",
+    )
+    p.add_argument(
+        "--registry", metavar="DIR", help="the registry to stamp (default: the one the recipe came from)"
+    )
     _add_json(p)
     p.set_defaults(handler=validate_cmd.handle)
 

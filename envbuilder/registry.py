@@ -340,6 +340,11 @@ class Registry:
         self, name: str, version: str, report: Mapping[str, Any], lock_timeout: float = 60.0
     ) -> Published:
         """Record a passing validation report against a published version (the file itself stays unchanged)."""
+        if not os.access(self.root / INDEX, os.W_OK) or not os.access(self.root, os.W_OK):
+            raise PublishError(
+                f"cannot write to the registry {self.root}: attaching a report is for its admins",
+                hint="ask them to run `envbuilder validate ENV --publish-report` on their copy of the env",
+            )
         with state.EnvLock(self.root / "locks" / "publish.lock", timeout=lock_timeout):
             index = self.index()
             pub = index.get(name, {}).get(version)

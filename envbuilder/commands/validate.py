@@ -11,11 +11,11 @@ from typing import Any, Optional
 from rich.markup import escape
 from rich.table import Table
 
-from envbuilder import host, loader, modules, report, state
+from envbuilder import __version__, host, loader, modules, registry, report, state
 from envbuilder import validate as validator
 from envbuilder.catalog import Catalog
 from envbuilder.console import Out
-from envbuilder.errors import StateError, ValidationFailed
+from envbuilder.errors import PublishError, StateError, ValidationFailed
 
 _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
 
@@ -43,12 +43,65 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         raise StateError(
             f"{record.name} is gone from {record.prefix}", hint=f"envbuilder create {record.recipe}"
         )
-    recipe = loader.load(record.recipe, Catalog.from_env(env))
+    catalog = Catalog.from_env(env)
+    version = str(record.plan.get("recipe_version") or "")
+    ref = f"{record.recipe}@{version}" if version else record.recipe
+    target = _report_target(record.name, ref, catalog, args.registry) if args.publish_report else None
+    recipe = loader.load(ref, catalog)
     facts = host.load_facts_file(args.facts) if args.facts else host.probe()
     result = execute(record, recipe, facts, env, options(args), out, quiet=args.json, home=home)
     if args.junit:
         Path(args.junit).write_text(report.junit(result), encoding="utf-8")
-    return finish(result)
+    data = finish(result)  # a failed validation raises here: only passing reports are published
+    if target is not None:
+        reg, name = target
+        stamp = stamp_of(result, facts)
+        reg.attach_validation(name, version, stamp)
+        data["published_report"] = {"registry": str(reg.root), "recipe": f"{name}@{version}", **stamp}
+        if not args.json:
+            out.line(f"attached this passing report to {name}@{version} in {reg.root}")
+    return data
+
+
+def _report_target(
+    env_name: str, ref: str, catalog: Catalog, registry_dir: Optional[str]
+) -> tuple[registry.Registry, str]:
+    """The registry holding the published version this env was built from."""
+    name, _, version = ref.partition("@")
+    if not version:
+        raise PublishError(
+            f"{env_name} was built from {name}, which is not a published recipe: there is no version to stamp",
+            hint=f"build it from the registry (envbuilder create {name}@VERSION), then validate it",
+        )
+    if registry_dir:
+        return registry.Registry(Path(registry_dir).expanduser()), name
+    entry = catalog.lookup(ref)
+    if entry.layer.registry is None:
+        raise PublishError(f"{ref} is not in a registry on the recipe path", hint="pass --registry DIR")
+    return entry.layer.registry, name
+
+
+def stamp_of(result: report.Report, facts: host.HostFacts) -> dict[str, Any]:
+    """The tested-on stamp: where, when, how, and the key figures of a passing report."""
+    figures = {}
+    for row in result.rows:
+        for fig_name, fig in row.figures.items():
+            figures[f"{row.check}.{fig_name}"] = f"{fig['value']} {fig.get('unit', '')}".rstrip()
+    gpus = facts.gpus or ()
+    return {
+        "status": "pass",
+        "date": result.started,
+        "partition": result.partition,
+        "host": facts.hostname,
+        "gpus": f"{len(gpus)}x {gpus[0].name}" if gpus else "none",
+        "launcher": result.launcher,
+        "device": result.device,
+        "ranks": result.world,
+        "nodes": result.nodes,
+        "checks": {row.check: row.status for row in result.rows},
+        "figures": figures,
+        "envbuilder": __version__,
+    }
 
 
 def execute(

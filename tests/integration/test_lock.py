@@ -160,6 +160,8 @@ def test_lock_two_platforms_then_create_from_the_lock(world):
     assert world.x() == "x86 1.2"
     ok(world.run("create", "demo", "--force", "--locked", "--no-validate"))
     assert world.x() == "x86 1.1"
+    # Only an env built from a published version can stamp one (checked before anything runs).
+    refused(world.run("validate", "demo", "--publish-report"), 10, "demo, which is not a published recipe")
 
 
 @pytest.mark.skipif(UV is None, reason="uv is not installed")
@@ -265,37 +267,60 @@ def test_a_lock_published_with_its_recipe_is_verified_and_used(world, tmp_path):
     assert not (tmp_path / "t").exists()
 
 
-def test_real_torch_from_a_lock(torch_files, tmp_path):
-    """The embedded recipe `local` (torch 2.13.0 CPU): lock it for x86_64 through the torch index, build from the
-    lock with the hashes of the real wheels, import torch. aarch64 cannot resolve here (no such torch file)."""
+def test_real_torch_from_a_published_lock_then_a_published_report(torch_files, tmp_path):
+    """The embedded recipe `local` (torch 2.13.0 CPU): an admin locks it for x86_64 through the torch index and
+    publishes it with the lock; a user builds from that lock (the hashes of the real wheels) and torch imports; the
+    admin's passing validation is stamped on the version. aarch64 cannot resolve here (no such torch file)."""
+    registry = tmp_path / "registry"
     with serve(torch_files) as index:
         env = {
             "PATH": os.environ["PATH"],
             "HOME": str(tmp_path / "home"),
             "SCRATCH": str(tmp_path / "scratch"),
             "NO_COLOR": "1",
-            "ENVBUILDER_HOME": str(tmp_path / "eb"),
+            "ENVBUILDER_HOME": str(tmp_path / "admin"),
             "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
         }
+        user = {"ENVBUILDER_HOME": str(tmp_path / "user"), "ENVBUILDER_RECIPE_PATH": str(registry)}
 
-        def run(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "envbuilder", *args], env=env, capture_output=True,
-                                  text=True, timeout=900, cwd=REPO)  # fmt: skip
+        def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "envbuilder", *args], env={**env, **extra},
+                                  capture_output=True, text=True, timeout=900, cwd=REPO)  # fmt: skip
 
-        ok(run("lock", "local", "--platform", "x86_64", "--python", "3.11"))
-        lock = lockfile.read(tmp_path / "eb" / "lockfiles" / "local.lock.toml")
+        lock_path = tmp_path / "local.lock.toml"
+        ok(run("lock", "local", "--platform", "x86_64", "--python", "3.11", "-o", str(lock_path)))
+        lock = lockfile.read(lock_path)
         versions = lock.for_arch("x86_64").versions()
         assert versions["torch"] == "2.13.0+cpu"
         torch_file = next(torch_files.glob("torch-2.13.0*cpu*.whl"))
         torch_pkg = next(p for p in lock.for_arch("x86_64").packages if p.name == "torch")
         assert [f.sha256 for f in torch_pkg.files] == [sha(torch_file)]
-        res = ok(run("create", "local", "--locked", "--json"))
+        ok(run("publish", "local", "--registry", str(registry), "--lock", str(lock_path)))
+        res = ok(run("create", "local", "--locked", "--json", **user))
         refused(run("lock", "local", "--platform", "aarch64", "--python", "3.11"), 13, "for aarch64")
     data = json.loads(res.stdout)["data"]
     assert data["env"]["plan"]["lock"]["status"] == "applies"
+    assert data["env"]["plan"]["lock"]["origin"] == "published"
     installed = {canonicalize_name(p["name"]): p["version"] for p in data["env"]["packages"] if p["in_env"]}
     assert installed == {canonicalize_name(k): v for k, v in versions.items()}
     assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
+
+    shown = json.loads(ok(run("recipes", "show", "local", "--json", **user)).stdout)["data"]
+    assert shown["published"]["validations"] == []
+    res = ok(
+        run("validate", "local", "--cpu", "--checks", "import,ddp", "--publish-report", "--json", **user)
+    )
+    stamp = json.loads(res.stdout)["data"]["published_report"]
+    assert stamp["recipe"] == "local@1"
+    assert stamp["checks"] == {"import": "pass", "ddp": "pass"}
+    assert stamp["ranks"] >= 1
+    index_doc = json.loads((registry / "index.json").read_text())
+    assert index_doc["recipes"]["local"]["1"]["validations"][0]["checks"] == stamp["checks"]
+    res = ok(run("recipes", "show", "local", **user))
+    assert "last validated" in res.stderr
+    assert "not yet validated" not in res.stderr
+    log = [json.loads(line) for line in (registry / "publish.log").read_text().splitlines()]
+    assert [e["action"] for e in log] == ["publish", "validation"]
 
 
 @pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="ssh-keygen is not installed (openssh-client)")
