@@ -49,12 +49,17 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     checked: list[tuple[Recipe, dict[str, Any]]] = []
     for name in names:
         recipe = loader.load(name, catalog)
+        # The resolver's gates against the site's own compute facts (the recipe's [compute]), whatever this
+        # host is; then, with --facts, a full plan against those facts.
+        targets = [(host.HostFacts(source="the site's compute facts"), "its site's compute facts")]
         if facts is not None:
+            targets.append((facts, f"the facts in {args.facts}"))
+        for target, what in targets:
             try:
-                planner.build(recipe, facts, dict(os.environ))
+                planner.build(recipe, target, dict(os.environ))
             except EnvbuilderError as exc:
                 raise PublishError(
-                    f"{name} does not plan on the facts in {args.facts}: {exc.message}",
+                    f"{name} does not plan on {what}: {exc.message}",
                     hint=exc.hint
                     or "fix the recipe, or publish against the facts of the partition it targets",
                 ) from None

@@ -335,6 +335,23 @@ def test_publish_checks_every_recipe_before_writing_any(site):
     assert not (site.registry / "recipes" / "good").exists()
 
 
+def test_publish_runs_the_resolver_gates_on_the_sites_compute_facts(site):
+    """No --facts and a GPU-less host: the recipe's own [compute] (V100s) still decides, and a cu128 torch that
+    dropped sm_70 is refused before anything is written."""
+    (site.source / "v100.toml").write_text(
+        'schema_version = 1\nextends = "base.toml"\n[recipe]\nname = "v100"\n'
+        '[compute]\narch = "x86_64"\ngpu = "Tesla V100-SXM2-32GB"\ncompute_capability = "7.0"\n'
+        'gpus_per_node = 4\nmax_cuda = "12.9"\n'
+        '[torch]\ninstall = true\nversion = "2.11.0"\nvariant = "cu128"\n'
+    )
+    site.write("good")
+    res = site.publish("good", "v100")
+    refused(res, 10, "v100 does not plan on its site's compute facts")
+    assert "sm_70, which torch 2.11.0 cu128 does not carry" in res.stderr
+    assert "hint: use cu126 with torch 2.11.0" in res.stderr
+    assert not (site.registry / "recipes" / "good").exists()
+
+
 def test_world_writable_registry_refused(site):
     site.registry.mkdir()
     site.registry.chmod(0o777)
