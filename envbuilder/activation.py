@@ -104,10 +104,12 @@ def _each(var: str, body: str, indent: str) -> list[str]:
     ]
 
 
-def render_script(act: Activation) -> str:
-    """The activate extension script (sourced from bin/activate)."""
+def render_script(act: Activation, conda: bool = False) -> str:
+    """The activate extension script (sourced from bin/activate; for a conda env, conda activate sources it
+    from etc/conda/activate.d and its deactivate.d twin undoes it)."""
     names = list(dict.fromkeys([*dict(act.env), *act.unset, *ALWAYS_RESTORE]))
     q = shlex.quote
+    env_var = "CONDA_PREFIX" if conda else "VIRTUAL_ENV"
     lines = [
         f"# envbuilder activate extension for {act.recipe or 'this env'}: sourced by bin/activate.",
         "# Generated; envbuilder create rewrites it. deactivate undoes everything below.",
@@ -161,7 +163,7 @@ def render_script(act: Activation) -> str:
         lines.append(f"unset {key}")
     lines += [
         # Modules may have put their own python first; the env's must win.
-        'if [ -n "${VIRTUAL_ENV:-}" ]; then PATH="$VIRTUAL_ENV/bin:$PATH"; export PATH; fi',
+        f'if [ -n "${{{env_var}:-}}" ]; then PATH="${env_var}/bin:$PATH"; export PATH; fi',
         "hash -r 2>/dev/null || true",
         "",
         "_envbuilder_undo() {",
@@ -182,6 +184,8 @@ def render_script(act: Activation) -> str:
             "    unset _envbuilder_rest _envbuilder_item",
         ]
     lines += [*(_restore(v) for v in names), "    unset _ENVBUILDER_ACTIVE", "}", ""]
+    if conda:
+        return "\n".join(lines) + "\n"
     lines += [
         # Wrap the venv's deactivate (whatever its body) so one call undoes both, in bash and zsh alike.
         "if type deactivate >/dev/null 2>&1; then",
@@ -247,6 +251,65 @@ def install_user_prefix(build: Path, prefix: str, act: Activation) -> None:
     _write_extension(build, act)
     (build / "bin").mkdir(exist_ok=True)
     (build / "bin" / "activate").write_text(render_user_prefix_activate(prefix), encoding="utf-8")
+
+
+CONDA_ACTIVATE_REL = "etc/conda/activate.d/envbuilder.sh"
+CONDA_DEACTIVATE_REL = "etc/conda/deactivate.d/envbuilder.sh"
+_CONDA_DEACTIVATE = (
+    "# envbuilder: undo what etc/conda/activate.d/envbuilder.sh did (modules, variables). Generated.\n"
+    "if type _envbuilder_undo >/dev/null 2>&1; then _envbuilder_undo; unset -f _envbuilder_undo; fi\n"
+)
+#: What conda activate sets for an env, saved and restored by envbuilder's own bin/activate.
+_CONDA_VARS = ("PATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV")
+
+
+def render_conda_activate(prefix: str) -> str:
+    """``bin/activate`` for a conda env, for shells without ``conda activate`` (the embedded engine needs no conda
+    binary): what conda activate does for one env, then its activate.d scripts; deactivate runs deactivate.d and
+    gives the variables back."""
+    q = shlex.quote
+    hooks = '"$CONDA_PREFIX"/etc/conda/{}.d/*.sh'
+    return "\n".join(
+        [
+            "# envbuilder activate for a conda env: source it from bash or zsh (conda activate works as well).",
+            'if [ -n "${_ENVBUILDER_CONDA_ACTIVE:-}" ] && type deactivate >/dev/null 2>&1; then deactivate; fi',
+            "_ENVBUILDER_CONDA_ACTIVE=1",
+            *(_save(v) for v in _CONDA_VARS),
+            f"CONDA_PREFIX={q(prefix)}; export CONDA_PREFIX",
+            f"CONDA_DEFAULT_ENV={q(prefix)}; export CONDA_DEFAULT_ENV",
+            'PATH="$CONDA_PREFIX/bin:$PATH"; export PATH',
+            f"for _envbuilder_hook in {hooks.format('activate')}; do",
+            '    if [ -f "$_envbuilder_hook" ]; then . "$_envbuilder_hook"; fi',
+            "done",
+            "unset _envbuilder_hook",
+            "hash -r 2>/dev/null || true",
+            "deactivate() {",
+            f"    for _envbuilder_hook in {hooks.format('deactivate')}; do",
+            '        if [ -f "$_envbuilder_hook" ]; then . "$_envbuilder_hook"; fi',
+            "    done",
+            "    unset _envbuilder_hook",
+            *(_restore(v) for v in _CONDA_VARS),
+            "    unset _ENVBUILDER_CONDA_ACTIVE",
+            "    hash -r 2>/dev/null || true",
+            '    if [ "${1:-}" != nondestructive ]; then unset -f deactivate; fi',
+            "}",
+            "",
+        ]
+    )
+
+
+def install_conda(build: Path, prefix: str, act: Activation) -> None:
+    """Write a conda env's activate.d/deactivate.d hooks, and a ``bin/activate`` where the env has none."""
+    for rel, text in (
+        (CONDA_ACTIVATE_REL, render_script(act, conda=True)),
+        (CONDA_DEACTIVATE_REL, _CONDA_DEACTIVATE),
+    ):
+        path = build / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    activate = build / "bin" / "activate"
+    if not activate.exists():
+        activate.write_text(render_conda_activate(prefix), encoding="utf-8")
 
 
 def from_plan(activate: Mapping[str, object], module_init: Optional[str], recipe: str) -> Activation:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, activation, build, proc, state
-from envbuilder.errors import BackendError, EnvbuilderError, StateError, UsageError
+from envbuilder import __version__, activation, build, conda, proc, rattler_engine, state
+from envbuilder.errors import BackendError, CommandFailed, EnvbuilderError, StateError, UsageError
 from envbuilder.loader import Recipe
 from envbuilder.modules import EnvDelta, ModuleSystem
 from envbuilder.plan import Plan
@@ -110,11 +110,6 @@ def create(
             "which is unset here",
             hint="set it, or pass --prefix DIR",
         )
-    if plan.kind == "conda":
-        raise BackendError(
-            "conda envs are not built by this release (the conda backend is planned)",
-            hint="envbuilder plan NAME shows the conda commands to run by hand",
-        )
     # Resolved: uv's relocatable activate finds the env through realpath, so the record must say the same.
     final = Path(plan.prefix).expanduser().resolve()
     home = state.home(env)
@@ -196,7 +191,11 @@ def _build(
     delta = modules.apply(plan.module_use, [*plan.modules, *plan.build_modules], base_env)
     build_env = delta.apply(base_env)
     log.write(f"module delta: {len(delta.set)} set, {len(delta.unset)} unset")
-    python = build.find_python(plan.python["command"] or "python3", build_env)
+    if plan.kind == "conda":
+        # The env brings its own python (the recipe's python=X.Y); the site's is not used.
+        python = str(final / "bin" / "python")
+    else:
+        python = build.find_python(plan.python["command"] or "python3", build_env)
     parent: dict[str, Any] = {}
     if plan.system_site_packages or plan.kind == "user-prefix":
         # Only these envs see the base python's packages: is it a venv itself (whose packages a venv on top
@@ -220,7 +219,10 @@ def _build(
         tool_env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     if plan.kind == "user-prefix":
         tool_env["PYTHONUSERBASE"] = str(partial)
+    if plan.kind == "conda":
+        tool_env[rattler_engine.CACHE_VAR] = conda_cache(env)
     build_env.update(tool_env)
+    engine = ""
 
     with build.removing_on_failure(partial):
         if plan.kind == "user-prefix":
@@ -233,8 +235,19 @@ def _build(
                 extra = modules.apply(plan.module_use, [*plan.modules, *step.modules], base_env)
                 step_env = {**extra.apply(base_env), **tool_env}
             step_env, own = build.step_env(step, step_env)
-            report.step(_describe(step))
-            build.run_logged(argv, step_env, log, own)
+            if step.engine:
+                argv, engine = conda.engine_argv(argv, step.engine, step_env, plan.target.arch or "", final)
+                log.write(f"conda engine: {engine}")
+            report.step(_describe(step) + (f" with {engine}" if step.engine else ""))
+            try:
+                build.run_logged(argv, step_env, log, own)
+            except CommandFailed as exc:
+                if not step.engine:
+                    raise
+                raise BackendError(
+                    f"{engine} could not create the conda env:\n{exc.stderr_tail.rstrip()}",
+                    hint="check conda.channels and conda.packages (envbuilder plan NAME shows the command)",
+                ) from None
             if step.creates_env:
                 _after_create(plan, partial, parent, log)
         act = activation.from_plan(
@@ -243,11 +256,16 @@ def _build(
         report.step("writing the activate extension")
         if plan.kind == "user-prefix":
             activation.install_user_prefix(partial, str(final), act)
+        elif plan.kind == "conda":
+            activation.install_conda(partial, str(final), act)
         else:
             activation.install(partial, act)
         report.step("recording installed packages")
         packages = build.inventory(partial)
-        if plan.installer != "uv" and plan.kind != "user-prefix":
+        if plan.kind == "conda":
+            changed = conda.move_in(partial, final, engine)
+            log.write(f"relocated {len(changed)} file(s) from {partial} to {final}")
+        elif plan.installer != "uv" and plan.kind != "user-prefix":
             changed = build.relocate_scripts(partial, final)
             log.write(f"relocated {len(changed)} file(s) from {partial} to {final}")
         record = state.EnvRecord(
@@ -281,6 +299,15 @@ def _build(
         gpus = len(facts.get("gpus") or [])
         record = smoke(record, final, site_python, act, delta, base_env, log, home, gpus)
     return record
+
+
+def conda_cache(env: Mapping[str, str]) -> str:
+    """Where conda packages are cached: beside the envs on $SCRATCH (hardlinks, no $HOME quota), else ~/.cache."""
+    if env.get(rattler_engine.CACHE_VAR):
+        return env[rattler_engine.CACHE_VAR]
+    if env.get("SCRATCH"):
+        return str(Path(env["SCRATCH"]) / "envbuilder" / "conda-pkgs")
+    return str(Path(env.get("HOME") or Path.home()) / ".cache" / "envbuilder" / "conda-pkgs")
 
 
 def _describe(step: InstallStep) -> str:

@@ -7,6 +7,10 @@ maps every variant), ``pypi``, or an absolute directory holding wheels (``--find
 the index, later ones extra indexes; with directories only there is no index at all (``--no-index``), so
 ``https://download.pytorch.org/whl/cpu=/opt/wheels,pypi`` means "torch from that wheelhouse, its dependencies from
 PyPI". Sites without internet and the tests' local index use the same mechanism.
+
+Conda channels go through the same rules: a channel name (``conda-forge``) stands for its anaconda.org URL, on
+either side of a rule (``conda-forge=/srv/conda-mirror/conda-forge`` or
+``https://conda.anaconda.org/=https://mirror.site/conda/``); a directory target becomes a ``file://`` channel.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from envbuilder.errors import UsageError
 
 VAR = "ENVBUILDER_INDEX_MIRROR"
 PYPI = "https://pypi.org/simple"
+CONDA = "https://conda.anaconda.org/"
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ def parse(text: str) -> list[Rule]:
             )
         if upstream == "pypi":
             upstream = PYPI
+        elif "://" not in upstream and not upstream.startswith("/"):
+            upstream = CONDA + upstream  # a conda channel name
         targets = []
         for given in target.split(","):
             one = PYPI if given == "pypi" else given
@@ -121,3 +128,29 @@ def _mirrored(flag: str, url: str, rules: Sequence[Rule], notes: list[str]) -> l
     for d in dirs:
         out += ["--find-links", d]
     return out
+
+
+def channel_url(channel: str) -> str:
+    """A conda channel as a URL: names are anaconda.org's, directories are file:// channels."""
+    if "://" in channel:
+        return channel.rstrip("/")
+    if channel.startswith("/"):
+        return "file://" + channel.rstrip("/")
+    return CONDA + channel.strip("/")
+
+
+def remap_channels(channels: Sequence[str], rules: Sequence[Rule]) -> tuple[list[str], list[str]]:
+    """The recipe's conda channels as URLs, mirrored where a rule says so; and a note per change."""
+    out: list[str] = []
+    notes: list[str] = []
+    for channel in channels:
+        url = channel_url(channel)
+        rule = _match(rules, url)
+        if rule is None:
+            out.append(url)
+            continue
+        urls, dirs = rule.apply(url)
+        targets = [u.rstrip("/") for u in urls if u != PYPI] + ["file://" + d.rstrip("/") for d in dirs]
+        notes.append(f"channel {url} -> {', '.join(targets)} ({VAR})")
+        out.extend(targets)
+    return list(dict.fromkeys(out)), notes

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from envbuilder import batch, launchers, lockfile, mirror, suite
-from envbuilder.errors import LockError
+from envbuilder.errors import LockError, ResolverError, ResolverErrors
 from envbuilder.host import Gpu, HostFacts
 from envbuilder.loader import Recipe
 from envbuilder.steps import InstallStep, install_steps, locked_flags, special
@@ -301,8 +301,21 @@ def build(
         )
         if lock.nightly():
             warnings.append(lockfile.NIGHTLY_WARNING.replace("NAME", recipe.name))
+    channels: list[str] = []
+    if kind == "conda":
+        _conda_pytorch_gate(recipe)
+        channels, channel_notes = mirror.remap_channels(
+            recipe.get("conda.channels", []) or [], mirror.from_env(env)
+        )
+        notes.extend(channel_notes)
+        engine = recipe.get("conda.engine", "auto")
+        if engine == "auto":
+            notes.append(
+                "conda engine: the first of mamba, conda, micromamba on PATH once the modules are loaded, "
+                "else the embedded py-rattler"
+            )
     steps_, extra_indexes = install_steps(
-        kind, installer, python_cmd, prefix, recipe, resolution, packages, warnings, locked
+        kind, installer, python_cmd, prefix, recipe, resolution, packages, warnings, locked, channels
     )
     remapped, mirror_notes = mirror.remap([s.argv for s in steps_], mirror.from_env(env))
     steps_ = [replace(s, argv=tuple(argv)) for s, argv in zip(steps_, remapped)]
@@ -362,6 +375,44 @@ def build(
         lock_requirements=locked.requirements_txt() if locked else "",
         lock_pins=locked.pins() if locked else "",
     )
+
+
+_PYTORCH_CHANNELS = ("pytorch", "pytorch-nightly")
+_CONDA_TORCH = re.compile(r"^(pytorch|torchvision|torchaudio|pytorch-cuda)(?:[=<>!~ ]+\s*([0-9][^,\s]*))?")
+
+
+def _conda_pytorch_gate(recipe: Recipe) -> None:
+    """PyTorch's own conda channel stopped with 2.5 (deprecated, no 2.6 builds): refuse what would need it."""
+    channels = [
+        c
+        for c in recipe.get("conda.channels", []) or []
+        if c.rstrip("/").rsplit("/", 1)[-1] in _PYTORCH_CHANNELS
+    ]
+    wanted = [m for m in (_CONDA_TORCH.match(p) for p in recipe.get("conda.packages", []) or []) if m]
+    if not channels and not wanted:
+        return
+    versions: list[Optional[str]] = [m.group(2) for m in wanted if m.group(1) == "pytorch"]
+    if recipe.get("torch.install"):
+        versions.append(str(recipe.get("torch.version")))
+    if all(v and v != "latest" and not _at_least(v, (2, 6)) for v in versions or [None]):
+        return
+    source = ", ".join([*(f"channel {c}" for c in channels), *(m.group(0) for m in wanted)])
+    raise ResolverErrors(
+        [
+            ResolverError(
+                f"{recipe.name} asks for torch through PyTorch's conda channel ({source}), which was deprecated "
+                "with 2.5 and has no builds from 2.6 on",
+                gate="conda-pytorch-channel",
+                hint="drop pytorch from conda.channels and conda.packages; set torch.install = true so torch comes "
+                "from the wheel index, installed with pip inside the env",
+            )
+        ]
+    )
+
+
+def _at_least(version: str, minimum: tuple[int, int]) -> bool:
+    parts = re.findall(r"\d+", version)[:2]
+    return len(parts) < 2 or (int(parts[0]), int(parts[1])) >= minimum
 
 
 def _python_minor(version: Optional[str]) -> str:

@@ -29,6 +29,8 @@ class InstallStep:
     site_python: bool = False
     creates_env: bool = False
     label: str = ""
+    #: conda env creation: the recipe's engine (auto, conda, mamba, micromamba, rattler), chosen at build time.
+    engine: str = ""
 
     def display(self) -> tuple[str, ...]:
         """The step as one command line (``env K=V ...`` first when it sets variables)."""
@@ -44,7 +46,7 @@ def _pip(installer: str, python: str, target_flag: Sequence[str] = ()) -> list[s
 
 
 def _create_step(
-    kind: str, installer: str, python_cmd: str, prefix: str, recipe: Recipe
+    kind: str, installer: str, python_cmd: str, prefix: str, recipe: Recipe, channels: Sequence[str]
 ) -> Optional[InstallStep]:
     ssp = ["--system-site-packages"] if (recipe.get("env.system_site_packages") or kind == "overlay") else []
     prompt = ["--prompt", recipe.name]
@@ -63,13 +65,13 @@ def _create_step(
     if kind == "conda":
         conda_python = recipe.get("python.version") or "3.12"
         engine = recipe.get("conda.engine", "auto")
-        exe = "conda" if engine in ("auto", "conda") else engine
+        exe = "envbuilder-rattler" if engine == "rattler" else ("conda" if engine == "auto" else engine)
         cmd = [exe, "create", "--yes", "--prefix", prefix, "--override-channels"]
-        for ch in recipe.get("conda.channels", []):
+        for ch in channels:
             cmd += ["--channel", ch]
         # python and pip inside the env: without them pip is the base env's (the Zurada seed's mistake).
         cmd += [f"python={conda_python}", "pip", *recipe.get("conda.packages", [])]
-        return InstallStep(tuple(cmd), creates_env=True)
+        return InstallStep(tuple(cmd), creates_env=True, engine=engine, label="the conda env")
     return None
 
 
@@ -97,9 +99,10 @@ def install_steps(
     packages: Sequence[Mapping[str, Any]],
     warnings: list[str],
     locked: Optional[PlatformLock] = None,
+    channels: Sequence[str] = (),
 ) -> tuple[list[InstallStep], list[str]]:
     steps: list[InstallStep] = []
-    create = _create_step(kind, installer, python_cmd, prefix, recipe)
+    create = _create_step(kind, installer, python_cmd, prefix, recipe, channels)
     if create:
         steps.append(create)
     env_python = f"{prefix}/bin/python"

@@ -1,0 +1,76 @@
+"""The conda backend at build time: choose the engine, and move a conda env built beside its prefix into place.
+
+The plan's create step is conda's own command line (``ENGINE create --yes --prefix P --override-channels --channel
+URL ... python=X.Y pip ...``). Here it gets its engine: the recipe's, or with ``auto`` the first of mamba, conda and
+micromamba on PATH once the recipe's modules are loaded (a site's miniforge3 module), else the embedded py-rattler
+(``envbuilder.rattler_engine``, same command line), which writes the final prefix into the files that embed one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from envbuilder import archive
+from envbuilder.errors import BackendError
+
+CLI_ENGINES = ("mamba", "conda", "micromamba")
+RATTLER = "rattler"
+SUBDIRS = {"x86_64": "linux-64", "aarch64": "linux-aarch64", "ppc64le": "linux-ppc64le"}
+
+
+def rattler_available() -> bool:
+    return importlib.util.find_spec("rattler") is not None
+
+
+def engine_argv(
+    argv: Sequence[str], engine: str, env: Mapping[str, str], arch: str, final: Path
+) -> tuple[list[str], str]:
+    """The create command for the engine that will run it, and that engine's name."""
+    path = env.get("PATH", "")
+    if engine == "auto":
+        for name in CLI_ENGINES:
+            exe = shutil.which(name, path=path)
+            if exe:
+                return [exe, *argv[1:]], name
+        if not rattler_available():
+            raise BackendError(
+                "no conda engine: neither mamba, conda nor micromamba is on PATH after loading the recipe's "
+                "modules, and py-rattler (the embedded engine) is not installed",
+                hint="load the site's conda module (module spider miniforge3), or pip install py-rattler",
+            )
+        engine = RATTLER
+    if engine == RATTLER:
+        if not rattler_available():
+            raise BackendError(
+                "conda.engine = 'rattler' needs py-rattler, which is not installed here",
+                hint="pip install py-rattler (Python 3.10 or newer)",
+            )
+        subdir = SUBDIRS.get(arch, "linux-64")
+        cmd = [sys.executable, "-m", "envbuilder.rattler_engine", *argv[1:]]
+        return [*cmd, "--platform", subdir, f"--final-prefix={final}"], RATTLER
+    exe = shutil.which(engine, path=path)
+    if exe is None:
+        raise BackendError(
+            f"conda.engine = {engine!r}, but {engine} is not on PATH after loading the recipe's modules",
+            hint="load the module that provides it, or set conda.engine = 'auto' or 'rattler'",
+        )
+    return [exe, *argv[1:]], engine
+
+
+def move_in(build: Path, final: Path, engine: str) -> list[str]:
+    """Rewrite the build path to the final one where a later install wrote it (script headers of pip-installed
+    packages, conda's activate.d); refuse an env whose binaries embed the build path (a CLI engine's, which
+    cannot build for another prefix). Returns the files rewritten."""
+    moved = archive.relocate(build, str(build), str(final))
+    if moved.left:
+        shown = ", ".join(moved.left[:4]) + (" …" if len(moved.left) > 4 else "")
+        raise BackendError(
+            f"the {engine} build wrote its temporary path into {len(moved.left)} file(s) that cannot be rewritten "
+            f"safely ({shown}), so it cannot be moved into place at {final}",
+            hint="set conda.engine = 'rattler' (py-rattler builds for the final prefix directly)",
+        )
+    return list(moved.rewritten)

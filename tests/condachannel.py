@@ -1,0 +1,132 @@
+"""Test fixtures for conda envs: real conda packages (.tar.bz2 with info/index.json, paths.json, files and a
+payload) built here, in a local channel that py-rattler indexes, so the conda backend solves and installs them as
+it would packages from conda-forge.
+
+There is no relocatable CPython conda package offline, so ``python_package`` wraps this machine's interpreter the way
+a venv does: ``bin/python3.X`` links to it and ``pyvenv.cfg`` makes the env its ``sys.prefix``. ``pip_package``
+repacks the pip wheel that ships with CPython (ensurepip) as a conda package, as conda-forge's pip is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import sys
+import sysconfig
+import tarfile
+import time
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Union
+
+PLACEHOLDER = "/opt/anaconda1anaconda2anaconda3"
+Content = Union[str, bytes]
+
+
+def build_package(
+    channel: Path,
+    name: str,
+    version: str,
+    files: Mapping[str, Content] = {},
+    depends: Sequence[str] = (),
+    build: str = "0",
+    subdir: str = "linux-64",
+    softlinks: Mapping[str, str] = {},
+    prefixed: Sequence[str] = (),
+) -> Path:
+    """A conda package. ``prefixed`` files hold PLACEHOLDER, which the installer replaces with the env's prefix."""
+    out = channel / subdir
+    out.mkdir(parents=True, exist_ok=True)
+    (channel / "noarch").mkdir(parents=True, exist_ok=True)
+    payload = {p: (c.encode() if isinstance(c, str) else c) for p, c in files.items()}
+    paths = []
+    for rel, data in sorted(payload.items()):
+        entry = {"_path": rel, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest()}
+        entry["size_in_bytes"] = len(data)
+        if rel in prefixed:
+            entry.update(file_mode="text", prefix_placeholder=PLACEHOLDER)
+        paths.append(entry)
+    for rel in sorted(softlinks):
+        paths.append({"_path": rel, "path_type": "softlink", "size_in_bytes": 0})
+    index = {
+        "name": name,
+        "version": version,
+        "build": build,
+        "build_number": 0,
+        "depends": list(depends),
+        "subdir": subdir,
+        "license": "BSD-3-Clause",
+        "timestamp": int(time.time() * 1000),
+    }
+    if subdir == "noarch":
+        index["noarch"] = "generic"
+    else:
+        index.update(arch="x86_64", platform="linux")
+    info = {
+        "info/index.json": json.dumps(index).encode(),
+        "info/paths.json": json.dumps({"paths": paths, "paths_version": 1}).encode(),
+        "info/files": ("\n".join([*sorted(payload), *sorted(softlinks)]) + "\n").encode(),
+    }
+    if prefixed:
+        info["info/has_prefix"] = "".join(f"{PLACEHOLDER} text {p}\n" for p in prefixed).encode()
+    path = out / f"{name}-{version}-{build}.tar.bz2"
+    with tarfile.open(path, "w:bz2") as tf:
+        for rel, data in [*info.items(), *payload.items()]:
+            ti = tarfile.TarInfo(rel)
+            ti.size = len(data)
+            ti.mode = 0o755 if rel.startswith("bin/") else 0o644
+            tf.addfile(ti, io.BytesIO(data))
+        for rel, target in softlinks.items():
+            ti = tarfile.TarInfo(rel)
+            ti.type = tarfile.SYMTYPE
+            ti.linkname = target
+            tf.addfile(ti)
+    return path
+
+
+def python_package(channel: Path) -> Path:
+    """``python`` at this interpreter's version, wrapping it venv-style (see the module docstring)."""
+    exe = Path(sys.executable).resolve()
+    major_minor = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    version = ".".join(str(v) for v in sys.version_info[:3])
+    cfg = f"home = {exe.parent}\ninclude-system-site-packages = false\nversion = {version}\n"
+    return build_package(
+        channel,
+        "python",
+        version,
+        files={"pyvenv.cfg": cfg, f"lib/python{major_minor}/site-packages/.keep": ""},
+        build="h0_envbuilder_tests",
+        softlinks={
+            f"bin/python{major_minor}": str(exe),
+            "bin/python3": f"python{major_minor}",
+            "bin/python": f"python{major_minor}",
+        },
+    )
+
+
+def pip_package(channel: Path) -> Path:
+    """pip from CPython's own bundled wheel, as a conda package for this interpreter's site-packages."""
+    bundled = Path(sysconfig.get_paths()["stdlib"]) / "ensurepip" / "_bundled"
+    wheel = next(bundled.glob("pip-*.whl"))
+    version = wheel.name.split("-")[1]
+    site = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
+    files: dict[str, Content] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        for member in zf.namelist():
+            if not member.endswith("/"):
+                files[f"{site}/{member}"] = zf.read(member)
+    files["bin/pip"] = f"#!{PLACEHOLDER}/bin/python\nimport sys\nfrom pip._internal.cli.main import main\nsys.exit(main())\n"
+    major_minor = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return build_package(
+        channel, "pip", version, files=files, depends=[f"python {major_minor}.*"], prefixed=["bin/pip"]
+    )
+
+
+def index(channel: Path) -> None:
+    """repodata.json for every subdir, written by py-rattler's indexer."""
+    from rattler.index import index_fs  # noqa: PLC0415 - only tests that built a channel need it
+
+    asyncio.run(index_fs(channel, write_zst=False, write_shards=False, force=True))
