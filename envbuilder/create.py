@@ -244,8 +244,9 @@ def _build(
             except CommandFailed as exc:
                 if not step.engine:
                     raise
+                detail = exc.stderr_tail.rstrip() or f"(no message; {proc.describe_status(exc.returncode)})"
                 raise BackendError(
-                    f"{engine} could not create the conda env:\n{exc.stderr_tail.rstrip()}",
+                    f"{engine} could not create the conda env:\n{detail}",
                     hint="check conda.channels and conda.packages (envbuilder plan NAME shows the command)",
                 ) from None
             if step.creates_env:

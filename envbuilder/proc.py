@@ -116,6 +116,14 @@ def run(
     return result
 
 
+def describe_status(returncode: int) -> str:
+    """``exit status N``, or the signal's name for a negative status (a crash or a kill)."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit status {returncode}"
+
+
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)

@@ -105,4 +105,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: py-rattler's runtime threads can crash (SIGSEGV) while Python finalizes, after
+    # the env is complete, which would turn a good build into a failed one.
+    os._exit(status)

@@ -118,7 +118,9 @@ def pip_package(channel: Path) -> Path:
         for member in zf.namelist():
             if not member.endswith("/"):
                 files[f"{site}/{member}"] = zf.read(member)
-    files["bin/pip"] = f"#!{PLACEHOLDER}/bin/python\nimport sys\nfrom pip._internal.cli.main import main\nsys.exit(main())\n"
+    files["bin/pip"] = (
+        f"#!{PLACEHOLDER}/bin/python\nimport sys\nfrom pip._internal.cli.main import main\nsys.exit(main())\n"
+    )
     major_minor = f"{sys.version_info[0]}.{sys.version_info[1]}"
     return build_package(
         channel, "pip", version, files=files, depends=[f"python {major_minor}.*"], prefixed=["bin/pip"]
@@ -127,6 +129,6 @@ def pip_package(channel: Path) -> Path:
 
 def index(channel: Path) -> None:
     """repodata.json for every subdir, written by py-rattler's indexer."""
-    from rattler.index import index_fs  # noqa: PLC0415 - only tests that built a channel need it
+    from rattler.index import index_fs
 
     asyncio.run(index_fs(channel, write_zst=False, write_shards=False, force=True))

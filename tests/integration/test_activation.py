@@ -191,3 +191,87 @@ def test_hook_is_idempotent_and_independent_of_template_wording():
 def test_invalid_variable_names_are_refused():
     with pytest.raises(ValueError):
         Activation(env={"A; rm -rf /": "1"})
+
+
+# --- conda envs: etc/conda/activate.d + deactivate.d, and envbuilder's bin/activate for shells without conda ---
+
+CONDA_ACT = Activation(
+    modules=("miniforge3/25.3.1-gcc-11.4.1",),
+    env={"OMP_NUM_THREADS": "16", "TRICKY": "$(touch PWNED3) `id` 'x' \"y\""},
+    unset=("NCCL_DEBUG",),
+    module_init=str(LMOD_INIT_DIR),
+    recipe="zurada-conda",
+)
+
+# What `conda activate PREFIX` does for one env, then `conda deactivate`: set CONDA_PREFIX and PATH and source the
+# activate.d scripts; source the deactivate.d scripts and put CONDA_PREFIX and PATH back. (No conda binary can be
+# installed here; these are the steps conda documents for env hooks.)
+CONDA_DRIVER = r"""
+{init}
+dump() {{ env -0 > "$1"; }}
+dump "$2/before"
+_old_path="$PATH"
+CONDA_PREFIX="$1"; export CONDA_PREFIX
+PATH="$1/bin:$PATH"; export PATH
+for f in "$1"/etc/conda/activate.d/*.sh; do . "$f"; done
+dump "$2/during"
+command -v python > "$2/python"
+for f in "$1"/etc/conda/deactivate.d/*.sh; do . "$f"; done
+unset CONDA_PREFIX f
+PATH="$_old_path"; export PATH
+unset _old_path
+dump "$2/after"
+type _envbuilder_undo >/dev/null 2>&1 && echo "undo still defined" > "$2/leak"
+true
+"""
+
+
+@pytest.fixture
+def conda_prefix(tmp_path):
+    prefix = tmp_path / HOSTILE
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "python").symlink_to(os.path.realpath(shutil.which("python3") or "/usr/bin/python3"))
+    (prefix / "conda-meta").mkdir()
+    return prefix
+
+
+@needs_lmod
+@pytest.mark.parametrize("shell", SHELLS)
+def test_conda_hooks_round_trip_the_way_conda_activate_runs_them(shell, conda_prefix, tmp_path):
+    activation.install_conda(conda_prefix, str(conda_prefix), CONDA_ACT)
+    work = tmp_path / "work"
+    work.mkdir()
+    script = CONDA_DRIVER.format(init=f". {LMOD_INIT_DIR}/{shell}")
+    argv = [shell, "-c", script, "d", str(conda_prefix), str(work)]
+    if shell == "zsh":
+        argv.insert(1, "-f")
+    env = {"HOME": str(work), "PATH": "/usr/bin:/bin", "MODULEPATH": str(DATA / "modules" / "site"),
+           "NCCL_DEBUG": "WARN"}  # fmt: skip
+    res = subprocess.run(argv, env=env, cwd=work, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert not (work / "leak").exists()
+    before, during, after = (read_env(work / n) for n in ("before", "during", "after"))
+    assert during["LOADEDMODULES"] == "miniforge3/25.3.1-gcc-11.4.1"
+    assert during["CONDA_EXE"] == "/opt/fake/miniforge3-25.3.1/bin/conda"  # set by the fixture module
+    assert during["TRICKY"] == "$(touch PWNED3) `id` 'x' \"y\""
+    assert "NCCL_DEBUG" not in during
+    # The module prepended its bin; the env's python stays first.
+    assert (work / "python").read_text().strip() == str(conda_prefix / "bin" / "python")
+    assert after == before
+    assert not list(work.glob("PWNED*"))
+
+
+@needs_lmod
+@pytest.mark.parametrize("shell", SHELLS)
+def test_conda_env_bin_activate_for_shells_without_conda(shell, conda_prefix, tmp_path):
+    activation.install_conda(conda_prefix, str(conda_prefix), CONDA_ACT)
+    before, during, after = run(shell, conda_prefix, tmp_path)
+    assert during["CONDA_PREFIX"] == str(conda_prefix)
+    assert during["LOADEDMODULES"] == "miniforge3/25.3.1-gcc-11.4.1"
+    assert during["OMP_NUM_THREADS"] == "16"
+    assert (tmp_path / "python").read_text().strip() == str(conda_prefix / "bin" / "python")
+    assert after == before
+    # A conda env that already has bin/activate (conda's base) keeps it.
+    (conda_prefix / "bin" / "activate").write_text("# conda's own\n")
+    activation.install_conda(conda_prefix, str(conda_prefix), CONDA_ACT)
+    assert (conda_prefix / "bin" / "activate").read_text() == "# conda's own\n"

@@ -1,0 +1,302 @@
+"""conda envs for real: a local channel of conda packages built here (a python wrapping this machine's interpreter,
+pip, a library and a tool that embeds its prefix), indexed by py-rattler and solved and installed by the embedded
+engine with no conda binary; pip packages and the machine's CPU torch installed inside; the Zurada recipe on an
+emulated Zurada (real Lmod module names, mirrored channel and index); the Polaris overlay on a fixture conda
+module; a solver failure; a conda env backed up and restored elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from condachannel import PLACEHOLDER, build_package, index, pip_package, python_package
+from conftest import DATA, REPO
+from wheelindex import build_wheel, mirror_env, serve
+
+from envbuilder import archive
+from envbuilder.catalog import builtin_dir
+
+pytestmark = pytest.mark.integration
+rattler = pytest.importorskip("rattler", reason="py-rattler (the embedded conda engine) is not installed")
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
+needs_lmod = pytest.mark.skipif(not LMOD_INIT.is_file(), reason="Lmod not installed (.ci/run installs it)")
+PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+RECIPE = """
+schema_version = 1
+[recipe]
+name = "{name}"
+[env]
+kind = "conda"
+prefix = "${{SCRATCH}}/envs/{{name}}"
+[conda]
+channels = ["conda-forge"]
+packages = {conda}
+[python]
+command = "python"
+version = "{py}"
+[torch]
+install = false
+[activate]
+env = {{ CDEMO = "it's set" }}
+[[packages]]
+name = "condademo"
+spec = "condademo==1.0"
+"""
+
+
+@pytest.fixture(scope="module")
+def channel(tmp_path_factory):
+    ch = tmp_path_factory.mktemp("conda-channel")
+    python_package(ch)
+    pip_package(ch)
+    build_package(ch, "hpc-lib", "1.0", files={"share/hpc-lib/VERSION": "1.0\n"})
+    build_package(ch, "hpc-lib", "2.0", files={"share/hpc-lib/VERSION": "2.0\n"})
+    tool = f'#!/bin/sh\necho "hello from {PLACEHOLDER}: hpc-lib $(cat {PLACEHOLDER}/share/hpc-lib/VERSION)"\n'
+    build_package(
+        ch,
+        "hpc-hello",
+        "0.1",
+        files={"bin/hpc-hello": tool},
+        depends=["hpc-lib >=1.0,<2"],
+        prefixed=["bin/hpc-hello"],
+    )
+    index(ch)
+    return ch
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory, torch_files):
+    d = tmp_path_factory.mktemp("conda-wheels")
+    for f in torch_files.iterdir():
+        os.link(f, d / f.name)
+    build_wheel(
+        d, "condademo", "1.0", {"condademo/__init__.py": "OK = True\n"}, scripts={"condademo": "condademo:OK"}
+    )
+    with serve(d) as idx:
+        yield idx
+
+
+class World:
+    def __init__(self, root: Path, channel: Path, idx: Any) -> None:
+        self.root = root
+        self.recipes = root / "recipes"
+        self.recipes.mkdir()
+        self.scratch = root / "scratch"
+        self.channel = channel
+        self.env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(root / "home"),
+            "NO_COLOR": "1",
+            "COLUMNS": "200",
+            "SCRATCH": str(self.scratch),
+            "ENVBUILDER_HOME": str(root / "eb"),
+            "ENVBUILDER_RECIPE_PATH": str(self.recipes),
+            "ENVBUILDER_INDEX_MIRROR": f"{mirror_env(idx)} conda-forge={channel}",
+            "UV_CACHE_DIR": str(root / "uv-cache"),
+            "MODULEPATH": str(DATA / "modules" / "site"),
+        }
+
+    def recipe(self, name: str = "cdemo", conda: tuple[str, ...] = ("hpc-hello",), extra: str = "") -> None:
+        text = RECIPE.format(name=name, conda=json.dumps(list(conda)), py=PY) + extra
+        (self.recipes / f"{name}.toml").write_text(text)
+
+    def run(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "envbuilder", *args], env={**self.env, **extra},
+                              capture_output=True, text=True, timeout=900, cwd=REPO)  # fmt: skip
+
+    def data(self, *args: str, **extra: str) -> Any:
+        return json.loads(ok(self.run(*args, "--json", **extra)).stdout)["data"]
+
+
+def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+    return res
+
+
+def sh(cmd: str, env: dict[str, str]) -> str:
+    return ok(subprocess.run(["bash", "--noprofile", "--norc", "-c", cmd], env=env, capture_output=True,
+                             text=True, timeout=120)).stdout  # fmt: skip
+
+
+@pytest.fixture
+def world(tmp_path, channel, wheels):
+    return World(tmp_path, channel, wheels)
+
+
+def files_of(prefix: Path) -> list[dict[str, Any]]:
+    """Every file with its hash, less Python's bytecode caches (a read-only site env has none written)."""
+    return [e for e in archive.hash_tree(prefix) if "__pycache__" not in e["path"]]
+
+
+def conda_meta(prefix: Path) -> dict[str, str]:
+    out = {}
+    for f in (prefix / "conda-meta").glob("*.json"):
+        rec = json.loads(f.read_text())
+        out[rec["name"]] = rec["version"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_embedded_engine_builds_a_conda_env_with_python_and_pip_inside(world):
+    world.recipe()
+    plan = world.data("plan", "cdemo")
+    create_cmd = plan["install_commands"][0]
+    assert create_cmd[:6] == ["conda", "create", "--yes", "--prefix", plan["prefix"], "--override-channels"]
+    assert create_cmd[6:8] == ["--channel", f"file://{world.channel}"]  # conda-forge, mirrored
+    assert create_cmd[8:] == [f"python={PY}", "pip", "hpc-hello"]
+
+    data = world.data("create", "cdemo", "--no-validate")
+    prefix = world.scratch / "envs" / "cdemo"
+    assert data["env"]["prefix"] == str(prefix)
+    assert any("conda engine: rattler" in line for line in Path(data["log"]).read_text().splitlines())
+    meta = conda_meta(prefix)
+    assert meta["python"] == ".".join(str(v) for v in sys.version_info[:3])
+    assert meta["hpc-lib"] == "1.0"  # hpc-hello's <2 pin held against the newer 2.0
+    assert set(meta) == {"python", "pip", "hpc-hello", "hpc-lib"}
+    # Built beside its prefix, the env names its final prefix: the engine patched it, not the build path.
+    out = subprocess.run(
+        [str(prefix / "bin" / "hpc-hello")], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == f"hello from {prefix}: hpc-lib 1.0"
+    assert not list(prefix.parent.glob(".cdemo*"))
+    assert str(prefix.parent / ".cdemo") not in (prefix / "bin" / "condademo").read_text()
+    # pip is the env's own (the Zurada seed's conda create without python used the base env's pip).
+    pip = sh(f"source '{prefix}/bin/activate' && command -v pip && pip --version", world.env)
+    assert pip.splitlines()[0] == str(prefix / "bin" / "pip")
+    assert f"from {prefix}/lib/python{PY}/site-packages/pip" in pip
+    versions = {p["name"]: p["version"] for p in data["env"]["packages"] if p["in_env"]}
+    assert versions["condademo"] == "1.0"
+    # Activation: bin/activate for shells without conda, and the variables come and go.
+    out = sh(f"source '{prefix}/bin/activate' && echo \"$CDEMO|$CONDA_PREFIX\" && deactivate && "
+             'echo "${CDEMO-unset}|${CONDA_PREFIX-unset}"', world.env)  # fmt: skip
+    assert out.splitlines() == [f"it's set|{prefix}", "unset|unset"]
+
+
+def test_an_unsatisfiable_request_is_a_solver_error_and_leaves_nothing(world):
+    world.recipe(conda=("hpc-hello", "hpc-lib>=2"))
+    res = world.run("create", "cdemo")
+    assert res.returncode == 7, res.stderr
+    assert "rattler could not create the conda env" in res.stderr
+    assert "hpc-lib" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not (world.scratch / "envs" / "cdemo").exists()
+    assert not list((world.scratch / "envs").glob(".cdemo*"))
+    world.recipe(conda=("no-such-package",))
+    res = world.run("create", "cdemo")
+    assert res.returncode == 7
+    assert "no-such-package" in res.stderr
+
+
+def test_pytorchs_conda_channel_is_refused_for_current_torch(world):
+    world.recipe()
+    text = (world.recipes / "cdemo.toml").read_text()
+    text = text.replace('channels = ["conda-forge"]', 'channels = ["pytorch", "conda-forge"]')
+    text = text.replace("install = false", 'install = true\nversion = "2.7.1"\nvariant = "cpu"')
+    (world.recipes / "cdemo.toml").write_text(text)
+    res = world.run("plan", "cdemo")
+    assert res.returncode == 4, res.stderr
+    assert "PyTorch's conda channel (channel pytorch)" in res.stderr
+    assert "torch.install = true" in res.stderr
+
+
+def test_torch_from_the_index_inside_a_conda_env(world):
+    world.recipe(name="ctorch", extra="")
+    text = (world.recipes / "ctorch.toml").read_text()
+    text = text.replace(
+        "install = false", 'install = true\nversion = "2.13.0"\nvariant = "cpu"\npackages = ["torch"]'
+    )
+    (world.recipes / "ctorch.toml").write_text(text)
+    data = world.data("create", "ctorch", "--no-validate")
+    prefix = world.scratch / "envs" / "ctorch"
+    out = sh(f"source '{prefix}/bin/activate' && python -c 'import sys, torch; "
+             "print(torch.__version__, sys.prefix, torch.__file__)'", world.env)  # fmt: skip
+    version, sys_prefix, torch_file = out.split()
+    assert version == "2.13.0+cpu"
+    assert sys_prefix == str(prefix)
+    assert torch_file.startswith(f"{prefix}/lib/python{PY}/site-packages/torch")
+    assert data["env"]["plan"]["torch"]["index_url"] == "https://download.pytorch.org/whl/cpu"
+
+    # Backups of conda envs are exact archives, restored (and relocated) elsewhere.
+    backup = world.data("backup", "ctorch")
+    assert backup["mode"] == "archive"
+    dest = world.root / "restored" / "ctorch"
+    ok(world.run("restore", "ctorch", "--prefix", str(dest), "--name", "ctorch2", "--no-validate"))
+    out = subprocess.run([str(dest / "bin" / "hpc-hello")], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"hello from {dest}: hpc-lib 1.0"
+    out = sh(f"source '{dest}/bin/activate' && python -c 'import sys, torch; print(sys.prefix)'", world.env)
+    assert out.strip() == str(dest)
+
+
+@needs_lmod
+def test_zurada_recipe_on_an_emulated_zurada(world, tmp_path):
+    """zurada-conda-cu126 itself, on Zurada's module names (the fixture tree has miniforge3/25.3.1-gcc-11.4.1,
+    without a conda binary, so the embedded engine builds) with conda-forge and the wheel index mirrored. This
+    machine has neither Python 3.12 nor a cu126 torch 2.7.1 wheel (nor torchvision/torchaudio), so a recipe layer
+    changes only those (and the prefix); everything else is the shipped recipe's."""
+    shipped = builtin_dir() / "zurada" / "zurada-conda-cu126.toml"
+    rel = os.path.relpath(shipped, world.recipes)
+    # The layer extends the shipped file by path and takes its name (it shadows the built-in recipe).
+    (world.recipes / "zurada-conda-cu126.toml").write_text(
+        f'schema_version = 1\nextends = "{rel}"\n[recipe]\nname = "zurada-conda-cu126"\n'
+        f'[env]\nprefix = "${{SCRATCH}}/envs/{{name}}"\n[python]\nversion = "{PY}"\n'
+        '[torch]\nversion = "2.13.0"\nvariant = "cpu"\npackages = ["torch"]\n'
+    )
+    plan = world.data("plan", "zurada-conda-cu126")
+    assert plan["modules"] == ["miniforge3/25.3.1-gcc-11.4.1"]
+    assert plan["install_commands"][0][-2:] == [f"python={PY}", "pip"]
+    data = world.data("create", "zurada-conda-cu126", USER="tester")
+    prefix = Path(data["env"]["prefix"])
+    assert data["env"]["modules"]["delta_set"]["LOADEDMODULES"] == "miniforge3/25.3.1-gcc-11.4.1"
+    assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
+    # The env's activate.d loads the site's conda module and the recipe's OpenMP profile; deactivate undoes both.
+    out = sh(
+        f"source {LMOD_INIT}; source '{prefix}/bin/activate'; "
+        'echo "$LOADEDMODULES|$OMP_NUM_THREADS|$(command -v python)"; deactivate; '
+        'echo "${LOADEDMODULES:-none}|${OMP_NUM_THREADS:-unset}"',
+        world.env,
+    )
+    assert out.splitlines() == [f"miniforge3/25.3.1-gcc-11.4.1|16|{prefix}/bin/python", "none|unset"]
+
+
+@needs_lmod
+def test_polaris_overlay_on_a_fixture_conda_module(world, tmp_path):
+    """polaris-overlay-conda over a site conda env (built here with torch inside) that a `conda/2025-09-25` module
+    puts on PATH: a venv on top sees the site's torch, adds its own package, and the site env is not written."""
+    world.recipe(name="site-conda", conda=())
+    text = (world.recipes / "site-conda.toml").read_text()
+    text = text.replace(
+        "install = false", 'install = true\nversion = "2.13.0"\nvariant = "cpu"\npackages = ["torch"]'
+    )
+    (world.recipes / "site-conda.toml").write_text(text.replace("[[packages]]\n", "").replace(
+        'name = "condademo"\nspec = "condademo==1.0"\n', ""))  # fmt: skip
+    site_env = tmp_path / "soft" / "datascience" / "conda" / "2025-09-25"
+    ok(world.run("create", "site-conda", "--prefix", str(site_env), "--no-validate"))
+    before = files_of(site_env)
+
+    modules = tmp_path / "modulefiles" / "conda"
+    modules.mkdir(parents=True)
+    (modules / "2025-09-25.lua").write_text(f'prepend_path("PATH", "{site_env}/bin")\n')
+    rel = os.path.relpath(builtin_dir() / "alcf" / "polaris" / "polaris-overlay-conda.toml", world.recipes)
+    (world.recipes / "polaris-overlay-conda.toml").write_text(
+        f'schema_version = 1\nextends = "{rel}"\n[recipe]\nname = "polaris-overlay-conda"\n'
+        f'[modules]\nuse = ["{modules.parent}"]\n[env]\nprefix = "${{SCRATCH}}/envs/{{name}}"\n'
+        '[[packages]]\nname = "condademo"\nspec = "condademo==1.0"\n'
+    )
+    data = world.data("create", "polaris-overlay-conda", PROJECT="p")
+    prefix = Path(data["env"]["prefix"])
+    assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
+    out = sh(f"source {LMOD_INIT}; source '{prefix}/bin/activate'; python -c 'import sys, torch, condademo; "
+             "print(sys.prefix, torch.__file__, condademo.__file__)'; deactivate", world.env)  # fmt: skip
+    sys_prefix, torch_file, demo_file = out.split()
+    assert sys_prefix == str(prefix)
+    assert torch_file.startswith(str(site_env))  # the site's torch, through the overlay
+    assert demo_file.startswith(str(prefix))  # the user's own package, in the overlay
+    assert files_of(site_env) == before  # nothing was written into the site env

@@ -1,0 +1,141 @@
+"""The conda backend's pure parts: the create command in a plan, channels through the mirror rules, the PyTorch
+conda-channel gate, and which engine runs (the engines themselves run in tests/integration/test_conda.py)."""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from envbuilder import conda, mirror, plan
+from envbuilder.catalog import Catalog, Layer, builtin_dir
+from envbuilder.errors import BackendError, ResolverErrors
+from envbuilder.host import HostFacts
+from envbuilder.loader import load
+
+HOST = HostFacts(arch="x86_64", python="3.11.7", glibc="2.34", gpus=())
+ENV = {"SCRATCH": "/scratch/u", "HOME": "/home/u", "USER": "u"}
+
+RECIPE = """
+schema_version = 1
+[recipe]
+name = "c"
+[env]
+kind = "conda"
+prefix = "${{SCRATCH}}/envs/{{name}}"
+[conda]
+channels = {channels}
+packages = {packages}
+engine = "{engine}"
+[python]
+command = "python"
+version = "3.12"
+[torch]
+install = {install}
+version = "{version}"
+variant = "cpu"
+"""
+
+
+def recipe(
+    tmp_path: Path, channels=("conda-forge",), packages=(), engine="auto", install=True, version="2.7.1"
+):
+    text = RECIPE.format(
+        channels=list(channels).__repr__().replace("'", '"'),
+        packages=list(packages).__repr__().replace("'", '"'),
+        engine=engine,
+        install=str(install).lower(),
+        version=version,
+    )
+    (tmp_path / "c.toml").write_text(text)
+    return load("c", Catalog([Layer("t", tmp_path)]))
+
+
+def test_the_create_step_puts_python_and_pip_in_the_env(tmp_path):
+    p = plan.build(recipe(tmp_path, packages=("hdf5",)), HOST, ENV)
+    create = p.install_steps[0]
+    assert create.engine == "auto"
+    assert create.argv == (
+        "conda", "create", "--yes", "--prefix", "/scratch/u/envs/c", "--override-channels",
+        "--channel", "https://conda.anaconda.org/conda-forge", "python=3.12", "pip", "hdf5",
+    )  # fmt: skip
+    # torch then comes from the wheel index, with the env's own pip (uv) into the env's python.
+    assert p.install_steps[1].argv[:5] == ("uv", "pip", "install", "--python", "/scratch/u/envs/c/bin/python")
+    assert any("else the embedded py-rattler" in n for n in p.notes)
+
+
+def test_channels_go_through_the_mirror_rules(tmp_path):
+    env = {
+        **ENV,
+        mirror.VAR: "conda-forge=/srv/conda/cf https://conda.anaconda.org/=https://mirror.example/conda/",
+    }
+    p = plan.build(recipe(tmp_path, channels=("conda-forge", "bioconda", "file:///opt/own")), HOST, env)
+    argv = p.install_steps[0].argv
+    channels = [argv[i + 1] for i, a in enumerate(argv) if a == "--channel"]
+    assert channels == ["file:///srv/conda/cf", "https://mirror.example/conda/bioconda", "file:///opt/own"]
+    assert any("channel https://conda.anaconda.org/conda-forge -> file:///srv/conda/cf" in n for n in p.notes)
+
+
+@pytest.mark.parametrize(
+    ("channels", "packages", "install", "version", "refused"),
+    [
+        (("pytorch", "conda-forge"), (), True, "2.7.1", True),
+        (("https://conda.anaconda.org/pytorch-nightly",), (), True, "2.6.0", True),
+        (("conda-forge",), ("pytorch",), False, "2.7.1", True),  # unpinned: today's would be >= 2.6
+        (("pytorch",), ("pytorch=2.7.0",), False, "2.7.1", True),
+        (("pytorch",), ("pytorch=2.5.1",), False, "2.7.1", False),  # the last builds there still install
+        (("pytorch",), (), True, "2.5.1", False),
+        (("conda-forge",), ("numpy",), True, "2.7.1", False),
+    ],
+)
+def test_pytorchs_conda_channel_gate(tmp_path, channels, packages, install, version, refused):
+    r = recipe(tmp_path, channels=channels, packages=packages, install=install, version=version)
+    if not refused:
+        plan.build(r, HOST, ENV)
+        return
+    with pytest.raises(ResolverErrors) as info:
+        plan.build(r, HOST, ENV)
+    assert info.value.gate == "conda-pytorch-channel"
+    assert "deprecated with 2.5" in info.value.message
+    assert "torch.install = true" in (info.value.hint or "")
+
+
+def test_shipped_zurada_recipe_plans_the_corrected_conda_create():
+    catalog = Catalog([Layer("builtin", builtin_dir())])
+    p = plan.build(load("zurada-conda-cu126", catalog), HOST, ENV)
+    assert p.install_steps[0].argv[-2:] == ("python=3.12", "pip")
+    assert p.prefix == "/work/u/envbuilder/envs/zurada-conda-cu126"
+
+
+def _exe(d: Path, name: str) -> Path:
+    """An executable file of that name: only where PATH lookup finds it matters here, it is never run."""
+    d.mkdir(exist_ok=True)
+    path = d / name
+    path.write_text("#!/bin/sh\nexit 99\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_engine_choice(tmp_path, monkeypatch):
+    argv = ["conda", "create", "--yes", "--prefix", "/b", "python=3.12"]
+    final = Path("/final")
+    site = tmp_path / "site-bin"
+    conda_exe = _exe(site, "conda")
+    env = {"PATH": f"{site}:/usr/bin"}
+    assert conda.engine_argv(argv, "auto", env, "x86_64", final) == ([str(conda_exe), *argv[1:]], "conda")
+    mamba = _exe(site, "mamba")
+    assert conda.engine_argv(argv, "auto", env, "x86_64", final)[1] == "mamba"
+    assert conda.engine_argv(argv, "conda", env, "x86_64", final)[0][0] == str(conda_exe)
+    # Nothing on PATH: the embedded engine, with the target's subdir and the final prefix to write into files.
+    cmd, name = conda.engine_argv(argv, "auto", {"PATH": "/nonexistent"}, "aarch64", final)
+    assert name == "rattler"
+    assert cmd[:3] == [sys.executable, "-m", "envbuilder.rattler_engine"]
+    assert cmd[-3:] == ["--platform", "linux-aarch64", "--final-prefix=/final"]
+    with pytest.raises(BackendError, match="micromamba is not on PATH"):
+        conda.engine_argv(argv, "micromamba", env, "x86_64", final)
+    monkeypatch.setattr(conda, "rattler_available", lambda: False)
+    with pytest.raises(BackendError, match="no conda engine") as info:
+        conda.engine_argv(argv, "auto", {"PATH": "/nonexistent"}, "x86_64", final)
+    assert "module spider miniforge3" in (info.value.hint or "")
