@@ -9,6 +9,7 @@ micromamba on PATH once the recipe's modules are loaded (a site's miniforge3 mod
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -74,3 +75,33 @@ def move_in(build: Path, final: Path, engine: str) -> list[str]:
             hint="set conda.engine = 'rattler' (py-rattler builds for the final prefix directly)",
         )
     return list(moved.rewritten)
+
+
+def installed(prefix: Path) -> dict[str, str]:
+    """The conda packages in an env, name -> sha256 of the package file (from conda-meta)."""
+    out = {}
+    for path in sorted((prefix / "conda-meta").glob("*.json")):
+        try:
+            rec = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        out[str(rec.get("name"))] = str(rec.get("sha256") or "")
+    return out
+
+
+def check_locked(prefix: Path, expected: Mapping[str, str], engine: str) -> None:
+    """The env holds exactly the locked conda packages, each from a file with the locked sha256."""
+    have = installed(prefix)
+    wrong = [n for n, sha in expected.items() if have.get(n) != sha]
+    extra = sorted(set(have) - set(expected))
+    if wrong or extra:
+        detail = "; ".join(
+            [
+                *(f"{n}: locked {expected[n][:12]}…, got {(have.get(n) or 'nothing')[:12]}" for n in wrong),
+                *(f"{n}: not in the lock" for n in extra),
+            ]
+        )
+        raise BackendError(
+            f"the conda env {engine} built does not match the lock ({detail})",
+            hint="the channel serves other files than when the lock was made: regenerate it (envbuilder lock)",
+        )

@@ -250,6 +250,9 @@ def _build(
                     hint="check conda.channels and conda.packages (envbuilder plan NAME shows the command)",
                 ) from None
             if step.creates_env:
+                if plan.lock_conda:
+                    conda.check_locked(partial, plan.lock_conda, engine)
+                    log.write(f"conda packages match the lock ({len(plan.lock_conda)})")
                 _after_create(plan, partial, parent, log)
         act = activation.from_plan(
             plan.activate, str(Path(modules.init).parent) if modules.init else None, plan.recipe

@@ -57,6 +57,15 @@ class LockedPackage:
     version: str
     source: str
     files: tuple[LockedFile, ...]
+    #: conda packages: the build string (the same name and version can have several builds).
+    build: str = ""
+
+    @property
+    def is_conda(self) -> bool:
+        return self.source == "conda"
+
+    def conda_spec(self) -> str:
+        return f"{self.name}={self.version}={self.build}" if self.build else f"{self.name}=={self.version}"
 
     def requirement(self) -> str:
         """One requirements.txt line: the exact version, and every hash the installer may accept."""
@@ -71,12 +80,21 @@ class PlatformLock:
     inputs: Mapping[str, Any]
     packages: tuple[LockedPackage, ...]
 
+    @property
+    def wheels(self) -> list[LockedPackage]:
+        return sorted((p for p in self.packages if not p.is_conda), key=lambda p: p.name)
+
+    @property
+    def conda(self) -> list[LockedPackage]:
+        return sorted((p for p in self.packages if p.is_conda), key=lambda p: p.name)
+
     def requirements_txt(self) -> str:
-        return "".join(p.requirement() + "\n" for p in sorted(self.packages, key=lambda p: p.name))
+        """The pip-installed part as hashed requirements."""
+        return "".join(p.requirement() + "\n" for p in self.wheels)
 
     def pins(self) -> str:
-        """The locked versions as constraints (for packages built from source after the locked set)."""
-        return "".join(f"{p.name}=={p.version}\n" for p in sorted(self.packages, key=lambda p: p.name))
+        """The locked pip versions as constraints (for packages built from source after the locked set)."""
+        return "".join(f"{p.name}=={p.version}\n" for p in self.wheels)
 
     def versions(self) -> dict[str, str]:
         return {p.name: p.version for p in self.packages}
@@ -125,6 +143,7 @@ class Lock:
                         {
                             "name": k.name,
                             "version": k.version,
+                            **({"build": k.build} if k.build else {}),
                             "source": k.source,
                             "files": [{"url": f.url, "sha256": f.sha256} for f in k.files],
                         }
@@ -212,15 +231,24 @@ def inputs(
     requirements: Sequence[str],
     index_flags: Sequence[str],
     channel: str,
+    conda_channels: Sequence[str] = (),
+    conda_specs: Sequence[str] = (),
 ) -> dict[str, Any]:
     """What one platform's resolution depends on: a lock applies while these stay equal."""
-    return {
+    out: dict[str, Any] = {
         "kind": kind,
         "python": python or "",
         "requirements": list(requirements),
         "index_flags": list(index_flags),
         "channel": channel,
     }
+    if kind == "conda":
+        out.update(conda_channels=list(conda_channels), conda_specs=list(conda_specs))
+    return out
+
+
+def conda_subdir(arch: str) -> str:
+    return {"x86_64": "linux-64", "aarch64": "linux-aarch64"}[arch]
 
 
 def changed_inputs(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -294,7 +322,7 @@ _TOP = (
     "created_by",
 )
 _PLATFORM = ("arch", "tag", "inputs", "package")
-_PACKAGE = ("name", "version", "source", "files")
+_PACKAGE = ("name", "version", "build", "source", "files")
 
 
 def parse(text: str, where: str) -> Lock:
@@ -343,6 +371,7 @@ def parse(text: str, where: str) -> Lock:
                     _need(pkg, "version", str, where, ptable),
                     source,
                     tuple(files),
+                    str(pkg.get("build", "")),
                 )
             )
         platforms.append(

@@ -3,11 +3,12 @@ uv, without being on it, and find the lock ``create`` should use."""
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from envbuilder import __version__, build, lockfile, mirror, proc, state
 from envbuilder import plan as planner
@@ -70,6 +71,89 @@ class UvLocker:
         return lockfile.PlatformLock(arch, tag, dict(inputs), packages)
 
 
+class RattlerLocker:
+    """conda envs: py-rattler solves the conda packages for the target's subdir (with its glibc and CUDA as
+    virtual packages) through the mirrored channels; uv then locks the pip part for the env's python."""
+
+    engine = "rattler"
+
+    def __init__(
+        self, env: Mapping[str, str], uv: str, target: HostFacts, log: Callable[[str], None] = lambda _: None
+    ) -> None:
+        self.env = env
+        self.uv = uv
+        self.target = target
+        self.log = log
+
+    def lock(self, arch: str, tag: str, inputs: Mapping[str, Any]) -> lockfile.PlatformLock:
+        conda_pkgs = self._solve(arch, inputs)
+        wheels: tuple[lockfile.LockedPackage, ...] = ()
+        if inputs["requirements"]:
+            wheels = UvLocker(self.env, self.uv, self.log).lock(arch, tag, inputs).packages
+        return lockfile.PlatformLock(arch, tag, dict(inputs), conda_pkgs + wheels)
+
+    def _solve(self, arch: str, inputs: Mapping[str, Any]) -> tuple[lockfile.LockedPackage, ...]:
+        try:
+            import rattler  # noqa: PLC0415 - optional dependency
+            from rattler.exceptions import SolverError  # noqa: PLC0415
+        except ImportError:
+            raise LockError(
+                "locking a conda recipe needs py-rattler, which is not installed",
+                hint="pip install py-rattler",
+            ) from None
+        channels, notes = mirror.remap_channels(inputs["conda_channels"], mirror.from_env(self.env))
+        for note in notes:
+            self.log(note)
+        subdir = lockfile.conda_subdir(arch)
+
+        def virtual(name: str, version: str) -> Any:
+            return rattler.GenericVirtualPackage(
+                rattler.PackageName(name), rattler.Version(version), rattler.BuildString("0")
+            )
+
+        packages = [
+            virtual("__unix", "0"),
+            virtual("__linux", "5.14"),
+            virtual("__glibc", self.target.glibc or "2.28"),
+        ]
+        if self.target.max_cuda:
+            packages.append(virtual("__cuda", str(self.target.max_cuda)))
+        self.log(f"solving the conda packages for {subdir} from {', '.join(channels)}")
+
+        async def solve() -> list[Any]:
+            return await rattler.solve(
+                sources=channels,
+                specs=[rattler.MatchSpec(spec) for spec in inputs["conda_specs"]],
+                platforms=cast(Any, [subdir, "noarch"]),
+                virtual_packages=packages,
+            )
+
+        try:
+            records = asyncio.run(solve())
+        except SolverError as exc:
+            raise LockError(f"the conda packages do not resolve for {arch} ({subdir}):\n{exc}") from None
+        except Exception as exc:  # rattler's channel and network errors have no common base class
+            raise LockError(
+                f"cannot read the conda channels for {arch}: {type(exc).__name__}: {exc}"
+            ) from None
+        out = []
+        for r in records:
+            sha = r.sha256.hex() if r.sha256 else ""
+            out.append(
+                lockfile.LockedPackage(
+                    r.name.normalized,
+                    str(r.version),
+                    "conda",
+                    (lockfile.LockedFile(str(r.url), sha),),
+                    str(r.build),
+                )
+            )
+        missing = [p.name for p in out if not p.files[0].sha256]
+        if missing:
+            raise LockError(f"the channel lists no sha256 for {', '.join(missing)}: they cannot be locked")
+        return tuple(out)
+
+
 def default_arches(recipe: Recipe, facts: HostFacts) -> list[str]:
     """The site's compute architecture, else this host's."""
     arch = recipe.get("compute.arch") or facts.arch
@@ -91,14 +175,10 @@ def make(
     warnings: list[str] = []
     platforms = []
     kind = ""
+    engine = UvLocker.engine
     for arch in dict.fromkeys(lockfile.arch_name(a) for a in arches):
         the_plan = planner.build(recipe, facts, env, planner.Options(arch=arch))
         kind = the_plan.kind
-        if kind == "conda":
-            raise LockError(
-                f"{recipe.name} is a conda env: conda locks come with the conda backend",
-                hint="lock a venv recipe, or build this one without a lock",
-            )
         inputs = dict(the_plan.lock_inputs)
         if python:
             inputs["python"] = python
@@ -107,18 +187,22 @@ def make(
                 f"{recipe.name} sets no python.version, so the Python to lock for is unknown",
                 hint="set python.version in the recipe, or pass --python X.Y",
             )
-        if not inputs["requirements"]:
+        if not inputs["requirements"] and kind != "conda":
             raise LockError(f"{recipe.name} installs no packages from an index: there is nothing to lock")
         warnings.extend(the_plan.warnings)
         tag = lockfile.python_platform(arch, the_plan.target.glibc)
         log(f"resolving {recipe.name} for {arch} ({tag}, Python {inputs['python']})")
-        platforms.append(UvLocker(env, uv, log).lock(arch, tag, inputs))
+        locker: lockfile.Locker = (
+            RattlerLocker(env, uv, the_plan.target, log) if kind == "conda" else UvLocker(env, uv, log)
+        )
+        platforms.append(locker.lock(arch, tag, inputs))
+        engine = locker.engine
     lock = lockfile.Lock(
         recipe=recipe.name,
         recipe_version=recipe.version,
         recipe_sha256=lockfile.recipe_sha256(recipe.data),
         kind=kind,
-        engine=UvLocker.engine,
+        engine=engine,
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         created_by=f"envbuilder {__version__}",
         platforms=tuple(platforms),

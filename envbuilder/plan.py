@@ -16,7 +16,7 @@ from envbuilder import batch, launchers, lockfile, mirror, suite
 from envbuilder.errors import LockError, ResolverError, ResolverErrors
 from envbuilder.host import Gpu, HostFacts
 from envbuilder.loader import Recipe
-from envbuilder.steps import InstallStep, install_steps, locked_flags, special
+from envbuilder.steps import InstallStep, conda_env_specs, install_steps, locked_flags, special
 from envbuilder.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
 
 FALLBACK_ROOT = "${HOME}/.local/share/envbuilder/envs/{name}"
@@ -78,6 +78,8 @@ class Plan:
     #: The locked packages as hashed requirements, and as constraints, written into the env before installing.
     lock_requirements: str = ""
     lock_pins: str = ""
+    #: conda packages of the lock in use, name -> sha256, checked against the env once it is created.
+    lock_conda: dict[str, str] = field(default_factory=dict)
 
     @property
     def install_commands(self) -> tuple[tuple[str, ...], ...]:
@@ -292,7 +294,7 @@ def build(
 
     packages = recipe.get("packages", []) or []
     requirements.extend(p.get("spec", p["name"]) for p in packages)
-    lock_inputs = _lock_inputs(kind, target.python, resolution, packages)
+    lock_inputs = _lock_inputs(kind, target.python, resolution, packages, recipe)
     locked, lock_summary = _applicable_lock(recipe.name, lock, lock_inputs, kind, target.arch, opts, warnings)
     if locked is not None and lock is not None:
         notes.append(
@@ -374,6 +376,7 @@ def build(
         lock=lock_summary,
         lock_requirements=locked.requirements_txt() if locked else "",
         lock_pins=locked.pins() if locked else "",
+        lock_conda={p.name: p.files[0].sha256 for p in locked.conda} if locked else {},
     )
 
 
@@ -420,7 +423,11 @@ def _python_minor(version: Optional[str]) -> str:
 
 
 def _lock_inputs(
-    kind: str, python: Optional[str], resolution: Optional[Resolution], packages: Sequence[Mapping[str, Any]]
+    kind: str,
+    python: Optional[str],
+    resolution: Optional[Resolution],
+    packages: Sequence[Mapping[str, Any]],
+    recipe: Recipe,
 ) -> dict[str, Any]:
     """The resolution a lock for this target records: torch's pins and the recipe's plain packages, through
     torch's index first and PyPI after it (packages that need their own index or a source build install after the
@@ -429,7 +436,13 @@ def _lock_inputs(
     reqs = [*(resolution.requirements if resolution else ()), *plain]
     flags = locked_flags(resolution, plain)
     channel = resolution.channel if resolution else ""
-    return lockfile.inputs(kind, _python_minor(python), reqs, flags, channel)
+    specs: list[str] = []
+    if kind == "conda":
+        # The env's own python (the recipe's, as the create step asks for it) is the one pip installs for.
+        python = recipe.get("python.version") or "3.12"
+        specs = conda_env_specs(recipe, str(python))
+    conda_channels = list(recipe.get("conda.channels", []) or [])
+    return lockfile.inputs(kind, _python_minor(python), reqs, flags, channel, conda_channels, specs)
 
 
 def _applicable_lock(
@@ -450,9 +463,7 @@ def _applicable_lock(
     summary = {**lock.summary(), "arch": arch, "status": "applies"}
     problem = ""
     platform = lock.for_arch(arch)
-    if kind == "conda":
-        problem = f"{lock.path}: conda envs are not built from locks by this release"
-    elif platform is None:
+    if platform is None:
         problem = f"{lock.path} has no {arch} platform (it locks {', '.join(lock.arches()) or 'none'})"
     elif dict(platform.inputs) != dict(wanted):
         changes = "; ".join(lockfile.changed_inputs(platform.inputs, wanted))

@@ -58,8 +58,12 @@ def create(
     virtual = rattler.VirtualPackage.detect()
 
     async def run() -> list[str]:
+        # Parsed leniently, as conda parses its command line (name=version=build pins included).
         records = await rattler.solve(
-            sources=list(channels), specs=list(specs), platforms=platforms, virtual_packages=virtual
+            sources=list(channels),
+            specs=[rattler.MatchSpec(spec) for spec in specs],
+            platforms=platforms,
+            virtual_packages=virtual,
         )
         await rattler.install(
             records,

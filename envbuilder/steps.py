@@ -45,8 +45,20 @@ def _pip(installer: str, python: str, target_flag: Sequence[str] = ()) -> list[s
     return [python, "-m", "pip", "install", *target_flag]
 
 
+def conda_env_specs(recipe: Recipe, python: str) -> list[str]:
+    """python and pip inside the env (without them pip is the base env's: the Zurada seed's mistake), then the
+    recipe's conda packages."""
+    return [f"python={python}", "pip", *recipe.get("conda.packages", [])]
+
+
 def _create_step(
-    kind: str, installer: str, python_cmd: str, prefix: str, recipe: Recipe, channels: Sequence[str]
+    kind: str,
+    installer: str,
+    python_cmd: str,
+    prefix: str,
+    recipe: Recipe,
+    channels: Sequence[str],
+    locked: Optional[PlatformLock],
 ) -> Optional[InstallStep]:
     ssp = ["--system-site-packages"] if (recipe.get("env.system_site_packages") or kind == "overlay") else []
     prompt = ["--prompt", recipe.name]
@@ -63,14 +75,15 @@ def _create_step(
             (python_cmd, "-m", "venv", *prompt, *ssp, prefix), site_python=True, creates_env=True
         )
     if kind == "conda":
-        conda_python = recipe.get("python.version") or "3.12"
         engine = recipe.get("conda.engine", "auto")
         exe = "envbuilder-rattler" if engine == "rattler" else ("conda" if engine == "auto" else engine)
         cmd = [exe, "create", "--yes", "--prefix", prefix, "--override-channels"]
         for ch in channels:
             cmd += ["--channel", ch]
-        # python and pip inside the env: without them pip is the base env's (the Zurada seed's mistake).
-        cmd += [f"python={conda_python}", "pip", *recipe.get("conda.packages", [])]
+        if locked is not None:
+            cmd += [p.conda_spec() for p in locked.conda]  # exactly the locked builds
+        else:
+            cmd += conda_env_specs(recipe, recipe.get("python.version") or "3.12")
         return InstallStep(tuple(cmd), creates_env=True, engine=engine, label="the conda env")
     return None
 
@@ -102,7 +115,7 @@ def install_steps(
     channels: Sequence[str] = (),
 ) -> tuple[list[InstallStep], list[str]]:
     steps: list[InstallStep] = []
-    create = _create_step(kind, installer, python_cmd, prefix, recipe, channels)
+    create = _create_step(kind, installer, python_cmd, prefix, recipe, channels, locked)
     if create:
         steps.append(create)
     env_python = f"{prefix}/bin/python"
@@ -114,7 +127,7 @@ def install_steps(
         if installer != "uv":
             warnings.append("user-prefix installs run with PYTHONUSERBASE set to the prefix")
     plain = [pkg.get("spec", pkg["name"]) for pkg in packages if not special(pkg)]
-    if locked is not None:
+    if locked is not None and locked.wheels:
         # Exactly the locked files: every version pinned, every file's hash checked, nothing resolved again.
         argv = [
             *_pip(installer, env_python, target_flag),
@@ -125,9 +138,9 @@ def install_steps(
             f"{prefix}/{LOCK_REQUIREMENTS}",
         ]
         steps.append(
-            InstallStep(tuple(argv), site_python=site_python, label=f"{len(locked.packages)} locked packages")
+            InstallStep(tuple(argv), site_python=site_python, label=f"{len(locked.wheels)} locked packages")
         )
-    elif resolution is not None:
+    elif resolution is not None and locked is None:
         argv = (
             _pip(installer, env_python, target_flag)
             + list(resolution.pip_flags)

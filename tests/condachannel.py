@@ -64,7 +64,9 @@ def build_package(
     if subdir == "noarch":
         index["noarch"] = "generic"
     else:
-        index.update(arch="x86_64", platform="linux")
+        index.update(
+            arch={"linux-64": "x86_64"}.get(subdir, subdir.rsplit("-", maxsplit=1)[-1]), platform="linux"
+        )
     info = {
         "info/index.json": json.dumps(index).encode(),
         "info/paths.json": json.dumps({"paths": paths, "paths_version": 1}).encode(),
@@ -87,8 +89,9 @@ def build_package(
     return path
 
 
-def python_package(channel: Path) -> Path:
-    """``python`` at this interpreter's version, wrapping it venv-style (see the module docstring)."""
+def python_package(channel: Path, subdir: str = "linux-64") -> Path:
+    """``python`` at this interpreter's version, wrapping it venv-style (see the module docstring). Built for
+    another subdir it is only for locks made for that platform: its links point at this machine's interpreter."""
     exe = Path(sys.executable).resolve()
     major_minor = f"{sys.version_info[0]}.{sys.version_info[1]}"
     version = ".".join(str(v) for v in sys.version_info[:3])
@@ -99,6 +102,7 @@ def python_package(channel: Path) -> Path:
         version,
         files={"pyvenv.cfg": cfg, f"lib/python{major_minor}/site-packages/.keep": ""},
         build="h0_envbuilder_tests",
+        subdir=subdir,
         softlinks={
             f"bin/python{major_minor}": str(exe),
             "bin/python3": f"python{major_minor}",
@@ -108,7 +112,8 @@ def python_package(channel: Path) -> Path:
 
 
 def pip_package(channel: Path) -> Path:
-    """pip from CPython's own bundled wheel, as a conda package for this interpreter's site-packages."""
+    """pip from CPython's own bundled wheel, as a noarch conda package for this interpreter's site-packages (as
+    conda-forge's pip is noarch)."""
     bundled = Path(sysconfig.get_paths()["stdlib"]) / "ensurepip" / "_bundled"
     wheel = next(bundled.glob("pip-*.whl"))
     version = wheel.name.split("-")[1]
@@ -123,7 +128,13 @@ def pip_package(channel: Path) -> Path:
     )
     major_minor = f"{sys.version_info[0]}.{sys.version_info[1]}"
     return build_package(
-        channel, "pip", version, files=files, depends=[f"python {major_minor}.*"], prefixed=["bin/pip"]
+        channel,
+        "pip",
+        version,
+        files=files,
+        depends=[f"python {major_minor}.*"],
+        prefixed=["bin/pip"],
+        subdir="noarch",
     )
 
 

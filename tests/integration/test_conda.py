@@ -6,8 +6,10 @@ module; a solver failure; a conda env backed up and restored elsewhere."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,7 @@ from condachannel import PLACEHOLDER, build_package, index, pip_package, python_
 from conftest import DATA, REPO
 from wheelindex import build_wheel, mirror_env, serve
 
-from envbuilder import archive
+from envbuilder import archive, lockfile
 from envbuilder.catalog import builtin_dir
 
 pytestmark = pytest.mark.integration
@@ -26,6 +28,7 @@ rattler = pytest.importorskip("rattler", reason="py-rattler (the embedded conda 
 LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
 needs_lmod = pytest.mark.skipif(not LMOD_INIT.is_file(), reason="Lmod not installed (.ci/run installs it)")
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
+PYTHON_VERSION = ".".join(str(v) for v in sys.version_info[:3])
 
 RECIPE = """
 schema_version = 1
@@ -50,22 +53,24 @@ spec = "condademo==1.0"
 """
 
 
+def hpc_lib(ch: Path, version: str, subdir: str = "linux-64", note: str = "") -> None:
+    build_package(
+        ch, "hpc-lib", version, files={"share/hpc-lib/VERSION": f"{version}{note}\n"}, subdir=subdir
+    )
+
+
 @pytest.fixture(scope="module")
 def channel(tmp_path_factory):
     ch = tmp_path_factory.mktemp("conda-channel")
     python_package(ch)
+    python_package(ch, subdir="linux-aarch64")
     pip_package(ch)
-    build_package(ch, "hpc-lib", "1.0", files={"share/hpc-lib/VERSION": "1.0\n"})
-    build_package(ch, "hpc-lib", "2.0", files={"share/hpc-lib/VERSION": "2.0\n"})
+    hpc_lib(ch, "1.0")
+    hpc_lib(ch, "2.0")
+    hpc_lib(ch, "1.5", subdir="linux-aarch64")  # aarch64 nodes get another build of the library
     tool = f'#!/bin/sh\necho "hello from {PLACEHOLDER}: hpc-lib $(cat {PLACEHOLDER}/share/hpc-lib/VERSION)"\n'
-    build_package(
-        ch,
-        "hpc-hello",
-        "0.1",
-        files={"bin/hpc-hello": tool},
-        depends=["hpc-lib >=1.0,<2"],
-        prefixed=["bin/hpc-hello"],
-    )
+    build_package(ch, "hpc-hello", "0.1", files={"bin/hpc-hello": tool}, depends=["hpc-lib >=1.0,<2"],
+                  prefixed=["bin/hpc-hello"], subdir="noarch")  # fmt: skip
     index(ch)
     return ch
 
@@ -127,6 +132,10 @@ def sh(cmd: str, env: dict[str, str]) -> str:
 @pytest.fixture
 def world(tmp_path, channel, wheels):
     return World(tmp_path, channel, wheels)
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def files_of(prefix: Path) -> list[dict[str, Any]]:
@@ -300,3 +309,45 @@ def test_polaris_overlay_on_a_fixture_conda_module(world, tmp_path):
     assert torch_file.startswith(str(site_env))  # the site's torch, through the overlay
     assert demo_file.startswith(str(prefix))  # the user's own package, in the overlay
     assert files_of(site_env) == before  # nothing was written into the site env
+
+
+def test_conda_lock_for_two_platforms_then_create_from_it(tmp_path, channel, wheels):
+    own = tmp_path / "channel"
+    shutil.copytree(channel, own)
+    (tmp_path / "w").mkdir()
+    world = World(tmp_path / "w", own, wheels)
+    world.recipe()
+    data = world.data("lock", "cdemo", "--platform", "x86_64", "--platform", "aarch64")
+    assert data["engine"] == "rattler"
+    lock = lockfile.read(Path(data["path"]))
+    x86, arm = lock.for_arch("x86_64"), lock.for_arch("aarch64")
+    assert {p.name: p.version for p in x86.conda} == {
+        "python": PYTHON_VERSION, "pip": x86.versions()["pip"], "hpc-hello": "0.1", "hpc-lib": "1.0",
+    }  # fmt: skip
+    assert {p.name: p.version for p in arm.conda}["hpc-lib"] == "1.5"
+    arm_python = next(p for p in arm.conda if p.name == "python")
+    assert arm_python.files[0].url.endswith(
+        f"/linux-aarch64/python-{PYTHON_VERSION}-h0_envbuilder_tests.tar.bz2"
+    )
+    assert arm_python.files[0].sha256 == sha(own / "linux-aarch64" / Path(arm_python.files[0].url).name)
+    assert [p.name for p in x86.wheels] == ["condademo"]
+
+    # The channel moves on (hpc-lib 1.9 fits hpc-hello's <2): a locked build keeps 1.0, an unlocked one takes 1.9.
+    hpc_lib(own, "1.9")
+    index(own)
+    ok(world.run("create", "cdemo", "--locked", "--no-validate"))
+    prefix = world.scratch / "envs" / "cdemo"
+    assert conda_meta(prefix)["hpc-lib"] == "1.0"
+    ok(world.run("create", "cdemo", "--force", "--no-lock", "--no-validate"))
+    assert conda_meta(prefix)["hpc-lib"] == "1.9"
+
+    # The channel now serves other bytes for the locked build: refused, and the existing env is untouched.
+    for f in (own / "linux-64").glob("hpc-lib-1.0-*"):
+        f.unlink()
+    hpc_lib(own, "1.0", note=" rebuilt")
+    index(own)
+    res = world.run("create", "cdemo", "--force", "--locked")
+    assert res.returncode == 7, res.stderr
+    assert "does not match the lock (hpc-lib: locked" in res.stderr
+    assert conda_meta(prefix)["hpc-lib"] == "1.9"
+    assert not list(prefix.parent.glob(".cdemo*"))

@@ -125,7 +125,7 @@ def test_engine_choice(tmp_path, monkeypatch):
     conda_exe = _exe(site, "conda")
     env = {"PATH": f"{site}:/usr/bin"}
     assert conda.engine_argv(argv, "auto", env, "x86_64", final) == ([str(conda_exe), *argv[1:]], "conda")
-    mamba = _exe(site, "mamba")
+    _exe(site, "mamba")
     assert conda.engine_argv(argv, "auto", env, "x86_64", final)[1] == "mamba"
     assert conda.engine_argv(argv, "conda", env, "x86_64", final)[0][0] == str(conda_exe)
     # Nothing on PATH: the embedded engine, with the target's subdir and the final prefix to write into files.
