@@ -105,3 +105,19 @@ def check_locked(prefix: Path, expected: Mapping[str, str], engine: str) -> None
             f"the conda env {engine} built does not match the lock ({detail})",
             hint="the channel serves other files than when the lock was made: regenerate it (envbuilder lock)",
         )
+
+
+def clone(source: Path, build: Path, final: Path) -> archive.Relocation:
+    """Copy the env at ``source`` (a site module's conda env or venv) to ``build``, symlinks as links, and point
+    the copy's scripts and activate files at ``final``. ``source`` is only read. Files that name ``source`` and
+    cannot be rewritten (binaries) are returned in ``left``: they keep reading the site env, which stays."""
+    if not source.is_dir() or source.resolve() == Path("/usr").resolve():
+        raise BackendError(
+            f"cannot clone {source}: the site python is not in an env of its own",
+            hint="load the module that provides the env (its python must be first on PATH), or use overlay = 'venv'",
+        )
+    try:
+        shutil.copytree(source, build, symlinks=True)
+    except (OSError, shutil.Error) as exc:
+        raise BackendError(f"cannot clone {source} into {build}: {exc}") from None
+    return archive.relocate(build, str(source), str(final))

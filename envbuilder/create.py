@@ -27,7 +27,7 @@ from envbuilder.errors import BackendError, CommandFailed, EnvbuilderError, Stat
 from envbuilder.loader import Recipe
 from envbuilder.modules import EnvDelta, ModuleSystem
 from envbuilder.plan import Plan
-from envbuilder.steps import CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
+from envbuilder.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
 
 PARTIAL = ".partial-"
 OLD = ".old-"
@@ -197,7 +197,8 @@ def _build(
     else:
         python = build.find_python(plan.python["command"] or "python3", build_env)
     parent: dict[str, Any] = {}
-    if plan.system_site_packages or plan.kind == "user-prefix":
+    cloning = any(step.argv[0] == CLONE for step in plan.install_steps)
+    if plan.system_site_packages or plan.kind == "user-prefix" or cloning:
         # Only these envs see the base python's packages: is it a venv itself (whose packages a venv on top
         # would not see)?
         parent = build.python_info(python, build_env, log)
@@ -229,6 +230,16 @@ def _build(
             partial.mkdir(mode=0o755)
             _after_create(plan, partial, parent, log)
         for step in plan.install_steps:
+            if step.argv[0] == CLONE:
+                report.step(f"cloning the site env {parent['prefix']}")
+                kept = conda.clone(Path(parent["prefix"]), partial, final)
+                log.write(f"cloned {parent['prefix']}: {len(kept.rewritten)} file(s) repointed")
+                if kept.left:
+                    note = f"{len(kept.left)} file(s) of the clone still name the site env (binaries); they read it"
+                    log.write(note + ": " + ", ".join(kept.left[:20]))
+                    notes.append(note)
+                _after_create(plan, partial, {}, log)
+                continue
             argv = build.step_argv(step, python, uv_bin, plan.prefix, str(partial))
             step_env = build_env
             if step.modules:
@@ -260,14 +271,14 @@ def _build(
         report.step("writing the activate extension")
         if plan.kind == "user-prefix":
             activation.install_user_prefix(partial, str(final), act)
-        elif plan.kind == "conda":
+        elif plan.kind == "conda" or (cloning and (partial / "conda-meta").is_dir()):
             activation.install_conda(partial, str(final), act)
         else:
             activation.install(partial, act)
         report.step("recording installed packages")
         packages = build.inventory(partial)
-        if plan.kind == "conda":
-            changed = conda.move_in(partial, final, engine)
+        if plan.kind == "conda" or cloning:
+            changed = conda.move_in(partial, final, engine or "clone")
             log.write(f"relocated {len(changed)} file(s) from {partial} to {final}")
         elif plan.installer != "uv" and plan.kind != "user-prefix":
             changed = build.relocate_scripts(partial, final)
@@ -297,7 +308,7 @@ def _build(
     state.save(home, record)
     log.write(f"done: {final}")
     # torch comes from the resolver, or (overlays) from the site python underneath: check it either way.
-    if opts.smoke_check and (plan.resolution is not None or plan.system_site_packages):
+    if opts.smoke_check and (plan.resolution is not None or plan.system_site_packages or cloning):
         report.step("checking that torch imports")
         site_python = python if plan.kind == "user-prefix" else None
         gpus = len(facts.get("gpus") or [])

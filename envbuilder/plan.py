@@ -358,7 +358,8 @@ def build(
         install_steps=tuple(steps_),
         installer=installer,
         prefix_missing=tuple(prefix_missing),
-        system_site_packages=bool(recipe.get("env.system_site_packages")) or kind == "overlay",
+        system_site_packages=bool(recipe.get("env.system_site_packages"))
+        or (kind == "overlay" and recipe.get("env.overlay") != "clone"),
         activate=activate,
         launcher=launcher_name,
         launch_command=tuple(launchers.plain(launch)),

@@ -209,6 +209,11 @@ SCHEMA = Table(
                 "prefix": Field(str, "where the env goes; ${VAR} and {name} expand"),
                 "filesystem": Field(str, "the filesystems entry the prefix lives on"),
                 "system_site_packages": Field(bool, "see the site python's packages (overlay, Cirrus)"),
+                "overlay": Field(
+                    str,
+                    "overlay envs: a venv on top of the site python (default), or a clone of its env",
+                    choices=("venv", "clone"),
+                ),
                 "installer": Field(str, choices=INSTALLERS),
             }
         ),

@@ -12,6 +12,8 @@ from envbuilder.lockfile import PlatformLock
 from envbuilder.mirror import PYPI
 from envbuilder.wheels import Resolution
 
+#: argv[0] of the step that clones the site python's env (create does it in-process).
+CLONE = "envbuilder-clone"
 #: Where create writes the locked packages (hashed) and the pins later installs must keep, inside the env.
 LOCK_REQUIREMENTS = "envbuilder/lock-requirements.txt"
 CONSTRAINTS = "envbuilder/constraints.txt"
@@ -60,6 +62,10 @@ def _create_step(
     channels: Sequence[str],
     locked: Optional[PlatformLock],
 ) -> Optional[InstallStep]:
+    if kind == "overlay" and recipe.get("env.overlay") == "clone":
+        # A copy of the site python's whole env, made by create itself (no tool does it for a venv or a
+        # module's conda env alike); the site env is only read.
+        return InstallStep((CLONE, "--python", python_cmd, prefix), site_python=True, creates_env=True)
     ssp = ["--system-site-packages"] if (recipe.get("env.system_site_packages") or kind == "overlay") else []
     prompt = ["--prompt", recipe.name]
     if kind in ("venv", "overlay"):

@@ -275,39 +275,58 @@ def test_zurada_recipe_on_an_emulated_zurada(world, tmp_path):
     assert out.splitlines() == [f"miniforge3/25.3.1-gcc-11.4.1|16|{prefix}/bin/python", "none|unset"]
 
 
-@needs_lmod
-def test_polaris_overlay_on_a_fixture_conda_module(world, tmp_path):
-    """polaris-overlay-conda over a site conda env (built here with torch inside) that a `conda/2025-09-25` module
-    puts on PATH: a venv on top sees the site's torch, adds its own package, and the site env is not written."""
+def site_conda_module(world: World, tmp_path: Path) -> tuple[Path, Path]:
+    """A site conda env with torch inside (built here by the embedded engine), and a `conda/2025-09-25` module that
+    puts it on PATH, as ALCF's does: (the env, the module tree)."""
     world.recipe(name="site-conda", conda=())
     text = (world.recipes / "site-conda.toml").read_text()
     text = text.replace(
         "install = false", 'install = true\nversion = "2.13.0"\nvariant = "cpu"\npackages = ["torch"]'
     )
-    (world.recipes / "site-conda.toml").write_text(text.replace("[[packages]]\n", "").replace(
-        'name = "condademo"\nspec = "condademo==1.0"\n', ""))  # fmt: skip
+    text = text.replace('[[packages]]\nname = "condademo"\nspec = "condademo==1.0"\n', "")
+    (world.recipes / "site-conda.toml").write_text(text)
     site_env = tmp_path / "soft" / "datascience" / "conda" / "2025-09-25"
     ok(world.run("create", "site-conda", "--prefix", str(site_env), "--no-validate"))
-    before = files_of(site_env)
+    modules = tmp_path / "modulefiles"
+    (modules / "conda").mkdir(parents=True)
+    (modules / "conda" / "2025-09-25.lua").write_text(f'prepend_path("PATH", "{site_env}/bin")\n')
+    return site_env, modules
 
-    modules = tmp_path / "modulefiles" / "conda"
-    modules.mkdir(parents=True)
-    (modules / "2025-09-25.lua").write_text(f'prepend_path("PATH", "{site_env}/bin")\n')
+
+def polaris_layer(world: World, modules: Path, overlay: str) -> None:
+    """polaris-overlay-conda as shipped, with the fixture module tree in place of /soft/modulefiles."""
     rel = os.path.relpath(builtin_dir() / "alcf" / "polaris" / "polaris-overlay-conda.toml", world.recipes)
     (world.recipes / "polaris-overlay-conda.toml").write_text(
         f'schema_version = 1\nextends = "{rel}"\n[recipe]\nname = "polaris-overlay-conda"\n'
-        f'[modules]\nuse = ["{modules.parent}"]\n[env]\nprefix = "${{SCRATCH}}/envs/{{name}}"\n'
+        f'[modules]\nuse = ["{modules}"]\n[env]\nprefix = "${{SCRATCH}}/envs/{{name}}"\noverlay = "{overlay}"\n'
         '[[packages]]\nname = "condademo"\nspec = "condademo==1.0"\n'
     )
+
+
+@needs_lmod
+@pytest.mark.parametrize("overlay", ["venv", "clone"])
+def test_polaris_overlay_on_a_fixture_conda_module(world, tmp_path, overlay):
+    """polaris-overlay-conda over a site conda env that a `conda/2025-09-25` module puts on PATH: as a venv on top
+    (the recipe's way) it sees the site's torch; as a clone it has its own copy; either adds its own package, and
+    the site env is not written."""
+    site_env, modules = site_conda_module(world, tmp_path)
+    before = files_of(site_env)
+    polaris_layer(world, modules, overlay)
     data = world.data("create", "polaris-overlay-conda", PROJECT="p")
     prefix = Path(data["env"]["prefix"])
     assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
     out = sh(f"source {LMOD_INIT}; source '{prefix}/bin/activate'; python -c 'import sys, torch, condademo; "
-             "print(sys.prefix, torch.__file__, condademo.__file__)'; deactivate", world.env)  # fmt: skip
-    sys_prefix, torch_file, demo_file = out.split()
+             "print(sys.prefix, torch.__file__, condademo.__file__)'; echo $LOADEDMODULES; deactivate", world.env)  # fmt: skip
+    sys_prefix, torch_file, demo_file, loaded = out.split()
     assert sys_prefix == str(prefix)
-    assert torch_file.startswith(str(site_env))  # the site's torch, through the overlay
     assert demo_file.startswith(str(prefix))  # the user's own package, in the overlay
+    assert loaded == "conda/2025-09-25"
+    if overlay == "venv":
+        assert torch_file.startswith(str(site_env))  # the site's torch, through the overlay
+    else:
+        assert torch_file.startswith(str(prefix))  # the clone's own copy
+        assert conda_meta(prefix)["python"] == PYTHON_VERSION
+        assert (prefix / "etc" / "conda" / "activate.d" / "envbuilder.sh").is_file()
     assert files_of(site_env) == before  # nothing was written into the site env
 
 
