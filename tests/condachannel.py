@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Union
 
 PLACEHOLDER = "/opt/anaconda1anaconda2anaconda3"
+#: conda-build's kind of placeholder for compiled files: long, so any real prefix fits in its place.
+LONG_PLACEHOLDER = "/opt/conda-bld/_h_env" + "_placehold" * 22
 Content = Union[str, bytes]
 
 
@@ -36,8 +38,11 @@ def build_package(
     subdir: str = "linux-64",
     softlinks: Mapping[str, str] = {},
     prefixed: Sequence[str] = (),
+    binary: bool = False,
+    placeholder: str = PLACEHOLDER,
 ) -> Path:
-    """A conda package. ``prefixed`` files hold PLACEHOLDER, which the installer replaces with the env's prefix."""
+    """A conda package. ``prefixed`` files hold PLACEHOLDER, which the installer replaces with the env's prefix
+    (as text, or with ``binary`` NUL-padded in place, as conda does for compiled files)."""
     out = channel / subdir
     out.mkdir(parents=True, exist_ok=True)
     (channel / "noarch").mkdir(parents=True, exist_ok=True)
@@ -47,7 +52,7 @@ def build_package(
         entry = {"_path": rel, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest()}
         entry["size_in_bytes"] = len(data)
         if rel in prefixed:
-            entry.update(file_mode="text", prefix_placeholder=PLACEHOLDER)
+            entry.update(file_mode="binary" if binary else "text", prefix_placeholder=placeholder)
         paths.append(entry)
     for rel in sorted(softlinks):
         paths.append({"_path": rel, "path_type": "softlink", "size_in_bytes": 0})
@@ -73,7 +78,8 @@ def build_package(
         "info/files": ("\n".join([*sorted(payload), *sorted(softlinks)]) + "\n").encode(),
     }
     if prefixed:
-        info["info/has_prefix"] = "".join(f"{PLACEHOLDER} text {p}\n" for p in prefixed).encode()
+        mode = "binary" if binary else "text"
+        info["info/has_prefix"] = "".join(f"{placeholder} {mode} {p}\n" for p in prefixed).encode()
     path = out / f"{name}-{version}-{build}.tar.bz2"
     with tarfile.open(path, "w:bz2") as tf:
         for rel, data in [*info.items(), *payload.items()]:
@@ -143,3 +149,24 @@ def index(channel: Path) -> None:
     from rattler.index import index_fs
 
     asyncio.run(index_fs(channel, write_zst=False, write_shards=False, force=True))
+
+
+def conda_shim(bin_dir: Path) -> Path:
+    """A stand-in for a site's ``conda`` binary (none can be installed here): ``conda create`` with conda's command
+    line, solved and installed by py-rattler at exactly the prefix given, which is what conda does (it cannot write
+    another prefix into the files). Only ``create`` is implemented."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    shim = bin_dir / "conda"
+    shim.write_text(
+        f"#!{sys.executable}\n"
+        "# Test stand-in for conda (see tests/condachannel.py: conda_shim).\n"
+        "import os, sys\n"
+        "from envbuilder.rattler_engine import main\n"
+        "if sys.argv[1:2] != ['create'] or any(a.startswith('--final-prefix') for a in sys.argv):\n"
+        "    sys.exit('conda shim: only plain `conda create` is implemented')\n"
+        "status = main(sys.argv[1:])\n"
+        "sys.stdout.flush(); sys.stderr.flush()\n"
+        "os._exit(status)\n"
+    )
+    shim.chmod(0o755)
+    return shim

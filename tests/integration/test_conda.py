@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from condachannel import PLACEHOLDER, build_package, index, pip_package, python_package
+from condachannel import (
+    LONG_PLACEHOLDER,
+    PLACEHOLDER,
+    build_package,
+    conda_shim,
+    index,
+    pip_package,
+    python_package,
+)
 from conftest import DATA, REPO
 from wheelindex import build_wheel, mirror_env, serve
 
@@ -71,6 +79,10 @@ def channel(tmp_path_factory):
     tool = f'#!/bin/sh\necho "hello from {PLACEHOLDER}: hpc-lib $(cat {PLACEHOLDER}/share/hpc-lib/VERSION)"\n'
     build_package(ch, "hpc-hello", "0.1", files={"bin/hpc-hello": tool}, depends=["hpc-lib >=1.0,<2"],
                   prefixed=["bin/hpc-hello"], subdir="noarch")  # fmt: skip
+    # A compiled library that embeds its prefix (an RPATH, say): conda patches such files in place.
+    blob = b"\x7fELF\x00\x00" + LONG_PLACEHOLDER.encode() + b"/lib\x00" + b"\x00" * 64
+    build_package(ch, "hpc-blas", "1.0", files={"lib/libhpcblas.so": blob}, prefixed=["lib/libhpcblas.so"],
+                  binary=True, placeholder=LONG_PLACEHOLDER)  # fmt: skip
     index(ch)
     return ch
 
@@ -370,3 +382,45 @@ def test_conda_lock_for_two_platforms_then_create_from_it(tmp_path, channel, whe
     assert "does not match the lock (hpc-lib: locked" in res.stderr
     assert conda_meta(prefix)["hpc-lib"] == "1.9"
     assert not list(prefix.parent.glob(".cdemo*"))
+
+
+@needs_lmod
+def test_a_conda_from_the_sites_module_builds_and_its_env_is_moved_into_place(world, tmp_path):
+    """engine auto with a miniforge3 module that puts a `conda` on PATH (a stand-in: see conda_shim): that conda
+    builds beside the prefix, and envbuilder repoints the scripts it wrote. A package whose binary embeds the
+    build path cannot be moved: refused with the hint to use the embedded engine, which then builds it."""
+    shim = conda_shim(tmp_path / "miniforge3" / "bin")
+    tree = tmp_path / "modulefiles"
+    (tree / "miniforge3").mkdir(parents=True)
+    (tree / "miniforge3" / "25.3.1-gcc-11.4.1.lua").write_text(f'prepend_path("PATH", "{shim.parent}")\n')
+    modules = '[modules]\nsystem = "lmod"\nload = ["miniforge3/25.3.1-gcc-11.4.1"]\n'
+    world.recipe(extra=modules)
+    data = world.data("create", "cdemo", "--no-validate", MODULEPATH=str(tree))
+    prefix = Path(data["env"]["prefix"])
+    log = Path(data["log"]).read_text()
+    assert "conda engine: conda" in log
+    assert f"+ {shim} create --yes --prefix {prefix.parent}/.cdemo.partial-" in log
+    out = subprocess.run(
+        [str(prefix / "bin" / "hpc-hello")], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == f"hello from {prefix}: hpc-lib 1.0"  # the build path, rewritten in the script
+    assert conda_meta(prefix)["hpc-hello"] == "0.1"
+
+    world.recipe(name="cblas", conda=("hpc-blas",), extra=modules)
+    res = world.run("create", "cblas", MODULEPATH=str(tree))
+    assert res.returncode == 7, res.stderr
+    assert "cannot be moved into place" in res.stderr
+    assert "lib/libhpcblas.so" in res.stderr
+    assert "conda.engine = 'rattler'" in res.stderr
+    assert not (world.scratch / "envs" / "cblas").exists()
+    assert not list((world.scratch / "envs").glob(".cblas*"))
+    text = (
+        (world.recipes / "cblas.toml")
+        .read_text()
+        .replace('channels = ["conda-forge"]', 'channels = ["conda-forge"]\nengine = "rattler"')
+    )
+    (world.recipes / "cblas.toml").write_text(text)
+    ok(world.run("create", "cblas", "--no-validate", MODULEPATH=str(tree)))
+    blob = (world.scratch / "envs" / "cblas" / "lib" / "libhpcblas.so").read_bytes()
+    assert f"{world.scratch}/envs/cblas/lib".encode() in blob
+    assert b".cblas.partial" not in blob
