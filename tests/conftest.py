@@ -94,3 +94,16 @@ def torch_files(tmp_path_factory):
     if res.returncode != 0 or not list(d.glob("torch-2.13.0*cpu*.whl")):
         pytest.skip(f"the CPU torch 2.13.0 file is not on this machine (pip find-links): {res.stderr[-300:]}")
     return d
+
+
+def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    """``res``, after asserting that it succeeded (its output in the message when it did not)."""
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+    return res
+
+
+def refused(res: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+    """The CLI failed with exit ``code``, said ``text``, and showed no traceback."""
+    assert res.returncode == code, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
+    assert text in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
-from conftest import REPO
+from conftest import REPO, ok
 from wheelindex import build_wheel, mirror_env, serve
 
 from envbuilder import wheelhouse
@@ -182,11 +182,6 @@ class World:
         )
         assert res.returncode == 0, res.stderr
         return res.stdout.strip()
-
-
-def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
-    return res
 
 
 def digests(prefix: Path) -> dict[str, str]:

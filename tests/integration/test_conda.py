@@ -25,7 +25,7 @@ from condachannel import (
     pip_package,
     python_package,
 )
-from conftest import DATA, REPO
+from conftest import DATA, REPO, ok
 from wheelindex import build_wheel, mirror_env, serve
 
 from envbuilder import archive, lockfile
@@ -129,11 +129,6 @@ class World:
 
     def data(self, *args: str, **extra: str) -> Any:
         return json.loads(ok(self.run(*args, "--json", **extra)).stdout)["data"]
-
-
-def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
-    return res
 
 
 def sh(cmd: str, env: dict[str, str]) -> str:

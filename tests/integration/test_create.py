@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, REPO
+from conftest import DATA, REPO, ok
 from wheelindex import build_sdist, build_wheel, mirror_env, serve
 
 from envbuilder import build, create
@@ -164,11 +164,6 @@ def bash(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", "--noprofile", "--norc", "-c", script], env=env, capture_output=True, text=True
     )
-
-
-def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
-    return res
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO
+from conftest import REPO, ok, refused
 from packaging.utils import canonicalize_name
 from wheelindex import build_wheel, mirror_env, serve
 
@@ -111,17 +111,6 @@ class World:
         py = self.scratch / "envs" / name / "bin" / "python"
         return subprocess.run([str(py), "-c", "import fastmath; print(fastmath.X)"], capture_output=True, text=True,
                               check=True).stdout.strip()  # fmt: skip
-
-
-def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
-    return res
-
-
-def refused(res: subprocess.CompletedProcess[str], code: int, text: str) -> None:
-    assert res.returncode == code, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
-    assert text in res.stderr, res.stderr
-    assert "Traceback" not in res.stderr
 
 
 def sha(path: Path) -> str:

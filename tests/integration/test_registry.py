@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO
+from conftest import REPO, ok, refused
 from wheelindex import build_wheel, mirror_env, serve
 
 pytestmark = pytest.mark.integration
@@ -101,17 +101,6 @@ class Site:
 
     def publish(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.admin("publish", *args, "--registry", str(self.registry))
-
-
-def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
-    return res
-
-
-def refused(res: subprocess.CompletedProcess[str], code: int, text: str) -> None:
-    assert res.returncode == code, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
-    assert text in res.stderr, res.stderr
-    assert "Traceback" not in res.stderr
 
 
 @pytest.fixture
