@@ -84,12 +84,14 @@ def shared_gpus(mapping: list[dict[str, Any]]) -> list[str]:
 
 
 def fs_roundtrip(root: str, rank: int) -> dict[str, Any]:
-    directory = os.path.join(root, ".envbuilder-fscheck")
-    path = os.path.join(directory, f"{socket.gethostname()}-{rank}-{os.getpid()}")
+    # A directory per rank: a shared one raced (one rank's rmdir between another's mkdir and its isdir check made
+    # makedirs(exist_ok=True) fail with "File exists").
+    directory = os.path.join(root, f".envbuilder-fscheck-{socket.gethostname()}-{rank}-{os.getpid()}")
+    path = os.path.join(directory, "probe")
     data = os.urandom(4 << 20)
     out: dict[str, Any] = {"dir": root}
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        os.mkdir(directory, mode=0o700)
         t0 = time.perf_counter()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -109,7 +111,7 @@ def fs_roundtrip(root: str, rank: int) -> dict[str, Any]:
             os.unlink(path)
             os.rmdir(directory)
         except OSError:
-            pass  # another rank's file is still there, or the write never happened
+            pass  # the write never happened
     return out
 
 

@@ -322,3 +322,21 @@ def test_expected_gpus(monkeypatch, env, explicit, expected):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert facts.expected_gpus(explicit) == expected
+
+
+def _roundtrip(args: tuple[str, int]) -> dict:
+    return facts.fs_roundtrip(*args)
+
+
+def test_filesystem_probe_of_many_ranks_at_once_on_one_directory(tmp_path):
+    """Ranks of one node probe the same directory at the same moment (the CI run that found the race: one rank's
+    cleanup removed the shared directory between another's mkdir and its check, "File exists"). The old code
+    failed here about once in a thousand probes; the probe now has no shared directory."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=16) as pool:
+        for _ in range(40):
+            results = list(pool.map(_roundtrip, [(str(tmp_path), rank) for rank in range(16)]))
+            assert [r.get("error") for r in results] == [None] * 16
+            assert all(r["write_mb_s"] > 0 for r in results)
+    assert list(tmp_path.iterdir()) == []
