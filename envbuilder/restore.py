@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import activation, archive, build, create, proc, state, wheelhouse
+from envbuilder import activation, archive, build, create, mirror, proc, state, wheelhouse
 from envbuilder.backup import Backup, pack_workers, verify
 from envbuilder.errors import BackupError, StateError
 from envbuilder.modules import ModuleSystem
@@ -189,35 +189,29 @@ def _wheelhouse(
     wheels_dir = final.parent / f".{final.name}{create.PARTIAL}wheels-{os.getpid()}"
     store = wheelhouse.Store(b.root, zstd_bin=wheelhouse.zstd())
     with build.removing_on_failure(partial):
-        try:
-            wheels_dir.mkdir(mode=0o700)
-            step(f"checking and unpacking {len(b.data['wheels'])} wheels, creating the env beside")
-            # The wheels are decompressed in parallel while the env is created: both only write new files.
-            with ThreadPoolExecutor(max_workers=pack_workers(len(b.data["wheels"]))) as pool:
-                futures = [pool.submit(store.extract, w, wheels_dir) for w in b.data["wheels"]]
-                first = InstallStep(tuple(plan["install_commands"][0]), site_python=True, creates_env=True)
-                argv = build.step_argv(
-                    first, python, uv_bin, str(plan.get("prefix") or old.prefix), str(partial)
-                )
-                argv = build.rebase(argv, old.prefix, str(partial))
-                build.run_logged(argv, build_env, log)
-                failed = [e for e in (f.exception() for f in futures) if e is not None]
-                if failed:
-                    if isinstance(failed[0], BackupError):
-                        raise _unverified(
-                            b, [e.message if isinstance(e, BackupError) else str(e) for e in failed]
-                        )
-                    raise failed[0]  # a full disk, say: not the backup's fault
-                files = [str(f.result()) for f in futures]
-            step("installing the wheels (offline)")
-            target = str(partial / "bin" / "python")
-            if installer == "uv":
-                install = [str(uv_bin), "pip", "install", "--python", target, "--offline", "--no-index"]
-            else:
-                install = [target, "-m", "pip", "install", "--no-index"]
-            build.run_logged([*install, "--no-deps", *files], build_env, log)
-        finally:
-            shutil.rmtree(wheels_dir, ignore_errors=True)
+        first = InstallStep(tuple(plan["install_commands"][0]), site_python=True, creates_env=True)
+        create_argv = build.step_argv(
+            first, python, uv_bin, str(plan.get("prefix") or old.prefix), str(partial)
+        )
+        create_argv = build.rebase(create_argv, old.prefix, str(partial))
+        target = str(partial / "bin" / "python")
+        cached = False
+        if uv_bin is not None and plan.get("install_commands"):
+            step("creating the env; trying uv's cache for the backed-up packages (offline)")
+            build.run_logged(create_argv, build_env, log)
+            # The stored wheels are hashed meanwhile: a corrupt backup is refused whichever way the env is built.
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                checking = pool.submit(verify, b, False, True)
+                cached = _from_uv_cache(b, plan, str(uv_bin), target, build_env, log, partial)
+                problems = checking.result()
+            if problems:
+                raise _unverified(b, problems)
+            if not cached:
+                shutil.rmtree(partial)
+        if not cached:
+            _from_wheelhouse(
+                b, store, wheels_dir, create_argv, target, installer, uv_bin, build_env, log, step
+            )
         act = activation.from_plan(
             plan.get("activate") or {}, str(Path(modules.init).parent) if modules.init else None, old.recipe
         )
@@ -236,6 +230,101 @@ def _wheelhouse(
         step(f"moving the env into place at {final}")
         create.swap(partial, final)
     return record
+
+
+def _from_wheelhouse(
+    b: Backup,
+    store: wheelhouse.Store,
+    wheels_dir: Path,
+    create_argv: list[str],
+    target: str,
+    installer: str,
+    uv_bin: Optional[str],
+    build_env: Mapping[str, str],
+    log: build.BuildLog,
+    step: Callable[[str], None],
+) -> None:
+    try:
+        wheels_dir.mkdir(mode=0o700)
+        step(f"checking and unpacking {len(b.data['wheels'])} wheels, creating the env beside")
+        # The wheels are decompressed in parallel while the env is created: both only write new files.
+        with ThreadPoolExecutor(max_workers=pack_workers(len(b.data["wheels"]))) as pool:
+            futures = [pool.submit(store.extract, w, wheels_dir) for w in b.data["wheels"]]
+            build.run_logged(create_argv, build_env, log)
+            failed = [e for e in (f.exception() for f in futures) if e is not None]
+            if failed:
+                if isinstance(failed[0], BackupError):
+                    raise _unverified(
+                        b, [e.message if isinstance(e, BackupError) else str(e) for e in failed]
+                    )
+                raise failed[0]  # a full disk, say: not the backup's fault
+            files = [str(f.result()) for f in futures]
+        step("installing the wheels (offline)")
+        if installer == "uv":
+            install = [str(uv_bin), "pip", "install", "--python", target, "--offline", "--no-index"]
+        else:
+            install = [target, "-m", "pip", "install", "--no-index"]
+        build.run_logged([*install, "--no-deps", *files], build_env, log)
+    finally:
+        shutil.rmtree(wheels_dir, ignore_errors=True)
+
+
+def _index_flags(commands: list[list[str]]) -> list[str]:
+    """The indexes the env was installed from (as recorded, mirrors included): the first as the index, the rest as
+    extra indexes, and PyPI where a command used the default."""
+    urls: list[str] = []
+    links: list[str] = []
+    pre = False
+    for cmd in commands:
+        if "install" not in cmd:
+            continue
+        has_index = False
+        for flag, value in zip(cmd, cmd[1:]):
+            if flag in ("--index-url", "--extra-index-url"):
+                urls.append(value)
+                has_index = True
+            elif flag == "--find-links":
+                links.append(value)
+        has_index = has_index or "--no-index" in cmd
+        if not has_index:
+            urls.append(mirror.PYPI)
+        pre = pre or "--pre" in cmd
+    urls = list(dict.fromkeys(urls))
+    flags = ["--index-url", urls[0]] if urls else ["--no-index"]
+    for url in urls[1:]:
+        flags += ["--extra-index-url", url]
+    for link in dict.fromkeys(links):
+        flags += ["--find-links", link]
+    return [*flags, "--pre"] if pre else flags
+
+
+def _from_uv_cache(
+    b: Backup,
+    plan: Mapping[str, Any],
+    uv_bin: str,
+    target: str,
+    build_env: Mapping[str, str],
+    log: build.BuildLog,
+    partial: Path,
+) -> bool:
+    """Install the backed-up versions from uv's cache alone (offline), as a warm create would; True when every
+    package then has the backup's digest. Anything else (a purged cache, a locally built wheel, another build of
+    the same version) falls back to the wheelhouse."""
+    reqs = [f"{w['name']}=={w['version']}" for w in b.data["wheels"]]
+    argv = [uv_bin, "pip", "install", "--python", target, "--offline", "--no-deps"]
+    argv += ["--index-strategy", "unsafe-best-match", *_index_flags(plan["install_commands"][1:]), *reqs]
+    log.write("+ " + proc.quote(argv))
+    res = proc.run(argv, env=build_env, check=False)
+    if res.returncode != 0:
+        log.write("uv's cache cannot serve this env; restoring from the wheelhouse\n" + proc.tail(res.stderr))
+        return False
+    try:
+        _compare(b, partial)
+    except BackupError as exc:
+        log.write(f"uv's cache holds other builds ({exc.message}); restoring from the wheelhouse")
+        return False
+    log.write(f"restored {len(reqs)} packages from uv's cache; every digest equals the backup's")
+    return True
 
 
 def _compare(b: Backup, partial: Path) -> None:

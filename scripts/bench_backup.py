@@ -67,6 +67,9 @@ TARGETS = {  # ratio -> (target, higher is better)
     "tar_czf_over_wheelhouse_backup": (8.0, True),
     "siblings_over_one": (1.3, False),
     "wheelhouse_restore_over_warm_create": (2.0, False),
+    # The purge took uv's cache too (it sits beside the envs on $SCRATCH): compared with a create that has to
+    # download and unpack everything again, the fair match for that case. Reported; 2x is what we aim for.
+    "purged_cache_restore_over_cold_create": (2.0, False),
 }
 
 
@@ -308,6 +311,17 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             times.append(seconds)
             log(f"restore {mode} {i + 1}: {seconds:.2f} s")
         steps[f"restore_{mode}"] = {"seconds": times}
+    purged = []
+    for i in range(args.repeat):
+        name = f"{NAME}-restored-purged-{i}"
+        fresh = dict(env, UV_CACHE_DIR=str(work / f"uv-cache-purged-{i}"))
+        seconds, _ = timer.envbuilder(
+            fresh, "restore", NAME, "--from", str(roots["wheelhouse"]), "--prefix",
+            str(work / "restored" / name), "--name", name, "--no-validate", "-q",
+        )  # fmt: skip
+        purged.append(seconds)
+        log(f"restore wheelhouse, uv cache purged {i + 1}: {seconds:.2f} s")
+    steps["restore_wheelhouse_purged_cache"] = {"seconds": purged}
     steps["create_cold"] = {"seconds": [cold_create]}
     steps["create_warm"] = {"seconds": warm_creates}
 
@@ -338,6 +352,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "siblings_over_one": sib_stored[-1] / sib_stored[0] if sib_stored else None,
         "wheelhouse_restore_over_warm_create": steps["restore_wheelhouse"]["median_s"]
         / steps["create_warm"]["median_s"],
+        "purged_cache_restore_over_cold_create": steps["restore_wheelhouse_purged_cache"]["median_s"]
+        / steps["create_cold"]["median_s"],
     }
     return {
         "machine": machine(),
@@ -376,7 +392,8 @@ def report(f: dict[str, Any]) -> None:
         ("tar + zstd -T0", "tar_zstd", "output"),
         ("backup --mode wheelhouse", "backup_wheelhouse", "stored"),
         ("backup --mode archive", "backup_archive", "stored"),
-        ("restore from wheelhouse", "restore_wheelhouse", ""),
+        ("restore from wheelhouse (uv cache kept)", "restore_wheelhouse", ""),
+        ("restore from wheelhouse (uv cache purged)", "restore_wheelhouse_purged_cache", ""),
         ("restore from archive", "restore_archive", ""),
         ("create, cold uv cache", "create_cold", ""),
         ("create, warm uv cache", "create_warm", ""),
@@ -401,6 +418,7 @@ def report(f: dict[str, Any]) -> None:
         "tar_czf_over_wheelhouse_backup": ("tar czf time / wheelhouse backup time", ">="),
         "siblings_over_one": (f"{len(sib)} siblings' stored bytes / one's", "<="),
         "wheelhouse_restore_over_warm_create": ("wheelhouse restore time / warm create time", "<="),
+        "purged_cache_restore_over_cold_create": ("restore, uv cache purged / cold create", "<="),
     }
     for key, r in f["ratios"].items():
         label, op = labels[key]

@@ -197,3 +197,39 @@ def test_backup_root_order(tmp_path):
     assert backup.root_for({"ENVBUILDER_BACKUP_ROOT": "/r", "WORK": "/w"})[0] == Path("/r")
     assert backup.root_for({"WORK": "/w"})[0] == Path("/w/envbuilder/backups")
     assert backup.root_for({"ENVBUILDER_HOME": "/h"})[0] == Path("/h/backups")
+
+
+def test_restore_asks_uv_cache_with_the_recorded_indexes():
+    from envbuilder.restore import _index_flags
+
+    torch_step = [
+        "uv",
+        "pip",
+        "install",
+        "--python",
+        "/e/bin/python",
+        "--index-url",
+        "https://i/whl/cpu",
+        "torch==2.7.1",
+    ]
+    pkgs_step = ["uv", "pip", "install", "--python", "/e/bin/python", "--constraint", "/e/c.txt", "numpy"]
+    assert _index_flags([torch_step, pkgs_step]) == [
+        "--index-url", "https://i/whl/cpu", "--extra-index-url", "https://pypi.org/simple",
+    ]  # fmt: skip
+    mirrored = [
+        "uv",
+        "pip",
+        "install",
+        "--index-url",
+        "http://m/simple/",
+        "--find-links",
+        "/opt/w",
+        "--pre",
+        "x",
+    ]
+    assert _index_flags([torch_step, mirrored]) == [
+        "--index-url", "https://i/whl/cpu", "--extra-index-url", "http://m/simple/", "--find-links", "/opt/w", "--pre",
+    ]  # fmt: skip
+    assert _index_flags([["uv", "pip", "install", "--no-index", "--find-links", "/w", "x"]]) == [
+        "--no-index", "--find-links", "/w",
+    ]  # fmt: skip
