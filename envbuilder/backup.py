@@ -419,17 +419,22 @@ def _archive(
 # Verifying and pruning
 
 
-def verify(b: Backup, record_result: bool = True, hash_wheels: bool = True) -> list[str]:
+def verify(
+    b: Backup, record_result: bool = True, hash_wheels: bool = True, cancel: Optional[threading.Event] = None
+) -> list[str]:
     """Re-hash everything the backup holds; the problems found (none: it restores as written). With
     ``hash_wheels`` false the stored wheels are only checked for presence and size (restore hashes them as it
-    decompresses them, before anything is installed)."""
+    decompresses them, before anything is installed). Once ``cancel`` is set, wheels not yet started are
+    skipped (restore stops checking when it turns to decompressing, which checks them anyway)."""
     problems: list[str] = [b.error] if b.error else []
     if not b.error:
         if b.mode == "wheelhouse":
             wheels = list(b.data.get("wheels", ()))
             with ThreadPoolExecutor(max_workers=pack_workers(len(wheels))) as pool:
                 found = pool.map(
-                    lambda w: _check_file(
+                    lambda w: []
+                    if cancel is not None and cancel.is_set()
+                    else _check_file(
                         b.root / w["path"], w["size"], w["sha256"] if hash_wheels else None, w["name"]
                     ),
                     wheels,

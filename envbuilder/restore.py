@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -200,9 +201,12 @@ def _wheelhouse(
             step("creating the env; trying uv's cache for the backed-up packages (offline)")
             build.run_logged(create_argv, build_env, log)
             # The stored wheels are hashed meanwhile: a corrupt backup is refused whichever way the env is built.
+            stop = threading.Event()
             with ThreadPoolExecutor(max_workers=1) as pool:
-                checking = pool.submit(verify, b, False, True)
+                checking = pool.submit(verify, b, False, True, stop)
                 cached = _from_uv_cache(b, plan, str(uv_bin), target, build_env, log, partial)
+                if not cached:
+                    stop.set()  # decompressing checks every blob anyway: no second read
                 problems = checking.result()
             if problems:
                 raise _unverified(b, problems)
