@@ -432,10 +432,12 @@ def verify(
             wheels = list(b.data.get("wheels", ()))
             with ThreadPoolExecutor(max_workers=pack_workers(len(wheels))) as pool:
                 found = pool.map(
-                    lambda w: []
-                    if cancel is not None and cancel.is_set()
-                    else _check_file(
-                        b.root / w["path"], w["size"], w["sha256"] if hash_wheels else None, w["name"]
+                    lambda w: (
+                        []
+                        if cancel is not None and cancel.is_set()
+                        else _check_file(
+                            b.root / w["path"], w["size"], w["sha256"] if hash_wheels else None, w["name"]
+                        )
                     ),
                     wheels,
                 )
