@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -229,17 +229,7 @@ class Catalog:
                 key="recipe.name",
             )
         shadows = (*old.shadows, old.path) if old else ()
-        self.entries[entry.name] = Entry(
-            entry.name,
-            entry.path,
-            entry.layer,
-            shadows,
-            entry.description,
-            entry.site,
-            entry.status,
-            entry.version,
-            entry.published,
-        )
+        self.entries[entry.name] = replace(entry, shadows=shadows)
 
     def names(self) -> list[str]:
         return sorted(self.entries)

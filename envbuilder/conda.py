@@ -15,12 +15,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from envbuilder import archive
+from envbuilder import archive, lockfile
 from envbuilder.errors import BackendError
 
 CLI_ENGINES = ("mamba", "conda", "micromamba")
 RATTLER = "rattler"
-SUBDIRS = {"x86_64": "linux-64", "aarch64": "linux-aarch64", "ppc64le": "linux-ppc64le"}
 
 
 def rattler_available() -> bool:
@@ -50,9 +49,8 @@ def engine_argv(
                 "conda.engine = 'rattler' needs py-rattler, which is not installed here",
                 hint="pip install py-rattler (Python 3.10 or newer)",
             )
-        subdir = SUBDIRS.get(arch, "linux-64")
         cmd = [sys.executable, "-m", "envbuilder.rattler_engine", *argv[1:]]
-        return [*cmd, "--platform", subdir, f"--final-prefix={final}"], RATTLER
+        return [*cmd, "--platform", lockfile.conda_subdir(arch), f"--final-prefix={final}"], RATTLER
     exe = shutil.which(engine, path=path)
     if exe is None:
         raise BackendError(

@@ -39,10 +39,13 @@ SOURCES = ("wheel", "sdist", "conda")
 #: manylinux levels uv accepts for --python-platform (2_17 is manylinux2014).
 _MANYLINUX = (17, 28, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-NIGHTLY_WARNING = (
-    "this lock pins nightly wheels, which leave their index within weeks: an env rebuilt from it later will not "
-    "find them. Back the env up once it is built (envbuilder backup NAME)"
-)
+
+
+def nightly_warning(name: str) -> str:
+    return (
+        "this lock pins nightly wheels, which leave their index within weeks: an env rebuilt from it later will "
+        f"not find them. Back the env up once it is built (envbuilder backup {name})"
+    )
 
 
 @dataclass(frozen=True)
@@ -247,8 +250,13 @@ def inputs(
     return out
 
 
-def conda_subdir(arch: str) -> str:
-    return {"x86_64": "linux-64", "aarch64": "linux-aarch64"}[arch]
+#: conda's platform subdir for a node architecture.
+CONDA_SUBDIRS = {"x86_64": "linux-64", "aarch64": "linux-aarch64", "ppc64le": "linux-ppc64le"}
+
+
+def conda_subdir(arch: Optional[str]) -> str:
+    """The subdir conda packages for ``arch`` nodes come from (linux-64 where the arch is unknown)."""
+    return CONDA_SUBDIRS.get(arch or "", "linux-64")
 
 
 def changed_inputs(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

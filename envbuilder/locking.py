@@ -208,7 +208,7 @@ def make(
         platforms=tuple(platforms),
     )
     if lock.nightly():
-        warnings.append(lockfile.NIGHTLY_WARNING.replace("NAME", recipe.name))
+        warnings.append(lockfile.nightly_warning(recipe.name))
     return lock, list(dict.fromkeys(warnings))
 
 

@@ -303,7 +303,7 @@ def build(
             "installed by version and sha256"
         )
         if lock.nightly():
-            warnings.append(lockfile.NIGHTLY_WARNING.replace("NAME", recipe.name))
+            warnings.append(lockfile.nightly_warning(recipe.name))
     channels: list[str] = []
     if kind == "conda":
         locks_and_channels.conda_pytorch_gate(recipe)

@@ -197,7 +197,7 @@ def _wheelhouse(
         create_argv = build.rebase(create_argv, old.prefix, str(partial))
         target = str(partial / "bin" / "python")
         cached = False
-        if uv_bin is not None and plan.get("install_commands"):
+        if uv_bin is not None:
             step("creating the env; trying uv's cache for the backed-up packages (offline)")
             build.run_logged(create_argv, build_env, log)
             # The stored wheels are hashed meanwhile: a corrupt backup is refused whichever way the env is built.
@@ -220,7 +220,8 @@ def _wheelhouse(
             plan.get("activate") or {}, str(Path(modules.init).parent) if modules.init else None, old.recipe
         )
         activation.install(partial, act)
-        _compare(b, partial)
+        if not cached:  # the cache path compared already: it is only kept when every digest matched
+            _compare(b, partial)
         if installer != "uv":
             build.relocate_scripts(partial, final)
         loaded = {

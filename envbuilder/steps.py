@@ -158,14 +158,9 @@ def install_steps(
     extra_indexes: list[str] = []
     # torch's exact pins as constraints: a later package cannot swap the CUDA torch for PyPI's build.
     constraint = ["--constraint", f"{prefix}/{CONSTRAINTS}"] if (resolution or locked) else []
-    plain_specs: list[str] = []
     own_steps: list[InstallStep] = []
-    for pkg in packages:
+    for pkg in (p for p in packages if special(p)):
         spec = pkg.get("spec", pkg["name"])
-        if not special(pkg):
-            if locked is None:
-                plain_specs.append(spec)
-            continue
         cmd = _pip(installer, env_python, target_flag)
         index = pkg.get("index")
         if index == "torch" and resolution:
@@ -186,12 +181,12 @@ def install_steps(
                 label=spec,
             )
         )
-    if plain_specs:
+    if plain and locked is None:  # a lock holds these already
         steps.append(
             InstallStep(
-                (*_pip(installer, env_python, target_flag), *constraint, *plain_specs),
+                (*_pip(installer, env_python, target_flag), *constraint, *plain),
                 site_python=site_python,
-                label=" ".join(plain_specs),
+                label=" ".join(plain),
             )
         )
     return steps + own_steps, extra_indexes

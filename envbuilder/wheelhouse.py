@@ -335,7 +335,9 @@ class Blob:
     size: int  # stored bytes
     compression: str  # zstd | none
     new: bool = False  # written by this backup (not shared with an earlier one)
-    wheel_size: Optional[int] = None  # the wheel's bytes once decompressed (restore sizes its scratch space)
+    wheel_size: Optional[int] = (
+        None  # the wheel's bytes once decompressed (the scratch space a restore needs)
+    )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -362,8 +364,7 @@ def _copy_hashing(src: IO[bytes], sink: Optional[IO[bytes]], digest: Any) -> int
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK), b""):
-            h.update(chunk)
+        _copy_hashing(fh, None, h)
     return h.hexdigest()
 
 

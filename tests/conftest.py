@@ -36,7 +36,7 @@ def facts():
 
 
 def run_cli(
-    *args: str, env: dict[str, str] | None = None, check: bool = False
+    *args: str, env: dict[str, str] | None = None, check: bool = False, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """The real CLI in a child process (python -m envbuilder), as a user runs it."""
     full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1", **(env or PLAN_ENV)}
@@ -45,7 +45,7 @@ def run_cli(
         env=full_env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=check,
         cwd=REPO,
     )

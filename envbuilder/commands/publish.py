@@ -125,10 +125,6 @@ def _locks(files: list[str], names: list[str]) -> dict[str, lockfile.Lock]:
     return out
 
 
-def _registry_layers(catalog: Catalog) -> list[Layer]:
-    return [la for la in catalog.layers if la.registry is not None and la.root.is_dir()]
-
-
 def _published_doc(catalog: Catalog, name: str, version: str) -> dict[str, Any]:
     entry = catalog.lookup(f"{name}@{version}")
     if entry.published is None or entry.layer.registry is None:

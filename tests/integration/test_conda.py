@@ -25,7 +25,7 @@ from condachannel import (
     pip_package,
     python_package,
 )
-from conftest import DATA, REPO, ok
+from conftest import DATA, ok, run_cli
 from wheelindex import build_wheel, mirror_env, serve
 
 from envbuilder import archive, lockfile
@@ -124,8 +124,7 @@ class World:
         (self.recipes / f"{name}.toml").write_text(text)
 
     def run(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "envbuilder", *args], env={**self.env, **extra},
-                              capture_output=True, text=True, timeout=900, cwd=REPO)  # fmt: skip
+        return run_cli(*args, env={**self.env, **extra}, timeout=900)
 
     def data(self, *args: str, **extra: str) -> Any:
         return json.loads(ok(self.run(*args, "--json", **extra)).stdout)["data"]

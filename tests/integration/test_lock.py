@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, ok, refused
+from conftest import ok, refused, run_cli
 from packaging.utils import canonicalize_name
 from wheelindex import build_wheel, mirror_env, serve
 
@@ -95,14 +95,7 @@ class World:
         return path
 
     def run(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "envbuilder", *args],
-            env={**self.env, **extra},
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=REPO,
-        )
+        return run_cli(*args, env={**self.env, **extra}, timeout=600)
 
     def data(self, *args: str, **extra: str) -> Any:
         return json.loads(ok(self.run(*args, "--json", **extra)).stdout)["data"]
@@ -273,8 +266,7 @@ def test_real_torch_from_a_published_lock_then_a_published_report(torch_files, t
         user = {"ENVBUILDER_HOME": str(tmp_path / "user"), "ENVBUILDER_RECIPE_PATH": str(registry)}
 
         def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "envbuilder", *args], env={**env, **extra},
-                                  capture_output=True, text=True, timeout=900, cwd=REPO)  # fmt: skip
+            return run_cli(*args, env={**env, **extra}, timeout=900)
 
         lock_path = tmp_path / "local.lock.toml"
         ok(run("lock", "local", "--platform", "x86_64", "--python", "3.11", "-o", str(lock_path)))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, ok, refused
+from conftest import REPO, ok, refused, run_cli
 from wheelindex import build_wheel, mirror_env, serve
 
 pytestmark = pytest.mark.integration
@@ -87,14 +87,7 @@ class Site:
         return self._run(args, {"ENVBUILDER_RECIPE_PATH": str(self.registry), **extra})
 
     def _run(self, args: tuple[str, ...], extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "envbuilder", *args],
-            env={**self.env, **extra},
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=REPO,
-        )
+        return run_cli(*args, env={**self.env, **extra}, timeout=300)
 
     def user_data(self, *args: str, **extra: str) -> Any:
         return json.loads(ok(self.user(*args, "--json", **extra)).stdout)["data"]
