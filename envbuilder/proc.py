@@ -46,10 +46,27 @@ def scrubbed_env(base: Optional[Mapping[str, str]] = None, keep: Sequence[str] =
     return {k: v for k, v in src.items() if k in keep or not k.startswith(_LEAKY_PREFIXES)}
 
 
+#: Held while a child is forked (see _hold_signals).
+_HELD = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+def _hold_signals() -> set[int | signal.Signals]:
+    """Block Ctrl-C and SIGTERM around a fork; returns the mask to put back. Python runs its fork callbacks
+    (logging's lock release among them) where a KeyboardInterrupt is printed as "Exception ignored" and dropped,
+    so a Ctrl-C landing during the fork was lost and the build went on. Held, it arrives once the caller puts the
+    mask back, inside the block that kills the child on an interrupt."""
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+
+
+def _release_signals(mask: set[int | signal.Signals]) -> None:
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 def _die_with_parent() -> None:
-    """In the child, before exec: be killed when envbuilder dies, even by SIGKILL (Linux prctl
-    PR_SET_PDEATHSIG). Otherwise an installer in its own session would go on writing into a build directory
-    that the next run has already cleared."""
+    """In the child, before exec: take Ctrl-C and SIGTERM again (the parent held them for the fork), and be
+    killed when envbuilder dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG). Otherwise an installer in its
+    own session would go on writing into a build directory that the next run has already cleared."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
@@ -88,19 +105,25 @@ def run(
         raise TypeError("proc.run takes an argv list, not a string")
     argv = [os.fspath(a) for a in argv]
     log.debug("+ %s", quote(argv))
-    proc = subprocess.Popen(
-        argv,
-        env=dict(scrubbed_env() if env is None else env),
-        cwd=cwd,
-        stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - async-signal-safe: one prctl call
-        umask=umask,
-    )
+    mask = _hold_signals()
     try:
+        proc = subprocess.Popen(
+            argv,
+            env=dict(scrubbed_env() if env is None else env),
+            cwd=cwd,
+            stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - async-signal-safe: sigmask and prctl calls
+            umask=umask,
+        )
+    except BaseException:
+        _release_signals(mask)
+        raise
+    try:
+        _release_signals(mask)  # a Ctrl-C held during the fork is raised here, and kills the child below
         out, err = proc.communicate(input=input_text, timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
@@ -143,21 +166,27 @@ def feeding(
     argv = [os.fspath(a) for a in argv]
     log.debug("+ %s |", quote(argv))
     with tempfile.TemporaryFile() as err:
-        child = subprocess.Popen(
-            argv,
-            env=dict(scrubbed_env() if env is None else env),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - async-signal-safe: one prctl call
-            umask=umask,
-        )
-        stdin = cast(IO[bytes], child.stdin)  # stdin=PIPE always gives one
-        with contextlib.suppress(OSError):
-            # A 1 MiB pipe instead of 64 KiB: a compressor fed gigabytes spends less time switching.
-            fcntl.fcntl(stdin.fileno(), _F_SETPIPE_SZ, 1 << 20)
+        mask = _hold_signals()
         try:
+            child = subprocess.Popen(
+                argv,
+                env=dict(scrubbed_env() if env is None else env),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - async-signal-safe: sigmask and prctl calls
+                umask=umask,
+            )
+        except BaseException:
+            _release_signals(mask)
+            raise
+        stdin = cast(IO[bytes], child.stdin)  # stdin=PIPE always gives one
+        try:
+            _release_signals(mask)
+            with contextlib.suppress(OSError):
+                # A 1 MiB pipe instead of 64 KiB: a compressor fed gigabytes spends less time switching.
+                fcntl.fcntl(stdin.fileno(), _F_SETPIPE_SZ, 1 << 20)
             yield stdin
             stdin.close()
         except BrokenPipeError:
