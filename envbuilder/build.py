@@ -9,6 +9,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -111,11 +112,7 @@ def uv_binary() -> Optional[str]:
 
 
 def virtualenv_available() -> bool:
-    try:
-        import virtualenv  # noqa: F401, PLC0415 - only probing whether it is installed
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("virtualenv") is not None
 
 
 @dataclass(frozen=True)

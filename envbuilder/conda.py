@@ -14,6 +14,7 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Optional
 
 from envbuilder import archive, lockfile
 from envbuilder.errors import BackendError
@@ -30,12 +31,10 @@ def engine_argv(
     argv: Sequence[str], engine: str, env: Mapping[str, str], arch: str, final: Path
 ) -> tuple[list[str], str]:
     """The create command for the engine that will run it, and that engine's name."""
-    path = env.get("PATH", "")
     if engine == "auto":
-        for name in CLI_ENGINES:
-            exe = shutil.which(name, path=path)
-            if exe:
-                return [exe, *argv[1:]], name
+        found = find_cli(engine, env)
+        if found:
+            return [found[0], *argv[1:]], found[1]
         if not rattler_available():
             raise BackendError(
                 "no conda engine: neither mamba, conda nor micromamba is on PATH after loading the recipe's "
@@ -51,13 +50,24 @@ def engine_argv(
             )
         cmd = [sys.executable, "-m", "envbuilder.rattler_engine", *argv[1:]]
         return [*cmd, "--platform", lockfile.conda_subdir(arch), f"--final-prefix={final}"], RATTLER
-    exe = shutil.which(engine, path=path)
-    if exe is None:
+    found = find_cli(engine, env)
+    if found is None:
         raise BackendError(
             f"conda.engine = {engine!r}, but {engine} is not on PATH after loading the recipe's modules",
             hint="load the module that provides it, or set conda.engine = 'auto' or 'rattler'",
         )
-    return [exe, *argv[1:]], engine
+    return [found[0], *argv[1:]], engine
+
+
+def find_cli(engine: str, env: Mapping[str, str]) -> Optional[tuple[str, str]]:
+    """The conda command line ``engine`` names on the env's PATH (with ``auto``, the first of mamba, conda and
+    micromamba), as (path, name); None when there is none, or the engine is the embedded one."""
+    names = CLI_ENGINES if engine == "auto" else (engine,) if engine in CLI_ENGINES else ()
+    for name in names:
+        exe = shutil.which(name, path=env.get("PATH", ""))
+        if exe:
+            return exe, name
+    return None
 
 
 def move_in(build: Path, final: Path, engine: str) -> list[str]:

@@ -293,6 +293,36 @@ def from_pylock(text: str, where: str) -> tuple[LockedPackage, ...]:
     return tuple(out)
 
 
+def from_conda_lock(doc: Any, subdir: str, where: str) -> tuple[LockedPackage, ...]:
+    """The conda packages for ``subdir`` of a conda-lock.yml (version 1, already parsed). The build string is not
+    a field there; it is the file name's last part (NAME-VERSION-BUILD.conda|.tar.bz2)."""
+    if not isinstance(doc, Mapping) or doc.get("version") != 1 or not isinstance(doc.get("package"), list):
+        raise LockError(
+            f"{where}: not a conda-lock.yml of version 1", hint="update conda-lock (3.0 or newer)"
+        )
+    out = []
+    for pkg in doc["package"]:
+        if not isinstance(pkg, Mapping) or pkg.get("platform") != subdir or pkg.get("manager") != "conda":
+            continue
+        name, version, url = str(pkg.get("name")), str(pkg.get("version")), str(pkg.get("url") or "")
+        sha = str((pkg.get("hash") or {}).get("sha256") or "")
+        if not _SHA256.match(sha):
+            raise LockError(
+                f"{where}: {name} {version} ({subdir}) has no sha256 (the channel's repodata lists only md5)",
+                hint="conda packages are locked by sha256; index the channel with a current conda-index or rattler",
+            )
+        stem = url.rsplit("/", 1)[-1]
+        for ext in (".tar.bz2", ".conda"):
+            stem = stem[: -len(ext)] if stem.endswith(ext) else stem
+        prefix = f"{name}-{version}-"
+        if not stem.startswith(prefix):
+            raise LockError(f"{where}: {name} {version}: the file {url!r} is not named {prefix}BUILD")
+        out.append(LockedPackage(name, version, "conda", (LockedFile(url, sha),), stem[len(prefix) :]))
+    if not out:
+        raise LockError(f"{where}: conda-lock wrote no packages for {subdir}")
+    return tuple(out)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Reading
 

@@ -4,16 +4,21 @@ uv, without being on it, and find the lock ``create`` should use."""
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
+import json
+import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional, cast
 
-from envbuilder import __version__, build, lockfile, mirror, proc, state
+from envbuilder import __version__, build, conda, lockfile, mirror, modules, proc, state
 from envbuilder import plan as planner
 from envbuilder.catalog import Catalog
-from envbuilder.errors import CommandFailed, LockError
+from envbuilder.errors import CommandFailed, EnvbuilderError, LockError
 from envbuilder.host import HostFacts
 from envbuilder.loader import Recipe
 
@@ -154,6 +159,160 @@ class RattlerLocker:
         return tuple(out)
 
 
+class CondaLockLocker:
+    """conda envs where the site has a conda: conda-lock solves the conda packages with that conda (``create
+    --dry-run --json``) for the target's subdir, with the target's glibc and CUDA as virtual packages (conda-lock's
+    defaults claim CUDA 11.4 on every linux node); uv locks the pip part. Same lock format as RattlerLocker."""
+
+    engine = "conda-lock"
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        uv: str,
+        target: HostFacts,
+        conda_exe: tuple[str, str],
+        log: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self.env = env
+        self.uv = uv
+        self.target = target
+        self.conda_exe = conda_exe
+        self.log = log
+
+    def lock(self, arch: str, tag: str, inputs: Mapping[str, Any]) -> lockfile.PlatformLock:
+        conda_pkgs = self._solve(arch, inputs)
+        wheels: tuple[lockfile.LockedPackage, ...] = ()
+        if inputs["requirements"]:
+            wheels = UvLocker(self.env, self.uv, self.log).lock(arch, tag, inputs).packages
+        return lockfile.PlatformLock(arch, tag, dict(inputs), conda_pkgs + wheels)
+
+    def argv(self, env_file: Path, virtual: Path, subdir: str, out: Path) -> list[str]:
+        exe, name = self.conda_exe
+        return [
+            *conda_lock_command(),
+            "lock",
+            "--conda",
+            exe,
+            "--mamba" if name == "mamba" else "--no-mamba",
+            "--micromamba" if name == "micromamba" else "--no-micromamba",
+            "--file",
+            str(env_file),
+            "--platform",
+            subdir,
+            "--virtual-package-spec",
+            str(virtual),
+            "--lockfile",
+            str(out),
+        ]
+
+    def _solve(self, arch: str, inputs: Mapping[str, Any]) -> tuple[lockfile.LockedPackage, ...]:
+        channels, notes = mirror.remap_channels(inputs["conda_channels"], mirror.from_env(self.env))
+        for note in notes:
+            self.log(note)
+        subdir = lockfile.conda_subdir(arch)
+        packages = {"__unix": "0", "__linux": "5.14", "__glibc": self.target.glibc or "2.28"}
+        if self.target.max_cuda:
+            packages["__cuda"] = str(self.target.max_cuda)
+        with tempfile.TemporaryDirectory(prefix="envbuilder-conda-lock-") as tmp:
+            # JSON is YAML: both files are written without a YAML library.
+            env_file = Path(tmp) / "environment.yml"
+            env_file.write_text(
+                json.dumps({"channels": channels, "dependencies": list(inputs["conda_specs"])}),
+                encoding="utf-8",
+            )
+            virtual = Path(tmp) / "virtual-packages.yml"
+            virtual.write_text(json.dumps({"subdirs": {subdir: {"packages": packages}}}), encoding="utf-8")
+            out = Path(tmp) / "conda-lock.yml"
+            argv = self.argv(env_file, virtual, subdir, out)
+            self.log(f"solving the conda packages for {subdir} with conda-lock and {self.conda_exe[0]}")
+            self.log("+ " + proc.quote(argv))
+            res = proc.run(argv, env=self.env, cwd=tmp, timeout=LOCK_TIMEOUT_S, check=False)
+            if res.returncode != 0 or not out.is_file():
+                raise LockError(
+                    f"conda-lock could not lock the conda packages for {arch} ({subdir}):\n"
+                    + conda_lock_failure(res.stderr),
+                    hint="check conda.channels and conda.packages; conda.engine = 'rattler' locks without conda",
+                )
+            doc = _read_yaml(out)
+        return lockfile.from_conda_lock(doc, subdir, f"conda-lock's output for {arch}")
+
+
+def conda_lock_command() -> list[str]:
+    """conda-lock in this interpreter (the ``conda-lock`` extra), else one on PATH (pipx); [] when neither."""
+    if importlib.util.find_spec("conda_lock") is not None:
+        return [sys.executable, "-m", "conda_lock"]
+    exe = shutil.which("conda-lock")
+    return [exe] if exe else []
+
+
+def conda_lock_failure(stderr: str) -> str:
+    """What conda said, out of conda-lock's stderr (which ends in a Python traceback of its own)."""
+    lines = stderr.splitlines()
+    start = next(
+        (i for i, line in enumerate(lines) if line.startswith("Could not lock the environment")), None
+    )
+    if start is None:
+        return proc.tail(stderr).rstrip() or "(conda-lock printed nothing)"
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("Command:")), len(lines)
+    )
+    return "\n".join(lines[start:end]).rstrip()
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        yaml = importlib.import_module("yaml")  # conda-lock depends on PyYAML
+    except ImportError:
+        raise LockError(
+            "cannot read conda-lock's output: PyYAML is not installed beside envbuilder",
+            hint="pip install 'envbuilder[conda-lock]'",
+        ) from None
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise LockError(f"cannot read conda-lock's output {path}: {exc}") from None
+
+
+def conda_locker(
+    the_plan: planner.Plan,
+    env: Mapping[str, str],
+    uv: str,
+    module_system: modules.ModuleSystem,
+    log: Callable[[str], None],
+) -> tuple[lockfile.Locker, list[str]]:
+    """conda-lock where the recipe's conda engine is a conda/mamba/micromamba found once its modules are loaded
+    (as create would find it) and conda-lock is installed; py-rattler otherwise. (locker, warnings)."""
+    step = next((st for st in the_plan.install_steps if st.engine), None)
+    engine = step.engine if step else conda.RATTLER
+    if engine == conda.RATTLER:
+        return RattlerLocker(env, uv, the_plan.target, log), []
+    base = proc.scrubbed_env(env)
+    search = base
+    load = [*the_plan.modules, *(step.modules if step else ())]
+    if load or the_plan.module_use:
+        try:
+            search = module_system.apply(the_plan.module_use, load, base).apply(base)
+        except EnvbuilderError as exc:
+            log(f"cannot load the recipe's modules here ({exc.message.splitlines()[0]}); looking on PATH")
+    found = conda.find_cli(engine, search)
+    if found is None:
+        if engine != "auto":
+            raise LockError(
+                f"conda.engine = {engine!r}, but {engine} is not on PATH after loading the recipe's modules",
+                hint="lock on a node with the site's conda module, or set conda.engine = 'auto' or 'rattler'",
+            )
+        return RattlerLocker(env, uv, the_plan.target, log), []
+    if not conda_lock_command():
+        warning = (
+            f"conda-lock is not installed, so {the_plan.recipe} was locked with py-rattler, not {found[1]} "
+            "(pip install 'envbuilder[conda-lock]' to lock with the site's conda)"
+        )
+        return RattlerLocker(env, uv, the_plan.target, log), [warning]
+    log(f"conda engine for the lock: {found[1]} ({found[0]}) through conda-lock")
+    return CondaLockLocker(search, uv, the_plan.target, found, log), []
+
+
 def default_arches(recipe: Recipe, facts: HostFacts) -> list[str]:
     """The site's compute architecture, else this host's."""
     arch = recipe.get("compute.arch") or facts.arch
@@ -167,6 +326,7 @@ def make(
     arches: Sequence[str],
     python: Optional[str] = None,
     log: Callable[[str], None] = lambda _: None,
+    module_system: Optional[modules.ModuleSystem] = None,
 ) -> tuple[lockfile.Lock, list[str]]:
     """Resolve ``recipe`` for each of ``arches``; (the lock, warnings)."""
     uv = build.uv_binary()
@@ -192,9 +352,10 @@ def make(
         warnings.extend(the_plan.warnings)
         tag = lockfile.python_platform(arch, the_plan.target.glibc)
         log(f"resolving {recipe.name} for {arch} ({tag}, Python {inputs['python']})")
-        locker: lockfile.Locker = (
-            RattlerLocker(env, uv, the_plan.target, log) if kind == "conda" else UvLocker(env, uv, log)
-        )
+        locker: lockfile.Locker = UvLocker(env, uv, log)
+        if kind == "conda":
+            locker, more = conda_locker(the_plan, env, uv, module_system or modules.detect(env), log)
+            warnings.extend(more)
         platforms.append(locker.lock(arch, tag, inputs))
         engine = locker.engine
     lock = lockfile.Lock(

@@ -152,21 +152,88 @@ def index(channel: Path) -> None:
 
 
 def conda_shim(bin_dir: Path) -> Path:
-    """A stand-in for a site's ``conda`` binary (none can be installed here): ``conda create`` with conda's command
-    line, solved and installed by py-rattler at exactly the prefix given, which is what conda does (it cannot write
-    another prefix into the files). Only ``create`` is implemented."""
+    """A stand-in for a site's ``conda`` binary (none can be installed here), solved and installed by py-rattler.
+    It implements the parts of conda's command line that envbuilder and conda-lock run, with conda's output:
+
+    - ``conda create --yes --prefix P ...``: installs at exactly P, as conda does (it cannot write another prefix
+      into the files);
+    - ``conda create --dry-run --json ...``: prints the plan as conda does, every record in ``actions.FETCH`` and
+      ``LINK``, for the subdir in ``CONDA_SUBDIR`` with the virtual packages from ``CONDA_OVERRIDE_*`` (conda's
+      variables; conda-lock sets both); a failed solve prints conda's JSON error and exits 1;
+    - ``conda --version`` and ``conda info --json`` (``pkgs_dirs`` from ``CONDA_PKGS_DIRS``)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     shim = bin_dir / "conda"
     shim.write_text(
         f"#!{sys.executable}\n"
         "# Test stand-in for conda (see tests/condachannel.py: conda_shim).\n"
         "import os, sys\n"
-        "from envbuilder.rattler_engine import main\n"
-        "if sys.argv[1:2] != ['create'] or any(a.startswith('--final-prefix') for a in sys.argv):\n"
-        "    sys.exit('conda shim: only plain `conda create` is implemented')\n"
-        "status = main(sys.argv[1:])\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from condachannel import shim_main\n"
+        "status = shim_main(sys.argv[1:])\n"
         "sys.stdout.flush(); sys.stderr.flush()\n"
         "os._exit(status)\n"
     )
     shim.chmod(0o755)
     return shim
+
+
+SHIM_VERSION = "conda 25.3.1"
+
+
+def shim_main(argv: Sequence[str]) -> int:
+    import os
+
+    from envbuilder.rattler_engine import main
+
+    if list(argv) == ["--version"]:
+        print(SHIM_VERSION)
+        return 0
+    if list(argv[:1]) == ["info"] and "--json" in argv:
+        print(
+            json.dumps(
+                {
+                    "conda_version": SHIM_VERSION.split()[1],
+                    "pkgs_dirs": [os.environ.get("CONDA_PKGS_DIRS", "")],
+                }
+            )
+        )
+        return 0
+    if list(argv[:1]) != ["create"] or any(a.startswith("--final-prefix") for a in argv):
+        print(f"conda shim: `conda {' '.join(argv[:2])}` is not implemented", file=sys.stderr)
+        return 2
+    if "--dry-run" in argv:
+        return _shim_dry_run([a for a in argv[1:] if a not in {"--dry-run", "--json", "--yes"}])
+    return main(list(argv))
+
+
+def _shim_dry_run(argv: Sequence[str]) -> int:
+    import argparse
+    import os
+
+    import rattler
+
+    p = argparse.ArgumentParser(prog="conda create")
+    p.add_argument("--prefix", required=True)
+    p.add_argument("--override-channels", action="store_true")
+    p.add_argument("--channel", action="append", default=[])
+    p.add_argument("specs", nargs="+")
+    args = p.parse_args(argv)
+    subdir = os.environ.get("CONDA_SUBDIR") or str(rattler.Platform.current())
+    overrides = rattler.VirtualPackageOverrides.from_env()
+    virtual = [v.into_generic() for v in rattler.VirtualPackage.detect(overrides)]
+    try:
+        records = asyncio.run(
+            rattler.solve(
+                sources=args.channel, specs=args.specs, platforms=[subdir, "noarch"], virtual_packages=virtual
+            )
+        )
+    except Exception as exc:  # conda reports any failure to plan as a JSON error on stdout
+        message = f"{type(exc).__name__}: {exc}"
+        print(json.dumps({"exception_name": "UnsatisfiableError", "message": message, "error": message}))
+        return 1
+    fetch = [json.loads(r.to_json()) for r in records]
+    for rec in fetch:
+        rec.setdefault("channel", rec["url"].rsplit("/", 2)[0])
+    plan = {"FETCH": fetch, "LINK": fetch, "PREFIX": args.prefix}
+    print(json.dumps({"actions": plan, "dry_run": True, "prefix": args.prefix, "success": True}))
+    return 0

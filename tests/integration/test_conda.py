@@ -378,15 +378,22 @@ def test_conda_lock_for_two_platforms_then_create_from_it(tmp_path, channel, whe
     assert not list(prefix.parent.glob(".cdemo*"))
 
 
+def miniforge_module(root: Path) -> Path:
+    """A miniforge3 module whose PATH holds the conda stand-in; returns the module tree."""
+    shim = conda_shim(root / "miniforge3" / "bin")
+    tree = root / "modulefiles"
+    (tree / "miniforge3").mkdir(parents=True)
+    (tree / "miniforge3" / "25.3.1-gcc-11.4.1.lua").write_text(f'prepend_path("PATH", "{shim.parent}")\n')
+    return tree
+
+
 @needs_lmod
 def test_a_conda_from_the_sites_module_builds_and_its_env_is_moved_into_place(world, tmp_path):
     """engine auto with a miniforge3 module that puts a `conda` on PATH (a stand-in: see conda_shim): that conda
     builds beside the prefix, and envbuilder repoints the scripts it wrote. A package whose binary embeds the
     build path cannot be moved: refused with the hint to use the embedded engine, which then builds it."""
-    shim = conda_shim(tmp_path / "miniforge3" / "bin")
-    tree = tmp_path / "modulefiles"
-    (tree / "miniforge3").mkdir(parents=True)
-    (tree / "miniforge3" / "25.3.1-gcc-11.4.1.lua").write_text(f'prepend_path("PATH", "{shim.parent}")\n')
+    tree = miniforge_module(tmp_path)
+    shim = tree.parent / "miniforge3" / "bin" / "conda"
     modules = '[modules]\nsystem = "lmod"\nload = ["miniforge3/25.3.1-gcc-11.4.1"]\n'
     world.recipe(extra=modules)
     data = world.data("create", "cdemo", "--no-validate", MODULEPATH=str(tree))
@@ -418,3 +425,63 @@ def test_a_conda_from_the_sites_module_builds_and_its_env_is_moved_into_place(wo
     blob = (world.scratch / "envs" / "cblas" / "lib" / "libhpcblas.so").read_bytes()
     assert f"{world.scratch}/envs/cblas/lib".encode() in blob
     assert b".cblas.partial" not in blob
+
+
+@needs_lmod
+def test_conda_lock_with_the_sites_conda_then_create_from_it(tmp_path, channel, wheels):
+    """With the site's conda on PATH once the recipe's miniforge3 module is loaded (a stand-in: see conda_shim),
+    the real conda-lock locks the conda part through it, for two platforms and with the target's virtual
+    packages; the lock has the same shape as py-rattler's, and create builds exactly it."""
+    pytest.importorskip(
+        "conda_lock", reason="conda-lock is not installed (pip install -e '.[test]' brings it)"
+    )
+    own = tmp_path / "channel"
+    shutil.copytree(channel, own)
+    # A package for CUDA nodes only: conda-lock's own defaults claim CUDA 11.4 on every linux node.
+    build_package(
+        own, "hpc-cuda", "1.0", files={"share/hpc-cuda": "1\n"}, depends=["__cuda >=11"], subdir="noarch"
+    )
+    index(own)
+    (tmp_path / "w").mkdir()
+    world = World(tmp_path / "w", own, wheels)
+    tree = miniforge_module(tmp_path)
+    modules = '[modules]\nsystem = "lmod"\nload = ["miniforge3/25.3.1-gcc-11.4.1"]\n'
+    world.recipe(extra=modules)
+    data = world.data("lock", "cdemo", "--platform", "x86_64", "--platform", "aarch64", MODULEPATH=str(tree))
+    assert data["engine"] == "conda-lock", data
+    lock = lockfile.read(Path(data["path"]))
+    x86, arm = lock.for_arch("x86_64"), lock.for_arch("aarch64")
+    assert {p.name: p.version for p in x86.conda} == {
+        "python": PYTHON_VERSION, "pip": x86.versions()["pip"], "hpc-hello": "0.1", "hpc-lib": "1.0",
+    }  # fmt: skip
+    assert {p.name: p.version for p in arm.conda}["hpc-lib"] == "1.5"
+    for pkg in (*x86.conda, *arm.conda):  # every file named by its real sha256, and its build from its name
+        path = own / Path(pkg.files[0].url).parent.name / Path(pkg.files[0].url).name
+        assert pkg.files[0].sha256 == sha(path), pkg
+        assert Path(pkg.files[0].url).name.startswith(f"{pkg.name}-{pkg.version}-{pkg.build}.")
+    assert [p.name for p in x86.wheels] == ["condademo"]
+
+    hpc_lib(own, "1.9")
+    index(own)
+    data = world.data("create", "cdemo", "--locked", "--no-validate", MODULEPATH=str(tree))
+    prefix = world.scratch / "envs" / "cdemo"
+    assert conda_meta(prefix)["hpc-lib"] == "1.0"
+    lib = next(p for p in x86.conda if p.name == "hpc-lib")
+    log = Path(data["log"]).read_text()
+    assert "conda engine: conda" in log  # the site's conda built it, from the locked builds
+    assert f"hpc-lib=1.0={lib.build}" in log
+
+    # The target's CUDA, not conda-lock's default: this machine's plan has no GPU, so hpc-cuda does not resolve;
+    # a site whose compute nodes have CUDA 12.4 gets it.
+    world.recipe(name="ccuda", conda=("hpc-hello", "hpc-cuda"), extra=modules)
+    res = world.run("lock", "ccuda", "--platform", "x86_64", MODULEPATH=str(tree))
+    assert res.returncode == 13, res.stderr
+    assert "conda-lock could not lock the conda packages for x86_64 (linux-64)" in res.stderr
+    assert "__cuda" in res.stderr
+    assert not (world.root / "eb" / "lockfiles" / "ccuda.lock.toml").exists()
+    world.recipe(
+        name="ccuda", conda=("hpc-hello", "hpc-cuda"), extra=modules + '[compute]\nmax_cuda = "12.4"\n'
+    )
+    data = world.data("lock", "ccuda", "--platform", "x86_64", MODULEPATH=str(tree))
+    assert data["engine"] == "conda-lock"
+    assert "hpc-cuda" in {p.name for p in lockfile.read(Path(data["path"])).for_arch("x86_64").conda}

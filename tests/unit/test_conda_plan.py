@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import conda, mirror, plan
+from envbuilder import conda, locking, mirror, modules, plan
 from envbuilder.catalog import Catalog, Layer, builtin_dir
-from envbuilder.errors import BackendError, ResolverErrors
+from envbuilder.errors import BackendError, LockError, ResolverErrors
 from envbuilder.host import HostFacts
 from envbuilder.loader import load
 
@@ -139,3 +139,37 @@ def test_engine_choice(tmp_path, monkeypatch):
     with pytest.raises(BackendError, match="no conda engine") as info:
         conda.engine_argv(argv, "auto", {"PATH": "/nonexistent"}, "x86_64", final)
     assert "module spider miniforge3" in (info.value.hint or "")
+
+
+def test_which_locker_a_conda_recipe_gets(tmp_path, monkeypatch):
+    """conda-lock through the site's conda when one is found as create would find it; py-rattler otherwise."""
+    site = tmp_path / "site-bin"
+    conda_exe = _exe(site, "conda")
+    none = modules.ModuleSystem("none")
+
+    def locker(engine: str, path: str):
+        p = plan.build(recipe(tmp_path, engine=engine, install=False), HOST, ENV)
+        return locking.conda_locker(p, {**ENV, "PATH": path}, "uv", none, lambda _: None)
+
+    monkeypatch.setattr(locking, "conda_lock_command", lambda: ["conda-lock"])
+    found, warnings = locker("auto", f"{site}:/usr/bin")
+    assert isinstance(found, locking.CondaLockLocker) and warnings == []
+    argv = found.argv(Path("env.yml"), Path("vp.yml"), "linux-64", Path("out.yml"))
+    assert argv[:6] == ["conda-lock", "lock", "--conda", str(conda_exe), "--no-mamba", "--no-micromamba"]
+    assert argv[argv.index("--platform") + 1] == "linux-64"
+    assert argv[argv.index("--virtual-package-spec") + 1] == "vp.yml"
+    micromamba = _exe(tmp_path / "mm-bin", "micromamba")
+    found, _ = locker("micromamba", str(micromamba.parent))
+    assert "--micromamba" in found.argv(Path("e"), Path("v"), "linux-64", Path("o"))
+
+    assert isinstance(locker("rattler", f"{site}:/usr/bin")[0], locking.RattlerLocker)
+    assert isinstance(locker("auto", "/nonexistent")[0], locking.RattlerLocker)
+    with pytest.raises(LockError, match="'mamba', but mamba is not on PATH"):
+        locker("mamba", f"{site}:/usr/bin")
+    monkeypatch.setattr(locking, "conda_lock_command", lambda: [])
+    found, warnings = locker("auto", f"{site}:/usr/bin")
+    assert isinstance(found, locking.RattlerLocker)
+    assert warnings == [
+        "conda-lock is not installed, so c was locked with py-rattler, not conda "
+        "(pip install 'envbuilder[conda-lock]' to lock with the site's conda)"
+    ]

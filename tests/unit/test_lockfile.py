@@ -241,3 +241,65 @@ def test_planning_for_another_architecture_resolves_for_it():
     assert any("planned for x86_64 nodes; the site's compute nodes are aarch64" in n for n in x86.notes)
     assert x86.lock_inputs["index_flags"] == arm.lock_inputs["index_flags"]
     assert x86.lock_inputs["requirements"][0].startswith("torch==")
+
+
+def conda_lock_doc(*packages: dict) -> dict:
+    """A conda-lock.yml (version 1) as yaml.safe_load returns it, with only the keys it always writes."""
+    return {"version": 1, "metadata": {"platforms": ["linux-64", "linux-aarch64"]}, "package": list(packages)}
+
+
+def conda_entry(name: str, version: str, platform: str, fn: str, sha: str = SHA_A) -> dict:
+    return {
+        "name": name, "version": version, "manager": "conda", "platform": platform, "dependencies": {},
+        "url": f"https://conda.example/ch/{platform}/{fn}", "hash": {"md5": "0" * 32, "sha256": sha},
+        "category": "main", "optional": False,
+    }  # fmt: skip
+
+
+def test_conda_lock_output_gives_each_platforms_packages_with_their_build():
+    doc = conda_lock_doc(
+        conda_entry("python", "3.12.8", "linux-64", "python-3.12.8-h9e4cc4f_1_cpython.conda"),
+        conda_entry("python", "3.12.8", "linux-aarch64", "python-3.12.8-h1683364_1_cpython.conda", SHA_B),
+        conda_entry("pip", "25.0", "linux-64", "pip-25.0-pyh8b19718_0.tar.bz2"),
+        {**conda_entry("torch", "2.7.1", "linux-64", "torch-2.7.1-cp312-manylinux.whl"), "manager": "pip"},
+    )
+    x86 = lockfile.from_conda_lock(doc, "linux-64", "out")
+    assert [(p.name, p.version, p.build, p.source) for p in x86] == [
+        ("python", "3.12.8", "h9e4cc4f_1_cpython", "conda"), ("pip", "25.0", "pyh8b19718_0", "conda"),
+    ]  # fmt: skip
+    assert x86[0].conda_spec() == "python=3.12.8=h9e4cc4f_1_cpython"
+    (arm,) = lockfile.from_conda_lock(doc, "linux-aarch64", "out")
+    assert arm.files[0] == lockfile.LockedFile(
+        "https://conda.example/ch/linux-aarch64/python-3.12.8-h1683364_1_cpython.conda", SHA_B
+    )
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        ({"version": 2, "package": []}, "not a conda-lock.yml of version 1"),
+        ([], "not a conda-lock.yml of version 1"),
+        (conda_lock_doc(conda_entry("pip", "25.0", "linux-64", "pip-25.0-0.tar.bz2", "")), "pip 25.0 (linux-64) has no sha256"),
+        (conda_lock_doc(conda_entry("pip", "25.0", "linux-64", "pip-24.0-0.tar.bz2")), "is not named pip-25.0-BUILD"),
+        (conda_lock_doc(conda_entry("pip", "25.0", "linux-aarch64", "pip-25.0-0.tar.bz2")), "no packages for linux-64"),
+    ],
+)  # fmt: skip
+def test_unusable_conda_lock_output_is_a_lock_error(doc, expected):
+    with pytest.raises(LockError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        lockfile.from_conda_lock(doc, "linux-64", "conda-lock's output")
+
+
+def test_conda_locks_failure_is_what_conda_said_not_conda_locks_traceback():
+    from envbuilder.locking import conda_lock_failure
+
+    stderr = (
+        "INFO:conda_lock.conda_solver:linux-64 using specs ['hpc-cuda']\n"
+        "Could not lock the environment for platform linux-64\n"
+        "nothing provides __cuda >=11 needed by hpc-cuda-1.0-0\n"
+        "    Command: ['/site/conda', 'create', '--dry-run']\n"
+        "Traceback (most recent call last):\n  File ...\nsubprocess.CalledProcessError: ...\n"
+    )
+    assert conda_lock_failure(stderr) == (
+        "Could not lock the environment for platform linux-64\nnothing provides __cuda >=11 needed by hpc-cuda-1.0-0"
+    )
+    assert conda_lock_failure("Traceback ...\nRuntimeError: no conda\n").endswith("RuntimeError: no conda")
