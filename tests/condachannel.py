@@ -20,7 +20,7 @@ import time
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 PLACEHOLDER = "/opt/anaconda1anaconda2anaconda3"
 #: conda-build's kind of placeholder for compiled files: long, so any real prefix fits in its place.
@@ -117,11 +117,12 @@ def python_package(channel: Path, subdir: str = "linux-64") -> Path:
     )
 
 
-def pip_package(channel: Path) -> Path:
-    """pip from CPython's own bundled wheel, as a noarch conda package for this interpreter's site-packages (as
-    conda-forge's pip is noarch)."""
-    bundled = Path(sysconfig.get_paths()["stdlib"]) / "ensurepip" / "_bundled"
-    wheel = next(bundled.glob("pip-*.whl"))
+def pip_package(channel: Path, wheel: Optional[Path] = None) -> Path:
+    """pip from CPython's own bundled wheel (or ``wheel``, where a distribution's python has none), as a noarch
+    conda package for this interpreter's site-packages (as conda-forge's pip is noarch)."""
+    if wheel is None:
+        bundled = Path(sysconfig.get_paths()["stdlib"]) / "ensurepip" / "_bundled"
+        wheel = next(bundled.glob("pip-*.whl"))
     version = wheel.name.split("-")[1]
     site = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
     files: dict[str, Content] = {}
