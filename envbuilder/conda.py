@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -57,6 +58,21 @@ def engine_argv(
             hint="load the module that provides it, or set conda.engine = 'auto' or 'rattler'",
         )
     return [found[0], *argv[1:]], engine
+
+
+def engine_env(engine: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment the engine runs in. The embedded one is envbuilder's own python, which must import
+    envbuilder and py-rattler from where this process does, also when they come from PYTHONPATH (a checkout), which
+    every child's environment is scrubbed of."""
+    if engine != RATTLER:
+        return dict(env)
+    import envbuilder  # noqa: PLC0415 - the package's own location
+
+    spec = importlib.util.find_spec("rattler")
+    roots = [Path(envbuilder.__file__).parent.parent]
+    if spec is not None and spec.origin:
+        roots.append(Path(spec.origin).parent.parent)
+    return {**env, "PYTHONPATH": os.pathsep.join(dict.fromkeys(str(r) for r in roots))}
 
 
 def find_cli(engine: str, env: Mapping[str, str]) -> Optional[tuple[str, str]]:

@@ -248,6 +248,7 @@ def _build(
             step_env, own = build.step_env(step, step_env)
             if step.engine:
                 argv, engine = conda.engine_argv(argv, step.engine, step_env, plan.target.arch or "", final)
+                step_env = conda.engine_env(engine, step_env)
                 log.write(f"conda engine: {engine}")
             report.step(_describe(step) + (f" with {engine}" if step.engine else ""))
             try:

@@ -173,3 +173,20 @@ def test_which_locker_a_conda_recipe_gets(tmp_path, monkeypatch):
         "conda-lock is not installed, so c was locked with py-rattler, not conda "
         "(pip install 'envbuilder[conda-lock]' to lock with the site's conda)"
     ]
+
+
+def test_the_embedded_engine_imports_envbuilder_and_rattler_from_where_this_process_does(tmp_path):
+    """The engine is a child python with a scrubbed environment; run from a checkout (PYTHONPATH), envbuilder is
+    not installed where that python looks. A bare venv's python stands in for such an interpreter here."""
+    pytest.importorskip("rattler", reason="py-rattler (the embedded conda engine) is not installed")
+    import subprocess
+    import venv
+
+    venv.create(tmp_path / "bare", with_pip=False)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    probe = [bare, "-c", "import envbuilder.rattler_engine, rattler"]
+    env = {"PATH": "/usr/bin:/bin"}
+    assert subprocess.run(probe, env=env, capture_output=True).returncode != 0  # the bare python alone cannot
+    engine_env = conda.engine_env("rattler", env)
+    assert subprocess.run(probe, env=engine_env, capture_output=True, text=True).returncode == 0
+    assert conda.engine_env("conda", env) == env  # a site conda gets no python path of envbuilder's
