@@ -97,6 +97,19 @@ class RattlerLocker:
             wheels = UvLocker(self.env, self.uv, self.log).lock(arch, tag, inputs).packages
         return lockfile.PlatformLock(arch, tag, dict(inputs), conda_pkgs + wheels)
 
+    def _channels(self, inputs: Mapping[str, Any]) -> list[str]:
+        channels, notes = mirror.remap_channels(inputs["conda_channels"], mirror.from_env(self.env))
+        for note in notes:
+            self.log(note)
+        return channels
+
+    def _virtual_packages(self) -> dict[str, str]:
+        """The target's virtual packages (name -> version): its glibc, and CUDA only where it has one."""
+        packages = {"__unix": "0", "__linux": "5.14", "__glibc": self.target.glibc or "2.28"}
+        if self.target.max_cuda:
+            packages["__cuda"] = str(self.target.max_cuda)
+        return packages
+
     def _solve(self, arch: str, inputs: Mapping[str, Any]) -> tuple[lockfile.LockedPackage, ...]:
         try:
             import rattler  # noqa: PLC0415 - optional dependency
@@ -106,23 +119,14 @@ class RattlerLocker:
                 "locking a conda recipe needs py-rattler, which is not installed",
                 hint="pip install py-rattler",
             ) from None
-        channels, notes = mirror.remap_channels(inputs["conda_channels"], mirror.from_env(self.env))
-        for note in notes:
-            self.log(note)
+        channels = self._channels(inputs)
         subdir = lockfile.conda_subdir(arch)
-
-        def virtual(name: str, version: str) -> Any:
-            return rattler.GenericVirtualPackage(
+        packages = [
+            rattler.GenericVirtualPackage(
                 rattler.PackageName(name), rattler.Version(version), rattler.BuildString("0")
             )
-
-        packages = [
-            virtual("__unix", "0"),
-            virtual("__linux", "5.14"),
-            virtual("__glibc", self.target.glibc or "2.28"),
+            for name, version in self._virtual_packages().items()
         ]
-        if self.target.max_cuda:
-            packages.append(virtual("__cuda", str(self.target.max_cuda)))
         self.log(f"solving the conda packages for {subdir} from {', '.join(channels)}")
 
         async def solve() -> list[Any]:
@@ -159,10 +163,10 @@ class RattlerLocker:
         return tuple(out)
 
 
-class CondaLockLocker:
+class CondaLockLocker(RattlerLocker):
     """conda envs where the site has a conda: conda-lock solves the conda packages with that conda (``create
-    --dry-run --json``) for the target's subdir, with the target's glibc and CUDA as virtual packages (conda-lock's
-    defaults claim CUDA 11.4 on every linux node); uv locks the pip part. Same lock format as RattlerLocker."""
+    --dry-run --json``) for the target's subdir, with the target's virtual packages (conda-lock's defaults claim
+    CUDA 11.4 on every linux node); the rest is RattlerLocker's (uv locks the pip part; same lock format)."""
 
     engine = "conda-lock"
 
@@ -174,18 +178,8 @@ class CondaLockLocker:
         conda_exe: tuple[str, str],
         log: Callable[[str], None] = lambda _: None,
     ) -> None:
-        self.env = env
-        self.uv = uv
-        self.target = target
+        super().__init__(env, uv, target, log)
         self.conda_exe = conda_exe
-        self.log = log
-
-    def lock(self, arch: str, tag: str, inputs: Mapping[str, Any]) -> lockfile.PlatformLock:
-        conda_pkgs = self._solve(arch, inputs)
-        wheels: tuple[lockfile.LockedPackage, ...] = ()
-        if inputs["requirements"]:
-            wheels = UvLocker(self.env, self.uv, self.log).lock(arch, tag, inputs).packages
-        return lockfile.PlatformLock(arch, tag, dict(inputs), conda_pkgs + wheels)
 
     def argv(self, env_file: Path, virtual: Path, subdir: str, out: Path) -> list[str]:
         exe, name = self.conda_exe
@@ -207,13 +201,9 @@ class CondaLockLocker:
         ]
 
     def _solve(self, arch: str, inputs: Mapping[str, Any]) -> tuple[lockfile.LockedPackage, ...]:
-        channels, notes = mirror.remap_channels(inputs["conda_channels"], mirror.from_env(self.env))
-        for note in notes:
-            self.log(note)
+        channels = self._channels(inputs)
         subdir = lockfile.conda_subdir(arch)
-        packages = {"__unix": "0", "__linux": "5.14", "__glibc": self.target.glibc or "2.28"}
-        if self.target.max_cuda:
-            packages["__cuda"] = str(self.target.max_cuda)
+        packages = self._virtual_packages()
         with tempfile.TemporaryDirectory(prefix="envbuilder-conda-lock-") as tmp:
             # JSON is YAML: both files are written without a YAML library.
             env_file = Path(tmp) / "environment.yml"

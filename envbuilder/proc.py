@@ -62,6 +62,28 @@ def _release_signals(mask: set[int | signal.Signals]) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
+def _start(
+    argv: Sequence[str], env: Optional[Mapping[str, str]], umask: int, **popen: Any
+) -> tuple[subprocess.Popen[Any], set[int | signal.Signals]]:
+    """Start ``argv`` in its own session, tied to this process (``_die_with_parent``), with Ctrl-C and SIGTERM
+    held for the fork. Returns the child and the mask that the caller must put back with ``_release_signals``
+    inside the block that kills the child on an interrupt."""
+    mask = _hold_signals()
+    try:
+        child = subprocess.Popen(
+            argv,
+            env=dict(scrubbed_env() if env is None else env),
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - async-signal-safe: sigmask and prctl calls
+            umask=umask,
+            **popen,
+        )
+    except BaseException:
+        _release_signals(mask)
+        raise
+    return child, mask
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: take Ctrl-C and SIGTERM again (the parent held them for the fork), and be
     killed when envbuilder dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG). Otherwise an installer in its
@@ -105,23 +127,16 @@ def run(
         raise TypeError("proc.run takes an argv list, not a string")
     argv = [os.fspath(a) for a in argv]
     log.debug("+ %s", quote(argv))
-    mask = _hold_signals()
-    try:
-        proc = subprocess.Popen(
-            argv,
-            env=dict(scrubbed_env() if env is None else env),
-            cwd=cwd,
-            stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - async-signal-safe: sigmask and prctl calls
-            umask=umask,
-        )
-    except BaseException:
-        _release_signals(mask)
-        raise
+    proc, mask = _start(
+        argv,
+        env,
+        umask,
+        cwd=cwd,
+        stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _release_signals(mask)  # a Ctrl-C held during the fork is raised here, and kills the child below
         out, err = proc.communicate(input=input_text, timeout=timeout)
@@ -166,21 +181,7 @@ def feeding(
     argv = [os.fspath(a) for a in argv]
     log.debug("+ %s |", quote(argv))
     with tempfile.TemporaryFile() as err:
-        mask = _hold_signals()
-        try:
-            child = subprocess.Popen(
-                argv,
-                env=dict(scrubbed_env() if env is None else env),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - async-signal-safe: sigmask and prctl calls
-                umask=umask,
-            )
-        except BaseException:
-            _release_signals(mask)
-            raise
+        child, mask = _start(argv, env, umask, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
         stdin = cast(IO[bytes], child.stdin)  # stdin=PIPE always gives one
         try:
             _release_signals(mask)

@@ -9,10 +9,12 @@ repacks the pip wheel that ships with CPython (ensurepip) as a conda package, as
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import io
 import json
+import os
 import sys
 import sysconfig
 import tarfile
@@ -182,8 +184,6 @@ SHIM_VERSION = "conda 25.3.1"
 
 
 def shim_main(argv: Sequence[str]) -> int:
-    import os
-
     from envbuilder.rattler_engine import main
 
     if list(argv) == ["--version"]:
@@ -208,9 +208,6 @@ def shim_main(argv: Sequence[str]) -> int:
 
 
 def _shim_dry_run(argv: Sequence[str]) -> int:
-    import argparse
-    import os
-
     import rattler
 
     p = argparse.ArgumentParser(prog="conda create")

@@ -51,6 +51,22 @@ def run_cli(
     )
 
 
+def user_env(root: Path, index_mirror: str, **extra: str) -> dict[str, str]:
+    """A user's environment for the CLI, every directory a throwaway one under ``root`` (home, $SCRATCH,
+    envbuilder's records, uv's cache), its indexes reached through ``index_mirror`` (ENVBUILDER_INDEX_MIRROR)."""
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(root / "home"),
+        "NO_COLOR": "1",
+        "COLUMNS": "200",
+        "SCRATCH": str(root / "scratch"),
+        "ENVBUILDER_HOME": str(root / "eb-home"),
+        "ENVBUILDER_INDEX_MIRROR": index_mirror,
+        "UV_CACHE_DIR": str(root / "uv-cache"),
+        **extra,
+    }
+
+
 @pytest.fixture
 def cli():
     return run_cli

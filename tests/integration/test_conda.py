@@ -25,7 +25,7 @@ from condachannel import (
     pip_package,
     python_package,
 )
-from conftest import DATA, ok, run_cli
+from conftest import DATA, ok, run_cli, user_env
 from wheelindex import build_wheel, mirror_env, serve
 
 from envbuilder import archive, lockfile
@@ -106,18 +106,13 @@ class World:
         self.recipes.mkdir()
         self.scratch = root / "scratch"
         self.channel = channel
-        self.env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(root / "home"),
-            "NO_COLOR": "1",
-            "COLUMNS": "200",
-            "SCRATCH": str(self.scratch),
-            "ENVBUILDER_HOME": str(root / "eb"),
-            "ENVBUILDER_RECIPE_PATH": str(self.recipes),
-            "ENVBUILDER_INDEX_MIRROR": f"{mirror_env(idx)} conda-forge={channel}",
-            "UV_CACHE_DIR": str(root / "uv-cache"),
-            "MODULEPATH": str(DATA / "modules" / "site"),
-        }
+        self.env = user_env(
+            root,
+            f"{mirror_env(idx)} conda-forge={channel}",
+            ENVBUILDER_HOME=str(root / "eb"),
+            ENVBUILDER_RECIPE_PATH=str(self.recipes),
+            MODULEPATH=str(DATA / "modules" / "site"),
+        )
 
     def recipe(self, name: str = "cdemo", conda: tuple[str, ...] = ("hpc-hello",), extra: str = "") -> None:
         text = RECIPE.format(name=name, conda=json.dumps(list(conda)), py=PY) + extra

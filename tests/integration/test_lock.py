@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ok, refused, run_cli
+from conftest import ok, refused, run_cli, user_env
 from packaging.utils import canonicalize_name
 from wheelindex import build_wheel, mirror_env, serve
 
@@ -72,17 +72,7 @@ class World:
         self.recipes.mkdir()
         self.home = root / "eb-home"
         self.scratch = root / "scratch"
-        self.env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(root / "home"),
-            "NO_COLOR": "1",
-            "COLUMNS": "200",
-            "SCRATCH": str(self.scratch),
-            "ENVBUILDER_HOME": str(self.home),
-            "ENVBUILDER_RECIPE_PATH": str(self.recipes),
-            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
-            "UV_CACHE_DIR": str(root / "uv-cache"),
-        }
+        self.env = user_env(root, mirror_env(index), ENVBUILDER_RECIPE_PATH=str(self.recipes))
 
     def recipe(
         self, name: str = "demo", specs: tuple[str, ...] = ("helper==2.0",), description: str = "x"

@@ -5,7 +5,6 @@ published by several processes at once."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 import subprocess
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, ok, refused, run_cli
+from conftest import REPO, ok, refused, run_cli, user_env
 from wheelindex import build_wheel, mirror_env, serve
 
 pytestmark = pytest.mark.integration
@@ -63,16 +62,7 @@ class Site:
         (self.source / "base.toml").write_text(BASE)
         self.registry = root / "registry"
         self.scratch = root / "scratch"
-        self.env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(root / "home"),
-            "NO_COLOR": "1",
-            "COLUMNS": "200",
-            "SCRATCH": str(self.scratch),
-            "ENVBUILDER_HOME": str(root / "eb-home"),
-            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
-            "UV_CACHE_DIR": str(root / "uv-cache"),
-        }
+        self.env = user_env(root, mirror_env(index))
 
     def write(self, name: str, demo: str = "1.0", description: str = "demo", version: str = "") -> Path:
         line = f'version = "{version}"' if version else ""

@@ -162,13 +162,15 @@ def test_which_locker_a_conda_recipe_gets(tmp_path, monkeypatch):
     found, _ = locker("micromamba", str(micromamba.parent))
     assert "--micromamba" in found.argv(Path("e"), Path("v"), "linux-64", Path("o"))
 
-    assert isinstance(locker("rattler", f"{site}:/usr/bin")[0], locking.RattlerLocker)
-    assert isinstance(locker("auto", "/nonexistent")[0], locking.RattlerLocker)
+    assert (
+        type(locker("rattler", f"{site}:/usr/bin")[0]) is locking.RattlerLocker
+    )  # not its conda-lock subclass
+    assert type(locker("auto", "/nonexistent")[0]) is locking.RattlerLocker
     with pytest.raises(LockError, match="'mamba', but mamba is not on PATH"):
         locker("mamba", f"{site}:/usr/bin")
     monkeypatch.setattr(locking, "conda_lock_command", lambda: [])
     found, warnings = locker("auto", f"{site}:/usr/bin")
-    assert isinstance(found, locking.RattlerLocker)
+    assert type(found) is locking.RattlerLocker
     assert warnings == [
         "conda-lock is not installed, so c was locked with py-rattler, not conda "
         "(pip install 'envbuilder[conda-lock]' to lock with the site's conda)"
