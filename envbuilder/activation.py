@@ -9,7 +9,9 @@ activate template (Cirrus's sed hook broke on CPython 3.11's lowercase comment).
 * saves each variable it sets or unsets (and LD_LIBRARY_PATH, PYTHONPATH, which modules touch), including
   "was unset", and restores them after the unload;
 * keeps the env's ``bin`` first on PATH after modules prepend theirs;
-* wraps the venv's ``deactivate`` so one call undoes both.
+* wraps the venv's ``deactivate`` so one call undoes both;
+* where the env has torch pins (``envbuilder/constraints.txt``), adds that file to ``PIP_CONSTRAINT`` and
+  ``UV_CONSTRAINT``, so a later ``pip install X`` or ``uv pip install X`` cannot replace the env's torch build.
 
 It is plain POSIX sh that bash and zsh both run (no word splitting on unquoted variables, which zsh lacks).
 Every recipe value is shell-quoted; variable names are validated identifiers.
@@ -24,11 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from envbuilder.steps import CONSTRAINTS
+
 BEGIN = "# >>> envbuilder activate extension >>>"
 END = "# <<< envbuilder activate extension <<<"
 SCRIPT_REL = "envbuilder/activate.sh"
 #: Variables modules commonly change that must come back exactly, whatever the module system does on unload.
 ALWAYS_RESTORE = ("LD_LIBRARY_PATH", "PYTHONPATH")
+
+#: pip and uv read each of these as a whitespace-separated list of constraints files (pip splits the value of
+#: a list option on whitespace, uv on spaces).
+CONSTRAINT_VARS = ("PIP_CONSTRAINT", "UV_CONSTRAINT")
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -104,12 +112,39 @@ def _each(var: str, body: str, indent: str) -> list[str]:
     ]
 
 
-def render_script(act: Activation, conda: bool = False) -> str:
+def _constraint_lines(env_var: str) -> list[str]:
+    """Append the env's constraints file to pip's and uv's lists, or say on stderr why it cannot be done.
+
+    The list is whitespace-separated, so a prefix holding whitespace would be read as several files: then
+    nothing is exported (a broken list would make every pip run fail) and one line says torch is unguarded."""
+    path = f"${env_var}/{CONSTRAINTS}"
+    why = (
+        "envbuilder: pip install and uv pip install in this env are not kept from replacing its torch: "
+        "PIP_CONSTRAINT and UV_CONSTRAINT are whitespace-separated lists and the env path holds whitespace "
+        f'(pass --constraint "{path}" yourself)'
+    )
+    lines = [
+        f'if [ -f "{path}" ]; then',
+        f'    case "${env_var}" in',
+        f"        *[[:space:]]*) printf '%s\\n' {shlex.quote(why)} >&2 ;;",
+        "        *)",
+    ]
+    lines += [f'            {v}="${{{v}:+${v} }}{path}"; export {v}' for v in CONSTRAINT_VARS]
+    return [*lines, "            ;;", "    esac", "fi"]
+
+
+def render_script(
+    act: Activation, conda: bool = False, *, constraints: bool = False, env_var: Optional[str] = None
+) -> str:
     """The activate extension script (sourced from bin/activate; for a conda env, conda activate sources it
-    from etc/conda/activate.d and its deactivate.d twin undoes it)."""
+    from etc/conda/activate.d and its deactivate.d twin undoes it). ``constraints``: the env has torch pins in
+    ``envbuilder/constraints.txt`` for pip and uv. ``env_var`` names the variable holding the env's prefix
+    (``VIRTUAL_ENV``, ``CONDA_PREFIX`` for conda, ``PYTHONUSERBASE`` for a user-prefix env)."""
     names = list(dict.fromkeys([*dict(act.env), *act.unset, *ALWAYS_RESTORE]))
+    if constraints:
+        names += [v for v in CONSTRAINT_VARS if v not in names]
     q = shlex.quote
-    env_var = "CONDA_PREFIX" if conda else "VIRTUAL_ENV"
+    env_var = env_var or ("CONDA_PREFIX" if conda else "VIRTUAL_ENV")
     lines = [
         f"# envbuilder activate extension for {act.recipe or 'this env'}: sourced by bin/activate.",
         "# Generated; envbuilder create rewrites it. deactivate undoes everything below.",
@@ -161,6 +196,8 @@ def render_script(act: Activation, conda: bool = False) -> str:
         lines.append(f"{key}={q(value)}; export {key}")
     for key in act.unset:
         lines.append(f"unset {key}")
+    if constraints:  # after the recipe's variables: a value the recipe sets is kept and added to
+        lines += _constraint_lines(env_var)
     lines += [
         # Modules may have put their own python first; the env's must win.
         f'if [ -n "${{{env_var}:-}}" ]; then PATH="${env_var}/bin:$PATH"; export PATH; fi',
@@ -205,10 +242,16 @@ def _dq(text: str) -> str:
     return re.sub(r'(["\\$`])', r"\\\1", text)
 
 
-def _write_extension(prefix: Path, act: Activation) -> None:
+def _write_extension(prefix: Path, act: Activation, env_var: Optional[str] = None) -> None:
     script = prefix / SCRIPT_REL
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(render_script(act), encoding="utf-8")
+    text = render_script(act, constraints=has_constraints(prefix), env_var=env_var)
+    script.write_text(text, encoding="utf-8")
+
+
+def has_constraints(prefix: Path) -> bool:
+    """Whether the env (built in ``prefix``) has torch pins for pip and uv; envs without them export none."""
+    return (prefix / CONSTRAINTS).is_file()
 
 
 def install(prefix: Path, act: Activation) -> None:
@@ -248,7 +291,7 @@ def render_user_prefix_activate(prefix: str) -> str:
 
 def install_user_prefix(build: Path, prefix: str, act: Activation) -> None:
     """Write the extension and a ``bin/activate`` for a user-prefix env being built in ``build``."""
-    _write_extension(build, act)
+    _write_extension(build, act, env_var="PYTHONUSERBASE")
     (build / "bin").mkdir(exist_ok=True)
     (build / "bin" / "activate").write_text(render_user_prefix_activate(prefix), encoding="utf-8")
 
@@ -301,7 +344,7 @@ def render_conda_activate(prefix: str) -> str:
 def install_conda(build: Path, prefix: str, act: Activation) -> None:
     """Write a conda env's activate.d/deactivate.d hooks, and a ``bin/activate`` where the env has none."""
     for rel, text in (
-        (CONDA_ACTIVATE_REL, render_script(act, conda=True)),
+        (CONDA_ACTIVATE_REL, render_script(act, conda=True, constraints=has_constraints(build))),
         (CONDA_DEACTIVATE_REL, _CONDA_DEACTIVATE),
     ):
         path = build / rel

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 from envbuilder import __version__, backup, launchers
 from envbuilder.commands import backup as backup_cmd
 from envbuilder.commands import create as create_cmd
+from envbuilder.commands import doctor as doctor_cmd
 from envbuilder.commands import envs as envs_cmd
 from envbuilder.commands import lock as lock_cmd
 from envbuilder.commands import plan as plan_cmd
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
     _add_lock_use(p)
     _add_launch(p)
+    _add_index(p)
     _add_json(p)
     p.set_defaults(handler=plan_cmd.handle)
 
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE", help="default: NAME.lock.toml in your envbuilder home")
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
+    _add_index(p)
     _add_json(p)
     p.set_defaults(handler=lock_cmd.handle)
 
@@ -97,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long to wait for another create of the same env (default 3600; 0 fails at once)",
     )
     _add_lock_use(p)
+    _add_index(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     _add_json(p)
     p.set_defaults(handler=create_cmd.handle)
@@ -142,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_backup_verbs(sub)
 
+    p = sub.add_parser("doctor", help="what is wrong with your envs on this node, and how to fix it")
+    p.add_argument("env", nargs="*", metavar="ENV", help="envs to check (default: every env you have built)")
+    p.add_argument("--facts", metavar="FILE", help="another node's facts as JSON: the report for that node")
+    _add_index(p)
+    _add_json(p)
+    p.set_defaults(handler=doctor_cmd.handle)
+
     p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
     _add_json(p)
     p.set_defaults(handler=probe_cmd.handle)
@@ -153,7 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(handler=recipes_cmd.handle_list)
     r = rsub.add_parser("show", help="a recipe's effective values")
     r.add_argument("recipe")
-    r.add_argument("--explain", action="store_true", help="show the file each value came from")
+    r.add_argument(
+        "--explain",
+        action="store_true",
+        help="show the file each value came from, and the torch facts' source",
+    )
+    _add_index(r)
     _add_json(r)
     r.set_defaults(handler=recipes_cmd.handle_show)
     r = rsub.add_parser("schema", help="print the recipe JSON schema (for editors)")
@@ -276,6 +292,19 @@ def _add_lock_use(p: argparse.ArgumentParser) -> None:
         help="fail unless a lock applies (it matches the recipe and platform)",
     )
     group.add_argument("--no-lock", action="store_true", help="resolve afresh even where a lock exists")
+
+
+def _add_index(p: argparse.ArgumentParser) -> None:
+    """Where the torch facts come from: the wheel indexes (cached a day), or the shipped table alone."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--refresh", action="store_true", help="read the wheel indexes again instead of the day-old cache"
+    )
+    group.add_argument(
+        "--offline",
+        action="store_true",
+        help="read no index: plan from the shipped table (also ENVBUILDER_OFFLINE=1)",
+    )
 
 
 def _add_launch(p: argparse.ArgumentParser) -> None:

@@ -1,9 +1,10 @@
 """``create``: apply a Plan. Build beside the prefix, rename into place when complete, record the env.
 
 Order: lock the env → recover what an interrupted run left → load the modules (delta recorded) → create the env
-in ``.NAME.partial-PID`` beside the prefix → install the resolver's pins, then the recipe's packages → write the
-activate extension → inventory → rename into place (``--force``: the old env is moved aside first and removed
-only after the new one is in place) → write the record. Any failure or interrupt removes the partial directory;
+in ``.NAME.partial-PID`` beside the prefix → install the resolver's pins, then the recipe's packages → check the
+installed torch build against the plan (torchbuild) → write the activate extension → inventory → rename into
+place (``--force``: the old env is moved aside first and removed only after the new one is in place) → write the
+record. Any failure or interrupt removes the partial directory;
 the lock is released by its context manager, and a SIGKILLed run's lock is stale and broken by the next run.
 """
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, activation, build, conda, proc, rattler_engine, state
+from envbuilder import __version__, activation, build, conda, proc, rattler_engine, state, torchbuild
 from envbuilder.errors import BackendError, CommandFailed, EnvbuilderError, StateError, UsageError
 from envbuilder.loader import Recipe
 from envbuilder.modules import EnvDelta, ModuleSystem
@@ -266,6 +267,20 @@ def _build(
                     conda.check_locked(partial, plan.lock_conda, engine)
                     log.write(f"conda packages match the lock ({len(plan.lock_conda)})")
                 _after_create(plan, partial, parent, log)
+        # --- torch build guard (issue 16): the planned torch build, or nothing is put in place
+        if plan.resolution is not None:
+            report.step("checking the installed torch build against the plan")
+            torchbuild.guard(
+                plan.resolution,
+                plan.target,
+                plan.install_steps,
+                partial,
+                recipe=plan.recipe,
+                python=python if plan.kind == "user-prefix" else None,
+                env=build_env,
+                log=log.write,
+            )
+        # --- end of the torch build guard
         act = activation.from_plan(
             plan.activate, str(Path(modules.init).parent) if modules.init else None, plan.recipe
         )

@@ -170,6 +170,13 @@ class LockError(EnvbuilderError):
     family = "lock"
 
 
+class DoctorFindings(EnvbuilderError):
+    """``envbuilder doctor`` found something that needs action (warnings alone exit 0)."""
+
+    exit_code = 14
+    family = "doctor"
+
+
 class CommandFailed(EnvbuilderError):
     """An external command exited non-zero; carries its argv, status and the tail of its stderr."""
 
@@ -213,4 +220,5 @@ FAMILIES: tuple[type[EnvbuilderError], ...] = (
     CommandFailed,
     BackupError,
     LockError,
+    DoctorFindings,
 )

@@ -1,5 +1,6 @@
-"""The resolver's gates (pure): each checks one way a torch wheel can fail on the target machine (variant not
-built, no CUDA wheel for aarch64, Python, glibc, driver, GPU arch, a missing companion package) and returns
+"""The resolver's gates (pure): each checks one way a torch wheel can fail on the target machine (no wheel for the
+CPU architecture at all, variant not built, no CUDA wheel for aarch64, Python, glibc, driver, GPU arch, a missing
+companion package) and returns
 Findings with a message and a suggested fix. wheels.resolve decides whether a finding is an error or, where the
 recipe allows the gate, a warning."""
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from envbuilder.host import HostFacts
-from envbuilder.matrix import Matrix, Release, VariantInfo, covers, gpu_capability, minor_tuple
+from envbuilder.matrix import ArchList, Matrix, Release, VariantInfo, covers, gpu_capability, minor_tuple
 
 TORCH_PACKAGES = ("torch", "torchvision", "torchaudio")
 
@@ -61,6 +62,35 @@ def ver(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text))
 
 
+def platform_findings(variant: str, facts: HostFacts, m: Matrix) -> list[Finding]:
+    """The target's CPU architecture has no torch wheel at all (ppc64le, riscv64, ...), or only CPU ones (s390x)
+    while ``variant`` is a CUDA one. Nothing else can be planned there, so this gate is checked first."""
+    arch = facts.arch
+    if not arch:
+        return []
+    if arch in m.no_wheels:
+        return [
+            Finding(
+                "platform",
+                f"PyTorch publishes no torch wheel for Linux {arch} ({m.no_wheels[arch]}), CPU or CUDA: neither "
+                "PyPI nor download.pytorch.org has one",
+                f'use conda-forge\'s pytorch where it is built for {arch} (env.kind = "conda"), a torch the site '
+                'provides (env.kind = "overlay"), or build torch from source',
+            )
+        ]
+    info = m.variants.get(variant)
+    if arch in m.cpu_only and info is not None and info.is_cuda:
+        return [
+            Finding(
+                "platform",
+                f"PyTorch publishes no CUDA torch wheel for Linux {arch} ({m.cpu_only[arch]}), so no {variant} "
+                "build: its torch wheels are CPU-only, on download.pytorch.org/whl/cpu",
+                'use variant = "cpu"',
+            )
+        ]
+    return []
+
+
 def check_gates(
     release: Release,
     variant: str,
@@ -69,6 +99,10 @@ def check_gates(
     m: Matrix,
     warnings: list[str],
 ) -> list[Finding]:
+    blocked = platform_findings(variant, facts, m)
+    if blocked:
+        # Every other gate would only restate that no wheel exists.
+        return blocked
     findings: list[Finding] = []
     info = m.variants[variant]
     arch = facts.arch or "x86_64"
@@ -84,12 +118,22 @@ def check_gates(
             else:
                 have = [r.torch for r in m.stable_releases() if variant in r.variants.get(arch, ())]
                 span = f"{have[0]}–{have[-1]}" if have else "no stable release"
+                # Only the variants that also pass this node's driver and GPU gates are worth suggesting.
+                fits = [v for v in offered if not quick_findings(release, v, facts, m)]
+                options = [f"use one of {', '.join(fits)} with torch {release.torch}"] if fits else []
+                if have:
+                    options.append(f"pin a torch in {span}")
                 findings.append(
                     Finding(
                         "variant-not-built",
                         f"torch {release.torch} has no {variant} build for {arch} "
-                        f"(it offers {', '.join(offered) or 'none'}); {variant} exists for torch {span}",
-                        f"use one of {', '.join(offered)} with torch {release.torch}, or pin a torch in {span}",
+                        f"(it offers {', '.join(offered) or 'none'}); "
+                        + (
+                            f"{variant} exists for torch {span}"
+                            if have
+                            else f"no release has {variant} for {arch}"
+                        ),
+                        ", or ".join(options) or None,
                     )
                 )
         elif arch == "aarch64" and release.aarch64_confidence != "P":
@@ -240,15 +284,18 @@ def driver_ok(info: VariantInfo, facts: HostFacts, max_cuda: Optional[tuple[int,
 def gpu_findings(
     release: Release, variant: str, facts: HostFacts, m: Matrix, warnings: list[str], arch: str
 ) -> list[Finding]:
+    """GPUs the planned wheel has no code for. When ``variant`` is not built for this release (the variant gate
+    says so), a GPU is still reported here if *no* build of the release carries it: no other variant helps."""
     if not facts.gpus:
         return []
+    built = variant in release.variants.get(arch, ())
     entry = m.arch_list(variant, arch, release.torch)
-    if entry is None:
+    if entry is None and built:
         warnings.append(
             f"no arch list known for torch {release.torch} {variant} on {arch}; GPU support unchecked"
         )
         return []
-    if entry.confidence != "P":
+    if entry is not None and entry.confidence != "P":
         warnings.append(
             f"the {variant} arch list for torch {release.torch} comes from a secondary source ({entry.source})"
         )
@@ -262,28 +309,64 @@ def gpu_findings(
         if cc in seen:
             continue
         seen.add(cc)
-        runs, jit = covers(entry, cc)
-        if runs and jit:
-            warnings.append(
-                f"{gpu.name} (sm_{cc.replace('.', '')}) runs {variant} only through PTX JIT: the first launch "
-                "compiles kernels, and the driver must be at least as new as the toolkit"
+        sm = "sm_" + cc.replace(".", "")
+        if entry is not None:
+            runs, jit = covers(entry, cc)
+            if runs and jit:
+                warnings.append(
+                    f"{gpu.name} ({sm}) runs {variant} only through PTX JIT: the first launch "
+                    "compiles kernels, and the driver must be at least as new as the toolkit"
+                )
+            if runs:
+                continue
+        carrying = variants_carrying(release, cc, m, arch)
+        has = f"{variant} has {_code_list(entry)}" if entry is not None else ""
+        if carrying is not None and not carrying:
+            findings.append(
+                Finding(
+                    "gpu-arch",
+                    f"{gpu.name} is {sm}, and no torch {release.torch} wheel for {arch} carries {sm} code"
+                    + (f" ({has})" if has else ""),
+                    older_release_hint(variant, cc, m, arch, facts),
+                )
             )
-        if not runs:
+        elif entry is not None:
             fix = variants_covering(release, cc, facts, m, arch)
             hint = (
                 f"use {fix[0]} with torch {release.torch}"
                 if fix
-                else older_release_hint(variant, cc, m, arch)
+                else older_release_hint(variant, cc, m, arch, facts)
             )
             findings.append(
                 Finding(
                     "gpu-arch",
-                    f"{gpu.name} is sm_{cc.replace('.', '')}, which torch {release.torch} {variant} does not carry "
-                    f"(it has sm_{', sm_'.join(s.replace('.', '') for s in entry.sm)})",
+                    f"{gpu.name} is {sm}, which torch {release.torch} {variant} does not carry (it has "
+                    f"{_code_list(entry)})",
                     hint,
                 )
             )
     return findings
+
+
+def _code_list(entry: ArchList) -> str:
+    return "sm_" + ", sm_".join(s.replace(".", "") for s in entry.sm)
+
+
+def variants_carrying(release: Release, cc: str, m: Matrix, arch: str) -> Optional[list[str]]:
+    """The variants of ``release`` on ``arch`` with code for ``cc`` (the driver aside); None when the release has no
+    CUDA build there (the variant gates say so) or one has no known arch list: "no wheel carries it" would be
+    a guess."""
+    offered = release.variants.get(arch, ())
+    if not offered:
+        return None
+    out = []
+    for v in offered:
+        entry = m.arch_list(v, arch, release.torch)
+        if entry is None:
+            return None
+        if covers(entry, cc)[0]:
+            out.append(v)
+    return out
 
 
 def variants_covering(release: Release, cc: str, facts: HostFacts, m: Matrix, arch: str) -> list[str]:
@@ -295,13 +378,30 @@ def variants_covering(release: Release, cc: str, facts: HostFacts, m: Matrix, ar
     return out
 
 
-def older_release_hint(variant: str, cc: str, m: Matrix, arch: str) -> str:
+def older_release_hint(variant: str, cc: str, m: Matrix, arch: str, facts: Optional[HostFacts] = None) -> str:
+    """Names the newest stable release with code for ``cc``; with ``facts``, preferably one whose variant also
+    suits the node's driver and Python (else the newest with the code at all)."""
+    sm = "sm_" + cc.replace(".", "")
+    newest: Optional[tuple[Release, str]] = None
     for rel in reversed(m.stable_releases()):
         for v in rel.variants.get(arch, ()):
             entry = m.arch_list(v, arch, rel.torch)
-            if entry and covers(entry, cc)[0]:
-                return f"the newest release with sm_{cc.replace('.', '')} code is torch {rel.torch} with {v}"
-    return f"no PyTorch wheel carries sm_{cc.replace('.', '')}; build from source"
+            if not (entry and covers(entry, cc)[0]):
+                continue
+            if facts is None or (
+                driver_ok(m.variants[v], facts, driver_max_cuda(facts, m))
+                and python_ok(rel.python, facts.python)
+            ):
+                if newest is None:
+                    return f"the newest release with {sm} code is torch {rel.torch} with {v}"
+                return (
+                    f"the newest release with {sm} code that also suits this node's driver and Python is torch "
+                    f"{rel.torch} with {v} (the newest at all is torch {newest[0].torch} with {newest[1]})"
+                )
+            newest = newest or (rel, v)
+    if newest is not None:
+        return f"the newest release with {sm} code is torch {newest[0].torch} with {newest[1]}"
+    return f"no PyTorch wheel carries {sm}; build from source"
 
 
 def quick_findings(release: Release, variant: str, facts: HostFacts, m: Matrix) -> list[Finding]:

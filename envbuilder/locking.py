@@ -13,14 +13,17 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
-from envbuilder import __version__, build, conda, lockfile, mirror, modules, proc, state
+from envbuilder import __version__, build, conda, lockfile, mirror, modules, proc, state, torchbuild
 from envbuilder import plan as planner
 from envbuilder.catalog import Catalog
 from envbuilder.errors import CommandFailed, EnvbuilderError, LockError
 from envbuilder.host import HostFacts
 from envbuilder.loader import Recipe
+
+if TYPE_CHECKING:
+    from envbuilder.indexfacts import IndexFacts
 
 LOCK_TIMEOUT_S = 600.0
 
@@ -317,8 +320,10 @@ def make(
     python: Optional[str] = None,
     log: Callable[[str], None] = lambda _: None,
     module_system: Optional[modules.ModuleSystem] = None,
+    index: Optional[IndexFacts] = None,
 ) -> tuple[lockfile.Lock, list[str]]:
-    """Resolve ``recipe`` for each of ``arches``; (the lock, warnings)."""
+    """Resolve ``recipe`` for each of ``arches`` (torch's facts from ``index`` where it was read, else the shipped
+    table); (the lock, warnings)."""
     uv = build.uv_binary()
     if uv is None:
         raise LockError("locking needs uv, which is not installed", hint="pip install uv")
@@ -327,7 +332,7 @@ def make(
     kind = ""
     engine = UvLocker.engine
     for arch in dict.fromkeys(lockfile.arch_name(a) for a in arches):
-        the_plan = planner.build(recipe, facts, env, planner.Options(arch=arch))
+        the_plan = planner.build(recipe, facts, env, planner.Options(arch=arch), index=index)
         kind = the_plan.kind
         inputs = dict(the_plan.lock_inputs)
         if python:
@@ -346,7 +351,10 @@ def make(
         if kind == "conda":
             locker, more = conda_locker(the_plan, env, uv, module_system or modules.detect(env), log)
             warnings.extend(more)
-        platforms.append(locker.lock(arch, tag, inputs))
+        locked = locker.lock(arch, tag, inputs)
+        # --- torch build guard (issue 16): the locked torch files are the planned build, or no lock is written
+        torchbuild.check_lock(the_plan.resolution, the_plan.target, locked, recipe.name)
+        platforms.append(locked)
         engine = locker.engine
     lock = lockfile.Lock(
         recipe=recipe.name,

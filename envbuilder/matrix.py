@@ -1,10 +1,14 @@
 """The wheel matrix: which PyTorch wheels exist for which CUDA variant, CPU arch, Python and glibc, the GPU code
-each carries, and the NVIDIA driver each CUDA major needs. Loaded once from package data; pure lookups."""
+each carries, and the NVIDIA driver each CUDA major needs. Loaded once from package data; pure lookups.
+
+Every row of the shipped table carries its ``source`` and the day it was ``checked``; the loader keeps both so
+that plan output and ``doctor`` can say how old a fact is."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import date
 from functools import lru_cache
 from importlib.resources import files
 from typing import Any, Optional
@@ -24,6 +28,9 @@ class VariantInfo:
     toolkit_driver: Optional[str]
     lacks: tuple[str, ...] = ()
     nightly_only: bool = False
+    source: str = ""
+    #: The day this row was last checked against its source (YYYY-MM-DD; "" where the data gives none).
+    checked: str = ""
 
     @property
     def is_cuda(self) -> bool:
@@ -47,6 +54,14 @@ class Release:
     glibc: str
     glibc_by_variant: dict[str, str]
     source: str
+    #: The day this row was last checked against its source ("" for a release read from an index).
+    checked: str = ""
+    #: "table" (the shipped table), "index" (confirmed by the index read) or "inferred" (newer than the table).
+    origin: str = "table"
+    #: The day the release reached PyPI, where the table knows it.
+    released: Optional[str] = None
+    #: Free-threaded CPython builds with Linux wheels ("3.14t"), where the table knows them.
+    free_threaded: tuple[str, ...] = ()
 
     @property
     def version(self) -> Version:
@@ -62,6 +77,7 @@ class ArchList:
     ptx: tuple[str, ...]
     confidence: str
     source: str
+    checked: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,12 @@ class Matrix:
     releases: tuple[Release, ...]
     arch_lists: tuple[ArchList, ...]
     gpu_cc: dict[str, str]
+    #: CPU architectures with no Linux torch wheel anywhere (PyPI or download.pytorch.org) -> why.
+    no_wheels: dict[str, str] = field(default_factory=dict)
+    #: CPU architectures with CPU-only torch wheels (download.pytorch.org/whl/cpu), no CUDA build -> why.
+    cpu_only: dict[str, str] = field(default_factory=dict)
+    #: (source, checked) of the keyed rows: "no_index.cu131", "no_wheels.ppc64le", "cpu_only.s390x".
+    provenance: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def release(self, torch: str) -> Optional[Release]:
         for rel in self.releases:
@@ -92,6 +114,31 @@ class Matrix:
     def stable_releases(self) -> list[Release]:
         return sorted((r for r in self.releases if r.channel == "stable"), key=lambda r: r.version)
 
+    def newest_with_variant(self, variant: str, arch: str) -> Optional[Release]:
+        """The newest stable release of the table that offers ``variant`` on ``arch``. "cpu" counts as offered
+        wherever the table lists the architecture at all (x86_64, aarch64)."""
+        for rel in reversed(self.stable_releases()):
+            offered = rel.variants.get(arch)
+            if offered is not None and (variant == "cpu" or variant in offered):
+                return rel
+        return None
+
+    def age_days(self, today: date) -> int:
+        """Days from the table's ``as_of`` to ``today`` (negative when ``today`` is earlier)."""
+        return (today - date.fromisoformat(self.as_of)).days
+
+
+def _keyed_rows(data: dict[str, Any], table: str, provenance: dict[str, tuple[str, str]]) -> dict[str, str]:
+    """A table of name -> reason; each entry is a {reason, source, checked} table or a plain string."""
+    out: dict[str, str] = {}
+    for name, row in data.get(table, {}).items():
+        if isinstance(row, dict):
+            out[name] = row["reason"]
+            provenance[f"{table}.{name}"] = (row.get("source", ""), row.get("checked", ""))
+        else:
+            out[name] = str(row)
+    return out
+
 
 def matrix_from_data(data: dict[str, Any]) -> Matrix:
     variants = {
@@ -102,6 +149,8 @@ def matrix_from_data(data: dict[str, Any]) -> Matrix:
             toolkit_driver=v.get("toolkit_driver"),
             lacks=tuple(v.get("lacks", ())),
             nightly_only=bool(v.get("nightly_only", False)),
+            source=v.get("source", ""),
+            checked=v.get("checked", ""),
         )
         for name, v in data["variant"].items()
     }
@@ -118,6 +167,9 @@ def matrix_from_data(data: dict[str, Any]) -> Matrix:
             glibc=r["glibc"],
             glibc_by_variant=dict(r.get("glibc_by_variant", {})),
             source=r["source"],
+            checked=r.get("checked", ""),
+            released=r.get("released"),
+            free_threaded=tuple(r.get("free_threaded", ())),
         )
         for r in data["release"]
     )
@@ -130,18 +182,23 @@ def matrix_from_data(data: dict[str, Any]) -> Matrix:
             ptx=tuple(a.get("ptx", ())),
             confidence=a.get("confidence", "P"),
             source=a["source"],
+            checked=a.get("checked", ""),
         )
         for a in data["arch_list"]
     )
+    provenance: dict[str, tuple[str, str]] = {}
     return Matrix(
         as_of=data["as_of"],
         index=dict(data["index"]),
         variants=variants,
-        no_index=dict(data["no_index"]),
+        no_index=_keyed_rows(data, "no_index", provenance),
         nightly=dict(data["nightly"]),
         releases=releases,
         arch_lists=arch_lists,
         gpu_cc=dict(data["gpu"]),
+        no_wheels=_keyed_rows(data, "no_wheels", provenance),
+        cpu_only=_keyed_rows(data, "cpu_only", provenance),
+        provenance=provenance,
     )
 
 

@@ -76,6 +76,12 @@ def _match(rules: Sequence[Rule], url: str) -> Optional[Rule]:
     return max(hits, key=lambda r: len(r.upstream)) if hits else None
 
 
+def sources_for(url: str, rules: Sequence[Rule]) -> tuple[list[str], list[str]]:
+    """The (index URLs, wheel directories) an install from ``url`` reads: its rule's targets, else ``url``."""
+    rule = _match(rules, url)
+    return rule.apply(url) if rule is not None else ([url], [])
+
+
 def _is_install(cmd: Sequence[str]) -> bool:
     # uv pip install ..., python -m pip install ..., env K=V uv pip install ..., uv pip compile (locks) ...
     return ("install" in cmd or "compile" in cmd) and "pip" in cmd
@@ -120,14 +126,38 @@ def _mirrored(flag: str, url: str, rules: Sequence[Rule], notes: list[str]) -> l
         return [flag, url]
     urls, dirs = rule.apply(url)
     notes.append(f"index {url} -> {', '.join([*urls, *dirs])} ({VAR})")
+    fallback: list[str] = []
+    if url != PYPI and PYPI in urls:
+        # `URL,pypi` means "this index, and PyPI (as the `pypi` rule reaches it) for what it lacks". uv searches
+        # extra indexes before the main one and takes a package from the first index that has it, so PyPI is the
+        # main index and the mirror an extra one: PyPI's own torch build can never win over the mirror's (pip
+        # merges all indexes alike either way).
+        urls = [u for u in urls if u != PYPI]
+        fallback, more = _pypi(rules)
+        dirs = [*dirs, *(d for d in more if d not in dirs)]
+    if flag == "--index-url" and fallback:
+        main: Optional[str] = fallback[0]
+        extra = [*urls, *fallback[1:]]
+    elif flag == "--index-url":
+        main, extra = (urls[0], urls[1:]) if urls else (None, [])
+    else:
+        main, extra = None, [*urls, *fallback]
     out: list[str] = []
-    for i, target in enumerate(urls):
-        out += ["--index-url" if flag == "--index-url" and i == 0 else "--extra-index-url", target]
-    if flag == "--index-url" and not urls:
-        out.append("--no-index")
+    if flag == "--index-url":
+        out += ["--index-url", main] if main else ["--no-index"]
+    for target in extra:
+        out += ["--extra-index-url", target]
     for d in dirs:
         out += ["--find-links", d]
     return out
+
+
+def _pypi(rules: Sequence[Rule]) -> tuple[list[str], list[str]]:
+    """PyPI as this site reaches it: the targets of the `pypi` rule, or PyPI itself."""
+    rule = next((r for r in rules if r.upstream == PYPI), None)
+    if rule is None:
+        return [PYPI], []
+    return rule.apply(PYPI)
 
 
 def channel_url(channel: str) -> str:

@@ -1,10 +1,16 @@
 """Lmod modulefiles for envs (pure rendering): ``module load NAME`` activates the env, its recipe's modules come
-along as dependencies, and ``module unload NAME`` undoes it. For admins publishing shared envs."""
+along as dependencies, and ``module unload NAME`` undoes it. For admins publishing shared envs.
+
+An env with torch pins (``envbuilder/constraints.txt``) adds that file to pip's and uv's constraints lists, as its
+activate script does, so a ``pip install X`` after ``module load`` cannot replace the env's torch build."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+
+from envbuilder.activation import CONSTRAINT_VARS
+from envbuilder.steps import CONSTRAINTS
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -35,7 +41,9 @@ def render(
     env: Mapping[str, str] = {},
     unset: Sequence[str] = (),
     description: str = "",
+    constraints: bool = False,
 ) -> str:
+    """The modulefile; ``constraints``: the env at ``prefix`` has torch pins for pip and uv."""
     for var in (*env, *unset):
         if not _NAME.fullmatch(var):
             raise ValueError(f"not a variable name: {var!r}")
@@ -64,4 +72,20 @@ def render(
         lines.append(f"pushenv({q(key)}, {q(value)})")
     for key in unset:
         lines.append(f"pushenv({q(key)}, false)")
+    if constraints:
+        lines += _constraint_lines(prefix)
     return "\n".join(lines) + "\n"
+
+
+def _constraint_lines(prefix: str) -> list[str]:
+    q = lua_string
+    if any(ch.isspace() for ch in prefix):
+        # pip and uv split these lists on whitespace: the path would become several files that do not exist.
+        why = (
+            "envbuilder: pip install and uv pip install under this module are not kept from replacing its torch: "
+            "PIP_CONSTRAINT and UV_CONSTRAINT are whitespace-separated lists and the env path holds whitespace "
+            f'(pass --constraint "$VIRTUAL_ENV/{CONSTRAINTS}" yourself)'
+        )
+        return [f'if (mode() == "load") then LmodMessage({q(why)}) end']
+    # A list entry, not pushenv: unload removes only this file, whatever else joined the list meanwhile.
+    return [f'append_path({q(var)}, pathJoin(prefix, {q(CONSTRAINTS)}), " ")' for var in CONSTRAINT_VARS]

@@ -10,13 +10,16 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder import batch, launchers, lockfile, locks_and_channels, mirror, suite
 from envbuilder.host import Gpu, HostFacts
 from envbuilder.loader import Recipe
 from envbuilder.steps import InstallStep, install_steps
 from envbuilder.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
+
+if TYPE_CHECKING:  # read at plan time by envbuilder.indexread; the planner only receives the value
+    from envbuilder.indexfacts import IndexFacts
 
 FALLBACK_ROOT = "${HOME}/.local/share/envbuilder/envs/{name}"
 
@@ -191,6 +194,21 @@ def target_facts(
     )
 
 
+def torch_request(recipe: Recipe) -> Optional[TorchRequest]:
+    """What the recipe asks of torch, or None when torch comes from the site (torch.install = false)."""
+    if not recipe.get("torch.install"):
+        return None
+    return TorchRequest(
+        version=str(recipe.get("torch.version")),
+        variant=str(recipe.get("torch.variant")),
+        channel=str(recipe.get("torch.channel")),
+        packages=tuple(recipe.get("torch.packages")),
+        torchvision=recipe.get("torch.torchvision"),
+        torchaudio=recipe.get("torch.torchaudio"),
+        allow=frozenset(recipe.get("torch.allow", [])),
+    )
+
+
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -235,8 +253,11 @@ def build(
     opts: Optional[Options] = None,
     matrix: Optional[Matrix] = None,
     lock: Optional[lockfile.Lock] = None,
+    index: Optional[IndexFacts] = None,
+    table_age: str = "",
 ) -> Plan:
-    """The Plan for ``recipe`` on the machine ``host`` describes. Raises ResolverErrors on a failed gate, and
+    """The Plan for ``recipe`` on the machine ``host`` describes, from the shipped table corrected by ``index``
+    (what the wheel indexes said; the table alone without it). Raises ResolverErrors on a failed gate, and
     LockError when ``opts.locked`` and ``lock`` does not apply to the target."""
     opts = opts or Options()
     warnings: list[str] = []
@@ -265,17 +286,9 @@ def build(
 
     resolution: Optional[Resolution] = None
     requirements: list[str] = []
-    if recipe.get("torch.install"):
-        request = TorchRequest(
-            version=str(recipe.get("torch.version")),
-            variant=str(recipe.get("torch.variant")),
-            channel=str(recipe.get("torch.channel")),
-            packages=tuple(recipe.get("torch.packages")),
-            torchvision=recipe.get("torch.torchvision"),
-            torchaudio=recipe.get("torch.torchaudio"),
-            allow=frozenset(recipe.get("torch.allow", [])),
-        )
-        resolution = resolve(request, target, matrix)
+    request = torch_request(recipe)
+    if request is not None:
+        resolution = resolve(request, target, matrix, index, table_age)
         named = re.search(r"(?<![a-z0-9])(cu\d{3}|cpu)(?![a-z0-9])", recipe.name)
         if named and named.group(1) != resolution.variant:
             # The recipe keeps a name users already type, but installs something else: say so every time.

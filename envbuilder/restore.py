@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import activation, archive, build, create, mirror, proc, state, wheelhouse
+from envbuilder import activation, archive, build, create, mirror, proc, state, torchbuild, wheelhouse
 from envbuilder.backup import Backup, pack_workers, verify
 from envbuilder.errors import BackupError, StateError
 from envbuilder.modules import ModuleSystem
-from envbuilder.steps import InstallStep
+from envbuilder.steps import CONSTRAINTS, InstallStep
 
 
 @dataclass(frozen=True)
@@ -216,6 +216,17 @@ def _wheelhouse(
             _from_wheelhouse(
                 b, store, wheels_dir, create_argv, target, installer, uv_bin, build_env, log, step
             )
+        # --- torch build guard (issue 16): the restored torch is the recorded plan's build
+        torchbuild.guard_restore(
+            plan,
+            partial,
+            source=f"backup {b.id} ({'uv cache' if cached else 'its wheelhouse'})",
+            python=None,
+            env=build_env,
+            log=log.write,
+        )
+        # --- end of the torch build guard
+        _write_constraints(partial, plan)
         act = activation.from_plan(
             plan.get("activate") or {}, str(Path(modules.init).parent) if modules.init else None, old.recipe
         )
@@ -235,6 +246,15 @@ def _wheelhouse(
         step(f"moving the env into place at {final}")
         create.swap(partial, final)
     return record
+
+
+def _write_constraints(partial: Path, plan: Mapping[str, Any]) -> None:
+    """torch's pins, as create wrote them: the activate extension hands them to pip and uv (PIP_CONSTRAINT,
+    UV_CONSTRAINT), and later installs into the env keep the torch build."""
+    pins = (plan.get("torch") or {}).get("requirements") or []
+    if pins:
+        (partial / "envbuilder").mkdir(exist_ok=True)
+        (partial / CONSTRAINTS).write_text("".join(f"{p}\n" for p in pins), encoding="utf-8")
 
 
 def _from_wheelhouse(

@@ -101,10 +101,13 @@ def special(pkg: Mapping[str, Any]) -> bool:
 
 
 def locked_flags(resolution: Optional[Resolution], plain_specs: Sequence[str]) -> list[str]:
-    """The indexes a lock resolves against and installs from: torch's first, then PyPI for the rest."""
+    """The indexes a lock resolves against and installs from: torch's first, then PyPI for the rest. uv searches
+    extra indexes before the main one, so PyPI is the main index and torch's the extra: PyPI's torch build can
+    never stand in for the planned one."""
     flags = list(resolution.pip_flags) if resolution else []
     if resolution and plain_specs:
-        flags += ["--extra-index-url", PYPI]
+        rest = [f for f in flags if f not in ("--index-url", resolution.index_url)]
+        flags = ["--index-url", PYPI, "--extra-index-url", resolution.index_url, *rest]
     return flags
 
 

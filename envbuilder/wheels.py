@@ -7,11 +7,12 @@ error with a suggested fix unless the recipe lists the gate's name in ``torch.al
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Optional
 
 from packaging.version import InvalidVersion, Version
 
+from envbuilder import knowledge
 from envbuilder.errors import ResolverError, ResolverErrors, did_you_mean
 from envbuilder.gates import (
     TORCH_PACKAGES,
@@ -19,11 +20,16 @@ from envbuilder.gates import (
     TorchRequest,
     check_gates,
     driver_findings,
+    driver_max_cuda,
+    platform_findings,
     python_ok,
     quick_findings,
 )
 from envbuilder.host import HostFacts
-from envbuilder.matrix import Matrix, Release, VariantInfo, covers, gpu_capability, load_matrix, minor_tuple
+from envbuilder.matrix import Matrix, Release, covers, gpu_capability, load_matrix, minor_tuple
+
+if TYPE_CHECKING:  # the pure parts only name these types; indexfacts is read at plan time
+    from envbuilder.indexfacts import IndexFacts
 
 # Re-exported: callers resolve and look GPUs up through this module.
 __all__ = [
@@ -50,6 +56,9 @@ GATES = (
     "nightly-stream-removed",
     "package-missing",
     "unlisted-release",
+    "nightly-pruned",
+    "index",
+    "platform",
 )
 CHANNELS = ("stable", "test", "nightly")
 
@@ -70,6 +79,12 @@ class Resolution:
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     allowed: tuple[Finding, ...] = field(default_factory=tuple)
+    #: The local version label the planned index's files carry ("cpu", "cu130"); "" when unknown or unlabelled.
+    local: str = ""
+    #: Where the resolver's facts came from (index pages read, the shipped table), one line each.
+    facts_source: tuple[str, ...] = ()
+    #: The release is newer than the shipped table: its GPU and driver facts are inferred.
+    inferred: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +95,9 @@ class Resolution:
             "index_url": self.index_url,
             "requirements": list(self.requirements),
             "pip_flags": list(self.pip_flags),
+            "local": self.local,
+            "inferred": self.inferred,
+            "facts_source": list(self.facts_source),
             "warnings": list(self.warnings),
             "notes": list(self.notes),
         }
@@ -89,27 +107,139 @@ class Resolution:
 # Resolution
 
 
-def resolve(request: TorchRequest, facts: HostFacts, matrix: Optional[Matrix] = None) -> Resolution:
-    """Resolve ``request`` for the machine ``facts`` describes. Raises ResolverErrors listing every failed gate."""
-    m = matrix or load_matrix()
+def resolve(
+    request: TorchRequest,
+    facts: HostFacts,
+    matrix: Optional[Matrix] = None,
+    index: Optional[IndexFacts] = None,
+    table_age: str = "",
+) -> Resolution:
+    """Resolve ``request`` for the machine ``facts`` describes, from the shipped table corrected by what ``index``
+    read from the wheel indexes (the table alone without it). Raises ResolverErrors listing every failed gate."""
     if request.channel not in CHANNELS:
         raise ResolverError(
             f"unknown channel {request.channel!r}",
             gate="unknown-channel",
             hint=f"use one of {', '.join(CHANNELS)}",
         )
-    _check_variant_name(request.variant, m)
+    _check_variant_name(request.variant, matrix or load_matrix())
+    # No torch wheel for this CPU architecture: stop here, before any channel or variant is picked for it.
+    blocked = [
+        f
+        for f in platform_findings(request.variant, facts, matrix or load_matrix())
+        if f.gate not in request.allow
+    ]
+    if blocked:
+        raise ResolverErrors([ResolverError(f.message, gate=f.gate, hint=f.hint) for f in blocked])
+    know = knowledge.merge(matrix or load_matrix(), index, request.channel, table_age)
     if request.channel == "nightly":
-        return _resolve_nightly(request, facts, m)
+        res = _resolve_nightly(request, facts, know.matrix, index)
+    elif request.version == "latest":
+        res = _resolve_latest(request, facts, know.matrix, index)
+    else:
+        notes: list[str] = []
+        release = _pick_release(request, facts, know.matrix, notes)
+        res = _resolve_release(request, release, facts, know.matrix, index, notes)
+    return replace(res, facts_source=know.lines)
 
+
+def _resolve_latest(
+    request: TorchRequest, facts: HostFacts, m: Matrix, index: Optional[IndexFacts]
+) -> Resolution:
+    """The newest release that passes every gate on the target (newer ones that fail are named in a note)."""
+    pool = [r for r in m.releases if r.channel == request.channel]
+    fitting = [r for r in pool if python_ok(r.python, facts.python)] or pool
+    skipped: list[str] = []
+    first: Optional[ResolverErrors] = None
+    for release in sorted(fitting, key=lambda r: r.version, reverse=True):
+        notes = [
+            f"'latest' {request.channel} torch for Python {facts.python_minor or '(unknown)'}: {release.torch}"
+        ]
+        if skipped:
+            notes.append(f"newer releases do not fit this target: {', '.join(skipped)}")
+        try:
+            return _resolve_release(request, release, facts, m, index, notes)
+        except ResolverErrors as exc:
+            first = first or exc
+            skipped.append(f"{release.torch} ({exc.errors[0].gate})")
+    if first is None:  # the channel has no release at all (a table or index without one)
+        raise ResolverErrors(
+            [ResolverError(f"no {request.channel} torch release is known", gate="unknown-release")]
+        )
+    raise first
+
+
+def _resolve_release(
+    request: TorchRequest,
+    release: Release,
+    facts: HostFacts,
+    m: Matrix,
+    index: Optional[IndexFacts],
+    notes: list[str],
+) -> Resolution:
     warnings: list[str] = []
-    notes: list[str] = []
-    release = _pick_release(request, facts, m, notes)
     variant = request.variant
     if variant == "auto":
         variant = _auto_variant(release, facts, m, request, notes)
     findings = check_gates(release, variant, request, facts, m, warnings)
-    return _finish(request, release, variant, findings, warnings, notes, m)
+    index_url = m.index[release.channel].format(variant=variant)
+    found = _index_findings(index, index_url, release.torch, variant, facts)
+    if found:  # what the index itself says explains it better than the table's variant list it corrected
+        findings = found + [f for f in findings if f.gate not in ("variant-not-built", found[0].gate)]
+    if release.origin == "inferred":
+        warnings.append(
+            f"torch {release.torch} is newer than the shipped table (as of {m.as_of}): its GPU arch list, driver "
+            f"floor and companions are inferred ({release.source}); validation confirms them on the node"
+        )
+    label = knowledge.expected_label(
+        index, index_url, release.torch, facts.arch or "x86_64", facts.python_minor
+    )
+    res = _finish(request, release, variant, findings, warnings, notes, m, label)
+    return replace(res, local=label, inferred=release.origin == "inferred")
+
+
+def _index_findings(
+    index: Optional[IndexFacts], url: str, version: str, variant: str, facts: HostFacts
+) -> list[Finding]:
+    """What the index the install will use says about the planned build (nothing when it was not read)."""
+    arch = facts.arch or "x86_64"
+    files = knowledge.builds_on(index, url, version, arch)
+    if files is None or index is None:
+        return []
+    page = index.page(url)
+    where = url + (f" (read from {', '.join(page.sources)})" if page is not None and page.sources else "")
+    mine = [f for f in files if knowledge.serves(f, variant)]
+    if not files:
+        have = list(index.versions(url, arch=arch))[-4:]
+        return [
+            Finding(
+                "index",
+                f"{where} has no torch {version} file for {arch}"
+                + (f"; it has {', '.join(have)}" if have else "; it has no torch file for this architecture"),
+                "pin a release the index has, or fix the mirror (ENVBUILDER_INDEX_MIRROR) so it holds this build",
+            )
+        ]
+    if not mine:
+        got = ", ".join(sorted({f"+{f.local}" for f in files}))
+        return [
+            Finding(
+                "index",
+                f"{where} offers torch {version} for {arch} only as {got}, not as a {variant} build",
+                "the mirror holds the wrong build: fix ENVBUILDER_INDEX_MIRROR or the mirror's contents",
+            )
+        ]
+    py = facts.python_minor
+    if py and not [f for f in mine if f.supports(py)]:
+        pys = sorted({p for f in mine for p in f.pythons}, key=minor_tuple)
+        return [
+            Finding(
+                "python",
+                f"{where} has torch {version} {variant} for {arch} only for Python {', '.join(pys)}, "
+                f"the target has Python {py}",
+                "load a Python module the wheel supports, or pin another torch release",
+            )
+        ]
+    return []
 
 
 def _finish(
@@ -120,6 +250,7 @@ def _finish(
     warnings: list[str],
     notes: list[str],
     m: Matrix,
+    label: str = "",
 ) -> Resolution:
     errors = [f for f in findings if f.gate not in request.allow]
     allowed = [f for f in findings if f.gate in request.allow]
@@ -129,7 +260,7 @@ def _finish(
         raise ResolverErrors([ResolverError(f.message, gate=f.gate, hint=f.hint) for f in errors])
     index_url = m.index[release.channel].format(variant=variant)
     info = m.variants[variant]
-    pins = _pins(request, release, info)
+    pins = _pins(request, release, label)
     flags = ["--index-url", index_url]
     if release.channel == "nightly":
         flags.append("--pre")
@@ -147,13 +278,15 @@ def _finish(
     )
 
 
-def _pins(request: TorchRequest, release: Release, info: VariantInfo) -> list[str]:
-    # Plain version pins with --index-url: the index decides the variant. A "+cuXXX" local label would fail on
-    # wheels published without one (the 2.4.0 aarch64 CUDA wheel, aarch64 CPU wheels before 2.6).
+def _pins(request: TorchRequest, release: Release, label: str) -> list[str]:
+    # torch carries the local label its index's files carry, when the index was read: no other index's build
+    # (PyPI's unlabelled CUDA wheel, a mirror's CPU wheel) can satisfy it. Without that knowledge the pin stays
+    # plain, because some wheels carry no label (the 2.4.0 aarch64 CUDA wheel, aarch64 CPU wheels before 2.6);
+    # the build guard checks what arrived either way.
     pins = []
     for pkg in request.packages:
         if pkg == "torch":
-            pins.append(f"torch=={release.torch}")
+            pins.append(f"torch=={release.torch}" + (f"+{label}" if label else ""))
         elif pkg == "torchvision":
             pins.append(f"torchvision=={request.torchvision or release.torchvision}")
         elif pkg == "torchaudio":
@@ -184,13 +317,6 @@ def _check_variant_name(variant: str, m: Matrix) -> None:
 def _pick_release(request: TorchRequest, facts: HostFacts, m: Matrix, notes: list[str]) -> Release:
     wanted = request.version
     pool = [r for r in m.releases if r.channel == request.channel]
-    if wanted == "latest":
-        fitting = [r for r in pool if python_ok(r.python, facts.python)]
-        chosen = max(fitting or pool, key=lambda r: r.version)
-        notes.append(
-            f"'latest' {request.channel} torch for Python {facts.python_minor or '(unknown)'}: {chosen.torch}"
-        )
-        return chosen
     try:
         Version(wanted)
     except InvalidVersion:
@@ -212,13 +338,31 @@ def _pick_release(request: TorchRequest, facts: HostFacts, m: Matrix, notes: lis
             chosen = max(same_minor, key=lambda r: r.version)
             notes.append(f"torch {wanted} means the newest {wanted}.x release: {chosen.torch}")
             return chosen
+    newest = max(pool, key=lambda r: r.version, default=None)
+    if (
+        newest is not None
+        and "unlisted-release" in request.allow
+        and re.fullmatch(r"\d+\.\d+\.\d+", wanted)
+        and Version(wanted) > newest.version
+    ):
+        notes.append(f"torch {wanted} is not in the shipped table; allowed by the recipe (unlisted-release)")
+        return replace(
+            newest,
+            torch=wanted,
+            torchvision="",
+            torchaudio="",
+            source=f"not in the table; facts inferred from torch {newest.torch}",
+            origin="inferred",
+        )
     listed = ", ".join(r.torch for r in sorted(pool, key=lambda r: r.version)[-6:])
     raise ResolverErrors(
         [
             ResolverError(
-                f"torch {wanted} is not a known {request.channel} release (the matrix is as of {m.as_of})",
+                f"torch {wanted} is not a known {request.channel} release (known: the index where it was read, "
+                f"else the shipped table as of {m.as_of})",
                 gate="unknown-release",
-                hint=f"newest known {request.channel} releases: {listed}",
+                hint=f"newest known {request.channel} releases: {listed}; `--refresh` re-reads the index; "
+                'torch.allow = ["unlisted-release"] plans a newer release with inferred facts',
             )
         ]
     )
@@ -234,8 +378,15 @@ def _auto_variant(
     arch = facts.arch or "x86_64"
     offered = list(release.variants.get(arch, ()))
     default = release.pypi_default.get(arch)
-    # Prefer the variant PyTorch itself ships as default, then the newest CUDA.
-    order = sorted(offered, key=lambda v: (v != default, [-x for x in minor_tuple(m.variants[v].cuda)]))
+    # Prefer a variant this driver runs natively (minor-version compatibility cannot JIT newer PTX), then the
+    # variant PyTorch itself ships as default, then the newest CUDA.
+    top = driver_max_cuda(facts, m)
+
+    def rank(v: str) -> tuple[bool, bool, list[int]]:
+        cuda = minor_tuple(m.variants[v].cuda)
+        return (top is not None and cuda > top, v != default, [-x for x in cuda])
+
+    order = sorted(offered, key=rank)
     usable = [
         v
         for v in order
@@ -256,7 +407,9 @@ def _auto_variant(
     )
 
 
-def _resolve_nightly(request: TorchRequest, facts: HostFacts, m: Matrix) -> Resolution:
+def _resolve_nightly(
+    request: TorchRequest, facts: HostFacts, m: Matrix, index: Optional[IndexFacts] = None
+) -> Resolution:
     nightly = m.nightly
     arch = facts.arch or "x86_64"
     findings: list[Finding] = []
@@ -274,7 +427,7 @@ def _resolve_nightly(request: TorchRequest, facts: HostFacts, m: Matrix) -> Reso
     variant = (
         request.variant
         if request.variant not in ("auto",)
-        else ("cpu" if not facts.gpus else nightly[arch][-2])
+        else ("cpu" if not facts.gpus or arch not in nightly else nightly[arch][-2])
     )
     if variant != "cpu" and variant not in nightly.get(arch, ()):
         removed = nightly.get("removed", {}).get(variant)
@@ -315,4 +468,24 @@ def _resolve_nightly(request: TorchRequest, facts: HostFacts, m: Matrix) -> Reso
     )
     if variant in m.variants and m.variants[variant].is_cuda and not findings:
         findings.extend(driver_findings(rel, m.variants[variant], facts, m, warnings, arch))
-    return _finish(request, rel, variant if variant in m.variants else "cpu", findings, warnings, [], m)
+    url = m.index["nightly"].format(variant=variant)
+    if not findings:
+        findings.extend(_pruned(index, url, version, arch))
+    label = knowledge.expected_label(index, url, version, arch, facts.python_minor)
+    res = _finish(request, rel, variant if variant in m.variants else "cpu", findings, warnings, [], m, label)
+    return replace(res, local=label)
+
+
+def _pruned(index: Optional[IndexFacts], url: str, version: str, arch: str) -> list[Finding]:
+    files = knowledge.builds_on(index, url, version, arch)
+    if files or files is None or index is None:
+        return []
+    newest = list(index.versions(url, arch=arch))[-1:]
+    return [
+        Finding(
+            "nightly-pruned",
+            f"torch {version} is no longer on {url} (nightly builds are pruned after a few months)"
+            + (f"; the newest there is {newest[0]}" if newest else ""),
+            "pin a current dated build, or use a stable release; back a nightly env up once it validates",
+        )
+    ]

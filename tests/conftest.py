@@ -9,20 +9,32 @@ from pathlib import Path
 import pytest
 from slurm import MiniCluster, available
 
+from envbuilder import mirror
 from envbuilder.host import HostFacts, facts_from_json
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
 FACTS = DATA / "facts"
 
-#: The environment plans are made in: a user on a cluster with $SCRATCH, $WORK and a project code.
+#: The environment plans are made in: a user on a cluster with $SCRATCH, $WORK and a project code. Tests talk
+#: only to loopback addresses, so plans come from the shipped table here (no read of download.pytorch.org).
 PLAN_ENV = {
     "HOME": "/home/u1",
     "USER": "u1",
     "SCRATCH": "/scratch/u1",
     "WORK": "/work/u1",
     "PROJECT": "p01",
+    "ENVBUILDER_OFFLINE": "1",
 }
+
+
+def loopback_only(index_mirror: str) -> bool:
+    """Whether every index a plan reads (download.pytorch.org's and PyPI's) is sent to 127.0.0.1 or a directory
+    by ``index_mirror``: only then may a test let envbuilder read the indexes."""
+    rules = {r.upstream: r.targets for r in mirror.parse(index_mirror)}
+    needed = ("https://download.pytorch.org/whl/", mirror.PYPI)
+    local = ("http://127.0.0.1", "/", "file://")
+    return all(u in rules and all(t.startswith(local) for t in rules[u]) for u in needed)
 
 
 def load_facts(name: str) -> HostFacts:
@@ -40,6 +52,8 @@ def run_cli(
 ) -> subprocess.CompletedProcess[str]:
     """The real CLI in a child process (python -m envbuilder), as a user runs it."""
     full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1", **(env or PLAN_ENV)}
+    if not loopback_only(full_env.get("ENVBUILDER_INDEX_MIRROR", "")):
+        full_env.setdefault("ENVBUILDER_OFFLINE", "1")  # tests reach nothing but loopback addresses
     return subprocess.run(
         [sys.executable, "-m", "envbuilder", *args],
         env=full_env,
@@ -53,8 +67,10 @@ def run_cli(
 
 def user_env(root: Path, index_mirror: str, **extra: str) -> dict[str, str]:
     """A user's environment for the CLI, every directory a throwaway one under ``root`` (home, $SCRATCH,
-    envbuilder's records, uv's cache), its indexes reached through ``index_mirror`` (ENVBUILDER_INDEX_MIRROR)."""
+    envbuilder's records, uv's cache), its indexes reached through ``index_mirror`` (ENVBUILDER_INDEX_MIRROR).
+    envbuilder reads those indexes only where they are all local; otherwise it plans offline."""
     return {
+        **({} if loopback_only(index_mirror) else {"ENVBUILDER_OFFLINE": "1"}),
         "PATH": os.environ["PATH"],
         "HOME": str(root / "home"),
         "NO_COLOR": "1",

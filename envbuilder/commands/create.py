@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -13,9 +14,10 @@ from envbuilder import create as creator
 from envbuilder import plan as planner
 from envbuilder import validate as validator
 from envbuilder.catalog import Catalog
+from envbuilder.commands import plan as plan_cmd
 from envbuilder.commands import validate as validate_cmd
 from envbuilder.console import Out
-from envbuilder.errors import ValidationFailed
+from envbuilder.errors import ResolverError, ValidationFailed
 
 
 class _Progress:
@@ -50,7 +52,9 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     recipe = loader.load(args.recipe, catalog)
     facts = host.load_facts_file(args.facts) if args.facts else host.probe()
     lock = None if args.no_lock else locking.find(recipe, catalog, env, args.lock)
-    the_plan = planner.build(recipe, facts, env, opts, lock=lock)
+    index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
+    the_plan = planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=plan_cmd.table_age())
+    same_arch(the_plan, platform.machine())
     progress = _Progress(out, args.quiet or args.json)
     if not (args.quiet or args.json):
         out.heading(
@@ -100,6 +104,23 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         exc.data = data  # type: ignore[attr-defined]
         raise exc
     return data
+
+
+def same_arch(the_plan: planner.Plan, here: str) -> None:
+    """An env is built by the machine it runs on: its python, its wheels' platform tags and every compiled
+    extension are this machine's. A plan for other nodes is refused here, not built wrong."""
+    target = the_plan.target.arch
+    if not target or not here or target == here:
+        return
+    where = f"an {target} node of {the_plan.site}" if the_plan.site else f"an {target} machine"
+    how = f" (e.g. {' '.join(the_plan.interactive_command)})" if the_plan.interactive_command else ""
+    raise ResolverError(
+        f"{the_plan.recipe} is for {target} nodes, and this machine is {here}: an env built here would hold "
+        f"{here} wheels and a {here} python",
+        gate="platform",
+        hint=f"run `envbuilder create {the_plan.recipe}` on {where}{how}; `envbuilder lock {the_plan.recipe} "
+        f"--platform {target}` works from here",
+    )
 
 
 def _validate(

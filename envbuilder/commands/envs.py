@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from rich.table import Table
 
-from envbuilder import backup, create, modulefile, purge, state
+from envbuilder import activation, backup, create, modulefile, purge, state
 from envbuilder.console import Out
 from envbuilder.errors import StateError, UsageError
 
@@ -146,6 +146,7 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         module_use=activate.get("module_use", []),
         env=activate.get("env", {}),
         unset=activate.get("unset", []),
+        constraints=activation.has_constraints(Path(record.prefix)),
     )
     if args.output:
         target = Path(args.output)

@@ -9,6 +9,7 @@ from typing import Any
 
 from envbuilder import host, loader, lockfile, locking, state
 from envbuilder.catalog import Catalog
+from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Out
 
 
@@ -22,7 +23,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     log = (lambda _: None) if quiet else (lambda text: out.line(f"  {text}"))
     if not quiet:
         out.heading(f"Locking {recipe.name} for {', '.join(lockfile.arch_name(a) for a in arches)}")
-    lock, warnings = locking.make(recipe, facts, env, arches, python=args.python, log=log)
+    index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
+    lock, warnings = locking.make(recipe, facts, env, arches, python=args.python, log=log, index=index)
     path = Path(args.output).expanduser() if args.output else lockfile.user_path(state.home(env), recipe.name)
     locking.write(lock, path)
     if not quiet:

@@ -3,19 +3,46 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from envbuilder import host, launchers, loader, locking
+from envbuilder import host, knowledge, launchers, loader, locking, state
 from envbuilder import plan as planner
 from envbuilder.catalog import Catalog
 from envbuilder.console import Out
 from envbuilder.errors import EnvbuilderError
+from envbuilder.matrix import load_matrix
+
+if TYPE_CHECKING:
+    from envbuilder.indexfacts import IndexFacts
 
 
 def facts_for(facts_file: Optional[str]) -> host.HostFacts:
     return host.load_facts_file(facts_file) if facts_file else host.probe()
+
+
+def table_age(today: Optional[datetime.date] = None) -> str:
+    """How old the shipped table is, in words ("94 days old")."""
+    days = ((today or datetime.date.today()) - datetime.date.fromisoformat(load_matrix().as_of)).days
+    return f"{days} day{'s' if days != 1 else ''} old"
+
+
+def read_index(
+    recipe: loader.Recipe, env: Mapping[str, str], refresh: bool = False, no_network: bool = False
+) -> Optional[IndexFacts]:
+    """What the wheel indexes the recipe's install will use say about torch (through the mirror rules, cached in
+    the envbuilder home); None when the recipe installs no torch."""
+    from envbuilder import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
+
+    request = planner.torch_request(recipe)
+    if request is None:
+        return None
+    urls = knowledge.upstreams(request, load_matrix())
+    # indexread honours ENVBUILDER_OFFLINE itself, and names it as the reason.
+    return indexread.read(urls, env, home=state.home(env), refresh=refresh, offline=no_network)
 
 
 def make_plan(
@@ -25,13 +52,16 @@ def make_plan(
     env: Optional[dict[str, str]] = None,
     lock_file: Optional[str] = None,
     use_lock: bool = True,
+    refresh: bool = False,
+    no_network: bool = False,
 ) -> planner.Plan:
     env = dict(os.environ if env is None else env)
     catalog = Catalog.from_env(env)
     recipe = loader.load(name, catalog)
     facts = facts_for(facts_file)
     lock = locking.find(recipe, catalog, env, lock_file) if use_lock else None
-    return planner.build(recipe, facts, env, opts, lock=lock)
+    index = read_index(recipe, env, refresh, no_network)
+    return planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age())
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
@@ -45,7 +75,15 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         locked=args.locked,
     )
     try:
-        result = make_plan(args.recipe, args.facts, opts, lock_file=args.lock, use_lock=not args.no_lock)
+        result = make_plan(
+            args.recipe,
+            args.facts,
+            opts,
+            lock_file=args.lock,
+            use_lock=not args.no_lock,
+            refresh=args.refresh,
+            no_network=args.offline,
+        )
     except EnvbuilderError as exc:
         exc.data = {"recipe": args.recipe}  # type: ignore[attr-defined]
         raise
@@ -70,7 +108,9 @@ def render(p: planner.Plan, out: Out) -> None:
     out.field("env", f"{p.kind} at {p.prefix}")
     if p.resolution:
         r = p.resolution
-        out.field("torch", f"{r.torch} {r.variant} ({r.channel}) from {r.index_url}")
+        label = f" (+{r.local} builds only)" if r.local else ""
+        inferred = ", inferred facts" if r.inferred else ""
+        out.field("torch", f"{r.torch} {r.variant} ({r.channel}{inferred}) from {r.index_url}{label}")
     if p.lock:
         status = "applies" if p.lock["status"] == "applies" else "ignored (stale)"
         out.field("lock", f"{p.lock['path']} ({p.lock['origin']}), {p.lock['arch']}: {status}")
@@ -88,6 +128,11 @@ def render(p: planner.Plan, out: Out) -> None:
         out.line("  batch script:")
         for line in p.batch_script.rstrip().splitlines():
             out.line(f"    {line}")
+    if p.resolution and p.resolution.facts_source:
+        out.line()
+        out.heading("Where the torch facts come from")
+        for line in p.resolution.facts_source:
+            out.line(f"  - {line}")
     if p.notes:
         out.line()
         out.heading("Notes")

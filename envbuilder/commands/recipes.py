@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 from rich.table import Table
 
-from envbuilder import loader, locking, schema
+from envbuilder import knowledge, loader, locking, schema
+from envbuilder import plan as planner
 from envbuilder.catalog import Catalog
+from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Out
 from envbuilder.errors import PublishError, RecipeError
+from envbuilder.matrix import load_matrix
 
 
 def list_recipes(catalog: Catalog) -> list[dict[str, Any]]:
@@ -113,6 +116,12 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 out.line(f"  {key.ljust(width)} = {shown}    # {source}")
             else:
                 out.line(f"  {key.ljust(width)} = {shown}")
+    facts = _torch_facts(recipe, args) if args.explain else None
+    if facts and not args.json:
+        out.line()
+        out.heading("Where the torch facts come from")
+        for line in facts:
+            out.line(f"  - {line}")
     return {
         "name": recipe.name,
         "version": recipe.version or None,
@@ -121,7 +130,18 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         "files": list(recipe.chain),
         "values": recipe.data,
         "sources": {k: s for k, _, s in leaves} if args.explain else None,
+        "torch_facts": facts,
     }
+
+
+def _torch_facts(recipe: loader.Recipe, args: argparse.Namespace) -> Optional[list[str]]:
+    """Which torch facts the resolver would take from the index (and when it was read), which from the table."""
+    request = planner.torch_request(recipe)
+    if request is None:
+        return None
+    index = plan_cmd.read_index(recipe, os.environ, args.refresh, args.offline)
+    know = knowledge.merge(load_matrix(), index, request.channel, plan_cmd.table_age())
+    return [*know.lines, *know.warnings]
 
 
 def handle_schema(args: argparse.Namespace, out: Out) -> None:

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 from conftest import DATA
+from wheelindex import build_wheel, serve
 
-from envbuilder import activation
+from envbuilder import activation, modulefile
 from envbuilder.activation import Activation
+from envbuilder.steps import CONSTRAINTS
 
 pytestmark = pytest.mark.integration
 
@@ -275,3 +277,264 @@ def test_conda_env_bin_activate_for_shells_without_conda(shell, conda_prefix, tm
     (conda_prefix / "bin" / "activate").write_text("# conda's own\n")
     activation.install_conda(conda_prefix, str(conda_prefix), CONDA_ACT)
     assert (conda_prefix / "bin" / "activate").read_text() == "# conda's own\n"
+
+
+# --- torch pins for pip and uv: PIP_CONSTRAINT and UV_CONSTRAINT name the env's constraints file while active ---
+
+#: Quotes, $, backquotes and a backslash, but no whitespace (${IFS} gives the commands theirs only if evaluated):
+#: a prefix whose constraints file can be exported.
+AWKWARD = "env$(touch${IFS}PWNED)`touch${IFS}PWNED2`\"dq\"'sq'\\bs"
+SAYS_UNGUARDED = "not kept from replacing its torch"
+#: What the user had before activating: nothing, an empty value, and a list of two files of their own.
+BEFORE = [None, "", "/site/pins.txt /home/u/mine.txt"]
+
+
+def shell_run(shell: str, script: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    argv = (
+        [shell, "-c", script, "driver", *args]
+        if shell == "bash"
+        else [shell, "-f", "-c", script, "driver", *args]
+    )
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+
+def pinned(prefix: Path) -> Path:
+    """Give the env torch pins as create does (envbuilder/constraints.txt); returns the file."""
+    path = prefix / CONSTRAINTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("torch==1.0\n")
+    return path
+
+
+def user_had(value: str | None) -> dict[str, str]:
+    return {} if value is None else {"PIP_CONSTRAINT": value, "UV_CONSTRAINT": value}
+
+
+def expected_during(value: str | None, pins: Path) -> str:
+    return f"{value} {pins}" if value else str(pins)
+
+
+@pytest.fixture
+def awkward_venv(tmp_path):
+    if not shutil.which("uv"):
+        pytest.skip("uv is not installed (it is a runtime dependency from the create issue on)")
+    prefix = tmp_path / AWKWARD
+    subprocess.run(["uv", "venv", "--quiet", str(prefix)], check=True, env={**os.environ, "UV_NO_CACHE": "1"})
+    return prefix
+
+
+@pytest.mark.parametrize("before", BEFORE)
+@pytest.mark.parametrize("shell", SHELLS)
+def test_venv_activation_adds_the_env_pins_and_deactivate_gives_the_lists_back(
+    shell, before, awkward_venv, tmp_path
+):
+    pins = pinned(awkward_venv)
+    activation.install(awkward_venv, Activation(env={"OMP_NUM_THREADS": "4"}))
+    old, during, after = run(shell, awkward_venv, tmp_path, user_has_module=False, extra_env=user_had(before))
+    assert during["PIP_CONSTRAINT"] == expected_during(before, pins)
+    assert during["UV_CONSTRAINT"] == expected_during(before, pins)
+    assert after == old
+    assert ("PIP_CONSTRAINT" in after, "UV_CONSTRAINT" in after) == (before is not None,) * 2
+    assert not list(tmp_path.glob("PWNED*"))
+
+
+@needs_lmod
+@pytest.mark.parametrize("shell", SHELLS)
+def test_pins_survive_modules_and_a_second_activate(shell, awkward_venv, tmp_path):
+    pins = pinned(awkward_venv)
+    activation.install(awkward_venv, ACT)
+    script = '. "$1/bin/activate"; . "$1/bin/activate"; printf "%s\\n" "$PIP_CONSTRAINT" "$UV_CONSTRAINT"; deactivate'
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "MODULEPATH": str(DATA / "modules" / "site"),
+           "PIP_CONSTRAINT": "/site/pins.txt", "UV_CONSTRAINT": "/site/uv.txt"}  # fmt: skip
+    res = shell_run(shell, f". {LMOD_INIT_DIR}/{shell}\n{script}", str(awkward_venv), env=env)
+    assert res.returncode == 0, res.stderr
+    # Sourced twice, the file is in each list once.
+    assert res.stdout.splitlines() == [f"/site/pins.txt {pins}", f"/site/uv.txt {pins}"]
+    _, _, after = run(shell, awkward_venv, tmp_path, twice=True, extra_env=user_had("/site/pins.txt"))
+    assert after["PIP_CONSTRAINT"] == after["UV_CONSTRAINT"] == "/site/pins.txt"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_an_env_without_pins_exports_none(shell, awkward_venv, tmp_path):
+    activation.install(awkward_venv, Activation(env={"A": "1"}))
+    assert "CONSTRAINT" not in (awkward_venv / activation.SCRIPT_REL).read_text()
+    _, during, _ = run(shell, awkward_venv, tmp_path, user_has_module=False)
+    assert "PIP_CONSTRAINT" not in during and "UV_CONSTRAINT" not in during
+
+
+@pytest.mark.parametrize("before", [None, "/site/pins.txt"])
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_prefix_with_whitespace_exports_nothing_and_says_why(shell, before, venv, tmp_path):
+    # pip and uv split these lists on whitespace: "/x/env dir/..." would be two files, and every install would fail.
+    pinned(venv)
+    activation.install(venv, Activation(env={"A": "1"}))
+    script = '. "$1/bin/activate"; echo "pip=${PIP_CONSTRAINT-unset} uv=${UV_CONSTRAINT-unset}"; deactivate'
+    res = shell_run(shell, script, str(venv), env={"PATH": "/usr/bin:/bin", **user_had(before)})
+    assert res.returncode == 0, res.stderr
+    value = before or "unset"
+    assert res.stdout.strip() == f"pip={value} uv={value}"
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and SAYS_UNGUARDED in lines[0], res.stderr
+    assert not list(tmp_path.glob("PWNED*"))
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_conda_env_pins_through_its_hooks_and_its_bin_activate(shell, tmp_path):
+    prefix = tmp_path / AWKWARD
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "python").symlink_to(os.path.realpath(shutil.which("python3") or "/usr/bin/python3"))
+    (prefix / "conda-meta").mkdir()
+    pins = pinned(prefix)
+    activation.install_conda(prefix, str(prefix), Activation(env={"A": "1"}))
+    work = tmp_path / "work"
+    work.mkdir()
+    # As `conda activate` / `conda deactivate` run the env's hooks.
+    env = {"HOME": str(work), "PATH": "/usr/bin:/bin", **user_had("/site/pins.txt")}
+    res = shell_run(shell, CONDA_DRIVER.format(init=""), str(prefix), str(work), env=env)
+    assert res.returncode == 0, res.stderr
+    old, during, after = (read_env(work / n) for n in ("before", "during", "after"))
+    assert during["PIP_CONSTRAINT"] == during["UV_CONSTRAINT"] == f"/site/pins.txt {pins}"
+    assert after == old
+    # Envbuilder's bin/activate, for shells without conda.
+    old, during, after = run(shell, prefix, work, user_has_module=False)
+    assert during["PIP_CONSTRAINT"] == during["UV_CONSTRAINT"] == str(pins)
+    assert after == old and "PIP_CONSTRAINT" not in after
+    assert not list(tmp_path.glob("PWNED*")) and not list(work.glob("PWNED*"))
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_user_prefix_env_pins_follow_pythonuserbase(shell, tmp_path):
+    prefix = tmp_path / AWKWARD
+    pins = pinned(prefix)
+    activation.install_user_prefix(prefix, str(prefix), Activation(env={"A": "1"}))
+    extra = {"PYTHONUSERBASE": "/before", **user_had("/site/pins.txt")}
+    old, during, after = run(shell, prefix, tmp_path, user_has_module=False, extra_env=extra)
+    assert during["PYTHONUSERBASE"] == str(prefix)
+    assert during["PIP_CONSTRAINT"] == during["UV_CONSTRAINT"] == f"/site/pins.txt {pins}"
+    assert after == old
+    assert not list(tmp_path.glob("PWNED*"))
+
+
+#: Lmod's own bookkeeping, which module unload rewrites rather than removes (a module system's business).
+def user_vars(env: dict[str, str]) -> dict[str, str]:
+    lmod = ("__LMOD_", "_ModuleTable", "LMOD_", "_LMFILES_", "LOADEDMODULES", "MODULE", "BASH_FUNC_")
+    return {k: v for k, v in env.items() if not k.startswith(lmod)}
+
+
+MODULE_DRIVER = r"""
+. {init}
+dump() {{ env -0 > "$1"; }}
+dump "$2/before"
+module load myenv/1.0
+dump "$2/during"
+module unload myenv/1.0
+dump "$2/after"
+"""
+
+
+def module_round_trip(
+    shell: str, prefix: Path, work: Path, before: str | None
+) -> tuple[dict, dict, dict, str]:
+    mods = work / "mods"
+    (mods / "myenv").mkdir(parents=True)
+    (mods / "myenv" / "1.0.lua").write_text(
+        modulefile.render(
+            name="myenv/1.0", prefix=str(prefix), recipe="demo", env={"A": "1"}, constraints=True
+        )
+    )
+    env = {"HOME": str(work), "PATH": "/usr/bin:/bin", "MODULEPATH": str(mods), **user_had(before)}
+    res = shell_run(shell, MODULE_DRIVER.format(init=LMOD_INIT_DIR / shell), str(work), str(work), env=env)
+    assert res.returncode == 0, res.stderr
+    old, during, after = (user_vars(read_env(work / n)) for n in ("before", "during", "after"))
+    return old, during, after, res.stderr
+
+
+@needs_lmod
+@pytest.mark.parametrize("before", [None, "/site/pins.txt /home/u/mine.txt"])
+@pytest.mark.parametrize("shell", SHELLS)
+def test_modulefile_adds_the_pins_and_unload_gives_the_lists_back(shell, before, tmp_path):
+    prefix = tmp_path / AWKWARD
+    pins = pinned(prefix)
+    work = tmp_path / "work"
+    old, during, after, stderr = module_round_trip(shell, prefix, work, before)
+    assert during["VIRTUAL_ENV"] == str(prefix)
+    assert during["PIP_CONSTRAINT"] == during["UV_CONSTRAINT"] == expected_during(before, pins)
+    assert after == old
+    assert SAYS_UNGUARDED not in stderr
+    assert not list(tmp_path.glob("PWNED*")) and not list(work.glob("PWNED*"))
+
+
+@needs_lmod
+def test_modulefile_for_a_prefix_with_whitespace_exports_nothing_and_says_why(tmp_path):
+    prefix = tmp_path / "env dir"
+    pinned(prefix)
+    old, during, after, stderr = module_round_trip("bash", prefix, tmp_path / "work", "/site/pins.txt")
+    assert during["PIP_CONSTRAINT"] == during["UV_CONSTRAINT"] == "/site/pins.txt"
+    assert after == old
+    assert SAYS_UNGUARDED in " ".join(stderr.split())  # Lmod wraps its messages to the terminal width
+
+
+def test_modulefile_without_pins_names_no_constraints():
+    assert "CONSTRAINT" not in modulefile.render(name="e", prefix="/x", recipe="r")
+
+
+# --- for real: once activated, pip and uv refuse an install that would replace the env's torch ---
+
+
+@pytest.fixture
+def pip_wheel() -> Path:
+    """The pip wheel CPython bundles for ensurepip: a real pip, installable with no network."""
+    import ensurepip
+
+    found = sorted(Path(ensurepip.__file__).parent.glob("_bundled/pip-*.whl"))
+    if not found:
+        pytest.skip("this python bundles no pip wheel (ensurepip/_bundled)")
+    return found[-1]
+
+
+INSTALLS = r"""
+. "$1/bin/activate"
+uv pip install --index-url "$2" needs-torch2 && echo "uv installed"
+pip install --disable-pip-version-check --no-cache-dir --index-url "$2" needs-torch2 && echo "pip installed"
+python -c 'import torch; print("torch", torch.__version__)'
+deactivate
+# Deactivated, the same installs would go through (and bring torch 2.0): the pins alone stopped them.
+uv pip install --dry-run --python "$1/bin/python" --index-url "$2" needs-torch2 && echo "uv would install"
+"$1/bin/python" -m pip install --dry-run --disable-pip-version-check --no-cache-dir --index-url "$2" needs-torch2 && echo "pip would install"
+"""
+
+
+def test_pip_and_uv_in_the_activated_env_cannot_replace_torch(awkward_venv, pip_wheel, tmp_path):
+    wheels = tmp_path / "wheels"
+    # Stand-ins for torch (no real torch wheel on a test machine): 1.0 installed and pinned, 2.0 on the index.
+    for version in ("1.0", "2.0"):
+        build_wheel(wheels, "torch", version, {"torch/__init__.py": f"__version__ = {version!r}\n"})
+    build_wheel(wheels, "needs-torch2", "1.0", {"needs_torch2/__init__.py": ""}, requires=["torch>=2"])
+    shutil.copy(pip_wheel, wheels)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "uv").symlink_to(shutil.which("uv") or "uv")
+    env = {
+        "HOME": str(tmp_path),
+        "PATH": f"{tools}:/usr/bin:/bin",
+        "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+    }
+    pinned(awkward_venv)
+    activation.install(awkward_venv, Activation())
+    with serve(wheels) as index:
+        url = f"{index.url}/simple/"
+        python = str(awkward_venv / "bin" / "python")
+        subprocess.run(
+            ["uv", "pip", "install", "--quiet", "--python", python, "--index-url", url, "torch==1.0", "pip"],
+            env=env, check=True, capture_output=True,
+        )  # fmt: skip
+        res = shell_run("bash", INSTALLS, str(awkward_venv), url, env=env)
+    out = res.stdout.splitlines()
+    assert "uv installed" not in out and "pip installed" not in out, res.stdout + res.stderr
+    assert "torch 1.0" in out
+    assert "uv would install" in out and "pip would install" in out, res.stderr
+    # Both name the pin as what stopped them.
+    assert "depend on torch>=2 and torch==1.0" in res.stderr  # uv
+    assert "The user requested (constraint) torch==1.0" in res.stdout  # pip
+    assert not list(awkward_venv.glob("lib/python*/site-packages/needs_torch2"))
+    assert not list(tmp_path.glob("PWNED*"))

@@ -179,10 +179,11 @@ def test_an_applying_lock_replaces_the_resolver_installs_with_one_hashed_install
     assert installs[0][5:] == (
         "--no-deps",
         "--require-hashes",
+        # uv searches extra indexes first: torch's index is the extra one, so PyPI's torch can never win.
         "--index-url",
-        "https://download.pytorch.org/whl/cpu",
-        "--extra-index-url",
         "https://pypi.org/simple",
+        "--extra-index-url",
+        "https://download.pytorch.org/whl/cpu",
         "--requirement",
         "/scratch/u/envs/demo/envbuilder/lock-requirements.txt",
     )

@@ -98,3 +98,33 @@ def test_several_urls_become_index_then_extra_indexes():
         "--extra-index-url",
         "http://b/torch/cu126",
     ]
+
+
+def test_pypi_listed_after_a_torch_mirror_is_only_the_fallback():
+    # uv searches extra indexes before the main one and stops at the first that has the package: PyPI must be
+    # the main index here, or its own torch build wins over the mirror's (the `URL,pypi` form of the README).
+    rules = mirror.parse("https://download.pytorch.org/whl/=http://m/torch/,pypi")
+    cmd = mirror.remap([TORCH], rules)[0][0]
+    assert cmd[5:9] == ["--index-url", mirror.PYPI, "--extra-index-url", "http://m/torch/cu126"]
+    # A mirror target list without PyPI keeps its order: the first URL is the index.
+    two = mirror.parse("https://download.pytorch.org/whl/=http://m/a/,http://m/b/")
+    assert mirror.remap([TORCH], two)[0][0][5:9] == [
+        "--index-url",
+        "http://m/a/cu126",
+        "--extra-index-url",
+        "http://m/b/cu126",
+    ]
+
+
+def test_pypi_in_a_torch_mirror_list_is_pypi_as_the_pypi_rule_reaches_it():
+    rules = mirror.parse("https://download.pytorch.org/whl/=http://m/torch/,pypi pypi=http://m/simple/")
+    cmd = mirror.remap([TORCH], rules)[0][0]
+    assert cmd[5:9] == ["--index-url", "http://m/simple/", "--extra-index-url", "http://m/torch/cu126"]
+    # The README's form: a wheel directory for torch, PyPI for the rest.
+    readme = mirror.parse("https://download.pytorch.org/whl/=/opt/wheels,pypi")
+    assert mirror.remap([TORCH], readme)[0][0][5:9] == [
+        "--index-url",
+        mirror.PYPI,
+        "--find-links",
+        "/opt/wheels",
+    ]

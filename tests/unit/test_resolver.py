@@ -5,6 +5,8 @@ Expected values come from the facts in the matrix (torch-matrix sources), not fr
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from packaging.version import Version
 
@@ -47,7 +49,9 @@ def test_minor_version_means_newest_patch():
 def test_latest_respects_target_python():
     # torch 2.8 is the last release with cp39 wheels.
     assert resolve(TorchRequest("latest", "cpu"), host(python="3.9.2")).torch == "2.8.0"
-    assert resolve(TorchRequest("latest", "cpu"), host(python="3.11.7")).torch == "2.13.0"
+    # torch 2.15 needs Python >= 3.11; 2.14.1 is the newest for 3.10.
+    assert resolve(TorchRequest("latest", "cpu"), host(python="3.11.7")).torch == "2.15.0"
+    assert resolve(TorchRequest("latest", "cpu"), host(python="3.10.12")).torch == "2.14.1"
 
 
 def test_torchaudio_frozen_at_2_11_for_later_torch():
@@ -64,8 +68,14 @@ def test_explicit_companion_versions_win():
 
 
 def test_test_channel_uses_test_index():
+    # No release candidate is on the test index as of the table (2.14 and 2.15 are stable, 2.16's candidates are
+    # still to come), so the matrix gets a stand-in 2.16.0 test row shaped like 2.15.0.
+    candidate = replace(M.release("2.15.0"), torch="2.16.0", channel="test", torchvision="", torchaudio="")
+    with_rc = replace(M, releases=(*M.releases, candidate))
     r = resolve(
-        TorchRequest("2.14.0", "cu130", channel="test", packages=("torch",)), host(driver="580.95.05")
+        TorchRequest("2.16.0", "cu130", channel="test", packages=("torch",)),
+        host(driver="580.95.05"),
+        with_rc,
     )
     assert r.index_url == "https://download.pytorch.org/whl/test/cu130"
 
@@ -257,7 +267,7 @@ def test_allow_turns_a_gate_into_a_warning():
 
 def test_unknown_release_lists_known_ones():
     found = gates(TorchRequest("2.99.0", "cpu"), host())
-    assert "2.13.0" in found["unknown-release"]
+    assert "2.15.0" in found["unknown-release"]
 
 
 # --- GPU name lookup ------------------------------------------------------------------------------------------

@@ -309,9 +309,14 @@ def test_plan_json_has_the_contract_keys():
     json.dumps(data)
 
 
-def test_local_on_the_real_h200_node_picks_cu130():
-    # Facts probed on the lent 2xH200 node (driver 580.159.04, CUDA 13.0): PyTorch's default CUDA 13 build fits.
+def test_local_on_the_real_h200_node_picks_the_build_its_driver_runs_natively():
+    # Facts probed on the lent 2xH200 node (driver 580.159.04, CUDA 13.0). The newest torch, 2.15.0, ships cu132 as
+    # its PyPI default, which a CUDA-13.0 driver runs only under minor-version compatibility (no JIT of newer PTX):
+    # auto prefers cu130, which the driver runs natively.
     p = make("local", "h200-x2-device")
+    assert p.resolution.torch == "2.15.0"
     assert p.resolution.variant == "cu130"
     assert p.resolution.index_url == "https://download.pytorch.org/whl/cu130"
+    assert not any("minor-version compatibility" in w for w in p.warnings)
+    assert any("variant auto: cu130" in n for n in p.notes)
     assert "--nproc-per-node=2" in p.launch_command

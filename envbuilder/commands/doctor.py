@@ -1,0 +1,117 @@
+"""`envbuilder doctor [ENV...]`: gather what the checks need, run them, print the findings (stdout), and exit 14
+when one needs action."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from envbuilder import backup, doctor, state
+from envbuilder.catalog import Catalog
+from envbuilder.commands import plan as plan_cmd
+from envbuilder.console import Out
+from envbuilder.errors import DoctorFindings
+from envbuilder.host import HostFacts
+from envbuilder.matrix import load_matrix
+
+_LABELS = {
+    doctor.ACTION: "[bold red]ACTION[/bold red]",
+    doctor.WARNING: "[yellow]warning[/yellow]",
+    doctor.INFO: "[green]ok[/green]",
+}
+
+
+def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    env = dict(os.environ)
+    home = state.home(env)
+    facts = plan_cmd.facts_for(args.facts)
+    if args.facts:
+        facts_from = f"{args.facts} (another node: this shell is not checked)"
+    else:
+        facts_from = f"this node ({facts.hostname or 'probe'})"
+    names = list(args.env) or state.names(home)
+    records, extra = doctor.read_records(home, names, explicit=bool(args.env))
+    catalog = Catalog.from_env(env)
+    root = backup.root_for(env)[0]
+    inputs = [doctor.gather(record, catalog, env, root) for record in records]
+    matrix = load_matrix()
+    torch_urls = doctor.torch_upstreams(inputs, matrix)
+    indexes = doctor.read_indexes(
+        torch_urls,
+        doctor.lock_upstreams(inputs),
+        env,
+        home,
+        offline=args.offline,  # ENVBUILDER_OFFLINE=1 is read (and named) by the index reader
+        refresh=args.refresh,
+    )
+    ctx = doctor.Context(
+        facts=facts,
+        env=env,
+        today=datetime.date.today(),
+        matrix=matrix,
+        indexes=indexes,
+        upstreams=tuple(torch_urls),
+        check_shell=not args.facts,
+    )
+    report = doctor.examine(inputs, ctx, doctor.listdir, facts_from, extra)
+    data = report.to_json()
+    if not args.json:
+        render(report, _stdout())
+    if report.needs_action:
+        n = report.counts[doctor.ACTION]
+        exc = DoctorFindings(
+            f"{n} finding{'s' if n != 1 else ''} need{'' if n != 1 else 's'} action",
+            hint="apply each ACTION's fix, then run envbuilder doctor again",
+        )
+        exc.data = data  # type: ignore[attr-defined]
+        raise exc
+    return data
+
+
+def _stdout() -> Console:
+    # The report is the command's result, so it goes to stdout (progress and errors stay on stderr). Not a
+    # terminal: rich wraps at $COLUMNS, else 80.
+    return Console(file=sys.stdout, highlight=False, no_color="NO_COLOR" in os.environ)
+
+
+def facts_line(facts: HostFacts) -> str:
+    gpus = facts.gpus
+    shown = "none" if gpus == () else ("unknown" if gpus is None else f"{len(gpus)}× {gpus[0].name}")
+    return (
+        f"{facts.arch or '?'}, glibc {facts.glibc or '?'}, driver {facts.driver_version or '?'}"
+        f" (CUDA {facts.max_cuda or '?'}), GPUs {shown}"
+    )
+
+
+def render(report: doctor.Report, console: Console) -> None:
+    envs = ", ".join(report.envs) if report.envs else "none recorded"
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+    table.add_column("", no_wrap=True)
+    table.add_column("subject", overflow="fold", max_width=24)
+    table.add_column("finding", overflow="fold")
+    for f in report.findings:
+        text = escape(f.message)
+        if f.fix:
+            text += f"\n[cyan]fix:[/cyan] {escape(f.fix)}"
+        table.add_row(_LABELS[f.severity], escape(f.subject), text)
+    counts = report.counts
+    warnings = counts[doctor.WARNING]
+    with console.capture() as captured:
+        console.print("[bold]envbuilder doctor[/bold]")
+        console.print(f"  facts: {escape(report.facts_from)}")
+        console.print(f"  node:  {escape(facts_line(report.facts))}")
+        console.print(f"  envs:  {escape(envs)}; table as of {report.matrix_as_of}")
+        console.print(table)
+        console.print(
+            f"{counts[doctor.ACTION]} need action, {warnings} warning{'s' if warnings != 1 else ''}, "
+            f"{counts[doctor.INFO]} ok"
+        )
+    # rich pads every cell to its column's width: drop the trailing blanks that would leave.
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))

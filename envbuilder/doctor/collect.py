@@ -1,0 +1,134 @@
+"""The doctor's I/O: records, recipes, locks, library directories, the env's python, backups and index pages,
+read before any check runs so that the checks stay pure and can be run on another node's facts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Optional
+
+from envbuilder import backup, loader, lockfile, locking, proc, purge, state
+from envbuilder.catalog import Catalog
+from envbuilder.doctor.findings import ACTION, Finding
+from envbuilder.doctor.replan import PythonState
+from envbuilder.doctor.report import EnvInputs
+from envbuilder.errors import CommandFailed, EnvbuilderError, StateError
+from envbuilder.indexfacts import IndexFacts
+from envbuilder.loader import Recipe
+from envbuilder.state import EnvRecord
+
+
+def listdir(path: str) -> list[str]:
+    """A directory's entries; nothing for one that is missing or unreadable (a stale LD_LIBRARY_PATH entry)."""
+    try:
+        return sorted(p.name for p in Path(path).iterdir())
+    except OSError:
+        return []
+
+
+def read_records(home: Path, names: Sequence[str], explicit: bool) -> tuple[list[EnvRecord], list[Finding]]:
+    """The records to check. A name asked for that is not recorded raises StateError (as `show` does); an
+    unreadable record among all of them is a finding, so one bad file does not hide the others."""
+    records, findings = [], []
+    for name in names:
+        try:
+            records.append(state.load(home, name))
+        except StateError as exc:
+            if explicit:
+                raise
+            findings.append(Finding(ACTION, name, "record", exc.message, exc.hint or ""))
+    return records, findings
+
+
+def env_lib_dirs(record: EnvRecord) -> tuple[str, ...]:
+    """Where the env keeps its own CUDA libraries: the wheels' nvidia/*/lib and torch/lib, and a conda env's lib."""
+    prefix = Path(record.prefix)
+    dirs = []
+    for site in sorted(prefix.glob("lib/python*/site-packages")):
+        dirs += sorted(str(d) for d in site.glob("nvidia/*/lib") if d.is_dir())
+        if (site / "torch" / "lib").is_dir():
+            dirs.append(str(site / "torch" / "lib"))
+    if (record.plan or {}).get("kind") == "conda" and (prefix / "lib").is_dir():
+        dirs.append(str(prefix / "lib"))
+    return tuple(dirs)
+
+
+def python_state(record: EnvRecord, env: Mapping[str, str]) -> PythonState:
+    """Whether the interpreter the env was built from still exists, and whether the env's python starts (with
+    the environment its modules gave the build)."""
+    tools = record.tools or {}
+    base = str(tools.get("python_path") or "")
+    kind = (record.plan or {}).get("kind", "venv")
+    python = base if kind == "user-prefix" else str(Path(record.prefix) / "bin" / "python")
+    exists = bool(base) and Path(base).exists()
+    if not Path(record.prefix).is_dir() or (base and not exists):
+        return PythonState(base, exists, python)
+    modules = record.modules or {}
+    run_env = proc.scrubbed_env(env)
+    run_env.update({str(k): str(v) for k, v in (modules.get("delta_set") or {}).items()})
+    for var in modules.get("delta_unset") or []:
+        run_env.pop(var, None)
+    argv = [python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"]
+    try:
+        res = proc.run(argv, env=run_env, timeout=60, check=False)
+    except (OSError, CommandFailed) as exc:
+        return PythonState(base, exists, python, False, str(exc).strip()[-300:])
+    if res.returncode != 0:
+        said = proc.tail(res.stderr or res.stdout, 3).strip() or proc.describe_status(res.returncode)
+        return PythonState(base, exists, python, False, said)
+    return PythonState(base, exists, python, True, res.stdout.strip())
+
+
+def load_recipe(record: EnvRecord, catalog: Catalog) -> tuple[Optional[Recipe], Optional[EnvbuilderError]]:
+    """The recipe the env was built from (its published version where it came from a registry)."""
+    version = str((record.plan or {}).get("recipe_version") or "")
+    ref = f"{record.recipe}@{version}" if version else record.recipe
+    try:
+        return loader.load(ref, catalog), None
+    except EnvbuilderError as exc:
+        return None, exc
+
+
+def gather(record: EnvRecord, catalog: Catalog, env: Mapping[str, str], backup_root: Path) -> EnvInputs:
+    recipe, recipe_error = load_recipe(record, catalog)
+    lock: Optional[lockfile.Lock] = None
+    lock_error: Optional[EnvbuilderError] = None
+    if recipe is not None:
+        try:
+            lock = locking.find(recipe, catalog, env)
+        except EnvbuilderError as exc:
+            lock_error = exc
+    return EnvInputs(
+        record=record,
+        recipe=recipe,
+        recipe_error=recipe_error,
+        python=python_state(record, env),
+        health=state.health(record),
+        purge=purge.status(record),
+        backups=tuple(b.id for b in backup.backups(backup_root, record.name) if not b.error),
+        lib_dirs=env_lib_dirs(record),
+        lock=lock,
+        lock_error=lock_error,
+    )
+
+
+def read_indexes(
+    torch_urls: Sequence[str],
+    lock_urls: Mapping[str, Sequence[str]],
+    env: Mapping[str, str],
+    home: Path,
+    offline: bool,
+    refresh: bool,
+) -> dict[str, IndexFacts]:
+    """One read per project (each reads its pages in parallel, through the mirrors, cached a day)."""
+    from envbuilder import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
+
+    wanted: dict[str, list[str]] = {"torch": list(torch_urls)}
+    for project, urls in lock_urls.items():
+        wanted.setdefault(project, []).extend(urls)
+    return {
+        project: indexread.read(
+            list(dict.fromkeys(urls)), env, home=home, refresh=refresh, offline=offline, project=project
+        )
+        for project, urls in wanted.items()
+    }

@@ -1,0 +1,312 @@
+"""The torch build guard for real: uv installs stand-in torch wheels from a local HTTP index, and create (or lock)
+refuses a build that is not the planned one, with no env at the prefix and a previous env untouched.
+
+A CUDA torch wheel cannot exist on this CPU machine: the wheels here are STAND-INS (tests/torchindex.py), each with
+what the guard reads from a real torch (the dist-info version and its local label, ``torch/version.py`` with the
+CUDA version, ``torch._C._cuda_getArchFlags()``) and nothing else. The planner runs offline
+(ENVBUILDER_OFFLINE=1): it plans from the shipped table and never sees the index the install reads."""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+from conftest import FACTS, ok, refused, run_cli, user_env
+from torchindex import TorchIndex, build_torch_wheel
+from torchindex import serve as serve_roots
+from wheelindex import mirror_env, serve
+
+pytestmark = pytest.mark.integration
+
+PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
+PIN = "2.13.0"
+#: The cu126 wheels' code list (sm_90 included) and one built without Hopper.
+CU126_ARCH = "sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90"
+NO_HOPPER = "sm_50 sm_60 sm_70 sm_75 sm_80 sm_86"
+
+RECIPE = """
+schema_version = 1
+[recipe]
+name = "{name}"
+[env]
+kind = "{kind}"
+installer = "{installer}"
+[python]
+command = "{python}"
+version = "{py}"
+[torch]
+version = "{pin}"
+variant = "{variant}"
+packages = ["torch"]
+"""
+
+
+def stand_in_torch(out: Path, version: str, cuda: Optional[str], arch_flags: str = "") -> Path:
+    """A STAND-IN torch wheel (tests/torchindex.py): ``version`` with its local label, torch/version.py and,
+    for CUDA builds, torch._C._cuda_getArchFlags()."""
+    public, _, local = version.partition("+")
+    return build_torch_wheel(out, public, local, cuda, arch_flags, "py3-none-any")
+
+
+class World:
+    """A user with a recipe directory, throwaway homes, and a local index whose torch files a test chooses."""
+
+    def __init__(self, root: Path, index: Any, files: Path) -> None:
+        self.root = root
+        self.index = index
+        self.files = files
+        self.recipes = root / "recipes"
+        self.recipes.mkdir()
+        self.home = root / "eb-home"
+        self.envs = root / "envs"
+        self.env = user_env(
+            root, mirror_env(index), ENVBUILDER_RECIPE_PATH=str(self.recipes), ENVBUILDER_OFFLINE="1"
+        )
+        self.cpu_facts = self.facts("cpu", {"gpus": []})
+        base = json.loads((FACTS / "h100.json").read_text())
+        self.h100_facts = self.facts("h100", {**base, "gpus": base["gpus"][:1]})
+
+    def facts(self, name: str, data: dict[str, Any]) -> Path:
+        """Facts of a node like this one (its arch and Python: the env is really built here)."""
+        path = self.root / f"{name}.json"
+        path.write_text(json.dumps({"glibc": "2.36", **data, "arch": platform.machine(), "python": PY}))
+        return path
+
+    def serve_only(self, *wheels: Path) -> None:
+        """The index now holds exactly these torch files."""
+        for old in self.files.glob("torch-*.whl"):
+            old.unlink()
+        for w in wheels:
+            shutil.copy2(w, self.files / w.name)
+
+    def recipe(
+        self, name: str, variant: str, kind: str = "venv", installer: str = "uv", python: str = sys.executable
+    ) -> str:
+        text = RECIPE.format(
+            name=name, kind=kind, installer=installer, python=python, py=PY, pin=PIN, variant=variant
+        )
+        (self.recipes / f"{name}.toml").write_text(text)
+        return name
+
+    def prefix(self, name: str) -> Path:
+        return self.envs / name
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return run_cli(*args, env=self.env, timeout=600)
+
+    def create(self, name: str, facts: Path, *more: str) -> subprocess.CompletedProcess[str]:
+        return self.cli(
+            "create", name, "--prefix", str(self.prefix(name)), "--facts", str(facts), "--no-validate", *more
+        )
+
+    def leftovers(self, name: str) -> list[str]:
+        return sorted(p.name for p in self.envs.glob(f".{name}.*")) if self.envs.exists() else []
+
+    def installed(self, name: str) -> str:
+        """The torch version in the env (its dist-info), read as files."""
+        found = sorted(self.prefix(name).glob("lib/python*/site-packages/torch-*.dist-info"))
+        return found[0].name[len("torch-") : -len(".dist-info")] if found else ""
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("stand-in-torch")
+    return {
+        "cpu": stand_in_torch(d / "cpu", f"{PIN}+cpu", None),
+        "cu126": stand_in_torch(d / "cu126", f"{PIN}+cu126", "12.6", CU126_ARCH),
+        "cu126-no-hopper": stand_in_torch(d / "cu126-no-hopper", f"{PIN}+cu126", "12.6", NO_HOPPER),
+        # PyPI's default build: no local label, a CUDA 13.0 build.
+        "pypi": stand_in_torch(d / "pypi", PIN, "13.0", "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"),
+    }
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Any:
+    files = tmp_path / "index-files"
+    files.mkdir()
+    with serve(files) as index:
+        yield World(tmp_path, index, files)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_a_cpu_wheel_behind_a_cu126_recipe_is_refused(world, wheels):
+    world.recipe("g126", "cu126")
+    world.serve_only(wheels["cpu"])
+    res = world.create("g126", world.cpu_facts)
+    refused(res, 7, "torch build mismatch")
+    first = res.stderr[res.stderr.index("torch build mismatch") :]
+    assert "planned torch 2.13.0 cu126 (CUDA 12.6) from https://download.pytorch.org/whl/cu126" in first
+    assert "the installer brought 2.13.0+cpu (no CUDA)" in first
+    assert f"served by {world.index.url}/whl/cu126" in first
+    assert "ENVBUILDER_INDEX_MIRROR" in res.stderr and "envbuilder plan g126" in res.stderr
+    assert not world.prefix("g126").exists()
+    assert world.leftovers("g126") == []
+    assert not (world.home / "envs" / "g126.json").exists()
+    # The build log says it too.
+    logs = list((world.home / "logs").glob("g126-*.log"))
+    assert len(logs) == 1 and "torch build mismatch" in logs[0].read_text()
+
+
+def test_force_over_a_good_env_leaves_it_untouched(world, wheels):
+    world.recipe("g126", "cu126")
+    world.serve_only(wheels["cu126"])
+    ok(world.create("g126", world.cpu_facts))
+    assert world.installed("g126") == "2.13.0+cu126"
+    record = (world.home / "envs" / "g126.json").read_bytes()
+    inside = (world.prefix("g126") / "envbuilder" / "record.json").read_bytes()
+
+    world.serve_only(wheels["cpu"])  # the mirror now holds only the CPU build
+    res = world.create("g126", world.cpu_facts, "--force")
+    refused(res, 7, "the installer brought 2.13.0+cpu (no CUDA)")
+    assert world.installed("g126") == "2.13.0+cu126"
+    assert (world.home / "envs" / "g126.json").read_bytes() == record
+    assert (world.prefix("g126") / "envbuilder" / "record.json").read_bytes() == inside
+    assert world.leftovers("g126") == []
+
+
+def test_pypis_unlabeled_cuda_build_for_a_cpu_plan_is_refused(world, wheels):
+    world.recipe("gcpu", "cpu")
+    world.serve_only(wheels["pypi"])  # the mirror re-hosts PyPI's file: 2.13.0, no label, CUDA 13.0
+    res = world.create("gcpu", world.cpu_facts)
+    refused(res, 7, "torch build mismatch")
+    assert "planned torch 2.13.0 cpu (no CUDA) from https://download.pytorch.org/whl/cpu" in res.stderr
+    assert "the installer brought 2.13.0 (CUDA 13.0)" in res.stderr
+    assert "built for CUDA 13.0, planned a CPU build (cpu)" in res.stderr
+    assert not world.prefix("gcpu").exists()
+    assert world.leftovers("gcpu") == []
+
+
+def test_an_extra_index_in_the_mirror_never_puts_its_build_in_place(tmp_path, wheels):
+    """The README's mirror form with a second target (``...whl/=MIRROR,EXTRA``): the install reads EXTRA as an
+    extra index, which uv searches first, and EXTRA holds PyPI's unlabeled CUDA build. Either torch is pinned to
+    its planned index (the +cpu build arrives) or the guard refuses; the wrong build is never put in place."""
+    index = TorchIndex()
+    index.add("whl/cpu", wheels["cpu"])
+    index.add("pypi-like/cpu", wheels["pypi"])
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    name = "gcpu"
+    (recipes / f"{name}.toml").write_text(
+        RECIPE.format(
+            name=name, kind="venv", installer="uv", python=sys.executable, py=PY, pin=PIN, variant="cpu"
+        )
+    )
+    facts = tmp_path / "cpu.json"
+    facts.write_text(json.dumps({"arch": platform.machine(), "glibc": "2.36", "python": PY, "gpus": []}))
+    prefix = tmp_path / "envs" / name
+    with serve_roots(index):
+        mirror = f"https://download.pytorch.org/whl/={index.url}/whl/,{index.url}/pypi-like/"
+        env = user_env(tmp_path, mirror, ENVBUILDER_RECIPE_PATH=str(recipes), ENVBUILDER_OFFLINE="1")
+        res = run_cli(
+            "create", name, "--prefix", str(prefix), "--facts", str(facts), "--no-validate", env=env
+        )
+    if res.returncode == 0:
+        assert [p.name for p in prefix.glob("lib/python*/site-packages/torch-*.dist-info")] == [
+            "torch-2.13.0+cpu.dist-info"
+        ]
+    else:
+        refused(res, 7, "the installer brought 2.13.0 (CUDA 13.0)")
+        assert f"{index.url}/pypi-like/cpu" in res.stderr  # among the indexes that may have served it
+        assert not prefix.exists()
+
+
+def test_the_planned_builds_pass(world, wheels):
+    world.recipe("gcpu", "cpu")
+    world.serve_only(wheels["cpu"])
+    ok(world.create("gcpu", world.cpu_facts))
+    assert world.installed("gcpu") == "2.13.0+cpu"
+
+    # A GPU target: the guard also reads the compiled arch list through the env's python (sm_90 is in it).
+    world.recipe("g126", "cu126")
+    world.serve_only(wheels["cu126"])
+    data = json.loads(ok(world.create("g126", world.h100_facts, "--json")).stdout)["data"]
+    log = Path(data["log"]).read_text()
+    assert "torch build: 2.13.0+cu126 (CUDA 12.6) is the planned torch 2.13.0 cu126 (CUDA 12.6)" in log
+    assert "--arch-flags" in log and "could not read torch's arch list" not in log
+    assert world.installed("g126") == "2.13.0+cu126"
+
+
+def test_a_gpu_target_missing_from_the_arch_list_is_refused(world, wheels):
+    world.recipe("g126", "cu126")
+    world.serve_only(wheels["cu126-no-hopper"])
+    res = world.create("g126", world.h100_facts)
+    refused(res, 7, "torch build mismatch")
+    assert "the installer brought 2.13.0+cu126 (CUDA 12.6)" in res.stderr
+    assert "no code for the target GPU's sm_90 (compute capability 9.0)" in res.stderr
+    assert NO_HOPPER in res.stderr
+    assert "the build is the planned variant but lacks the target's GPU code" in res.stderr
+    assert not world.prefix("g126").exists()
+    assert world.leftovers("g126") == []
+
+
+def test_lock_refuses_a_wrong_label_and_writes_no_lock(world, wheels):
+    world.recipe("g126", "cu126")
+    world.serve_only(wheels["cpu"])
+    path = world.home / "lockfiles" / "g126.lock.toml"
+    res = world.cli("lock", "g126", "--platform", platform.machine(), "--facts", str(world.cpu_facts))
+    refused(res, 13, "torch build mismatch in the lock")
+    assert "planned torch 2.13.0 cu126 (CUDA 12.6)" in res.stderr
+    assert f"the resolver picked torch-2.13.0+cpu-py3-none-any.whl from {world.index.url}/files" in res.stderr
+    assert "local label +cpu, planned +cu126" in res.stderr
+    assert not path.exists()
+
+    world.serve_only(wheels["cu126"])
+    ok(world.cli("lock", "g126", "--platform", platform.machine(), "--facts", str(world.cpu_facts)))
+    assert path.is_file()
+
+
+def test_restore_refuses_a_backup_whose_torch_is_not_its_plans(world, wheels):
+    """An env built before the guard existed, with the CPU build where its plan says cu126 (the record is
+    rewritten to say so): its backup restores nothing."""
+    world.recipe("gcpu", "cpu")
+    world.serve_only(wheels["cpu"])
+    ok(world.create("gcpu", world.cpu_facts))
+    ok(world.cli("backup", "gcpu"))
+    good = world.envs / "good"
+    ok(world.cli("restore", "gcpu", "--prefix", str(good), "--name", "good", "--no-validate"))
+    assert world.installed("good") == "2.13.0+cpu"
+    path = world.home / "envs" / "gcpu.json"
+    record = json.loads(path.read_text())
+    record["plan"]["torch"].update(
+        variant="cu126", cuda="12.6", local="cu126", index_url="https://download.pytorch.org/whl/cu126"
+    )
+    path.write_text(json.dumps(record))
+    made = json.loads(ok(world.cli("backup", "gcpu", "--json")).stdout)["data"]
+    elsewhere = world.envs / "restored"
+    res = world.cli("restore", "gcpu", "--prefix", str(elsewhere), "--name", "gcpu2", "--no-validate")
+    refused(res, 7, "torch build mismatch: planned torch 2.13.0 cu126 (CUDA 12.6)")
+    assert f"served by backup {made['id']}" in res.stderr
+    assert not elsewhere.exists()
+    assert world.leftovers("restored") == []
+
+
+#: A user-prefix env runs the site python itself (pip --user refuses inside a venv); an overlay sits on it.
+BASE_PYTHON = str(Path(sys.base_prefix) / "bin" / "python3")
+
+
+@pytest.mark.parametrize(
+    ("kind", "installer"), [("user-prefix", "uv"), ("user-prefix", "pip"), ("overlay", "uv")]
+)
+def test_other_env_kinds_are_guarded_too(world, wheels, kind, installer):
+    python = BASE_PYTHON if kind == "user-prefix" else sys.executable
+    world.recipe("g126", "cu126", kind=kind, installer=installer, python=python)
+    world.serve_only(wheels["cpu"])
+    refused(world.create("g126", world.cpu_facts), 7, "the installer brought 2.13.0+cpu (no CUDA)")
+    assert not world.prefix("g126").exists()
+    assert world.leftovers("g126") == []
+    # The right build passes, its arch list read through the env's python (for user-prefix: the site python
+    # with the env as its user base).
+    world.serve_only(wheels["cu126"])
+    data = json.loads(ok(world.create("g126", world.h100_facts, "--json")).stdout)["data"]
+    log = Path(data["log"]).read_text()
+    assert "torch build: 2.13.0+cu126 (CUDA 12.6) is the planned" in log
+    assert "--arch-flags" in log and "could not read torch's arch list" not in log
+    assert world.installed("g126") == "2.13.0+cu126"
