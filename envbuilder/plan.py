@@ -286,6 +286,8 @@ def build(
 
     resolution: Optional[Resolution] = None
     requirements: list[str] = []
+    if kind == "conda":  # the recipe's own channel mistake first: it holds whatever the index says
+        locks_and_channels.conda_pytorch_gate(recipe)
     request = torch_request(recipe)
     if request is not None:
         resolution = resolve(request, target, matrix, index, table_age)
@@ -319,7 +321,6 @@ def build(
             warnings.append(lockfile.nightly_warning(recipe.name))
     channels: list[str] = []
     if kind == "conda":
-        locks_and_channels.conda_pytorch_gate(recipe)
         channels, channel_notes = mirror.remap_channels(
             recipe.get("conda.channels", []) or [], mirror.from_env(env)
         )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import platform
 import re
 import subprocess
 import sys
 
 import pytest
-from conftest import FACTS, PLAN_ENV, REPO, run_cli
+from conftest import FACTS, PLAN_ENV, REPO, refused, run_cli
 
 from envbuilder import errors
 
@@ -174,3 +175,14 @@ def test_readme_setup_commands_are_the_ones_ci_runs():
     assert main_job in ci
     assert "pip install -e '.[test]' && python -m pytest" in readme
     assert "python -m pip install -e '.[test]' && python -m pytest" in ci
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="checks an x86_64 machine refusing an aarch64 build")
+def test_create_for_nodes_of_another_architecture_is_refused_before_anything_is_built(tmp_path):
+    # Vista's compute nodes are aarch64 GH200s: an env built on this x86_64 machine would hold x86_64 wheels.
+    env = {**PLAN_ENV, "SCRATCH": str(tmp_path / "scratch"), "ENVBUILDER_HOME": str(tmp_path / "home")}
+    res = run_cli("create", "vista-venv-cu124", env=env)
+    refused(res, 4, "vista-venv-cu124 is for aarch64 nodes, and this machine is x86_64")
+    assert "on an aarch64 node of" in res.stderr and "lock vista-venv-cu124 --platform aarch64" in res.stderr
+    assert not (tmp_path / "scratch").exists()
+    assert not (tmp_path / "home" / "logs").exists()
