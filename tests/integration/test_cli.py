@@ -177,7 +177,9 @@ def test_readme_setup_commands_are_the_ones_ci_runs():
     assert "python -m pip install -e '.[test]' && python -m pytest" in ci
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="checks an x86_64 machine refusing an aarch64 build")
+@pytest.mark.skipif(
+    platform.machine() != "x86_64", reason="checks an x86_64 machine refusing an aarch64 build"
+)
 def test_create_for_nodes_of_another_architecture_is_refused_before_anything_is_built(tmp_path):
     # Vista's compute nodes are aarch64 GH200s: an env built on this x86_64 machine would hold x86_64 wheels.
     env = {**PLAN_ENV, "SCRATCH": str(tmp_path / "scratch"), "ENVBUILDER_HOME": str(tmp_path / "home")}

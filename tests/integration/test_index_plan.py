@@ -159,7 +159,9 @@ def test_recipes_show_explain_says_which_facts_came_from_the_index_and_which_fro
     env = user_env(tmp_path, torch_mirror(server), **recipe(tmp_path))
     data = json.loads(ok(run_cli("recipes", "show", "idx", "--explain", "--json", env=env)).stdout)["data"]
     lines = data["torch_facts"]
-    assert any(line.startswith("https://download.pytorch.org/whl/cpu: ") and server.url in line for line in lines)
+    assert any(
+        line.startswith("https://download.pytorch.org/whl/cpu: ") and server.url in line for line in lines
+    )
     assert any("GPU arch lists, driver floors" in line and "shipped table" in line for line in lines)
     assert any(NEWEST in line and "newer than the shipped table" in line for line in lines)
     fresh = {**env, "ENVBUILDER_HOME": str(tmp_path / "no-cache")}
