@@ -14,7 +14,10 @@ activate template (Cirrus's sed hook broke on CPython 3.11's lowercase comment).
   ``UV_CONSTRAINT``, so a later ``pip install X`` or ``uv pip install X`` cannot replace the env's torch build.
 
 It is plain POSIX sh that bash and zsh both run (no word splitting on unquoted variables, which zsh lacks).
-Every recipe value is shell-quoted; variable names are validated identifiers.
+Every recipe value is shell-quoted; variable names are validated identifiers. Quoting is not enough for what the
+module system reads: Lmod evaluates a module name, and writes a line break in a ``module use`` path unescaped into
+the shell code ``module`` evaluates. So module names must be names, and no value may hold a line break or a NUL
+(the loader refuses them at plan time; :class:`Activation` refuses them again, for values from a state record).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from envbuilder.errors import RecipeError
+from envbuilder.schema import require_carriable, require_module_name, require_var_name
 from envbuilder.steps import CONSTRAINTS
 
 BEGIN = "# >>> envbuilder activate extension >>>"
@@ -37,8 +42,6 @@ ALWAYS_RESTORE = ("LD_LIBRARY_PATH", "PYTHONPATH")
 #: pip and uv read each of these as a whitespace-separated list of constraints files (pip splits the value of
 #: a list option on whitespace, uv on spaces).
 CONSTRAINT_VARS = ("PIP_CONSTRAINT", "UV_CONSTRAINT")
-
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -52,9 +55,22 @@ class Activation:
     recipe: str = ""
 
     def __post_init__(self) -> None:
-        for name in (*dict(self.env), *self.unset):
-            if not _NAME.fullmatch(name):
-                raise ValueError(f"not a variable name: {name!r}")
+        """Refuse what the script cannot carry (RecipeError, naming the key)."""
+        for key, value in dict(self.env).items():
+            require_var_name(key, "activate.env")
+            require_carriable(value, f"activate.env.{key}")
+        for i, name in enumerate(self.unset):
+            require_var_name(name, f"unset[{i}]")
+        for i, path in enumerate(self.module_use):
+            require_carriable(path, f"modules.use[{i}]")
+            if path.startswith("-"):
+                raise RecipeError(
+                    f"a `module use` path cannot start with '-', found {path!r}", key=f"modules.use[{i}]"
+                )
+        for i, name in enumerate(self.modules):
+            require_module_name(name, f"activate.modules[{i}]")
+        for key, value in (("module system init", self.module_init or ""), ("recipe.name", self.recipe)):
+            require_carriable(value, key)
 
 
 def _hook_block() -> str:
@@ -265,6 +281,7 @@ def render_user_prefix_activate(prefix: str) -> str:
     """``bin/activate`` for a user-prefix env (PYTHONUSERBASE style, Cirrus): no venv, the site python, this
     prefix as its user base. ``deactivate`` gives PATH and PYTHONUSERBASE back; the extension hooks in as for a
     venv. The prefix is known at build time and quoted here (the file is written before the rename)."""
+    require_carriable(prefix, "env.prefix")
     q = shlex.quote
     return "\n".join(
         [
@@ -310,6 +327,7 @@ def render_conda_activate(prefix: str) -> str:
     """``bin/activate`` for a conda env, for shells without ``conda activate`` (the embedded engine needs no conda
     binary): what conda activate does for one env, then its activate.d scripts; deactivate runs deactivate.d and
     gives the variables back."""
+    require_carriable(prefix, "env.prefix")
     q = shlex.quote
     hooks = '"$CONDA_PREFIX"/etc/conda/{}.d/*.sh'
     return "\n".join(

@@ -360,6 +360,11 @@ def _wheelhouse(
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise _first_failure(futures) from None
             new_bytes += blob.size if blob.new else 0
+            if blob.replaced:
+                notes.append(
+                    f"{d.name} {d.version}: the stored wheel was damaged ({blob.replaced}); stored again from "
+                    "the env (earlier backups that share it verify again if it came out the same)"
+                )
             wheels.append({"name": d.name, "version": d.version, **blob.to_json()})
     except BaseException:
         cancel.set()  # the other workers stop at their next file and remove their temp blobs

@@ -1,7 +1,10 @@
 """Pure renderers for scheduler text: the interactive allocation argv and the validation batch script.
 
 Scheduler dialects come from the recipe (Vista rejects --gres/--gpus-per-task/--mem; Cirrus needs --gres and
---qos; Polaris is PBS with -l filesystems=). Every recipe value that lands in a script is shell-quoted.
+--qos; Polaris is PBS with -l filesystems=). Every recipe value that lands in a script is shell-quoted, and none
+may hold a line break or a NUL: a directive line (``#SBATCH --partition=...``) cannot be quoted, so a line break
+there would start a line of shell code. The loader refuses such values at plan time; the renderers here refuse
+them again for values that come from elsewhere (``--account``, a state record).
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from envbuilder import launchers
-from envbuilder.errors import RecipeError
+from envbuilder.errors import RecipeError, UsageError
+from envbuilder.schema import control_problem, require_carriable, require_module_name, require_var_name
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,16 @@ def interactive_argv(template: Sequence[str], job: JobShape) -> list[str]:
     return out
 
 
+def _check_account(job: JobShape) -> None:
+    bad = control_problem(job.account or "")
+    if bad is not None:
+        raise UsageError(
+            f"--account {job.account!r}: {bad[0]} is not allowed in an account name", hint=bad[1]
+        )
+
+
 def slurm_directives(job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
+    _check_account(job)
     flags = [
         f"--job-name={job.name}",
         f"--nodes={job.nodes}",
@@ -88,6 +101,7 @@ def slurm_directives(job: JobShape, gpu_request: str, required: Sequence[str]) -
 
 
 def pbs_directives(job: JobShape, required: Sequence[str]) -> list[str]:
+    _check_account(job)
     flags = [f"-N {job.name}", f"-l select={job.nodes}", f"-l walltime={job.time}"]
     if job.partition:
         flags.append(f"-q {job.partition}")
@@ -120,7 +134,16 @@ def check_dialect(
 
 
 def module_lines(use: Sequence[str], load: Sequence[str]) -> list[str]:
-    """`module use` then `module load` lines, every value quoted (batch scripts, plan steps, the adapter)."""
+    """`module use` then `module load` lines, every value quoted (batch scripts, plan steps, the adapter).
+    Raises RecipeError for a module name that is not one, or a path with a line break (Lmod would run either)."""
+    for i, path in enumerate(use):
+        require_carriable(path, f"modules.use[{i}]")
+        if path.startswith("-"):
+            raise RecipeError(
+                f"a `module use` path cannot start with '-', found {path!r}", key=f"modules.use[{i}]"
+            )
+    for i, name in enumerate(load):
+        require_module_name(name, f"modules.load[{i}]")
     lines = [f"module use {shlex.quote(p)}" for p in use]
     if load:
         lines.append("module load " + " ".join(shlex.quote(m) for m in load))
@@ -139,6 +162,17 @@ def script(
     launch: Sequence[launchers.Arg],
     workdir: str,
 ) -> str:
+    for directive in directives:
+        require_carriable(directive, "scheduler (a batch directive)")
+    for var in unset:
+        require_var_name(var, "unset")
+    for key, value in env.items():
+        require_var_name(key, "activate.env")
+        require_carriable(value, f"activate.env.{key}")
+    require_carriable(workdir, "validation work directory")
+    for arg in launch:
+        if isinstance(arg, str):
+            require_carriable(arg, "launch command")
     prefix = "#SBATCH " if scheduler == "slurm" else "#PBS "
     lines = ["#!/bin/bash", *(prefix + d for d in directives), "", "set -euo pipefail"]
     if scheduler == "pbs":

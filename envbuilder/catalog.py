@@ -1,23 +1,34 @@
 """Where recipes come from: the built-in directory, then the site config's registries, then ENVBUILDER_RECIPE_PATH
 (later entries win). A directory holding a registry index is read as a registry: its published versions, each
-verified before use; any other directory is read as plain recipe files."""
+verified before use; any other directory is read as plain recipe files.
+
+Whatever lies on the path, one bad file never breaks every command: a file that cannot be read or parsed (not
+UTF-8, a FIFO, a device, a symlink loop, too large, too deeply nested) and a directory that cannot be listed are
+skipped with a warning. A recipe that is asked for and broken is its file's error: a broken file takes the place
+of the recipes of the same name in earlier layers (the built-in ``local`` under a user's broken ``local.toml``)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from envbuilder import state, textfile
 from envbuilder._toml import TOMLDecodeError, loads
+from envbuilder.console import Out
 from envbuilder.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
-from envbuilder.registry import Policy, Published, Registry
+from envbuilder.registry import Policy, Published, Registry, pin_dir
 
 RECIPE_PATH_VAR = "ENVBUILDER_RECIPE_PATH"
 CONFIG_VAR = "ENVBUILDER_CONFIG"
 SITE_CONFIG = Path("/etc/envbuilder/config.toml")
 REGISTRY_KEYS = ("path", "require_signatures", "allowed_signers")
+#: The largest recipe file read (the biggest shipped one is under 10 KiB).
+MAX_RECIPE_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -71,7 +82,9 @@ def layers(env: Optional[Mapping[str, str]] = None) -> list[Layer]:
     for part in env.get(RECIPE_PATH_VAR, "").split(":"):
         if part.strip():
             root = Path(part).expanduser()
-            out.append(Layer(part, root, Registry(root) if Registry.looks_like(root) else None))
+            # Its trust settings are its own, pinned on first use (in the user's envbuilder home).
+            pinned = Registry(root, Policy(pins=pin_dir(state.home(env))))
+            out.append(Layer(part, root, pinned if Registry.looks_like(root) else None))
     return out
 
 
@@ -116,20 +129,33 @@ def site_registries(env: Mapping[str, str]) -> list[Layer]:
         if signers is not None and not isinstance(signers, str):
             raise RecipeError("expected a path", file=str(path), key=f"{key}.allowed_signers")
         root = Path(item["path"]).expanduser()
-        policy = Policy(bool(item.get("require_signatures", False)), Path(signers) if signers else None)
+        policy = Policy(
+            bool(item.get("require_signatures", False)),
+            Path(signers) if signers else None,
+            pins=pin_dir(state.home(env)),
+            config=path,
+        )
         out.append(Layer(f"site config ({path})", root, Registry(root, policy)))
     return out
 
 
 def read_toml(path: Path, shown: Optional[str] = None) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RecipeError(f"cannot read: {exc.strerror}", file=shown or str(path)) from None
+        text = textfile.read_text(path, MAX_RECIPE_BYTES, "recipe file")
+    except textfile.UnreadableFile as exc:
+        raise RecipeError(exc.reason, file=shown or str(path)) from None
     try:
         return loads(text)
     except TOMLDecodeError as exc:
         raise RecipeError(f"not valid TOML: {exc}", file=shown or str(path)) from None
+
+
+def resolved(path: Path) -> Path:
+    """``path.resolve()``, or the path made absolute where it cannot be resolved (a symlink loop)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError, ValueError):  # RuntimeError: a loop before Python 3.13; ValueError: a NUL
+        return path.absolute()
 
 
 class Catalog:
@@ -140,16 +166,61 @@ class Catalog:
         self.entries: dict[str, Entry] = {}
         #: Files that do not parse, by path: whether they are recipes cannot be known, so they are not entries.
         self.broken: dict[Path, RecipeError] = {}
+        #: Names a broken file (or two files of one name in one directory) makes unusable, with that error and
+        #: the layer: asking for the name is the error, never an earlier layer's recipe of the same name.
+        self.unusable: dict[str, tuple[Layer, RecipeError]] = {}
         #: Every file by stem, for "not found" messages that can say what the file with that name is.
         self.stems: dict[str, Path] = {}
+        #: What was skipped and why: (the recipe name the file would hold, if any; the line for the user).
+        self._skipped: list[tuple[Optional[str], str]] = []
+        #: Where the lines go when the catalog is first used (``from_env`` sets it).
+        self._warn: Optional[Callable[[str], None]] = None
         for layer in search:
-            if not layer.root.is_dir():
-                continue
             if layer.registry is not None:
-                self._add_registry(layer, layer.registry)
+                if layer.root.is_dir():
+                    self._add_registry(layer, layer.registry)
                 continue
-            for path in sorted(layer.root.rglob("*.toml")):
-                self._add(path, layer)
+            if self._listable_root(layer):
+                for path in self._recipe_files(layer):
+                    self._add(path, layer)
+
+    def _listable_root(self, layer: Layer) -> bool:
+        try:
+            mode = layer.root.stat().st_mode
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # a path entry that does not exist is no news
+                self._skipped.append(
+                    (None, f"skipped {layer.root} on the recipe path: {textfile.os_reason(exc)}")
+                )
+            return False
+        if not stat.S_ISDIR(mode):
+            self._skipped.append((None, f"skipped {layer.root} on the recipe path: not a directory"))
+            return False
+        return True
+
+    def _recipe_files(self, layer: Layer) -> list[Path]:
+        """Every ``*.toml`` under the layer's root, sorted. Symlinked directories are not entered (as rglob did
+        not), so no link can loop the walk; a directory that cannot be listed is a warning."""
+        files: list[Path] = []
+        todo = [layer.root]
+        while todo:
+            directory = todo.pop()
+            try:
+                with os.scandir(directory) as listing:
+                    items = list(listing)
+            except OSError as exc:
+                self._skipped.append((None, f"skipped {directory}: cannot list it ({exc.strerror or exc})"))
+                continue
+            for item in items:
+                try:
+                    is_dir = item.is_dir(follow_symlinks=False)
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    todo.append(Path(item.path))
+                elif item.name.endswith(".toml"):
+                    files.append(Path(item.path))
+        return sorted(files)
 
     def _add_registry(self, layer: Layer, registry: Registry) -> None:
         """A registry's recipes at their latest versions (the files are verified when loaded, not listed)."""
@@ -162,7 +233,7 @@ class Catalog:
     def lookup(self, ref: str) -> Entry:
         """The entry for ``NAME`` or ``NAME@VERSION`` (a version only exists for published recipes)."""
         name, _, version = ref.partition("@")
-        entry = self.entries.get(name)
+        entry = self.get(name)
         if not version or entry is None:
             if entry is None:
                 raise RecipeNotFound(
@@ -192,9 +263,36 @@ class Catalog:
         )
         raise RecipeNotFound(f"no published version {version!r} of {name}", hint=f"published: {have}")
 
+    @property
+    def warnings(self) -> list[str]:
+        """What was skipped and why, one line each."""
+        return [line for _, line in self._skipped]
+
+    def _flush(self, asked: Optional[str] = None) -> None:
+        """Say what was skipped, once, when the catalog is first used; not the file whose error is being raised."""
+        warn, self._warn = self._warn, None
+        if warn is None:
+            return
+        for name, line in self._skipped:
+            if name is None or name != asked:
+                warn(line)
+
+    def get(self, name: str) -> Optional[Entry]:
+        """The entry named ``name``, None if there is none, or the error of the broken file that holds the name."""
+        if name in self.unusable:
+            self._flush(asked=name)
+            raise self.unusable[name][1]
+        self._flush()
+        return self.entries.get(name)
+
     @classmethod
-    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> Catalog:
-        return cls(layers(env))
+    def from_env(
+        cls, env: Optional[Mapping[str, str]] = None, warn: Optional[Callable[[str], None]] = None
+    ) -> Catalog:
+        """The user's catalog; what it skipped goes to ``warn`` (stderr by default) when it is first used."""
+        catalog = cls(layers(env))
+        catalog._warn = warn or Out().warn
+        return catalog
 
     def _add(self, path: Path, layer: Layer) -> None:
         self.stems[path.stem] = path
@@ -202,6 +300,13 @@ class Catalog:
             doc = read_toml(path, display_path(path, layer))
         except RecipeError as exc:
             self.broken[path] = exc
+            line = f"skipped {exc.message}"
+            hidden = self.entries.get(path.stem)
+            if hidden is not None:
+                line += f" (recipe {path.stem!r} is unusable until it is fixed: it hides {hidden.display()})"
+            self._skipped.append((path.stem, line))
+            # A plain file's recipe name is its stem (load checks it), so the broken file holds that name.
+            self._unusable(path.stem, layer, exc)
             return
         recipe = doc.get("recipe")
         if not isinstance(recipe, dict):
@@ -220,26 +325,40 @@ class Catalog:
             )
         )
 
+    def _unusable(self, name: str, layer: Layer, exc: RecipeError) -> None:
+        self.unusable[name] = (layer, exc)
+        self.entries.pop(name, None)
+
     def _put(self, entry: Entry) -> None:
+        held = self.unusable.get(entry.name)
+        if held is not None:
+            if held[0] == entry.layer:
+                return  # the broken file beside it might be the one meant: the name stays unusable
+            # A later layer's recipe replaces the broken file, as it would replace a good one.
+            del self.unusable[entry.name]
         old = self.entries.get(entry.name)
         if old is not None and old.layer == entry.layer:
-            raise RecipeError(
+            exc = RecipeError(
                 f"recipe name {entry.name!r} is defined twice in one directory: {old.path} and {entry.path}",
                 file=str(entry.path),
                 key="recipe.name",
             )
+            self._skipped.append((entry.name, f"skipped {exc.message}"))
+            self._unusable(entry.name, entry.layer, exc)
+            return
         shadows = (*old.shadows, old.path) if old else ()
         self.entries[entry.name] = replace(entry, shadows=shadows)
 
     def names(self) -> list[str]:
+        self._flush()
         return sorted(self.entries)
 
     def layer_of(self, path: Path) -> Layer:
-        resolved = path.resolve()
+        real = resolved(path)
         best: Optional[Layer] = None
         for layer in self.layers:
             try:
-                resolved.relative_to(layer.root.resolve())
+                real.relative_to(resolved(layer.root))
             except ValueError:
                 continue
             best = layer

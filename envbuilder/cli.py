@@ -89,7 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", help="recipe name (see `envbuilder recipes list`)")
     p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
     p.add_argument("--installer", choices=("uv", "virtualenv", "pip"), help="override the recipe's installer")
-    p.add_argument("--force", action="store_true", help="rebuild an existing env (beside it, then swap)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild an existing env (beside it, then swap); with --prefix, move it there",
+    )
+    p.add_argument(
+        "--name", metavar="NAME", help="record the env under this name (default: the recipe's): a second env"
+    )
     p.add_argument("--no-validate", action="store_true", help="skip the checks after building")
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument(

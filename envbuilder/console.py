@@ -1,13 +1,23 @@
-"""Human output. Everything for people goes to stderr through rich; stdout is kept for --json and data."""
+"""Human output. Everything for people goes to stderr through rich; stdout is kept for --json and data.
+
+No value is ever read as rich markup or as an emoji code: a prefix like ``/scratch/a[x]b`` or a recipe path holding
+``[/y]`` would otherwise be shown wrong or make rich raise after the work is done. So the helpers here build
+:class:`rich.text.Text` objects, whose strings are taken literally, and the styling is set beside them (not
+written into them); tables get their cells through :func:`cells`. (``rich.markup.escape`` is not enough: it
+mangles a trailing backslash, and leaves ``:smile:`` to the emoji replacement.)
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Optional, TextIO
+from typing import Optional, TextIO, Union
 
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
+
+#: A table cell or a message part: a plain string (shown literally) or a styled Text.
+Cell = Union[str, Text, None]
 
 
 def make_console(stream: Optional[TextIO] = None) -> Console:
@@ -20,25 +30,47 @@ def make_console(stream: Optional[TextIO] = None) -> Console:
     )
 
 
+def plain(value: Cell, style: str = "") -> Text:
+    """``value`` as text shown exactly as it is (no markup, no emoji codes), in ``style``."""
+    if isinstance(value, Text):
+        return value
+    return Text("" if value is None else str(value), style=style)
+
+
+def cells(*values: Cell) -> list[Text]:
+    """A table row whose strings are shown literally: ``table.add_row(*cells(name, prefix))``."""
+    return [plain(v) for v in values]
+
+
 class Out:
-    """A small facade so command code never formats colours itself."""
+    """A small facade so command code never formats colours itself, and never has a value read as markup."""
 
     def __init__(self, console: Optional[Console] = None) -> None:
         self.console = console or make_console()
 
+    def show(self, *parts: Cell) -> None:
+        """One line assembled from literal strings and styled Text parts."""
+        self.console.print(Text.assemble(*(plain(p) for p in parts)))
+
     def heading(self, text: str) -> None:
-        self.console.print(f"[bold]{escape(text)}[/bold]")
+        self.show(plain(text, "bold"))
 
     def line(self, text: str = "") -> None:
-        self.console.print(escape(text))
+        self.show(text)
 
     def field(self, name: str, value: str) -> None:
-        self.console.print(f"  [cyan]{escape(name)}[/cyan]: {escape(value)}")
+        self.show("  ", plain(name, "cyan"), ": ", value)
+
+    def step(self, text: str, detail: str = "") -> None:
+        """A progress line: ``  → text  (detail)``."""
+        self.show(
+            "  ", plain("→", "cyan"), " ", text, *(("  ", plain(f"({detail})", "dim")) if detail else ())
+        )
 
     def warn(self, text: str) -> None:
-        self.console.print(f"[yellow]warning:[/yellow] {escape(text)}")
+        self.show(plain("warning:", "yellow"), " ", text)
 
     def error(self, text: str, hint: Optional[str] = None) -> None:
-        self.console.print(f"[bold red]error:[/bold red] {escape(text)}")
+        self.show(plain("error:", "bold red"), " ", text)
         if hint:
-            self.console.print(f"[green]hint:[/green] {escape(hint)}")
+            self.show(plain("hint:", "green"), " ", hint)

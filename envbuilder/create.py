@@ -2,10 +2,16 @@
 
 Order: lock the env → recover what an interrupted run left → load the modules (delta recorded) → create the env
 in ``.NAME.partial-PID`` beside the prefix → install the resolver's pins, then the recipe's packages → check the
-installed torch build against the plan (torchbuild) → write the activate extension → inventory → rename into
-place (``--force``: the old env is moved aside first and removed only after the new one is in place) → write the
-record. Any failure or interrupt removes the partial directory;
-the lock is released by its context manager, and a SIGKILLed run's lock is stale and broken by the next run.
+installed torch build against the plan (torchbuild) → write the activate extension → inventory → write the record
+inside the env, and a *pending* marker beside it → rename into place (``--force``: the old env is moved aside first
+and removed only after the new one is in place) → write the record → (a move: remove the name's env at its old
+prefix) → remove the marker. Any failure or interrupt removes the partial directory; the lock is released by its
+context manager, and a SIGKILLed run's lock is stale and broken by the next run. A run killed after the rename
+leaves a complete env with its marker: the next run for that name and prefix (create or restore) recognises it
+and finishes the record (``heal``), so a batch job that hit its time limit there succeeds when resubmitted.
+
+One env per name, one name per env: an env recorded under another name is never replaced, and a name that has an
+env elsewhere is moved only with ``--force`` (``claim``).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import os
 import platform
 import shlex
 import shutil
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,11 +39,20 @@ from envbuilder.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
 
 PARTIAL = ".partial-"
 OLD = ".old-"
+REMOVING = ".removing-"
+#: Written inside the env before its rename, removed once its record is written: "this env is complete, and its
+#: record may not be written yet".
+PENDING = "envbuilder/pending.json"
+#: Test hook, read in one place (``_pause``): ``after-rename`` stops create and restore for an hour right after
+#: the env is renamed into place and before its record is written, so tests can kill them in that window.
+PAUSE_VAR = "ENVBUILDER_TEST_PAUSE"
 
 
 @dataclass(frozen=True)
 class CreateOptions:
     force: bool = False
+    #: Record the env under this name instead of the recipe's (a second env from one recipe).
+    name: Optional[str] = None
     smoke_check: bool = True
     lock_timeout: float = 0.0
     #: Installer named on the command line (recorded as the reason for the choice).
@@ -54,7 +70,7 @@ class Reporter:
 
 @dataclass
 class CreateResult:
-    status: str  # created | replaced | exists
+    status: str  # created | replaced | moved (--force to another prefix) | exists
     record: state.EnvRecord
     log: Optional[str]
     notes: list[str] = field(default_factory=list)
@@ -80,6 +96,9 @@ def recover(final: Path) -> list[str]:
     for partial in _siblings(final, PARTIAL):
         shutil.rmtree(partial, ignore_errors=True)
         notes.append(f"removed {partial.name}, left by an interrupted create")
+    for doomed in _siblings(final, REMOVING):
+        shutil.rmtree(doomed, ignore_errors=True)
+        notes.append(f"removed {doomed.name}, which an interrupted envbuilder was deleting")
     for old in _siblings(final, OLD):
         if not final.exists():
             old.rename(final)
@@ -92,6 +111,162 @@ def recover(final: Path) -> list[str]:
 
 def _is_env(path: Path) -> bool:
     return (path / "pyvenv.cfg").is_file() or (path / "envbuilder" / "record.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The window between the rename and the record
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What an envbuilder that renames an env into place still has to do once it is there: write ``record`` and,
+    for a move, remove the name's env at ``replaces``. Written inside the env before the rename."""
+
+    command: str  # create | restore
+    status: str  # the result's status: created | replaced | moved | restored
+    record: state.EnvRecord
+    replaces: Optional[str] = None
+    backup: Optional[str] = None  # restore: the backup's id
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "command": self.command,
+            "status": self.status,
+            "replaces": self.replaces,
+            "backup": self.backup,
+            "record": self.record.to_json(),
+        }
+
+
+def write_pending(partial: Path, pending: Pending) -> None:
+    state.write_atomic(partial / PENDING, (json.dumps(pending.to_json(), indent=1) + "\n").encode())
+
+
+def _read_pending(final: Path) -> Optional[Pending]:
+    path = final / PENDING
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        fields = {k: v for k, v in data["record"].items() if k in state.EnvRecord.__dataclass_fields__}
+        fields["packages"] = tuple(fields.get("packages", ()))
+        record = state.EnvRecord(**fields)
+        return Pending(
+            str(data["command"]),
+            str(data["status"]),
+            record,
+            data.get("replaces"),
+            data.get("backup"),
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StateError(
+            f"{path} is unreadable ({exc}): an interrupted envbuilder left {final} without a record",
+            hint=f"remove {final} (or pass --force to build it again)",
+        ) from None
+
+
+def _pause(env: Mapping[str, str], point: str) -> None:
+    """The test hook (PAUSE_VAR): the only place it is read."""
+    if env.get(PAUSE_VAR) == point:
+        print(f"{PAUSE_VAR}: paused {point} (pid {os.getpid()})", file=sys.stderr, flush=True)
+        time.sleep(3600)
+
+
+def finish(home: Path, env: Mapping[str, str], final: Path, pending: Pending) -> list[str]:
+    """After the rename (lock held): write the record, remove a moved env's old copy, then the marker."""
+    _pause(env, "after-rename")
+    return _complete(home, final, pending)
+
+
+def _complete(home: Path, final: Path, pending: Pending) -> list[str]:
+    state.save(home, pending.record)
+    notes = []
+    if pending.replaces:
+        notes += _remove_moved(home, pending.record.name, Path(pending.replaces), final)
+    with contextlib.suppress(FileNotFoundError):
+        (final / PENDING).unlink()
+    with contextlib.suppress(OSError):  # made for the marker alone (an archive of an env without one)
+        (final / PENDING).parent.rmdir()
+    return notes
+
+
+def heal(home: Path, name: str, final: Path) -> tuple[Optional[Pending], list[str]]:
+    """Finish what a run killed between the rename and the record left at ``final`` (call with the lock of
+    ``name`` held): the env is complete, so its record is written now. The Pending it finished, if any."""
+    pending = _read_pending(final)
+    if pending is None:
+        return None, []
+    rec = pending.record
+    if rec.name != name:
+        raise StateError(
+            f"{final} is the env {rec.name!r}, which an interrupted envbuilder put in place without recording it",
+            hint=f"run the command that built {rec.name} again: it finishes the record",
+        )
+    if Path(rec.prefix) != final:
+        raise StateError(
+            f"{final} holds an env built for {rec.prefix} (moved since?) that an interrupted envbuilder never "
+            "recorded",
+            hint=f"move it back to {rec.prefix}, or remove it",
+        )
+    notes = [
+        f"finished the record of {name} at {final}: an interrupted {pending.command} had put it in place"
+    ]
+    return pending, notes + _complete(home, final, pending)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One env per name
+
+
+def claim(home: Path, name: str, final: Path, force: bool) -> Optional[Path]:
+    """Check that ``name`` may have its env at ``final`` (lock of ``name`` held): never where another name's env
+    is recorded, and not beside the name's own env elsewhere unless ``force`` (a move). The prefix whose env a
+    move removes once the new one is in place and recorded, if any."""
+    for other in state.names(home):
+        if other == name:
+            continue
+        try:
+            rec = state.load(home, other)
+        except StateError:
+            continue
+        if Path(rec.prefix) == final:
+            gone = "" if final.exists() else " (gone now)"
+            raise StateError(
+                f"{final} is where the env {other!r} is recorded{gone}; {name} cannot take its place",
+                hint=f"choose another --prefix, or `envbuilder remove {other}` first",
+            )
+    try:
+        mine = state.load(home, name)
+    except StateError:
+        return None
+    old = Path(mine.prefix)
+    if old == final or not old.exists():
+        return None
+    if not force:
+        raise StateError(
+            f"{name} already has an env at {old}; another at {final} would leave that one without a record",
+            hint=f"--name OTHER makes a second env from the recipe; --force moves {name} to {final} (the env at "
+            f"{old} is removed once the new one is in place); or `envbuilder remove {name}` first",
+        )
+    return old
+
+
+def _remove_moved(home: Path, name: str, old: Path, new: Path) -> list[str]:
+    """Remove the env a move left at ``old``, unless it is no longer that env."""
+    if old == new or not old.exists():
+        return []
+    if not _is_env(old):
+        return [f"left {old} alone: it is no longer an environment"]
+    for other in state.names(home):
+        with contextlib.suppress(StateError):
+            if other != name and Path(state.load(home, other).prefix) == old:
+                return [f"left {old} alone: it is the env {other} now"]
+    # Out of the way in one rename, then deleted: never half an env under its own name.
+    doomed = old.parent / f".{old.name}{REMOVING}{os.getpid()}"
+    old.rename(doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+    return [f"moved {name} from {old} to {new}; removed the env at {old}"]
 
 
 def create(
@@ -114,15 +289,21 @@ def create(
     # Resolved: uv's relocatable activate finds the env through realpath, so the record must say the same.
     final = Path(plan.prefix).expanduser().resolve()
     home = state.home(env)
-    name = plan.recipe
+    name = opts.name or plan.recipe
 
     def waiting(owner: state.Owner) -> None:
         report.wait(f"another envbuilder (pid {owner.pid} on {owner.host}) is working on {name}; waiting")
 
     with state.locked(home, name, timeout=opts.lock_timeout, on_wait=waiting):
         notes = recover(final)
+        healed, more = heal(home, name, final)
+        notes += more
         for n in notes:
             report.note(n)
+        if healed is not None and healed.command == "create":
+            # The run that built it was killed after its rename: this rerun is that run, finished.
+            return _healed(healed, plan, env, modules, opts, report, home, notes, facts or {})
+        moving = claim(home, name, final, opts.force)
         existing = _existing(home, name, final)
         if existing is not None and not opts.force:
             return CreateResult(
@@ -138,14 +319,76 @@ def create(
                 f"{final} already holds an environment that envbuilder has no record of",
                 hint="pass --force to replace it, or choose another --prefix",
             )
-        had = final.exists()
+        status = "moved" if moving else "replaced" if final.exists() else "created"
         log = open_log(home, name)
         try:
-            record = _build(plan, recipe, env, modules, opts, report, final, home, log, notes, facts or {})
+            where = _Where(name, final, home, status, moving)
+            record = _build(plan, recipe, env, modules, opts, report, where, log, notes, facts or {})
         finally:
             log.close()
-        status = "replaced" if had else "created"
         return CreateResult(status, record, str(log.path), notes)
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where the env goes: under which name, at which prefix, recorded in which home, as what."""
+
+    name: str
+    final: Path
+    home: Path
+    status: str
+    moving: Optional[Path]
+
+
+def _wants_smoke(plan: Plan) -> bool:
+    """torch comes from the resolver, or (overlays) from the site python underneath: check it either way."""
+    cloning = any(step.argv[0] == CLONE for step in plan.install_steps)
+    return plan.resolution is not None or plan.system_site_packages or cloning
+
+
+def _healed(
+    pending: Pending,
+    plan: Plan,
+    env: Mapping[str, str],
+    modules: ModuleSystem,
+    opts: CreateOptions,
+    report: Reporter,
+    home: Path,
+    notes: list[str],
+    facts: Mapping[str, Any],
+) -> CreateResult:
+    """The result of a create finished by heal(): the smoke check it never reached runs now."""
+    record = pending.record
+    if not (opts.smoke_check and record.validation is None and _wants_smoke(plan)):
+        return CreateResult(pending.status, record, None, notes)
+    log = open_log(home, record.name)
+    try:
+        report.step("checking that torch imports")
+        record = smoke_recorded(record, modules, env, home, log, len(facts.get("gpus") or []))
+    finally:
+        log.close()
+    return CreateResult(pending.status, record, str(log.path), notes)
+
+
+def smoke_recorded(
+    record: state.EnvRecord,
+    modules: ModuleSystem,
+    env: Mapping[str, str],
+    home: Path,
+    log: build.BuildLog,
+    gpus: int,
+) -> state.EnvRecord:
+    """smoke() for a recorded env, with the modules and activate values its plan recorded."""
+    plan = record.plan or {}
+    base_env = proc.scrubbed_env(env)
+    delta = modules.apply(
+        plan.get("module_use", []), [*plan.get("modules", []), *plan.get("build_modules", [])], base_env
+    )
+    act = activation.from_plan(
+        plan.get("activate") or {}, str(Path(modules.init).parent) if modules.init else None, record.recipe
+    )
+    site_python = record.tools.get("python_path") if plan.get("kind") == "user-prefix" else None
+    return smoke(record, Path(record.prefix), site_python, act, delta, base_env, log, home, gpus)
 
 
 def _existing(home: Path, name: str, final: Path) -> Optional[state.EnvRecord]:
@@ -170,12 +413,12 @@ def _build(
     modules: ModuleSystem,
     opts: CreateOptions,
     report: Reporter,
-    final: Path,
-    home: Path,
+    where: _Where,
     log: build.BuildLog,
     notes: list[str],
     facts: Mapping[str, Any],
 ) -> state.EnvRecord:
+    final, home = where.final, where.home
     base_env = proc.scrubbed_env(env)
     log.write(f"envbuilder {__version__} create {plan.recipe} -> {final}")
     choice = build.choose_installer(plan.installer, str(final), opts.installer_source)
@@ -300,7 +543,7 @@ def _build(
             changed = build.relocate_scripts(partial, final)
             log.write(f"relocated {len(changed)} file(s) from {partial} to {final}")
         record = state.EnvRecord(
-            name=plan.recipe,
+            name=where.name,
             recipe=plan.recipe,
             recipe_digest=recipe_digest(recipe),
             prefix=str(final),
@@ -316,15 +559,19 @@ def _build(
             },
         )
         state.write_atomic(partial / "envbuilder" / "record.json", dump_record(record))
+        done = Pending("create", where.status, record, str(where.moving) if where.moving else None)
+        write_pending(partial, done)
         # Children ran under a umask without world write; this catches what a tool chmods itself (uv's .lock).
         for rel in build.drop_world_write(partial):
             log.write(f"removed world write permission from {rel}")
         report.step(f"moving the env into place at {final}")
         swap(partial, final)
-    state.save(home, record)
+    for note in finish(home, env, final, done):
+        log.write(note)
+        notes.append(note)
+        report.note(note)
     log.write(f"done: {final}")
-    # torch comes from the resolver, or (overlays) from the site python underneath: check it either way.
-    if opts.smoke_check and (plan.resolution is not None or plan.system_site_packages or cloning):
+    if opts.smoke_check and _wants_smoke(plan):
         report.step("checking that torch imports")
         site_python = python if plan.kind == "user-prefix" else None
         gpus = len(facts.get("gpus") or [])

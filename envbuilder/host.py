@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import proc
+from envbuilder import proc, textfile
 from envbuilder.errors import CommandFailed, HostProbeError, did_you_mean
 
 FACTS_VERSION = 1
@@ -128,7 +128,7 @@ def facts_from_json(data: Any, source: str) -> HostFacts:
                     f'{source}: gpus[{i}].compute_capability: expected a string like "9.0", found {cc!r}'
                 )
             mem = gpu.get("memory_mib")
-            if mem is not None and not isinstance(mem, int):
+            if mem is not None and (not isinstance(mem, int) or isinstance(mem, bool) or mem < 0):
                 raise HostProbeError(f"{source}: gpus[{i}].memory_mib: expected an integer, found {mem!r}")
             parsed.append(Gpu(gpu["name"], cc, mem))
         values["gpus"] = tuple(parsed)
@@ -140,16 +140,52 @@ def facts_from_json(data: Any, source: str) -> HostFacts:
     return HostFacts(source=source, **values)
 
 
+#: A facts file is a few hundred bytes; anything near this is not one.
+MAX_FACTS_BYTES = 1024 * 1024
+_ENVELOPE_KEYS = ("envbuilder_result_version", "command", "status", "data", "errors")
+
+
 def load_facts_file(path: str) -> HostFacts:
+    """Facts from a file: what ``envbuilder probe --json`` prints (the envelope), its ``data``, or a facts object
+    written by hand. Only a regular UTF-8 file is read, and only up to MAX_FACTS_BYTES."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise HostProbeError(f"cannot read facts file {path}: {exc.strerror}") from None
+        text = textfile.read_text(Path(path), MAX_FACTS_BYTES, "facts file")
+    except textfile.UnreadableFile as exc:
+        raise HostProbeError(f"facts file {path}: {exc.reason}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise HostProbeError(f"{path}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
-    return facts_from_json(data, path)
+    except RecursionError:
+        raise HostProbeError(f"{path}: not valid JSON: nested too deeply") from None
+    return facts_from_json(unwrap_envelope(data, path), path)
+
+
+def unwrap_envelope(data: Any, source: str) -> Any:
+    """The facts inside a ``probe --json`` envelope; anything that is not an envelope as it is."""
+    if not isinstance(data, dict) or "envbuilder_result_version" not in data:
+        return data
+    version = data.get("envbuilder_result_version")
+    command = data.get("command")
+    if version != 1 or isinstance(version, bool):
+        raise HostProbeError(
+            f"{source}: envbuilder_result_version {version!r}: this envbuilder reads version 1",
+            hint="save the facts with this envbuilder's `envbuilder probe --json`",
+        )
+    unknown = [k for k in data if k not in _ENVELOPE_KEYS]
+    if unknown:
+        raise HostProbeError(
+            f"{source}: unknown key {unknown[0]!r} in a result envelope",
+            hint=did_you_mean(unknown[0], _ENVELOPE_KEYS),
+        )
+    if command != "probe":
+        raise HostProbeError(
+            f"{source}: this is the output of `envbuilder {command} --json`, not of `envbuilder probe --json`",
+            hint="save a node's facts with `envbuilder probe --json > node.json` on that node",
+        )
+    if data.get("status") != "ok" or not isinstance(data.get("data"), dict):
+        raise HostProbeError(f"{source}: the probe it holds did not succeed (status {data.get('status')!r})")
+    return data["data"]
 
 
 # ---------------------------------------------------------------------------------------------------------------

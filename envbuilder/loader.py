@@ -7,10 +7,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 from envbuilder import schema
-from envbuilder.catalog import Catalog, display_path, read_toml
+from envbuilder.catalog import Catalog, display_path, read_toml, resolved
 from envbuilder.errors import RecipeError, RecipeNotFound, did_you_mean
 from envbuilder.wheels import GATES, TORCH_PACKAGES
 
@@ -85,14 +85,19 @@ def load(name: str, catalog: Catalog, overrides: Optional[Mapping[str, tuple[Any
         entry = catalog.lookup(name)
         name = entry.name
     else:
-        found = catalog.entries.get(name)
+        found = catalog.get(name)
         if found is None:
             _not_found(name, catalog)
         entry = found
     if entry.published is not None and entry.layer.registry is not None:
-        # A published recipe is read only once its bytes match the registry's index (and its signature checks).
-        entry.layer.registry.verify(entry.published)
-    chain = _read_chain(entry.path, catalog)
+        # A published recipe is used only once its bytes match the registry's index, its signature and the name
+        # and version in it check; those very bytes are used (no second read that a registry writer could swap),
+        # and it extends nothing.
+        published = entry.layer.registry.load(entry.published)
+        schema.validate(published, display_path(entry.path, catalog.layer_of(entry.path)))
+        chain = [(entry.path, published)]
+    else:
+        chain = _read_chain(entry.path, catalog)
     merged: dict[str, Any] = {}
     prov: dict[str, str] = {}
     _merge(merged, DEFAULTS, DEFAULTS_SOURCE, prov, "")
@@ -170,16 +175,17 @@ def _read_chain(path: Path, catalog: Catalog) -> list[tuple[Path, dict[str, Any]
     seen: list[Path] = []
     current: Optional[Path] = path
     while current is not None:
-        resolved = current.resolve()
+        real = resolved(current)
         shown = display_path(current, catalog.layer_of(current))
-        if resolved in seen:
-            loop = " -> ".join(display_path(p, catalog.layer_of(p)) for p in [*seen, resolved])
+        if real in seen:
+            loop = " -> ".join(display_path(p, catalog.layer_of(p)) for p in [*seen, real])
             # Blame the file whose extends closes the loop.
             closer = display_path(chain[-1][0], catalog.layer_of(chain[-1][0]))
             raise RecipeError(f"extends cycle: {loop}", file=closer, key="extends")
-        seen.append(resolved)
-        if resolved in {p.resolve() for p in catalog.broken}:
-            raise catalog.broken[next(p for p in catalog.broken if p.resolve() == resolved)]
+        seen.append(real)
+        broken = next((exc for p, exc in catalog.broken.items() if resolved(p) == real), None)
+        if broken is not None:
+            raise broken
         doc = read_toml(current, shown)
         schema.validate(doc, shown)
         chain.append((current, doc))
@@ -197,13 +203,14 @@ def _read_chain(path: Path, catalog: Catalog) -> list[tuple[Path, dict[str, Any]
 
 def _parent_path(parent: str, child: Path, catalog: Catalog, shown: str) -> Path:
     if parent.endswith(".toml"):
-        candidate = (child.parent / parent).resolve()
-        if not candidate.is_file():
+        candidate = resolved(child.parent / parent)
+        # Something that is there but cannot be read (a FIFO, a symlink loop) is read_toml's error, not "not found".
+        if not (candidate.exists() or candidate.is_symlink()):
             raise RecipeError(
                 f"parent file {parent!r} not found (looked for {candidate})", file=shown, key="extends"
             )
         return candidate
-    entry = catalog.entries.get(parent)
+    entry = catalog.get(parent)  # a broken file of that name is its own error, not "not found"
     if entry is None:
         raise RecipeError(
             f"parent recipe {parent!r} not found on the recipe path",
@@ -294,6 +301,7 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
                 key=key,
                 hint=did_you_mean(partition, partitions) or f"partitions: {', '.join(partitions)}",
             )
+    _nodes_within_site(data, where)
     scheduler = data.get("scheduler", {}).get("type")
     for key, launcher in (
         ("launcher.default", data.get("launcher", {}).get("default")),
@@ -320,6 +328,32 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
             raise RecipeError(
                 f"malformed ${{...}}: expected ${{NAME}}, found string {value!r}", file=where(key), key=key
             )
+
+
+def _nodes_within_site(data: Mapping[str, Any], where: Callable[[str], str]) -> None:
+    """validation.nodes against the site's maximum: the chosen partition's max_nodes, or where no partition is
+    chosen the largest one (when every partition declares one). The schema has checked the types."""
+    nodes = data.get("validation", {}).get("nodes")
+    partitions = data.get("scheduler", {}).get("partitions", {})
+    if not isinstance(nodes, int) or not partitions:
+        return
+    chosen = data.get("validation", {}).get("partition") or data.get("scheduler", {}).get("partition")
+    if chosen in partitions:
+        limit = partitions[chosen].get("max_nodes")
+        source = f"scheduler.partitions.{chosen}.max_nodes"
+    elif all("max_nodes" in part for part in partitions.values()):
+        chosen = max(partitions, key=lambda name: partitions[name]["max_nodes"])
+        limit = partitions[chosen]["max_nodes"]
+        source = f"the largest partition's, scheduler.partitions.{chosen}.max_nodes"
+    else:
+        return
+    if limit is not None and nodes > limit:
+        raise RecipeError(
+            f"expected 1 to {limit} nodes ({source}), found integer {nodes}",
+            file=where("validation.nodes"),
+            key="validation.nodes",
+            hint=f"use at most {limit} nodes, or a partition that allows more",
+        )
 
 
 _BAD_VAR = re.compile(r"\$\{(?![A-Za-z_][A-Za-z0-9_]*\})")

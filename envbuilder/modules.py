@@ -5,6 +5,11 @@ One mechanism serves Lmod and Tcl Environment Modules: a child bash sources the 
 ``env -0``. The difference from the starting environment is the delta the build runs with. The shell function's
 status is used, not Tcl ``modulecmd``'s exit code, which is 0 even when a load fails (it prints _mlstatus = False).
 The caller's own environment is never changed.
+
+Positional arguments keep values out of *our* shell text, but Lmod evaluates a module name it cannot find, and
+writes a line break in a ``module use`` path unescaped into the shell code ``module`` evaluates. So every name is
+checked against :data:`envbuilder.schema.MODULE_RE` and every path for line breaks and a leading '-' before it is
+applied or emitted (the loader checks the same at plan time; this guards state records and other callers).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import batch, proc
+from envbuilder import batch, proc, schema
 from envbuilder.errors import CommandFailed, ModuleSystemError
 
 #: Variables a child shell changes by itself; never part of a module delta.
@@ -47,6 +52,19 @@ env -0
 """
 
 
+def check_args(use: Sequence[str], load: Sequence[str]) -> None:
+    """Raise ModuleSystemError for a ``module use`` path or a module name a module system would misread."""
+    for path in use:
+        bad = schema.control_problem(path)
+        if bad is not None or path.startswith("-"):
+            why = f"{bad[0]} in it" if bad else "it starts with '-' (an option)"
+            raise ModuleSystemError(f"refusing `module use {path!r}`: {why}", hint=bad[1] if bad else None)
+    for name in load:
+        problem = schema.module_name_problem(name)
+        if problem is not None:
+            raise ModuleSystemError(problem[0], hint=problem[1])
+
+
 @dataclass(frozen=True)
 class EnvDelta:
     """What loading modules changed: variables set (new values) and variables removed."""
@@ -73,6 +91,7 @@ class ModuleSystem:
         """Load ``load`` after ``module use`` of each of ``use``, in a child shell started from ``env``."""
         if not use and not load:
             return EnvDelta()
+        check_args(use, load)
         if self.kind == "none" or not self.init:
             raise ModuleSystemError(
                 f"the recipe loads modules ({', '.join(load) or 'module use ' + ', '.join(use)}) but no module "
@@ -123,10 +142,12 @@ class ModuleSystem:
 
     def load_lines(self, use: Sequence[str], load: Sequence[str]) -> list[str]:
         """Shell lines that load the modules (for activate scripts and batch jobs); every value quoted."""
+        check_args(use, load)
         return batch.module_lines(use, load)
 
     def unload_lines(self, load: Sequence[str]) -> list[str]:
         """Shell lines that unload them again, in reverse order."""
+        check_args((), load)
         if not load:
             return []
         return ["module unload " + " ".join(shlex.quote(m) for m in reversed(load))]

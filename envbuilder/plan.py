@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder import batch, launchers, lockfile, locks_and_channels, mirror, suite
+from envbuilder.errors import UsageError
 from envbuilder.host import Gpu, HostFacts
 from envbuilder.loader import Recipe
 from envbuilder.steps import InstallStep, install_steps
@@ -231,11 +232,11 @@ def _prefix(
 ) -> tuple[str, list[str]]:
     """The env's prefix, and the variables it needs that are unset here."""
     if opts.prefix:
-        return opts.prefix, []
+        return _carriable(opts.prefix, "--prefix"), []
     raw = recipe.get("env.prefix")
     text, missing = expand(raw, env, recipe.name)
     if not missing:
-        return text, []
+        return _carriable(text, "env.prefix (expanded)"), []
     if missing == ["SCRATCH"] and env.get("HOME"):
         fallback, _ = expand(FALLBACK_ROOT, env, recipe.name)
         warnings.append(f"$SCRATCH is unset; the env goes to {fallback} (pass --prefix to choose)")
@@ -244,6 +245,19 @@ def _prefix(
         f"env.prefix needs {', '.join('$' + m for m in missing)}, unset here; create will stop (pass --prefix)"
     )
     return text, missing
+
+
+def _carriable(prefix: str, source: str) -> str:
+    """A prefix every activate script, modulefile and batch script can carry: no line break, NUL or control
+    character (a ${VAR} or --prefix can bring one in after the recipe's own checks)."""
+    bad = next((c for c in prefix if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise UsageError(
+            f"{source} {prefix!r} holds the control character {bad!r}, which no activate script or modulefile "
+            "can carry",
+            hint="choose a prefix without line breaks or control characters",
+        )
+    return prefix
 
 
 def build(

@@ -1,7 +1,7 @@
 """The one place that starts subprocesses.
 
-argv lists only (never a shell string), a scrubbed environment, a timeout that kills the whole process group,
-and the tail of stderr kept for the error message.
+argv lists only (never a shell string), a scrubbed environment, a timeout that ends the child and everything it
+started, and the tail of stderr kept for the error message.
 """
 
 from __future__ import annotations
@@ -9,14 +9,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import logging
 import os
 import shlex
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any, Optional, cast
 
 from envbuilder.errors import CommandFailed
@@ -63,7 +66,11 @@ def _release_signals(mask: set[int | signal.Signals]) -> None:
 
 
 def _start(
-    argv: Sequence[str], env: Optional[Mapping[str, str]], umask: int, **popen: Any
+    argv: Sequence[str],
+    env: Optional[Mapping[str, str]],
+    umask: int,
+    parent_death: int = signal.SIGKILL,
+    **popen: Any,
 ) -> tuple[subprocess.Popen[Any], set[int | signal.Signals]]:
     """Start ``argv`` in its own session, tied to this process (``_die_with_parent``), with Ctrl-C and SIGTERM
     held for the fork. Returns the child and the mask that the caller must put back with ``_release_signals``
@@ -74,7 +81,8 @@ def _start(
             argv,
             env=dict(scrubbed_env() if env is None else env),
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - async-signal-safe: sigmask and prctl calls
+            # async-signal-safe: sigmask and prctl calls
+            preexec_fn=functools.partial(_die_with_parent, int(parent_death)),  # noqa: PLW1509
             umask=umask,
             **popen,
         )
@@ -84,13 +92,15 @@ def _start(
     return child, mask
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: take Ctrl-C and SIGTERM again (the parent held them for the fork), and be
-    killed when envbuilder dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG). Otherwise an installer in its
-    own session would go on writing into a build directory that the next run has already cleared."""
+def _die_with_parent(parent_death: int) -> None:
+    """In the child, before exec: take Ctrl-C and SIGTERM again (the parent held them for the fork), and get
+    ``parent_death`` when envbuilder dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG). Otherwise an
+    installer in its own session would go on writing into a build directory that the next run has already
+    cleared. A launcher gets SIGTERM instead of SIGKILL: that is the signal on which it takes down what it
+    started (torchrun its workers, in sessions of their own; srun the step on every node; mpiexec its proxies)."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
     if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _PRCTL(_PR_SET_PDEATHSIG, parent_death, 0, 0, 0)
 
 
 def _find_prctl() -> Optional[Callable[..., int]]:
@@ -117,11 +127,18 @@ def run(
     check: bool = True,
     input_text: Optional[str] = None,
     umask: int = -1,
+    watch: Optional[Callable[[], Optional[str]]] = None,
+    grace: float = 0.0,
+    parent_death: int = signal.SIGKILL,
 ) -> Result:
     """Run ``argv`` and capture its output.
 
     ``env`` is used as given (callers build it with :func:`scrubbed_env`); None means a scrubbed os.environ.
-    On timeout the whole process group is killed and CommandFailed is raised with returncode 124.
+    On timeout the child and everything it started are ended (:func:`end_tree`, SIGTERM and ``grace`` seconds
+    first when ``grace`` is set) and CommandFailed is raised with returncode 124. ``watch`` is called every
+    ``WATCH_S`` while the child runs; a text it returns stops the run the same way, that text in the error.
+    An interrupt (Ctrl-C, or SIGTERM under :func:`sigterm_as_interrupt`) kills the whole tree at once.
+    ``parent_death`` is the signal the child gets when envbuilder dies (see ``_die_with_parent``).
     """
     if isinstance(argv, str):  # defensive: a shell string must never get here
         raise TypeError("proc.run takes an argv list, not a string")
@@ -131,27 +148,46 @@ def run(
         argv,
         env,
         umask,
+        parent_death,
         cwd=cwd,
         stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         _release_signals(mask)  # a Ctrl-C held during the fork is raised here, and kills the child below
-        out, err = proc.communicate(input=input_text, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        out, err = proc.communicate()
-        raise CommandFailed(argv, 124, tail(err) + f"\n(timed out after {timeout:g} s)") from None
+        while True:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            step = left if watch is None else (WATCH_S if left is None else min(left, WATCH_S))
+            try:
+                out, err = proc.communicate(input=input_text, timeout=step)
+                break
+            except subprocess.TimeoutExpired:
+                input_text = None  # sent on the first call; communicate refuses it again
+                why = watch() if watch is not None else None
+                if why is None and (deadline is None or time.monotonic() < deadline):
+                    continue
+                end_tree(proc, grace)
+                out, err = proc.communicate()
+                raise CommandFailed(
+                    argv, 124, tail(err) + f"\n({why or f'timed out after {timeout:g} s'})"
+                ) from None
+    except CommandFailed:
+        raise
     except BaseException:
-        _kill_group(proc)
+        end_tree(proc)
         proc.wait()
         raise
     result = Result(tuple(argv), proc.returncode, out, err)
     if check and proc.returncode != 0:
         raise CommandFailed(argv, proc.returncode, tail(err))
     return result
+
+
+#: How often proc.run calls its ``watch``.
+WATCH_S = 0.5
 
 
 def describe_status(returncode: int) -> str:
@@ -162,9 +198,109 @@ def describe_status(returncode: int) -> str:
     return f"exit status {returncode}"
 
 
-def _kill_group(proc: subprocess.Popen[Any]) -> None:
+def end_tree(child: subprocess.Popen[Any], grace: float = 0.0) -> None:
+    """End ``child`` and every process it started, wherever they went: torchrun starts each worker in a
+    session of its own and MPI launchers put proxies and ranks in groups of their own, so killing the child's
+    process group alone left the ranks running (holding the GPUs) for as long as their own timeouts.
+
+    With ``grace``, the tree gets SIGTERM first (the ranks record where they were, launchers take down their
+    remote parts) and that long to go. Then whatever is left is stopped (SIGSTOP: nothing forks while the tree
+    is collected) and killed. Processes are told apart by their start time, so a recycled pid is never hit.
+    Ctrl-C and SIGTERM are held meanwhile: a second Ctrl-C must not cut the cleanup short."""
+    mask = _hold_signals()
+    try:
+        table = _processes()
+        if table is None:  # no /proc (not Linux): the child's group is all that can be found
+            _signal_group(child.pid, signal.SIGKILL)
+            return
+        known = _tree({child.pid: table[child.pid][1]} if child.pid in table else {}, table)
+        if grace > 0 and known:
+            _signal_each(known, signal.SIGTERM)
+            _signal_group(child.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while known and time.monotonic() < deadline:
+                time.sleep(0.1)
+                child.poll()  # reaped, the child no longer counts as alive
+                known = _tree(known, _processes() or {})
+        stopped: dict[int, int] = {}
+        for _ in range(100):
+            table = _processes() or {}
+            members = _tree({**_alive(known, table), **_alive(stopped, table)}, table)
+            new = {pid: start for pid, start in members.items() if pid not in stopped}
+            if not new:
+                break
+            _signal_each(new, signal.SIGSTOP)
+            stopped.update(new)
+        _signal_each(stopped, signal.SIGKILL)
+        _signal_group(child.pid, signal.SIGKILL)
+    finally:
+        _release_signals(mask)
+
+
+def _processes() -> Optional[dict[int, tuple[int, int]]]:
+    """pid -> (parent pid, start time) of every live process (zombies left out); None without /proc."""
+    try:
+        names = [entry.name for entry in Path("/proc").iterdir()]
+    except OSError:
+        return None
+    table = {}
+    for name in names:
+        if name.isdigit():
+            stat = _stat(int(name))
+            if stat is not None and stat[0] not in "ZX":
+                table[int(name)] = (stat[1], stat[2])
+    return table
+
+
+def start_time(pid: int) -> Optional[int]:
+    """When process ``pid`` started (clock ticks since boot): with the pid, it names one process for good."""
+    stat = _stat(pid)
+    return stat[2] if stat is not None and stat[0] not in "ZX" else None
+
+
+def _stat(pid: int) -> Optional[tuple[str, int, int]]:
+    """(state, parent pid, start time) from /proc/PID/stat; None when it is gone."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name is in parentheses and may hold any byte: the fields start after the last ")".
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return fields[0].decode(), int(fields[1]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _alive(procs: Mapping[int, int], table: Mapping[int, tuple[int, int]]) -> dict[int, int]:
+    """Those of ``procs`` (pid -> start time) that still run, and are still the same process."""
+    return {pid: start for pid, start in procs.items() if pid in table and table[pid][1] == start}
+
+
+def _tree(roots: Mapping[int, int], table: Mapping[int, tuple[int, int]]) -> dict[int, int]:
+    """``roots`` and all their live descendants, pid -> start time."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _start) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found = dict(_alive(roots, table))
+    todo = list(found)
+    while todo:
+        for kid in children.get(todo.pop(), ()):
+            if kid not in found:
+                found[kid] = table[kid][1]
+                todo.append(kid)
+    return found
+
+
+def _signal_each(procs: Mapping[int, int], signum: int) -> None:
+    for pid in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pgid, signum)
 
 
 def tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
@@ -198,7 +334,7 @@ def feeding(
             err.seek(0)
             raise CommandFailed(argv, code or 1, tail(err.read().decode(errors="replace"))) from None
         except BaseException:
-            _kill_group(child)
+            end_tree(child)
             with contextlib.suppress(OSError):
                 stdin.close()
             child.wait()

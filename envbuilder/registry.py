@@ -3,22 +3,33 @@ publish log, and OpenSSH signatures.
 
 Layout of a registry directory (shared, read-only to users)::
 
-    registry.toml                 policy: require_signatures, allowed_signers (a file in the registry)
+    registry.toml                 the registry's own policy: require_signatures, allowed_signers (a file in it)
     index.json                    name -> version -> file, sha256, signer, when, who, validations
     publish.log                   one JSON line per publish: who, when, what changed
-    recipes/NAME/VERSION.toml     the recipe, flattened (its extends chain merged): one file says everything
+    recipes/NAME/VERSION.toml     the recipe, flattened (its extends chain merged): one file says everything,
+                                  [recipe] name and version included, so the signature covers both
     recipes/NAME/VERSION.toml.sig ssh-keygen -Y sign signature (namespace envbuilder-recipe)
     recipes/NAME/VERSION.lock.toml   the version's lockfile, when one was published with it (and its .sig)
     locks/                        the publish lock (mkdir-based: works on Lustre and NFS)
 
-A published file is used only after its sha256 matches the index and, where the registry or the site requires
-it, its signature verifies against the allowed-signers file. Signing and verifying are ssh-keygen's: no crypto
-code of ours.
+A published file is used only once (1) no registry part on the way (the directory, index.json, registry.toml, the
+allowed-signers file, recipes/NAME/, the file, its signature) can be written by anyone but its owner, (2) the
+file sits at recipes/NAME/VERSION.* for the name and version the index lists, is a regular file and its bytes
+match the index's sha256, (3) where signatures are required, or a signature is there, an allowed signer signed
+exactly those bytes, and (4) the name and version inside the file are the index's. The bytes checked are the
+bytes used: readers get them from here, never by opening the file again.
+
+Trust settings (require_signatures, the allowed signers) are never taken from the registry alone, since whoever
+can write it could change them: the config that names the registry (the site config) can set them, and what the
+registry says of itself is pinned in the user's envbuilder home on first use. A registry that required
+signatures then keeps requiring them with the same signers; a change is refused until the user removes the pin.
+Signing and verifying are ssh-keygen's: no crypto code of ours.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import getpass
 import hashlib
 import json
@@ -26,8 +37,10 @@ import os
 import re
 import shutil
 import socket
+import stat
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -46,6 +59,12 @@ INDEX_VERSION = 1
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 FILE_MODE = 0o444  # published files never change; the registry's owner can still remove a directory
 DIR_MODE = 0o755
+#: Bounds on what a reader takes from a registry: no file there makes it read without end.
+MAX_FILE = 16 * 1024 * 1024
+MAX_INDEX = 64 * 1024 * 1024
+#: Under the user's envbuilder home: what each registry said of its trust settings when first used.
+PINS = "trust"
+REPUBLISH = "ask the registry's admins to check publish.log and republish it"
 
 
 def check_name(what: str, value: str) -> str:
@@ -95,30 +114,91 @@ class Published:
 
 @dataclass(frozen=True)
 class Policy:
-    """What a site demands of a registry (its config file), on top of what the registry says of itself."""
+    """What the config naming a registry (the site config) demands of it, from outside the registry; and where
+    the registry's own settings are pinned (None: they are read as they are, as its admins do when publishing)."""
 
     require_signatures: bool = False
     allowed_signers: Optional[Path] = None
+    pins: Optional[Path] = None
+    #: The config file these settings come from (checked like the registry: nobody else may write it).
+    config: Optional[Path] = None
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The settings a registry's files are checked against, once resolved."""
+
+    require_signatures: bool
+    #: The allowed-signers file's bytes (None: there is none), and where they were read, for messages.
+    signers: Optional[bytes]
+    signers_from: str
+
+
+def pin_dir(home: Path) -> Path:
+    """Where registries' trust settings are pinned, in the envbuilder home ``state.home`` names."""
+    return home / PINS
 
 
 class Registry:
     def __init__(self, root: Path, policy: Policy = Policy()) -> None:
         self.root = root
         self.site_policy = policy
+        self._trust: Optional[Trust] = None
+        self._owners: Optional[frozenset[int]] = None
 
     @staticmethod
     def looks_like(path: Path) -> bool:
         return (path / INDEX).is_file() or (path / CONFIG).is_file()
 
+    # -- who may write it -----------------------------------------------------------------------------------
+
+    def owners(self) -> frozenset[int]:
+        """Who may own a part of the registry: root and the owner of its directory (whoever publishes)."""
+        if self._owners is None:
+            self._owners = frozenset({0, self._stat(self.root, "the registry").st_uid})
+        return self._owners
+
+    def _stat(self, path: Path, what: str) -> os.stat_result:
+        try:
+            return path.stat()
+        except OSError as exc:
+            raise PublishError(f"{what}: cannot read {path}: {exc.strerror}") from None
+
+    def _guard(
+        self, path: Path, st: Optional[os.stat_result] = None, owners: Optional[frozenset[int]] = None
+    ) -> None:
+        """Refuse ``path`` if anyone but its owner can write it, or (inside the registry) its owner is not the
+        registry's: whoever could change it could change what users build."""
+        st = st if st is not None else self._stat(path, "the registry")
+        refuse_writable(path, st)
+        owners = self.owners() if owners is None else owners
+        if owners and st.st_uid not in owners:
+            raise PublishError(
+                f"{path} belongs to uid {st.st_uid}, not to the registry's owner (uid {max(owners)}) or root: "
+                "another user could change it, so the registry is not used",
+                hint=f"the registry's admins: chown {max(owners)} {path}",
+            )
+
+    def _guard_parts(self, *rels: str) -> None:
+        """The registry directory and the named parts of it that exist."""
+        self._guard(self.root, owners=frozenset())
+        for rel in rels:
+            path = self.root / rel
+            with contextlib.suppress(FileNotFoundError):
+                self._guard(path, path.stat())
+
+    def _read(self, rel: str, what: str, limit: int = MAX_FILE) -> bytes:
+        return read_guarded(self.root / rel, what, limit, self._guard)
+
     # -- policy ---------------------------------------------------------------------------------------------
 
     def _config(self) -> dict[str, Any]:
         path = self.root / CONFIG
-        if not path.is_file():
+        if not os.path.lexists(path):
             return {}
         try:
-            doc = loads(path.read_text(encoding="utf-8"))
-        except (OSError, TOMLDecodeError) as exc:
+            doc = loads(self._read(CONFIG, "the registry's policy").decode("utf-8"))
+        except (UnicodeDecodeError, TOMLDecodeError) as exc:
             raise PublishError(f"{path}: cannot read the registry's policy: {exc}") from None
         unknown = set(doc) - {"require_signatures", "allowed_signers", "description"}
         if unknown:
@@ -128,19 +208,108 @@ class Registry:
             )
         return doc
 
-    def require_signatures(self) -> bool:
-        return self.site_policy.require_signatures or bool(self._config().get("require_signatures", False))
+    def _own_settings(self) -> tuple[bool, Optional[bytes], str]:
+        """What the registry says of itself: whether it requires signatures, its allowed-signers bytes, and
+        where they are."""
+        doc = self._config()
+        rel = doc.get("allowed_signers")
+        signers = None
+        where = f"{self.root / CONFIG} (no allowed_signers)"
+        if rel:
+            where = str(self.root / str(rel))
+            path = (self.root / str(rel)).resolve()
+            if not path.is_relative_to(self.root.resolve()):
+                raise PublishError(f"{self.root / CONFIG}: allowed_signers must lie inside the registry")
+            if os.path.lexists(self.root / str(rel)):
+                signers = self._read(str(rel), "the registry's allowed-signers file")
+        return bool(doc.get("require_signatures", False)), signers, where
 
-    def allowed_signers(self) -> Optional[Path]:
-        if self.site_policy.allowed_signers is not None:
-            return self.site_policy.allowed_signers
-        rel = self._config().get("allowed_signers")
-        if not rel:
-            return None
-        path = (self.root / str(rel)).resolve()
-        if not path.is_relative_to(self.root.resolve()):
-            raise PublishError(f"{self.root / CONFIG}: allowed_signers must lie inside the registry")
-        return path
+    def trust(self) -> Trust:
+        """The settings signatures are checked against (see the module's docstring)."""
+        if self._trust is None:
+            self._trust = self._resolve_trust()
+        return self._trust
+
+    def _resolve_trust(self) -> Trust:
+        site = self.site_policy
+        if site.config is not None:
+            refuse_writable(site.config, self._stat(site.config, "the config naming the registry"))
+        external: Optional[bytes] = None
+        if site.allowed_signers is not None:
+            # Outside the registry a link is fine (the site's own layout): what it leads to is checked.
+            external = read_guarded(
+                site.allowed_signers.resolve(),
+                f"the allowed-signers file of {site.config or 'the site config'}",
+                MAX_FILE,
+                refuse_writable,
+            )
+        if site.require_signatures and external is not None:
+            # Everything comes from outside: what the registry says of itself is not even read.
+            return Trust(True, external, str(site.allowed_signers))
+        require, own, where = self._own_settings()
+        if site.pins is not None:
+            # Signers that are not used (the config names its own) are not pinned: their changes harm nobody.
+            self._pin(site.pins, require, own if external is None else None, site.require_signatures)
+        if external is not None:
+            return Trust(site.require_signatures or require, external, str(site.allowed_signers))
+        return Trust(site.require_signatures or require, own, where)
+
+    def _pin(self, pins: Path, require: bool, signers: Optional[bytes], site_requires: bool) -> None:
+        """Compare what the registry says of itself with what it said on first use (pinning it then): where
+        signatures were required (by the registry then, or by the site config), neither that nor the signers may
+        change."""
+        real = str(self.root.resolve())
+        pin = pins / f"{hashlib.sha256(real.encode()).hexdigest()[:16]}.toml"
+        digest = hashlib.sha256(signers).hexdigest() if signers is not None else ""
+        try:
+            old: Optional[dict[str, Any]] = loads(pin.read_text(encoding="utf-8")) if pin.exists() else None
+        except (OSError, UnicodeDecodeError, TOMLDecodeError) as exc:
+            raise PublishError(
+                f"cannot read {pin}, where the trust settings of {self.root} are pinned: {exc}",
+                hint=f"remove {pin}: your next use pins the registry's current settings",
+            ) from None
+        if old is not None:
+            was_required = bool(old.get("require_signatures"))
+            was_signers = str(old.get("allowed_signers_sha256", ""))
+            if was_required == require and was_signers == digest:
+                return
+            changes = []
+            if was_required and not require:
+                changes.append("require_signatures true -> false")
+            # Signers where there were none are a first use: nothing signed could be used before.
+            if was_signers and was_signers != digest and (was_required or site_requires):
+                changes.append(
+                    "the allowed-signers file changed"
+                    if signers is not None
+                    else "its allowed-signers file is gone"
+                )
+            if changes:
+                raise PublishError(
+                    f"{self.root}: its trust settings changed since you first used it ({old.get('pinned', '?')}): "
+                    f"{'; '.join(changes)}. Whoever can write the registry could have done this, so it is not used",
+                    hint=f"if its admins rotated the signing keys, confirm the new allowed_signers with them, then "
+                    f"remove {pin} (your next use pins the new settings); a site can instead keep the trust "
+                    "settings in its site config ([[registries]] require_signatures, allowed_signers)",
+                )
+        # First use, a registry that starts requiring signatures, or one that did not require them (so it
+        # protected nothing a change could lose): pin what it says now.
+        doc = {
+            "registry": real,
+            "pinned": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "require_signatures": require,
+            "allowed_signers_sha256": digest,
+            "allowed_signers": signers.decode("utf-8", "replace") if signers is not None else "",
+        }
+        try:
+            state.write_atomic(pin, dumps(doc).encode(), 0o644)
+        except OSError as exc:
+            raise PublishError(
+                f"cannot pin the trust settings of {self.root} in {pin}: {exc.strerror}",
+                hint="check that your envbuilder home (ENVBUILDER_HOME) is writable",
+            ) from None
+
+    def require_signatures(self) -> bool:
+        return self.trust().require_signatures
 
     # -- reading --------------------------------------------------------------------------------------------
 
@@ -149,7 +318,8 @@ class Registry:
         if not path.is_file():
             return {}
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            # Not guarded here (listing names harms nobody); every use of an entry goes through _verified.
+            doc = json.loads(read_guarded(path, "the registry's index", MAX_INDEX, None).decode("utf-8"))
             out: dict[str, dict[str, Published]] = {}
             for name, versions in doc["recipes"].items():
                 out[name] = {
@@ -167,7 +337,7 @@ class Registry:
                     )
                     for v, e in versions.items()
                 }
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise PublishError(f"{path} is not a valid registry index: {exc}") from None
         return out
 
@@ -186,53 +356,77 @@ class Registry:
         have = ", ".join(p.version for p in versions)
         raise PublishError(f"{name} has no version {version!r} in {self.root}", hint=f"published: {have}")
 
-    def verify(self, pub: Published) -> Path:
-        """The published file, once its bytes match the index and (where required) its signature verifies."""
-        return self._verified(pub, pub.file, pub.sha256, f"{pub.name}@{pub.version}")
+    def load(self, pub: Published) -> dict[str, Any]:
+        """The published recipe, parsed from the bytes that were verified (see the module's docstring)."""
+        what = f"{pub.name}@{pub.version}"
+        path, data = self._verified(pub, pub.file, pub.sha256, what, ".toml")
+        try:
+            doc = loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, TOMLDecodeError) as exc:
+            raise PublishError(f"{what}: {path} is not valid TOML: {exc}", hint=REPUBLISH) from None
+        recipe = doc.get("recipe")
+        name = recipe.get("name") if isinstance(recipe, dict) else None
+        version = recipe.get("version") if isinstance(recipe, dict) else None
+        _bound(what, path, "", name, version, pub)
+        if "extends" in doc:
+            raise PublishError(
+                f"{what}: {path} extends another file; a published recipe never does", hint=REPUBLISH
+            )
+        return doc
 
     def verify_lock(self, pub: Published) -> Optional[lockfile.Lock]:
         """The version's published lock, verified like the recipe, or None when it was published without one."""
         if not pub.lock_file or not pub.lock_sha256:
             return None
-        path = self._verified(pub, pub.lock_file, pub.lock_sha256, f"the lock of {pub.name}@{pub.version}")
+        what = f"the lock of {pub.name}@{pub.version}"
+        path, data = self._verified(pub, pub.lock_file, pub.lock_sha256, what, lockfile.SUFFIX)
         try:
-            return lockfile.read(path, "published")
+            lock = lockfile.parse(data.decode("utf-8"), str(path))
+        except UnicodeDecodeError as exc:
+            raise PublishError(f"{what}: {path} is not UTF-8: {exc}", hint=REPUBLISH) from None
         except LockError as exc:
-            raise PublishError(
-                f"{pub.name}@{pub.version}: its published lock is unreadable: {exc.message}"
-            ) from None
+            raise PublishError(f"{what}: its published lock is unreadable: {exc.message}") from None
+        _bound(what, path, "the lock of ", lock.recipe, lock.recipe_version, pub)
+        return replace(lock, origin="published")
 
-    def _verified(self, pub: Published, rel: str, sha256: str, what: str) -> Path:
+    def _verified(self, pub: Published, rel: str, sha256: str, what: str, suffix: str) -> tuple[Path, bytes]:
+        """The bytes of ``rel``, once the registry's parts may be trusted, the index points at the one place the
+        name and version allow, the bytes match its sha256 and, where required or present, the signature."""
         check_name("recipe name", pub.name)
         check_name("version", pub.version)
+        expected = f"recipes/{pub.name}/{pub.version}{suffix}"
+        if rel != expected:
+            raise PublishError(
+                f"{what}: the index points at {rel}, but {pub.name}@{pub.version} can only be {expected}; "
+                "it is not used",
+                hint=REPUBLISH,
+            )
+        self._guard_parts(INDEX, CONFIG, "recipes", f"recipes/{pub.name}")
+        trust = self.trust()
         path = self.root / rel
-        if path.resolve().parent != (self.root / "recipes" / pub.name).resolve():
-            raise PublishError(f"{what}: the index points outside recipes/{pub.name}/")
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise PublishError(f"{what}: cannot read {path}: {exc.strerror}") from None
+        data = self._read(rel, what)
         if hashlib.sha256(data).hexdigest() != sha256:
             raise PublishError(
                 f"{what}: {path} does not match the sha256 in {self.root / INDEX}; "
                 "it was changed after publishing, so it is not used",
                 hint="ask the registry's admins to republish it",
             )
-        sig = path.with_name(path.name + ".sig")
-        if self.require_signatures() or sig.exists():
-            self._check_signature(what, path, sig)
-        return path
+        sig = f"{rel}.sig"
+        if trust.require_signatures or os.path.lexists(self.root / sig):
+            if not os.path.lexists(self.root / sig):
+                raise PublishError(
+                    f"{what} is not signed, and {self.root} requires signatures; it is not used"
+                )
+            self._check_signature(what, data, self._read(sig, f"the signature of {what}"), trust)
+        return path, data
 
-    def _check_signature(self, what: str, path: Path, sig: Path) -> str:
-        if not sig.is_file():
-            raise PublishError(f"{what} is not signed, and {self.root} requires signatures; it is not used")
-        signers = self.allowed_signers()
-        if signers is None or not signers.is_file():
+    def _check_signature(self, what: str, data: bytes, sig: bytes, trust: Trust) -> str:
+        if trust.signers is None:
             raise PublishError(
                 f"{what} is signed but there is no allowed-signers file to check it against",
                 hint=f"set allowed_signers in {self.root / CONFIG} or in the site config",
             )
-        return verify_signature(path, sig, signers, what)
+        return verify_signature(data, sig, trust.signers, what, trust.signers_from)
 
     # -- publishing -----------------------------------------------------------------------------------------
 
@@ -357,13 +551,17 @@ class Registry:
         return updated
 
     def _text(self, pub: Published) -> str:
-        return (self.root / pub.file).read_text(encoding="utf-8")
+        return self._read(pub.file, f"{pub.name}@{pub.version}").decode("utf-8")
 
-    def configure(self, allowed_signers: Optional[Path], require_signatures: bool) -> None:
+    def configure(self, allowed_signers: Optional[Path], require_signatures: bool) -> bool:
         """Set the registry's own policy: copy the allowed-signers file in, and require signatures from now on.
-        Requiring cannot be undone here (a registry that required signatures keeps requiring them)."""
+        Requiring cannot be undone here (a registry that required signatures keeps requiring them). True when
+        the signers of a registry that required signatures changed: users who pinned the old ones refuse it
+        until they accept the new ones."""
         self._init()
         doc = self._config()
+        self._trust = None
+        before = self._own_settings()
         if allowed_signers is not None:
             try:
                 text = allowed_signers.read_text(encoding="utf-8")
@@ -380,6 +578,7 @@ class Registry:
         if require_signatures:
             doc["require_signatures"] = True
         state.write_atomic(self.root / CONFIG, dumps(doc).encode(), 0o644)
+        return before[0] and before[1] != self._own_settings()[1]
 
     def _init(self) -> None:
         try:
@@ -388,11 +587,8 @@ class Registry:
                 (self.root / sub).mkdir(mode=DIR_MODE, exist_ok=True)
         except OSError as exc:
             raise PublishError(f"cannot create the registry at {self.root}: {exc.strerror}") from None
-        if self.root.stat().st_mode & 0o002:
-            raise PublishError(
-                f"{self.root} is world-writable: anyone could replace its recipes",
-                hint=f"chmod o-w {self.root}",
-            )
+        # Refuse to publish into a registry its users would refuse to read.
+        self._guard_parts(INDEX, CONFIG, "recipes", "locks")
 
     def _write(self, name: str, version: str, text: str, sign_key: Optional[Path]) -> Published:
         folder = self.root / "recipes" / name
@@ -437,14 +633,16 @@ class Registry:
             raise PublishError(
                 f"ssh-keygen could not sign {what} with {key}: {exc.stderr_tail.strip()}"
             ) from None
-        signers = self.allowed_signers()
-        if signers is None:
+        trust = self.trust()
+        if trust.signers is None:
             raise PublishError(
                 f"{self.root} has no allowed-signers file, so users could not check the signature",
                 hint="publish once with --allowed-signers FILE (lines: PRINCIPAL KEYTYPE KEY)",
             )
         # Refuse to publish what users would refuse to use: the key must be one the site allows.
-        return verify_signature(path, Path(str(path) + ".sig"), signers, what)
+        return verify_signature(
+            path.read_bytes(), Path(f"{path}.sig").read_bytes(), trust.signers, what, trust.signers_from
+        )
 
     def _save_index(self, index: Mapping[str, Mapping[str, Published]]) -> None:
         doc = {
@@ -476,40 +674,103 @@ class Registry:
         return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def verify_signature(path: Path, sig: Path, signers: Path, what: str) -> str:
-    """The principal whose key made ``sig`` over ``path``; PublishError if none of the allowed signers did."""
+def verify_signature(data: bytes, sig: bytes, signers: bytes, what: str, signers_from: str) -> str:
+    """The principal whose key made ``sig`` over ``data``; PublishError if none of the allowed signers did.
+    ssh-keygen reads private copies of the signature and the signers, and the data on stdin: what it checks is
+    what the caller holds, whatever happens to the registry's files meanwhile."""
     ssh_keygen = shutil.which("ssh-keygen")
     if ssh_keygen is None:
         raise PublishError(
             "ssh-keygen is not installed, so signatures cannot be checked", hint="install openssh-client"
         )
-    found = proc.run([ssh_keygen, "-Y", "find-principals", "-s", str(sig), "-f", str(signers)], check=False)
-    principals = [p for p in found.stdout.split() if p]
-    if found.returncode != 0 or not principals:
-        raise PublishError(
-            f"{what}: the signature is not from any key in {signers} (unknown signer); it is not used"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PublishError(f"{what}: not UTF-8, so not a file envbuilder published; it is not used") from None
+    with tempfile.TemporaryDirectory(prefix="envbuilder-sig-") as tmp:
+        sig_file, signers_file = Path(tmp) / "file.sig", Path(tmp) / "allowed_signers"
+        sig_file.write_bytes(sig)
+        signers_file.write_bytes(signers)
+        found = proc.run(
+            [ssh_keygen, "-Y", "find-principals", "-s", str(sig_file), "-f", str(signers_file)], check=False
         )
-    text = path.read_text(encoding="utf-8")
-    res = proc.run(
-        [
-            ssh_keygen,
-            "-Y",
-            "verify",
-            "-f",
-            str(signers),
-            "-I",
-            principals[0],
-            "-n",
-            NAMESPACE,
-            "-s",
-            str(sig),
-        ],
-        check=False,
-        input_text=text,
-    )
+        principals = [p for p in found.stdout.split() if p]
+        if found.returncode != 0 or not principals:
+            raise PublishError(
+                f"{what}: the signature is not from any key in {signers_from} (unknown signer); it is not used"
+            )
+        argv = [ssh_keygen, "-Y", "verify", "-f", str(signers_file), "-I", principals[0], "-n", NAMESPACE]
+        res = proc.run([*argv, "-s", str(sig_file)], check=False, input_text=text)
     if res.returncode != 0:
         raise PublishError(f"{what}: bad signature ({(res.stderr or res.stdout).strip()}); it is not used")
     return principals[0]
+
+
+def refuse_writable(path: Path, st: os.stat_result) -> None:
+    """PublishError when anyone but ``path``'s owner can write it (its group, or everyone)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        who = "anyone" if mode & 0o002 else "its group"
+        raise PublishError(
+            f"{path} is writable by {who} (mode {mode:o}): whoever can write it could change the recipes users "
+            "build, so it is not used",
+            hint=f"its owner: chmod go-w {path}",
+        )
+
+
+def read_guarded(
+    path: Path, what: str, limit: int, guard: Optional[Callable[[Path, os.stat_result], None]]
+) -> bytes:
+    """The bytes of ``path``, a regular file (never a link, FIFO or device: opened without following a link or
+    blocking), ``guard``-ed on the descriptor read (no swap between the check and the read), at most ``limit``
+    bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PublishError(
+                f"{what}: {path} is a symbolic link; nothing envbuilder publishes is, so it is not used",
+                hint=REPUBLISH,
+            ) from None
+        raise PublishError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PublishError(f"{what}: {path} is not a regular file, so it is not used", hint=REPUBLISH)
+        if guard is not None:
+            guard(path, st)
+        if st.st_size > limit:
+            raise PublishError(f"{what}: {path} is larger than {limit // (1024 * 1024)} MiB; it is not used")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise PublishError(f"{what}: {path} is larger than {limit // (1024 * 1024)} MiB; it is not used")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise PublishError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _bound(what: str, path: Path, kind: str, name: Any, version: Any, pub: Published) -> None:
+    """The name and version inside the (signed) bytes must be the index's: a copy of another version's or
+    another recipe's file, with its valid signature, is not this one."""
+    if name != pub.name or version != pub.version:
+        found = (
+            f"{name}@{version}"
+            if isinstance(name, str) and isinstance(version, str)
+            else "no name and version"
+        )
+        raise PublishError(
+            f"{what}: {path} holds {kind}{found}, not {kind}{pub.name}@{pub.version} (another version's or another "
+            "recipe's file, put in its place); it is not used",
+            hint=REPUBLISH,
+        )
 
 
 def _who() -> str:

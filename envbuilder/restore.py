@@ -5,6 +5,8 @@ python), the stored wheels are installed offline (``--no-index``: no index is as
 them or not), the activate extension is written again, and each package's digest is checked against the
 backup's before the rename. archive: the archive is extracted beside the target and, at a new prefix, relocated.
 An existing env is replaced only with ``force``; the previous one is moved aside and removed after the rename.
+As for create, a pending marker inside the env lets a rerun finish the record of a restore killed after its rename,
+and a name with an env elsewhere is moved only with ``force`` (create.claim).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class RestoreOptions:
 
 @dataclass
 class RestoreResult:
-    status: str  # restored | replaced
+    status: str  # restored | replaced | moved (force, to another prefix)
     record: state.EnvRecord
     backup: str
     log: str
@@ -76,23 +78,20 @@ def restore(
     home = state.home(env)
     with state.locked(home, name, timeout=opts.lock_timeout):
         notes = create.recover(final)
-        replacing = final.exists()
-        if replacing and not opts.force:
-            raise StateError(
-                f"{final} exists ({_describe(home, name, final)}); restore never overwrites an env by itself",
-                hint="pass --force to replace it, or --prefix DIR to restore beside it",
-            )
-        if replacing and not _replaceable(final):
-            raise StateError(f"{final} exists and is not an environment; refusing to touch it")
-        log = create.open_log(home, name)
-        try:
-            if b.mode == "wheelhouse":
-                record, relocation = _wheelhouse(b, old, name, final, env, modules, log, step), None
-            else:
-                record, relocation = _archive(b, old, name, final, log, step)
-        finally:
+        healed, more = create.heal(home, name, final)
+        notes += more
+        relocation = None
+        if healed is not None and healed.command == "restore" and healed.backup == b.id:
+            # This restore, killed after its rename last time: finished now.
+            record, status = healed.record, healed.status
+            log = create.open_log(home, name)
+            for note in more:
+                log.write(note)
             log.close()
-        state.save(home, record)
+        else:
+            record, status, log, relocation = _restore(
+                b, old, name, final, home, env, modules, opts, step, notes
+            )
     if opts.smoke_check and record.plan.get("torch"):
         step("checking that torch imports")
         act = activation.from_plan(record.plan.get("activate") or {}, None, record.recipe)
@@ -105,10 +104,52 @@ def restore(
             record = create.smoke(record, final, None, act, delta, proc.scrubbed_env(env), relog, home, gpus)
         finally:
             relog.close()
-    status = "replaced" if replacing else "restored"
     return RestoreResult(
         status, record, b.id, str(log.path), notes, relocation.to_json() if relocation else None
     )
+
+
+def _restore(
+    b: Backup,
+    old: state.EnvRecord,
+    name: str,
+    final: Path,
+    home: Path,
+    env: Mapping[str, str],
+    modules: ModuleSystem,
+    opts: RestoreOptions,
+    step: Callable[[str], None],
+    notes: list[str],
+) -> tuple[state.EnvRecord, str, build.BuildLog, Optional[archive.Relocation]]:
+    """Check the target, build beside it, rename into place, record (the env's lock held)."""
+    moving = create.claim(home, name, final, opts.force)
+    replacing = final.exists()
+    if replacing and not opts.force:
+        raise StateError(
+            f"{final} exists ({_describe(home, name, final)}); restore never overwrites an env by itself",
+            hint="pass --force to replace it, or --prefix DIR to restore beside it",
+        )
+    if replacing and not _replaceable(final):
+        raise StateError(f"{final} exists and is not an environment; refusing to touch it")
+    status = "moved" if moving else "replaced" if replacing else "restored"
+
+    def mark(partial: Path, record: state.EnvRecord) -> create.Pending:
+        pending = create.Pending("restore", status, record, str(moving) if moving else None, b.id)
+        create.write_pending(partial, pending)
+        return pending
+
+    log = create.open_log(home, name)
+    try:
+        if b.mode == "wheelhouse":
+            pending, relocation = _wheelhouse(b, old, name, final, env, modules, log, step, mark), None
+        else:
+            pending, relocation = _archive(b, old, name, final, log, step, mark)
+        for note in create.finish(home, env, final, pending):
+            log.write(note)
+            notes.append(note)
+    finally:
+        log.close()
+    return pending.record, status, log, relocation
 
 
 def _unverified(b: Backup, problems: list[str]) -> BackupError:
@@ -167,7 +208,8 @@ def _wheelhouse(
     modules: ModuleSystem,
     log: build.BuildLog,
     step: Callable[[str], None],
-) -> state.EnvRecord:
+    mark: Callable[[Path, state.EnvRecord], create.Pending],
+) -> create.Pending:
     plan = old.plan
     kind = plan.get("kind", "venv")
     if kind not in ("venv", "overlay"):
@@ -242,10 +284,11 @@ def _wheelhouse(
         }
         record = _restored_record(old, b, name, final, build.inventory(partial), modules=loaded)
         state.write_atomic(partial / "envbuilder" / "record.json", create.dump_record(record))
+        pending = mark(partial, record)
         build.drop_world_write(partial)
         step(f"moving the env into place at {final}")
         create.swap(partial, final)
-    return record
+    return pending
 
 
 def _write_constraints(partial: Path, plan: Mapping[str, Any]) -> None:
@@ -371,7 +414,8 @@ def _archive(
     final: Path,
     log: build.BuildLog,
     step: Callable[[str], None],
-) -> tuple[state.EnvRecord, Optional[archive.Relocation]]:
+    mark: Callable[[Path, state.EnvRecord], create.Pending],
+) -> tuple[create.Pending, Optional[archive.Relocation]]:
     arc = b.data["archive"]
     manifest = json.loads((b.path / "manifest.json").read_text(encoding="utf-8"))
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -387,8 +431,10 @@ def _archive(
             step(f"relocating {old.prefix} -> {final}")
             relocation = archive.relocate(partial, old.prefix, str(final))
             log.write(f"relocated: {len(relocation.rewritten)} rewritten, {len(relocation.left)} left")
-        # The env's own files stay exactly as archived (its envbuilder/record.json was relocated with the rest).
+        # The env's own files stay exactly as archived (its envbuilder/record.json was relocated with the rest);
+        # the pending marker is removed once the record is written.
         record = _restored_record(old, b, name, final, [dict(p) for p in old.packages])
+        pending = mark(partial, record)
         step(f"moving the env into place at {final}")
         create.swap(partial, final)
-    return record, relocation
+    return pending, relocation

@@ -7,10 +7,14 @@ The same spec renders the JSON schema shipped for editors (``envbuilder recipes 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from envbuilder.errors import RecipeError, did_you_mean
 
@@ -27,6 +31,165 @@ STATUSES = ("active", "retired")
 CHECKS = ("import", "gpu", "arch", "cuda", "libraries", "nccl", "ddp", "mpi", "filesystem", "horovod")
 
 NAME_RE = r"[a-z0-9][a-z0-9._-]*"
+#: Upper ends of counts: far above any machine (16 GPUs, 10,000s of nodes, 1,000s of cores), far below values
+#: that overflow what a launcher or scheduler takes.
+MAX_GPUS_PER_NODE = 64
+MAX_CORES_PER_NODE = 16384
+MAX_NODES = 1_000_000
+#: A module name Lmod and Tcl Environment Modules take as a name: no whitespace, quotes, $, ;, backslash or colon
+#: (LOADEDMODULES is a colon list), and no leading '-' (an option). Lmod evaluates anything else it is handed.
+MODULE_RE = r"[A-Za-z0-9_/][A-Za-z0-9._+/@%,-]*"
+#: An environment variable name (activate.env keys, profile unsets): the shell's identifier.
+VAR_RE = r"[A-Za-z_][A-Za-z0-9_]*"
+#: A distribution name as core metadata spells it (PEP 508): what ``packages.name`` holds.
+DIST_NAME_RE = r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?"
+#: The schemes a direct reference (``name @ URL``) may use: pinned remote sources over TLS or ssh. A local path or a
+#: plain-http URL would bypass the index, its mirror (ENVBUILDER_INDEX_MIRROR) and transport security.
+DIRECT_URL_SCHEMES = ("https://", "git+https://", "git+ssh://")
+
+#: (message, hint) of a value that fails a rule.
+Problem = tuple[str, Optional[str]]
+
+_NUL_HINT = "no file name, command-line argument or environment variable can hold a NUL byte"
+_LINE_HINT = (
+    "activate scripts, modulefiles and batch scripts take one line per value; only description and notes fields "
+    "may span lines"
+)
+_CONTROL_HINT = "terminals and shells act on control characters: remove it"
+_MODULE_HINT = (
+    "a module name holds letters, digits and . _ + - / @ % , only, and starts with a letter, a digit, _ or / "
+    "(a module system would run anything else as shell code or read it as an option)"
+)
+
+
+def control_problem(value: str, prose: bool = False) -> Optional[Problem]:
+    """What in ``value`` no generated script, argument or variable can carry: a NUL byte anywhere, a line break
+    outside prose (Lmod writes it unescaped into the shell code ``module load`` evaluates), any other control
+    character. Tabs pass; prose (descriptions, notes) may also hold line breaks."""
+    for ch in value:
+        code = ord(ch)
+        if code == 0:
+            return "a NUL byte", _NUL_HINT
+        if ch == "\t" or (prose and ch in "\n\r"):
+            continue
+        if ch in "\n\r":
+            return "a line break", _LINE_HINT
+        if code < 32 or 0x7F <= code <= 0x9F:
+            return f"the control character U+{code:04X}", _CONTROL_HINT
+    return None
+
+
+def module_name_problem(name: str) -> Optional[Problem]:
+    if re.fullmatch(MODULE_RE, name):
+        return None
+    return f"not a module name: {_found(name)}", _MODULE_HINT
+
+
+def var_name_problem(name: str) -> Optional[Problem]:
+    if re.fullmatch(VAR_RE, name):
+        return None
+    return (
+        f"not a variable name: {_found(name)}",
+        "a variable name holds letters, digits and _ only, and does not start with a digit",
+    )
+
+
+def _option_problem(value: str) -> Optional[Problem]:
+    if not value.startswith("-"):
+        return None
+    return (
+        f"a value here cannot start with '-' (a command would read it as an option), found {_found(value)}",
+        None,
+    )
+
+
+def _dist_name_problem(name: str) -> Optional[Problem]:
+    if re.fullmatch(DIST_NAME_RE, name):
+        return None
+    return (
+        f"not a distribution name: {_found(name)}",
+        "a package name holds letters, digits, '.', '_' and '-', and starts and ends with a letter or digit; "
+        "versions, extras and markers go in spec",
+    )
+
+
+def requirement_problem(spec: str) -> Optional[Problem]:
+    """A package spec is one PEP 508 requirement: never an installer option, and a direct reference only to a
+    pinned remote source (:data:`DIRECT_URL_SCHEMES`)."""
+    if spec.lstrip().startswith("-"):
+        return (
+            f"a requirement cannot start with '-' (the installer would read it as an option), found {_found(spec)}",
+            "name an index in packages.index; no_build_isolation and no_binary are keys of their own",
+        )
+    try:
+        req = Requirement(spec)
+    except InvalidRequirement:
+        return (
+            f"not a PEP 508 requirement: {_found(spec)}",
+            'a requirement as pip reads it, such as "numpy>=1.26" or '
+            "\"mpi4py==4.0.1; platform_machine == 'x86_64'\"",
+        )
+    if req.url and not req.url.startswith(DIRECT_URL_SCHEMES):
+        return (
+            f"a direct reference may only use {', '.join(DIRECT_URL_SCHEMES[:-1])} or {DIRECT_URL_SCHEMES[-1]}, "
+            f"found {_found(spec)}",
+            "a local path or a plain-http URL bypasses the index, its mirror and TLS: serve the file from an index "
+            "and name it in packages.index",
+        )
+    return None
+
+
+def require_carriable(value: str, key: str) -> None:
+    """For renderers (activate scripts, modulefiles, batch scripts): refuse what the loader refuses at plan time,
+    for values that did not come through it (a state record, a command-line flag, a caller)."""
+    bad = control_problem(value)
+    if bad is not None:
+        raise RecipeError(
+            f"{bad[0]} is not allowed in this value, found {_found(value)}", key=key, hint=bad[1]
+        )
+
+
+def require_module_name(name: str, key: str) -> None:
+    problem = module_name_problem(name)
+    if problem is not None:
+        raise RecipeError(problem[0], key=key, hint=problem[1])
+
+
+def require_var_name(name: str, key: str) -> None:
+    problem = var_name_problem(name)
+    if problem is not None:
+        raise RecipeError(problem[0], key=key, hint=problem[1])
+
+
+def _package_problem(item: Mapping[str, Any]) -> Optional[tuple[str, str, Optional[str]]]:
+    """(key, message, hint) where a [[packages]] entry's spec names another package than its name."""
+    name, spec = item.get("name"), item.get("spec")
+    if not isinstance(name, str) or not isinstance(spec, str):
+        return None
+    declared = Requirement(spec).name  # the field rules have parsed it already
+    if canonicalize_name(declared) == canonicalize_name(name):
+        return None
+    return (
+        "spec",
+        f"the requirement is for {declared!r}, not for the package's name {name!r}",
+        f"set name = {declared!r}, or a spec that names {name}",
+    )
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A check on a string value, or on each string of an array: a :data:`Problem` or None. ``pattern`` is the
+    same rule for the JSON schema, where one exists."""
+
+    check: Callable[[str], Optional[Problem]]
+    pattern: Optional[str] = None
+
+
+MODULE_NAME = Rule(module_name_problem, MODULE_RE)
+VAR_NAME = Rule(var_name_problem, VAR_RE)
+NOT_AN_OPTION = Rule(_option_problem, r"(?!-)[\s\S]*")
+DIST_NAME = Rule(_dist_name_problem, DIST_NAME_RE)
+REQUIREMENT = Rule(requirement_problem, r"(?!\s*-)[\s\S]*")
 
 
 @dataclass(frozen=True)
@@ -38,6 +201,11 @@ class Field:
     items: Optional[type] = None  # for lists: the element type
     required: bool = False
     example: str = ""  # shown when a value does not match ``pattern``
+    rule: Optional[Rule] = None  # for a string, or for each string of an array
+    prose: bool = False  # free text for people (descriptions, notes): may span lines
+    #: For integers: the allowed range, both ends included. No machine has a negative GPU count or 2**63 nodes.
+    minimum: Optional[int] = None
+    maximum: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +213,8 @@ class Table:
     fields: Mapping[str, Union[Field, Table, MapOf, ArrayOf]]
     doc: str = ""
     required: bool = False
+    #: A rule across the table's keys: (key, message, hint) of the first problem, or None.
+    check: Optional[Callable[[Mapping[str, Any]], Optional[tuple[str, str, Optional[str]]]]] = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +250,7 @@ SCHEMA = Table(
                     pattern=NAME_RE,
                     example="vista-venv-cu124",
                 ),
-                "description": Field(str),
+                "description": Field(str, prose=True),
                 "version": Field(str, "recipe version (publishing assigns one if absent)"),
                 "experimental": Field(bool, "true for recipes that track moving targets (nightlies)"),
             }
@@ -88,9 +258,9 @@ SCHEMA = Table(
         "corrections": ArrayOf(
             Table(
                 {
-                    "seed": Field(str, "what the source document says", required=True),
-                    "fix": Field(str, "what this recipe does instead", required=True),
-                    "source": Field(str, "evidence for the correction"),
+                    "seed": Field(str, "what the source document says", required=True, prose=True),
+                    "fix": Field(str, "what this recipe does instead", required=True, prose=True),
+                    "source": Field(str, "evidence for the correction", prose=True),
                 }
             ),
             "where a recipe departs from its source document, and why; accumulates along extends; plan prints each",
@@ -99,19 +269,19 @@ SCHEMA = Table(
             {
                 "name": Field(str, pattern=NAME_RE, example="vista-venv-cu124"),
                 "center": Field(str),
-                "title": Field(str),
+                "title": Field(str, prose=True),
                 "status": Field(str, choices=STATUSES),
                 "retired_on": Field(str, pattern=r"\d{4}-\d{2}-\d{2}", example="2025-12-08"),
                 "validatable": Field(bool, "false where the machine no longer exists"),
                 "document": Field(str, "source document (URL or seed file)"),
                 "document_date": Field(str, pattern=r"\d{4}-\d{2}(-\d{2})?", example="2024-09-18"),
-                "notes": Field(str),
+                "notes": Field(str, prose=True),
             }
         ),
         "compute": Table(
             {
                 "arch": Field(str, choices=("x86_64", "aarch64")),
-                "gpus_per_node": Field(int),
+                "gpus_per_node": Field(int, minimum=0, maximum=MAX_GPUS_PER_NODE),
                 "gpu": Field(str, "GPU model as the driver names it"),
                 "compute_capability": Field(str, pattern=r"\d+\.\d+", example="9.0"),
                 "driver_version": Field(str, pattern=r"\d+\.\d+(\.\d+)?", example="550.54.15"),
@@ -119,8 +289,8 @@ SCHEMA = Table(
                     str, "highest CUDA the driver supports", pattern=r"\d+\.\d+", example="12.9"
                 ),
                 "glibc": Field(str, pattern=r"\d+\.\d+", example="2.28"),
-                "cores_per_node": Field(int),
-                "memory_gb": Field(int),
+                "cores_per_node": Field(int, minimum=1, maximum=MAX_CORES_PER_NODE),
+                "memory_gb": Field(int, minimum=1, maximum=1024 * 1024),
                 "interconnect": Field(str),
             },
             "facts of the compute partition the env is built for (not of the login node)",
@@ -143,13 +313,13 @@ SCHEMA = Table(
                 "partitions": MapOf(
                     Table(
                         {
-                            "gpus_per_node": Field(int),
-                            "max_nodes": Field(int),
+                            "gpus_per_node": Field(int, minimum=0, maximum=MAX_GPUS_PER_NODE),
+                            "max_nodes": Field(int, minimum=1, maximum=MAX_NODES),
                             "max_time": Field(str, pattern=r"\d+:\d{2}:\d{2}", example="01:30:00"),
                             "dev": Field(bool, "a short-turnaround debug queue"),
                             "gpu": Field(str),
-                            "cores_per_node": Field(int),
-                            "notes": Field(str),
+                            "cores_per_node": Field(int, minimum=1, maximum=MAX_CORES_PER_NODE),
+                            "notes": Field(str, prose=True),
                         }
                     )
                 ),
@@ -158,16 +328,20 @@ SCHEMA = Table(
         "modules": Table(
             {
                 "system": Field(str, choices=MODULE_SYSTEMS),
-                "use": Field(list, "paths for `module use`, in order", items=str),
-                "load": Field(list, "modules loaded for the build, in order", items=str),
-                "build_only": Field(list, "modules loaded only while building (cmake)", items=str),
+                "use": Field(list, "paths for `module use`, in order", items=str, rule=NOT_AN_OPTION),
+                "load": Field(list, "modules loaded for the build, in order", items=str, rule=MODULE_NAME),
+                "build_only": Field(
+                    list, "modules loaded only while building (cmake)", items=str, rule=MODULE_NAME
+                ),
             }
         ),
         "filesystems": MapOf(
             Table(
                 {
                     "path": Field(str, "path, may use ${VAR}", required=True),
-                    "purge_days": Field(int, "files unread this many days may be purged"),
+                    "purge_days": Field(
+                        int, "files unread this many days may be purged", minimum=1, maximum=36500
+                    ),
                     "touch_allowed": Field(
                         bool,
                         "the site permits refreshing access times to hold off the purge (envbuilder touch)",
@@ -176,7 +350,7 @@ SCHEMA = Table(
                     "files_quota": Field(str),
                     "backed_up": Field(bool),
                     "visible_on_compute": Field(bool),
-                    "notes": Field(str),
+                    "notes": Field(str, prose=True),
                 }
             ),
             "named file systems (scratch, work, home)",
@@ -185,9 +359,9 @@ SCHEMA = Table(
         "env_profiles": MapOf(
             Table(
                 {
-                    "description": Field(str),
-                    "set": MapOf(Field(str), key_pattern=r"[A-Za-z_][A-Za-z0-9_]*"),
-                    "unset": Field(list, items=str),
+                    "description": Field(str, prose=True),
+                    "set": MapOf(Field(str), key_pattern=VAR_RE),
+                    "unset": Field(list, items=str, rule=VAR_NAME),
                 }
             ),
             "named groups of environment variables (OMP, NCCL, HOROVOD); activate.profiles picks them",
@@ -198,9 +372,11 @@ SCHEMA = Table(
                 "default": Field(str, choices=LAUNCHERS),
                 "mpi": Field(str, "srun --mpi plugin (pmi2, pmix)"),
                 "cpu_bind": Field(str, "mpiexec --cpu-bind value"),
-                "depth": Field(int, "mpiexec --depth (cores per rank)"),
+                "depth": Field(
+                    int, "mpiexec --depth (cores per rank)", minimum=1, maximum=MAX_CORES_PER_NODE
+                ),
                 "gpu_affinity": Field(str, choices=GPU_AFFINITY),
-                "port": Field(int, "rendezvous port shared by all nodes"),
+                "port": Field(int, "rendezvous port shared by all nodes", minimum=1, maximum=65535),
             }
         ),
         "env": Table(
@@ -219,7 +395,9 @@ SCHEMA = Table(
         ),
         "python": Table(
             {
-                "command": Field(str, "interpreter to build from, found on PATH after the modules load"),
+                "command": Field(
+                    str, "interpreter to build from, found on PATH after the modules load", rule=NOT_AN_OPTION
+                ),
                 "version": Field(
                     str,
                     "its version (major.minor); the resolver checks wheels against it",
@@ -230,8 +408,10 @@ SCHEMA = Table(
         ),
         "conda": Table(
             {
-                "channels": Field(list, items=str),
-                "packages": Field(list, "conda packages besides python and pip", items=str),
+                "channels": Field(list, items=str, rule=NOT_AN_OPTION),
+                "packages": Field(
+                    list, "conda packages besides python and pip", items=str, rule=NOT_AN_OPTION
+                ),
                 "engine": Field(str, choices=("auto", "conda", "mamba", "micromamba", "rattler")),
             }
         ),
@@ -250,34 +430,61 @@ SCHEMA = Table(
         "packages": ArrayOf(
             Table(
                 {
-                    "name": Field(str, required=True),
-                    "spec": Field(str, "requirement as pip reads it (defaults to the name)"),
-                    "index": Field(str, "pypi (default), torch (the resolved torch index) or a URL"),
-                    "build_env": MapOf(Field(str), key_pattern=r"[A-Za-z_][A-Za-z0-9_]*"),
+                    "name": Field(str, required=True, rule=DIST_NAME),
+                    "spec": Field(
+                        str,
+                        "one PEP 508 requirement for this package (defaults to the name); a direct reference "
+                        "(name @ URL) only to https://, git+https:// or git+ssh://",
+                        rule=REQUIREMENT,
+                    ),
+                    "index": Field(
+                        str,
+                        "pypi (default), torch (the resolved torch index) or a URL",
+                        pattern=r"pypi|torch|(https?|file)://\S+",
+                        example="https://example.org/simple",
+                    ),
+                    "build_env": MapOf(Field(str), key_pattern=VAR_RE),
                     "no_build_isolation": Field(bool),
                     "no_binary": Field(bool, "build from source against the loaded modules (mpi4py)"),
-                    "build_modules": Field(list, "modules loaded only for this package's build", items=str),
-                    "note": Field(str),
-                }
+                    "build_modules": Field(
+                        list, "modules loaded only for this package's build", items=str, rule=MODULE_NAME
+                    ),
+                    "note": Field(str, prose=True),
+                },
+                check=_package_problem,
             ),
             "extra packages, installed after torch with torch's pins as constraints",
         ),
         "activate": Table(
             {
-                "modules": Field(list, "modules loaded on activate, unloaded on deactivate", items=str),
-                "env": MapOf(Field(str), key_pattern=r"[A-Za-z_][A-Za-z0-9_]*"),
+                "modules": Field(
+                    list, "modules loaded on activate, unloaded on deactivate", items=str, rule=MODULE_NAME
+                ),
+                "env": MapOf(Field(str), key_pattern=VAR_RE),
                 "profiles": Field(list, "env_profiles applied on activate", items=str),
             }
         ),
         "validation": Table(
             {
                 "checks": Field(list, "checks to run after create", items=str),
-                "nodes": Field(int),
-                "nproc_per_node": Field(int, "ranks per node (default: GPUs per node)"),
+                "nodes": Field(
+                    int,
+                    "nodes the checks run on (at most the partition's max_nodes)",
+                    minimum=1,
+                    maximum=MAX_NODES,
+                ),
+                "nproc_per_node": Field(
+                    int, "ranks per node (default: GPUs per node)", minimum=1, maximum=MAX_CORES_PER_NODE
+                ),
                 "partition": Field(str),
                 "time": Field(str, pattern=r"\d+:\d{2}:\d{2}", example="01:30:00"),
                 "launcher": Field(str, choices=LAUNCHERS),
-                "timeout": Field(int, "seconds each check may take before it counts as hung"),
+                "timeout": Field(
+                    int,
+                    "seconds each check may take before it counts as hung",
+                    minimum=1,
+                    maximum=7 * 24 * 3600,
+                ),
                 "filesystems": Field(
                     list, "[filesystems] entries every rank writes to (default $SCRATCH)", items=str
                 ),
@@ -296,7 +503,9 @@ SCHEMA = Table(
                             "upper": Field((int, float), "allowed fraction above value; unset = unbounded"),
                             "unit": Field(str),
                             "partition": Field(str, "the partition it was measured on (unset: any)"),
-                            "ranks": Field(int, "the rank count it holds for (unset: any)"),
+                            "ranks": Field(
+                                int, "the rank count it holds for (unset: any)", minimum=1, maximum=2**31 - 1
+                            ),
                         }
                     ),
                     "performance references, ReFrame style: out of bounds is a FAIL",
@@ -396,6 +605,11 @@ def _walk(
                     hint=did_you_mean(key, spec.fields) or f"known keys here: {', '.join(spec.fields)}",
                 )
             _walk(spec.fields[key], sub, file, _join(path, key), required, source_of)
+        if spec.check is not None:
+            problem = spec.check(value)
+            if problem is not None:
+                key, message, hint = problem
+                raise RecipeError(message, file=file, key=_join(path, key), hint=hint)
         for key, sub_spec in spec.fields.items():
             if required and getattr(sub_spec, "required", False) and key not in value:
                 expected = f"expected {_type_name(sub_spec.types)}" if isinstance(sub_spec, Field) else ""
@@ -410,6 +624,14 @@ def _walk(
         if not isinstance(value, dict):
             raise RecipeError(f"expected a table, found {_found(value)}", file=file, key=path)
         for key, sub in value.items():
+            bad = control_problem(key)
+            if bad is not None:
+                raise RecipeError(
+                    f"{bad[0]} is not allowed in a name, found {_found(key)}",
+                    file=file,
+                    key=_join(path, key),
+                    hint=bad[1],
+                )
             if spec.key_pattern and not re.fullmatch(spec.key_pattern, key):
                 raise RecipeError(
                     f"invalid name {key!r} (expected to match {spec.key_pattern})",
@@ -427,18 +649,39 @@ def _walk(
     _check_field(spec, value, file, path)
 
 
+def _check_number(spec: Field, value: Union[int, float], file: str, path: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RecipeError(f"expected a finite number, found {_found(value)}", file=file, key=path)
+    low, high = spec.minimum, spec.maximum
+    if (low is None or value >= low) and (high is None or value <= high):
+        return
+    if low is not None and high is not None:
+        allowed = f"from {low} to {high}"
+    else:
+        allowed = f"of at least {low}" if low is not None else f"of at most {high}"
+    raise RecipeError(
+        f"expected {_type_name(spec.types)} {allowed}, found {_found(value)}", file=file, key=path
+    )
+
+
 def _check_field(spec: Field, value: Any, file: str, path: str) -> None:
     types = spec.types if isinstance(spec.types, tuple) else (spec.types,)
     # bool is an int subclass in Python; TOML keeps them apart, so do we.
     ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
     if not ok:
         raise RecipeError(f"expected {_type_name(spec.types)}, found {_found(value)}", file=file, key=path)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        _check_number(spec, value, file, path)
     if spec.items is not None:
         for i, item in enumerate(value):
             if not isinstance(item, spec.items) or isinstance(item, bool):
                 raise RecipeError(
                     f"expected {_type_name(spec.items)}, found {_found(item)}", file=file, key=f"{path}[{i}]"
                 )
+            if isinstance(item, str):
+                _check_text(spec, item, file, f"{path}[{i}]")
+    if isinstance(value, str):
+        _check_text(spec, value, file, path)
     if spec.choices and value not in spec.choices:
         raise RecipeError(
             f"expected one of {', '.join(spec.choices)}, found {_found(value)}",
@@ -449,6 +692,20 @@ def _check_field(spec: Field, value: Any, file: str, path: str) -> None:
     if spec.pattern and isinstance(value, str) and not re.fullmatch(spec.pattern, value):
         like = f"a value like {spec.example!r}" if spec.example else f"a value matching {spec.pattern}"
         raise RecipeError(f"expected {like}, found {_found(value)}", file=file, key=path)
+
+
+def _check_text(spec: Field, value: str, file: str, path: str) -> None:
+    """Every string: nothing a script, argument or variable cannot carry; then the field's own rule."""
+    bad = control_problem(value, prose=spec.prose)
+    if bad is not None:
+        what, hint = bad
+        raise RecipeError(
+            f"{what} is not allowed in this value, found {_found(value)}", file=file, key=path, hint=hint
+        )
+    problem = spec.rule.check(value) if spec.rule else None
+    if problem is not None:
+        message, hint = problem
+        raise RecipeError(message, file=file, key=path, hint=hint)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -496,8 +753,16 @@ def _json_field(spec: Field) -> dict[str, Any]:
     out: dict[str, Any] = {"type": names[0] if len(names) == 1 else names}
     if spec.items is not None:
         out["items"] = {"type": _JSON_TYPES[spec.items]}
+        if spec.rule and spec.rule.pattern:
+            out["items"]["pattern"] = f"^({spec.rule.pattern})$"
+    elif spec.rule and spec.rule.pattern and not spec.pattern:
+        out["pattern"] = f"^({spec.rule.pattern})$"
     if spec.choices:
         out["enum"] = list(spec.choices)
     if spec.pattern:
         out["pattern"] = f"^({spec.pattern})$"
+    if spec.minimum is not None:
+        out["minimum"] = spec.minimum
+    if spec.maximum is not None:
+        out["maximum"] = spec.maximum
     return out

@@ -9,6 +9,8 @@ is broken; one held from another host is broken only after ``STALE_AFTER_S`` (it
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
 import json
 import os
 import shutil
@@ -159,7 +161,15 @@ def _pid_alive(pid: int) -> bool:
 
 
 class EnvLock:
-    """An exclusive lock on one env, usable as a context manager."""
+    """An exclusive lock on one env, usable as a context manager.
+
+    Taking it is one ``rename`` of a directory that already holds its owner file onto the lock's path (atomic on
+    local file systems, Lustre and NFS; it fails when the path exists), so a lock is never seen without its owner.
+    Breaking a stale one is atomic too: the breakers of one lock generation race to create a ``breaker-N``
+    symlink *inside it* (through a descriptor of the directory they judged, so a newer lock at the same path is
+    never the one they break); the one that creates it alone moves the stale directory away and removes it.
+    A breaker that dies mid-way is itself stale, and the next level (``breaker-N+1``) decides who takes over.
+    """
 
     def __init__(
         self,
@@ -174,59 +184,164 @@ class EnvLock:
         self.on_wait = on_wait
         self.owner: Optional[Owner] = None
 
-    def _read_owner(self) -> Optional[Owner]:
-        try:
-            data = json.loads((self.path / "owner.json").read_text())
-            return Owner(int(data["pid"]), str(data["host"]), float(data["since"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def _is_stale(self, owner: Optional[Owner]) -> bool:
+    def _is_stale(self, fd: int, owner: Optional[Owner]) -> bool:
         if owner is None:
-            # Between another process's mkdir and its owner file; give it a moment before calling it stale.
+            # No owner file: written by an older envbuilder between its mkdir and its owner file, or damaged.
+            return time.time() - os.fstat(fd).st_mtime > 10
+        return _gone(owner.pid, owner.host, owner.since, STALE_AFTER_S)
+
+    def _aside(self, what: str) -> Path:
+        return self.path.with_name(
+            f".{self.path.name}.{what}-{socket.gethostname()}-{os.getpid()}-{time.monotonic_ns()}"
+        )
+
+    def _create(self) -> bool:
+        """Put a new lock, owner file included, at the path in one rename; False if one is there."""
+        me = Owner.me()
+        new = self._aside("new")
+        new.mkdir(mode=DIR_MODE)
+        try:
+            write_atomic(new / "owner.json", json.dumps(asdict(me)).encode())
             try:
-                return time.time() - self.path.stat().st_mtime > 10
+                new.rename(self.path)
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    return False
+                if exc.errno == errno.ENOTDIR:
+                    raise StateError(
+                        f"{self.path} is in the way of a lock and is not one", hint=f"remove {self.path}"
+                    ) from None
+                raise
+        finally:
+            if new.exists():
+                shutil.rmtree(new, ignore_errors=True)
+        self.owner = me
+        return True
+
+    def _break(self, fd: int) -> bool:
+        """Break the stale lock ``fd`` is open on, if this process wins the right to: True when it did (or the lock
+        is gone), False when another breaker is at work on it."""
+        token = json.dumps([os.getpid(), socket.gethostname(), time.time()])
+        for level in range(MAX_BREAKERS):
+            name = f"breaker-{level}"
+            try:
+                os.symlink(token, name, dir_fd=fd)
+                break
+            except FileExistsError:
+                pass
             except FileNotFoundError:
+                return True  # broken and removed by another breaker meanwhile
+            if _breaker_alive(fd, name):
                 return False
-        if owner.host == socket.gethostname():
-            return not _pid_alive(owner.pid)
-        return time.time() - owner.since > STALE_AFTER_S
+        else:
+            return False
+        judged = os.fstat(fd)
+        try:
+            here = os.lstat(self.path)
+        except FileNotFoundError:
+            here = None
+        if here is None or (here.st_dev, here.st_ino) != (judged.st_dev, judged.st_ino):
+            # Broken already: this was a late symlink into a directory on its way out. While the judged lock is
+            # at the path, its breaker symlinks stay, so the level won here is unique to it.
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=fd)
+            return True
+        tomb = self._aside("broken")
+        try:
+            self.path.rename(tomb)
+        except FileNotFoundError:
+            return True
+        moved = tomb.lstat()
+        if (moved.st_dev, moved.st_ino) != (judged.st_dev, judged.st_ino):
+            # Not the lock judged stale (only its breaker may move it, so this is not expected): put it back.
+            with contextlib.suppress(OSError):
+                tomb.rename(self.path)
+            return True
+        _remove(tomb)
+        return True
+
+    def _sweep(self) -> None:
+        """Remove what a process killed in the middle of taking or breaking this lock left beside it."""
+        for left in self.path.parent.glob(f".{glob.escape(self.path.name)}.*-*-*-*"):
+            what, _, rest = left.name[len(self.path.name) + 2 :].partition("-")
+            host, pid, _ns = rest.rsplit("-", 2)
+            if what not in ("new", "broken") or not pid.isdigit():
+                continue
+            try:
+                since = left.lstat().st_mtime
+            except FileNotFoundError:
+                continue
+            if _gone(int(pid), host, since, STALE_AFTER_S):
+                shutil.rmtree(left, ignore_errors=True)
 
     def acquire(self) -> None:
         deadline = time.monotonic() + self.timeout
+        #: A stale lock another process is breaking is free in milliseconds: wait that long, whatever the timeout.
+        breaking_until: Optional[float] = None
         told = False
         _mkdir(self.path.parent)
         while True:
+            if not os.path.lexists(self.path) and self._create():
+                self._sweep()
+                return
             try:
-                self.path.mkdir(mode=DIR_MODE)
-            except FileExistsError:
-                owner = self._read_owner()
-                if self._is_stale(owner):
-                    shutil.rmtree(self.path, ignore_errors=True)
+                fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                continue  # released or broken meanwhile: try again at once
+            except NotADirectoryError:
+                raise StateError(
+                    f"{self.path} is in the way of a lock and is not one", hint=f"remove {self.path}"
+                ) from None
+            try:
+                owner = _owner_at(fd)
+                stale = self._is_stale(fd, owner)
+                if stale and self._break(fd):
                     continue
-                if time.monotonic() >= deadline:
-                    who = f"process {owner.pid} on {owner.host}" if owner else "another process"
-                    raise StateError(
-                        f"{self.path.name} is locked by {who}: another envbuilder is working on this env",
-                        hint="wait for it to finish; if that process is gone from a node you cannot reach, "
-                        f"remove {self.path}",
-                    ) from None
-                if owner and self.on_wait and not told:
-                    self.on_wait(owner)
-                    told = True
-                time.sleep(self.poll)
-                continue
-            self.owner = Owner.me()
-            write_atomic(self.path / "owner.json", json.dumps(asdict(self.owner)).encode())
-            return
+            finally:
+                os.close(fd)
+            if stale:
+                breaking_until = breaking_until or time.monotonic() + BREAK_GRACE_S
+                if time.monotonic() < breaking_until:
+                    time.sleep(min(self.poll, 0.02))
+                    continue
+            if time.monotonic() >= deadline:
+                who = f"process {owner.pid} on {owner.host}" if owner else "another process"
+                raise StateError(
+                    f"{self.path.name} is locked by {who}: another envbuilder is working on this env",
+                    hint="wait for it to finish; if that process is gone from a node you cannot reach, "
+                    f"remove {self.path}",
+                )
+            if owner and self.on_wait and not told:
+                self.on_wait(owner)
+                told = True
+            time.sleep(self.poll)
 
     def release(self) -> None:
         if self.owner is None:
             return
-        current = self._read_owner()
-        if current is not None and (current.pid, current.host) == (self.owner.pid, self.owner.host):
-            shutil.rmtree(self.path, ignore_errors=True)
-        self.owner = None
+        mine, self.owner = self.owner, None
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return
+        try:
+            current = _owner_at(fd)
+            if current is None or (current.pid, current.host) != (mine.pid, mine.host):
+                return  # broken (from another node, after STALE_AFTER_S) and taken since: not ours to remove
+            # Out of the way in one rename, then removed: the path is free at once, and never half a lock.
+            tomb = self._aside("broken")
+            try:
+                self.path.rename(tomb)
+            except FileNotFoundError:
+                return
+            moved, held = tomb.lstat(), os.fstat(fd)
+            if (moved.st_dev, moved.st_ino) != (held.st_dev, held.st_ino):
+                with contextlib.suppress(OSError):
+                    tomb.rename(self.path)
+                return
+            _remove(tomb)
+        finally:
+            os.close(fd)
 
     def __enter__(self) -> EnvLock:
         self.acquire()
@@ -234,6 +349,55 @@ class EnvLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+#: Levels of breakers of one stale lock (each level is taken over only when its breaker died).
+MAX_BREAKERS = 64
+#: A breaker on another node that has not finished in this time is gone (breaking takes milliseconds).
+BREAKER_STALE_S = 60.0
+#: How long a stale lock that another process is breaking is waited for, even with no timeout.
+BREAK_GRACE_S = 5.0
+
+
+def _gone(pid: int, host: str, since: float, after: float) -> bool:
+    """Whether a process is gone: checked on this host; from another host, only guessed from its age."""
+    if host == socket.gethostname():
+        return not _pid_alive(pid)
+    return time.time() - since > after
+
+
+def _remove(tomb: Path) -> None:
+    """Remove a lock moved out of the way; a breaker that opened it before the move may still add its symlink."""
+    for _ in range(5):
+        shutil.rmtree(tomb, ignore_errors=True)
+        if not os.path.lexists(tomb):
+            return
+
+
+def _owner_at(fd: int) -> Optional[Owner]:
+    try:
+        raw = os.open("owner.json", os.O_RDONLY, dir_fd=fd)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(raw, "rb") as fh:
+            data = json.loads(fh.read(65536))
+        return Owner(int(data["pid"]), str(data["host"]), float(data["since"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _breaker_alive(fd: int, name: str) -> bool:
+    try:
+        text = os.readlink(name, dir_fd=fd)
+        since = os.lstat(name, dir_fd=fd).st_mtime
+    except OSError:
+        return True  # cannot be told: leave the lock to it, and look again later
+    try:
+        pid, host, since = json.loads(text)
+        return not _gone(int(pid), str(host), float(since), BREAKER_STALE_S)
+    except (ValueError, TypeError):
+        return time.time() - since <= BREAKER_STALE_S
 
 
 @contextlib.contextmanager

@@ -41,6 +41,11 @@ class InstallStep:
         return ("env", *(f"{k}={v}" for k, v in self.env.items()), *self.argv)
 
 
+#: Ends the installer's options: what follows is read as requirements, never as an option (``--target=...``),
+#: whatever a recipe or a state record holds. uv and pip (optparse) both honour it.
+END_OF_OPTIONS = "--"
+
+
 def _pip(installer: str, python: str, target_flag: Sequence[str] = ()) -> list[str]:
     if installer == "uv":
         return ["uv", "pip", "install", "--python", python, *target_flag]
@@ -153,7 +158,7 @@ def install_steps(
         argv = (
             _pip(installer, env_python, target_flag)
             + list(resolution.pip_flags)
-            + list(resolution.requirements)
+            + [END_OF_OPTIONS, *resolution.requirements]
         )
         steps.append(
             InstallStep(tuple(argv), site_python=site_python, label=" ".join(resolution.requirements))
@@ -177,7 +182,7 @@ def install_steps(
             cmd += ["--no-binary", pkg["name"]]
         own_steps.append(
             InstallStep(
-                (*cmd, *constraint, spec),
+                (*cmd, *constraint, END_OF_OPTIONS, spec),
                 env=dict(pkg.get("build_env", {}) or {}),
                 modules=tuple(pkg.get("build_modules", []) or ()),
                 site_python=site_python,
@@ -187,7 +192,7 @@ def install_steps(
     if plain and locked is None:  # a lock holds these already
         steps.append(
             InstallStep(
-                (*_pip(installer, env_python, target_flag), *constraint, *plain),
+                (*_pip(installer, env_python, target_flag), *constraint, END_OF_OPTIONS, *plain),
                 site_python=site_python,
                 label=" ".join(plain),
             )

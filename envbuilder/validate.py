@@ -4,6 +4,11 @@ a batch job (``--submit``), then merge the ranks' records into one report and ke
 Every run gets its own directory under ``<prefix>/envbuilder/validation/``: the payload copied there (compute
 nodes see the env's file system, not necessarily where envbuilder is installed), the batch script, the
 launcher's output, one event file per rank and the report.
+
+A run here ends with envbuilder, whatever ends envbuilder. Ctrl-C and SIGTERM end the launcher and everything it
+started (:func:`proc.end_tree`); on SIGKILL, which nothing can follow, the launcher gets SIGTERM from the kernel
+(its parent-death signal: torchrun then ends its workers, srun its step) and every rank on this host sees
+envbuilder gone through its lifeline and exits. Ctrl-C or SIGTERM while a submitted job runs cancels the job.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import time
 from collections.abc import Mapping
@@ -29,6 +35,10 @@ KEEP_RUNS = 5
 #: Startup allowance on top of the per-check timeouts (interpreter start, rendezvous, module loads).
 SLACK_S = 120.0
 POLL_S = 0.5
+#: Between SIGTERM and SIGKILL when a run here is stopped for its time: the ranks record where they were.
+GRACE_S = 5.0
+#: The payload's lifeline: envbuilder's pid, start time, boot id and pid namespace (payloads/validate.py).
+LIFELINE = "ENVBUILDER_VALIDATE_LIFELINE"
 
 
 class NotHere(ValidationFailed):
@@ -113,12 +123,13 @@ def run(
     t0 = time.monotonic()
     if opts.submit:
         exit_code, timed_out, where, tail = _submit(the_launch, run_dir, env, opts, live)
+        stopped_after = budget if timed_out else None
     else:
         run_env = environment(record, recipe, activate, env, modules, kind)
-        exit_code, timed_out, tail = _here(the_launch, run_dir, run_env, budget, live)
+        exit_code, stopped_after, tail = _here(the_launch, run_dir, run_env, timeout, budget, live)
         where = "here"
     events = _read_events(run_dir / "ranks")
-    rows = report.merge(checks, events, the_launch.world, exit_code, budget if timed_out else None)
+    rows = report.merge(checks, events, the_launch.world, exit_code, stopped_after)
     partition = env.get("SLURM_JOB_PARTITION") or env.get("PBS_QUEUE") or the_launch.partition
     refs = report.references_for(recipe.get("validation.references", []) or [], partition, the_launch.world)
     rows = report.apply_references(rows, refs)
@@ -219,8 +230,15 @@ def _read_events(ranks: Path) -> dict[int, list[dict[str, object]]]:
 
 
 def _here(
-    the_launch: suite.Launch, run_dir: Path, env: dict[str, str], budget: float, live: Status
-) -> tuple[Optional[int], bool, str]:
+    the_launch: suite.Launch,
+    run_dir: Path,
+    env: dict[str, str],
+    timeout: float,
+    budget: float,
+    live: Status,
+) -> tuple[Optional[int], Optional[float], str]:
+    """Run the launch here; returns the launcher's exit status, after how many seconds the run was stopped
+    (None when it ended by itself) and the tail of its output."""
     env = dict(env)
     values = {"SLURM_JOB_ID": env.get("SLURM_JOB_ID", "envbuilder")}
     if the_launch.nodes > 1:
@@ -231,24 +249,88 @@ def _here(
         # MPI-started ranks rendezvous through torch's TCP store on this node.
         env["MASTER_ADDR"] = "127.0.0.1"
         env["MASTER_PORT"] = str(_free_port())
+    line = lifeline()
+    if line:
+        env[LIFELINE] = line
     argv = launchers.bind(the_launch.argv, values)
     live.status(f"running {the_launch.launcher} with {the_launch.world} rank(s)")
-    timed_out = False
+    startup = Startup(run_dir / "ranks", the_launch.world, timeout)
+    stopped_after: Optional[float] = None
     try:
-        res = proc.run(argv, env=env, cwd=str(run_dir), timeout=budget, check=False)
+        res = proc.run(
+            argv,
+            env=env,
+            cwd=str(run_dir),
+            timeout=budget,
+            check=False,
+            watch=startup,
+            grace=GRACE_S,
+            parent_death=signal.SIGTERM,
+        )
         code: Optional[int] = res.returncode
         out, err = res.stdout, res.stderr
     except CommandFailed as exc:
         if exc.returncode != 124:
             raise
-        timed_out, code, out, err = True, None, "", exc.stderr_tail
+        stopped_after = timeout if startup.late else budget
+        code, out, err = None, "", exc.stderr_tail
     except FileNotFoundError as exc:
         raise UsageError(
             f"the launcher {argv[0]!r} is not on PATH here",
             hint="load the site's MPI module, or pick another --launcher",
         ) from exc
     (run_dir / "launcher.log").write_text(out + err, encoding="utf-8")
-    return code, timed_out, proc.tail(err)
+    return code, stopped_after, proc.tail(err)
+
+
+class Startup:
+    """The start-up phase under the per-check timeout: every rank must say hello (the payload's first event)
+    within ``limit`` seconds of the launch. A python that hangs before the checks (a site-packages hook, a
+    ``sitecustomize``, a file system that stalls the interpreter's start) has no watchdog of its own yet."""
+
+    def __init__(self, ranks: Path, world: int, limit: float) -> None:
+        self.ranks = ranks
+        self.limit = limit
+        self.t0 = time.monotonic()
+        self.waiting = set(range(world))
+        #: The ranks that never started, once the limit has passed.
+        self.late: list[int] = []
+
+    def __call__(self) -> Optional[str]:
+        if not self.waiting:
+            return None
+        self.waiting = {r for r in self.waiting if not _said_hello(self.ranks / f"rank-{r}.jsonl")}
+        if not self.waiting or time.monotonic() - self.t0 <= self.limit:
+            return None
+        self.late = sorted(self.waiting)
+        who = ", ".join(map(str, self.late))
+        return (
+            f"rank(s) {who} did not start within {self.limit:g} s (--timeout): the python hung before the "
+            "checks (a site-packages hook, sitecustomize, a stalled file system)"
+        )
+
+
+def _said_hello(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            first = fh.readline(1 << 16)
+        return bool(json.loads(first).get("event") == "hello")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def lifeline() -> Optional[str]:
+    """What a rank needs to recognise this process, and to tell whether it runs on the same host and sees the
+    same pids: ``PID START_TIME BOOT_ID PID_NAMESPACE``. None where /proc does not tell (not Linux)."""
+    start = proc.start_time(os.getpid())
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+        pidns = Path("/proc/self/ns/pid").stat().st_ino
+    except OSError:
+        return None
+    if start is None or not boot:
+        return None
+    return f"{os.getpid()} {start} {boot} {pidns}"
 
 
 def _free_port() -> int:
@@ -299,7 +381,11 @@ def _submit(
         raise UsageError(f"{argv[0]} is not on PATH: is this a login node of the site?") from None
     job = res.stdout.strip().split(";", 1)[0]
     live.note(f"submitted job {job}: {script}")
-    code, timed_out = _wait(the_launch.scheduler, job, sub_env, opts.wait, live)
+    try:
+        code, timed_out = _wait(the_launch.scheduler, job, sub_env, opts.wait, live)
+    except BaseException:  # Ctrl-C or SIGTERM: the job this run submitted goes too
+        _cancel(the_launch.scheduler, job, sub_env)
+        raise
     tail = proc.tail(out_file.read_text(encoding="utf-8", errors="replace")) if out_file.exists() else ""
     return code, timed_out, job, tail
 
@@ -317,6 +403,12 @@ def _wait(
             return None, True
         time.sleep(POLL_S)
     return _job_exit(scheduler, job, env), False
+
+
+def _cancel(scheduler: str, job: str, env: Mapping[str, str]) -> None:
+    argv = ["scancel", job] if scheduler == "slurm" else ["qdel", job]
+    with contextlib.suppress(OSError, CommandFailed):
+        proc.run(argv, env=dict(env), check=False, timeout=60)
 
 
 def _job_state(scheduler: str, job: str, env: Mapping[str, str]) -> Optional[str]:

@@ -338,6 +338,8 @@ class Blob:
     wheel_size: Optional[int] = (
         None  # the wheel's bytes once decompressed (the scratch space a restore needs)
     )
+    #: Why the stored blob this one replaced was unusable (damaged or changed), if it replaced one.
+    replaced: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -359,6 +361,26 @@ def _copy_hashing(src: IO[bytes], sink: Optional[IO[bytes]], digest: Any) -> int
             sink.write(chunk)
         size += len(chunk)
     return size
+
+
+def _stored_problem(path: Path, known: dict[str, Any], cancel: Optional[threading.Event]) -> Optional[str]:
+    """What is wrong with a stored blob, against the size and sha256 its backup recorded (None: nothing)."""
+    try:
+        size = path.stat().st_size
+        if size != known.get("size"):
+            return f"{size} bytes, {known.get('size')} were written"
+        h = hashlib.sha256()
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
+                _check_cancel(cancel)
+                h.update(chunk)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    if h.hexdigest() != known.get("sha256"):
+        return "its sha256 differs from the one written (a changed or damaged byte)"
+    return None
 
 
 def file_sha256(path: Path) -> str:
@@ -394,23 +416,28 @@ class Store:
     def put(
         self, dist: Dist, known: Optional[dict[str, Any]] = None, cancel: Optional[threading.Event] = None
     ) -> Blob:
-        """The blob for ``dist``: the stored one if any backup wrote it (its files still checked against RECORD),
-        else packed now. Safe to call from several threads for different dists."""
+        """The blob for ``dist``: the stored one if an earlier backup wrote it and its bytes still hash to what
+        that backup recorded (hashed now: a blob not checked in this run is never trusted), its files checked
+        against RECORD either way; else packed now, replacing a damaged one. Safe to call from several threads
+        for different dists."""
         found = self.existing(dist.digest)
+        damaged = None
         if found is not None and known is not None:
             rel, compression = found
             check_unchanged(dist, cancel)
             path = self.root / rel
-            self._widen(path)
-            return Blob(
-                dist.digest,
-                dist.wheel_filename(),
-                rel,
-                known["sha256"],
-                path.stat().st_size,
-                compression,
-                wheel_size=known.get("wheel_size"),
-            )
+            damaged = _stored_problem(path, known, cancel)
+            if damaged is None:
+                self._widen(path)
+                return Blob(
+                    dist.digest,
+                    dist.wheel_filename(),
+                    rel,
+                    known["sha256"],
+                    int(known["size"]),
+                    compression,
+                    wheel_size=known.get("wheel_size"),
+                )
         compression = "zstd" if self.zstd else "none"
         rel = self._rel(dist.digest, compression)
         final = self.root / rel
@@ -441,6 +468,7 @@ class Store:
             compression,
             new=True,
             wheel_size=wheel_size,
+            replaced=damaged,
         )
 
     def _widen(self, path: Path) -> None:

@@ -14,7 +14,7 @@ from envbuilder import restore as restorer
 from envbuilder import validate as validator
 from envbuilder.catalog import Catalog
 from envbuilder.commands import validate as validate_cmd
-from envbuilder.console import Out
+from envbuilder.console import Out, cells, plain
 from envbuilder.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
 
 
@@ -50,7 +50,7 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 
     def step(text: str) -> None:
         if not quiet:
-            out.console.print(f"  [cyan]→[/cyan] {text}")
+            out.step(text)
 
     with proc.sigterm_as_interrupt(), backup.writer_lock(root, args.wait, _waiting(out)):
         if not args.all:
@@ -106,7 +106,7 @@ def handle_backups(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
         if not rows:
             out.line(f"no backups in {root}" + (f" for {args.env}" if args.env else ""))
             return rows
-        table = Table(box=None, pad_edge=False, title=str(root), title_justify="left")
+        table = Table(box=None, pad_edge=False, title=plain(str(root)), title_justify="left")
         for col in ("id", "mode", "size", "new", "created", "verified"):
             table.add_column(col)
         for r in rows:
@@ -115,7 +115,9 @@ def handle_backups(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
             if r["error"]:
                 verified = f"BROKEN: {r['error']}"
             table.add_row(
-                r["id"], r["mode"], _mib(r["bytes"]), _mib(r["new_bytes"]), str(r["created"]), verified
+                *cells(
+                    r["id"], r["mode"], _mib(r["bytes"]), _mib(r["new_bytes"]), str(r["created"]), verified
+                )
             )
         out.console.print(table)
     return rows
@@ -162,7 +164,7 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 
     def step(text: str) -> None:
         if not quiet:
-            out.console.print(f"  [cyan]→[/cyan] {text}")
+            out.step(text)
 
     if not quiet:
         out.heading(f"Restoring {b.id} ({b.mode}, created {b.data.get('created')})")

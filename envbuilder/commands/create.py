@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -17,7 +19,7 @@ from envbuilder.catalog import Catalog
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.commands import validate as validate_cmd
 from envbuilder.console import Out
-from envbuilder.errors import ResolverError, ValidationFailed
+from envbuilder.errors import ResolverError, UsageError, ValidationFailed
 
 
 class _Progress:
@@ -28,9 +30,7 @@ class _Progress:
 
     def step(self, text: str) -> None:
         if not self.quiet:
-            self.out.console.print(
-                f"  [cyan]→[/cyan] {text}  [dim]({time.monotonic() - self.started:.1f} s)[/dim]"
-            )
+            self.out.step(text, f"{time.monotonic() - self.started:.1f} s")
 
     def note(self, text: str) -> None:
         if not self.quiet:
@@ -50,6 +50,10 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     )
     catalog = Catalog.from_env(env)
     recipe = loader.load(args.recipe, catalog)
+    if args.name is not None:
+        check_name(args.name)
+        if not args.prefix:  # the recipe's prefix, for this name ({name} in env.prefix)
+            opts = dataclasses.replace(opts, prefix=named_prefix(recipe, env, args.name))
     facts = host.load_facts_file(args.facts) if args.facts else host.probe()
     lock = None if args.no_lock else locking.find(recipe, catalog, env, args.lock)
     index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
@@ -57,9 +61,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     same_arch(the_plan, platform.machine())
     progress = _Progress(out, args.quiet or args.json)
     if not (args.quiet or args.json):
-        out.heading(
-            f"Creating {the_plan.recipe} ({the_plan.kind}, {the_plan.installer}) at {the_plan.prefix}"
-        )
+        what = f"{args.name} (recipe {the_plan.recipe}, " if args.name else f"{the_plan.recipe} ("
+        out.heading(f"Creating {what}{the_plan.kind}, {the_plan.installer}) at {the_plan.prefix}")
         if the_plan.resolution:
             r = the_plan.resolution
             out.field("torch", f"{r.torch} {r.variant} from {r.index_url}")
@@ -74,6 +77,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     report = creator.Reporter(step=progress.step, note=progress.note, wait=progress.wait)
     copts = creator.CreateOptions(
         force=args.force,
+        name=args.name,
         smoke_check=not args.no_validate,
         lock_timeout=args.wait,
         installer_source="--installer" if args.installer else "recipe",
@@ -104,6 +108,27 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         exc.data = data  # type: ignore[attr-defined]
         raise exc
     return data
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def check_name(name: str) -> None:
+    """An env name is a file name in the records, logs, locks and backups: a plain one."""
+    if not _NAME.fullmatch(name):
+        raise UsageError(
+            f"--name {name!r} is not an env name",
+            hint="letters, digits, '.', '_' and '-', starting with a letter or digit (100 at most)",
+        )
+
+
+def named_prefix(recipe: loader.Recipe, env: dict[str, str], name: str) -> Optional[str]:
+    """The recipe's env.prefix with ``{name}`` standing for ``name`` (None where it needs unset variables: the
+    plan says which)."""
+    text, missing = planner.expand(str(recipe.get("env.prefix")), env, name)
+    if missing == ["SCRATCH"] and env.get("HOME"):
+        text, missing = planner.expand(planner.FALLBACK_ROOT, env, name)
+    return None if missing else text
 
 
 def same_arch(the_plan: planner.Plan, here: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from rich.table import Table
 
 from envbuilder import activation, backup, create, modulefile, purge, state
-from envbuilder.console import Out
+from envbuilder.console import Out, cells
 from envbuilder.errors import StateError, UsageError
 
 
@@ -67,12 +67,14 @@ def handle_list(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
             health = row.get("health", {}).get("status", "unreadable")
             stamp = row["backup"].split("@", 1)[1] if row.get("backup") else "none"
             table.add_row(
-                row["name"],
-                health,
-                _purge_text(row.get("purge")),
-                stamp,
-                row.get("torch") or "-",
-                row.get("prefix") or row.get("error", ""),
+                *cells(
+                    row["name"],
+                    health,
+                    _purge_text(row.get("purge")),
+                    stamp,
+                    row.get("torch") or "-",
+                    row.get("prefix") or row.get("error", ""),
+                )
             )
         out.console.print(table)
         for row in rows:

@@ -10,7 +10,7 @@ from typing import Any
 
 from envbuilder import host, loader, lockfile, registry, state
 from envbuilder import plan as planner
-from envbuilder.catalog import Catalog, Layer, read_toml
+from envbuilder.catalog import Catalog, Layer
 from envbuilder.console import Out
 from envbuilder.errors import EnvbuilderError, LockError, PublishError
 from envbuilder.loader import Recipe
@@ -42,7 +42,11 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     key = Path(args.sign_key).expanduser() if args.sign_key else None
     if args.allowed_signers or args.require_signatures:
         signers = Path(args.allowed_signers).expanduser() if args.allowed_signers else None
-        reg.configure(signers, args.require_signatures)
+        if reg.configure(signers, args.require_signatures) and not args.json:
+            out.warn(
+                f"the allowed signers of {reg.root} changed: users who used this registry before refuse it "
+                "until they accept the new signers (README: Threat model)"
+            )
     facts = host.load_facts_file(args.facts) if args.facts else None
     locks = _locks(args.lock, names)
     # Everything is checked before anything is written: a broken recipe in the set publishes none of it.
@@ -129,8 +133,7 @@ def _published_doc(catalog: Catalog, name: str, version: str) -> dict[str, Any]:
     entry = catalog.lookup(f"{name}@{version}")
     if entry.published is None or entry.layer.registry is None:
         raise PublishError(f"{name} is not a published recipe")
-    path = entry.layer.registry.verify(entry.published)
-    return read_toml(path)
+    return entry.layer.registry.load(entry.published)
 
 
 def handle_diff(args: argparse.Namespace, out: Out) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from envbuilder import knowledge, loader, locking, schema
 from envbuilder import plan as planner
 from envbuilder.catalog import Catalog
 from envbuilder.commands import plan as plan_cmd
-from envbuilder.console import Out
+from envbuilder.console import Out, cells, plain
 from envbuilder.errors import PublishError, RecipeError
 from envbuilder.matrix import load_matrix
 
@@ -60,17 +60,19 @@ def handle_list(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         table.add_column("from", overflow="fold")  # "builtin" or the ENVBUILDER_RECIPE_PATH entry
         for row in rows:
             if "error" in row:
-                table.add_row(row["name"], "", "", "[red]broken[/red]", "", "", row["layer"])
+                table.add_row(*cells(row["name"], "", "", plain("broken", "red"), "", "", row["layer"]))
                 continue
             torch = row["torch"] + (f" {row['variant']}" if row.get("variant") else "")
             table.add_row(
-                row["name"],
-                row["version"] or "-",
-                row["site"] or "-",
-                row["status"],
-                row["kind"],
-                torch,
-                row["layer"],
+                *cells(
+                    row["name"],
+                    row["version"] or "-",
+                    row["site"] or "-",
+                    row["status"],
+                    row["kind"],
+                    torch,
+                    row["layer"],
+                )
             )
         out.console.print(table)
         for row in rows:

@@ -8,13 +8,12 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from rich.markup import escape
 from rich.table import Table
 
-from envbuilder import __version__, host, loader, modules, registry, report, state
+from envbuilder import __version__, host, loader, modules, proc, registry, report, state
 from envbuilder import validate as validator
 from envbuilder.catalog import Catalog
-from envbuilder.console import Out
+from envbuilder.console import Out, cells, plain
 from envbuilder.errors import PublishError, StateError, ValidationFailed
 
 _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
@@ -117,10 +116,12 @@ def execute(
     """Run, store in the record, render (unless quiet)."""
     status_ctx = out.console.status("validating", spinner="dots") if not quiet else None
     live = validator.Status(
-        status=(lambda text: status_ctx.update(escape(text))) if status_ctx else (lambda text: None),
+        status=(lambda text: status_ctx.update(plain(text))) if status_ctx else (lambda text: None),
         note=out.line if not quiet else (lambda text: None),
     )
-    with status_ctx or contextlib.nullcontext():
+    # SIGTERM (a batch job's time limit, scancel, kill) unwinds like Ctrl-C: the launcher and every rank it
+    # started are ended, a submitted job is cancelled, and the CLI exits 130.
+    with status_ctx or contextlib.nullcontext(), proc.sigterm_as_interrupt():
         result = validator.run(record, recipe, facts, env, modules.detect(env), opts, live)
     validator.store(home, record, result)
     if not quiet:
@@ -158,11 +159,11 @@ def render(result: report.Report, out: Out) -> None:
         table.add_column(col, overflow="fold")
     for row in result.rows:
         ranks = _ranks(row.ranks, result.world)
-        status = f"[{_STYLE[row.status]}]{row.status.upper()}[/]"
+        status = plain(row.status.upper(), _STYLE[row.status])
         detail = row.reason or ""
         if row.status == "fail":
             detail = (row.cause or "") + (f"\nhint: {row.hint}" if row.hint else "")
-        table.add_row(row.check, ranks, status, escape(report.figure_text(row)), escape(detail))
+        table.add_row(*cells(row.check, ranks, status, report.figure_text(row), detail))
     out.console.print(table)
     if not result.ok and result.stderr_tail:
         out.line("launcher output (last lines):")

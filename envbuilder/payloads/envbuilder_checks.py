@@ -6,6 +6,7 @@ rank's log and returns it. Standard library and torch only (mpi4py and horovod w
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
@@ -42,12 +43,18 @@ def faults(rank: int) -> dict[str, str]:
     return out
 
 
-def inject(action: Optional[str]) -> None:
+def inject(action: Optional[str], rank: int) -> None:
     if action == "exit":
         os._exit(17)
     if action == "hang":
+        beat = os.environ.get("ENVBUILDER_VALIDATE_HEARTBEAT")
         while True:
-            time.sleep(3600)
+            if beat:  # the rank's heartbeat, also where its lifeline watch has not started yet
+                with contextlib.suppress(OSError):
+                    with open(os.path.join(beat, f"rank-{rank}"), "a", encoding="utf-8"):
+                        pass
+                    os.utime(os.path.join(beat, f"rank-{rank}"))
+            time.sleep(0.5)
 
 
 # --- the checks -----------------------------------------------------------------------------------------------

@@ -10,9 +10,17 @@ exception") after the work is done.
 Standard library and torch only (mpi4py and horovod when present). Without ``--out`` the record of a single
 process is printed as one JSON line (the quick check ``create`` runs).
 
+A rank never outlives the run that started it. ``ENVBUILDER_VALIDATE_LIFELINE`` names envbuilder's process
+(pid, start time, boot id, pid namespace): a rank on the same host watches it and ends when it is gone, even by
+SIGKILL, which no cleanup can follow. A rank started by torchrun also ends when its agent is gone: the agent
+starts each worker in a session of its own, out of reach of a signal to the agent's group (a scheduler's
+``scancel`` on a node without cgroup tracking, say).
+
 Fault injection for tests: ``ENVBUILDER_VALIDATE_FAULT="RANK:CHECK:ACTION[,...]"`` where ACTION is ``exit``
 (the rank ends abruptly when the check starts), ``hang`` (it sleeps) or ``arch=sm_80+sm_86`` (the arch list the
-arch check sees).
+arch check sees); CHECK ``start`` is the moment the payload starts, before it says hello (a python that hangs
+before the checks). ``ENVBUILDER_VALIDATE_HEARTBEAT=DIR``: each rank refreshes ``DIR/rank-R`` every
+``WATCH_S`` while it lives, so a test can tell that no rank of a killed run is still running.
 """
 
 from __future__ import annotations
@@ -30,6 +38,11 @@ from typing import Any, Callable, Optional
 
 # The payload directory is sys.path[0] when this file runs as a script.
 from envbuilder_checks import DIST_CHECKS, GPU_CHECKS, Suite, faults, inject
+
+LIFELINE = "ENVBUILDER_VALIDATE_LIFELINE"
+HEARTBEAT = "ENVBUILDER_VALIDATE_HEARTBEAT"
+#: How often a rank looks whether what started it is still there.
+WATCH_S = 0.5
 
 _MPI_MARKERS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PALS_RANKID", "MV2_COMM_WORLD_RANK")
 # torchrun's variables first, then the MPI launchers', then srun's (which also describe a torchrun agent's task).
@@ -81,17 +94,19 @@ class Log:
         #: Collectives this rank entered in the current check: when several ranks time out, the
         #: one that got least far is the one the others were waiting for.
         self.progress = 0
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.fh = None
         if out:
             os.makedirs(out, exist_ok=True)
             self.fh = open(os.path.join(out, f"rank-{rank.rank}.jsonl"), "a", encoding="utf-8")  # noqa: SIM115
 
-    def event(self, kind: str, **data: Any) -> None:
+    def event(self, kind: str, sync: bool = False, **data: Any) -> None:
         with self.lock:
             if self.fh is not None:
                 self.fh.write(json.dumps({"event": kind, "t": round(time.time(), 3), **data}) + "\n")
                 self.fh.flush()
+                if sync:  # seen at once by envbuilder on another node of a shared file system
+                    os.fsync(self.fh.fileno())
 
     def start(self, check: str) -> None:
         self.current = check
@@ -155,12 +170,102 @@ class Watchdog:
                 _finish(self.log, ok=False, code=124)
 
 
-def _finish(log: Log, ok: bool, code: Optional[int] = None) -> None:
-    log.event("end", ok=ok)
-    if log.fh is None:
-        print(json.dumps(_summary(log)), flush=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
+#: Signals the lifeline thread takes for the rank (see Lifeline).
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+class Lifeline:
+    """Ends this rank when the run that started it is gone: envbuilder's process (when it runs on this host,
+    in this pid namespace) or, under torchrun, the agent (this process's parent when it started).
+
+    It also takes SIGTERM and SIGINT for the rank (blocked in every other thread, waited for here): a Python
+    signal handler runs only when the main thread returns to the interpreter, and a rank blocked in a
+    rendezvous or a collective never does, so it died without recording where it was."""
+
+    def __init__(self, log: Log, torchrun: bool) -> None:
+        self.log = log
+        self.parent = os.getppid() if torchrun else None
+        self.envbuilder = _watched(os.environ.get(LIFELINE, ""))
+        beat = os.environ.get(HEARTBEAT)
+        self.beat = os.path.join(beat, f"rank-{log.rank.rank}") if beat else None
+        # Blocked before any other thread starts, so that every thread (torch's too) inherits the mask.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        threading.Thread(target=self._run, daemon=True, name="lifeline").start()
+
+    def gone(self) -> Optional[str]:
+        if self.parent is not None and os.getppid() != self.parent:
+            return f"the torchrun agent that started this rank (pid {self.parent}) is gone"
+        if self.envbuilder is not None and _start_time(self.envbuilder[0]) != self.envbuilder[1]:
+            return f"envbuilder (pid {self.envbuilder[0]}), which started this run, is gone"
+        return None
+
+    def _run(self) -> None:
+        while True:
+            why = self.gone()
+            if why is not None:
+                self._last_word("abandoned", reason=why, check=self.log.current)
+                _finish(self.log, ok=False, code=129, record=False)
+            if self.beat:
+                with contextlib.suppress(OSError):
+                    with open(self.beat, "a", encoding="utf-8"):
+                        pass
+                    os.utime(self.beat)
+            signum = signal.sigtimedwait(_STOP_SIGNALS, WATCH_S)
+            if signum is not None:
+                self._last_word(
+                    "killed", signal=signum.si_signo, check=self.log.current, progress=self.log.progress
+                )
+                _finish(self.log, ok=False, code=128 + signum.si_signo, record=False)
+
+    def _last_word(self, kind: str, **data: Any) -> None:
+        """Record why the rank ends; a rank stuck writing to a hung file system (holding the log) ends anyway."""
+        if self.log.lock.acquire(timeout=1):
+            try:
+                self.log.event(kind, **data)
+            finally:
+                self.log.lock.release()
+
+
+def _watched(value: str) -> Optional[tuple[int, int]]:
+    """(pid, start time) of envbuilder from ``ENVBUILDER_VALIDATE_LIFELINE``, when that process is visible here:
+    the same boot of the same host, the same pid namespace. Elsewhere (another node of the run, a container with
+    its own pids) there is nothing to watch."""
+    parts = value.split()
+    if len(parts) != 4 or not (parts[0].isdigit() and parts[1].isdigit() and parts[3].isdigit()):
+        return None
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    if boot != parts[2] or pidns != int(parts[3]):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def _start_time(pid: int) -> Optional[int]:
+    """The start time of process ``pid``; None when it is gone (or a zombie: killed, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+def _finish(log: Log, ok: bool, code: Optional[int] = None, record: bool = True) -> None:
+    """End the process now. ``record=False``: the rank was stopped (its last word is written); nothing more is
+    written, as stdout may lead nowhere any more (a pipe to an envbuilder that is gone)."""
+    if record:
+        log.event("end", ok=ok)
+        if log.fh is None:
+            print(json.dumps(_summary(log)), flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(code if code is not None else (0 if ok else 1))
 
 
@@ -188,9 +293,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> None:
     args = _parser().parse_args(argv)
     rank = Rank()
+    planned = faults(rank.rank)
+    inject(planned.get("start"), rank.rank)
     log = Log(args.out, rank)
     log.event(
         "hello",
+        sync=True,
         rank=rank.rank,
         world=rank.world,
         local_rank=rank.local,
@@ -199,14 +307,8 @@ def main(argv: list[str]) -> None:
         launched_by="torchrun" if rank.torchrun else ("mpi" if rank.mpi else "direct"),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
     )
-
-    def on_term(signum: int, frame: object) -> None:
-        log.event("killed", signal=signum, check=log.current, progress=log.progress)
-        _finish(log, ok=False, code=128 + signum)
-
-    signal.signal(signal.SIGTERM, on_term)
+    Lifeline(log, rank.torchrun)
     watchdog = Watchdog(log)
-    planned = faults(rank.rank)
     suite = Suite(args, log, rank)
     checks = [c for c in args.checks.split(",") if c]
     if "import" not in checks:
@@ -215,7 +317,7 @@ def main(argv: list[str]) -> None:
     for check in checks:
         log.start(check)
         watchdog.arm(args.timeout)
-        inject(planned.get(check))
+        inject(planned.get(check), rank.rank)
         result = _run_one(suite, check, rank)
         watchdog.disarm()
         ok = ok and result["status"] != "fail"

@@ -14,6 +14,7 @@ from wheelindex import build_wheel, serve
 
 from envbuilder import activation, modulefile
 from envbuilder.activation import Activation
+from envbuilder.errors import RecipeError
 from envbuilder.steps import CONSTRAINTS
 
 pytestmark = pytest.mark.integration
@@ -191,7 +192,7 @@ def test_hook_is_idempotent_and_independent_of_template_wording():
 
 
 def test_invalid_variable_names_are_refused():
-    with pytest.raises(ValueError):
+    with pytest.raises(RecipeError, match="not a variable name"):
         Activation(env={"A; rm -rf /": "1"})
 
 

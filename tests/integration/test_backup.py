@@ -455,13 +455,12 @@ def test_killed_restore_leaves_the_previous_state(tworld, point):
             list(p.glob("lib/python*/site-packages/torch/lib")) for p in partial()
         ),
     }
-    proc = w.popen("restore", "tbk", "--prefix", str(target), "--name", "tbk-k", "--no-validate")
+    name = "tbk-" + point.split()[0]  # one env per name: each kill point restores its own
+    proc = w.popen("restore", "tbk", "--prefix", str(target), "--name", name, "--no-validate")
     wait_for(conditions[point], proc)
     kill(proc)
     assert not target.exists()  # never half an env at the target
-    res = ok(
-        w.cli("restore", "tbk", "--prefix", str(target), "--name", "tbk-k", "--no-validate", "--wait", "0")
-    )
+    res = ok(w.cli("restore", "tbk", "--prefix", str(target), "--name", name, "--no-validate", "--wait", "0"))
     assert "interrupted" in res.stderr  # the leftovers were named as they were removed
     assert list(target.parent.glob(".tbk.*")) == []
     assert digests(target) == digests(w.prefix("tbk"))
@@ -631,3 +630,49 @@ def test_restore_loads_the_recipes_modules_under_real_lmod(world):
     )
     assert run.returncode == 0, run.stderr
     assert "GCC=13.2.0 OMP=8" in run.stdout and "AFTER=unset" in run.stdout
+
+
+def test_a_new_backup_replaces_a_corrupt_stored_wheel_from_the_env(world):
+    # verify-backup says "back it up again": that backup must not reuse the damaged blob and call itself verified.
+    w = world
+    ok(w.cli("create", w.small("heal", "ebdemo==1.0", "ebbig==1.0"), "--no-validate"))
+    first = w.data("backup", "heal")
+    big = next(
+        x
+        for x in json.loads(Path(first["path"], "backup.json").read_text())["wheels"]
+        if x["name"] == "ebbig"
+    )
+    blob = w.backups / big["path"]
+    raw = bytearray(blob.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    blob.write_bytes(bytes(raw))
+    res = w.cli("verify-backup", first["id"])
+    assert res.returncode == 12 and "back the env up again" in res.stderr, res.stderr
+    again = ok(w.cli("backup", "heal", "--json"))
+    second = json.loads(again.stdout)["data"]
+    assert any("ebbig" in n and "damaged" in n for n in second["notes"]), second["notes"]
+    ok(w.cli("verify-backup", second["id"]))
+    # Packing is deterministic: the blob written again is the one the first backup recorded, so it verifies too.
+    ok(w.cli("verify-backup", first["id"]))
+    subprocess.run(["rm", "-rf", str(w.prefix("heal"))], check=True)
+    ok(w.cli("restore", "heal", "--no-validate"))
+    assert (
+        len(
+            w.python(
+                "heal", "import ebbig, os; print(open(os.path.join(ebbig.__path__[0], 'blob.txt')).read())"
+            )
+        )
+        == 4_000_000
+    )
+
+
+def test_a_stored_wheel_truncated_or_missing_is_written_again(world):
+    w = world
+    ok(w.cli("create", w.small("trunc", "ebdemo==1.0"), "--no-validate"))
+    first = w.data("backup", "trunc")
+    blobs = sorted(w.backups.glob("store/*/*"))
+    blobs[0].write_bytes(blobs[0].read_bytes()[:10])
+    blobs[1].unlink()
+    second = w.data("backup", "trunc")
+    ok(w.cli("verify-backup", second["id"]))
+    ok(w.cli("verify-backup", first["id"]))

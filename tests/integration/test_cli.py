@@ -28,7 +28,7 @@ def test_plan_vista_prints_the_corrected_procedure():
     assert res.returncode == 0, res.stderr
     out = res.stderr
     assert "module load gcc/15.1.0 python3/3.11.8" in out
-    assert "--index-url https://download.pytorch.org/whl/cu126 torch==2.10.0" in out
+    assert "--index-url https://download.pytorch.org/whl/cu126 -- torch==2.10.0" in out
     assert "idev -p gh-dev -N 1 -n 1 -t 00:30:00" in out
     assert (
         "corrected: pip3 install torch torchvision torchaudio --index-url https://download.pytorch.org/whl/cu124"

@@ -77,7 +77,9 @@ class World:
     def recipe(
         self, name: str = "demo", specs: tuple[str, ...] = ("helper==2.0",), description: str = "x"
     ) -> Path:
-        packages = "".join(f'[[packages]]\nname = "{s.split("=")[0]}"\nspec = "{s}"\n' for s in specs)
+        packages = "".join(
+            f'[[packages]]\nname = "{s.split("=")[0].rstrip("<>!~")}"\nspec = "{s}"\n' for s in specs
+        )
         path = self.recipes / f"{name}.toml"
         path.write_text(
             RECIPE.format(name=name, description=description, python=sys.executable, packages=packages)

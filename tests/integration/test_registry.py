@@ -4,7 +4,9 @@ published by several processes at once."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -73,11 +75,13 @@ class Site:
     def admin(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self._run(args, {"ENVBUILDER_RECIPE_PATH": str(self.source)})
 
-    def user(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return self._run(args, {"ENVBUILDER_RECIPE_PATH": str(self.registry), **extra})
+    def user(self, *args: str, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess[str]:
+        return self._run(args, {"ENVBUILDER_RECIPE_PATH": str(self.registry), **extra}, timeout)
 
-    def _run(self, args: tuple[str, ...], extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        return run_cli(*args, env={**self.env, **extra}, timeout=300)
+    def _run(
+        self, args: tuple[str, ...], extra: dict[str, str], timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        return run_cli(*args, env={**self.env, **extra}, timeout=timeout)
 
     def user_data(self, *args: str, **extra: str) -> Any:
         return json.loads(ok(self.user(*args, "--json", **extra)).stdout)["data"]
@@ -148,7 +152,7 @@ def test_publish_list_create_diff_update(site):
     ]
     # A pinned old version still builds, exactly as published.
     pinned = site.scratch / "pinned"
-    ok(site.user("create", "regenv@1", "--prefix", str(pinned), "--no-validate"))
+    ok(site.user("create", "regenv@1", "--name", "regenv-1", "--prefix", str(pinned), "--no-validate"))
     out = subprocess.run(
         [str(pinned / "bin" / "python"), "-c", "import regdemo; print(regdemo.VERSION)"],
         capture_output=True,
@@ -328,4 +332,280 @@ def test_world_writable_registry_refused(site):
     site.registry.mkdir()
     site.registry.chmod(0o777)
     site.write("ww")
-    refused(site.publish("ww"), 10, "world-writable")
+    refused(site.publish("ww"), 10, f"{site.registry} is writable by anyone (mode 777)")
+    assert not (site.registry / "recipes" / "ww").exists()
+
+
+# -- tampering by whoever can write the registry: each refused with exit 10 before anything is created ----------
+
+
+def nothing_created(site: Site) -> None:
+    """No env, no partial build, no record: the refusal came before anything was made."""
+    made = sorted(site.scratch.rglob("*")) if site.scratch.exists() else []
+    assert made == [], made
+    envs = site.root / "eb-home" / "envs"
+    assert not envs.exists() or not any(envs.iterdir())
+
+
+def overwrite(path: Path, data: bytes) -> None:
+    """What a registry writer does to a read-only published file: replace it (the directory is theirs)."""
+    path.unlink()
+    path.write_bytes(data)
+
+
+def edit_index(site: Site, name: str, version: str, **fields: str) -> None:
+    path = site.registry / "index.json"
+    doc = json.loads(path.read_text())
+    doc["recipes"][name][version].update(fields)
+    path.write_text(json.dumps(doc, indent=1))
+
+
+@pytest.fixture
+def signed(site, tmp_path):
+    """A registry that requires signatures: roll@1, roll@2 and other@1, signed by the admin; the user has used
+    it once (so its signers are pinned in the user's envbuilder home)."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    site.key, admin_pub = keypair(keys, "admin")
+    site.rogue, site.rogue_pub = keypair(keys, "rogue")
+    site.allowed = keys / "allowed_signers"
+    site.allowed.write_text(f"admin@site {admin_pub}\n")
+    site.write("roll")
+    key = ("--sign-key", str(site.key))
+    ok(site.publish("roll", *key, "--allowed-signers", str(site.allowed), "--require-signatures"))
+    site.write("roll", demo="2.0")
+    ok(site.publish("roll", *key))
+    site.write("other", description="another recipe")
+    ok(site.publish("other", *key))
+    assert site.user_data("plan", "roll")["recipe_version"] == "2"
+    return site
+
+
+def sign_as(key: Path, path: Path) -> bytes:
+    subprocess.run(
+        [str(SSH_KEYGEN), "-q", "-Y", "sign", "-f", str(key), "-n", "envbuilder-recipe", str(path)],
+        check=True,
+    )
+    sig = Path(f"{path}.sig")
+    data = sig.read_bytes()
+    sig.unlink()
+    return data
+
+
+def _rollback(site: Site) -> str:
+    """Version 1's file and signature copied over version 2's, and the index's sha256 with them."""
+    d = site.registry / "recipes" / "roll"
+    for suffix in (".toml", ".toml.sig"):
+        overwrite(d / f"2{suffix}", (d / f"1{suffix}").read_bytes())
+    index = json.loads((site.registry / "index.json").read_text())
+    edit_index(site, "roll", "2", sha256=index["recipes"]["roll"]["1"]["sha256"])
+    return "holds roll@1, not roll@2"
+
+
+def _repoint(site: Site) -> str:
+    """Version 2's index entry pointed at 1.toml."""
+    index = json.loads((site.registry / "index.json").read_text())
+    edit_index(site, "roll", "2", file="recipes/roll/1.toml", sha256=index["recipes"]["roll"]["1"]["sha256"])
+    return "the index points at recipes/roll/1.toml"
+
+
+def _swap(site: Site) -> str:
+    """Another recipe's signed file (and signature) put in place of roll@2."""
+    src, dst = site.registry / "recipes" / "other", site.registry / "recipes" / "roll"
+    for suffix in (".toml", ".toml.sig"):
+        overwrite(dst / f"2{suffix}", (src / f"1{suffix}").read_bytes())
+    index = json.loads((site.registry / "index.json").read_text())
+    edit_index(site, "roll", "2", sha256=index["recipes"]["other"]["1"]["sha256"])
+    return "holds other@1, not roll@2"
+
+
+def _link(site: Site) -> str:
+    """2.toml made a symbolic link to 1.toml (and its signature to 1's)."""
+    d = site.registry / "recipes" / "roll"
+    for suffix in (".toml", ".toml.sig"):
+        (d / f"2{suffix}").unlink()
+        (d / f"2{suffix}").symlink_to(f"1{suffix}")
+    index = json.loads((site.registry / "index.json").read_text())
+    edit_index(site, "roll", "2", sha256=index["recipes"]["roll"]["1"]["sha256"])
+    return "is a symbolic link"
+
+
+def _fifo(site: Site) -> str:
+    """2.toml replaced by a FIFO: a reader that opened it would wait for ever."""
+    path = site.registry / "recipes" / "roll" / "2.toml"
+    path.unlink()
+    os.mkfifo(path)
+    return "is not a regular file"
+
+
+@needs_ssh
+@pytest.mark.parametrize("attack", [_rollback, _repoint, _swap, _link, _fifo], ids=lambda f: f.__name__[1:])
+def test_a_tampered_version_is_refused_before_anything_is_created(signed, attack):
+    said = attack(signed)
+    for ref in ("roll", "roll@2"):
+        refused(signed.user("create", ref, "--no-validate", timeout=30), 10, said)
+    nothing_created(signed)
+    # The untouched version is still good, and so is the listing of everything else.
+    ok(signed.user("plan", "roll@1"))
+    rows = {r["name"]: r for r in signed.user_data("recipes", "list")["recipes"]}
+    assert said in rows["roll"]["error"] and "error" not in rows["other"]
+
+
+@needs_ssh
+def test_the_registry_cannot_turn_its_own_signatures_off(signed):
+    """require_signatures = false written into the registry's registry.toml, then an unsigned roll@2."""
+    config = signed.registry / "registry.toml"
+    overwrite(
+        config, config.read_bytes().replace(b"require_signatures = true", b"require_signatures = false")
+    )
+    path = signed.registry / "recipes" / "roll" / "2.toml"
+    evil = path.read_bytes().replace(b"regdemo==2.0", b"regdemo==1.0")
+    overwrite(path, evil)
+    Path(f"{path}.sig").unlink()
+    edit_index(signed, "roll", "2", sha256=hashlib.sha256(evil).hexdigest(), signer="")
+    res = signed.user("create", "roll", "--no-validate")
+    refused(res, 10, "its trust settings changed since you first used it")
+    assert "require_signatures true -> false" in res.stderr
+    pins = list((signed.root / "eb-home" / "trust").glob("*.toml"))
+    assert len(pins) == 1 and "hint: if its admins rotated" in res.stderr and str(pins[0]) in res.stderr
+    nothing_created(signed)
+
+
+@needs_ssh
+def test_the_registry_cannot_add_a_signer_of_its_own(signed, tmp_path):
+    """A rogue key appended to the registry's allowed_signers, and roll@2 rewritten and signed with it."""
+    signers = signed.registry / "allowed_signers"
+    overwrite(signers, signers.read_bytes() + f"admin@site {signed.rogue_pub}\n".encode())
+    path = signed.registry / "recipes" / "roll" / "2.toml"
+    evil = path.read_bytes().replace(b"regdemo==2.0", b"regdemo==1.0")
+    work = tmp_path / "evil.toml"
+    work.write_bytes(evil)
+    overwrite(path, evil)
+    overwrite(Path(f"{path}.sig"), sign_as(signed.rogue, work))
+    edit_index(signed, "roll", "2", sha256=hashlib.sha256(evil).hexdigest())
+    res = signed.user("create", "roll", "--no-validate")
+    refused(res, 10, "its trust settings changed since you first used it")
+    assert "the allowed-signers file changed" in res.stderr
+    nothing_created(signed)
+
+    # Trust taken from the site config instead: whatever the registry says of itself is not read at all.
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[[registries]]\npath = "{signed.registry}"\nrequire_signatures = true\n'
+        f'allowed_signers = "{signed.allowed}"\n'
+    )
+    site_env = {"ENVBUILDER_RECIPE_PATH": "", "ENVBUILDER_CONFIG": str(config)}
+    refused(signed.user("create", "roll", "--no-validate", **site_env), 10, "unknown signer")
+    nothing_created(signed)
+    ok(signed.user("plan", "roll@1", **site_env))
+    # A site config's signers file that others can write is no better than the registry's own.
+    signed.allowed.chmod(0o666)
+    refused(signed.user("plan", "roll@1", **site_env), 10, f"{signed.allowed} is writable by anyone")
+
+
+@needs_ssh
+def test_an_admin_rotates_the_signing_key(signed, tmp_path):
+    """New signers, published by the admin: a user who pinned the old ones is refused until they accept the new
+    ones (by removing the pin the refusal names); a registry may start requiring signatures at any time."""
+    new_key, new_pub = keypair(tmp_path / "keys", "admin2")
+    new_signers = tmp_path / "keys" / "allowed_signers2"
+    new_signers.write_text(f"admin2@site {new_pub}\n")
+    signed.write("roll", demo="1.0", description="rotated")
+    res = ok(signed.publish("roll", "--sign-key", str(new_key), "--allowed-signers", str(new_signers)))
+    assert "users who used this registry before refuse it" in res.stderr
+    res = signed.user("plan", "roll")
+    refused(res, 10, "the allowed-signers file changed")
+    pin = next((signed.root / "eb-home" / "trust").glob("*.toml"))
+    assert f"remove {pin}" in res.stderr
+    pin.unlink()
+    assert signed.user_data("plan", "roll")["recipe_version"] == "3"
+
+    # An unsigned registry, used once, that starts requiring signatures: accepted, and pinned from then on.
+    other = tmp_path / "registry2"
+    signed.write("late")
+    ok(signed.admin("publish", "late", "--registry", str(other)))
+    env = {"ENVBUILDER_RECIPE_PATH": str(other)}
+    ok(signed.user("plan", "late", **env))
+    ok(signed.admin("publish", "late", "--registry", str(other), "--sign-key", str(signed.key),
+                    "--allowed-signers", str(signed.allowed), "--require-signatures"))  # fmt: skip
+    refused(signed.user("plan", "late", **env), 10, "late@1 is not signed")
+    config = other / "registry.toml"
+    overwrite(config, config.read_bytes().replace(b"require_signatures = true", b""))
+    refused(signed.user("plan", "late", **env), 10, "require_signatures true -> false")
+
+
+@needs_ssh
+def test_registry_parts_that_others_can_write_are_refused_when_read(signed):
+    parts = {
+        ".": 0o777,
+        "index.json": 0o666,
+        "registry.toml": 0o664,
+        "allowed_signers": 0o646,
+        "recipes": 0o775,
+        "recipes/roll": 0o757,
+        "recipes/roll/2.toml": 0o644 | 0o020,
+        "recipes/roll/2.toml.sig": 0o446,
+    }
+    for rel, mode in parts.items():
+        path = signed.registry / rel
+        before = stat.S_IMODE(path.stat().st_mode)
+        path.chmod(mode)
+        try:
+            res = signed.user("create", "roll", "--no-validate")
+            who = "anyone" if mode & 0o002 else "its group"
+            refused(res, 10, f"{path} is writable by {who} (mode {mode:o})")
+            assert "chmod go-w" in res.stderr
+            nothing_created(signed)
+        finally:
+            path.chmod(before)
+    ok(signed.user("plan", "roll"))
+
+
+@needs_ssh
+def test_a_published_lock_is_bound_to_its_version(signed, tmp_path):
+    """roll@3 and roll@4 published with their locks; version 3's lock and signature copied over version 4's."""
+    key = ("--sign-key", str(signed.key))
+    for version, demo in (("3", "1.0"), ("4", "2.0")):
+        signed.write("roll", demo=demo, description=f"locked {version}")
+        lock = tmp_path / f"roll{version}.lock.toml"
+        ok(signed.admin("lock", "roll", "-o", str(lock)))
+        ok(signed.publish("roll", *key, "--lock", str(lock)))
+    assert signed.user_data("plan", "roll")["lock"]["origin"] == "published"
+    d = signed.registry / "recipes" / "roll"
+    for suffix in (".lock.toml", ".lock.toml.sig"):
+        overwrite(d / f"4{suffix}", (d / f"3{suffix}").read_bytes())
+    index = json.loads((signed.registry / "index.json").read_text())
+    edit_index(signed, "roll", "4", lock_sha256=index["recipes"]["roll"]["3"]["lock_sha256"])
+    res = signed.user("create", "roll", "--locked", "--no-validate")
+    refused(res, 10, "holds the lock of roll@3, not the lock of roll@4")
+    nothing_created(signed)
+    ok(signed.user("plan", "roll@3", "--locked"))
+
+
+@needs_ssh
+def test_a_site_that_requires_signatures_keeps_the_registrys_signers_pinned(site, tmp_path):
+    """The site config requires signatures; the signers are the registry's own (it does not require them
+    itself). A rogue key added to them later does not make a rogue signature good."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    admin_key, admin_pub = keypair(keys, "admin")
+    rogue_key, rogue_pub = keypair(keys, "rogue")
+    allowed = keys / "allowed_signers"
+    allowed.write_text(f"admin@site {admin_pub}\n")
+    site.write("held")
+    ok(site.publish("held", "--sign-key", str(admin_key), "--allowed-signers", str(allowed)))
+    config = tmp_path / "config.toml"
+    config.write_text(f'[[registries]]\npath = "{site.registry}"\nrequire_signatures = true\n')
+    env = {"ENVBUILDER_RECIPE_PATH": "", "ENVBUILDER_CONFIG": str(config)}
+    ok(site.user("plan", "held", **env))
+
+    signers = site.registry / "allowed_signers"
+    overwrite(signers, signers.read_bytes() + f"admin@site {rogue_pub}\n".encode())
+    path = site.registry / "recipes" / "held" / "1.toml"
+    evil = path.read_bytes().replace(b"regdemo==1.0", b"regdemo==2.0")
+    (tmp_path / "evil.toml").write_bytes(evil)
+    overwrite(path, evil)
+    overwrite(Path(f"{path}.sig"), sign_as(rogue_key, tmp_path / "evil.toml"))
+    edit_index(site, "held", "1", sha256=hashlib.sha256(evil).hexdigest())
+    refused(site.user("create", "held", "--no-validate", **env), 10, "the allowed-signers file changed")
+    nothing_created(site)

@@ -177,7 +177,8 @@ def test_a_hung_rank_is_a_fail_within_the_timeout(world):
     assert ddp["status"] == "fail"
     # Whether rank 1 timed out too or torchrun terminated it first, the report singles it out: it got least far.
     assert "rank 1: hung" in ddp["cause"]
-    assert "rank 0: waited for rank 1 until it timed out" in ddp["cause"]
+    # Rank 0 timed out waiting, or (rank 1's watchdog first) torchrun stopped it, and then it is not blamed.
+    assert "rank 0" not in ddp["cause"] or "rank 0: waited for rank 1 until it timed out" in ddp["cause"]
 
 
 def test_ld_library_path_shadowing_a_wheel_library_is_caught(world, tmp_path):

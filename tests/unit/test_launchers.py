@@ -229,14 +229,14 @@ def test_script_quotes_recipe_values(tmp_path):
         scheduler="slurm",
         directives=["--nodes=1"],
         module_use=["/soft/module files"],
-        modules=["conda/2025; echo pwned"],
+        modules=["conda/2025-09-25"],
         env={"NCCL_NET": "AWS Libfabric", "X": "$(touch pwned)"},
         unset=[],
         multinode=False,
         launch=["echo", "done"],
         workdir=str(tmp_path / "w d"),
     )
-    assert "module load 'conda/2025; echo pwned'" in text
+    assert "module load conda/2025-09-25" in text
     assert "export X='$(touch pwned)'" in text
     # Run it with a module function that records its arguments: nothing is executed from the values.
     runner = tmp_path / "run.sh"
@@ -252,7 +252,11 @@ def test_script_quotes_recipe_values(tmp_path):
     )
     assert res.stdout.strip() == "done"
     assert not (tmp_path / "pwned").exists()
-    assert log.read_text().splitlines() == ["<use></soft/module files>", "<load><conda/2025; echo pwned>"]
+    assert log.read_text().splitlines() == ["<use></soft/module files>", "<load><conda/2025-09-25>"]
+    # A module name is not quoted into safety: Lmod evaluates it. Such a name is refused (tests/integration/
+    # test_hostile.py shows Lmod running it).
+    with pytest.raises(RecipeError, match="not a module name"):
+        batch.module_lines([], ["conda/2025; echo pwned"])
 
 
 def test_plan_refuses_a_directive_outside_the_allowed_flags(tmp_path):

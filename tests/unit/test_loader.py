@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from envbuilder import loader
+from envbuilder._toml import MAX_DEPTH, TOMLDecodeError, loads
+from envbuilder._toml import _toml as toml_parser  # tomllib, or tomli before 3.11
 from envbuilder.catalog import Catalog, Layer, layers
 from envbuilder.errors import RecipeError
 
@@ -132,9 +135,15 @@ def test_overrides_win_and_name_their_source(site_dir):
 
 
 def test_two_recipes_with_one_name_in_one_directory(site_dir):
+    # Asking for the name is the error; every other recipe still loads (one careless file breaks nothing else).
     write(site_dir, "sub/dup.toml", 'schema_version = 1\n[recipe]\nname = "my-venv"\n')
-    with pytest.raises(RecipeError, match="defined twice"):
-        Catalog([Layer("test", site_dir)])
+    write(site_dir, "other.toml", 'schema_version = 1\n[recipe]\nname = "other"\n')
+    catalog = Catalog([Layer("test", site_dir)])
+    with pytest.raises(RecipeError, match="defined twice in one directory") as info:
+        loader.load("my-venv", catalog)
+    assert info.value.key == "recipe.name"
+    assert loader.load("other", catalog).name == "other"
+    assert any("defined twice" in line for line in catalog.warnings)
 
 
 def test_leaves_list_every_effective_value(site_dir):
@@ -174,3 +183,141 @@ def test_empty_extends_is_an_error(tmp_path):
     write(tmp_path, "e.toml", 'schema_version = 1\nextends = " "\n[recipe]\nname = "e"\n')
     with pytest.raises(RecipeError, match="extends is empty"):
         loader.load("e", Catalog([Layer("test", tmp_path)]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A broken file on the path: its own name is its error; everything else is a warning
+
+
+LOCAL = 'schema_version = 1\n[recipe]\nname = "local"\n[torch]\nversion = "2.8.0"\n'
+
+
+def test_a_broken_file_takes_the_place_of_the_builtin_of_its_name(tmp_path):
+    write(tmp_path, "local.toml", LOCAL.replace("[torch]", "[torch"))
+    catalog = Catalog.from_env({"ENVBUILDER_RECIPE_PATH": str(tmp_path)})
+    with pytest.raises(RecipeError) as info:
+        loader.load("local", catalog)
+    assert info.value.file == str(tmp_path / "local.toml")
+    assert info.value.message.startswith(f"{tmp_path}/local.toml: not valid TOML")
+    assert "local" not in catalog.names()
+
+
+def test_a_broken_file_in_an_earlier_layer_is_replaced_by_a_later_one(tmp_path):
+    write(tmp_path, "a/local.toml", "[broken")
+    write(tmp_path, "b/local.toml", LOCAL)
+    catalog = Catalog([Layer("a", tmp_path / "a"), Layer("b", tmp_path / "b")])
+    assert loader.load("local", catalog).get("torch.version") == "2.8.0"
+    assert catalog.warnings == [
+        f"skipped {tmp_path}/a/local.toml: not valid TOML: Expected ']' at the end of a table declaration "
+        "(at end of document)"
+    ]
+
+
+def test_a_broken_file_beside_a_good_one_of_its_name_holds_the_name(tmp_path):
+    # Two files for one name in one directory: which was meant cannot be known, so neither is used.
+    write(tmp_path, "a/local.toml", LOCAL)
+    write(tmp_path, "b/local.toml", "[broken")
+    with pytest.raises(RecipeError, match="not valid TOML"):
+        loader.load("local", Catalog([Layer("test", tmp_path)]))
+
+
+def test_warnings_are_said_once_on_first_use_without_the_asked_for_error(tmp_path):
+    write(tmp_path, "local.toml", "[broken")
+    write(tmp_path, "junk.toml", "x = [")
+    said: list[str] = []
+    catalog = Catalog.from_env({"ENVBUILDER_RECIPE_PATH": str(tmp_path)}, warn=said.append)
+    assert said == []  # nothing until the catalog is used
+    with pytest.raises(RecipeError, match=r"local\.toml: not valid TOML"):
+        loader.load("local", catalog)
+    assert [line.split(":")[0] for line in said] == [f"skipped {tmp_path}/junk.toml"]
+    catalog.names()
+    assert len(said) == 1
+
+
+def test_skipped_paths_are_warnings(tmp_path):
+    write(tmp_path, "ok.toml", 'schema_version = 1\n[recipe]\nname = "ok"\n')
+    (tmp_path / "fifo.toml").parent.mkdir(exist_ok=True)
+    os.mkfifo(tmp_path / "fifo.toml")
+    (tmp_path / "dir.toml").symlink_to(tmp_path)  # a symlinked directory is not entered, and is no recipe
+    (tmp_path / "loop.toml").symlink_to("loop.toml")
+    (tmp_path / "zero.toml").symlink_to("/dev/zero")
+    (tmp_path / "bom.toml").write_bytes(b'\xef\xbb\xbfschema_version = 1\r\n[recipe]\r\nname = "bom"\r\n')
+    not_a_dir = write(tmp_path, "file", "")
+    catalog = Catalog([Layer("test", tmp_path), Layer("file", not_a_dir), Layer("gone", tmp_path / "gone")])
+    assert catalog.names() == ["bom", "ok"]
+    assert sorted(catalog.warnings) == [
+        f"skipped {tmp_path}/dir.toml: not a regular file (a directory)",
+        f"skipped {tmp_path}/fifo.toml: not a regular file (a FIFO)",
+        f"skipped {tmp_path}/file on the recipe path: not a directory",
+        f"skipped {tmp_path}/loop.toml: a symlink loop",
+        f"skipped {tmp_path}/zero.toml: not a regular file (a character device)",
+    ]
+    assert loader.load("bom", catalog).name == "bom"
+
+
+def test_a_broken_parent_named_in_extends_is_its_own_error(tmp_path):
+    write(tmp_path, "a/local.toml", "[broken")
+    write(tmp_path, "a/mine.toml", 'schema_version = 1\nextends = "local"\n[recipe]\nname = "mine"\n')
+    with pytest.raises(RecipeError) as info:
+        loader.load("mine", Catalog.from_env({"ENVBUILDER_RECIPE_PATH": str(tmp_path / "a")}, warn=print))
+    assert info.value.file == str(tmp_path / "a" / "local.toml")
+
+
+def test_a_fifo_named_as_a_parent_file_is_not_read(tmp_path):
+    os.mkfifo(tmp_path / "site.toml")
+    write(tmp_path, "mine.toml", 'schema_version = 1\nextends = "site.toml"\n[recipe]\nname = "mine"\n')
+    with pytest.raises(RecipeError, match=r"site.toml: not a regular file \(a FIFO\)"):
+        loader.load("mine", Catalog([Layer("test", tmp_path)]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# TOML reading: the nesting limit counts only real brackets
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'a = "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["',
+        "a = '[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[['",
+        'a = """\n[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\"""\n"""',
+        "a = '''\n[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n'''",
+        "# [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\na = 1",
+        'a = "\\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["',
+        'a = """x"""""\nb = [[[1]]]',
+        "a = " + "[" * MAX_DEPTH + "]" * MAX_DEPTH,
+        ".".join("k" * 1 for _ in range(MAX_DEPTH)) + " = 1",
+    ],
+    ids=[
+        "basic",
+        "literal",
+        "multiline-basic",
+        "multiline-literal",
+        "comment",
+        "escaped-quote",
+        "quotes",
+        "limit",
+        "dotted-limit",
+    ],
+)
+def test_brackets_in_strings_and_comments_do_not_count(text):
+    assert loads(text) == toml_parser.loads(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a = " + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1),
+        "a = " + "{b = " * (MAX_DEPTH + 1),
+        "[" * 100_000,
+    ],
+    ids=["arrays", "inline-tables", "unclosed"],
+)
+def test_nesting_past_the_limit_is_an_error_with_a_position(text):
+    with pytest.raises(
+        TOMLDecodeError, match=rf"nested more than {MAX_DEPTH} levels deep \(at line 1, column \d+\)"
+    ):
+        loads(text)
+
+
+def test_crlf_and_a_byte_order_mark_read_as_plain_text():
+    assert loads("\ufeffa = 1\r\nb = [\r\n  2,\r\n]\r\n") == {"a": 1, "b": [2]}

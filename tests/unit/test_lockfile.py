@@ -188,10 +188,11 @@ def test_an_applying_lock_replaces_the_resolver_installs_with_one_hashed_install
         "/scratch/u/envs/demo/envbuilder/lock-requirements.txt",
     )
     # The source build still runs afterwards, held to the locked versions.
-    assert installs[1][-4:] == (
+    assert installs[1][-5:] == (
         "mpi4py",
         "--constraint",
         "/scratch/u/envs/demo/envbuilder/constraints.txt",
+        "--",  # what follows is a requirement, never an option
         "mpi4py",
     )
     assert len(installs) == 2

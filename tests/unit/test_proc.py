@@ -3,9 +3,13 @@ Python so the test runner's own handlers stay out of it)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -39,3 +43,64 @@ def test_ctrl_c_during_the_fork_interrupts_and_kills_the_child(how):
     assert res.stdout.startswith("interrupted after "), res.stdout + res.stderr
     assert float(res.stdout.split()[2]) < 10  # not the child's 30 s
     assert "Exception ignored" not in res.stderr
+
+
+# A child that starts a grandchild in a session of its own which ignores SIGTERM (torchrun's workers are in
+# sessions of their own; a rank blocked in C++ does not act on SIGTERM). The grandchild writes its pid first.
+TREE = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    from envbuilder import proc
+    grandchild = (
+        "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)"
+    )
+    child = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {grandchild!r}, sys.argv[1]], start_new_session=True); "
+        "time.sleep(300)"
+    )
+    argv = [sys.executable, "-c", child, sys.argv[2]]
+    how = sys.argv[1]
+    try:
+        if how == "timeout":
+            proc.run(argv, timeout=8, grace=1)
+        elif how == "watch":
+            proc.run(argv, watch=lambda: "stopped by the watch" if os.path.exists(sys.argv[2]) else None, grace=1)
+        else:
+            signal.setitimer(signal.ITIMER_REAL, 8)
+            signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT))
+            proc.run(argv)
+    except KeyboardInterrupt:
+        print("interrupted")
+    except Exception as exc:
+        print(type(exc).__name__, str(exc).splitlines()[-1])
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["timeout", "watch", "interrupt"])
+def test_a_stopped_run_ends_the_processes_its_child_started_in_other_sessions(how, tmp_path):
+    marker = tmp_path / "grandchild.pid"
+    res = subprocess.run(
+        [sys.executable, "-c", TREE, how, str(marker)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    expected = {
+        "timeout": "CommandFailed (timed out after 8 s)",
+        "watch": "CommandFailed (stopped by the watch)",
+        "interrupt": "interrupted",
+    }[how]
+    assert res.stdout.strip() == expected, res.stdout + res.stderr
+    pid = int(marker.read_text())
+    # Gone, or a zombie of init's for a moment: never still running.
+    for _ in range(50):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break
+        if state in ("Z", "X"):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the grandchild {pid} survived ({how})")

@@ -171,3 +171,140 @@ def test_release_does_not_remove_someone_elses_lock(tmp_path):
     )
     lock.release()
     assert (tmp_path / "x.lock").exists()
+
+
+# --- breaking a stale lock, raced by real processes -----------------------------------------------------------
+
+RACERS = 6
+TRIALS = 30
+
+
+def _break_racer(root: str, barrier, trials: int) -> None:
+    """One contender: at each trial, all racers find the same stale lock at the same moment."""
+    base = state.Path(root)
+    log = base / f"held-{os.getpid()}.txt"
+    for trial in range(trials):
+        barrier.wait(60)  # the stale lock of this trial is in place
+        lock = state.EnvLock(base / f"t{trial}" / "env.lock", timeout=60, poll=0.005)
+        try:
+            lock.acquire()
+            start = time.monotonic()
+            time.sleep(0.01)
+            end = time.monotonic()
+            lock.release()
+            line = f"{trial} {start} {end}\n"
+        except Exception as exc:  # a racer that crashed is a failure too: say how, and stay in step
+            line = f"{trial} error {type(exc).__name__}: {exc}\n"
+        with log.open("a") as fh:
+            fh.write(line)
+        barrier.wait(60)  # every racer is through before the next trial
+
+
+def _dead_pid() -> int:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    return dead.pid
+
+
+def _stale_lock(path, pid: int) -> None:
+    path.mkdir(parents=True)
+    (path / "owner.json").write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "since": 1.0}))
+
+
+def test_racing_breakers_of_a_stale_lock_never_both_hold_it(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(RACERS + 1)
+    procs = [ctx.Process(target=_break_racer, args=(str(tmp_path), barrier, TRIALS)) for _ in range(RACERS)]
+    for p in procs:
+        p.start()
+    dead = _dead_pid()
+    try:
+        for trial in range(TRIALS):
+            _stale_lock(tmp_path / f"t{trial}" / "env.lock", dead)
+            barrier.wait(60)
+            barrier.wait(60)
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.exitcode is None:
+                p.kill()
+    assert [p.exitcode for p in procs] == [0] * RACERS
+    held: dict[int, list[tuple[float, float]]] = {}
+    errors = []
+    for log in tmp_path.glob("held-*.txt"):
+        for line in log.read_text().splitlines():
+            trial, start, end = line.split(" ", 2)
+            if start == "error":
+                errors.append(line)
+                continue
+            held.setdefault(int(trial), []).append((float(start), float(end)))
+    overlaps = []
+    for trial, spans in sorted(held.items()):
+        spans.sort()
+        overlaps += [trial for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
+    # Two holders at once (overlapping spans), or a racer that crashed because another broke its fresh lock.
+    assert (overlaps, errors) == ([], [])
+    assert sum(len(s) for s in held.values()) == RACERS * TRIALS
+    # Nothing is left beside the locks: no broken lock, no temp directory.
+    assert sorted(p.name for p in tmp_path.glob("t*/*")) == []
+
+
+def test_a_breaker_that_died_mid_way_is_taken_over(tmp_path):
+    lock_dir = tmp_path / "locks" / "env.lock"
+    dead = _dead_pid()
+    _stale_lock(lock_dir, dead)
+    (lock_dir / "breaker-0").symlink_to(json.dumps([dead, socket.gethostname(), time.time()]))
+    with state.locked(tmp_path, "env", timeout=5) as lock:
+        assert lock.owner.pid == os.getpid()
+    assert list((tmp_path / "locks").iterdir()) == []
+
+
+def test_a_live_breaker_is_left_to_finish(tmp_path):
+    lock_dir = tmp_path / "locks" / "env.lock"
+    _stale_lock(lock_dir, _dead_pid())
+    (lock_dir / "breaker-0").symlink_to(json.dumps([os.getpid(), socket.gethostname(), time.time()]))
+    with pytest.raises(StateError, match="locked by"), state.locked(tmp_path, "env", timeout=0.3):
+        pass
+    assert (lock_dir / "breaker-0").is_symlink()
+
+
+def test_a_late_breaker_never_takes_the_lock_that_replaced_the_stale_one(tmp_path):
+    # The breaker judged generation 0 stale; before it acts, generation 0 is broken and a live lock is taken.
+    path = tmp_path / "env.lock"
+    _stale_lock(path, _dead_pid())
+    late = state.EnvLock(path)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        first = state.EnvLock(path, timeout=5)
+        first.acquire()  # breaks generation 0 and holds generation 1
+        assert late._break(fd) is True  # "try again": it did nothing else
+    finally:
+        os.close(fd)
+    assert json.loads((path / "owner.json").read_text())["pid"] == os.getpid()
+    with pytest.raises(StateError, match="locked by"):
+        state.EnvLock(path, timeout=0.2).acquire()
+    first.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_lock_without_owner_file_is_stale_only_when_old(tmp_path):
+    path = tmp_path / "env.lock"
+    path.mkdir()  # an older envbuilder between its mkdir and its owner file
+    with pytest.raises(StateError, match="another process"):
+        state.EnvLock(path, timeout=0.2).acquire()
+    old = time.time() - 60
+    os.utime(path, (old, old))
+    with state.EnvLock(path, timeout=1) as lock:
+        assert lock.owner.pid == os.getpid()
+
+
+def test_leftovers_of_a_killed_locker_are_swept(tmp_path):
+    dead = _dead_pid()
+    host = socket.gethostname()
+    for what in ("new", "broken"):
+        (tmp_path / f".env.lock.{what}-{host}-{dead}-123").mkdir()
+    live = tmp_path / f".env.lock.new-{host}-{os.getpid()}-456"
+    live.mkdir()  # this process is alive: not swept
+    with state.EnvLock(tmp_path / "env.lock"):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]
