@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from envbuilder.host import HostFacts
+from envbuilder.facts import HostFacts
 from envbuilder.matrix import ArchList, Matrix, Release, VariantInfo, covers, gpu_capability, minor_tuple
 
 TORCH_PACKAGES = ("torch", "torchvision", "torchaudio")

@@ -19,7 +19,7 @@ from envbuilder import __version__, build, conda, lockfile, mirror, modules, pro
 from envbuilder import plan as planner
 from envbuilder.catalog import Catalog
 from envbuilder.errors import CommandFailed, EnvbuilderError, LockError
-from envbuilder.host import HostFacts
+from envbuilder.facts import HostFacts
 from envbuilder.loader import Recipe
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from envbuilder._toml import loads
-from envbuilder.host import Gpu
+from envbuilder.facts import Gpu
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder import batch, launchers, lockfile, locks_and_channels, mirror, suite
 from envbuilder.errors import UsageError
-from envbuilder.host import Gpu, HostFacts
-from envbuilder.loader import Recipe
+from envbuilder.facts import Gpu, HostFacts
 from envbuilder.steps import InstallStep, install_steps
 from envbuilder.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
 
-if TYPE_CHECKING:  # read at plan time by envbuilder.indexread; the planner only receives the value
+if TYPE_CHECKING:
+    # indexfacts is read at plan time by envbuilder.indexread; the planner only receives the value. loader is only
+    # named: it reaches the registry (ssh-keygen), which a pure module must not import.
     from envbuilder.indexfacts import IndexFacts
+    from envbuilder.loader import Recipe
 
 FALLBACK_ROOT = "${HOME}/.local/share/envbuilder/envs/{name}"
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from envbuilder.loader import Recipe
 from envbuilder.lockfile import PlatformLock
 from envbuilder.mirror import PYPI
 from envbuilder.wheels import Resolution
+
+if TYPE_CHECKING:  # only named: loader reaches the registry (ssh-keygen), which a pure module must not import
+    from envbuilder.loader import Recipe
 
 #: argv[0] of the step that clones the site python's env (create does it in-process).
 CLONE = "envbuilder-clone"

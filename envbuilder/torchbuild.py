@@ -27,7 +27,7 @@ from packaging.version import InvalidVersion, Version
 
 from envbuilder import proc
 from envbuilder.errors import BackendError, HostProbeError, LockError
-from envbuilder.host import HostFacts, facts_from_json
+from envbuilder.facts import HostFacts, facts_from_json
 from envbuilder.lockfile import PlatformLock
 from envbuilder.matrix import gpu_capability, minor_tuple
 from envbuilder.mirror import PYPI, VAR

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from envbuilder import build, launchers, plan, proc, report, state, suite
 from envbuilder.errors import CommandFailed, UsageError, ValidationFailed
-from envbuilder.host import HostFacts
+from envbuilder.facts import HostFacts
 from envbuilder.loader import Recipe
 from envbuilder.modules import ModuleSystem
 

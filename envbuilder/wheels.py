@@ -14,6 +14,7 @@ from packaging.version import InvalidVersion, Version
 
 from envbuilder import knowledge
 from envbuilder.errors import ResolverError, ResolverErrors, did_you_mean
+from envbuilder.facts import HostFacts
 from envbuilder.gates import (
     TORCH_PACKAGES,
     Finding,
@@ -25,7 +26,6 @@ from envbuilder.gates import (
     python_ok,
     quick_findings,
 )
-from envbuilder.host import HostFacts
 from envbuilder.matrix import Matrix, Release, covers, gpu_capability, load_matrix, minor_tuple
 
 if TYPE_CHECKING:  # the pure parts only name these types; indexfacts is read at plan time

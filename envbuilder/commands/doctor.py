@@ -10,15 +10,15 @@ import sys
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from envbuilder import backup, doctor, state
 from envbuilder.catalog import Catalog
 from envbuilder.commands import plan as plan_cmd
-from envbuilder.console import Out
+from envbuilder.console import Out, plain
 from envbuilder.errors import DoctorFindings
-from envbuilder.host import HostFacts
+from envbuilder.facts import HostFacts
 from envbuilder.matrix import load_matrix
 
 _LABELS = {
@@ -97,21 +97,24 @@ def render(report: doctor.Report, console: Console) -> None:
     table.add_column("subject", overflow="fold", max_width=24)
     table.add_column("finding", overflow="fold")
     for f in report.findings:
-        text = escape(f.message)
+        # Messages name paths and values: shown literally (console.plain), never read as markup.
+        text = plain(f.message)
         if f.fix:
-            text += f"\n[cyan]fix:[/cyan] {escape(f.fix)}"
-        table.add_row(_LABELS[f.severity], escape(f.subject), text)
+            text = Text.assemble(text, "\n", plain("fix:", "cyan"), " ", plain(f.fix))
+        table.add_row(Text.from_markup(_LABELS[f.severity]), plain(f.subject), text)
     counts = report.counts
     warnings = counts[doctor.WARNING]
     with console.capture() as captured:
-        console.print("[bold]envbuilder doctor[/bold]")
-        console.print(f"  facts: {escape(report.facts_from)}")
-        console.print(f"  node:  {escape(facts_line(report.facts))}")
-        console.print(f"  envs:  {escape(envs)}; table as of {report.matrix_as_of}")
+        console.print(plain("envbuilder doctor", "bold"))
+        console.print(plain(f"  facts: {report.facts_from}"))
+        console.print(plain(f"  node:  {facts_line(report.facts)}"))
+        console.print(plain(f"  envs:  {envs}; table as of {report.matrix_as_of}"))
         console.print(table)
         console.print(
-            f"{counts[doctor.ACTION]} need action, {warnings} warning{'s' if warnings != 1 else ''}, "
-            f"{counts[doctor.INFO]} ok"
+            plain(
+                f"{counts[doctor.ACTION]} need action, {warnings} warning{'s' if warnings != 1 else ''}, "
+                f"{counts[doctor.INFO]} ok"
+            )
         )
     # rich pads every cell to its column's width: drop the trailing blanks that would leave.
     sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))

@@ -10,7 +10,7 @@ from typing import Any, Optional
 from envbuilder import plan as planner
 from envbuilder.doctor.findings import ACTION, INFO, WARNING, Finding
 from envbuilder.errors import EnvbuilderError, RecipeNotFound, ResolverError, ResolverErrors
-from envbuilder.host import HostFacts
+from envbuilder.facts import HostFacts
 from envbuilder.indexfacts import IndexFacts
 from envbuilder.loader import Recipe
 from envbuilder.matrix import Matrix

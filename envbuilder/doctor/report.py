@@ -22,7 +22,7 @@ from envbuilder.doctor.libraries import (
 )
 from envbuilder.doctor.replan import PythonState, python_findings, replan_findings
 from envbuilder.errors import EnvbuilderError
-from envbuilder.host import HostFacts
+from envbuilder.facts import HostFacts
 from envbuilder.indexfacts import IndexFacts
 from envbuilder.loader import Recipe
 from envbuilder.matrix import Matrix
