@@ -5,7 +5,10 @@ verified before use; any other directory is read as plain recipe files.
 Whatever lies on the path, one bad file never breaks every command: a file that cannot be read or parsed (not
 UTF-8, a FIFO, a device, a symlink loop, too large, too deeply nested) and a directory that cannot be listed are
 skipped with a warning. A recipe that is asked for and broken is its file's error: a broken file takes the place
-of the recipes of the same name in earlier layers (the built-in ``local`` under a user's broken ``local.toml``)."""
+of the recipes of the same name in earlier layers (the built-in ``local`` under a user's broken ``local.toml``).
+
+The catalog does the reading (and a registry the verifying) for the loader: it hands over documents ready to merge
+(``loader.Documents``), so that loading itself runs no process and opens no file."""
 
 from __future__ import annotations
 
@@ -15,12 +18,13 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 from envbuilder import state, textfile
 from envbuilder._toml import TOMLDecodeError, loads
 from envbuilder.console import Out
 from envbuilder.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
+from envbuilder.loader import Document
 from envbuilder.registry import Policy, Published, Registry, pin_dir
 
 RECIPE_PATH_VAR = "ENVBUILDER_RECIPE_PATH"
@@ -262,6 +266,91 @@ class Catalog:
             for p in la.registry.versions(name)
         )
         raise RecipeNotFound(f"no published version {version!r} of {name}", hint=f"published: {have}")
+
+    def recipe_document(self, ref: str) -> Document:
+        """Recipe ``ref`` (``NAME`` or ``NAME@VERSION``) read from its file, or the error that says why it cannot be."""
+        if "@" in ref:
+            entry = self.lookup(ref)
+        else:
+            found = self.get(ref)
+            if found is None:
+                self._not_found(ref)
+            entry = found
+        if entry.published is not None and entry.layer.registry is not None:
+            # A published recipe is used only once its bytes match the registry's index, its signature and the name
+            # and version in it check; those very bytes are used (no second read that a registry writer could swap),
+            # and it extends nothing.
+            data = entry.layer.registry.load(entry.published)
+            return replace(
+                self._locate(entry.path), data=data, name=entry.name, version=entry.version, published=True
+            )
+        return replace(self._read(entry.path), name=entry.name, version=entry.version)
+
+    def parent_document(self, child: Document, extends: str) -> Document:
+        """The file ``child``'s ``extends`` names: a ``.toml`` path beside it, else a recipe on the path."""
+        if extends.endswith(".toml"):
+            candidate = resolved(child.path.parent / extends)
+            # Something there but unreadable (a FIFO, a symlink loop) is read_toml's error, not "not found".
+            if not (candidate.exists() or candidate.is_symlink()):
+                raise RecipeError(
+                    f"parent file {extends!r} not found (looked for {candidate})",
+                    file=child.label,
+                    key="extends",
+                )
+            return self._read(candidate)
+        entry = self.get(extends)  # a broken file of that name is its own error, not "not found"
+        if entry is None:
+            raise RecipeError(
+                f"parent recipe {extends!r} not found on the recipe path",
+                file=child.label,
+                key="extends",
+                hint=did_you_mean(extends, self.names()) or "a file parent must end in .toml",
+            )
+        return self._read(entry.path)
+
+    def _read(self, path: Path) -> Document:
+        """The file at ``path``, parsed; a file the scan found broken is that error."""
+        found = self._locate(path)
+        broken = next((exc for p, exc in self.broken.items() if resolved(p) == found.real), None)
+        if broken is not None:
+            raise broken
+        return replace(found, data=read_toml(path, found.label))
+
+    def _locate(self, path: Path) -> Document:
+        """The document at ``path`` with its names and no data yet."""
+        real = resolved(path)
+        return Document(
+            path=path,
+            label=display_path(path, self.layer_of(path)),
+            data={},
+            real=real,
+            real_label=display_path(real, self.layer_of(real)),
+        )
+
+    def _not_found(self, name: str) -> NoReturn:
+        """Say why NAME is not a recipe as precisely as the files allow."""
+        path = self.stems.get(name)
+        if path is not None and path in self.broken:
+            raise self.broken[path]
+        if path is not None:
+            shown = display_path(path, self.layer_of(path))
+            doc = read_toml(path, shown)
+            declared = doc.get("recipe", {}).get("name") if isinstance(doc.get("recipe"), dict) else None
+            if declared is None and not isinstance(doc.get("recipe"), dict):
+                raise RecipeNotFound(
+                    f"{shown} has no [recipe] table: it is a base file, reached only through extends",
+                    hint=f"add [recipe] with name = {name!r} to make it a recipe",
+                )
+            raise RecipeError(
+                f"recipe.name {declared!r} does not match the file name {path.name!r}",
+                file=shown,
+                key="recipe.name",
+                hint=f"set name = {name!r}",
+            )
+        hint = (
+            did_you_mean(name, self.names(), n=3, cutoff=0.5) or "run `envbuilder recipes list` to see them"
+        )
+        raise RecipeNotFound(f"no recipe named {name!r} on the recipe path", hint=hint)
 
     @property
     def warnings(self) -> list[str]:

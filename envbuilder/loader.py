@@ -1,5 +1,8 @@
-"""Load a recipe: read its ``extends`` chain, validate each file strictly, merge, and remember where every value
-came from (built-in defaults < site file < recipe chain < command line)."""
+"""Load a recipe: follow its ``extends`` chain, validate each file strictly, merge, and remember where every value
+came from (built-in defaults < site file < recipe chain < command line).
+
+Loading is pure: the files come as documents that the catalog has already read and, for a published recipe,
+verified against its registry (see ``Documents``); here they are only checked, merged and traced."""
 
 from __future__ import annotations
 
@@ -7,11 +10,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from envbuilder import schema
-from envbuilder.catalog import Catalog, display_path, read_toml, resolved
-from envbuilder.errors import RecipeError, RecipeNotFound, did_you_mean
+from envbuilder.errors import RecipeError, did_you_mean
 from envbuilder.wheels import GATES, TORCH_PACKAGES
 
 DEFAULTS_SOURCE = "<defaults>"
@@ -42,6 +44,35 @@ DEFAULTS: dict[str, Any] = {
         "nodes": 1,
     },
 }
+
+
+@dataclass(frozen=True)
+class Document:
+    """One recipe file as read, parsed and (when published) verified by whoever supplies it, with the names the
+    loader needs to trace its values and to say where a problem is."""
+
+    path: Path  # the file as reached (through the recipe path, or a child's extends)
+    label: str  # how messages and provenance name it ("builtin:cscs/site.toml", or the path)
+    data: Mapping[str, Any]  # the parsed TOML, not yet validated
+    real: Path  # the file's resolved path: one file reached by two routes has one, so a cycle shows
+    real_label: str  # how messages name ``real``
+    name: str = ""  # the recipe name it was asked for by (the chain's first document only)
+    version: str = ""  # a published recipe's registry version
+    #: A published recipe: bytes matched to the registry's index and signature, and it extends nothing.
+    published: bool = False
+
+
+class Documents(Protocol):
+    """Where the loader's documents come from (the catalog). Each call raises the error of a document that cannot
+    be had: not found, unreadable, broken, or a published recipe that does not verify."""
+
+    def recipe_document(self, ref: str) -> Document:
+        """The recipe ``ref`` names (``NAME`` or ``NAME@VERSION``)."""
+        ...
+
+    def parent_document(self, child: Document, extends: str) -> Document:
+        """The file ``child``'s ``extends`` names: a ``.toml`` path beside it, else a recipe by name."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -79,36 +110,23 @@ def _leaves(node: Any, path: str, out: list[tuple[str, Any, str]], prov: Mapping
         out.append((path, node, prov.get(path, DEFAULTS_SOURCE)))
 
 
-def load(name: str, catalog: Catalog, overrides: Optional[Mapping[str, tuple[Any, str]]] = None) -> Recipe:
-    """Load recipe ``name``. ``overrides`` maps dotted keys to (value, source) applied last (CLI flags)."""
-    if "@" in name:
-        entry = catalog.lookup(name)
-        name = entry.name
-    else:
-        found = catalog.get(name)
-        if found is None:
-            _not_found(name, catalog)
-        entry = found
-    if entry.published is not None and entry.layer.registry is not None:
-        # A published recipe is used only once its bytes match the registry's index, its signature and the name
-        # and version in it check; those very bytes are used (no second read that a registry writer could swap),
-        # and it extends nothing.
-        published = entry.layer.registry.load(entry.published)
-        schema.validate(published, display_path(entry.path, catalog.layer_of(entry.path)))
-        chain = [(entry.path, published)]
-    else:
-        chain = _read_chain(entry.path, catalog)
+def load(name: str, catalog: Documents, overrides: Optional[Mapping[str, tuple[Any, str]]] = None) -> Recipe:
+    """Load recipe ``name`` from the documents ``catalog`` supplies. ``overrides`` maps dotted keys to (value,
+    source) applied last (CLI flags)."""
+    top = catalog.recipe_document(name)
+    schema.validate(top.data, top.label)
+    # A published recipe extends nothing: its verified bytes are the whole recipe.
+    chain = [top] if top.published else _follow_chain(top, catalog)
     merged: dict[str, Any] = {}
     prov: dict[str, str] = {}
     _merge(merged, DEFAULTS, DEFAULTS_SOURCE, prov, "")
     corrections: list[dict[str, Any]] = []
-    for path, doc in reversed(chain):
-        source = display_path(path, catalog.layer_of(path))
-        body = {k: v for k, v in doc.items() if k not in ("schema_version", "extends", "corrections")}
-        _merge(merged, body, source, prov, "")
+    for doc in reversed(chain):
+        body = {k: v for k, v in doc.data.items() if k not in ("schema_version", "extends", "corrections")}
+        _merge(merged, body, doc.label, prov, "")
         # Corrections accumulate along the chain (site-wide ones, then the variant's own).
-        for item in doc.get("corrections", []):
-            prov[f"corrections[{len(corrections)}]"] = source
+        for item in doc.data.get("corrections", []):
+            prov[f"corrections[{len(corrections)}]"] = doc.label
             corrections.append(dict(item))
     if corrections:
         merged["corrections"] = corrections
@@ -117,108 +135,56 @@ def load(name: str, catalog: Catalog, overrides: Optional[Mapping[str, tuple[Any
         prov[dotted] = source
 
     recipe_name = merged.get("recipe", {}).get("name")
-    top = display_path(entry.path, catalog.layer_of(entry.path))
     if recipe_name is None:
         raise RecipeError(
             "missing required key",
-            file=top,
+            file=top.label,
             key="recipe.name",
-            hint=f"add name = {entry.path.stem!r} to [recipe]",
+            hint=f"add name = {top.path.stem!r} to [recipe]",
         )
-    if recipe_name != (entry.name if entry.published is not None else entry.path.stem):
+    if recipe_name != (top.name if top.published else top.path.stem):
         raise RecipeError(
-            f"recipe.name {recipe_name!r} does not match the file name {entry.path.name!r}",
-            file=top,
+            f"recipe.name {recipe_name!r} does not match the file name {top.path.name!r}",
+            file=top.label,
             key="recipe.name",
-            hint=f"rename the file to {recipe_name}.toml or set name = {entry.path.stem!r}",
+            hint=f"rename the file to {recipe_name}.toml or set name = {top.path.stem!r}",
         )
     schema.check_required(
-        {**merged, "schema_version": schema.SCHEMA_VERSION}, lambda key: _table_source(prov, key, top)
+        {**merged, "schema_version": schema.SCHEMA_VERSION}, lambda key: _table_source(prov, key, top.label)
     )
-    _cross_checks(merged, prov, top)
+    _cross_checks(merged, prov, top.label)
     return Recipe(
-        name=name,
-        path=entry.path,
-        chain=tuple(display_path(p, catalog.layer_of(p)) for p, _ in chain),
+        name=top.name,
+        path=top.path,
+        chain=tuple(doc.label for doc in chain),
         data=merged,
         provenance=prov,
-        version=entry.version,
+        version=top.version,
     )
 
 
-def _not_found(name: str, catalog: Catalog) -> NoReturn:
-    """Say why NAME is not a recipe as precisely as the files allow."""
-    path = catalog.stems.get(name)
-    if path is not None and path in catalog.broken:
-        raise catalog.broken[path]
-    if path is not None:
-        shown = display_path(path, catalog.layer_of(path))
-        doc = read_toml(path, shown)
-        declared = doc.get("recipe", {}).get("name") if isinstance(doc.get("recipe"), dict) else None
-        if declared is None and not isinstance(doc.get("recipe"), dict):
-            raise RecipeNotFound(
-                f"{shown} has no [recipe] table: it is a base file, reached only through extends",
-                hint=f"add [recipe] with name = {name!r} to make it a recipe",
-            )
-        raise RecipeError(
-            f"recipe.name {declared!r} does not match the file name {path.name!r}",
-            file=shown,
-            key="recipe.name",
-            hint=f"set name = {name!r}",
-        )
-    hint = did_you_mean(name, catalog.names(), n=3, cutoff=0.5) or "run `envbuilder recipes list` to see them"
-    raise RecipeNotFound(f"no recipe named {name!r} on the recipe path", hint=hint)
-
-
-def _read_chain(path: Path, catalog: Catalog) -> list[tuple[Path, dict[str, Any]]]:
-    chain: list[tuple[Path, dict[str, Any]]] = []
-    seen: list[Path] = []
-    current: Optional[Path] = path
-    while current is not None:
-        real = resolved(current)
-        shown = display_path(current, catalog.layer_of(current))
-        if real in seen:
-            loop = " -> ".join(display_path(p, catalog.layer_of(p)) for p in [*seen, real])
-            # Blame the file whose extends closes the loop.
-            closer = display_path(chain[-1][0], catalog.layer_of(chain[-1][0]))
-            raise RecipeError(f"extends cycle: {loop}", file=closer, key="extends")
-        seen.append(real)
-        broken = next((exc for p, exc in catalog.broken.items() if resolved(p) == real), None)
-        if broken is not None:
-            raise broken
-        doc = read_toml(current, shown)
-        schema.validate(doc, shown)
-        chain.append((current, doc))
-        parent = doc.get("extends")
-        if parent is not None and not parent.strip():
+def _follow_chain(top: Document, catalog: Documents) -> list[Document]:
+    """``top`` and the files its ``extends`` reach, child first; ``top`` is validated already."""
+    chain = [top]
+    while True:
+        doc = chain[-1]
+        parent = doc.data.get("extends")
+        if parent is None:
+            return chain
+        if not parent.strip():
             raise RecipeError(
                 "extends is empty",
-                file=shown,
+                file=doc.label,
                 key="extends",
                 hint="name a parent file (site.toml) or remove the key",
             )
-        current = _parent_path(parent, current, catalog, shown) if parent else None
-    return chain
-
-
-def _parent_path(parent: str, child: Path, catalog: Catalog, shown: str) -> Path:
-    if parent.endswith(".toml"):
-        candidate = resolved(child.parent / parent)
-        # Something that is there but cannot be read (a FIFO, a symlink loop) is read_toml's error, not "not found".
-        if not (candidate.exists() or candidate.is_symlink()):
-            raise RecipeError(
-                f"parent file {parent!r} not found (looked for {candidate})", file=shown, key="extends"
-            )
-        return candidate
-    entry = catalog.get(parent)  # a broken file of that name is its own error, not "not found"
-    if entry is None:
-        raise RecipeError(
-            f"parent recipe {parent!r} not found on the recipe path",
-            file=shown,
-            key="extends",
-            hint=did_you_mean(parent, catalog.names()) or "a file parent must end in .toml",
-        )
-    return entry.path
+        found = catalog.parent_document(doc, parent)
+        if any(other.real == found.real for other in chain):
+            loop = " -> ".join(other.real_label for other in [*chain, found])
+            # Blame the file whose extends closes the loop.
+            raise RecipeError(f"extends cycle: {loop}", file=doc.label, key="extends")
+        schema.validate(found.data, found.label)
+        chain.append(found)
 
 
 def _merge(dst: dict[str, Any], src: Mapping[str, Any], source: str, prov: dict[str, str], path: str) -> None:

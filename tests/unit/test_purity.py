@@ -40,16 +40,10 @@ PURE = (
     "envbuilder.lockfile",  # lockfile.read reads the one file it is given; no process, no network
     "envbuilder.locks_and_channels",
     "envbuilder.plan",
+    "envbuilder.loader",  # the catalog reads the files and the registry verifies them; loading only merges
     "envbuilder.errors",
     "envbuilder._toml",
 )
-
-#: Meant to be pure, not there yet; the reason is the next step. A test below fails once one of them is pure, so
-#: that it moves to PURE.
-NOT_YET = {
-    "envbuilder.loader": "loading a signed recipe verifies it: loader -> catalog -> registry -> proc (ssh-keygen); "
-    "the catalog should hand the loader documents it has already read and verified (issue 18, item 1)",
-}
 
 #: Third-party imports of a banned module, allowed by name of the importer only. packaging.specifiers and
 #: packaging.utils (which every version and specifier check uses) import packaging.tags, which imports subprocess at
@@ -159,12 +153,6 @@ def import_violations(module: str, path: Sequence[Path] = ()) -> list[str]:
 def test_pure_module_imports_no_process_or_network(module: str) -> None:
     problems = import_violations(module)
     assert not problems, f"{module} is not pure:\n" + "\n".join(problems)
-
-
-@pytest.mark.parametrize("module", sorted(NOT_YET))
-def test_not_yet_pure_is_still_impure(module: str) -> None:
-    # When this fails, the module became pure: move it from NOT_YET to PURE.
-    assert import_violations(module), f"{module} is pure now: move it from NOT_YET to PURE"
 
 
 BAD = {
