@@ -80,7 +80,13 @@ def merge(m: Matrix, index: Optional[IndexFacts], channel: str, table_age: str =
         return Knowledge(m, (f"torch releases, variants, Pythons: {table}; {why}",))
     pages = _variant_pages(m, index, channel)
     if not pages:
-        return Knowledge(m, (f"torch releases and variants: {table} (no {channel} variant page was read)",))
+        failed = [p.error for p in index.pages.values() if not p.ok and p.error]
+        why = (
+            f": {failed[0]}" + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "") if failed else ""
+        )
+        return Knowledge(
+            m, (f"torch releases and variants: {table}; no {channel} variant page was read{why}",)
+        )
     seen = _versions_seen(pages)
     releases, arch_lists, warnings = _merged_releases(m, channel, pages, seen)
     merged = replace(m, releases=tuple(releases), arch_lists=(*m.arch_lists, *arch_lists))
@@ -201,12 +207,8 @@ def _inferred(
 
 
 def _newest_list(m: Matrix, variant: str, arch: str) -> Optional[ArchList]:
-    best: Optional[tuple[Version, ArchList]] = None
-    for rel in m.stable_releases():
-        entry = m.arch_list(variant, arch, rel.torch)
-        if entry is not None and (best is None or rel.version > best[0]):
-            best = (rel.version, entry)
-    return best[1] if best else None
+    rel = m.newest_with_variant(variant, arch)
+    return m.arch_list(variant, arch, rel.torch) if rel is not None else None
 
 
 def _exactly(version: str) -> SpecifierSet:

@@ -26,7 +26,7 @@ def facts_for(facts_file: Optional[str]) -> host.HostFacts:
 
 def table_age(today: Optional[datetime.date] = None) -> str:
     """How old the shipped table is, in words ("94 days old")."""
-    days = ((today or datetime.date.today()) - datetime.date.fromisoformat(load_matrix().as_of)).days
+    days = load_matrix().age_days(today or datetime.date.today())
     return f"{days} day{'s' if days != 1 else ''} old"
 
 

@@ -40,8 +40,7 @@ _NIGHTLY_DATE = re.compile(r"\.dev(\d{8})")
 def table_findings(
     matrix: Matrix, today: datetime.date, index: Optional[IndexFacts], upstreams: Sequence[str]
 ) -> list[Finding]:
-    as_of = datetime.date.fromisoformat(matrix.as_of)
-    age = (today - as_of).days
+    age = matrix.age_days(today)
     known = [Version(r.torch) for r in matrix.releases if r.channel == "stable"]
     newest_known = max(known) if known else None
     pages = [u for u in upstreams if index is not None and index.page(u) is not None]
