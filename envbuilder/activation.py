@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Optional
 
 from envbuilder.errors import RecipeError
-from envbuilder.schema import require_carriable, require_module_name, require_var_name
-from envbuilder.steps import CONSTRAINTS
+from envbuilder.plan.steps import CONSTRAINTS
+from envbuilder.recipe.schema import require_carriable, require_module_name, require_var_name
 
 BEGIN = "# >>> envbuilder activate extension >>>"
 END = "# <<< envbuilder activate extension <<<"

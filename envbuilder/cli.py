@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, backup, launchers
+from envbuilder import __version__, backup
 from envbuilder.commands import backup as backup_cmd
 from envbuilder.commands import create as create_cmd
 from envbuilder.commands import doctor as doctor_cmd
@@ -24,6 +24,7 @@ from envbuilder.commands import recipes as recipes_cmd
 from envbuilder.commands import validate as validate_cmd
 from envbuilder.console import Out
 from envbuilder.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EnvbuilderError
+from envbuilder.validate import launchers
 
 RESULT_VERSION = 1
 

@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, activation, build, conda, proc, rattler_engine, state, torchbuild
+from envbuilder import __version__, activation, fsutil, proc, settings, state
+from envbuilder.backends import common, conda, rattler_engine, torchbuild
 from envbuilder.errors import BackendError, CommandFailed, EnvbuilderError, StateError, UsageError
-from envbuilder.loader import Recipe
 from envbuilder.modules import EnvDelta, ModuleSystem
 from envbuilder.plan import Plan
-from envbuilder.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
+from envbuilder.plan.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
+from envbuilder.recipe.loader import Recipe
 
 PARTIAL = ".partial-"
 OLD = ".old-"
@@ -140,7 +141,7 @@ class Pending:
 
 
 def write_pending(partial: Path, pending: Pending) -> None:
-    state.write_atomic(partial / PENDING, (json.dumps(pending.to_json(), indent=1) + "\n").encode())
+    fsutil.write_atomic(partial / PENDING, (json.dumps(pending.to_json(), indent=1) + "\n").encode())
 
 
 def _read_pending(final: Path) -> Optional[Pending]:
@@ -288,10 +289,10 @@ def create(
         )
     # Resolved: uv's relocatable activate finds the env through realpath, so the record must say the same.
     final = Path(plan.prefix).expanduser().resolve()
-    home = state.home(env)
+    home = settings.home(env)
     name = opts.name or plan.recipe
 
-    def waiting(owner: state.Owner) -> None:
+    def waiting(owner: fsutil.Owner) -> None:
         report.wait(f"another envbuilder (pid {owner.pid} on {owner.host}) is working on {name}; waiting")
 
     with state.locked(home, name, timeout=opts.lock_timeout, on_wait=waiting):
@@ -375,7 +376,7 @@ def smoke_recorded(
     modules: ModuleSystem,
     env: Mapping[str, str],
     home: Path,
-    log: build.BuildLog,
+    log: common.BuildLog,
     gpus: int,
 ) -> state.EnvRecord:
     """smoke() for a recorded env, with the modules and activate values its plan recorded."""
@@ -401,9 +402,9 @@ def _existing(home: Path, name: str, final: Path) -> Optional[state.EnvRecord]:
     return None
 
 
-def open_log(home: Path, name: str) -> build.BuildLog:
+def open_log(home: Path, name: str) -> common.BuildLog:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return build.BuildLog(home / "logs" / f"{name}-{stamp}-{os.getpid()}.log")
+    return common.BuildLog(home / "logs" / f"{name}-{stamp}-{os.getpid()}.log")
 
 
 def _build(
@@ -414,14 +415,14 @@ def _build(
     opts: CreateOptions,
     report: Reporter,
     where: _Where,
-    log: build.BuildLog,
+    log: common.BuildLog,
     notes: list[str],
     facts: Mapping[str, Any],
 ) -> state.EnvRecord:
     final, home = where.final, where.home
     base_env = proc.scrubbed_env(env)
     log.write(f"envbuilder {__version__} create {plan.recipe} -> {final}")
-    choice = build.choose_installer(plan.installer, str(final), opts.installer_source)
+    choice = common.choose_installer(plan.installer, str(final), opts.installer_source)
     if choice.name != plan.installer:
         raise BackendError(
             f"the plan uses {plan.installer}, which cannot run here ({choice.reason})",
@@ -439,22 +440,22 @@ def _build(
         # The env brings its own python (the recipe's python=X.Y); the site's is not used.
         python = str(final / "bin" / "python")
     else:
-        python = build.find_python(plan.python["command"] or "python3", build_env)
+        python = common.find_python(plan.python["command"] or "python3", build_env)
     parent: dict[str, Any] = {}
     cloning = any(step.argv[0] == CLONE for step in plan.install_steps)
     if plan.system_site_packages or plan.kind == "user-prefix" or cloning:
         # Only these envs see the base python's packages: is it a venv itself (whose packages a venv on top
         # would not see)?
-        parent = build.python_info(python, build_env, log)
+        parent = common.python_info(python, build_env, log)
     log.write(f"python: {python}")
 
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = final.parent / f".{final.name}{PARTIAL}{os.getpid()}"
     # The installer's own settings, laid over whatever environment the modules give each step.
     tool_env: dict[str, str] = {}
-    uv_bin = build.uv_binary() if plan.installer == "uv" else None
+    uv_bin = common.uv_binary() if plan.installer == "uv" else None
     if uv_bin:
-        uv = build.uv_settings(final, env)
+        uv = common.uv_settings(final, env)
         tool_env.update(uv.env())
         for reason in uv.reasons:
             log.write(reason)
@@ -469,7 +470,7 @@ def _build(
     build_env.update(tool_env)
     engine = ""
 
-    with build.removing_on_failure(partial):
+    with common.removing_on_failure(partial):
         if plan.kind == "user-prefix":
             partial.mkdir(mode=0o755)
             _after_create(plan, partial, parent, log)
@@ -484,19 +485,19 @@ def _build(
                     notes.append(note)
                 _after_create(plan, partial, {}, log)
                 continue
-            argv = build.step_argv(step, python, uv_bin, plan.prefix, str(partial))
+            argv = common.step_argv(step, python, uv_bin, plan.prefix, str(partial))
             step_env = build_env
             if step.modules:
                 extra = modules.apply(plan.module_use, [*plan.modules, *step.modules], base_env)
                 step_env = {**extra.apply(base_env), **tool_env}
-            step_env, own = build.step_env(step, step_env)
+            step_env, own = common.step_env(step, step_env)
             if step.engine:
                 argv, engine = conda.engine_argv(argv, step.engine, step_env, plan.target.arch or "", final)
                 step_env = conda.engine_env(engine, step_env)
                 log.write(f"conda engine: {engine}")
             report.step(_describe(step) + (f" with {engine}" if step.engine else ""))
             try:
-                build.run_logged(argv, step_env, log, own)
+                common.run_logged(argv, step_env, log, own)
             except CommandFailed as exc:
                 if not step.engine:
                     raise
@@ -535,12 +536,12 @@ def _build(
         else:
             activation.install(partial, act)
         report.step("recording installed packages")
-        packages = build.inventory(partial)
+        packages = common.inventory(partial)
         if plan.kind == "conda" or cloning:
             changed = conda.move_in(partial, final, engine or "clone")
             log.write(f"relocated {len(changed)} file(s) from {partial} to {final}")
         elif plan.installer != "uv" and plan.kind != "user-prefix":
-            changed = build.relocate_scripts(partial, final)
+            changed = common.relocate_scripts(partial, final)
             log.write(f"relocated {len(changed)} file(s) from {partial} to {final}")
         record = state.EnvRecord(
             name=where.name,
@@ -558,11 +559,11 @@ def _build(
                 "delta_unset": list(delta.unset),
             },
         )
-        state.write_atomic(partial / "envbuilder" / "record.json", dump_record(record))
+        fsutil.write_atomic(partial / "envbuilder" / "record.json", dump_record(record))
         done = Pending("create", where.status, record, str(where.moving) if where.moving else None)
         write_pending(partial, done)
         # Children ran under a umask without world write; this catches what a tool chmods itself (uv's .lock).
-        for rel in build.drop_world_write(partial):
+        for rel in common.drop_world_write(partial):
             log.write(f"removed world write permission from {rel}")
         report.step(f"moving the env into place at {final}")
         swap(partial, final)
@@ -592,7 +593,7 @@ def _describe(step: InstallStep) -> str:
     return "creating the env" if step.creates_env else f"installing {step.label or 'packages'}"
 
 
-def _after_create(plan: Plan, partial: Path, parent: Mapping[str, Any], log: build.BuildLog) -> None:
+def _after_create(plan: Plan, partial: Path, parent: Mapping[str, Any], log: common.BuildLog) -> None:
     (partial / "envbuilder").mkdir(exist_ok=True)
     if plan.lock_requirements:
         (partial / LOCK_REQUIREMENTS).write_text(plan.lock_requirements, encoding="utf-8")
@@ -603,7 +604,7 @@ def _after_create(plan: Plan, partial: Path, parent: Mapping[str, Any], log: bui
     if parent and plan.system_site_packages:
         sites = sorted(partial.glob("lib/python*/site-packages"))
         if sites:
-            pth = build.parent_site_pth(sites[0], parent)
+            pth = common.parent_site_pth(sites[0], parent)
             if pth is not None:
                 log.write(f"parent python is a venv ({parent['prefix']}): {pth.name} adds its site-packages")
 
@@ -611,7 +612,7 @@ def _after_create(plan: Plan, partial: Path, parent: Mapping[str, Any], log: bui
 def python_version(partial: Path, parent: Mapping[str, Any]) -> str:
     if parent.get("version"):
         return str(parent["version"])
-    for line in build.read_text(partial / "pyvenv.cfg").splitlines():
+    for line in common.read_text(partial / "pyvenv.cfg").splitlines():
         key, _, value = line.partition("=")
         if key.strip() in ("version_info", "version"):
             return value.strip()
@@ -639,7 +640,7 @@ def tools_used(
     python_version: str,
     python: str,
     uv_bin: Optional[str],
-    log: build.BuildLog,
+    log: common.BuildLog,
     env: Mapping[str, str],
 ) -> dict[str, str]:
     tools = {
@@ -651,7 +652,7 @@ def tools_used(
     tools["host_python"] = platform.python_version()
     if uv_bin:
         with contextlib.suppress(EnvbuilderError, IndexError):
-            tools["uv"] = build.run_logged([uv_bin, "--version"], env, log).stdout.split()[1]
+            tools["uv"] = common.run_logged([uv_bin, "--version"], env, log).stdout.split()[1]
     return tools
 
 
@@ -662,7 +663,7 @@ def smoke(
     act: activation.Activation,
     delta: EnvDelta,
     base_env: Mapping[str, str],
-    log: build.BuildLog,
+    log: common.BuildLog,
     home: Path,
     gpus: int,
 ) -> state.EnvRecord:
@@ -674,7 +675,7 @@ def smoke(
     if site_python:  # user-prefix: the site python, with the env as its user base
         python = site_python
         run_env["PYTHONUSERBASE"] = str(final)
-    argv = [python, str(build.PAYLOADS / "validate.py"), "--checks", "import,gpu,arch"]
+    argv = [python, str(common.PAYLOADS / "validate.py"), "--checks", "import,gpu,arch"]
     if gpus:  # the probe saw GPUs on this host: torch must see as many
         argv += ["--expect-gpus", str(gpus)]
     else:

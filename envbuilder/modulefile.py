@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from envbuilder.activation import CONSTRAINT_VARS
-from envbuilder.schema import require_carriable, require_module_name, require_var_name
-from envbuilder.steps import CONSTRAINTS
+from envbuilder.plan.steps import CONSTRAINTS
+from envbuilder.recipe.schema import require_carriable, require_module_name, require_var_name
 
 
 def lua_string(text: str) -> str:

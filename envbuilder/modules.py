@@ -8,7 +8,7 @@ The caller's own environment is never changed.
 
 Positional arguments keep values out of *our* shell text, but Lmod evaluates a module name it cannot find, and
 writes a line break in a ``module use`` path unescaped into the shell code ``module`` evaluates. So every name is
-checked against :data:`envbuilder.schema.MODULE_RE` and every path for line breaks and a leading '-' before it is
+checked against :data:`envbuilder.recipe.schema.MODULE_RE` and every path for line breaks and a leading '-' before it is
 applied or emitted (the loader checks the same at plan time; this guards state records and other callers).
 """
 
@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import batch, proc, schema
+from envbuilder import proc
 from envbuilder.errors import CommandFailed, ModuleSystemError
+from envbuilder.recipe import schema
+from envbuilder.validate import batch
 
 #: Variables a child shell changes by itself; never part of a module delta.
 _SHELL_NOISE = frozenset({"SHLVL", "_", "PWD", "OLDPWD", "BASH_FUNC_module%%", "BASH_FUNC_ml%%"})

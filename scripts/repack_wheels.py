@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from envbuilder import wheelhouse
+from envbuilder.backup import wheelhouse
 
 WANT = {"torch", "filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec", "setuptools", "mpmath",
         "markupsafe", "triton", "numpy"}  # fmt: skip

@@ -184,7 +184,7 @@ SHIM_VERSION = "conda 25.3.1"
 
 
 def shim_main(argv: Sequence[str]) -> int:
-    from envbuilder.rattler_engine import main
+    from envbuilder.backends.rattler_engine import main
 
     if list(argv) == ["--version"]:
         print(SHIM_VERSION)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from slurm import MiniCluster, available
 
-from envbuilder import mirror
 from envbuilder.host import HostFacts, facts_from_json
+from envbuilder.resolver import mirror
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"

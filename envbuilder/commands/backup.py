@@ -9,13 +9,14 @@ from typing import Any, Optional
 
 from rich.table import Table
 
-from envbuilder import backup, host, loader, modules, proc, purge, state
-from envbuilder import restore as restorer
-from envbuilder import validate as validator
-from envbuilder.catalog import Catalog
+from envbuilder import backup, fsutil, host, modules, proc, purge, settings, state
+from envbuilder.backup import restore as restorer
 from envbuilder.commands import validate as validate_cmd
 from envbuilder.console import Out, cells, plain
 from envbuilder.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
+from envbuilder.recipe import loader
+from envbuilder.recipe.catalog import Catalog
+from envbuilder.validate import runner as validator
 
 
 def _root(arg: Optional[str]) -> tuple[Path, Optional[str]]:
@@ -33,14 +34,14 @@ def _mib(n: object) -> str:
 
 
 def _waiting(out: Out) -> Any:
-    def on_wait(owner: state.Owner) -> None:
+    def on_wait(owner: fsutil.Owner) -> None:
         out.warn(f"another envbuilder (pid {owner.pid} on {owner.host}) is writing backups here; waiting")
 
     return on_wait
 
 
 def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
-    home = state.home(os.environ)
+    home = settings.home(os.environ)
     root = Path(args.to).expanduser().resolve() if args.to else backup.root_for(os.environ)[0]
     if args.all == bool(args.env):
         raise UsageError(
@@ -201,14 +202,14 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     if args.validate:
         recipe = loader.load(rec.recipe, Catalog.from_env(env))
         report = validate_cmd.execute(
-            rec, recipe, host.probe(), env, validator.Options(), out, quiet=quiet, home=state.home(env)
+            rec, recipe, host.probe(), env, validator.Options(), out, quiet=quiet, home=settings.home(env)
         )
         data["validation"] = validate_cmd.finish(report)
     return data
 
 
 def handle_touch(args: argparse.Namespace, out: Out) -> dict[str, Any]:
-    record = state.load(state.home(os.environ), args.env)
+    record = state.load(settings.home(os.environ), args.env)
     count = purge.touch(record)
     if not args.json:
         out.line(f"refreshed the access time of {count} file(s) in {record.prefix}")

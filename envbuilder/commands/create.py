@@ -11,15 +11,17 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import backup, host, loader, locking, modules, proc, purge, state
+from envbuilder import backup, host, modules, proc, purge, settings, state
 from envbuilder import create as creator
 from envbuilder import plan as planner
-from envbuilder import validate as validator
-from envbuilder.catalog import Catalog
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.commands import validate as validate_cmd
 from envbuilder.console import Out
 from envbuilder.errors import ResolverError, UsageError, ValidationFailed
+from envbuilder.lockfile import lockers
+from envbuilder.recipe import loader
+from envbuilder.recipe.catalog import Catalog
+from envbuilder.validate import runner as validator
 
 
 class _Progress:
@@ -55,7 +57,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if not args.prefix:  # the recipe's prefix, for this name ({name} in env.prefix)
             opts = dataclasses.replace(opts, prefix=named_prefix(recipe, env, args.name))
     facts = host.load_facts_file(args.facts) if args.facts else host.probe()
-    lock = None if args.no_lock else locking.find(recipe, catalog, env, args.lock)
+    lock = None if args.no_lock else lockers.find(recipe, catalog, env, args.lock)
     index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
     the_plan = planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=plan_cmd.table_age())
     same_arch(the_plan, platform.machine())
@@ -160,7 +162,7 @@ def _validate(
     quiet = bool(args.quiet or args.json)
     try:
         result = validate_cmd.execute(
-            record, recipe, facts, env, validator.Options(), out, quiet=quiet, home=state.home(env)
+            record, recipe, facts, env, validator.Options(), out, quiet=quiet, home=settings.home(env)
         )
     except validator.NotHere as exc:
         if not quiet:

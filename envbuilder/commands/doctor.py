@@ -13,13 +13,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from envbuilder import backup, doctor, state
-from envbuilder.catalog import Catalog
+from envbuilder import backup, doctor, settings, state
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Out, plain
 from envbuilder.errors import DoctorFindings
 from envbuilder.facts import HostFacts
-from envbuilder.matrix import load_matrix
+from envbuilder.recipe.catalog import Catalog
+from envbuilder.resolver.matrix import load_matrix
 
 _LABELS = {
     doctor.ACTION: "[bold red]ACTION[/bold red]",
@@ -30,7 +30,7 @@ _LABELS = {
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     env = dict(os.environ)
-    home = state.home(env)
+    home = settings.home(env)
     facts = plan_cmd.facts_for(args.facts)
     if args.facts:
         facts_from = f"{args.facts} (another node: this shell is not checked)"

@@ -11,13 +11,13 @@ from typing import Any, Optional
 
 from rich.table import Table
 
-from envbuilder import activation, backup, create, modulefile, purge, state
+from envbuilder import activation, backup, create, fsutil, modulefile, purge, settings, state
 from envbuilder.console import Out, cells
 from envbuilder.errors import StateError, UsageError
 
 
 def _home() -> Path:
-    return state.home(os.environ)
+    return settings.home(os.environ)
 
 
 def _summary(record: state.EnvRecord, latest: Optional[backup.Backup]) -> dict[str, Any]:
@@ -154,7 +154,7 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         target = Path(args.output)
         if target.is_dir():
             target = target / f"{record.name}.lua"
-        state.write_atomic(target, text.encode())
+        fsutil.write_atomic(target, text.encode())
         if not args.json:
             out.line(f"wrote {target}; `module use {target.parent}` then `module load {target.stem}`")
     elif not args.json:

@@ -7,10 +7,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envbuilder import host, loader, lockfile, locking, state
-from envbuilder.catalog import Catalog
+from envbuilder import host, lockfile, settings
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Out
+from envbuilder.lockfile import lockers
+from envbuilder.recipe import loader
+from envbuilder.recipe.catalog import Catalog
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
@@ -18,15 +20,17 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     catalog = Catalog.from_env(env)
     recipe = loader.load(args.recipe, catalog)
     facts = host.load_facts_file(args.facts) if args.facts else host.probe()
-    arches = args.platform or locking.default_arches(recipe, facts)
+    arches = args.platform or lockers.default_arches(recipe, facts)
     quiet = bool(args.json or args.quiet)
     log = (lambda _: None) if quiet else (lambda text: out.line(f"  {text}"))
     if not quiet:
         out.heading(f"Locking {recipe.name} for {', '.join(lockfile.arch_name(a) for a in arches)}")
     index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
-    lock, warnings = locking.make(recipe, facts, env, arches, python=args.python, log=log, index=index)
-    path = Path(args.output).expanduser() if args.output else lockfile.user_path(state.home(env), recipe.name)
-    locking.write(lock, path)
+    lock, warnings = lockers.make(recipe, facts, env, arches, python=args.python, log=log, index=index)
+    path = (
+        Path(args.output).expanduser() if args.output else lockfile.user_path(settings.home(env), recipe.name)
+    )
+    lockers.write(lock, path)
     if not quiet:
         for p in lock.platforms:
             top = ", ".join(f"{k.name} {k.version}" for k in p.packages[:4])

@@ -9,15 +9,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from envbuilder import host, knowledge, launchers, loader, locking, state
+from envbuilder import host, settings
 from envbuilder import plan as planner
-from envbuilder.catalog import Catalog
 from envbuilder.console import Out
 from envbuilder.errors import EnvbuilderError
-from envbuilder.matrix import load_matrix
+from envbuilder.lockfile import lockers
+from envbuilder.recipe import loader
+from envbuilder.recipe.catalog import Catalog
+from envbuilder.resolver import knowledge
+from envbuilder.resolver.matrix import load_matrix
+from envbuilder.validate import launchers
 
 if TYPE_CHECKING:
-    from envbuilder.indexfacts import IndexFacts
+    from envbuilder.resolver.indexfacts import IndexFacts
 
 
 def facts_for(facts_file: Optional[str]) -> host.HostFacts:
@@ -35,14 +39,14 @@ def read_index(
 ) -> Optional[IndexFacts]:
     """What the wheel indexes the recipe's install will use say about torch (through the mirror rules, cached in
     the envbuilder home); None when the recipe installs no torch."""
-    from envbuilder import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
+    from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
 
     request = planner.torch_request(recipe)
     if request is None:
         return None
     urls = knowledge.upstreams(request, load_matrix())
     # indexread honours ENVBUILDER_OFFLINE itself, and names it as the reason.
-    return indexread.read(urls, env, home=state.home(env), refresh=refresh, offline=no_network)
+    return indexread.read(urls, env, home=settings.home(env), refresh=refresh, offline=no_network)
 
 
 def make_plan(
@@ -59,7 +63,7 @@ def make_plan(
     catalog = Catalog.from_env(env)
     recipe = loader.load(name, catalog)
     facts = facts_for(facts_file)
-    lock = locking.find(recipe, catalog, env, lock_file) if use_lock else None
+    lock = lockers.find(recipe, catalog, env, lock_file) if use_lock else None
     index = read_index(recipe, env, refresh, no_network)
     return planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age())
 

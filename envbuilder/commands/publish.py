@@ -8,12 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envbuilder import host, loader, lockfile, registry, state
+from envbuilder import host, lockfile, settings, state
 from envbuilder import plan as planner
-from envbuilder.catalog import Catalog, Layer
 from envbuilder.console import Out
 from envbuilder.errors import EnvbuilderError, LockError, PublishError
-from envbuilder.loader import Recipe
+from envbuilder.recipe import loader, registry
+from envbuilder.recipe.catalog import Catalog, Layer
+from envbuilder.recipe.loader import Recipe
 
 
 def _catalog_for(refs: list[str]) -> tuple[Catalog, list[str]]:
@@ -163,7 +164,7 @@ def handle_diff(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 def handle_update(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     """For every published recipe: its latest version, and the envs built from an older one."""
     catalog = Catalog.from_env()
-    home = state.home(os.environ)
+    home = settings.home(os.environ)
     records = []
     for env_name in state.names(home):
         try:

@@ -9,13 +9,15 @@ from typing import Any, Optional
 
 from rich.table import Table
 
-from envbuilder import knowledge, loader, locking, schema
 from envbuilder import plan as planner
-from envbuilder.catalog import Catalog
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Out, cells, plain
 from envbuilder.errors import PublishError, RecipeError
-from envbuilder.matrix import load_matrix
+from envbuilder.lockfile import lockers
+from envbuilder.recipe import loader, schema
+from envbuilder.recipe.catalog import Catalog
+from envbuilder.resolver import knowledge
+from envbuilder.resolver.matrix import load_matrix
 
 
 def list_recipes(catalog: Catalog) -> list[dict[str, Any]]:
@@ -89,7 +91,7 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     recipe = loader.load(args.recipe, catalog)
     entry = catalog.lookup(args.recipe)
     published = entry.published.to_json() if entry.published else None
-    lock = locking.find(recipe, catalog, os.environ)
+    lock = lockers.find(recipe, catalog, os.environ)
     leaves = recipe.leaves()
     if not args.json:
         out.heading(f"{recipe.name}: {' <- '.join(recipe.chain)}")

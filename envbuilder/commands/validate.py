@@ -10,11 +10,13 @@ from typing import Any, Optional
 
 from rich.table import Table
 
-from envbuilder import __version__, host, loader, modules, proc, registry, report, state
-from envbuilder import validate as validator
-from envbuilder.catalog import Catalog
+from envbuilder import __version__, host, modules, proc, settings, state
 from envbuilder.console import Out, cells, plain
 from envbuilder.errors import PublishError, StateError, ValidationFailed
+from envbuilder.recipe import loader, registry
+from envbuilder.recipe.catalog import Catalog
+from envbuilder.validate import report
+from envbuilder.validate import runner as validator
 
 _STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
 
@@ -35,7 +37,7 @@ def options(args: argparse.Namespace) -> validator.Options:
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     env = dict(os.environ)
-    home = state.home(env)
+    home = settings.home(env)
     record = state.load(home, args.env)
     health = state.health(record)
     if health.status == "gone":

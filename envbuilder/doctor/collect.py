@@ -7,14 +7,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import backup, loader, lockfile, locking, proc, purge, state
-from envbuilder.catalog import Catalog
+from envbuilder import backup, lockfile, proc, purge, state
 from envbuilder.doctor.findings import ACTION, Finding
 from envbuilder.doctor.replan import PythonState
 from envbuilder.doctor.report import EnvInputs
 from envbuilder.errors import CommandFailed, EnvbuilderError, StateError
-from envbuilder.indexfacts import IndexFacts
-from envbuilder.loader import Recipe
+from envbuilder.lockfile import lockers
+from envbuilder.recipe import loader
+from envbuilder.recipe.catalog import Catalog
+from envbuilder.recipe.loader import Recipe
+from envbuilder.resolver.indexfacts import IndexFacts
 from envbuilder.state import EnvRecord
 
 
@@ -95,7 +97,7 @@ def gather(record: EnvRecord, catalog: Catalog, env: Mapping[str, str], backup_r
     lock_error: Optional[EnvbuilderError] = None
     if recipe is not None:
         try:
-            lock = locking.find(recipe, catalog, env)
+            lock = lockers.find(recipe, catalog, env)
         except EnvbuilderError as exc:
             lock_error = exc
     return EnvInputs(
@@ -121,7 +123,7 @@ def read_indexes(
     refresh: bool,
 ) -> dict[str, IndexFacts]:
     """One read per project (each reads its pages in parallel, through the mirrors, cached a day)."""
-    from envbuilder import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
+    from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
 
     wanted: dict[str, list[str]] = {"torch": list(torch_urls)}
     for project, urls in lock_urls.items():

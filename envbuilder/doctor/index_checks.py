@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Optional
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envbuilder import knowledge, lockfile
+from envbuilder import lockfile
 from envbuilder import plan as planner
 from envbuilder.doctor.findings import ACTION, INFO, NODE, WARNING, Finding
-from envbuilder.indexfacts import IndexFacts
-from envbuilder.matrix import Matrix
+from envbuilder.resolver import knowledge
+from envbuilder.resolver.indexfacts import IndexFacts
+from envbuilder.resolver.matrix import Matrix
 from envbuilder.state import EnvRecord
 
 if TYPE_CHECKING:  # report imports these checks; the inputs are only read here

@@ -11,11 +11,11 @@ from envbuilder import plan as planner
 from envbuilder.doctor.findings import ACTION, INFO, WARNING, Finding
 from envbuilder.errors import EnvbuilderError, RecipeNotFound, ResolverError, ResolverErrors
 from envbuilder.facts import HostFacts
-from envbuilder.indexfacts import IndexFacts
-from envbuilder.loader import Recipe
-from envbuilder.matrix import Matrix
+from envbuilder.recipe.loader import Recipe
+from envbuilder.resolver.indexfacts import IndexFacts
+from envbuilder.resolver.matrix import Matrix
+from envbuilder.resolver.wheels import TorchRequest, resolve
 from envbuilder.state import EnvRecord
-from envbuilder.wheels import TorchRequest, resolve
 
 # ---------------------------------------------------------------------------------------------------------------
 # The env re-planned against this node's facts

@@ -23,10 +23,10 @@ from envbuilder.doctor.libraries import (
 from envbuilder.doctor.replan import PythonState, python_findings, replan_findings
 from envbuilder.errors import EnvbuilderError
 from envbuilder.facts import HostFacts
-from envbuilder.indexfacts import IndexFacts
-from envbuilder.loader import Recipe
-from envbuilder.matrix import Matrix
 from envbuilder.purge import PurgeStatus
+from envbuilder.recipe.loader import Recipe
+from envbuilder.resolver.indexfacts import IndexFacts
+from envbuilder.resolver.matrix import Matrix
 from envbuilder.state import EnvRecord, Health
 
 #: Days before the purge at which an env without a backup needs action (half the purge period where that is

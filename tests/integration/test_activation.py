@@ -15,7 +15,7 @@ from wheelindex import build_wheel, serve
 from envbuilder import activation, modulefile
 from envbuilder.activation import Activation
 from envbuilder.errors import RecipeError
-from envbuilder.steps import CONSTRAINTS
+from envbuilder.plan.steps import CONSTRAINTS
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, ok
 from wheelindex import build_wheel, mirror_env, serve
 
-from envbuilder import wheelhouse
+from envbuilder.backup import wheelhouse
 
 pytestmark = pytest.mark.integration
 SQUASHFS = shutil.which("mksquashfs") and shutil.which("unsquashfs")
@@ -327,7 +327,7 @@ def test_archive_round_trip_relocates_pip_scripts(world):
     # At the original prefix, the restore is exact: every entry matches the manifest's hash.
     subprocess.run(["rm", "-rf", str(w.prefix("arc"))], check=True)
     ok(w.cli("restore", "arc"))
-    from envbuilder import archive
+    from envbuilder.backup import archive
 
     manifest = json.loads(next(w.backups.glob("envs/arc/*/manifest.json")).read_text())
     assert archive.hash_tree(w.prefix("arc")) == manifest

@@ -28,8 +28,9 @@ from condachannel import (
 from conftest import DATA, ok, run_cli, user_env
 from wheelindex import build_wheel, mirror_env, serve
 
-from envbuilder import archive, lockfile
-from envbuilder.catalog import builtin_dir
+from envbuilder import lockfile
+from envbuilder.backup import archive
+from envbuilder.recipe.catalog import builtin_dir
 
 pytestmark = pytest.mark.integration
 rattler = pytest.importorskip("rattler", reason="py-rattler (the embedded conda engine) is not installed")

@@ -16,7 +16,8 @@ import pytest
 from conftest import DATA, REPO, ok
 from wheelindex import build_sdist, build_wheel, mirror_env, serve
 
-from envbuilder import build, create
+from envbuilder import create
+from envbuilder.backends import common
 
 pytestmark = pytest.mark.integration
 
@@ -287,7 +288,7 @@ def test_uv_builds_at_a_hostile_prefix_and_activation_round_trips(world):
 
 
 def test_overlay_on_a_python_that_is_itself_a_venv_sees_the_parent_packages(world, tmp_path):
-    uv = build.uv_binary()
+    uv = common.uv_binary()
     parent = tmp_path / "parent"
     env = {**world.env}
     ok(

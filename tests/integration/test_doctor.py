@@ -19,8 +19,9 @@ from torchindex import NEWEST, NIGHTLIES, NIGHTLY_PRUNED, TorchIndex, build_torc
 from wheelindex import build_wheel, mirror_env
 from wheelindex import serve as serve_wheels
 
-from envbuilder import lockfile, locking, state
-from envbuilder.matrix import load_matrix
+from envbuilder import lockfile, state
+from envbuilder.lockfile import lockers
+from envbuilder.resolver.matrix import load_matrix
 
 pytestmark = pytest.mark.integration
 
@@ -339,7 +340,7 @@ def test_a_lock_whose_torch_file_left_its_index(tmp_path, served):
         "x86_64", "x86_64-manylinux_2_28", inputs, (lockfile.LockedPackage("torch", version, "wheel", files),)
     )
     lock = lockfile.Lock("gpu", "", "00", "venv", "uv", "2026-11-01", "test", (platform,))
-    locking.write(lock, lockfile.user_path(site.home, "gpu"))
+    lockers.write(lock, lockfile.user_path(site.home, "gpu"))
     res = site.doctor("gpu", "--facts", node(tmp_path, "n", "580.95.05"), "--json")
     assert res.returncode == 14, res.stderr
     [found] = [f for f in json.loads(res.stdout)["data"]["findings"] if f["check"] == "lock"]

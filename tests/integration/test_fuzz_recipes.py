@@ -23,9 +23,10 @@ from conftest import FACTS, PLAN_ENV, REPO, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbuilder import cli, errors, loader
+from envbuilder import cli, errors
 from envbuilder._toml import dumps, loads
-from envbuilder.catalog import Catalog, Layer
+from envbuilder.recipe import loader
+from envbuilder.recipe.catalog import Catalog, Layer
 
 pytestmark = pytest.mark.integration
 

@@ -20,9 +20,12 @@ import pytest
 from conftest import DATA, PLAN_ENV, REPO, ok, refused, run_cli
 from wheelindex import build_wheel, mirror_env, serve
 
-from envbuilder import activation, batch, loader, modulefile, modules, steps
-from envbuilder.catalog import Catalog, Layer
+from envbuilder import activation, modulefile, modules
 from envbuilder.errors import EnvbuilderError, ModuleSystemError, RecipeError
+from envbuilder.plan import steps
+from envbuilder.recipe import loader
+from envbuilder.recipe.catalog import Catalog, Layer
+from envbuilder.validate import batch
 
 pytestmark = pytest.mark.integration
 

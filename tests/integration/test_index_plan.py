@@ -14,7 +14,7 @@ import pytest
 from conftest import ok, refused, run_cli, user_env
 from torchindex import NEWEST, pytorch_like, serve, torch_mirror
 
-from envbuilder.matrix import load_matrix
+from envbuilder.resolver.matrix import load_matrix
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import time
 import pytest
 from torchindex import NEWEST, NIGHTLIES, NIGHTLY_PRUNED, pytorch_like, serve, torch_mirror
 
-from envbuilder import indexread, mirror
-from envbuilder.indexfacts import parse_wheel_filename
+from envbuilder.resolver import indexread, mirror
+from envbuilder.resolver.indexfacts import parse_wheel_filename
 
 pytestmark = pytest.mark.integration
 

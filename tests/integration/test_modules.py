@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import DATA
 
-from envbuilder import loader, modules
-from envbuilder.catalog import Catalog
+from envbuilder import modules
 from envbuilder.errors import ModuleSystemError
+from envbuilder.recipe import loader
+from envbuilder.recipe.catalog import Catalog
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import archive, backup, purge, state, wheelhouse
+from envbuilder import backup, purge, state
+from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import BackupError
 
 
@@ -200,7 +201,7 @@ def test_backup_root_order(tmp_path):
 
 
 def test_restore_asks_uv_cache_with_the_recorded_indexes():
-    from envbuilder.restore import _index_flags
+    from envbuilder.backup.restore import _index_flags
 
     torch_step = [
         "uv",

@@ -14,9 +14,9 @@ from typing import Any, Optional
 import pytest
 
 from envbuilder import host, plan
-from envbuilder.catalog import Catalog, Layer
 from envbuilder.errors import RecipeError, RecipeNotFound
-from envbuilder.loader import Recipe, load
+from envbuilder.recipe.catalog import Catalog, Layer
+from envbuilder.recipe.loader import Recipe, load
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "recipes"
 CASES = sorted(p for p in DATA.iterdir() if p.is_dir() and p.name.startswith("bad-"))

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import conda, locking, mirror, modules, plan
-from envbuilder.catalog import Catalog, Layer, builtin_dir
+from envbuilder import modules, plan
+from envbuilder.backends import conda
 from envbuilder.errors import BackendError, LockError, ResolverErrors
 from envbuilder.host import HostFacts
-from envbuilder.loader import load
+from envbuilder.lockfile import lockers
+from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
+from envbuilder.recipe.loader import load
+from envbuilder.resolver import mirror
 
 HOST = HostFacts(arch="x86_64", python="3.11.7", glibc="2.34", gpus=())
 ENV = {"SCRATCH": "/scratch/u", "HOME": "/home/u", "USER": "u"}
@@ -131,7 +134,7 @@ def test_engine_choice(tmp_path, monkeypatch):
     # Nothing on PATH: the embedded engine, with the target's subdir and the final prefix to write into files.
     cmd, name = conda.engine_argv(argv, "auto", {"PATH": "/nonexistent"}, "aarch64", final)
     assert name == "rattler"
-    assert cmd[:3] == [sys.executable, "-m", "envbuilder.rattler_engine"]
+    assert cmd[:3] == [sys.executable, "-m", "envbuilder.backends.rattler_engine"]
     assert cmd[-3:] == ["--platform", "linux-aarch64", "--final-prefix=/final"]
     with pytest.raises(BackendError, match="micromamba is not on PATH"):
         conda.engine_argv(argv, "micromamba", env, "x86_64", final)
@@ -149,11 +152,11 @@ def test_which_locker_a_conda_recipe_gets(tmp_path, monkeypatch):
 
     def locker(engine: str, path: str):
         p = plan.build(recipe(tmp_path, engine=engine, install=False), HOST, ENV)
-        return locking.conda_locker(p, {**ENV, "PATH": path}, "uv", none, lambda _: None)
+        return lockers.conda_locker(p, {**ENV, "PATH": path}, "uv", none, lambda _: None)
 
-    monkeypatch.setattr(locking, "conda_lock_command", lambda: ["conda-lock"])
+    monkeypatch.setattr(lockers, "conda_lock_command", lambda: ["conda-lock"])
     found, warnings = locker("auto", f"{site}:/usr/bin")
-    assert isinstance(found, locking.CondaLockLocker) and warnings == []
+    assert isinstance(found, lockers.CondaLockLocker) and warnings == []
     argv = found.argv(Path("env.yml"), Path("vp.yml"), "linux-64", Path("out.yml"))
     assert argv[:6] == ["conda-lock", "lock", "--conda", str(conda_exe), "--no-mamba", "--no-micromamba"]
     assert argv[argv.index("--platform") + 1] == "linux-64"
@@ -163,14 +166,14 @@ def test_which_locker_a_conda_recipe_gets(tmp_path, monkeypatch):
     assert "--micromamba" in found.argv(Path("e"), Path("v"), "linux-64", Path("o"))
 
     assert (
-        type(locker("rattler", f"{site}:/usr/bin")[0]) is locking.RattlerLocker
+        type(locker("rattler", f"{site}:/usr/bin")[0]) is lockers.RattlerLocker
     )  # not its conda-lock subclass
-    assert type(locker("auto", "/nonexistent")[0]) is locking.RattlerLocker
+    assert type(locker("auto", "/nonexistent")[0]) is lockers.RattlerLocker
     with pytest.raises(LockError, match="'mamba', but mamba is not on PATH"):
         locker("mamba", f"{site}:/usr/bin")
-    monkeypatch.setattr(locking, "conda_lock_command", lambda: [])
+    monkeypatch.setattr(lockers, "conda_lock_command", lambda: [])
     found, warnings = locker("auto", f"{site}:/usr/bin")
-    assert type(found) is locking.RattlerLocker
+    assert type(found) is lockers.RattlerLocker
     assert warnings == [
         "conda-lock is not installed, so c was locked with py-rattler, not conda "
         "(pip install 'envbuilder[conda-lock]' to lock with the site's conda)"
@@ -186,7 +189,7 @@ def test_the_embedded_engine_imports_envbuilder_and_rattler_from_where_this_proc
 
     venv.create(tmp_path / "bare", with_pip=False)
     bare = str(tmp_path / "bare" / "bin" / "python")
-    probe = [bare, "-c", "import envbuilder.rattler_engine, rattler"]
+    probe = [bare, "-c", "import envbuilder.backends.rattler_engine, rattler"]
     env = {"PATH": "/usr/bin:/bin"}
     assert subprocess.run(probe, env=env, capture_output=True).returncode != 0  # the bare python alone cannot
     engine_env = conda.engine_env("rattler", env)

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import doctor, loader, lockfile, state
-from envbuilder.catalog import Catalog
+from envbuilder import doctor, lockfile, state
 from envbuilder.errors import RecipeNotFound, StateError
 from envbuilder.host import Gpu, HostFacts
-from envbuilder.indexfacts import IndexFacts, PageRead, parse_wheel_filename
-from envbuilder.matrix import load_matrix
 from envbuilder.purge import PurgeStatus
+from envbuilder.recipe import loader
+from envbuilder.recipe.catalog import Catalog
+from envbuilder.resolver.indexfacts import IndexFacts, PageRead, parse_wheel_filename
+from envbuilder.resolver.matrix import load_matrix
 from envbuilder.state import EnvRecord, Health
 
 TODAY = datetime.date(2026, 11, 23)

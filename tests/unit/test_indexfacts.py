@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from envbuilder.indexfacts import (
+from envbuilder.resolver.indexfacts import (
     IndexFacts,
     PageRead,
     parse_simple_html,

@@ -1,7 +1,7 @@
 """The resolver with what an index said: releases newer than the table, removed variants, mirrors holding the
 wrong build, one-architecture files, pruned nightlies, labelled pins, and the table when nothing was read.
 
-The pages are IndexFacts values built from file names (what envbuilder.indexread hands the resolver); reading
+The pages are IndexFacts values built from file names (what envbuilder.resolver.indexread hands the resolver); reading
 real pages over HTTP is tested in tests/integration/test_indexread.py and through the CLI in test_index_plan.py.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from envbuilder import knowledge, mirror
 from envbuilder.errors import ResolverErrors
 from envbuilder.host import Gpu, HostFacts
-from envbuilder.indexfacts import IndexFacts, PageRead, parse_wheel_filename
-from envbuilder.wheels import TorchRequest, load_matrix, resolve
+from envbuilder.resolver import knowledge, mirror
+from envbuilder.resolver.indexfacts import IndexFacts, PageRead, parse_wheel_filename
+from envbuilder.resolver.wheels import TorchRequest, load_matrix, resolve
 
 M = load_matrix()
 W = "https://download.pytorch.org/whl/"

@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from envbuilder import batch, launchers
 from envbuilder.errors import RecipeError, UsageError
-from envbuilder.launchers import LaunchSpec, ShellVar
+from envbuilder.validate import batch, launchers
+from envbuilder.validate.launchers import LaunchSpec, ShellVar
 
 PY = "/env/bin/python"
 SCRIPT = ("/pkg/payloads/validate.py", "--checks", "import")
@@ -260,9 +260,10 @@ def test_script_quotes_recipe_values(tmp_path):
 
 
 def test_plan_refuses_a_directive_outside_the_allowed_flags(tmp_path):
-    from envbuilder import loader, plan
-    from envbuilder.catalog import Catalog, Layer
+    from envbuilder import plan
     from envbuilder.host import HostFacts
+    from envbuilder.recipe import loader
+    from envbuilder.recipe.catalog import Catalog, Layer
 
     (tmp_path / "strict.toml").write_text(
         'schema_version = 1\n[recipe]\nname = "strict"\n[compute]\ngpus_per_node = 1\ncores_per_node = 8\n'

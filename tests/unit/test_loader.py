@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import loader
 from envbuilder._toml import MAX_DEPTH, TOMLDecodeError, loads
 from envbuilder._toml import _toml as toml_parser  # tomllib, or tomli before 3.11
-from envbuilder.catalog import Catalog, Layer, layers
 from envbuilder.errors import RecipeError
+from envbuilder.recipe import loader
+from envbuilder.recipe.catalog import Catalog, Layer, layers
 
 
 def write(root: Path, rel: str, text: str) -> Path:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from envbuilder import lockfile, plan
-from envbuilder.catalog import Catalog, Layer, builtin_dir
 from envbuilder.errors import LockError
 from envbuilder.host import Gpu, HostFacts
-from envbuilder.loader import load
+from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
+from envbuilder.recipe.loader import load
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
@@ -292,7 +292,7 @@ def test_unusable_conda_lock_output_is_a_lock_error(doc, expected):
 
 
 def test_conda_locks_failure_is_what_conda_said_not_conda_locks_traceback():
-    from envbuilder.locking import conda_lock_failure
+    from envbuilder.lockfile.lockers import conda_lock_failure
 
     stderr = (
         "INFO:conda_lock.conda_solver:linux-64 using specs ['hpc-cuda']\n"

@@ -19,8 +19,8 @@ from conftest import load_facts
 from envbuilder._toml import loads
 from envbuilder.errors import ResolverErrors
 from envbuilder.host import HostFacts
-from envbuilder.matrix import covers, load_matrix, matrix_from_data
-from envbuilder.wheels import GATES, TorchRequest, resolve
+from envbuilder.resolver.matrix import covers, load_matrix, matrix_from_data
+from envbuilder.resolver.wheels import GATES, TorchRequest, resolve
 
 M = load_matrix()
 RAW: dict[str, Any] = loads(

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 from conftest import PLAN_ENV, load_facts
 
-from envbuilder import loader, mirror, plan
-from envbuilder.catalog import Catalog
+from envbuilder import plan
 from envbuilder.errors import UsageError
+from envbuilder.recipe import loader
+from envbuilder.recipe.catalog import Catalog
+from envbuilder.resolver import mirror
 
 TORCH = [
     "uv",

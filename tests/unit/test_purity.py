@@ -24,23 +24,23 @@ BANNED = ("subprocess", "envbuilder.proc", "urllib.request")
 #: Pure by design, and checked so: they compute, and the caller brings what was probed or read.
 PURE = (
     "envbuilder.facts",
-    "envbuilder.matrix",  # reads its table from package data, no process or network
-    "envbuilder.gates",
-    "envbuilder.wheels",
-    "envbuilder.knowledge",
-    "envbuilder.indexfacts",
-    "envbuilder.mirror",
-    "envbuilder.launchers",
-    "envbuilder.suite",
-    "envbuilder.steps",
-    "envbuilder.batch",
-    "envbuilder.schema",
+    "envbuilder.resolver.matrix",  # reads its table from package data, no process or network
+    "envbuilder.resolver.gates",
+    "envbuilder.resolver.wheels",
+    "envbuilder.resolver.knowledge",
+    "envbuilder.resolver.indexfacts",
+    "envbuilder.resolver.mirror",
+    "envbuilder.validate.launchers",
+    "envbuilder.validate.suite",
+    "envbuilder.plan.steps",
+    "envbuilder.validate.batch",
+    "envbuilder.recipe.schema",
     "envbuilder.modulefile",
-    "envbuilder.report",
+    "envbuilder.validate.report",
     "envbuilder.lockfile",  # lockfile.read reads the one file it is given; no process, no network
-    "envbuilder.locks_and_channels",
+    "envbuilder.lockfile.applicability",
     "envbuilder.plan",
-    "envbuilder.loader",  # the catalog reads the files and the registry verifies them; loading only merges
+    "envbuilder.recipe.loader",  # the catalog reads the files and the registry verifies them; loading only merges
     "envbuilder.errors",
     "envbuilder._toml",
 )
@@ -186,7 +186,7 @@ def test_checker_flags_a_violation(tmp_path: Path, case: str) -> None:
 def test_checker_passes_a_clean_module(tmp_path: Path) -> None:
     # The same harness on a module with only pure imports (packaging's own subprocess import included).
     (tmp_path / "purity_clean.py").write_text(
-        "import packaging.specifiers\nfrom envbuilder.facts import HostFacts\nfrom envbuilder import wheels\n",
+        "import packaging.specifiers\nfrom envbuilder.facts import HostFacts\nfrom envbuilder.resolver import wheels\n",
         encoding="utf-8",
     )
     assert import_violations("purity_clean", [tmp_path]) == []

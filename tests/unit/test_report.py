@@ -8,8 +8,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from conftest import REPO
 
-from envbuilder import report
-from envbuilder.matrix import load_matrix
+from envbuilder.resolver.matrix import load_matrix
+from envbuilder.validate import report
 
 sys.path.insert(0, str(REPO / "envbuilder" / "payloads"))
 import envbuilder_facts as facts

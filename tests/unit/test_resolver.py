@@ -12,7 +12,7 @@ from packaging.version import Version
 
 from envbuilder.errors import ResolverErrors
 from envbuilder.host import Gpu, HostFacts
-from envbuilder.wheels import TorchRequest, covers, gpu_capability, load_matrix, resolve
+from envbuilder.resolver.wheels import TorchRequest, covers, gpu_capability, load_matrix, resolve
 
 M = load_matrix()
 

@@ -11,9 +11,10 @@ import jsonschema
 import pytest
 from conftest import PLAN_ENV, REPO, load_facts
 
-from envbuilder import loader, plan, schema
+from envbuilder import plan
 from envbuilder._toml import loads
-from envbuilder.catalog import Catalog
+from envbuilder.recipe import loader, schema
+from envbuilder.recipe.catalog import Catalog
 
 CATALOG = Catalog.from_env({})
 OPTS = plan.Options(package_dir="PKG")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from envbuilder import state
+from envbuilder import fsutil, settings, state
 from envbuilder.errors import StateError
 
 
@@ -29,9 +29,9 @@ def record(name="vista-venv-cu124", **kw):
 
 
 def test_home_prefers_envbuilder_home_then_work_then_home(tmp_path):
-    assert state.home({"ENVBUILDER_HOME": "/a", "WORK": "/w", "HOME": "/h"}) == state.Path("/a")
-    assert state.home({"WORK": "/w", "HOME": "/h"}) == state.Path("/w/.envbuilder")
-    assert state.home({"HOME": "/h"}) == state.Path("/h/.envbuilder")
+    assert settings.home({"ENVBUILDER_HOME": "/a", "WORK": "/w", "HOME": "/h"}) == state.Path("/a")
+    assert settings.home({"WORK": "/w", "HOME": "/h"}) == state.Path("/w/.envbuilder")
+    assert settings.home({"HOME": "/h"}) == state.Path("/h/.envbuilder")
 
 
 def test_record_round_trip(tmp_path):
@@ -157,14 +157,14 @@ def test_lock_from_another_host_is_respected_until_old(tmp_path):
     with pytest.raises(StateError, match="other-node"), state.locked(tmp_path, "env"):
         pass
     owner.write_text(
-        json.dumps({"pid": 1, "host": "other-node", "since": time.time() - state.STALE_AFTER_S - 1})
+        json.dumps({"pid": 1, "host": "other-node", "since": time.time() - fsutil.STALE_AFTER_S - 1})
     )
     with state.locked(tmp_path, "env"):
         pass
 
 
 def test_release_does_not_remove_someone_elses_lock(tmp_path):
-    lock = state.EnvLock(tmp_path / "x.lock")
+    lock = fsutil.Mutex(tmp_path / "x.lock")
     lock.acquire()
     (tmp_path / "x.lock" / "owner.json").write_text(
         json.dumps({"pid": 1, "host": "elsewhere", "since": time.time()})
@@ -185,7 +185,7 @@ def _break_racer(root: str, barrier, trials: int) -> None:
     log = base / f"held-{os.getpid()}.txt"
     for trial in range(trials):
         barrier.wait(60)  # the stale lock of this trial is in place
-        lock = state.EnvLock(base / f"t{trial}" / "env.lock", timeout=60, poll=0.005)
+        lock = fsutil.Mutex(base / f"t{trial}" / "env.lock", timeout=60, poll=0.005)
         try:
             lock.acquire()
             start = time.monotonic()
@@ -272,17 +272,17 @@ def test_a_late_breaker_never_takes_the_lock_that_replaced_the_stale_one(tmp_pat
     # The breaker judged generation 0 stale; before it acts, generation 0 is broken and a live lock is taken.
     path = tmp_path / "env.lock"
     _stale_lock(path, _dead_pid())
-    late = state.EnvLock(path)
+    late = fsutil.Mutex(path)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        first = state.EnvLock(path, timeout=5)
+        first = fsutil.Mutex(path, timeout=5)
         first.acquire()  # breaks generation 0 and holds generation 1
         assert late._break(fd) is True  # "try again": it did nothing else
     finally:
         os.close(fd)
     assert json.loads((path / "owner.json").read_text())["pid"] == os.getpid()
     with pytest.raises(StateError, match="locked by"):
-        state.EnvLock(path, timeout=0.2).acquire()
+        fsutil.Mutex(path, timeout=0.2).acquire()
     first.release()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
@@ -291,10 +291,10 @@ def test_a_lock_without_owner_file_is_stale_only_when_old(tmp_path):
     path = tmp_path / "env.lock"
     path.mkdir()  # an older envbuilder between its mkdir and its owner file
     with pytest.raises(StateError, match="another process"):
-        state.EnvLock(path, timeout=0.2).acquire()
+        fsutil.Mutex(path, timeout=0.2).acquire()
     old = time.time() - 60
     os.utime(path, (old, old))
-    with state.EnvLock(path, timeout=1) as lock:
+    with fsutil.Mutex(path, timeout=1) as lock:
         assert lock.owner.pid == os.getpid()
 
 
@@ -305,6 +305,6 @@ def test_leftovers_of_a_killed_locker_are_swept(tmp_path):
         (tmp_path / f".env.lock.{what}-{host}-{dead}-123").mkdir()
     live = tmp_path / f".env.lock.new-{host}-{os.getpid()}-456"
     live.mkdir()  # this process is alive: not swept
-    with state.EnvLock(tmp_path / "env.lock"):
+    with fsutil.Mutex(tmp_path / "env.lock"):
         pass
     assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]

@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from envbuilder import torchbuild
+from envbuilder.backends import torchbuild
+from envbuilder.backends.torchbuild import Build, Expected, compare
 from envbuilder.errors import LockError
 from envbuilder.host import Gpu, HostFacts
 from envbuilder.lockfile import LockedFile, LockedPackage, PlatformLock
-from envbuilder.mirror import PYPI
-from envbuilder.torchbuild import Build, Expected, compare
+from envbuilder.resolver.mirror import PYPI
 
 CU126 = Expected("2.13.0", "cu126", "12.6", "cu126", (), "https://download.pytorch.org/whl/cu126")
 CPU = Expected("2.13.0", "cpu", None, "cpu", (), "https://download.pytorch.org/whl/cpu")

@@ -6,7 +6,7 @@ A wheel file name is ``name-version(-build)?-python-abi-platform.whl``; each tag
 ``.`` (``cp311.cp312``, ``manylinux_2_17_x86_64.manylinux2014_x86_64``). The version may carry a local label
 (``2.15.0+cu130``): download.pytorch.org names its builds that way, while PyPI's files carry none.
 
-Reading pages from the network or the cache is ``envbuilder.indexread``'s work; it hands these values over.
+Reading pages from the network or the cache is ``envbuilder.resolver.indexread``'s work; it hands these values over.
 """
 
 from __future__ import annotations

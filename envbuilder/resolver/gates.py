@@ -11,7 +11,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 from envbuilder.facts import HostFacts
-from envbuilder.matrix import ArchList, Matrix, Release, VariantInfo, covers, gpu_capability, minor_tuple
+from envbuilder.resolver.matrix import (
+    ArchList,
+    Matrix,
+    Release,
+    VariantInfo,
+    covers,
+    gpu_capability,
+    minor_tuple,
+)
 
 TORCH_PACKAGES = ("torch", "torchvision", "torchaudio")
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from envbuilder import launchers
 from envbuilder.errors import RecipeError, UsageError
-from envbuilder.schema import control_problem, require_carriable, require_module_name, require_var_name
+from envbuilder.recipe.schema import control_problem, require_carriable, require_module_name, require_var_name
+from envbuilder.validate import launchers
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from typing import Any, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from envbuilder import lockfile, proc, state
+from envbuilder import fsutil, lockfile, proc
 from envbuilder._toml import TOMLDecodeError, dumps, loads
 from envbuilder.errors import CommandFailed, LockError, PublishError
 
@@ -135,7 +135,7 @@ class Trust:
 
 
 def pin_dir(home: Path) -> Path:
-    """Where registries' trust settings are pinned, in the envbuilder home ``state.home`` names."""
+    """Where registries' trust settings are pinned, in the envbuilder home ``settings.home`` names."""
     return home / PINS
 
 
@@ -301,7 +301,7 @@ class Registry:
             "allowed_signers": signers.decode("utf-8", "replace") if signers is not None else "",
         }
         try:
-            state.write_atomic(pin, dumps(doc).encode(), 0o644)
+            fsutil.write_atomic(pin, dumps(doc).encode(), 0o644)
         except OSError as exc:
             raise PublishError(
                 f"cannot pin the trust settings of {self.root} in {pin}: {exc.strerror}",
@@ -446,7 +446,7 @@ class Registry:
         self._init()
         if self.require_signatures() and sign_key is None:
             raise PublishError(f"{self.root} requires signed recipes", hint="pass --sign-key KEY")
-        with state.EnvLock(self.root / "locks" / "publish.lock", timeout=lock_timeout):
+        with fsutil.Mutex(self.root / "locks" / "publish.lock", timeout=lock_timeout):
             index = self.index()
             versions = sorted(index.get(name, {}).values(), key=lambda p: _version_key(p.version))
             declared = (doc.get("recipe") or {}).get("version")
@@ -539,7 +539,7 @@ class Registry:
                 f"cannot write to the registry {self.root}: attaching a report is for its admins",
                 hint="ask them to run `envbuilder validate ENV --publish-report` on their copy of the env",
             )
-        with state.EnvLock(self.root / "locks" / "publish.lock", timeout=lock_timeout):
+        with fsutil.Mutex(self.root / "locks" / "publish.lock", timeout=lock_timeout):
             index = self.index()
             pub = index.get(name, {}).get(version)
             if pub is None:
@@ -577,7 +577,7 @@ class Registry:
             doc["allowed_signers"] = "allowed_signers"
         if require_signatures:
             doc["require_signatures"] = True
-        state.write_atomic(self.root / CONFIG, dumps(doc).encode(), 0o644)
+        fsutil.write_atomic(self.root / CONFIG, dumps(doc).encode(), 0o644)
         return before[0] and before[1] != self._own_settings()[1]
 
     def _init(self) -> None:
@@ -651,7 +651,7 @@ class Registry:
                 n: {v: p.to_json() for v, p in sorted(vs.items())} for n, vs in sorted(index.items())
             },
         }
-        state.write_atomic(self.root / INDEX, (json.dumps(doc, indent=1) + "\n").encode(), 0o644)
+        fsutil.write_atomic(self.root / INDEX, (json.dumps(doc, indent=1) + "\n").encode(), 0o644)
 
     def _log(self, entry: dict[str, Any]) -> None:
         line = {

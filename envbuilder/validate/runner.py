@@ -25,11 +25,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import build, launchers, plan, proc, report, state, suite
+from envbuilder import fsutil, plan, proc, state
+from envbuilder.backends import common
 from envbuilder.errors import CommandFailed, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
-from envbuilder.loader import Recipe
 from envbuilder.modules import ModuleSystem
+from envbuilder.recipe.loader import Recipe
+from envbuilder.validate import launchers, report, suite
 
 KEEP_RUNS = 5
 #: Startup allowance on top of the per-check timeouts (interpreter start, rendezvous, module loads).
@@ -148,7 +150,7 @@ def run(
         partition=partition,
         stderr_tail=tail,
     )
-    state.write_atomic(run_dir / "report.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
+    fsutil.write_atomic(run_dir / "report.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
     _prune(prefix)
     return result
 
@@ -206,7 +208,7 @@ def _make_run_dir(run_dir: Path) -> None:
     (run_dir / "ranks").mkdir(mode=0o755)
     dest = run_dir / "payloads"
     dest.mkdir(mode=0o755)
-    for src in build.PAYLOADS.iterdir():
+    for src in common.PAYLOADS.iterdir():
         if src.suffix in (".py", ".sh") and not src.name.startswith("__"):
             shutil.copy2(src, dest / src.name)
             (dest / src.name).chmod(0o755 if src.suffix == ".sh" else 0o644)

@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import activation, archive, build, create, mirror, proc, state, torchbuild, wheelhouse
-from envbuilder.backup import Backup, pack_workers, verify
+from envbuilder import activation, create, fsutil, proc, settings, state
+from envbuilder.backends import common, torchbuild
+from envbuilder.backup import Backup, archive, pack_workers, verify, wheelhouse
 from envbuilder.errors import BackupError, StateError
 from envbuilder.modules import ModuleSystem
-from envbuilder.steps import CONSTRAINTS, InstallStep
+from envbuilder.plan.steps import CONSTRAINTS, InstallStep
+from envbuilder.resolver import mirror
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ def restore(
     old = state.EnvRecord(**fields)
     name = opts.name or old.name
     final = Path(opts.prefix or old.prefix).expanduser().resolve()
-    home = state.home(env)
+    home = settings.home(env)
     with state.locked(home, name, timeout=opts.lock_timeout):
         notes = create.recover(final)
         healed, more = create.heal(home, name, final)
@@ -99,7 +101,7 @@ def restore(
             record.plan.get("module_use", []), record.plan.get("modules", []), proc.scrubbed_env(env)
         )
         gpus = len(record.facts.get("gpus") or [])
-        relog = build.BuildLog(Path(log.path))
+        relog = common.BuildLog(Path(log.path))
         try:
             record = create.smoke(record, final, None, act, delta, proc.scrubbed_env(env), relog, home, gpus)
         finally:
@@ -120,7 +122,7 @@ def _restore(
     opts: RestoreOptions,
     step: Callable[[str], None],
     notes: list[str],
-) -> tuple[state.EnvRecord, str, build.BuildLog, Optional[archive.Relocation]]:
+) -> tuple[state.EnvRecord, str, common.BuildLog, Optional[archive.Relocation]]:
     """Check the target, build beside it, rename into place, record (the env's lock held)."""
     moving = create.claim(home, name, final, opts.force)
     replacing = final.exists()
@@ -206,7 +208,7 @@ def _wheelhouse(
     final: Path,
     env: Mapping[str, str],
     modules: ModuleSystem,
-    log: build.BuildLog,
+    log: common.BuildLog,
     step: Callable[[str], None],
     mark: Callable[[Path, state.EnvRecord], create.Pending],
 ) -> create.Pending:
@@ -218,30 +220,30 @@ def _wheelhouse(
     step(f"loading modules ({modules.kind})" if plan.get("modules") else "no modules to load")
     delta = modules.apply(plan.get("module_use", []), plan.get("modules", []), base_env)
     build_env = delta.apply(base_env)
-    python = build.find_python((plan.get("python") or {}).get("command") or "python3", build_env)
+    python = common.find_python((plan.get("python") or {}).get("command") or "python3", build_env)
     installer = plan.get("installer", "uv")
-    uv_bin = build.uv_binary() if installer == "uv" else None
+    uv_bin = common.uv_binary() if installer == "uv" else None
     if installer == "uv" and not uv_bin:
         raise BackupError("this env was built with uv, which is not installed here", hint="pip install uv")
     if installer == "uv":
-        build_env.update(build.uv_settings(final, env).env())
+        build_env.update(common.uv_settings(final, env).env())
     else:
         build_env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = final.parent / f".{final.name}{create.PARTIAL}{os.getpid()}"
     wheels_dir = final.parent / f".{final.name}{create.PARTIAL}wheels-{os.getpid()}"
     store = wheelhouse.Store(b.root, zstd_bin=wheelhouse.zstd())
-    with build.removing_on_failure(partial):
+    with common.removing_on_failure(partial):
         first = InstallStep(tuple(plan["install_commands"][0]), site_python=True, creates_env=True)
-        create_argv = build.step_argv(
+        create_argv = common.step_argv(
             first, python, uv_bin, str(plan.get("prefix") or old.prefix), str(partial)
         )
-        create_argv = build.rebase(create_argv, old.prefix, str(partial))
+        create_argv = common.rebase(create_argv, old.prefix, str(partial))
         target = str(partial / "bin" / "python")
         cached = False
         if uv_bin is not None:
             step("creating the env; trying uv's cache for the backed-up packages (offline)")
-            build.run_logged(create_argv, build_env, log)
+            common.run_logged(create_argv, build_env, log)
             # The stored wheels are hashed meanwhile: a corrupt backup is refused whichever way the env is built.
             stop = threading.Event()
             with ThreadPoolExecutor(max_workers=1) as pool:
@@ -276,16 +278,16 @@ def _wheelhouse(
         if not cached:  # the cache path compared already: it is only kept when every digest matched
             _compare(b, partial)
         if installer != "uv":
-            build.relocate_scripts(partial, final)
+            common.relocate_scripts(partial, final)
         loaded = {
             "system": modules.kind,
             "delta_set": dict(sorted(delta.set.items())),
             "delta_unset": list(delta.unset),
         }
-        record = _restored_record(old, b, name, final, build.inventory(partial), modules=loaded)
-        state.write_atomic(partial / "envbuilder" / "record.json", create.dump_record(record))
+        record = _restored_record(old, b, name, final, common.inventory(partial), modules=loaded)
+        fsutil.write_atomic(partial / "envbuilder" / "record.json", create.dump_record(record))
         pending = mark(partial, record)
-        build.drop_world_write(partial)
+        common.drop_world_write(partial)
         step(f"moving the env into place at {final}")
         create.swap(partial, final)
     return pending
@@ -309,7 +311,7 @@ def _from_wheelhouse(
     installer: str,
     uv_bin: Optional[str],
     build_env: Mapping[str, str],
-    log: build.BuildLog,
+    log: common.BuildLog,
     step: Callable[[str], None],
 ) -> None:
     try:
@@ -318,7 +320,7 @@ def _from_wheelhouse(
         # The wheels are decompressed in parallel while the env is created: both only write new files.
         with ThreadPoolExecutor(max_workers=pack_workers(len(b.data["wheels"]))) as pool:
             futures = [pool.submit(store.extract, w, wheels_dir) for w in b.data["wheels"]]
-            build.run_logged(create_argv, build_env, log)
+            common.run_logged(create_argv, build_env, log)
             failed = [e for e in (f.exception() for f in futures) if e is not None]
             if failed:
                 if isinstance(failed[0], BackupError):
@@ -332,7 +334,7 @@ def _from_wheelhouse(
             install = [str(uv_bin), "pip", "install", "--python", target, "--offline", "--no-index"]
         else:
             install = [target, "-m", "pip", "install", "--no-index"]
-        build.run_logged([*install, "--no-deps", *files], build_env, log)
+        common.run_logged([*install, "--no-deps", *files], build_env, log)
     finally:
         shutil.rmtree(wheels_dir, ignore_errors=True)
 
@@ -372,7 +374,7 @@ def _from_uv_cache(
     uv_bin: str,
     target: str,
     build_env: Mapping[str, str],
-    log: build.BuildLog,
+    log: common.BuildLog,
     partial: Path,
 ) -> bool:
     """Install the backed-up versions from uv's cache alone (offline), as a warm create would; True when every
@@ -412,7 +414,7 @@ def _archive(
     old: state.EnvRecord,
     name: str,
     final: Path,
-    log: build.BuildLog,
+    log: common.BuildLog,
     step: Callable[[str], None],
     mark: Callable[[Path, state.EnvRecord], create.Pending],
 ) -> tuple[create.Pending, Optional[archive.Relocation]]:
@@ -421,7 +423,7 @@ def _archive(
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = final.parent / f".{final.name}{create.PARTIAL}{os.getpid()}"
     relocation = None
-    with build.removing_on_failure(partial):
+    with common.removing_on_failure(partial):
         step(f"extracting {arc['file']}")
         archive.unpack(b.path / arc["file"], partial, archive.Tools.find())
         problems = archive.check_tree(partial, manifest)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from envbuilder import schema
 from envbuilder.errors import RecipeError, did_you_mean
-from envbuilder.wheels import GATES, TORCH_PACKAGES
+from envbuilder.recipe import schema
+from envbuilder.resolver.wheels import GATES, TORCH_PACKAGES
 
 DEFAULTS_SOURCE = "<defaults>"
 

@@ -20,12 +20,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional
 
-from envbuilder import state, textfile
+from envbuilder import settings, textfile
 from envbuilder._toml import TOMLDecodeError, loads
 from envbuilder.console import Out
 from envbuilder.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
-from envbuilder.loader import Document
-from envbuilder.registry import Policy, Published, Registry, pin_dir
+from envbuilder.recipe.loader import Document
+from envbuilder.recipe.registry import Policy, Published, Registry, pin_dir
 
 RECIPE_PATH_VAR = "ENVBUILDER_RECIPE_PATH"
 CONFIG_VAR = "ENVBUILDER_CONFIG"
@@ -72,11 +72,11 @@ def display_path(path: Path, layer: Layer) -> str:
 
 def builtin_dir() -> Path:
     """recipes/ inside the installed wheel, or the repository's top-level recipes/ when run from source."""
-    here = Path(__file__).resolve().parent
-    packaged = here / "_recipes"
+    package = Path(__file__).resolve().parent.parent
+    packaged = package / "_recipes"
     if packaged.is_dir():
         return packaged
-    return here.parent / "recipes"
+    return package.parent / "recipes"
 
 
 def layers(env: Optional[Mapping[str, str]] = None) -> list[Layer]:
@@ -87,7 +87,7 @@ def layers(env: Optional[Mapping[str, str]] = None) -> list[Layer]:
         if part.strip():
             root = Path(part).expanduser()
             # Its trust settings are its own, pinned on first use (in the user's envbuilder home).
-            pinned = Registry(root, Policy(pins=pin_dir(state.home(env))))
+            pinned = Registry(root, Policy(pins=pin_dir(settings.home(env))))
             out.append(Layer(part, root, pinned if Registry.looks_like(root) else None))
     return out
 
@@ -136,7 +136,7 @@ def site_registries(env: Mapping[str, str]) -> list[Layer]:
         policy = Policy(
             bool(item.get("require_signatures", False)),
             Path(signers) if signers else None,
-            pins=pin_dir(state.home(env)),
+            pins=pin_dir(settings.home(env)),
             config=path,
         )
         out.append(Layer(f"site config ({path})", root, Registry(root, policy)))

@@ -12,17 +12,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional
 
-from envbuilder import batch, launchers, lockfile, locks_and_channels, mirror, suite
+from envbuilder import lockfile
 from envbuilder.errors import UsageError
 from envbuilder.facts import Gpu, HostFacts
-from envbuilder.steps import InstallStep, install_steps
-from envbuilder.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
+from envbuilder.lockfile import applicability
+from envbuilder.plan.steps import InstallStep, install_steps
+from envbuilder.resolver import mirror
+from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
+from envbuilder.validate import batch, launchers, suite
 
 if TYPE_CHECKING:
-    # indexfacts is read at plan time by envbuilder.indexread; the planner only receives the value. loader is only
+    # indexfacts is read at plan time by envbuilder.resolver.indexread; the planner only receives the value. loader is only
     # named: it reaches the registry (ssh-keygen), which a pure module must not import.
-    from envbuilder.indexfacts import IndexFacts
-    from envbuilder.loader import Recipe
+    from envbuilder.recipe.loader import Recipe
+    from envbuilder.resolver.indexfacts import IndexFacts
 
 FALLBACK_ROOT = "${HOME}/.local/share/envbuilder/envs/{name}"
 
@@ -303,7 +306,7 @@ def build(
     resolution: Optional[Resolution] = None
     requirements: list[str] = []
     if kind == "conda":  # the recipe's own channel mistake first: it holds whatever the index says
-        locks_and_channels.conda_pytorch_gate(recipe)
+        applicability.conda_pytorch_gate(recipe)
     request = torch_request(recipe)
     if request is not None:
         resolution = resolve(request, target, matrix, index, table_age)
@@ -324,8 +327,8 @@ def build(
 
     packages = recipe.get("packages", []) or []
     requirements.extend(p.get("spec", p["name"]) for p in packages)
-    lock_inputs = locks_and_channels.lock_inputs(kind, target.python, resolution, packages, recipe)
-    locked, lock_summary = locks_and_channels.applicable_lock(
+    lock_inputs = applicability.lock_inputs(kind, target.python, resolution, packages, recipe)
+    locked, lock_summary = applicability.applicable_lock(
         recipe.name, lock, lock_inputs, target.arch, opts.locked, warnings
     )
     if locked is not None and lock is not None:

@@ -28,9 +28,9 @@ from packaging.utils import canonicalize_name
 from envbuilder import proc
 from envbuilder.errors import BackendError, CommandFailed
 from envbuilder.plan import expand
-from envbuilder.steps import InstallStep
+from envbuilder.plan.steps import InstallStep
 
-PAYLOADS = Path(__file__).resolve().parent / "payloads"
+PAYLOADS = Path(__file__).resolve().parent.parent / "payloads"
 
 #: Characters that the virtualenv/venv activate templates and pip's script shebangs cannot carry safely.
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9._/+@%:,=~-]+")

@@ -6,7 +6,7 @@ and platforms each has, which Pythons. Where both speak, the index wins, because
 A release on the index that the table does not know is *inferred*: it takes its variants' facts from the newest
 release the table has with that variant, and the plan says so.
 
-No I/O: ``envbuilder.indexread`` reads the pages and hands an :class:`IndexFacts` in.
+No I/O: ``envbuilder.resolver.indexread`` reads the pages and hands an :class:`IndexFacts` in.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from envbuilder.gates import TorchRequest
-from envbuilder.matrix import ArchList, Matrix, Release, minor_tuple
+from envbuilder.resolver.gates import TorchRequest
+from envbuilder.resolver.matrix import ArchList, Matrix, Release, minor_tuple
 
 if TYPE_CHECKING:  # the pure parts only name these types; indexfacts is read at plan time
-    from envbuilder.indexfacts import IndexFacts, PageRead, WheelFile
+    from envbuilder.resolver.indexfacts import IndexFacts, PageRead, WheelFile
 
 ARCHES = ("x86_64", "aarch64")
 #: How many of the newest table releases decide which variant pages an "auto" plan reads.

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder import lockfile
 from envbuilder.errors import LockError, ResolverError, ResolverErrors
-from envbuilder.steps import conda_env_specs, locked_flags, special
-from envbuilder.wheels import Resolution
+from envbuilder.plan.steps import conda_env_specs, locked_flags, special
+from envbuilder.resolver.wheels import Resolution
 
 if TYPE_CHECKING:  # only named: loader reaches the registry (ssh-keygen), which a pure module must not import
-    from envbuilder.loader import Recipe
+    from envbuilder.recipe.loader import Recipe
 
 _PYTORCH_CHANNELS = ("pytorch", "pytorch-nightly")
 _CONDA_TORCH = re.compile(r"^(pytorch|torchvision|torchaudio|pytorch-cuda)(?:[=<>!~ ]+\s*([0-9][^,\s]*))?")

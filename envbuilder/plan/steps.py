@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder.lockfile import PlatformLock
-from envbuilder.mirror import PYPI
-from envbuilder.wheels import Resolution
+from envbuilder.resolver.mirror import PYPI
+from envbuilder.resolver.wheels import Resolution
 
 if TYPE_CHECKING:  # only named: loader reaches the registry (ssh-keygen), which a pure module must not import
-    from envbuilder.loader import Recipe
+    from envbuilder.recipe.loader import Recipe
 
 #: argv[0] of the step that clones the site python's env (create does it in-process).
 CLONE = "envbuilder-clone"

@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import __version__, mirror, state
+from envbuilder import __version__, fsutil
 from envbuilder.errors import UsageError
-from envbuilder.indexfacts import (
+from envbuilder.resolver import mirror
+from envbuilder.resolver.indexfacts import (
     ACCEPT,
     JSON_TYPE,
     IndexFacts,
@@ -294,4 +295,4 @@ class _Cache:
         with contextlib.suppress(OSError):  # the cache only saves time; a read-only home must not fail a plan
             self.root.mkdir(parents=True, exist_ok=True, mode=CACHE_DIR_MODE)
             self.root.chmod(CACHE_DIR_MODE)
-            state.write_atomic(self._path(url), json.dumps(data).encode(), mode=CACHE_FILE_MODE)
+            fsutil.write_atomic(self._path(url), json.dumps(data).encode(), mode=CACHE_FILE_MODE)

@@ -15,15 +15,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
-from envbuilder import __version__, build, conda, lockfile, mirror, modules, proc, state, torchbuild
+from envbuilder import __version__, fsutil, lockfile, modules, proc, settings
 from envbuilder import plan as planner
-from envbuilder.catalog import Catalog
+from envbuilder.backends import common, conda, torchbuild
 from envbuilder.errors import CommandFailed, EnvbuilderError, LockError
 from envbuilder.facts import HostFacts
-from envbuilder.loader import Recipe
+from envbuilder.recipe.catalog import Catalog
+from envbuilder.recipe.loader import Recipe
+from envbuilder.resolver import mirror
 
 if TYPE_CHECKING:
-    from envbuilder.indexfacts import IndexFacts
+    from envbuilder.resolver.indexfacts import IndexFacts
 
 LOCK_TIMEOUT_S = 600.0
 
@@ -64,7 +66,7 @@ class UvLocker:
                 "--output-file",
                 str(out),
             ]
-            settings = build.uv_settings(Path(tmp) / "env", self.env)
+            settings = common.uv_settings(Path(tmp) / "env", self.env)
             env = {**proc.scrubbed_env(self.env), **settings.env()}
             self.log("+ " + proc.quote(argv))
             try:
@@ -324,7 +326,7 @@ def make(
 ) -> tuple[lockfile.Lock, list[str]]:
     """Resolve ``recipe`` for each of ``arches`` (torch's facts from ``index`` where it was read, else the shipped
     table); (the lock, warnings)."""
-    uv = build.uv_binary()
+    uv = common.uv_binary()
     if uv is None:
         raise LockError("locking needs uv, which is not installed", hint="pip install uv")
     warnings: list[str] = []
@@ -373,7 +375,7 @@ def make(
 
 def write(lock: lockfile.Lock, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    state.write_atomic(path, lock.dumps().encode(), 0o644)
+    fsutil.write_atomic(path, lock.dumps().encode(), 0o644)
 
 
 def find(
@@ -383,7 +385,7 @@ def find(
     published with the recipe's registry version (verified like the recipe)."""
     if explicit:
         return lockfile.read(Path(explicit).expanduser(), "--lock")
-    mine = lockfile.user_path(state.home(env), recipe.name)
+    mine = lockfile.user_path(settings.home(env), recipe.name)
     if mine.is_file():
         return lockfile.read(mine, "yours")
     entry = catalog.entries.get(recipe.name)

@@ -3,7 +3,7 @@
 The plan's create step is conda's own command line (``ENGINE create --yes --prefix P --override-channels --channel
 URL ... python=X.Y pip ...``). Here it gets its engine: the recipe's, or with ``auto`` the first of mamba, conda and
 micromamba on PATH once the recipe's modules are loaded (a site's miniforge3 module), else the embedded py-rattler
-(``envbuilder.rattler_engine``, same command line), which writes the final prefix into the files that embed one.
+(``envbuilder.backends.rattler_engine``, same command line), which writes the final prefix into the files that embed one.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import archive, lockfile
+from envbuilder import lockfile
+from envbuilder.backup import archive
 from envbuilder.errors import BackendError
 
 CLI_ENGINES = ("mamba", "conda", "micromamba")
@@ -49,7 +50,7 @@ def engine_argv(
                 "conda.engine = 'rattler' needs py-rattler, which is not installed here",
                 hint="pip install py-rattler (Python 3.10 or newer)",
             )
-        cmd = [sys.executable, "-m", "envbuilder.rattler_engine", *argv[1:]]
+        cmd = [sys.executable, "-m", "envbuilder.backends.rattler_engine", *argv[1:]]
         return [*cmd, "--platform", lockfile.conda_subdir(arch), f"--final-prefix={final}"], RATTLER
     found = find_cli(engine, env)
     if found is None:

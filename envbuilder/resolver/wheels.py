@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from envbuilder import knowledge
 from envbuilder.errors import ResolverError, ResolverErrors, did_you_mean
 from envbuilder.facts import HostFacts
-from envbuilder.gates import (
+from envbuilder.resolver import knowledge
+from envbuilder.resolver.gates import (
     TORCH_PACKAGES,
     Finding,
     TorchRequest,
@@ -26,10 +26,10 @@ from envbuilder.gates import (
     python_ok,
     quick_findings,
 )
-from envbuilder.matrix import Matrix, Release, covers, gpu_capability, load_matrix, minor_tuple
+from envbuilder.resolver.matrix import Matrix, Release, covers, gpu_capability, load_matrix, minor_tuple
 
 if TYPE_CHECKING:  # the pure parts only name these types; indexfacts is read at plan time
-    from envbuilder.indexfacts import IndexFacts
+    from envbuilder.resolver.indexfacts import IndexFacts
 
 # Re-exported: callers resolve and look GPUs up through this module.
 __all__ = [

@@ -11,12 +11,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Optional
 
-from envbuilder import batch, launchers
 from envbuilder.errors import RecipeError, UsageError, did_you_mean
 from envbuilder.facts import HostFacts
+from envbuilder.validate import batch, launchers
 
 if TYPE_CHECKING:  # only named: loader reaches the registry (ssh-keygen), which a pure module must not import
-    from envbuilder.loader import Recipe
+    from envbuilder.recipe.loader import Recipe
 
 CHECKS = ("import", "gpu", "arch", "cuda", "libraries", "mpi", "nccl", "ddp", "filesystem", "horovod")
 GPU_ONLY = ("gpu", "arch", "cuda")

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, archive, purge, state, wheelhouse
+from envbuilder import __version__, fsutil, purge, settings, state
+from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import BackupError, CommandFailed, EnvbuilderError, UsageError
 
 BACKUP_VERSION = 1
@@ -49,7 +50,7 @@ def root_for(env: Mapping[str, str]) -> tuple[Path, str]:
         return Path(env["ENVBUILDER_BACKUP_ROOT"]), "ENVBUILDER_BACKUP_ROOT"
     if env.get("WORK"):
         return Path(env["WORK"]) / "envbuilder" / "backups", "$WORK"
-    return state.home(env) / "backups", "$WORK is unset: the envbuilder home"
+    return settings.home(env) / "backups", "$WORK is unset: the envbuilder home"
 
 
 def _stamp() -> str:
@@ -184,10 +185,10 @@ def find(root: Path, what: str, backup_id: Optional[str] = None) -> Backup:
 
 @contextlib.contextmanager
 def writer_lock(
-    root: Path, timeout: float, on_wait: Optional[Callable[[state.Owner], None]] = None
+    root: Path, timeout: float, on_wait: Optional[Callable[[fsutil.Owner], None]] = None
 ) -> Iterator[None]:
     """One writer at a time on a backup root; what an interrupted writer left is cleared first."""
-    with state.EnvLock(root / "locks" / "backups.lock", timeout=timeout, on_wait=on_wait):
+    with fsutil.Mutex(root / "locks" / "backups.lock", timeout=timeout, on_wait=on_wait):
         for partial in sorted((root / "envs").glob(f"*/{PARTIAL}*")):
             shutil.rmtree(partial, ignore_errors=True)
         for tmp in sorted((root / "store").glob("*/.*.tmp-*")):
@@ -252,7 +253,7 @@ def make(
         time.sleep(1)
         stamp = _stamp()
     partial = env_dir / f"{PARTIAL}{stamp}-{os.getpid()}"
-    state._mkdir(env_dir)
+    fsutil.mkdirs(env_dir)
     partial.mkdir(mode=dir_mode)
     partial.chmod(dir_mode)
     notes: list[str] = []
@@ -273,7 +274,7 @@ def make(
             data.update(_archive(prefix, partial, fmt, file_mode, step))
         data["verified"] = data["created"]
         data["checksum"] = checksum(data)
-        state.write_atomic(partial / "backup.json", (json.dumps(data, indent=1) + "\n").encode(), file_mode)
+        fsutil.write_atomic(partial / "backup.json", (json.dumps(data, indent=1) + "\n").encode(), file_mode)
         final = env_dir / stamp
         partial.rename(final)
         _fsync_dir(env_dir)
@@ -403,7 +404,7 @@ def _archive(
     name, manifest = archive.pack(prefix, partial, fmt, tools)
     (partial / name).chmod(file_mode)
     text = (json.dumps(manifest, separators=(",", ":")) + "\n").encode()
-    state.write_atomic(partial / "manifest.json", text, file_mode)
+    fsutil.write_atomic(partial / "manifest.json", text, file_mode)
     size = (partial / name).stat().st_size
     step("hashing the archive")
     return {
@@ -462,7 +463,7 @@ def verify(
         result = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ok": not problems, "problems": problems}
         file_mode, _ = _modes(b.path)
         with contextlib.suppress(OSError):
-            state.write_atomic(b.path / "verify.json", json.dumps(result).encode(), file_mode & 0o644)
+            fsutil.write_atomic(b.path / "verify.json", json.dumps(result).encode(), file_mode & 0o644)
     return problems
 
 

@@ -29,11 +29,11 @@ from envbuilder import proc
 from envbuilder.errors import BackendError, HostProbeError, LockError
 from envbuilder.facts import HostFacts, facts_from_json
 from envbuilder.lockfile import PlatformLock
-from envbuilder.matrix import gpu_capability, minor_tuple
-from envbuilder.mirror import PYPI, VAR
-from envbuilder.steps import InstallStep
+from envbuilder.plan.steps import InstallStep
+from envbuilder.resolver.matrix import gpu_capability, minor_tuple
+from envbuilder.resolver.mirror import PYPI, VAR
 
-PAYLOAD = Path(__file__).resolve().parent / "payloads" / "torch_build.py"
+PAYLOAD = Path(__file__).resolve().parent.parent / "payloads" / "torch_build.py"
 ARCH_TIMEOUT_S = 300.0
 #: How compare() starts the line for target GPUs the compiled arch list cannot run.
 ARCH_PROBLEM = "no code for the target GPU's"

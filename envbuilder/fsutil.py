@@ -1,0 +1,321 @@
+"""File-system primitives shared by every writer: atomic replacement, directories that are never
+world-writable, and a mutex that works where flock does not.
+
+The mutex works on Lustre and NFS: ``mkdir``/``rename`` of a lock directory is atomic everywhere, and an owner
+file says who holds it (pid, host, time). A mutex whose owner process is gone from this host is stale and is
+broken; one held from another host is broken only after ``STALE_AFTER_S`` (its process cannot be checked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from envbuilder.errors import StateError
+
+STALE_AFTER_S = 24 * 3600
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+
+
+def mkdirs(path: Path) -> None:
+    """mkdir -p, where every directory it creates is not world-writable, whatever the umask."""
+    missing = []
+    current = path
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process may create it first
+            directory.mkdir(mode=DIR_MODE)
+        mode = directory.stat().st_mode & 0o777
+        if mode & 0o002:
+            directory.chmod(mode & ~0o002)
+
+
+def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
+    """Replace ``path`` with ``data`` so readers see the old or the new file, never a part."""
+    mkdirs(path.parent)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.chmod(mode)  # O_CREAT's mode is filtered by the umask; set it exactly
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+@dataclass(frozen=True)
+class Owner:
+    pid: int
+    host: str
+    since: float
+
+    @classmethod
+    def me(cls) -> Owner:
+        return cls(os.getpid(), socket.gethostname(), time.time())
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Mutex:
+    """An exclusive lock on one env, usable as a context manager.
+
+    Taking it is one ``rename`` of a directory that already holds its owner file onto the lock's path (atomic on
+    local file systems, Lustre and NFS; it fails when the path exists), so a lock is never seen without its owner.
+    Breaking a stale one is atomic too: the breakers of one lock generation race to create a ``breaker-N``
+    symlink *inside it* (through a descriptor of the directory they judged, so a newer lock at the same path is
+    never the one they break); the one that creates it alone moves the stale directory away and removes it.
+    A breaker that dies mid-way is itself stale, and the next level (``breaker-N+1``) decides who takes over.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        timeout: float = 0,
+        poll: float = 0.2,
+        on_wait: Optional[Callable[[Owner], None]] = None,
+    ) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.poll = poll
+        self.on_wait = on_wait
+        self.owner: Optional[Owner] = None
+
+    def _is_stale(self, fd: int, owner: Optional[Owner]) -> bool:
+        if owner is None:
+            # No owner file: written by an older envbuilder between its mkdir and its owner file, or damaged.
+            return time.time() - os.fstat(fd).st_mtime > 10
+        return _gone(owner.pid, owner.host, owner.since, STALE_AFTER_S)
+
+    def _aside(self, what: str) -> Path:
+        return self.path.with_name(
+            f".{self.path.name}.{what}-{socket.gethostname()}-{os.getpid()}-{time.monotonic_ns()}"
+        )
+
+    def _create(self) -> bool:
+        """Put a new lock, owner file included, at the path in one rename; False if one is there."""
+        me = Owner.me()
+        new = self._aside("new")
+        new.mkdir(mode=DIR_MODE)
+        try:
+            write_atomic(new / "owner.json", json.dumps(asdict(me)).encode())
+            try:
+                new.rename(self.path)
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    return False
+                if exc.errno == errno.ENOTDIR:
+                    raise StateError(
+                        f"{self.path} is in the way of a lock and is not one", hint=f"remove {self.path}"
+                    ) from None
+                raise
+        finally:
+            if new.exists():
+                shutil.rmtree(new, ignore_errors=True)
+        self.owner = me
+        return True
+
+    def _break(self, fd: int) -> bool:
+        """Break the stale lock ``fd`` is open on, if this process wins the right to: True when it did (or the lock
+        is gone), False when another breaker is at work on it."""
+        token = json.dumps([os.getpid(), socket.gethostname(), time.time()])
+        for level in range(MAX_BREAKERS):
+            name = f"breaker-{level}"
+            try:
+                os.symlink(token, name, dir_fd=fd)
+                break
+            except FileExistsError:
+                pass
+            except FileNotFoundError:
+                return True  # broken and removed by another breaker meanwhile
+            if _breaker_alive(fd, name):
+                return False
+        else:
+            return False
+        judged = os.fstat(fd)
+        try:
+            here = os.lstat(self.path)
+        except FileNotFoundError:
+            here = None
+        if here is None or (here.st_dev, here.st_ino) != (judged.st_dev, judged.st_ino):
+            # Broken already: this was a late symlink into a directory on its way out. While the judged lock is
+            # at the path, its breaker symlinks stay, so the level won here is unique to it.
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=fd)
+            return True
+        tomb = self._aside("broken")
+        try:
+            self.path.rename(tomb)
+        except FileNotFoundError:
+            return True
+        moved = tomb.lstat()
+        if (moved.st_dev, moved.st_ino) != (judged.st_dev, judged.st_ino):
+            # Not the lock judged stale (only its breaker may move it, so this is not expected): put it back.
+            with contextlib.suppress(OSError):
+                tomb.rename(self.path)
+            return True
+        _remove(tomb)
+        return True
+
+    def _sweep(self) -> None:
+        """Remove what a process killed in the middle of taking or breaking this lock left beside it."""
+        for left in self.path.parent.glob(f".{glob.escape(self.path.name)}.*-*-*-*"):
+            what, _, rest = left.name[len(self.path.name) + 2 :].partition("-")
+            host, pid, _ns = rest.rsplit("-", 2)
+            if what not in ("new", "broken") or not pid.isdigit():
+                continue
+            try:
+                since = left.lstat().st_mtime
+            except FileNotFoundError:
+                continue
+            if _gone(int(pid), host, since, STALE_AFTER_S):
+                shutil.rmtree(left, ignore_errors=True)
+
+    def acquire(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        #: A stale lock another process is breaking is free in milliseconds: wait that long, whatever the timeout.
+        breaking_until: Optional[float] = None
+        told = False
+        mkdirs(self.path.parent)
+        while True:
+            if not os.path.lexists(self.path) and self._create():
+                self._sweep()
+                return
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                continue  # released or broken meanwhile: try again at once
+            except NotADirectoryError:
+                raise StateError(
+                    f"{self.path} is in the way of a lock and is not one", hint=f"remove {self.path}"
+                ) from None
+            try:
+                owner = _owner_at(fd)
+                stale = self._is_stale(fd, owner)
+                if stale and self._break(fd):
+                    continue
+            finally:
+                os.close(fd)
+            if stale:
+                breaking_until = breaking_until or time.monotonic() + BREAK_GRACE_S
+                if time.monotonic() < breaking_until:
+                    time.sleep(min(self.poll, 0.02))
+                    continue
+            if time.monotonic() >= deadline:
+                who = f"process {owner.pid} on {owner.host}" if owner else "another process"
+                raise StateError(
+                    f"{self.path.name} is locked by {who}: another envbuilder is working on this env",
+                    hint="wait for it to finish; if that process is gone from a node you cannot reach, "
+                    f"remove {self.path}",
+                )
+            if owner and self.on_wait and not told:
+                self.on_wait(owner)
+                told = True
+            time.sleep(self.poll)
+
+    def release(self) -> None:
+        if self.owner is None:
+            return
+        mine, self.owner = self.owner, None
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return
+        try:
+            current = _owner_at(fd)
+            if current is None or (current.pid, current.host) != (mine.pid, mine.host):
+                return  # broken (from another node, after STALE_AFTER_S) and taken since: not ours to remove
+            # Out of the way in one rename, then removed: the path is free at once, and never half a lock.
+            tomb = self._aside("broken")
+            try:
+                self.path.rename(tomb)
+            except FileNotFoundError:
+                return
+            moved, held = tomb.lstat(), os.fstat(fd)
+            if (moved.st_dev, moved.st_ino) != (held.st_dev, held.st_ino):
+                with contextlib.suppress(OSError):
+                    tomb.rename(self.path)
+                return
+            _remove(tomb)
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> Mutex:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+#: Levels of breakers of one stale lock (each level is taken over only when its breaker died).
+MAX_BREAKERS = 64
+#: A breaker on another node that has not finished in this time is gone (breaking takes milliseconds).
+BREAKER_STALE_S = 60.0
+#: How long a stale lock that another process is breaking is waited for, even with no timeout.
+BREAK_GRACE_S = 5.0
+
+
+def _gone(pid: int, host: str, since: float, after: float) -> bool:
+    """Whether a process is gone: checked on this host; from another host, only guessed from its age."""
+    if host == socket.gethostname():
+        return not _pid_alive(pid)
+    return time.time() - since > after
+
+
+def _remove(tomb: Path) -> None:
+    """Remove a lock moved out of the way; a breaker that opened it before the move may still add its symlink."""
+    for _ in range(5):
+        shutil.rmtree(tomb, ignore_errors=True)
+        if not os.path.lexists(tomb):
+            return
+
+
+def _owner_at(fd: int) -> Optional[Owner]:
+    try:
+        raw = os.open("owner.json", os.O_RDONLY, dir_fd=fd)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(raw, "rb") as fh:
+            data = json.loads(fh.read(65536))
+        return Owner(int(data["pid"]), str(data["host"]), float(data["since"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _breaker_alive(fd: int, name: str) -> bool:
+    try:
+        text = os.readlink(name, dir_fd=fd)
+        since = os.lstat(name, dir_fd=fd).st_mtime
+    except OSError:
+        return True  # cannot be told: leave the lock to it, and look again later
+    try:
+        pid, host, since = json.loads(text)
+        return not _gone(int(pid), str(host), float(since), BREAKER_STALE_S)
+    except (ValueError, TypeError):
+        return time.time() - since <= BREAKER_STALE_S

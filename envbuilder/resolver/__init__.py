@@ -1,0 +1,3 @@
+"""What to install: the torch table (matrix), the gates a build must pass, what the wheel indexes hold (indexfacts
+parsed, indexread fetched and cached), the two merged (knowledge), mirror rules, and the chosen wheels. Everything
+here is pure except indexread."""
