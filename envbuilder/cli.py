@@ -3,32 +3,59 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, backup
-from envbuilder.commands import backup as backup_cmd
-from envbuilder.commands import create as create_cmd
-from envbuilder.commands import doctor as doctor_cmd
-from envbuilder.commands import envs as envs_cmd
-from envbuilder.commands import lock as lock_cmd
-from envbuilder.commands import plan as plan_cmd
-from envbuilder.commands import probe as probe_cmd
-from envbuilder.commands import publish as publish_cmd
-from envbuilder.commands import recipes as recipes_cmd
-from envbuilder.commands import validate as validate_cmd
+from envbuilder import __version__
 from envbuilder.console import Out
 from envbuilder.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EnvbuilderError
-from envbuilder.validate import launchers
 
 RESULT_VERSION = 1
 
 Handler = Callable[[argparse.Namespace, Out], Any]
+
+
+class _Command:
+    """A command's handler, imported when the command runs: ``envbuilder --help`` and every other command do not
+    pay for the imports of all of them."""
+
+    def __init__(self, module: str, function: str) -> None:
+        self.module = module
+        self.function = function
+
+    def __call__(self, args: argparse.Namespace, out: Out) -> Any:
+        handler: Handler = getattr(
+            importlib.import_module(f"envbuilder.commands.{self.module}"), self.function
+        )
+        return handler(args, out)
+
+
+def _command(module: str, function: str) -> Handler:
+    return _Command(module, function)
+
+
+class _Choices:
+    """An option's choices, read from their one home when argparse first checks or shows them (the metavar is
+    set, so building the parser does not)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module = module
+        self.name = name
+
+    def _values(self) -> tuple[str, ...]:
+        return tuple(getattr(importlib.import_module(self.module), self.name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._values()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launch(p)
     _add_index(p)
     _add_json(p)
-    p.set_defaults(handler=plan_cmd.handle)
+    p.set_defaults(handler=_command("plan", "handle"))
 
     p = sub.add_parser(
         "lock", help="resolve a recipe's exact packages for each target platform (x86_64, aarch64)"
@@ -84,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     _add_index(p)
     _add_json(p)
-    p.set_defaults(handler=lock_cmd.handle)
+    p.set_defaults(handler=_command("lock", "handle"))
 
     p = sub.add_parser("create", help="build an env from a recipe, then check that torch works in it")
     p.add_argument("recipe", help="recipe name (see `envbuilder recipes list`)")
@@ -111,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_index(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     _add_json(p)
-    p.set_defaults(handler=create_cmd.handle)
+    p.set_defaults(handler=_command("create", "handle"))
 
     p = sub.add_parser(
         "validate", help="run the bundled checks (GPU, CUDA, NCCL, DDP, MPI, file system) on an env"
@@ -138,17 +165,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--registry", metavar="DIR", help="the registry to stamp (default: the one the recipe came from)"
     )
     _add_json(p)
-    p.set_defaults(handler=validate_cmd.handle)
+    p.set_defaults(handler=_command("validate", "handle"))
 
     p = sub.add_parser("list", help="the envs you have built, with their health")
     _add_json(p)
-    p.set_defaults(handler=envs_cmd.handle_list)
-    _env_verb(sub, "show", "one env's record: recipe, packages, tools, last check", envs_cmd.handle_show)
-    _env_verb(sub, "activate", "print the line that activates an env (source it)", envs_cmd.handle_activate)
-    e = _env_verb(sub, "remove", "delete an env and its record", envs_cmd.handle_remove)
+    p.set_defaults(handler=_command("envs", "handle_list"))
+    _env_verb(
+        sub, "show", "one env's record: recipe, packages, tools, last check", _command("envs", "handle_show")
+    )
+    _env_verb(
+        sub,
+        "activate",
+        "print the line that activates an env (source it)",
+        _command("envs", "handle_activate"),
+    )
+    e = _env_verb(sub, "remove", "delete an env and its record", _command("envs", "handle_remove"))
     e.add_argument("-y", "--yes", action="store_true", help="do not ask")
     e = _env_verb(
-        sub, "modulefile", "write an Lmod modulefile that activates an env", envs_cmd.handle_modulefile
+        sub,
+        "modulefile",
+        "write an Lmod modulefile that activates an env",
+        _command("envs", "handle_modulefile"),
     )
     e.add_argument("-o", "--output", metavar="PATH", help="file or directory to write (default: stdout)")
 
@@ -159,17 +196,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--facts", metavar="FILE", help="another node's facts as JSON: the report for that node")
     _add_index(p)
     _add_json(p)
-    p.set_defaults(handler=doctor_cmd.handle)
+    p.set_defaults(handler=_command("doctor", "handle"))
 
     p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
     _add_json(p)
-    p.set_defaults(handler=probe_cmd.handle)
+    p.set_defaults(handler=_command("probe", "handle"))
 
     p = sub.add_parser("recipes", help="list and inspect recipes")
     rsub = p.add_subparsers(dest="recipes_command", metavar="ACTION", parser_class=_Parser)
     r = rsub.add_parser("list", help="every recipe on the search path")
     _add_json(r)
-    r.set_defaults(handler=recipes_cmd.handle_list)
+    r.set_defaults(handler=_command("recipes", "handle_list"))
     r = rsub.add_parser("show", help="a recipe's effective values")
     r.add_argument("recipe")
     r.add_argument(
@@ -179,18 +216,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_index(r)
     _add_json(r)
-    r.set_defaults(handler=recipes_cmd.handle_show)
+    r.set_defaults(handler=_command("recipes", "handle_show"))
     r = rsub.add_parser("schema", help="print the recipe JSON schema (for editors)")
-    r.set_defaults(handler=recipes_cmd.handle_schema, json=False)
+    r.set_defaults(handler=_command("recipes", "handle_schema"), json=False)
     r = rsub.add_parser("diff", help="what changed between two published versions of a recipe")
     r.add_argument("recipe")
     r.add_argument("old", metavar="A")
     r.add_argument("new", metavar="B")
     _add_json(r)
-    r.set_defaults(handler=publish_cmd.handle_diff)
+    r.set_defaults(handler=_command("publish", "handle_diff"))
     r = rsub.add_parser("update", help="the latest published versions, and your envs built from older ones")
     _add_json(r)
-    r.set_defaults(handler=publish_cmd.handle_update)
+    r.set_defaults(handler=_command("publish", "handle_update"))
     p.set_defaults(handler=None, subparser=p)
 
     p = sub.add_parser(
@@ -223,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait", type=_seconds, default=60.0, metavar="SECONDS", help="wait for another publish (default 60)"
     )
     _add_json(p)
-    p.set_defaults(handler=publish_cmd.handle_publish)
+    p.set_defaults(handler=_command("publish", "handle_publish"))
     return parser
 
 
@@ -235,20 +272,29 @@ def _add_backup_verbs(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("env", nargs="?")
     p.add_argument("--all", action="store_true", help="every env you have built")
     p.add_argument("--to", metavar="DIR", help="backup root (default $WORK/envbuilder/backups)")
-    p.add_argument("--mode", choices=backup.MODES, help="default: wheelhouse for venvs, archive otherwise")
     p.add_argument(
-        "--format", choices=backup.FORMATS, default="tar", help="archive mode: tar+zstd or squashfs"
+        "--mode",
+        choices=_Choices("envbuilder.backup", "MODES"),
+        metavar="MODE",
+        help="%(choices)s (default: wheelhouse for venvs, archive otherwise)",
+    )
+    p.add_argument(
+        "--format",
+        choices=_Choices("envbuilder.backup", "FORMATS"),
+        default="tar",
+        metavar="FORMAT",
+        help="archive mode: %(choices)s (default tar, compressed with zstd)",
     )
     p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=wait_help)
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     _add_json(p)
-    p.set_defaults(handler=backup_cmd.handle_backup)
+    p.set_defaults(handler=_command("backup", "handle_backup"))
 
     p = sub.add_parser("backups", help="list backups: id, mode, size, date, verified")
     p.add_argument("env", nargs="?")
     p.add_argument("--from", dest="source", metavar="DIR", help=root_help)
     _add_json(p)
-    p.set_defaults(handler=backup_cmd.handle_backups)
+    p.set_defaults(handler=_command("backup", "handle_backups"))
 
     p = sub.add_parser(
         "restore", help="bring an env back from its backup (offline, verified, beside then swap)"
@@ -264,13 +310,13 @@ def _add_backup_verbs(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=wait_help)
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     _add_json(p)
-    p.set_defaults(handler=backup_cmd.handle_restore)
+    p.set_defaults(handler=_command("backup", "handle_restore"))
 
     p = sub.add_parser("verify-backup", help="re-hash a backup (ENV for its newest, or an id ENV@STAMP)")
     p.add_argument("backup", metavar="ENV|ID")
     p.add_argument("--from", dest="source", metavar="DIR", help=root_help)
     _add_json(p)
-    p.set_defaults(handler=backup_cmd.handle_verify)
+    p.set_defaults(handler=_command("backup", "handle_verify"))
 
     p = sub.add_parser("prune-backups", help="keep the newest N backups of each env; free unused wheels")
     p.add_argument("--keep", type=_positive, required=True, metavar="N")
@@ -279,13 +325,13 @@ def _add_backup_verbs(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--from", dest="source", metavar="DIR", help=root_help)
     p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=wait_help)
     _add_json(p)
-    p.set_defaults(handler=backup_cmd.handle_prune)
+    p.set_defaults(handler=_command("backup", "handle_prune"))
 
     _env_verb(
         sub,
         "touch",
         "refresh an env's access times, only where the site's purge policy allows it",
-        backup_cmd.handle_touch,
+        _command("backup", "handle_touch"),
     )
 
 
@@ -317,7 +363,12 @@ def _add_index(p: argparse.ArgumentParser) -> None:
 
 def _add_launch(p: argparse.ArgumentParser) -> None:
     """How the validation is launched (plan shows it, validate runs it)."""
-    p.add_argument("--launcher", choices=launchers.LAUNCHERS)
+    p.add_argument(
+        "--launcher",
+        choices=_Choices("envbuilder.validate.launchers", "LAUNCHERS"),
+        metavar="LAUNCHER",
+        help="%(choices)s",
+    )
     p.add_argument("--nodes", type=_positive, metavar="N")
     p.add_argument("--nproc-per-node", type=_positive, metavar="N")
     p.add_argument("--account", metavar="NAME", help="allocation account for batch jobs")
