@@ -17,7 +17,7 @@ from envbuilder.errors import UsageError
 from envbuilder.facts import Gpu, HostFacts
 from envbuilder.lockfile import applicability
 from envbuilder.plan.steps import InstallStep, install_steps
-from envbuilder.resolver import mirror
+from envbuilder.resolver import gates, mirror
 from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
 from envbuilder.validate import batch, launchers, suite
 
@@ -306,7 +306,7 @@ def build(
     resolution: Optional[Resolution] = None
     requirements: list[str] = []
     if kind == "conda":  # the recipe's own channel mistake first: it holds whatever the index says
-        applicability.conda_pytorch_gate(recipe)
+        gates.conda_pytorch_gate(recipe)
     request = torch_request(recipe)
     if request is not None:
         resolution = resolve(request, target, matrix, index, table_age)

@@ -11,7 +11,7 @@ from envbuilder.lockfile import PlatformLock
 from envbuilder.resolver.mirror import PYPI
 from envbuilder.resolver.wheels import Resolution
 
-if TYPE_CHECKING:  # only named: loader reaches the registry (ssh-keygen), which a pure module must not import
+if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
     from envbuilder.recipe.loader import Recipe
 
 #: argv[0] of the step that clones the site python's env (create does it in-process).

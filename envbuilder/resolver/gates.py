@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
+from envbuilder.errors import ResolverError, ResolverErrors
 from envbuilder.facts import HostFacts
 from envbuilder.resolver.matrix import (
     ArchList,
@@ -20,6 +21,9 @@ from envbuilder.resolver.matrix import (
     gpu_capability,
     minor_tuple,
 )
+
+if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
+    from envbuilder.recipe.loader import Recipe
 
 TORCH_PACKAGES = ("torch", "torchvision", "torchaudio")
 
@@ -428,3 +432,41 @@ def quick_findings(release: Release, variant: str, facts: HostFacts, m: Matrix) 
             if entry and cc and not covers(entry, cc)[0]:
                 out.append(Finding("gpu-arch", variant))
     return out
+
+
+_PYTORCH_CHANNELS = ("pytorch", "pytorch-nightly")
+_CONDA_TORCH = re.compile(r"^(pytorch|torchvision|torchaudio|pytorch-cuda)(?:[=<>!~ ]+\s*([0-9][^,\s]*))?")
+
+
+def conda_pytorch_gate(recipe: Recipe) -> None:
+    """PyTorch's own conda channel stopped with 2.5 (deprecated, no 2.6 builds): refuse what would need it."""
+    channels = [
+        c
+        for c in recipe.get("conda.channels", []) or []
+        if c.rstrip("/").rsplit("/", 1)[-1] in _PYTORCH_CHANNELS
+    ]
+    wanted = [m for m in (_CONDA_TORCH.match(p) for p in recipe.get("conda.packages", []) or []) if m]
+    if not channels and not wanted:
+        return
+    versions: list[Optional[str]] = [m.group(2) for m in wanted if m.group(1) == "pytorch"]
+    if recipe.get("torch.install"):
+        versions.append(str(recipe.get("torch.version")))
+    if all(v and v != "latest" and not _at_least(v, (2, 6)) for v in versions or [None]):
+        return
+    source = ", ".join([*(f"channel {c}" for c in channels), *(m.group(0) for m in wanted)])
+    raise ResolverErrors(
+        [
+            ResolverError(
+                f"{recipe.name} asks for torch through PyTorch's conda channel ({source}), which was deprecated "
+                "with 2.5 and has no builds from 2.6 on",
+                gate="conda-pytorch-channel",
+                hint="drop pytorch from conda.channels and conda.packages; set torch.install = true so torch comes "
+                "from the wheel index, installed with pip inside the env",
+            )
+        ]
+    )
+
+
+def _at_least(version: str, minimum: tuple[int, int]) -> bool:
+    parts = re.findall(r"\d+", version)[:2]
+    return len(parts) < 2 or (int(parts[0]), int(parts[1])) >= minimum

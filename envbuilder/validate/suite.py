@@ -15,7 +15,7 @@ from envbuilder.errors import RecipeError, UsageError, did_you_mean
 from envbuilder.facts import HostFacts
 from envbuilder.validate import batch, launchers
 
-if TYPE_CHECKING:  # only named: loader reaches the registry (ssh-keygen), which a pure module must not import
+if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
     from envbuilder.recipe.loader import Recipe
 
 CHECKS = ("import", "gpu", "arch", "cuda", "libraries", "mpi", "nccl", "ddp", "filesystem", "horovod")
