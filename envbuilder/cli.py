@@ -116,7 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("create", help="build an env from a recipe, then check that torch works in it")
     p.add_argument("recipe", help="recipe name (see `envbuilder recipes list`)")
     p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
-    p.add_argument("--installer", choices=("uv", "virtualenv", "pip"), help="override the recipe's installer")
+    p.add_argument(
+        "--installer",
+        choices=_Choices("envbuilder.backends.registry", "INSTALLERS"),
+        metavar="INSTALLER",
+        help="override the recipe's installer: %(choices)s",
+    )
     p.add_argument(
         "--force",
         action="store_true",
@@ -443,7 +448,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             traceback.print_exc()
         out.error(exc.message, exc.hint)
         if as_json:
-            print(json.dumps(envelope(command, "error", getattr(exc, "data", None), _errors(exc)), indent=2))
+            print(json.dumps(envelope(command, "error", exc.data, _errors(exc)), indent=2))
         return exc.exit_code
     except KeyboardInterrupt:
         out.error("interrupted")

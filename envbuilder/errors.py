@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Optional
 
 # Exit codes shared with the CLI. 1 is reserved for unexpected internal errors, 2 for usage errors
@@ -35,6 +35,8 @@ class EnvbuilderError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        #: What the command had done when it failed (a partial result): ``data`` of the ``--json`` envelope.
+        self.data: Optional[Mapping[str, Any]] = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -143,7 +145,7 @@ class ValidationFailed(EnvbuilderError):
 
 
 class StateError(EnvbuilderError):
-    """Env records, locks, or an existing target prefix stand in the way."""
+    """Env records, a mutex held by another envbuilder, or an existing target prefix stand in the way."""
 
     exit_code = 9
     family = "state"

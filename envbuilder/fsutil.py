@@ -1,9 +1,11 @@
-"""File-system primitives shared by every writer: atomic replacement, directories that are never
-world-writable, and a mutex that works where flock does not.
+"""File-system primitives shared by every writer: atomic replacement of a file, directories that are never
+world-writable, and a mutex that works where flock does not (``transaction`` builds directories beside and swaps
+them in on top of these).
 
-The mutex works on Lustre and NFS: ``mkdir``/``rename`` of a lock directory is atomic everywhere, and an owner
-file says who holds it (pid, host, time). A mutex whose owner process is gone from this host is stale and is
-broken; one held from another host is broken only after ``STALE_AFTER_S`` (its process cannot be checked).
+The mutex works on Lustre and NFS: ``mkdir``/``rename`` of its directory is atomic everywhere, and an owner file
+says who holds it (pid, host, time). A mutex whose owner process is gone from this host is stale and is broken;
+one held from another host is broken only after ``STALE_AFTER_S`` (its process cannot be checked). Its directory
+keeps the name ``*.lock`` on disk (``locks/NAME.lock``) so that running envbuilders of every release agree.
 """
 
 from __future__ import annotations
@@ -60,6 +62,16 @@ def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
         raise
 
 
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (best effort: some file systems refuse fsync on a directory)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 @dataclass(frozen=True)
 class Owner:
     pid: int
@@ -82,12 +94,12 @@ def _pid_alive(pid: int) -> bool:
 
 
 class Mutex:
-    """An exclusive lock on one env, usable as a context manager.
+    """A mutex at ``path`` (one env, a backup root, a registry), usable as a context manager.
 
-    Taking it is one ``rename`` of a directory that already holds its owner file onto the lock's path (atomic on
-    local file systems, Lustre and NFS; it fails when the path exists), so a lock is never seen without its owner.
-    Breaking a stale one is atomic too: the breakers of one lock generation race to create a ``breaker-N``
-    symlink *inside it* (through a descriptor of the directory they judged, so a newer lock at the same path is
+    Taking it is one ``rename`` of a directory that already holds its owner file onto the mutex's path (atomic on
+    local file systems, Lustre and NFS; it fails when the path exists), so a mutex is never seen without its owner.
+    Breaking a stale one is atomic too: the breakers of one mutex generation race to create a ``breaker-N``
+    symlink *inside it* (through a descriptor of the directory they judged, so a newer mutex at the same path is
     never the one they break); the one that creates it alone moves the stale directory away and removes it.
     A breaker that dies mid-way is itself stale, and the next level (``breaker-N+1``) decides who takes over.
     """
@@ -117,7 +129,7 @@ class Mutex:
         )
 
     def _create(self) -> bool:
-        """Put a new lock, owner file included, at the path in one rename; False if one is there."""
+        """Put a new mutex, owner file included, at the path in one rename; False if one is there."""
         me = Owner.me()
         new = self._aside("new")
         new.mkdir(mode=DIR_MODE)
@@ -130,7 +142,7 @@ class Mutex:
                     return False
                 if exc.errno == errno.ENOTDIR:
                     raise StateError(
-                        f"{self.path} is in the way of a lock and is not one", hint=f"remove {self.path}"
+                        f"{self.path} is in the way of a mutex and is not one", hint=f"remove {self.path}"
                     ) from None
                 raise
         finally:
@@ -140,8 +152,8 @@ class Mutex:
         return True
 
     def _break(self, fd: int) -> bool:
-        """Break the stale lock ``fd`` is open on, if this process wins the right to: True when it did (or the lock
-        is gone), False when another breaker is at work on it."""
+        """Break the stale mutex ``fd`` is open on, if this process wins the right to: True when it did (or the
+        mutex is gone), False when another breaker is at work on it."""
         token = json.dumps([os.getpid(), socket.gethostname(), time.time()])
         for level in range(MAX_BREAKERS):
             name = f"breaker-{level}"
@@ -162,7 +174,7 @@ class Mutex:
         except FileNotFoundError:
             here = None
         if here is None or (here.st_dev, here.st_ino) != (judged.st_dev, judged.st_ino):
-            # Broken already: this was a late symlink into a directory on its way out. While the judged lock is
+            # Broken already: this was a late symlink into a directory on its way out. While the judged mutex is
             # at the path, its breaker symlinks stay, so the level won here is unique to it.
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=fd)
@@ -174,7 +186,7 @@ class Mutex:
             return True
         moved = tomb.lstat()
         if (moved.st_dev, moved.st_ino) != (judged.st_dev, judged.st_ino):
-            # Not the lock judged stale (only its breaker may move it, so this is not expected): put it back.
+            # Not the mutex judged stale (only its breaker may move it, so this is not expected): put it back.
             with contextlib.suppress(OSError):
                 tomb.rename(self.path)
             return True
@@ -182,7 +194,7 @@ class Mutex:
         return True
 
     def _sweep(self) -> None:
-        """Remove what a process killed in the middle of taking or breaking this lock left beside it."""
+        """Remove what a process killed in the middle of taking or breaking this mutex left beside it."""
         for left in self.path.parent.glob(f".{glob.escape(self.path.name)}.*-*-*-*"):
             what, _, rest = left.name[len(self.path.name) + 2 :].partition("-")
             host, pid, _ns = rest.rsplit("-", 2)
@@ -197,7 +209,7 @@ class Mutex:
 
     def acquire(self) -> None:
         deadline = time.monotonic() + self.timeout
-        #: A stale lock another process is breaking is free in milliseconds: wait that long, whatever the timeout.
+        #: A stale mutex another process is breaking is free in milliseconds: wait that long, whatever the timeout.
         breaking_until: Optional[float] = None
         told = False
         mkdirs(self.path.parent)
@@ -211,7 +223,7 @@ class Mutex:
                 continue  # released or broken meanwhile: try again at once
             except NotADirectoryError:
                 raise StateError(
-                    f"{self.path} is in the way of a lock and is not one", hint=f"remove {self.path}"
+                    f"{self.path} is in the way of a mutex and is not one", hint=f"remove {self.path}"
                 ) from None
             try:
                 owner = _owner_at(fd)
@@ -228,7 +240,7 @@ class Mutex:
             if time.monotonic() >= deadline:
                 who = f"process {owner.pid} on {owner.host}" if owner else "another process"
                 raise StateError(
-                    f"{self.path.name} is locked by {who}: another envbuilder is working on this env",
+                    f"the mutex {self.path.name} is locked by {who}: another envbuilder holds it",
                     hint="wait for it to finish; if that process is gone from a node you cannot reach, "
                     f"remove {self.path}",
                 )
@@ -249,7 +261,7 @@ class Mutex:
             current = _owner_at(fd)
             if current is None or (current.pid, current.host) != (mine.pid, mine.host):
                 return  # broken (from another node, after STALE_AFTER_S) and taken since: not ours to remove
-            # Out of the way in one rename, then removed: the path is free at once, and never half a lock.
+            # Out of the way in one rename, then removed: the path is free at once, and never half a mutex.
             tomb = self._aside("broken")
             try:
                 self.path.rename(tomb)
@@ -272,11 +284,11 @@ class Mutex:
         self.release()
 
 
-#: Levels of breakers of one stale lock (each level is taken over only when its breaker died).
+#: Levels of breakers of one stale mutex (each level is taken over only when its breaker died).
 MAX_BREAKERS = 64
 #: A breaker on another node that has not finished in this time is gone (breaking takes milliseconds).
 BREAKER_STALE_S = 60.0
-#: How long a stale lock that another process is breaking is waited for, even with no timeout.
+#: How long a stale mutex that another process is breaking is waited for, even with no timeout.
 BREAK_GRACE_S = 5.0
 
 
@@ -288,7 +300,7 @@ def _gone(pid: int, host: str, since: float, after: float) -> bool:
 
 
 def _remove(tomb: Path) -> None:
-    """Remove a lock moved out of the way; a breaker that opened it before the move may still add its symlink."""
+    """Remove a mutex moved out of the way; a breaker that opened it before the move may still add its symlink."""
     for _ in range(5):
         shutil.rmtree(tomb, ignore_errors=True)
         if not os.path.lexists(tomb):
@@ -313,7 +325,7 @@ def _breaker_alive(fd: int, name: str) -> bool:
         text = os.readlink(name, dir_fd=fd)
         since = os.lstat(name, dir_fd=fd).st_mtime
     except OSError:
-        return True  # cannot be told: leave the lock to it, and look again later
+        return True  # cannot be told: leave the mutex to it, and look again later
     try:
         pid, host, since = json.loads(text)
         return not _gone(int(pid), str(host), float(since), BREAKER_STALE_S)

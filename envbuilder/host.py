@@ -27,6 +27,7 @@ from envbuilder.facts import (
     facts_from_text,
     unwrap_envelope,
 )
+from envbuilder.validate import schedulers
 
 # Re-exported: callers that probe or read facts files take the dataclasses from here too.
 __all__ = [
@@ -113,13 +114,14 @@ def _module_system(env: Mapping[str, str]) -> Optional[str]:
 
 
 def _scheduler(env: Mapping[str, str]) -> Optional[str]:
-    if "SLURM_JOB_ID" in env:
-        return "slurm"
-    if "PBS_JOBID" in env:
-        return "pbs"
-    for tool, name in (("sbatch", "slurm"), ("qsub", "pbs")):
-        if shutil.which(tool, path=env.get("PATH")):
-            return name
+    """The scheduler of the job this runs in, else the one whose submit command is on PATH."""
+    adapters = schedulers.SCHEDULERS.values()
+    for adapter in adapters:
+        if adapter.job_id_var in env:
+            return adapter.name
+    for adapter in adapters:
+        if shutil.which(adapter.submit_tool, path=env.get("PATH")):
+            return adapter.name
     return None
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from envbuilder.activation import CONSTRAINT_VARS
+from envbuilder.activate_scripts import CONSTRAINT_VARS
 from envbuilder.plan.steps import CONSTRAINTS
 from envbuilder.recipe.schema import require_carriable, require_module_name, require_var_name
 

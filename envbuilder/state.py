@@ -1,5 +1,5 @@
 """Env records: what was built where, and whether it is still whole. Records live outside $SCRATCH (they must
-survive the purge), are written atomically, and one env is changed by one process at a time (``locked``, a
+survive the purge), are written atomically, and one env is changed by one process at a time (``mutex``, a
 ``fsutil.Mutex`` per env name)."""
 
 from __future__ import annotations
@@ -9,12 +9,19 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from envbuilder.errors import StateError
 from envbuilder.fsutil import Mutex, Owner, write_atomic
 
+if TYPE_CHECKING:  # only a type: importing the planner would load the resolver for every record read
+    from envbuilder.plan import RecordedPlan
+
 RECORD_VERSION = 1
+
+
+def _no_plan() -> RecordedPlan:
+    return {}  # every key of a recorded plan is optional
 
 
 @dataclass(frozen=True)
@@ -24,7 +31,8 @@ class EnvRecord:
     recipe_digest: str
     prefix: str
     created: str
-    plan: Mapping[str, Any] = field(default_factory=dict)
+    #: The plan the env was built from, as ``plan --json`` prints it.
+    plan: RecordedPlan = field(default_factory=_no_plan)
     facts: Mapping[str, Any] = field(default_factory=dict)
     packages: tuple[Mapping[str, Any], ...] = ()
     tools: Mapping[str, str] = field(default_factory=dict)
@@ -34,10 +42,19 @@ class EnvRecord:
     origin: Mapping[str, Any] = field(default_factory=dict)
     version: int = RECORD_VERSION
 
+    @property
+    def kind(self) -> str:
+        """The env kind its plan built (a record without one is a venv's)."""
+        return self.plan.get("kind", "venv")
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["packages"] = list(self.packages)
         return data
+
+    def dumps(self) -> bytes:
+        """The record as its files hold it (the home's, and the copy inside the env)."""
+        return (json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n").encode()
 
 
 def record_path(root: Path, name: str) -> Path:
@@ -48,7 +65,7 @@ def record_path(root: Path, name: str) -> Path:
 
 def save(root: Path, record: EnvRecord) -> Path:
     path = record_path(root, record.name)
-    write_atomic(path, (json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    write_atomic(path, record.dumps())
     return path
 
 
@@ -82,16 +99,17 @@ def names(root: Path) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Locks
+# One process per env
 
 
 @contextlib.contextmanager
-def locked(
+def mutex(
     root: Path, name: str, timeout: float = 0, on_wait: Optional[Callable[[Owner], None]] = None
 ) -> Iterator[Mutex]:
+    """Hold the mutex of the env ``name`` (waiting up to ``timeout`` seconds for another envbuilder)."""
     record_path(root, name)  # validates the name
-    with Mutex(root / "locks" / f"{name}.lock", timeout=timeout, on_wait=on_wait) as lock:
-        yield lock
+    with Mutex(root / "locks" / f"{name}.lock", timeout=timeout, on_wait=on_wait) as held:
+        yield held
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -114,8 +132,7 @@ def health(record: EnvRecord) -> Health:
     if not prefix.is_dir():
         return Health("gone", f"{prefix} does not exist (purged or removed)")
     missing: list[str] = []
-    kind = record.plan.get("kind", "venv") if record.plan else "venv"
-    if kind != "user-prefix":
+    if record.kind != "user-prefix":
         for rel in ("bin/python", "bin/activate"):
             if not (prefix / rel).exists():
                 missing.append(rel)

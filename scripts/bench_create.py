@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from wheelindex import mirror_env, serve  # noqa: E402 - the tests' index server, found through sys.path
 
-from envbuilder.backends.common import uv_binary  # noqa: E402
+from envbuilder.backends.installers import uv_binary  # noqa: E402
 
 
 def sh(argv: list[str], env: dict[str, str]) -> None:

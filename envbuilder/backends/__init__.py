@@ -1,2 +1,8 @@
-"""How an env is built: the venv backend (uv, virtualenv, pip), the conda backend (CLI engines and the embedded
-rattler engine), and the torch build guard that checks an installed torch is the planned build."""
+"""How an env is built. ``registry`` names every env kind, installer and conda engine (the schema, the CLI, the plan
+and create read it); ``base`` is the backend protocol and the Build it works in; ``venv`` (venv, overlay,
+user-prefix) and ``conda`` (conda, and the overlay clone) are the backends; ``installers`` are uv, virtualenv and
+pip; ``rattler_engine`` is the embedded conda engine. ``buildlog`` runs and logs each command, ``uvcache`` sets
+uv up, ``torchbuild`` checks an installed torch is the planned build, and ``smoke`` tries it once in place.
+
+Where to add: an installer, a class in ``installers``; a conda engine, ``registry`` (and ``conda.engine_argv`` if
+it does not take conda's command line); an env kind, a backend class and its name in ``registry.KINDS``."""

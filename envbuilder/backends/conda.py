@@ -1,4 +1,5 @@
-"""The conda backend at build time: choose the engine, and move a conda env built beside its prefix into place.
+"""The conda backend: a conda env made by a conda engine, filled by the installer, and moved into place; and the
+overlay clone (``env.overlay = 'clone'``), a copy of the site python's own env moved into place the same way.
 
 The plan's create step is conda's own command line (``ENGINE create --yes --prefix P --override-channels --channel
 URL ... python=X.Y pip ...``). Here it gets its engine: the recipe's, or with ``auto`` the first of mamba, conda and
@@ -17,12 +18,83 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import lockfile
+from envbuilder import activation, lockfile, proc, settings
+from envbuilder.backends.base import Backend, Build, describe, step_argv, step_env
+from envbuilder.backends.buildlog import run_logged
+from envbuilder.backends.registry import AUTO, CLI_ENGINES, RATTLER
 from envbuilder.backup import archive
-from envbuilder.errors import BackendError
+from envbuilder.errors import BackendError, CommandFailed
+from envbuilder.plan.steps import InstallStep
 
-CLI_ENGINES = ("mamba", "conda", "micromamba")
-RATTLER = "rattler"
+
+class CondaBackend(Backend):
+    """A conda env its engine makes (with python and pip), the installer fills, and move_in relocates."""
+
+    def python(self, command: str, env: Mapping[str, str], final: Path) -> str:
+        # The env brings its own python (the recipe's python=X.Y); the site's is not used.
+        return str(final / "bin" / "python")
+
+    def own_env(self, partial: Path, env: Mapping[str, str]) -> dict[str, str]:
+        return {settings.CONDA_CACHE_VAR: str(settings.conda_cache(env))}
+
+    def create(self, build: Build, step: Optional[InstallStep], env: Mapping[str, str]) -> None:
+        if step is None:
+            return
+        full, own = step_env(step, env)
+        argv, build.engine = engine_argv(step_argv(step, build), step.engine, full, self.arch, build.final)
+        full = engine_env(build.engine, full)
+        build.log.write(f"conda engine: {build.engine}")
+        build.say(f"{describe(step)} with {build.engine}")
+        try:
+            run_logged(argv, full, build.log, own)
+        except CommandFailed as exc:
+            detail = exc.stderr_tail.rstrip() or f"(no message; {proc.describe_status(exc.returncode)})"
+            raise BackendError(
+                f"{build.engine} could not create the conda env:\n{detail}",
+                hint="check conda.channels and conda.packages (envbuilder plan NAME shows the command)",
+            ) from None
+        if self.locked:
+            check_locked(build.partial, self.locked, build.engine)
+            build.log.write(f"conda packages match the lock ({len(self.locked)})")
+
+    def activate(self, build: Build, act: activation.Activation) -> None:
+        activation.install_conda(build.partial, str(build.final), act)
+
+    def move_in(self, build: Build) -> None:
+        _moved_in(build)
+
+
+class CloneBackend(Backend):
+    """A copy of the site python's whole env (a module's venv or conda env), which create makes itself: no tool
+    does it for both alike. The site env is only read."""
+
+    def needs_parent(self) -> bool:
+        return True
+
+    def create(self, build: Build, step: Optional[InstallStep], env: Mapping[str, str]) -> None:
+        source = build.parent["prefix"]
+        build.say(f"cloning the site env {source}")
+        build.engine = "clone"
+        kept = clone(Path(source), build.partial, build.final)
+        build.log.write(f"cloned {source}: {len(kept.rewritten)} file(s) repointed")
+        if kept.left:
+            note = f"{len(kept.left)} file(s) of the clone still name the site env (binaries); they read it"
+            build.log.write(note + ": " + ", ".join(kept.left[:20]))
+            build.notes.append(note)
+
+    def activate(self, build: Build, act: activation.Activation) -> None:
+        if (build.partial / "conda-meta").is_dir():
+            activation.install_conda(build.partial, str(build.final), act)
+        else:
+            activation.install(build.partial, act)
+
+    def move_in(self, build: Build) -> None:
+        _moved_in(build)
+
+
+def _moved_in(build: Build) -> None:
+    changed = move_in(build.partial, build.final, build.engine)
+    build.log.write(f"relocated {len(changed)} file(s) from {build.partial} to {build.final}")
 
 
 def rattler_available() -> bool:
@@ -33,7 +105,7 @@ def engine_argv(
     argv: Sequence[str], engine: str, env: Mapping[str, str], arch: str, final: Path
 ) -> tuple[list[str], str]:
     """The create command for the engine that will run it, and that engine's name."""
-    if engine == "auto":
+    if engine == AUTO:
         found = find_cli(engine, env)
         if found:
             return [found[0], *argv[1:]], found[1]
@@ -79,7 +151,7 @@ def engine_env(engine: str, env: Mapping[str, str]) -> dict[str, str]:
 def find_cli(engine: str, env: Mapping[str, str]) -> Optional[tuple[str, str]]:
     """The conda command line ``engine`` names on the env's PATH (with ``auto``, the first of mamba, conda and
     micromamba), as (path, name); None when there is none, or the engine is the embedded one."""
-    names = CLI_ENGINES if engine == "auto" else (engine,) if engine in CLI_ENGINES else ()
+    names = CLI_ENGINES if engine == AUTO else (engine,) if engine in CLI_ENGINES else ()
     for name in names:
         exe = shutil.which(name, path=env.get("PATH", ""))
         if exe:

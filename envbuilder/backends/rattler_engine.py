@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional, cast
 
-#: Where downloaded and extracted packages are kept between builds (set by create; a per-user default otherwise).
-CACHE_VAR = "ENVBUILDER_CONDA_PKGS"
+from envbuilder import settings
+
 EXIT_SOLVE = 1
 EXIT_MISSING = 3
 
@@ -36,12 +36,6 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--final-prefix")
     c.add_argument("specs", nargs="+")
     return p
-
-
-def _cache() -> Path:
-    if os.environ.get(CACHE_VAR):
-        return Path(os.environ[CACHE_VAR])
-    return Path(os.environ.get("HOME") or Path.home()) / ".cache" / "envbuilder" / "conda-pkgs"
 
 
 def create(
@@ -68,7 +62,7 @@ def create(
         await rattler.install(
             records,
             target_prefix=prefix,
-            cache_dir=_cache(),
+            cache_dir=settings.conda_cache(os.environ),  # create sets it (CONDA_CACHE_VAR)
             show_progress=False,
             alternative_target_prefix=final,
         )

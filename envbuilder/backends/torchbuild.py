@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from envbuilder import proc
+from envbuilder import payloads, proc
 from envbuilder.errors import BackendError, HostProbeError, LockError
 from envbuilder.facts import HostFacts, facts_from_json
 from envbuilder.lockfile import PlatformLock
@@ -33,7 +33,7 @@ from envbuilder.plan.steps import InstallStep
 from envbuilder.resolver.matrix import gpu_capability, minor_tuple
 from envbuilder.resolver.mirror import PYPI, VAR
 
-PAYLOAD = Path(__file__).resolve().parent.parent / "payloads" / "torch_build.py"
+PAYLOAD = payloads.DIR / "torch_build.py"
 ARCH_TIMEOUT_S = 300.0
 #: How compare() starts the line for target GPUs the compiled arch list cannot run.
 ARCH_PROBLEM = "no code for the target GPU's"

@@ -7,11 +7,11 @@ Layout under the backup root::
     envs/NAME/STAMP/env.tar.zst      archive mode: the env itself (or env.sqfs, env.tar)
     envs/NAME/STAMP/verify.json      the last verify-backup result
     store/ab/DIGEST.whl.zst          wheelhouse mode: each wheel once, shared by every backup
-    locks/backups.lock               one writer at a time (mkdir lock: works on Lustre and NFS)
+    locks/backups.lock               one writer at a time (fsutil.Mutex: works on Lustre and NFS)
 
-A backup is written in ``envs/NAME/.partial-STAMP-PID`` and renamed to ``STAMP`` when complete, so an
-interrupted backup is never listed; the next writer removes what it left. ``backup.json`` carries a checksum
-of its own content.
+A backup is written in ``envs/NAME/.partial-STAMP-PID`` and renamed to ``STAMP`` when complete (a
+``transaction``), so an interrupted backup is never listed; the next writer removes what it left. ``backup.json``
+carries a checksum of its own content.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import signal
 import socket
 import threading
@@ -32,14 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, fsutil, purge, settings, state
+from envbuilder import __version__, fsutil, purge, settings, state, transaction
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import BackupError, CommandFailed, EnvbuilderError, UsageError
 
 BACKUP_VERSION = 1
 MODES = ("wheelhouse", "archive")
 FORMATS = ("tar", "squashfs")
-PARTIAL = ".partial-"
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
@@ -184,16 +182,15 @@ def find(root: Path, what: str, backup_id: Optional[str] = None) -> Backup:
 
 
 @contextlib.contextmanager
-def writer_lock(
+def writer_mutex(
     root: Path, timeout: float, on_wait: Optional[Callable[[fsutil.Owner], None]] = None
 ) -> Iterator[None]:
-    """One writer at a time on a backup root; what an interrupted writer left is cleared first."""
+    """One writer at a time on a backup root; what an interrupted writer left is cleared first: its partial
+    backup (or a pruned one half removed) and its temporary blobs."""
     with fsutil.Mutex(root / "locks" / "backups.lock", timeout=timeout, on_wait=on_wait):
-        for partial in sorted((root / "envs").glob(f"*/{PARTIAL}*")):
-            shutil.rmtree(partial, ignore_errors=True)
-        for tmp in sorted((root / "store").glob("*/.*.tmp-*")):
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+        partials = sorted((root / "envs").glob(f"*/{transaction.PARTIAL}*"))
+        for left in [*partials, *sorted((root / "store").glob("*/.*.tmp-*"))]:
+            transaction.delete(left)
         yield
 
 
@@ -225,7 +222,7 @@ def make(
     fmt: str = "tar",
     step: Callable[[str], None] = lambda text: None,
 ) -> BackupResult:
-    """Back ``record``'s env up under ``root`` (call with writer_lock held)."""
+    """Back ``record``'s env up under ``root`` (call with writer_mutex held)."""
     prefix = Path(record.prefix)
     if not prefix.is_dir():
         raise BackupError(
@@ -252,48 +249,44 @@ def make(
     while (env_dir / stamp).exists():  # two backups within a second
         time.sleep(1)
         stamp = _stamp()
-    partial = env_dir / f"{PARTIAL}{stamp}-{os.getpid()}"
-    fsutil.mkdirs(env_dir)
-    partial.mkdir(mode=dir_mode)
-    partial.chmod(dir_mode)
+    # Named .partial-STAMP-PID, not .STAMP.partial-PID: a backup never replaces another (each stamp is new), and
+    # its recovery is no one stamp's: writer_mutex clears every env's .partial-* at once.
+    tx = transaction.Transaction(
+        env_dir / stamp, env_dir / f"{transaction.PARTIAL}{stamp}-{os.getpid()}", dir_mode
+    )
     notes: list[str] = []
     try:
-        data: dict[str, Any] = {
-            "version": BACKUP_VERSION,
-            "mode": mode,
-            "env": record.name,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "host": socket.gethostname(),
-            "envbuilder": __version__,
-            "prefix": record.prefix,
-            "record": record.to_json(),
-        }
-        if mode == "wheelhouse":
-            data.update(_wheelhouse(record, prefix, root, file_mode, step, notes))
-        else:
-            data.update(_archive(prefix, partial, fmt, file_mode, step))
-        data["verified"] = data["created"]
-        data["checksum"] = checksum(data)
-        fsutil.write_atomic(partial / "backup.json", (json.dumps(data, indent=1) + "\n").encode(), file_mode)
-        final = env_dir / stamp
-        partial.rename(final)
-        _fsync_dir(env_dir)
+        with tx:  # removes the partial on any failure
+            data: dict[str, Any] = {
+                "version": BACKUP_VERSION,
+                "mode": mode,
+                "env": record.name,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "host": socket.gethostname(),
+                "envbuilder": __version__,
+                "prefix": record.prefix,
+                "record": record.to_json(),
+            }
+            if mode == "wheelhouse":
+                data.update(_wheelhouse(record, prefix, root, file_mode, step, notes))
+            else:
+                data.update(_archive(prefix, tx.partial, fmt, file_mode, step))
+            data["verified"] = data["created"]
+            data["checksum"] = checksum(data)
+            text = (json.dumps(data, indent=1) + "\n").encode()
+            fsutil.write_atomic(tx.partial / "backup.json", text, file_mode)
+            tx.swap()
     except OSError as exc:
-        shutil.rmtree(partial, ignore_errors=True)
         if exc.errno in _NO_SPACE:
             raise _no_space(root, exc.strerror or str(exc)) from None
         raise
     except CommandFailed as exc:
-        shutil.rmtree(partial, ignore_errors=True)
         if exc.returncode == -signal.SIGXFSZ:  # the compressor passed the file size limit (ulimit -f)
             raise _no_space(root, "the file size limit (ulimit -f) was reached") from None
         if any(w in exc.stderr_tail.lower() for w in ("space", "quota", "too large")):
             raise _no_space(root, exc.stderr_tail.strip().splitlines()[-1]) from None
         raise
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    return BackupResult(_load(root, final), notes)
+    return BackupResult(_load(root, tx.final), notes)
 
 
 def _no_space(root: Path, why: str) -> BackupError:
@@ -301,15 +294,6 @@ def _no_space(root: Path, why: str) -> BackupError:
         f"the backup could not be written to {root}: {why}; earlier backups are intact",
         hint="free space or quota there (envbuilder prune-backups --keep 1), or back up elsewhere with --to DIR",
     )
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _wheelhouse(
@@ -491,7 +475,7 @@ class PruneResult:
 
 def prune(root: Path, keep: int, env: Optional[str] = None, dry_run: bool = False) -> PruneResult:
     """Keep the newest ``keep`` backups of each env (of ``env`` only, if given); then remove the stored wheels
-    no remaining backup uses. Call with writer_lock held."""
+    no remaining backup uses. Call with writer_mutex held."""
     if keep < 1:
         raise UsageError("--keep must be 1 or more (remove backups by hand to drop every one)")
     by_env: dict[str, list[Backup]] = {}
@@ -505,10 +489,9 @@ def prune(root: Path, keep: int, env: Optional[str] = None, dry_run: bool = Fals
     for b in doomed:
         freed += sum(p.stat().st_size for p in b.path.iterdir() if p.is_file())
         if not dry_run:
-            # Out of the listing first (one rename), then delete.
-            gone = b.path.parent / f"{PARTIAL}pruned-{b.stamp}"
-            b.path.rename(gone)
-            shutil.rmtree(gone)
+            # Out of the listing first (one rename), then delete; named so that writer_mutex clears what an
+            # interrupted prune left.
+            transaction.discard(b.path, b.path.parent / f"{transaction.PARTIAL}pruned-{b.stamp}")
     keep_paths = {w["path"] for b in backups(root) if b not in doomed for w in b.data.get("wheels", ())}
     store = wheelhouse.Store(root)
     blobs = 0

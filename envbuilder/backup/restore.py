@@ -6,7 +6,7 @@ them or not), the activate extension is written again, and each package's digest
 backup's before the rename. archive: the archive is extracted beside the target and, at a new prefix, relocated.
 An existing env is replaced only with ``force``; the previous one is moved aside and removed after the rename.
 As for create, a pending marker inside the env lets a rerun finish the record of a restore killed after its rename,
-and a name with an env elsewhere is moved only with ``force`` (create.claim).
+and a name with an env elsewhere is moved only with ``force`` (``transaction``: claim, the swap, heal).
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import activation, create, fsutil, proc, settings, state
-from envbuilder.backends import common, torchbuild
+from envbuilder import activation, fsutil, proc, settings, state, transaction
+from envbuilder.backends import base, installers, registry, torchbuild
+from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
+from envbuilder.backends.smoke import smoke
 from envbuilder.backup import Backup, archive, pack_workers, verify, wheelhouse
 from envbuilder.errors import BackupError, StateError
-from envbuilder.modules import ModuleSystem
+from envbuilder.modules import EnvDelta, ModuleSystem
 from envbuilder.plan.steps import CONSTRAINTS, InstallStep
 from envbuilder.resolver import mirror
 
@@ -37,7 +39,8 @@ class RestoreOptions:
     name: Optional[str] = None
     force: bool = False
     smoke_check: bool = True
-    lock_timeout: float = 0.0
+    #: Seconds to wait for another envbuilder that holds the env's mutex (the CLI's --wait).
+    wait: float = 0.0
 
 
 @dataclass
@@ -78,15 +81,15 @@ def restore(
     name = opts.name or old.name
     final = Path(opts.prefix or old.prefix).expanduser().resolve()
     home = settings.home(env)
-    with state.locked(home, name, timeout=opts.lock_timeout):
-        notes = create.recover(final)
-        healed, more = create.heal(home, name, final)
+    with state.mutex(home, name, timeout=opts.wait):
+        notes = transaction.recover(final)
+        healed, more = transaction.heal(home, name, final)
         notes += more
         relocation = None
         if healed is not None and healed.command == "restore" and healed.backup == b.id:
             # This restore, killed after its rename last time: finished now.
             record, status = healed.record, healed.status
-            log = create.open_log(home, name)
+            log = open_log(home, name)
             for note in more:
                 log.write(note)
             log.close()
@@ -101,9 +104,9 @@ def restore(
             record.plan.get("module_use", []), record.plan.get("modules", []), proc.scrubbed_env(env)
         )
         gpus = len(record.facts.get("gpus") or [])
-        relog = common.BuildLog(Path(log.path))
+        relog = BuildLog(Path(log.path))
         try:
-            record = create.smoke(record, final, None, act, delta, proc.scrubbed_env(env), relog, home, gpus)
+            record = smoke(record, final, None, act, delta, proc.scrubbed_env(env), relog, home, gpus)
         finally:
             relog.close()
     return RestoreResult(
@@ -122,31 +125,31 @@ def _restore(
     opts: RestoreOptions,
     step: Callable[[str], None],
     notes: list[str],
-) -> tuple[state.EnvRecord, str, common.BuildLog, Optional[archive.Relocation]]:
-    """Check the target, build beside it, rename into place, record (the env's lock held)."""
-    moving = create.claim(home, name, final, opts.force)
+) -> tuple[state.EnvRecord, str, BuildLog, Optional[archive.Relocation]]:
+    """Check the target, build beside it, rename into place, record (the env's mutex held)."""
+    moving = transaction.claim(home, name, final, opts.force)
     replacing = final.exists()
     if replacing and not opts.force:
         raise StateError(
             f"{final} exists ({_describe(home, name, final)}); restore never overwrites an env by itself",
             hint="pass --force to replace it, or --prefix DIR to restore beside it",
         )
-    if replacing and not _replaceable(final):
+    if replacing and not transaction.is_env(final):
         raise StateError(f"{final} exists and is not an environment; refusing to touch it")
     status = "moved" if moving else "replaced" if replacing else "restored"
 
-    def mark(partial: Path, record: state.EnvRecord) -> create.Pending:
-        pending = create.Pending("restore", status, record, str(moving) if moving else None, b.id)
-        create.write_pending(partial, pending)
-        return pending
-
-    log = create.open_log(home, name)
+    log = open_log(home, name)
     try:
-        if b.mode == "wheelhouse":
-            pending, relocation = _wheelhouse(b, old, name, final, env, modules, log, step, mark), None
-        else:
-            pending, relocation = _archive(b, old, name, final, log, step, mark)
-        for note in create.finish(home, env, final, pending):
+        relocation: Optional[archive.Relocation] = None
+        with transaction.Transaction(final) as tx:
+            if b.mode == "wheelhouse":
+                record = _wheelhouse(b, old, name, final, tx.partial, env, modules, log, step)
+            else:
+                record, relocation = _archive(b, old, name, final, tx.partial, log, step)
+            pending = transaction.Pending("restore", status, record, str(moving) if moving else None, b.id)
+            step(f"moving the env into place at {final}")
+            tx.swap(pending.to_json())
+        for note in tx.finish(env, lambda: pending.complete(home, final)):
             log.write(note)
             notes.append(note)
     finally:
@@ -171,10 +174,6 @@ def _describe(home: Path, name: str, final: Path) -> str:
         return "another env"
     health = state.health(rec)
     return f"{name}, {health.status}: {health.detail}"
-
-
-def _replaceable(path: Path) -> bool:
-    return (path / "pyvenv.cfg").is_file() or (path / "envbuilder").is_dir() or (path / "conda-meta").is_dir()
 
 
 def _restored_record(
@@ -206,91 +205,105 @@ def _wheelhouse(
     old: state.EnvRecord,
     name: str,
     final: Path,
+    partial: Path,
     env: Mapping[str, str],
     modules: ModuleSystem,
-    log: common.BuildLog,
+    log: BuildLog,
     step: Callable[[str], None],
-    mark: Callable[[Path, state.EnvRecord], create.Pending],
-) -> create.Pending:
+) -> state.EnvRecord:
+    """Build the env at ``partial`` from its recorded commands and the backed-up wheels; its record."""
     plan = old.plan
-    kind = plan.get("kind", "venv")
-    if kind not in ("venv", "overlay"):
-        raise BackupError(f"a wheelhouse backup of a {kind} env cannot be restored by this release")
+    if old.kind not in ("venv", "overlay"):
+        raise BackupError(f"a wheelhouse backup of a {old.kind} env cannot be restored by this release")
+    backend = registry.backend(old.kind)()
+    build, delta = _prepare(old, final, partial, env, modules, log, step, backend)
+    # The recorded command, for the env's recorded prefix: built here instead.
+    recorded = base.rebase(plan["install_commands"][0], old.prefix, str(partial))
+    first = InstallStep(tuple(recorded), site_python=True, creates_env=True)
+    cached = isinstance(build.installer, installers.Uv) and _cache_first(b, plan, backend, build, first, step)
+    if not cached:
+        _from_wheelhouse(b, backend, build, first, step)
+    # --- torch build guard (issue 16): the restored torch is the recorded plan's build
+    torchbuild.guard_restore(
+        plan,
+        partial,
+        source=f"backup {b.id} ({'uv cache' if cached else 'its wheelhouse'})",
+        python=None,
+        env=build.env,
+        log=log.write,
+    )
+    # --- end of the torch build guard
+    _write_constraints(partial, plan)
+    act = activation.from_plan(
+        plan.get("activate") or {}, str(Path(modules.init).parent) if modules.init else None, old.recipe
+    )
+    backend.activate(build, act)
+    if not cached:  # the cache path compared already: it is only kept when every digest matched
+        _compare(b, partial)
+    backend.move_in(build)
+    loaded = base.loaded_modules(modules.kind, delta)
+    record = _restored_record(old, b, name, final, backend.inventory(build), modules=loaded)
+    fsutil.write_atomic(partial / "envbuilder" / "record.json", record.dumps())
+    drop_world_write(partial)
+    return record
+
+
+def _prepare(
+    old: state.EnvRecord,
+    final: Path,
+    partial: Path,
+    env: Mapping[str, str],
+    modules: ModuleSystem,
+    log: BuildLog,
+    step: Callable[[str], None],
+    backend: base.Backend,
+) -> tuple[base.Build, EnvDelta]:
+    """The recorded modules loaded, the recorded python and installer found: the Build the backend works in."""
+    plan = old.plan
     base_env = proc.scrubbed_env(env)
     step(f"loading modules ({modules.kind})" if plan.get("modules") else "no modules to load")
     delta = modules.apply(plan.get("module_use", []), plan.get("modules", []), base_env)
     build_env = delta.apply(base_env)
-    python = common.find_python((plan.get("python") or {}).get("command") or "python3", build_env)
-    installer = plan.get("installer", "uv")
-    uv_bin = common.uv_binary() if installer == "uv" else None
-    if installer == "uv" and not uv_bin:
-        raise BackupError("this env was built with uv, which is not installed here", hint="pip install uv")
-    if installer == "uv":
-        build_env.update(common.uv_settings(final, env).env())
-    else:
-        build_env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
-    final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.parent / f".{final.name}{create.PARTIAL}{os.getpid()}"
-    wheels_dir = final.parent / f".{final.name}{create.PARTIAL}wheels-{os.getpid()}"
-    store = wheelhouse.Store(b.root, zstd_bin=wheelhouse.zstd())
-    with common.removing_on_failure(partial):
-        first = InstallStep(tuple(plan["install_commands"][0]), site_python=True, creates_env=True)
-        create_argv = common.step_argv(
-            first, python, uv_bin, str(plan.get("prefix") or old.prefix), str(partial)
+    python = backend.python((plan.get("python") or {}).get("command") or "python3", build_env, final)
+    installer = installers.INSTALLERS[plan.get("installer", "uv")]
+    program = installer.find()
+    if program is None:
+        raise BackupError(
+            f"this env was built with {installer.name}, which is not installed here",
+            hint=f"pip install {installer.name}",
         )
-        create_argv = common.rebase(create_argv, old.prefix, str(partial))
-        target = str(partial / "bin" / "python")
-        cached = False
-        if uv_bin is not None:
-            step("creating the env; trying uv's cache for the backed-up packages (offline)")
-            common.run_logged(create_argv, build_env, log)
-            # The stored wheels are hashed meanwhile: a corrupt backup is refused whichever way the env is built.
-            stop = threading.Event()
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                checking = pool.submit(verify, b, False, True, stop)
-                cached = _from_uv_cache(b, plan, str(uv_bin), target, build_env, log, partial)
-                if not cached:
-                    stop.set()  # decompressing checks every blob anyway: no second read
-                problems = checking.result()
-            if problems:
-                raise _unverified(b, problems)
-            if not cached:
-                shutil.rmtree(partial)
+    tool_env, _ = installer.settings(final, env)
+    build_env.update(tool_env)
+    prefix = str(plan.get("prefix") or old.prefix)
+    build = base.Build(prefix, final, partial, installer, program, python, base_env, build_env, tool_env, log)
+    return build, delta
+
+
+def _cache_first(
+    b: Backup,
+    plan: Mapping[str, Any],
+    backend: base.Backend,
+    build: base.Build,
+    first: InstallStep,
+    step: Callable[[str], None],
+) -> bool:
+    """Create the env and fill it from uv's cache (_from_uv_cache); True when that served every package. The
+    partial is gone again when it did not."""
+    step("creating the env; trying uv's cache for the backed-up packages (offline)")
+    backend.create(build, first, build.env)
+    # The stored wheels are hashed meanwhile: a corrupt backup is refused whichever way the env is built.
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        checking = pool.submit(verify, b, False, True, stop)
+        cached = _from_uv_cache(b, plan, build)
         if not cached:
-            _from_wheelhouse(
-                b, store, wheels_dir, create_argv, target, installer, uv_bin, build_env, log, step
-            )
-        # --- torch build guard (issue 16): the restored torch is the recorded plan's build
-        torchbuild.guard_restore(
-            plan,
-            partial,
-            source=f"backup {b.id} ({'uv cache' if cached else 'its wheelhouse'})",
-            python=None,
-            env=build_env,
-            log=log.write,
-        )
-        # --- end of the torch build guard
-        _write_constraints(partial, plan)
-        act = activation.from_plan(
-            plan.get("activate") or {}, str(Path(modules.init).parent) if modules.init else None, old.recipe
-        )
-        activation.install(partial, act)
-        if not cached:  # the cache path compared already: it is only kept when every digest matched
-            _compare(b, partial)
-        if installer != "uv":
-            common.relocate_scripts(partial, final)
-        loaded = {
-            "system": modules.kind,
-            "delta_set": dict(sorted(delta.set.items())),
-            "delta_unset": list(delta.unset),
-        }
-        record = _restored_record(old, b, name, final, common.inventory(partial), modules=loaded)
-        fsutil.write_atomic(partial / "envbuilder" / "record.json", create.dump_record(record))
-        pending = mark(partial, record)
-        common.drop_world_write(partial)
-        step(f"moving the env into place at {final}")
-        create.swap(partial, final)
-    return pending
+            stop.set()  # decompressing checks every blob anyway: no second read
+        problems = checking.result()
+    if problems:
+        raise _unverified(b, problems)
+    if not cached:
+        shutil.rmtree(build.partial)
+    return cached
 
 
 def _write_constraints(partial: Path, plan: Mapping[str, Any]) -> None:
@@ -303,24 +316,17 @@ def _write_constraints(partial: Path, plan: Mapping[str, Any]) -> None:
 
 
 def _from_wheelhouse(
-    b: Backup,
-    store: wheelhouse.Store,
-    wheels_dir: Path,
-    create_argv: list[str],
-    target: str,
-    installer: str,
-    uv_bin: Optional[str],
-    build_env: Mapping[str, str],
-    log: common.BuildLog,
-    step: Callable[[str], None],
+    b: Backup, backend: base.Backend, build: base.Build, first: InstallStep, step: Callable[[str], None]
 ) -> None:
+    store = wheelhouse.Store(b.root, zstd_bin=wheelhouse.zstd())
+    wheels_dir = build.final.parent / f".{build.final.name}{transaction.PARTIAL}wheels-{os.getpid()}"
     try:
         wheels_dir.mkdir(mode=0o700)
         step(f"checking and unpacking {len(b.data['wheels'])} wheels, creating the env beside")
         # The wheels are decompressed in parallel while the env is created: both only write new files.
         with ThreadPoolExecutor(max_workers=pack_workers(len(b.data["wheels"]))) as pool:
             futures = [pool.submit(store.extract, w, wheels_dir) for w in b.data["wheels"]]
-            common.run_logged(create_argv, build_env, log)
+            backend.create(build, first, build.env)
             failed = [e for e in (f.exception() for f in futures) if e is not None]
             if failed:
                 if isinstance(failed[0], BackupError):
@@ -330,11 +336,7 @@ def _from_wheelhouse(
                 raise failed[0]  # a full disk, say: not the backup's fault
             files = [str(f.result()) for f in futures]
         step("installing the wheels (offline)")
-        if installer == "uv":
-            install = [str(uv_bin), "pip", "install", "--python", target, "--offline", "--no-index"]
-        else:
-            install = [target, "-m", "pip", "install", "--no-index"]
-        common.run_logged([*install, "--no-deps", *files], build_env, log)
+        backend.install_files(build, files)
     finally:
         shutil.rmtree(wheels_dir, ignore_errors=True)
 
@@ -368,32 +370,27 @@ def _index_flags(commands: list[list[str]]) -> list[str]:
     return [*flags, "--pre"] if pre else flags
 
 
-def _from_uv_cache(
-    b: Backup,
-    plan: Mapping[str, Any],
-    uv_bin: str,
-    target: str,
-    build_env: Mapping[str, str],
-    log: common.BuildLog,
-    partial: Path,
-) -> bool:
+def _from_uv_cache(b: Backup, plan: Mapping[str, Any], build: base.Build) -> bool:
     """Install the backed-up versions from uv's cache alone (offline), as a warm create would; True when every
     package then has the backup's digest. Anything else (a purged cache, a locally built wheel, another build of
     the same version) falls back to the wheelhouse."""
     reqs = [f"{w['name']}=={w['version']}" for w in b.data["wheels"]]
-    argv = [uv_bin, "pip", "install", "--python", target, "--offline", "--no-deps"]
+    target = str(build.partial / "bin" / "python")
+    argv = base.own_program([*build.installer.pip(target), "--offline", "--no-deps"], build)
     argv += ["--index-strategy", "unsafe-best-match", *_index_flags(plan["install_commands"][1:]), *reqs]
-    log.write("+ " + proc.quote(argv))
-    res = proc.run(argv, env=build_env, check=False)
+    build.log.write("+ " + proc.quote(argv))
+    res = proc.run(argv, env=build.env, check=False)
     if res.returncode != 0:
-        log.write("uv's cache cannot serve this env; restoring from the wheelhouse\n" + proc.tail(res.stderr))
+        build.log.write(
+            "uv's cache cannot serve this env; restoring from the wheelhouse\n" + proc.tail(res.stderr)
+        )
         return False
     try:
-        _compare(b, partial)
+        _compare(b, build.partial)
     except BackupError as exc:
-        log.write(f"uv's cache holds other builds ({exc.message}); restoring from the wheelhouse")
+        build.log.write(f"uv's cache holds other builds ({exc.message}); restoring from the wheelhouse")
         return False
-    log.write(f"restored {len(reqs)} packages from uv's cache; every digest equals the backup's")
+    build.log.write(f"restored {len(reqs)} packages from uv's cache; every digest equals the backup's")
     return True
 
 
@@ -414,29 +411,23 @@ def _archive(
     old: state.EnvRecord,
     name: str,
     final: Path,
-    log: common.BuildLog,
+    partial: Path,
+    log: BuildLog,
     step: Callable[[str], None],
-    mark: Callable[[Path, state.EnvRecord], create.Pending],
-) -> tuple[create.Pending, Optional[archive.Relocation]]:
+) -> tuple[state.EnvRecord, Optional[archive.Relocation]]:
+    """Extract the archived env at ``partial``, relocated for ``final``; its record."""
     arc = b.data["archive"]
     manifest = json.loads((b.path / "manifest.json").read_text(encoding="utf-8"))
-    final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.parent / f".{final.name}{create.PARTIAL}{os.getpid()}"
     relocation = None
-    with common.removing_on_failure(partial):
-        step(f"extracting {arc['file']}")
-        archive.unpack(b.path / arc["file"], partial, archive.Tools.find())
-        problems = archive.check_tree(partial, manifest)
-        if problems:
-            raise BackupError(f"the extracted env differs from the manifest: {problems[0]}")
-        if str(final) != old.prefix:
-            step(f"relocating {old.prefix} -> {final}")
-            relocation = archive.relocate(partial, old.prefix, str(final))
-            log.write(f"relocated: {len(relocation.rewritten)} rewritten, {len(relocation.left)} left")
-        # The env's own files stay exactly as archived (its envbuilder/record.json was relocated with the rest);
-        # the pending marker is removed once the record is written.
-        record = _restored_record(old, b, name, final, [dict(p) for p in old.packages])
-        pending = mark(partial, record)
-        step(f"moving the env into place at {final}")
-        create.swap(partial, final)
-    return pending, relocation
+    step(f"extracting {arc['file']}")
+    archive.unpack(b.path / arc["file"], partial, archive.Tools.find())
+    problems = archive.check_tree(partial, manifest)
+    if problems:
+        raise BackupError(f"the extracted env differs from the manifest: {problems[0]}")
+    if str(final) != old.prefix:
+        step(f"relocating {old.prefix} -> {final}")
+        relocation = archive.relocate(partial, old.prefix, str(final))
+        log.write(f"relocated: {len(relocation.rewritten)} rewritten, {len(relocation.left)} left")
+    # The env's own files stay exactly as archived (its envbuilder/record.json was relocated with the rest);
+    # the pending marker is removed once the record is written.
+    return _restored_record(old, b, name, final, [dict(p) for p in old.packages]), relocation

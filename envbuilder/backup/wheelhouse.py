@@ -34,7 +34,7 @@ from typing import IO, Any, Optional, cast
 
 from packaging.utils import canonicalize_name
 
-from envbuilder import proc
+from envbuilder import proc, transaction
 from envbuilder.errors import BackupError, CommandFailed
 
 #: dist-info files the installer writes (not part of the wheel).
@@ -441,9 +441,9 @@ class Store:
         compression = "zstd" if self.zstd else "none"
         rel = self._rel(dist.digest, compression)
         final = self.root / rel
-        final.parent.mkdir(parents=True, exist_ok=True)
+        # Named .NAME.tmp-PID-NS: threads pack blobs at once, and writer_mutex sweeps store/*/.*.tmp-*.
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
-        try:
+        with transaction.Transaction(final, tmp) as tx:
             if self.zstd:
                 with proc.feeding([self.zstd, *ZSTD_PACK, "-o", str(tmp)]) as pipe:
                     wheel_size = pack(dist, pipe, cancel)
@@ -454,11 +454,7 @@ class Store:
                 os.fsync(fh.fileno())
             tmp.chmod(self.file_mode)
             digest = file_sha256(tmp)
-            tmp.replace(final)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-            raise
+            tx.swap()
         return Blob(
             dist.digest,
             dist.wheel_filename(),

@@ -53,7 +53,7 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if not quiet:
             out.step(text)
 
-    with proc.sigterm_as_interrupt(), backup.writer_lock(root, args.wait, _waiting(out)):
+    with proc.sigterm_as_interrupt(), backup.writer_mutex(root, args.wait, _waiting(out)):
         if not args.all:
             record = state.load(home, args.env)
             mode = args.mode or _default_mode(record)
@@ -79,13 +79,13 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     if failed:
         names = ", ".join(n for n, _ in failed)
         err = BackupError(f"{len(failed)} of {len(records)} env(s) could not be backed up: {names}")
-        err.data = data  # type: ignore[attr-defined]
+        err.data = data
         raise err
     return data
 
 
 def _default_mode(record: state.EnvRecord) -> str:
-    return "wheelhouse" if (record.plan or {}).get("kind", "venv") in ("venv", "overlay") else "archive"
+    return "wheelhouse" if record.kind in ("venv", "overlay") else "archive"
 
 
 def _render_one(result: backup.BackupResult, out: Out) -> None:
@@ -134,7 +134,7 @@ def handle_verify(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             f"{b.id} failed verification: " + "; ".join(problems[:3]),
             hint=f"it cannot be restored; back the env up again (envbuilder backup {b.env}) if it still exists",
         )
-        err.data = data  # type: ignore[attr-defined]
+        err.data = data
         raise err
     if not args.json:
         count = len(b.data.get("wheels", ())) or 1
@@ -144,7 +144,7 @@ def handle_verify(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 
 def handle_prune(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     root, _ = _root(args.source)
-    with backup.writer_lock(root, args.wait, _waiting(out)):
+    with backup.writer_mutex(root, args.wait, _waiting(out)):
         result = backup.prune(root, args.keep, args.env, args.dry_run)
     if not args.json:
         verb = "would remove" if args.dry_run else "removed"
@@ -174,7 +174,7 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         name=args.name,
         force=args.force,
         smoke_check=not args.no_validate,
-        lock_timeout=args.wait,
+        wait=args.wait,
     )
     with proc.sigterm_as_interrupt():
         result = restorer.restore(b, env, modules.detect(env), opts, step)

@@ -68,12 +68,9 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if the_plan.resolution:
             r = the_plan.resolution
             out.field("torch", f"{r.torch} {r.variant} from {r.index_url}")
-        if the_plan.lock and the_plan.lock["status"] == "applies":
-            lk = the_plan.lock
-            out.field(
-                "lock",
-                f"{lk['path']} ({lk['origin']}): {lk['platforms'][lk['arch']]} packages for {lk['arch']}",
-            )
+        if the_plan.lock and the_plan.lock.applies:
+            lk, arch = the_plan.lock.summary, the_plan.lock.arch
+            out.field("lock", f"{lk.path} ({lk.origin}): {lk.platforms[arch or '']} packages for {arch}")
         for w in the_plan.warnings:
             out.warn(w)
     report = creator.Reporter(step=progress.step, note=progress.note, wait=progress.wait)
@@ -81,7 +78,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         force=args.force,
         name=args.name,
         smoke_check=not args.no_validate,
-        lock_timeout=args.wait,
+        wait=args.wait,
         installer_source="--installer" if args.installer else "recipe",
     )
     with proc.sigterm_as_interrupt():
@@ -107,7 +104,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             f"the env was built at {result.record.prefix}, but its smoke check failed: {', '.join(failed)}",
             hint=f"see {result.log}" if result.log else "envbuilder show " + result.record.name,
         )
-        exc.data = data  # type: ignore[attr-defined]
+        exc.data = data
         raise exc
     return data
 
@@ -116,7 +113,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def check_name(name: str) -> None:
-    """An env name is a file name in the records, logs, locks and backups: a plain one."""
+    """An env name is a file name in the records, logs, mutexes and backups: a plain one."""
     if not _NAME.fullmatch(name):
         raise UsageError(
             f"--name {name!r} is not an env name",
@@ -127,7 +124,7 @@ def check_name(name: str) -> None:
 def named_prefix(recipe: loader.Recipe, env: dict[str, str], name: str) -> Optional[str]:
     """The recipe's env.prefix with ``{name}`` standing for ``name`` (None where it needs unset variables: the
     plan says which)."""
-    text, missing = planner.expand(str(recipe.get("env.prefix")), env, name)
+    text, missing = planner.expand(recipe.env.prefix, env, name)
     if missing == ["SCRATCH"] and env.get("HOME"):
         text, missing = planner.expand(planner.FALLBACK_ROOT, env, name)
     return None if missing else text

@@ -70,7 +70,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             f"{n} finding{'s' if n != 1 else ''} need{'' if n != 1 else 's'} action",
             hint="apply each ACTION's fix, then run envbuilder doctor again",
         )
-        exc.data = data  # type: ignore[attr-defined]
+        exc.data = data
         raise exc
     return data
 

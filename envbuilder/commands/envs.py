@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
 from rich.table import Table
 
-from envbuilder import activation, backup, create, fsutil, modulefile, purge, settings, state
+from envbuilder import activation, backup, create, fsutil, modulefile, purge, settings, state, transaction
 from envbuilder.console import Out, cells
 from envbuilder.errors import StateError, UsageError
 
@@ -123,13 +122,11 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         answer = input(f"remove {record.name} and delete {prefix}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             raise UsageError("not removed")
-    with state.locked(home, record.name):
+    with state.mutex(home, record.name):
         if prefix.exists():
-            # Out of the way first (one rename), then delete: an interrupted remove never leaves half an env
-            # under the env's own name.
-            doomed = prefix.parent / f".{prefix.name}.removing-{os.getpid()}"
-            prefix.rename(doomed)
-            shutil.rmtree(doomed)
+            # An interrupted remove never leaves half an env under the env's own name (the next create or
+            # restore there removes the rest); the record goes only once the env has.
+            transaction.discard(prefix)
         state.record_path(home, record.name).unlink()
     if not args.json:
         out.line(f"removed {record.name} ({prefix})")

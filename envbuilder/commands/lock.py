@@ -41,4 +41,4 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     for w in warnings:
         if not args.json:
             out.warn(w)
-    return {**lock.summary(), "path": str(path), "warnings": warnings}
+    return {**lock.summary().to_json(), "path": str(path), "warnings": warnings}

@@ -7,7 +7,7 @@ import datetime
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from envbuilder import host, settings
 from envbuilder import plan as planner
@@ -68,7 +68,7 @@ def make_plan(
     return planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age())
 
 
-def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+def handle(args: argparse.Namespace, out: Out) -> planner.RecordedPlan:
     opts = planner.Options(
         prefix=args.prefix,
         launcher=args.launcher,
@@ -89,7 +89,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             no_network=args.offline,
         )
     except EnvbuilderError as exc:
-        exc.data = {"recipe": args.recipe}  # type: ignore[attr-defined]
+        exc.data = {"recipe": args.recipe}
         raise
     if not args.json:
         render(result, out)
@@ -116,8 +116,8 @@ def render(p: planner.Plan, out: Out) -> None:
         inferred = ", inferred facts" if r.inferred else ""
         out.field("torch", f"{r.torch} {r.variant} ({r.channel}{inferred}) from {r.index_url}{label}")
     if p.lock:
-        status = "applies" if p.lock["status"] == "applies" else "ignored (stale)"
-        out.field("lock", f"{p.lock['path']} ({p.lock['origin']}), {p.lock['arch']}: {status}")
+        status = "applies" if p.lock.applies else "ignored (stale)"
+        out.field("lock", f"{p.lock.summary.path} ({p.lock.summary.origin}), {p.lock.arch}: {status}")
     out.line()
     out.heading("Steps")
     for i, step in enumerate(p.steps, 1):

@@ -79,9 +79,7 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         checked.append((recipe, doc))
     results = []
     for recipe, doc in checked:
-        pub, status, changed = reg.publish(
-            recipe.name, doc, key, lock_timeout=args.wait, lock=locks.get(recipe.name)
-        )
+        pub, status, changed = reg.publish(recipe.name, doc, key, wait=args.wait, lock=locks.get(recipe.name))
         results.append(
             {
                 "name": recipe.name,

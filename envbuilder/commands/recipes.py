@@ -37,14 +37,14 @@ def list_recipes(catalog: Catalog) -> list[dict[str, Any]]:
             rows.append(row)
             continue
         row.update(
-            site=recipe.get("site.name"),
-            status=recipe.get("site.status", "active"),
-            kind=recipe.get("env.kind"),
-            torch=recipe.get("torch.version") if recipe.get("torch.install") else "from site",
-            variant=recipe.get("torch.variant") if recipe.get("torch.install") else None,
-            version=entry.version or recipe.get("recipe.version"),
+            site=recipe.site.name,
+            status=recipe.site.status,
+            kind=recipe.env.kind,
+            torch=recipe.torch.version if recipe.torch.install else "from site",
+            variant=recipe.torch.variant if recipe.torch.install else None,
+            version=entry.version or recipe.recipe.version,
             published=entry.published.to_json() if entry.published else None,
-            description=recipe.get("recipe.description", ""),
+            description=recipe.recipe.description,
         )
         rows.append(row)
     return rows
@@ -130,7 +130,7 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         "name": recipe.name,
         "version": recipe.version or None,
         "published": published,
-        "lock": lock.summary() if lock else None,
+        "lock": lock.summary().to_json() if lock else None,
         "files": list(recipe.chain),
         "values": recipe.data,
         "sources": {k: s for k, _, s in leaves} if args.explain else None,

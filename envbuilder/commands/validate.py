@@ -138,7 +138,7 @@ def finish(result: report.Report) -> dict[str, Any]:
             f"validation of {result.env} failed: {', '.join(result.failed) or 'no check passed'}",
             hint=_hint(result),
         )
-        exc.data = data  # type: ignore[attr-defined]
+        exc.data = data
         raise exc
     return data
 

@@ -50,7 +50,7 @@ def env_lib_dirs(record: EnvRecord) -> tuple[str, ...]:
         dirs += sorted(str(d) for d in site.glob("nvidia/*/lib") if d.is_dir())
         if (site / "torch" / "lib").is_dir():
             dirs.append(str(site / "torch" / "lib"))
-    if (record.plan or {}).get("kind") == "conda" and (prefix / "lib").is_dir():
+    if record.kind == "conda" and (prefix / "lib").is_dir():
         dirs.append(str(prefix / "lib"))
     return tuple(dirs)
 
@@ -60,8 +60,7 @@ def python_state(record: EnvRecord, env: Mapping[str, str]) -> PythonState:
     the environment its modules gave the build)."""
     tools = record.tools or {}
     base = str(tools.get("python_path") or "")
-    kind = (record.plan or {}).get("kind", "venv")
-    python = base if kind == "user-prefix" else str(Path(record.prefix) / "bin" / "python")
+    python = base if record.kind == "user-prefix" else str(Path(record.prefix) / "bin" / "python")
     exists = bool(base) and Path(base).exists()
     if not Path(record.prefix).is_dir() or (base and not exists):
         return PythonState(base, exists, python)

@@ -23,7 +23,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -168,7 +168,31 @@ class Lock:
             data.pop(key)
         return data
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> LockSummary:
+        return LockSummary(
+            path=self.path,
+            origin=self.origin,
+            recipe=self.recipe,
+            recipe_version=self.recipe_version,
+            engine=self.engine,
+            created=self.created,
+            platforms={p.arch: len(p.packages) for p in self.platforms},
+        )
+
+
+@dataclass(frozen=True)
+class LockSummary:
+    """What ``show``, ``lock`` and a plan say about a lock: where it is, what made it, packages per platform."""
+
+    path: Optional[str]
+    origin: str
+    recipe: str
+    recipe_version: str
+    engine: str
+    created: str
+    platforms: Mapping[str, int]
+
+    def to_json(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "origin": self.origin,
@@ -176,7 +200,7 @@ class Lock:
             "recipe_version": self.recipe_version,
             "engine": self.engine,
             "created": self.created,
-            "platforms": {p.arch: len(p.packages) for p in self.platforms},
+            "platforms": dict(self.platforms),
         }
 
 
@@ -439,7 +463,7 @@ def read(path: Path, origin: str = "") -> Lock:
     except OSError as exc:
         raise LockError(f"cannot read lockfile {path}: {exc.strerror or exc}") from None
     lock = parse(text, str(path))
-    return Lock(**{**lock.__dict__, "origin": origin})
+    return replace(lock, origin=origin)
 
 
 def user_path(home: Path, name: str) -> Path:

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from envbuilder import __version__, fsutil, lockfile, modules, proc, settings
 from envbuilder import plan as planner
-from envbuilder.backends import common, conda, torchbuild
+from envbuilder.backends import conda, torchbuild, uvcache
+from envbuilder.backends.installers import uv_binary
+from envbuilder.backends.registry import AUTO, RATTLER
 from envbuilder.errors import CommandFailed, EnvbuilderError, LockError
 from envbuilder.facts import HostFacts
 from envbuilder.recipe.catalog import Catalog
@@ -66,8 +68,8 @@ class UvLocker:
                 "--output-file",
                 str(out),
             ]
-            settings = common.uv_settings(Path(tmp) / "env", self.env)
-            env = {**proc.scrubbed_env(self.env), **settings.env()}
+            uv = uvcache.uv_settings(Path(tmp) / "env", self.env)
+            env = {**proc.scrubbed_env(self.env), **uv.env()}
             self.log("+ " + proc.quote(argv))
             try:
                 proc.run(argv, env=env, timeout=LOCK_TIMEOUT_S)
@@ -279,8 +281,8 @@ def conda_locker(
     """conda-lock where the recipe's conda engine is a conda/mamba/micromamba found once its modules are loaded
     (as create would find it) and conda-lock is installed; py-rattler otherwise. (locker, warnings)."""
     step = next((st for st in the_plan.install_steps if st.engine), None)
-    engine = step.engine if step else conda.RATTLER
-    if engine == conda.RATTLER:
+    engine = step.engine if step else RATTLER
+    if engine == RATTLER:
         return RattlerLocker(env, uv, the_plan.target, log), []
     base = proc.scrubbed_env(env)
     search = base
@@ -292,7 +294,7 @@ def conda_locker(
             log(f"cannot load the recipe's modules here ({exc.message.splitlines()[0]}); looking on PATH")
     found = conda.find_cli(engine, search)
     if found is None:
-        if engine != "auto":
+        if engine != AUTO:
             raise LockError(
                 f"conda.engine = {engine!r}, but {engine} is not on PATH after loading the recipe's modules",
                 hint="lock on a node with the site's conda module, or set conda.engine = 'auto' or 'rattler'",
@@ -310,7 +312,7 @@ def conda_locker(
 
 def default_arches(recipe: Recipe, facts: HostFacts) -> list[str]:
     """The site's compute architecture, else this host's."""
-    arch = recipe.get("compute.arch") or facts.arch
+    arch = recipe.compute.arch or facts.arch
     return [lockfile.arch_name(arch)] if arch else list(lockfile.ARCHES[:1])
 
 
@@ -326,7 +328,7 @@ def make(
 ) -> tuple[lockfile.Lock, list[str]]:
     """Resolve ``recipe`` for each of ``arches`` (torch's facts from ``index`` where it was read, else the shipped
     table); (the lock, warnings)."""
-    uv = common.uv_binary()
+    uv = uv_binary()
     if uv is None:
         raise LockError("locking needs uv, which is not installed", hint="pip install uv")
     warnings: list[str] = []

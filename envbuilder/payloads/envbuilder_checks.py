@@ -1,7 +1,9 @@
 """The checks of the validation payload, and their pure helpers (unit-tested without torch).
 
 Imported by ``validate.py`` from the same directory; every ``check_*`` method records one result through the
-rank's log and returns it. Standard library and torch only (mpi4py and horovod when present).
+rank's log and returns it, and the methods are the payload's table of checks: envbuilder names them in
+``envbuilder/validate/checks.py`` (tests/unit/test_suite.py keeps the two in step). Standard library and torch
+only (mpi4py and horovod when present).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from envbuilder_facts import (
 
 GPU_CHECKS = ("gpu", "arch", "cuda")
 DIST_CHECKS = ("nccl", "ddp")
-ALL_CHECKS = ("import", "gpu", "arch", "cuda", "libraries", "mpi", "nccl", "ddp", "filesystem", "horovod")
 
 # --- faults (tests only) --------------------------------------------------------------------------------------
 

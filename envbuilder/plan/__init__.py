@@ -9,14 +9,16 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Optional
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Optional, TypedDict
 
 from envbuilder import lockfile
 from envbuilder.errors import UsageError
 from envbuilder.facts import Gpu, HostFacts
 from envbuilder.lockfile import applicability
+from envbuilder.plan.activation import Activation, RecordedActivate
 from envbuilder.plan.steps import InstallStep, install_steps
+from envbuilder.recipe import sections
 from envbuilder.resolver import gates, mirror
 from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
 from envbuilder.validate import batch, launchers, suite
@@ -47,13 +49,67 @@ class Options:
 
 
 @dataclass(frozen=True)
+class PrefixFilesystem:
+    """The [filesystems] entry the env's prefix lives on, and its name."""
+
+    name: str
+    spec: sections.Filesystem
+
+    def to_json(self) -> dict[str, Any]:
+        values = ((f.name, getattr(self.spec, f.name)) for f in fields(self.spec))
+        return {"name": self.name, **{key: value for key, value in values if value is not None}}
+
+
+class RecordedPython(TypedDict, total=False):
+    command: str
+    version: Optional[str]
+
+
+class RecordedPlan(TypedDict, total=False):
+    """A Plan as JSON (``plan --json``, and what an env's record keeps). Records written by older releases, or
+    by hand, may lack keys: readers use ``.get``."""
+
+    recipe: str
+    recipe_version: str
+    site: Optional[str]
+    status: str
+    files: list[str]
+    kind: str
+    installer: str
+    prefix: str
+    python: RecordedPython
+    module_system: str
+    module_use: list[str]
+    modules: list[str]
+    build_modules: list[str]
+    torch: Optional[dict[str, Any]]  # Resolution.to_json
+    index_url: Optional[str]
+    extra_index_urls: list[str]
+    requirements: list[str]
+    install_commands: list[list[str]]
+    activate: RecordedActivate
+    launcher: str
+    launch_command: list[str]
+    interactive_command: Optional[list[str]]
+    batch_script: Optional[str]
+    target: dict[str, Any]  # HostFacts.to_json
+    filesystem: Optional[dict[str, Any]]  # PrefixFilesystem.to_json
+    corrections: list[dict[str, str]]
+    steps: list[str]
+    lock: Optional[dict[str, Any]]  # applicability.LockStatus.to_json
+    lock_inputs: dict[str, Any]
+    warnings: list[str]
+    notes: list[str]
+
+
+@dataclass(frozen=True)
 class Plan:
     recipe: str
     site: Optional[str]
     status: str
     kind: str
     prefix: str
-    python: dict[str, Optional[str]]
+    python: RecordedPython
     module_system: str
     module_use: tuple[str, ...]
     modules: tuple[str, ...]
@@ -62,7 +118,7 @@ class Plan:
     extra_index_urls: tuple[str, ...]
     requirements: tuple[str, ...]
     install_steps: tuple[InstallStep, ...]
-    activate: dict[str, Any]
+    activate: Activation
     launcher: str
     launch_command: tuple[str, ...]
     interactive_command: Optional[tuple[str, ...]]
@@ -70,8 +126,8 @@ class Plan:
     target: HostFacts
     warnings: tuple[str, ...]
     notes: tuple[str, ...]
-    corrections: tuple[dict[str, str], ...]
-    filesystem: Optional[dict[str, Any]]
+    corrections: tuple[sections.Correction, ...]
+    filesystem: Optional[PrefixFilesystem]
     chain: tuple[str, ...]
     steps: tuple[str, ...] = field(default_factory=tuple)
     installer: str = "uv"
@@ -81,8 +137,8 @@ class Plan:
     recipe_version: str = ""
     #: What a lock for this target must have been resolved from (see lockfile.inputs).
     lock_inputs: dict[str, Any] = field(default_factory=dict)
-    #: The lock in use (summary), or None.
-    lock: Optional[dict[str, Any]] = None
+    #: The lock found for the recipe, and whether it applies; None where there is none.
+    lock: Optional[applicability.LockStatus] = None
     #: The locked packages as hashed requirements, and as constraints, written into the env before installing.
     lock_requirements: str = ""
     lock_pins: str = ""
@@ -93,7 +149,7 @@ class Plan:
     def install_commands(self) -> tuple[tuple[str, ...], ...]:
         return tuple(s.display() for s in self.install_steps)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RecordedPlan:
         res = self.resolution
         return {
             "recipe": self.recipe,
@@ -114,16 +170,16 @@ class Plan:
             "extra_index_urls": list(self.extra_index_urls),
             "requirements": list(self.requirements),
             "install_commands": [list(c) for c in self.install_commands],
-            "activate": self.activate,
+            "activate": self.activate.to_json(),
             "launcher": self.launcher,
             "launch_command": list(self.launch_command),
             "interactive_command": list(self.interactive_command) if self.interactive_command else None,
             "batch_script": self.batch_script,
             "target": self.target.to_json(),
-            "filesystem": self.filesystem,
-            "corrections": list(self.corrections),
+            "filesystem": self.filesystem.to_json() if self.filesystem else None,
+            "corrections": [c.to_json() for c in self.corrections],
             "steps": list(self.steps),
-            "lock": self.lock,
+            "lock": self.lock.to_json() if self.lock else None,
             "lock_inputs": self.lock_inputs,
             "warnings": list(self.warnings),
             "notes": list(self.notes),
@@ -142,51 +198,48 @@ def target_facts(
 ) -> HostFacts:
     """The machine the env is for: the site's compute partition, refined by the host when it is such a node.
     ``arch_override`` plans for nodes of another architecture (a lock for them), whatever this host is."""
-    compute = recipe.get("compute", {}) or {}
-    python = recipe.get("python.version") or host.python
+    compute = recipe.compute
+    python = recipe.python.version or host.python
     if arch_override:
         host = replace(host, arch=arch_override, glibc=None if host.arch != arch_override else host.glibc)
-        if compute.get("arch") and compute["arch"] != arch_override:
-            notes.append(f"planned for {arch_override} nodes; the site's compute nodes are {compute['arch']}")
-            compute = {k: v for k, v in compute.items() if k not in ("arch", "glibc")}
-    if not compute:
+        if compute.arch and compute.arch != arch_override:
+            notes.append(f"planned for {arch_override} nodes; the site's compute nodes are {compute.arch}")
+            compute = replace(compute, arch=None, glibc=None)
+    if compute == sections.Compute():
         return replace(host, python=python, source=f"{host.source} (no site: this host is the target)")
-    arch = compute.get("arch") or host.arch
+    arch = compute.arch or host.arch
     if host.arch and arch and host.arch != arch:
         warnings.append(
-            f"this host is {host.arch} but {recipe.get('site.name', 'the site')}'s compute nodes are {arch}: "
+            f"this host is {host.arch} but {recipe.site.name or 'the site'}'s compute nodes are {arch}: "
             f"create must run on an {arch} node"
         )
+    gpu_name = "GPU" if compute.gpu is None else compute.gpu
     site_gpus: Optional[tuple[Gpu, ...]] = None
-    if compute.get("gpus_per_node") is not None:
-        count = int(compute["gpus_per_node"])
-        site_gpus = tuple(
-            Gpu(compute.get("gpu", "GPU"), compute.get("compute_capability")) for _ in range(count)
-        )
+    if compute.gpus_per_node is not None:
+        site_gpus = tuple(Gpu(gpu_name, compute.compute_capability) for _ in range(compute.gpus_per_node))
     if host.gpus:
         gpus: Optional[tuple[Gpu, ...]] = host.gpus
         driver, max_cuda = host.driver_version, host.max_cuda
-        if site_gpus and compute.get("compute_capability"):
+        if site_gpus and compute.compute_capability:
             host_cc = gpu_capability(host.gpus[0])
-            if host_cc and host_cc != compute["compute_capability"]:
+            if host_cc and host_cc != compute.compute_capability:
                 warnings.append(
                     f"this host's GPU ({host.gpus[0].name}, {host_cc}) differs from the site's compute GPU "
-                    f"({compute.get('gpu')}, {compute['compute_capability']}); resolving for this host"
+                    f"({compute.gpu}, {compute.compute_capability}); resolving for this host"
                 )
         notes.append(f"target: this host's {len(host.gpus)} GPU(s) and driver")
     else:
         gpus = site_gpus
-        driver, max_cuda = compute.get("driver_version"), compute.get("max_cuda")
+        driver, max_cuda = compute.driver_version, compute.max_cuda
         if site_gpus:
             why = "has no GPU" if host.gpus is not None else "has no visible GPU"
             notes.append(
-                f"target: the compute partition ({len(site_gpus)}× {compute.get('gpu', 'GPU')}), "
-                f"not this host, which {why}"
+                f"target: the compute partition ({len(site_gpus)}× {gpu_name}), not this host, which {why}"
             )
     same_os = not host.arch or host.arch == arch
     return HostFacts(
         arch=arch,
-        glibc=compute.get("glibc") or (host.glibc if same_os else None),
+        glibc=compute.glibc or (host.glibc if same_os else None),
         python=python,
         driver_version=driver,
         max_cuda=max_cuda,
@@ -202,16 +255,17 @@ def target_facts(
 
 def torch_request(recipe: Recipe) -> Optional[TorchRequest]:
     """What the recipe asks of torch, or None when torch comes from the site (torch.install = false)."""
-    if not recipe.get("torch.install"):
+    torch = recipe.torch
+    if not torch.install:
         return None
     return TorchRequest(
-        version=str(recipe.get("torch.version")),
-        variant=str(recipe.get("torch.variant")),
-        channel=str(recipe.get("torch.channel")),
-        packages=tuple(recipe.get("torch.packages")),
-        torchvision=recipe.get("torch.torchvision"),
-        torchaudio=recipe.get("torch.torchaudio"),
-        allow=frozenset(recipe.get("torch.allow", [])),
+        version=torch.version,
+        variant=torch.variant,
+        channel=torch.channel,
+        packages=torch.packages,
+        torchvision=torch.torchvision,
+        torchaudio=torch.torchaudio,
+        allow=frozenset(torch.allow),
     )
 
 
@@ -238,8 +292,7 @@ def _prefix(
     """The env's prefix, and the variables it needs that are unset here."""
     if opts.prefix:
         return _carriable(opts.prefix, "--prefix"), []
-    raw = recipe.get("env.prefix")
-    text, missing = expand(raw, env, recipe.name)
+    text, missing = expand(recipe.env.prefix, env, recipe.name)
     if not missing:
         return _carriable(text, "env.prefix (expanded)"), []
     if missing == ["SCRATCH"] and env.get("HOME"):
@@ -281,26 +334,26 @@ def build(
     opts = opts or Options()
     warnings: list[str] = []
     notes: list[str] = []
-    site = recipe.get("site.name")
-    status = recipe.get("site.status", "active")
+    site = recipe.site.name
+    status = recipe.site.status
     if status == "retired":
         warnings.append(
-            f"{site} is retired ({recipe.get('site.retired_on', 'date unknown')}): this recipe plans, but cannot "
+            f"{site} is retired ({recipe.site.retired_on or 'date unknown'}): this recipe plans, but cannot "
             "be validated on the machine it describes"
         )
-    for corr in recipe.get("corrections", []) or []:
-        notes.append(f"corrected: {corr['seed']} -> {corr['fix']}")
-    if recipe.get("recipe.experimental"):
+    for corr in recipe.corrections:
+        notes.append(f"corrected: {corr.seed} -> {corr.fix}")
+    if recipe.recipe.experimental:
         warnings.append("experimental recipe: it tracks a moving target")
 
     target = target_facts(recipe, host, warnings, notes, opts.arch)
-    kind = recipe.get("env.kind")
-    installer = opts.installer or recipe.get("env.installer")
+    kind = recipe.env.kind
+    installer = opts.installer or recipe.env.installer
     prefix, prefix_missing = _prefix(recipe, env, opts, warnings)
     fs = _filesystem(recipe, prefix, env, warnings)
 
-    python_cmd = recipe.get("python.command")
-    python = {"command": python_cmd, "version": target.python}
+    python_cmd = recipe.python.command
+    python: RecordedPython = {"command": python_cmd, "version": target.python}
     env_python = f"{prefix}/bin/python" if kind != "user-prefix" else python_cmd
 
     resolution: Optional[Resolution] = None
@@ -325,10 +378,10 @@ def build(
             "torch comes from the site's environment (torch.install = false); validation records its version"
         )
 
-    packages = recipe.get("packages", []) or []
-    requirements.extend(p.get("spec", p["name"]) for p in packages)
+    packages = recipe.packages
+    requirements.extend(p.requirement for p in packages)
     lock_inputs = applicability.lock_inputs(kind, target.python, resolution, packages, recipe)
-    locked, lock_summary = applicability.applicable_lock(
+    locked, lock_status = applicability.applicable_lock(
         recipe.name, lock, lock_inputs, target.arch, opts.locked, warnings
     )
     if locked is not None and lock is not None:
@@ -340,12 +393,9 @@ def build(
             warnings.append(lockfile.nightly_warning(recipe.name))
     channels: list[str] = []
     if kind == "conda":
-        channels, channel_notes = mirror.remap_channels(
-            recipe.get("conda.channels", []) or [], mirror.from_env(env)
-        )
+        channels, channel_notes = mirror.remap_channels(recipe.conda.channels, mirror.from_env(env))
         notes.extend(channel_notes)
-        engine = recipe.get("conda.engine", "auto")
-        if engine == "auto":
+        if recipe.conda.engine == "auto":
             notes.append(
                 "conda engine: the first of mamba, conda, micromamba on PATH once the modules are loaded, "
                 "else the embedded py-rattler"
@@ -358,16 +408,16 @@ def build(
     notes.extend(mirror_notes)
     commands = [s.display() for s in steps_]
 
-    module_use = tuple(recipe.get("modules.use", []))
-    modules = tuple(recipe.get("modules.load", []))
-    build_modules = tuple(recipe.get("modules.build_only", []))
-    module_system = recipe.get("modules.system")
+    module_use = recipe.modules.use
+    modules = recipe.modules.load
+    build_modules = recipe.modules.build_only
+    module_system = recipe.modules.system
     for mod in modules:
         if "/" not in mod and module_system != "none":
             warnings.append(
                 f"module {mod!r} has no version: the site default decides (pin it to make builds repeat)"
             )
-    activate = activation_settings(recipe)
+    activate = activation_for(recipe)
 
     launcher_name, launch, interactive, script = _launch(
         recipe, target, prefix, env_python, activate, opts, warnings
@@ -392,8 +442,8 @@ def build(
         install_steps=tuple(steps_),
         installer=installer,
         prefix_missing=tuple(prefix_missing),
-        system_site_packages=bool(recipe.get("env.system_site_packages"))
-        or (kind == "overlay" and recipe.get("env.overlay") != "clone"),
+        system_site_packages=recipe.env.system_site_packages
+        or (kind == "overlay" and recipe.env.overlay != "clone"),
         activate=activate,
         launcher=launcher_name,
         launch_command=tuple(launchers.plain(launch)),
@@ -402,13 +452,13 @@ def build(
         target=target,
         warnings=tuple(dict.fromkeys(warnings)),
         notes=tuple(dict.fromkeys(notes)),
-        corrections=tuple(dict(c) for c in recipe.get("corrections", []) or []),
+        corrections=recipe.corrections,
         filesystem=fs,
         chain=recipe.chain,
         steps=tuple(steps),
         recipe_version=recipe.version,
         lock_inputs=lock_inputs,
-        lock=lock_summary,
+        lock=lock_status,
         lock_requirements=locked.requirements_txt() if locked else "",
         lock_pins=locked.pins() if locked else "",
         lock_conda={p.name: p.files[0].sha256 for p in locked.conda} if locked else {},
@@ -417,48 +467,47 @@ def build(
 
 def _filesystem(
     recipe: Recipe, prefix: str, env: Mapping[str, str], warnings: list[str]
-) -> Optional[dict[str, Any]]:
-    name = recipe.get("env.filesystem")
-    filesystems = recipe.get("filesystems", {}) or {}
-    chosen = None
-    if name:
-        chosen = (name, filesystems[name])
-    else:
-        for fs_name, fs in filesystems.items():
-            root, _ = expand(fs["path"], env, recipe.name)
-            if prefix.startswith(root.rstrip("/") + "/"):
-                chosen = (fs_name, fs)
-                break
-    if chosen is None:
+) -> Optional[PrefixFilesystem]:
+    """The file system env.filesystem names, else the one whose path holds the prefix."""
+    filesystems = recipe.filesystems
+    name = recipe.env.filesystem
+    if not name:
+        roots = ((n, expand(fs.path, env, recipe.name)[0]) for n, fs in filesystems.items())
+        name = next((n for n, root in roots if prefix.startswith(root.rstrip("/") + "/")), None)
+    if name is None:
         return None
-    fs_name, fs = chosen
-    out = {"name": fs_name, **fs}
-    if fs.get("purge_days"):
+    fs = filesystems[name]
+    if fs.purge_days:
         warnings.append(
-            f"{fs_name} purges files unread for {fs['purge_days']} days: back this env up "
+            f"{name} purges files unread for {fs.purge_days} days: back this env up "
             "(envbuilder backup) or expect to rebuild it"
         )
-    if fs.get("visible_on_compute") is False:
-        warnings.append(f"{fs_name} is not visible on compute nodes: jobs cannot use an env there")
-    return out
+    if fs.visible_on_compute is False:
+        warnings.append(f"{name} is not visible on compute nodes: jobs cannot use an env there")
+    return PrefixFilesystem(name, fs)
 
 
-def activation_settings(recipe: Recipe) -> dict[str, Any]:
+def activation_for(recipe: Recipe) -> Activation:
     """What activating an env of ``recipe`` loads and sets (modules, variables, unsets)."""
     env: dict[str, str] = {}
     unset: list[str] = []
-    profiles = recipe.get("env_profiles", {}) or {}
-    for name in recipe.get("activate.profiles", []):
-        env.update(profiles[name].get("set", {}))
-        unset.extend(profiles[name].get("unset", []))
-    env.update(recipe.get("activate.env", {}) or {})
-    return {
-        "modules": list(recipe.get("activate.modules", [])),
-        "module_use": list(recipe.get("modules.use", [])),
-        "env": env,
-        "unset": unset,
-        "profiles": list(recipe.get("activate.profiles", [])),
-    }
+    for name in recipe.activate.profiles:
+        env.update(recipe.env_profiles[name].set)
+        unset.extend(recipe.env_profiles[name].unset)
+    env.update(recipe.activate.env)
+    return Activation(
+        module_use=recipe.modules.use,
+        modules=recipe.activate.modules,
+        env=env,
+        unset=tuple(unset),
+        profiles=recipe.activate.profiles,
+        recipe=recipe.name,
+    )
+
+
+def activation_settings(recipe: Recipe) -> RecordedActivate:
+    """:func:`activation_for` as a record holds it."""
+    return activation_for(recipe).to_json()
 
 
 def _launch(
@@ -466,7 +515,7 @@ def _launch(
     target: HostFacts,
     prefix: str,
     env_python: str,
-    activate: Mapping[str, Any],
+    activate: Activation,
     opts: Options,
     warnings: list[str],
 ) -> tuple[str, list[launchers.Arg], Optional[list[str]], Optional[str]]:
@@ -480,7 +529,7 @@ def _launch(
         target,
         prefix,
         env_python,
-        activate,
+        activate.to_json(),
         payload,
         opts.package_dir,
         warnings,
@@ -501,7 +550,7 @@ def _steps(
     kind: str,
     prefix: str,
     commands: Sequence[Sequence[str]],
-    activate: Mapping[str, Any],
+    activate: Activation,
     launcher_name: str,
 ) -> list[str]:
     steps = []
@@ -513,14 +562,14 @@ def _steps(
     steps.append(f"build the {kind} env in a temporary sibling of {prefix}; move it into place once complete")
     for cmd in commands:
         steps.append(" ".join(shlex.quote(c) for c in cmd))
-    if activate["modules"] or activate["env"] or activate["unset"]:
+    if activate.modules or activate.env or activate.unset:
         steps.append(
             "activate extension: "
             + ", ".join(
                 [
-                    *(f"module load {m}" for m in activate["modules"]),
-                    *(f"{k}={v}" for k, v in activate["env"].items()),
-                    *(f"unset {v}" for v in activate["unset"]),
+                    *(f"module load {m}" for m in activate.modules),
+                    *(f"{k}={v}" for k, v in activate.env.items()),
+                    *(f"unset {v}" for v in activate.unset),
                 ]
             )
         )

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
+from envbuilder.backends.registry import AUTO, INSTALLERS, RATTLER
 from envbuilder.lockfile import PlatformLock
 from envbuilder.resolver.mirror import PYPI
 from envbuilder.resolver.wheels import Resolution
 
 if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
     from envbuilder.recipe.loader import Recipe
+    from envbuilder.recipe.sections import Package
 
 #: argv[0] of the step that clones the site python's env (create does it in-process).
 CLONE = "envbuilder-clone"
@@ -49,15 +51,13 @@ END_OF_OPTIONS = "--"
 
 
 def _pip(installer: str, python: str, target_flag: Sequence[str] = ()) -> list[str]:
-    if installer == "uv":
-        return ["uv", "pip", "install", "--python", python, *target_flag]
-    return [python, "-m", "pip", "install", *target_flag]
+    return INSTALLERS[installer].pip(python, target_flag)
 
 
-def conda_env_specs(recipe: Recipe, python: str) -> list[str]:
+def conda_env_specs(recipe: Recipe) -> list[str]:
     """python and pip inside the env (without them pip is the base env's: the Zurada seed's mistake), then the
     recipe's conda packages."""
-    return [f"python={python}", "pip", *recipe.get("conda.packages", [])]
+    return [f"python={recipe.python.conda_version}", "pip", *recipe.conda.packages]
 
 
 def _create_step(
@@ -69,42 +69,27 @@ def _create_step(
     channels: Sequence[str],
     locked: Optional[PlatformLock],
 ) -> Optional[InstallStep]:
-    if kind == "overlay" and recipe.get("env.overlay") == "clone":
+    if kind == "overlay" and recipe.env.overlay == "clone":
         # A copy of the site python's whole env, made by create itself (no tool does it for a venv or a
         # module's conda env alike); the site env is only read.
         return InstallStep((CLONE, "--python", python_cmd, prefix), site_python=True, creates_env=True)
-    ssp = ["--system-site-packages"] if (recipe.get("env.system_site_packages") or kind == "overlay") else []
+    ssp = ["--system-site-packages"] if (recipe.env.system_site_packages or kind == "overlay") else []
     prompt = ["--prompt", recipe.name]
     if kind in ("venv", "overlay"):
-        if installer == "uv":
-            # --relocatable: activate and entry points find the env from their own location, so the env can be
-            # built beside its prefix and renamed into place.
-            argv = ["uv", "venv", "--relocatable", *prompt, "--python", python_cmd, *ssp, prefix]
-            return InstallStep(tuple(argv), site_python=True, creates_env=True)
-        if installer == "virtualenv":
-            argv = ["virtualenv", *prompt, "--python", python_cmd, *ssp, prefix]
-            return InstallStep(tuple(argv), site_python=True, creates_env=True)
-        return InstallStep(
-            (python_cmd, "-m", "venv", *prompt, *ssp, prefix), site_python=True, creates_env=True
-        )
+        argv = INSTALLERS[installer].venv(prompt, python_cmd, ssp, prefix)
+        return InstallStep(tuple(argv), site_python=True, creates_env=True)
     if kind == "conda":
-        engine = recipe.get("conda.engine", "auto")
-        exe = "envbuilder-rattler" if engine == "rattler" else ("conda" if engine == "auto" else engine)
+        engine = recipe.conda.engine
+        exe = "envbuilder-rattler" if engine == RATTLER else ("conda" if engine == AUTO else engine)
         cmd = [exe, "create", "--yes", "--prefix", prefix, "--override-channels"]
         for ch in channels:
             cmd += ["--channel", ch]
         if locked is not None:
             cmd += [p.conda_spec() for p in locked.conda]  # exactly the locked builds
         else:
-            cmd += conda_env_specs(recipe, recipe.get("python.version") or "3.12")
+            cmd += conda_env_specs(recipe)
         return InstallStep(tuple(cmd), creates_env=True, engine=engine, label="the conda env")
     return None
-
-
-def special(pkg: Mapping[str, Any]) -> bool:
-    """A package that needs its own index, build settings or a source build: installed on its own, after the
-    resolver's set (and outside any lock)."""
-    return any(pkg.get(k) for k in ("build_env", "no_build_isolation", "no_binary", "index", "build_modules"))
 
 
 def locked_flags(resolution: Optional[Resolution], plain_specs: Sequence[str]) -> list[str]:
@@ -125,7 +110,7 @@ def install_steps(
     prefix: str,
     recipe: Recipe,
     resolution: Optional[Resolution],
-    packages: Sequence[Mapping[str, Any]],
+    packages: Sequence[Package],
     warnings: list[str],
     locked: Optional[PlatformLock] = None,
     channels: Sequence[str] = (),
@@ -139,10 +124,11 @@ def install_steps(
     site_python = kind == "user-prefix"
     if kind == "user-prefix":
         env_python = python_cmd
-        target_flag = ["--prefix", prefix] if installer == "uv" else ["--user"]
-        if installer != "uv":
-            warnings.append("user-prefix installs run with PYTHONUSERBASE set to the prefix")
-    plain = [pkg.get("spec", pkg["name"]) for pkg in packages if not special(pkg)]
+        target_flag = INSTALLERS[installer].user_target(prefix)
+        note = INSTALLERS[installer].user_prefix_note
+        if note:
+            warnings.append(note)
+    plain = [pkg.requirement for pkg in packages if not pkg.own_step]
     if locked is not None and locked.wheels:
         # Exactly the locked files: every version pinned, every file's hash checked, nothing resolved again.
         argv = [
@@ -169,24 +155,24 @@ def install_steps(
     # torch's exact pins as constraints: a later package cannot swap the CUDA torch for PyPI's build.
     constraint = ["--constraint", f"{prefix}/{CONSTRAINTS}"] if (resolution or locked) else []
     own_steps: list[InstallStep] = []
-    for pkg in (p for p in packages if special(p)):
-        spec = pkg.get("spec", pkg["name"])
+    for pkg in (p for p in packages if p.own_step):
+        spec = pkg.requirement
         cmd = _pip(installer, env_python, target_flag)
-        index = pkg.get("index")
+        index = pkg.index
         if index == "torch" and resolution:
             cmd += ["--index-url", resolution.index_url]
         elif index and index not in ("pypi", "torch"):
             cmd += ["--index-url", index]
             extra_indexes.append(index)
-        if pkg.get("no_build_isolation"):
+        if pkg.no_build_isolation:
             cmd.append("--no-build-isolation")
-        if pkg.get("no_binary"):
-            cmd += ["--no-binary", pkg["name"]]
+        if pkg.no_binary:
+            cmd += ["--no-binary", pkg.name]
         own_steps.append(
             InstallStep(
                 (*cmd, *constraint, END_OF_OPTIONS, spec),
-                env=dict(pkg.get("build_env", {}) or {}),
-                modules=tuple(pkg.get("build_modules", []) or ()),
+                env=dict(pkg.build_env),
+                modules=pkg.build_modules,
                 site_python=site_python,
                 label=spec,
             )

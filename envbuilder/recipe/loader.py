@@ -9,41 +9,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 from envbuilder.errors import RecipeError, did_you_mean
-from envbuilder.recipe import schema
+from envbuilder.recipe import schema, sections
 from envbuilder.resolver.wheels import GATES, TORCH_PACKAGES
+from envbuilder.validate import checks, launchers
 
 DEFAULTS_SOURCE = "<defaults>"
-
-#: Values every recipe starts from. Kept small: a recipe should say what it means.
-DEFAULTS: dict[str, Any] = {
-    "env": {
-        "kind": "venv",
-        "installer": "uv",
-        "prefix": "${SCRATCH}/envbuilder/envs/{name}",
-        "system_site_packages": False,
-    },
-    "python": {"command": "python3"},
-    "modules": {"system": "none", "use": [], "load": [], "build_only": []},
-    "scheduler": {"type": "none"},
-    "torch": {
-        "install": True,
-        "version": "latest",
-        "variant": "auto",
-        "channel": "stable",
-        "packages": ["torch", "torchvision", "torchaudio"],
-        "allow": [],
-    },
-    "launcher": {"default": "torchrun", "gpu_affinity": "none", "port": 29500},
-    "activate": {"modules": [], "env": {}, "profiles": []},
-    "validation": {
-        "checks": ["import", "gpu", "arch", "cuda", "libraries", "nccl", "ddp", "filesystem"],
-        "nodes": 1,
-    },
-}
 
 
 @dataclass(frozen=True)
@@ -85,7 +60,74 @@ class Recipe:
     #: Published recipes: the registry version loaded.
     version: str = ""
 
+    # One typed view per table (``recipe.torch.version``); the defaults live in ``sections``.
+
+    @cached_property
+    def recipe(self) -> sections.About:
+        return sections.view(sections.About, self.data.get("recipe", {}))
+
+    @cached_property
+    def corrections(self) -> tuple[sections.Correction, ...]:
+        return tuple(sections.view(sections.Correction, c) for c in self.data.get("corrections", ()))
+
+    @cached_property
+    def site(self) -> sections.Site:
+        return sections.view(sections.Site, self.data.get("site", {}))
+
+    @cached_property
+    def compute(self) -> sections.Compute:
+        return sections.view(sections.Compute, self.data.get("compute", {}))
+
+    @cached_property
+    def scheduler(self) -> sections.Scheduler:
+        return sections.view(sections.Scheduler, self.data.get("scheduler", {}))
+
+    @cached_property
+    def modules(self) -> sections.Modules:
+        return sections.view(sections.Modules, self.data.get("modules", {}))
+
+    @cached_property
+    def filesystems(self) -> Mapping[str, sections.Filesystem]:
+        return {k: sections.view(sections.Filesystem, v) for k, v in self.data.get("filesystems", {}).items()}
+
+    @cached_property
+    def env_profiles(self) -> Mapping[str, sections.Profile]:
+        return {k: sections.view(sections.Profile, v) for k, v in self.data.get("env_profiles", {}).items()}
+
+    @cached_property
+    def launcher(self) -> sections.Launcher:
+        return sections.view(sections.Launcher, self.data.get("launcher", {}))
+
+    @cached_property
+    def env(self) -> sections.Env:
+        return sections.view(sections.Env, self.data.get("env", {}))
+
+    @cached_property
+    def python(self) -> sections.Python:
+        return sections.view(sections.Python, self.data.get("python", {}))
+
+    @cached_property
+    def conda(self) -> sections.Conda:
+        return sections.view(sections.Conda, self.data.get("conda", {}))
+
+    @cached_property
+    def torch(self) -> sections.Torch:
+        return sections.view(sections.Torch, self.data.get("torch", {}))
+
+    @cached_property
+    def packages(self) -> tuple[sections.Package, ...]:
+        return tuple(sections.view(sections.Package, p) for p in self.data.get("packages", ()))
+
+    @cached_property
+    def activate(self) -> sections.Activate:
+        return sections.view(sections.Activate, self.data.get("activate", {}))
+
+    @cached_property
+    def validation(self) -> sections.Validation:
+        return sections.view(sections.Validation, self.data.get("validation", {}))
+
     def get(self, dotted: str, default: Any = None) -> Any:
+        """The raw value at a dotted key, for generic readers (tests, tools); code reads the typed views."""
         node: Any = self.data
         for part in dotted.split("."):
             if not isinstance(node, Mapping) or part not in node:
@@ -119,7 +161,7 @@ def load(name: str, catalog: Documents, overrides: Optional[Mapping[str, tuple[A
     chain = [top] if top.published else _follow_chain(top, catalog)
     merged: dict[str, Any] = {}
     prov: dict[str, str] = {}
-    _merge(merged, DEFAULTS, DEFAULTS_SOURCE, prov, "")
+    _merge(merged, sections.seed(), DEFAULTS_SOURCE, prov, "")
     corrections: list[dict[str, Any]] = []
     for doc in reversed(chain):
         body = {k: v for k, v in doc.data.items() if k not in ("schema_version", "extends", "corrections")}
@@ -246,7 +288,7 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
         "torch.packages takes torch, torchvision and torchaudio only, found",
         hint="put other packages in [[packages]]",
     )
-    members("validation.checks", schema.CHECKS, "unknown validation check")
+    members("validation.checks", checks.NAMES, "unknown validation check")
     fs_name = data.get("env", {}).get("filesystem")
     if fs_name and fs_name not in data.get("filesystems", {}):
         raise RecipeError(
@@ -273,9 +315,10 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
         ("launcher.default", data.get("launcher", {}).get("default")),
         ("validation.launcher", data.get("validation", {}).get("launcher")),
     ):
-        if launcher in ("srun", "ibrun") and scheduler != "slurm":
+        needs = launchers.LAUNCHERS[launcher].scheduler if launcher in launchers.LAUNCHERS else None
+        if needs and scheduler != needs:
             raise RecipeError(
-                f"launcher {launcher} needs scheduler.type = 'slurm', found {scheduler!r}",
+                f"launcher {launcher} needs scheduler.type = {needs!r}, found {scheduler!r}",
                 file=where(key),
                 key=key,
             )

@@ -10,7 +10,7 @@ Layout of a registry directory (shared, read-only to users)::
                                   [recipe] name and version included, so the signature covers both
     recipes/NAME/VERSION.toml.sig ssh-keygen -Y sign signature (namespace envbuilder-recipe)
     recipes/NAME/VERSION.lock.toml   the version's lockfile, when one was published with it (and its .sig)
-    locks/                        the publish lock (mkdir-based: works on Lustre and NFS)
+    locks/                        the publish mutex (fsutil.Mutex: works on Lustre and NFS)
 
 A published file is used only once (1) no registry part on the way (the directory, index.json, registry.toml, the
 allowed-signers file, recipes/NAME/, the file, its signature) can be written by anyone but its owner, (2) the
@@ -47,7 +47,7 @@ from typing import Any, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from envbuilder import fsutil, lockfile, proc
+from envbuilder import fsutil, lockfile, proc, transaction
 from envbuilder._toml import TOMLDecodeError, dumps, loads
 from envbuilder.errors import CommandFailed, LockError, PublishError
 
@@ -435,7 +435,7 @@ class Registry:
         name: str,
         doc: dict[str, Any],
         sign_key: Optional[Path] = None,
-        lock_timeout: float = 60.0,
+        wait: float = 60.0,
         lock: Optional[lockfile.Lock] = None,
     ) -> tuple[Published, str, list[str]]:
         """Write ``doc`` (a flattened recipe), with ``lock`` when given, as a new version; (published, status,
@@ -446,7 +446,7 @@ class Registry:
         self._init()
         if self.require_signatures() and sign_key is None:
             raise PublishError(f"{self.root} requires signed recipes", hint="pass --sign-key KEY")
-        with fsutil.Mutex(self.root / "locks" / "publish.lock", timeout=lock_timeout):
+        with fsutil.Mutex(self.root / "locks" / "publish.lock", timeout=wait):
             index = self.index()
             versions = sorted(index.get(name, {}).values(), key=lambda p: _version_key(p.version))
             declared = (doc.get("recipe") or {}).get("version")
@@ -531,7 +531,7 @@ class Registry:
         return replace(pub, lock_file=rel, lock_sha256=hashlib.sha256(data).hexdigest())
 
     def attach_validation(
-        self, name: str, version: str, report: Mapping[str, Any], lock_timeout: float = 60.0
+        self, name: str, version: str, report: Mapping[str, Any], wait: float = 60.0
     ) -> Published:
         """Record a passing validation report against a published version (the file itself stays unchanged)."""
         if not os.access(self.root / INDEX, os.W_OK) or not os.access(self.root, os.W_OK):
@@ -539,12 +539,12 @@ class Registry:
                 f"cannot write to the registry {self.root}: attaching a report is for its admins",
                 hint="ask them to run `envbuilder validate ENV --publish-report` on their copy of the env",
             )
-        with fsutil.Mutex(self.root / "locks" / "publish.lock", timeout=lock_timeout):
+        with fsutil.Mutex(self.root / "locks" / "publish.lock", timeout=wait):
             index = self.index()
             pub = index.get(name, {}).get(version)
             if pub is None:
                 raise PublishError(f"{name}@{version} is not published in {self.root}")
-            updated = Published(**{**pub.__dict__, "validations": (*pub.validations, dict(report))})
+            updated = replace(pub, validations=(*pub.validations, dict(report)))
             index[name][version] = updated
             self._save_index(index)
             self._log({"action": "validation", "name": name, "version": version, "report": dict(report)})
@@ -569,11 +569,7 @@ class Registry:
                 raise PublishError(
                     f"cannot read the allowed-signers file {allowed_signers}: {exc.strerror}"
                 ) from None
-            dest = self.root / "allowed_signers"
-            tmp = dest.with_name(f".allowed_signers.tmp-{os.getpid()}")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.chmod(0o644)
-            tmp.replace(dest)
+            fsutil.write_atomic(self.root / "allowed_signers", text.encode(), 0o644)
             doc["allowed_signers"] = "allowed_signers"
         if require_signatures:
             doc["require_signatures"] = True
@@ -607,21 +603,20 @@ class Registry:
         )
 
     def _put_file(self, final: Path, data: bytes, sign_key: Optional[Path], what: str) -> Optional[str]:
-        """Write ``final`` read-only (and its signature first), each through a temp file and a rename."""
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        """Write ``final`` read-only, and its signature before it, each built beside and swapped in (the publish
+        mutex held). ssh-keygen writes the signature beside the file it signs: ``.NAME.partial-PID.sig``, which
+        the signature's transaction swaps in as ``NAME.sig``."""
+        transaction.recover(final)  # what a publish killed here left (both partials match)
         signer = None
-        try:
-            tmp.write_bytes(data)
-            tmp.chmod(FILE_MODE)
+        with transaction.Transaction(final) as tx:
+            tx.partial.write_bytes(data)
+            tx.partial.chmod(FILE_MODE)
             if sign_key is not None:
-                signer = self._sign(tmp, sign_key, what)
-                Path(str(tmp) + ".sig").chmod(FILE_MODE)
-                Path(str(tmp) + ".sig").replace(str(final) + ".sig")
-            tmp.replace(final)
-        finally:
-            for leftover in (tmp, Path(str(tmp) + ".sig")):
-                with contextlib.suppress(FileNotFoundError):
-                    leftover.unlink()
+                with transaction.Transaction(Path(f"{final}.sig"), Path(f"{tx.partial}.sig")) as sig:
+                    signer = self._sign(tx.partial, sign_key, what)
+                    sig.partial.chmod(FILE_MODE)
+                    sig.swap()
+            tx.swap()
         return signer
 
     def _sign(self, path: Path, key: Path, what: str) -> str:

@@ -16,19 +16,18 @@ from typing import Any, Callable, Optional, Union
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from envbuilder.backends import registry as backends
 from envbuilder.errors import RecipeError, did_you_mean
+from envbuilder.validate import launchers, schedulers
 
 SCHEMA_VERSION = 1
 
-ENV_KINDS = ("venv", "conda", "user-prefix", "overlay")
-INSTALLERS = ("uv", "pip", "virtualenv")
-LAUNCHERS = ("local", "torchrun", "srun", "ibrun", "mpiexec", "mpirun")
-SCHEDULERS = ("slurm", "pbs", "none")
+#: A recipe may name no scheduler.
+SCHEDULERS = (*schedulers.SCHEDULERS, "none")
 MODULE_SYSTEMS = ("lmod", "environment-modules", "none")
 GPU_REQUEST_STYLES = ("gpus-per-node", "gres", "gpus", "none", "pbs-ngpus")
 GPU_AFFINITY = ("none", "local-rank", "reverse-local-rank")
 STATUSES = ("active", "retired")
-CHECKS = ("import", "gpu", "arch", "cuda", "libraries", "nccl", "ddp", "mpi", "filesystem", "horovod")
 
 NAME_RE = r"[a-z0-9][a-z0-9._-]*"
 #: Upper ends of counts: far above any machine (16 GPUs, 10,000s of nodes, 1,000s of cores), far below values
@@ -369,7 +368,7 @@ SCHEMA = Table(
         ),
         "launcher": Table(
             {
-                "default": Field(str, choices=LAUNCHERS),
+                "default": Field(str, choices=tuple(launchers.LAUNCHERS)),
                 "mpi": Field(str, "srun --mpi plugin (pmi2, pmix)"),
                 "cpu_bind": Field(str, "mpiexec --cpu-bind value"),
                 "depth": Field(
@@ -381,16 +380,16 @@ SCHEMA = Table(
         ),
         "env": Table(
             {
-                "kind": Field(str, choices=ENV_KINDS),
+                "kind": Field(str, choices=tuple(backends.KINDS)),
                 "prefix": Field(str, "where the env goes; ${VAR} and {name} expand"),
                 "filesystem": Field(str, "the filesystems entry the prefix lives on"),
                 "system_site_packages": Field(bool, "see the site python's packages (overlay, Cirrus)"),
                 "overlay": Field(
                     str,
                     "overlay envs: a venv on top of the site python (default), or a clone of its env",
-                    choices=("venv", "clone"),
+                    choices=tuple(backends.OVERLAYS),
                 ),
-                "installer": Field(str, choices=INSTALLERS),
+                "installer": Field(str, choices=tuple(backends.INSTALLERS)),
             }
         ),
         "python": Table(
@@ -412,7 +411,7 @@ SCHEMA = Table(
                 "packages": Field(
                     list, "conda packages besides python and pip", items=str, rule=NOT_AN_OPTION
                 ),
-                "engine": Field(str, choices=("auto", "conda", "mamba", "micromamba", "rattler")),
+                "engine": Field(str, choices=backends.ENGINES),
             }
         ),
         "torch": Table(
@@ -478,7 +477,7 @@ SCHEMA = Table(
                 ),
                 "partition": Field(str),
                 "time": Field(str, pattern=r"\d+:\d{2}:\d{2}", example="01:30:00"),
-                "launcher": Field(str, choices=LAUNCHERS),
+                "launcher": Field(str, choices=tuple(launchers.LAUNCHERS)),
                 "timeout": Field(
                     int,
                     "seconds each check may take before it counts as hung",
@@ -592,33 +591,7 @@ def _walk(
     source_of: Optional[Callable[[str], str]] = None,
 ) -> None:
     if isinstance(spec, Table):
-        if not isinstance(value, dict):
-            raise RecipeError(
-                f"expected a table, found {_found(value)}", file=file, key=path or "(top level)"
-            )
-        for key, sub in value.items():
-            if key not in spec.fields:
-                raise RecipeError(
-                    f"unknown key {key!r}" + (f" in [{path}]" if path else ""),
-                    file=file,
-                    key=_join(path, key),
-                    hint=did_you_mean(key, spec.fields) or f"known keys here: {', '.join(spec.fields)}",
-                )
-            _walk(spec.fields[key], sub, file, _join(path, key), required, source_of)
-        if spec.check is not None:
-            problem = spec.check(value)
-            if problem is not None:
-                key, message, hint = problem
-                raise RecipeError(message, file=file, key=_join(path, key), hint=hint)
-        for key, sub_spec in spec.fields.items():
-            if required and getattr(sub_spec, "required", False) and key not in value:
-                expected = f"expected {_type_name(sub_spec.types)}" if isinstance(sub_spec, Field) else ""
-                doc = f" ({sub_spec.doc})" if sub_spec.doc else ""
-                raise RecipeError(
-                    f"missing required key: {expected}{doc}",
-                    file=source_of(path) if source_of else file,
-                    key=_join(path, key),
-                )
+        _walk_table(spec, value, file, path, required, source_of)
         return
     if isinstance(spec, MapOf):
         if not isinstance(value, dict):
@@ -647,6 +620,43 @@ def _walk(
             _walk(spec.item, item, file, f"{path}[{i}]", True, source_of)
         return
     _check_field(spec, value, file, path)
+
+
+def _walk_table(
+    spec: Table,
+    value: Any,
+    file: str,
+    path: str,
+    required: bool,
+    source_of: Optional[Callable[[str], str]],
+) -> None:
+    """One table: known keys only, each value against its spec, then the table's own check and (``required``)
+    its required keys."""
+    if not isinstance(value, dict):
+        raise RecipeError(f"expected a table, found {_found(value)}", file=file, key=path or "(top level)")
+    for key, sub in value.items():
+        if key not in spec.fields:
+            raise RecipeError(
+                f"unknown key {key!r}" + (f" in [{path}]" if path else ""),
+                file=file,
+                key=_join(path, key),
+                hint=did_you_mean(key, spec.fields) or f"known keys here: {', '.join(spec.fields)}",
+            )
+        _walk(spec.fields[key], sub, file, _join(path, key), required, source_of)
+    if spec.check is not None:
+        problem = spec.check(value)
+        if problem is not None:
+            key, message, hint = problem
+            raise RecipeError(message, file=file, key=_join(path, key), hint=hint)
+    for key, sub_spec in spec.fields.items():
+        if required and getattr(sub_spec, "required", False) and key not in value:
+            expected = f"expected {_type_name(sub_spec.types)}" if isinstance(sub_spec, Field) else ""
+            doc = f" ({sub_spec.doc})" if sub_spec.doc else ""
+            raise RecipeError(
+                f"missing required key: {expected}{doc}",
+                file=source_of(path) if source_of else file,
+                key=_join(path, key),
+            )
 
 
 def _check_number(spec: Field, value: Union[int, float], file: str, path: str) -> None:

@@ -440,17 +440,13 @@ _CONDA_TORCH = re.compile(r"^(pytorch|torchvision|torchaudio|pytorch-cuda)(?:[=<
 
 def conda_pytorch_gate(recipe: Recipe) -> None:
     """PyTorch's own conda channel stopped with 2.5 (deprecated, no 2.6 builds): refuse what would need it."""
-    channels = [
-        c
-        for c in recipe.get("conda.channels", []) or []
-        if c.rstrip("/").rsplit("/", 1)[-1] in _PYTORCH_CHANNELS
-    ]
-    wanted = [m for m in (_CONDA_TORCH.match(p) for p in recipe.get("conda.packages", []) or []) if m]
+    channels = [c for c in recipe.conda.channels if c.rstrip("/").rsplit("/", 1)[-1] in _PYTORCH_CHANNELS]
+    wanted = [m for m in (_CONDA_TORCH.match(p) for p in recipe.conda.packages) if m]
     if not channels and not wanted:
         return
     versions: list[Optional[str]] = [m.group(2) for m in wanted if m.group(1) == "pytorch"]
-    if recipe.get("torch.install"):
-        versions.append(str(recipe.get("torch.version")))
+    if recipe.torch.install:
+        versions.append(recipe.torch.version)
     if all(v and v != "latest" and not _at_least(v, (2, 6)) for v in versions or [None]):
         return
     source = ", ".join([*(f"channel {c}" for c in channels), *(m.group(0) for m in wanted)])

@@ -1,4 +1,5 @@
-"""Pure renderers for scheduler text: the interactive allocation argv and the validation batch script.
+"""Pure renderers for scheduler text: the interactive allocation argv and the validation batch script (around
+the directives of a :mod:`schedulers` adapter).
 
 Scheduler dialects come from the recipe (Vista rejects --gres/--gpus-per-task/--mem; Cirrus needs --gres and
 --qos; Polaris is PBS with -l filesystems=). Every recipe value that lands in a script is shell-quoted, and none
@@ -12,11 +13,11 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from envbuilder.errors import RecipeError, UsageError
 from envbuilder.recipe.schema import control_problem, require_carriable, require_module_name, require_var_name
-from envbuilder.validate import launchers
+from envbuilder.validate import launchers, schedulers
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,14 @@ class JobShape:
     time: str
     account: Optional[str]
     name: str
+
+    def __post_init__(self) -> None:
+        """Refuse an account name no directive line can carry (it comes from --account, not the recipe)."""
+        bad = control_problem(self.account or "")
+        if bad is not None:
+            raise UsageError(
+                f"--account {self.account!r}: {bad[0]} is not allowed in an account name", hint=bad[1]
+            )
 
 
 def minutes(hhmmss: str) -> int:
@@ -64,51 +73,6 @@ def interactive_argv(template: Sequence[str], job: JobShape) -> list[str]:
             continue
         out.append(filled)
     return out
-
-
-def _check_account(job: JobShape) -> None:
-    bad = control_problem(job.account or "")
-    if bad is not None:
-        raise UsageError(
-            f"--account {job.account!r}: {bad[0]} is not allowed in an account name", hint=bad[1]
-        )
-
-
-def slurm_directives(job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
-    _check_account(job)
-    flags = [
-        f"--job-name={job.name}",
-        f"--nodes={job.nodes}",
-        f"--ntasks={job.nodes * job.tasks_per_node}",
-        f"--ntasks-per-node={job.tasks_per_node}",
-        f"--time={job.time}",
-    ]
-    if job.partition:
-        flags.append(f"--partition={job.partition}")
-    if job.account:
-        flags.append(f"--account={job.account}")
-    if job.cpus_per_task:
-        flags.append(f"--cpus-per-task={job.cpus_per_task}")
-    if job.gpus_per_node:
-        if gpu_request == "gpus-per-node":
-            flags.append(f"--gpus-per-node={job.gpus_per_node}")
-        elif gpu_request == "gres":
-            flags.append(f"--gres=gpu:{job.gpus_per_node}")
-        elif gpu_request == "gpus":
-            flags.append(f"--gpus={job.gpus_per_node * job.nodes}")
-    flags.extend(required)
-    return flags
-
-
-def pbs_directives(job: JobShape, required: Sequence[str]) -> list[str]:
-    _check_account(job)
-    flags = [f"-N {job.name}", f"-l select={job.nodes}", f"-l walltime={job.time}"]
-    if job.partition:
-        flags.append(f"-q {job.partition}")
-    if job.account:
-        flags.append(f"-A {job.account}")
-    flags.extend(required)
-    return flags
 
 
 def check_dialect(
@@ -173,25 +137,16 @@ def script(
     for arg in launch:
         if isinstance(arg, str):
             require_carriable(arg, "launch command")
-    prefix = "#SBATCH " if scheduler == "slurm" else "#PBS "
-    lines = ["#!/bin/bash", *(prefix + d for d in directives), "", "set -euo pipefail"]
-    if scheduler == "pbs":
-        lines.append('cd "${PBS_O_WORKDIR:-$PWD}"')
+    adapter = schedulers.SCHEDULERS[scheduler]
+    lines = ["#!/bin/bash", *(f"{adapter.directive} {d}" for d in directives), "", "set -euo pipefail"]
+    lines += adapter.setup
     lines += module_lines(module_use, modules)
     for var in unset:
         lines.append(f"unset {var}")
     for key, value in env.items():
         lines.append(f"export {key}={shlex.quote(value)}")
     if multinode:
-        if scheduler == "slurm":
-            lines.append('MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
-        else:
-            lines.append('MASTER_ADDR=$(head -n 1 "$PBS_NODEFILE")')
-        lines.append("export MASTER_ADDR")
+        lines += [adapter.first_host, "export MASTER_ADDR"]
     lines.append(f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)}")
     lines.append(launchers.render(launch))
     return "\n".join(lines) + "\n"
-
-
-def required_flags(data: Mapping[str, Any]) -> list[str]:
-    return list(data.get("scheduler", {}).get("required_flags", []))

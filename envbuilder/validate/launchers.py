@@ -1,4 +1,5 @@
-"""Pure argv builders for the validation launch: local, torchrun, srun, ibrun, mpiexec (PALS), mpirun.
+"""Pure argv builders for the validation launch: local, torchrun, srun, ibrun, mpiexec (PALS), mpirun, one
+:data:`LAUNCHERS` entry each (the recipe schema and the CLI read their names from it).
 
 Two shapes of program exist:
 * ``agent``: the program is torchrun, which spawns one worker per GPU itself. Wrapped by srun it must run
@@ -14,13 +15,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional, Union
 
 from envbuilder.errors import UsageError
-
-LAUNCHERS = ("local", "torchrun", "srun", "ibrun", "mpiexec", "mpirun")
 
 
 class ShellVar(str):
@@ -56,6 +55,11 @@ class LaunchSpec:
     depth: Optional[int] = None
     #: argv prefix that maps local rank -> CUDA_VISIBLE_DEVICES before the program starts (Polaris)
     affinity_wrapper: tuple[str, ...] = ()
+
+    @property
+    def world(self) -> int:
+        """Ranks in all."""
+        return self.nodes * self.nproc_per_node
 
     @property
     def program(self) -> tuple[str, ...]:
@@ -107,53 +111,100 @@ class _Joined(str):
         return obj
 
 
+def _local(spec: LaunchSpec) -> list[Arg]:
+    if spec.world != 1:
+        raise UsageError(f"the local launcher runs one process; {spec.world} were asked for")
+    return list(spec.program)
+
+
+def _torchrun(spec: LaunchSpec) -> list[Arg]:
+    if spec.nodes != 1:
+        raise UsageError(
+            "torchrun alone reaches one node; use srun (Slurm) or mpiexec to start one agent per node"
+        )
+    return torchrun_argv(spec)
+
+
+def _srun(spec: LaunchSpec) -> list[Arg]:
+    # Agent mode: exactly one torchrun per node.
+    argv: list[Arg] = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--ntasks={spec.nodes}"]
+    if spec.mpi:
+        argv.append(f"--mpi={spec.mpi}")
+    return argv + torchrun_argv(spec)
+
+
+def _ibrun(spec: LaunchSpec) -> list[Arg]:
+    # TACC's MPI launcher: one rank per GPU; the payload reads its rank from the MPI environment.
+    return ["ibrun", "-n", str(spec.world), *spec.affinity_wrapper, *spec.program]
+
+
+def _mpiexec(spec: LaunchSpec) -> list[Arg]:
+    argv: list[Arg] = [
+        "mpiexec",
+        "-n",
+        str(spec.world),
+        "--ppn",
+        str(spec.nproc_per_node),
+    ]
+    if spec.depth:
+        argv += ["--depth", str(spec.depth)]
+    if spec.cpu_bind:
+        argv += ["--cpu-bind", spec.cpu_bind]
+    return [*argv, *spec.affinity_wrapper, *spec.program]
+
+
+def _mpirun(spec: LaunchSpec) -> list[Arg]:
+    return [
+        "mpirun",
+        "-n",
+        str(spec.world),
+        "--map-by",
+        f"ppr:{spec.nproc_per_node}:node",
+        *spec.affinity_wrapper,
+        *spec.program,
+    ]
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """One way to start the validation: its argv builder and what the rest of a run must know about it."""
+
+    name: str
+    argv: Callable[[LaunchSpec], list[Arg]]
+    #: Runs torchrun agents (the program reads torchrun's env), not MPI-started ranks.
+    agent: bool = False
+    #: The scheduler it exists under only (srun and ibrun are Slurm's).
+    scheduler: Optional[str] = None
+    #: Reaches one node only: a multi-node run goes through the scheduler's node launcher instead.
+    one_node: bool = False
+    #: Starts one process, whatever the node's GPUs.
+    one_process: bool = False
+
+
+#: Every launcher, in the order the CLI and the recipe schema list them.
+LAUNCHERS = {
+    entry.name: entry
+    for entry in (
+        Launcher("local", _local, one_process=True),
+        Launcher("torchrun", _torchrun, agent=True, one_node=True),
+        Launcher("srun", _srun, agent=True, scheduler="slurm"),
+        Launcher("ibrun", _ibrun, scheduler="slurm"),
+        Launcher("mpiexec", _mpiexec),
+        Launcher("mpirun", _mpirun),
+    )
+}
+
+
+def get(name: str) -> Launcher:
+    """The launcher called ``name``; UsageError naming the known ones otherwise."""
+    if name not in LAUNCHERS:
+        raise UsageError(f"unknown launcher {name!r}; known: {', '.join(LAUNCHERS)}")
+    return LAUNCHERS[name]
+
+
 def build(name: str, spec: LaunchSpec) -> list[Arg]:
     """The validation launch argv for launcher ``name``."""
-    total = spec.nodes * spec.nproc_per_node
-    if name == "local":
-        if total != 1:
-            raise UsageError(
-                f"the local launcher runs one process; {total} were asked for",
-            )
-        return list(spec.program)
-    if name == "torchrun":
-        if spec.nodes != 1:
-            raise UsageError(
-                "torchrun alone reaches one node; use srun (Slurm) or mpiexec to start one agent per node"
-            )
-        return torchrun_argv(spec)
-    if name == "srun":
-        # Agent mode: exactly one torchrun per node.
-        argv: list[Arg] = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--ntasks={spec.nodes}"]
-        if spec.mpi:
-            argv.append(f"--mpi={spec.mpi}")
-        return argv + torchrun_argv(spec)
-    if name == "ibrun":
-        # TACC's MPI launcher: one rank per GPU; the payload reads its rank from the MPI environment.
-        return ["ibrun", "-n", str(total), *spec.affinity_wrapper, *spec.program]
-    if name == "mpiexec":
-        argv = ["mpiexec", "-n", str(total), "--ppn", str(spec.nproc_per_node)]
-        if spec.depth:
-            argv += ["--depth", str(spec.depth)]
-        if spec.cpu_bind:
-            argv += ["--cpu-bind", spec.cpu_bind]
-        return [*argv, *spec.affinity_wrapper, *spec.program]
-    if name == "mpirun":
-        return [
-            "mpirun",
-            "-n",
-            str(total),
-            "--map-by",
-            f"ppr:{spec.nproc_per_node}:node",
-            *spec.affinity_wrapper,
-            *spec.program,
-        ]
-    raise UsageError(f"unknown launcher {name!r}; known: {', '.join(LAUNCHERS)}")
-
-
-def is_agent(name: str) -> bool:
-    """True when the launcher runs torchrun agents (the program reads torchrun's env), not MPI ranks."""
-    return name in ("torchrun", "srun")
+    return get(name).argv(spec)
 
 
 def render(argv: Sequence[Arg]) -> str:

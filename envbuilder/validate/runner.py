@@ -25,13 +25,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import fsutil, plan, proc, state
-from envbuilder.backends import common
+from envbuilder import fsutil, payloads, plan, proc, state
 from envbuilder.errors import CommandFailed, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
 from envbuilder.modules import ModuleSystem
 from envbuilder.recipe.loader import Recipe
-from envbuilder.validate import launchers, report, suite
+from envbuilder.validate import launchers, report, schedulers, suite
 
 KEEP_RUNS = 5
 #: Startup allowance on top of the per-check timeouts (interpreter start, rendezvous, module loads).
@@ -84,10 +83,10 @@ def run(
     device = suite.device_for(target, opts.cpu)
     reason = suite.where(device, host, target, opts.submit)
     checks = suite.checks_for(recipe, opts.checks)
-    kind = str(record.plan.get("kind", "venv"))
+    kind = record.kind
     prefix = Path(record.prefix)
     activate = dict(record.plan.get("activate") or plan.activation_settings(recipe))
-    timeout = float(opts.timeout or recipe.get("validation.timeout") or suite.DEFAULT_TIMEOUT_S)
+    timeout = float(opts.timeout or recipe.validation.timeout or suite.DEFAULT_TIMEOUT_S)
     run_dir = prefix / "envbuilder" / "validation" / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     payload = suite.Payload(
         checks=checks,
@@ -132,8 +131,8 @@ def run(
         where = "here"
     events = _read_events(run_dir / "ranks")
     rows = report.merge(checks, events, the_launch.world, exit_code, stopped_after)
-    partition = env.get("SLURM_JOB_PARTITION") or env.get("PBS_QUEUE") or the_launch.partition
-    refs = report.references_for(recipe.get("validation.references", []) or [], partition, the_launch.world)
+    partition = _job_partition(env) or the_launch.partition
+    refs = report.references_for(recipe.validation.references, partition, the_launch.world)
     rows = report.apply_references(rows, refs)
     result = report.Report(
         env=record.name,
@@ -188,6 +187,13 @@ def environment(
     return out
 
 
+def _job_partition(env: Mapping[str, str]) -> Optional[str]:
+    """The partition (queue) of the job this run is inside, if any."""
+    return next(
+        (env[s.partition_var] for s in schedulers.SCHEDULERS.values() if env.get(s.partition_var)), None
+    )
+
+
 def _site_python(record: state.EnvRecord) -> str:
     return str(record.tools.get("python_path") or "python3")
 
@@ -208,7 +214,7 @@ def _make_run_dir(run_dir: Path) -> None:
     (run_dir / "ranks").mkdir(mode=0o755)
     dest = run_dir / "payloads"
     dest.mkdir(mode=0o755)
-    for src in common.PAYLOADS.iterdir():
+    for src in payloads.DIR.iterdir():
         if src.suffix in (".py", ".sh") and not src.name.startswith("__"):
             shutil.copy2(src, dest / src.name)
             (dest / src.name).chmod(0o755 if src.suffix == ".sh" else 0o644)
@@ -247,7 +253,7 @@ def _here(
         values["MASTER_ADDR"] = _first_host(env)
         env.setdefault("MASTER_ADDR", values["MASTER_ADDR"])
         env.setdefault("MASTER_PORT", "29500")
-    elif not launchers.is_agent(the_launch.launcher):
+    elif not launchers.get(the_launch.launcher).agent:
         # MPI-started ranks rendezvous through torch's TCP store on this node.
         env["MASTER_ADDR"] = "127.0.0.1"
         env["MASTER_PORT"] = str(_free_port())
@@ -363,7 +369,8 @@ def _submit(
     opts: Options,
     live: Status,
 ) -> tuple[Optional[int], bool, str, str]:
-    if not the_launch.script or not the_launch.scheduler:
+    adapter = schedulers.get(the_launch.scheduler)
+    if not the_launch.script or adapter is None:
         raise UsageError(
             "this recipe names no scheduler, so there is nothing to submit to",
             hint="run `envbuilder validate ENV` on the node itself",
@@ -373,64 +380,45 @@ def _submit(
     script.chmod(0o755)
     out_file = run_dir / "job.out"
     sub_env = proc.scrubbed_env(env)
-    if the_launch.scheduler == "slurm":
-        argv = ["sbatch", "--parsable", f"--output={out_file}", str(script)]
-    else:
-        argv = ["qsub", "-o", str(out_file), "-j", "oe", str(script)]
+    argv = adapter.submit(str(script), str(out_file))
     try:
         res = proc.run(argv, env=sub_env, cwd=str(run_dir))
     except FileNotFoundError:
         raise UsageError(f"{argv[0]} is not on PATH: is this a login node of the site?") from None
-    job = res.stdout.strip().split(";", 1)[0]
+    job = adapter.job_id(res.stdout)
     live.note(f"submitted job {job}: {script}")
     try:
-        code, timed_out = _wait(the_launch.scheduler, job, sub_env, opts.wait, live)
+        code, timed_out = _wait(adapter, job, sub_env, opts.wait, live)
     except BaseException:  # Ctrl-C or SIGTERM: the job this run submitted goes too
-        _cancel(the_launch.scheduler, job, sub_env)
+        _cancel(adapter, job, sub_env)
         raise
     tail = proc.tail(out_file.read_text(encoding="utf-8", errors="replace")) if out_file.exists() else ""
     return code, timed_out, job, tail
 
 
 def _wait(
-    scheduler: str, job: str, env: Mapping[str, str], limit: Optional[float], live: Status
+    adapter: schedulers.Scheduler, job: str, env: Mapping[str, str], limit: Optional[float], live: Status
 ) -> tuple[Optional[int], bool]:
     t0 = time.monotonic()
     while True:
-        state_ = _job_state(scheduler, job, env)
+        res = proc.run(adapter.state_query(job), env=dict(env), check=False)
+        state_ = adapter.state(res.returncode, res.stdout)
         if state_ is None:
             break
         live.status(f"job {job}: {state_.lower()} ({time.monotonic() - t0:.0f} s)")
         if limit is not None and time.monotonic() - t0 > limit:
             return None, True
         time.sleep(POLL_S)
-    return _job_exit(scheduler, job, env), False
+    return _job_exit(adapter, job, env), False
 
 
-def _cancel(scheduler: str, job: str, env: Mapping[str, str]) -> None:
-    argv = ["scancel", job] if scheduler == "slurm" else ["qdel", job]
+def _cancel(adapter: schedulers.Scheduler, job: str, env: Mapping[str, str]) -> None:
     with contextlib.suppress(OSError, CommandFailed):
-        proc.run(argv, env=dict(env), check=False, timeout=60)
+        proc.run(adapter.cancel(job), env=dict(env), check=False, timeout=60)
 
 
-def _job_state(scheduler: str, job: str, env: Mapping[str, str]) -> Optional[str]:
-    """The job's state while it is queued or running; None once it has left the queue."""
-    if scheduler == "slurm":
-        res = proc.run(["squeue", "-h", "-j", job, "-o", "%T"], env=dict(env), check=False)
-        text = res.stdout.strip()
-        return (text or None) if res.returncode == 0 else None
-    res = proc.run(["qstat", job], env=dict(env), check=False)
-    if res.returncode != 0:
+def _job_exit(adapter: schedulers.Scheduler, job: str, env: Mapping[str, str]) -> Optional[int]:
+    argv = adapter.exit_query(job)
+    if argv is None:
         return None
-    lines = res.stdout.strip().splitlines()
-    return lines[-1].split()[4] if lines and len(lines[-1].split()) > 4 else "Q"
-
-
-def _job_exit(scheduler: str, job: str, env: Mapping[str, str]) -> Optional[int]:
-    if scheduler != "slurm":
-        return None
-    res = proc.run(["scontrol", "show", "job", job], env=dict(env), check=False)
-    for word in res.stdout.split():
-        if word.startswith("ExitCode="):
-            return int(word.split("=", 1)[1].split(":", 1)[0])
-    return None
+    return adapter.exit_code(proc.run(argv, env=dict(env), check=False).stdout)

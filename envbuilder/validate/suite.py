@@ -13,14 +13,12 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder.errors import RecipeError, UsageError, did_you_mean
 from envbuilder.facts import HostFacts
-from envbuilder.validate import batch, launchers
+from envbuilder.recipe import sections
+from envbuilder.validate import batch, checks, launchers, schedulers
 
 if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
     from envbuilder.recipe.loader import Recipe
 
-CHECKS = ("import", "gpu", "arch", "cuda", "libraries", "mpi", "nccl", "ddp", "filesystem", "horovod")
-GPU_ONLY = ("gpu", "arch", "cuda")
-DEFAULT_CHECKS = ("import", "gpu", "arch", "cuda", "libraries", "nccl", "ddp", "filesystem")
 #: Largest all_reduce message of the bandwidth sweep: 1 GiB on GPUs (the figure nccl-tests users compare),
 #: 16 MiB on CPU where gloo would spend minutes on more.
 SWEEP_MAX = {"cuda": 1 << 30, "cpu": 16 << 20}
@@ -69,10 +67,10 @@ class Launch:
 
 def checks_for(recipe: Recipe, requested: Optional[Sequence[str]]) -> tuple[str, ...]:
     """The recipe's checks (or the defaults), or those asked for; unknown names are a usage error."""
-    chosen = list(requested or recipe.get("validation.checks", []) or DEFAULT_CHECKS)
-    unknown = [c for c in chosen if c not in CHECKS]
+    chosen = list(requested or recipe.validation.checks or checks.DEFAULTS)
+    unknown = [c for c in chosen if c not in checks.NAMES]
     if unknown:
-        raise UsageError(f"unknown check(s): {', '.join(unknown)}", hint=f"checks: {', '.join(CHECKS)}")
+        raise UsageError(f"unknown check(s): {', '.join(unknown)}", hint=f"checks: {', '.join(checks.NAMES)}")
     return tuple(dict.fromkeys(["import", *chosen]))
 
 
@@ -110,19 +108,23 @@ def launch(
     workdir: Optional[str] = None,
 ) -> Launch:
     """The launcher argv for ``payload``, and the site's batch script and interactive command around it."""
-    name = launcher or recipe.get("validation.launcher") or recipe.get("launcher.default")
-    nodes = nodes or int(recipe.get("validation.nodes", 1))
+    validation, sched, site_launcher = recipe.validation, recipe.scheduler, recipe.launcher
+    name = launcher or validation.launcher or site_launcher.default
+    nodes = nodes or validation.nodes
     gpus = len(target.gpus) if target.gpus and payload.device == "cuda" else 0
-    nproc = int(nproc_per_node or recipe.get("validation.nproc_per_node") or (gpus if gpus else 2))
-    if name == "local":
+    nproc = nproc_per_node or validation.nproc_per_node or (gpus if gpus else 2)
+    adapter = schedulers.get(sched.type)
+    chosen = launchers.get(name)
+    if chosen.one_process:
         nproc = 1
-    if name == "torchrun" and nodes > 1:
-        name = "srun" if recipe.get("scheduler.type") == "slurm" else "mpiexec"
-        warnings.append(f"torchrun alone reaches one node; launching {nodes} nodes through {name}")
+    if chosen.one_node and nodes > 1:
+        name = adapter.node_launcher if adapter else "mpiexec"
+        warnings.append(f"{chosen.name} alone reaches one node; launching {nodes} nodes through {name}")
+        chosen = launchers.get(name)
     script = (f"{package_dir}/payloads/validate.py", *payload.args())
     affinity: tuple[str, ...] = ()
-    if recipe.get("launcher.gpu_affinity") != "none" and not launchers.is_agent(name) and gpus:
-        affinity = (f"{package_dir}/payloads/gpu_affinity.sh", str(recipe.get("launcher.gpu_affinity")))
+    if site_launcher.gpu_affinity != "none" and not chosen.agent and gpus:
+        affinity = (f"{package_dir}/payloads/gpu_affinity.sh", site_launcher.gpu_affinity)
     if payload.device == "cuda" and payload.expect_gpus is None and gpus:
         # A wrapper that binds one GPU per rank leaves each rank one device; torchrun's workers see the node's.
         payload = replace(payload, expect_gpus=1 if affinity else gpus)
@@ -133,56 +135,40 @@ def launch(
         nodes=nodes,
         nproc_per_node=nproc,
         torchrun=(env_python, "-m", "torch.distributed.run"),
-        port=int(recipe.get("launcher.port", 29500)),
-        rdzv_id=launchers.ShellVar("SLURM_JOB_ID")
-        if recipe.get("scheduler.type") == "slurm"
-        else "envbuilder",
-        mpi=recipe.get("launcher.mpi"),
-        cpu_bind=recipe.get("launcher.cpu_bind"),
-        depth=recipe.get("launcher.depth"),
+        port=site_launcher.port,
+        rdzv_id=adapter.rdzv_id if adapter else "envbuilder",
+        mpi=site_launcher.mpi,
+        cpu_bind=site_launcher.cpu_bind,
+        depth=site_launcher.depth,
         affinity_wrapper=affinity,
     )
-    argv = tuple(launchers.build(name, spec))
-    scheduler = recipe.get("scheduler.type")
-    partition = recipe.get("validation.partition") or recipe.get("scheduler.partition")
-    if scheduler not in ("slurm", "pbs"):
+    argv = tuple(chosen.argv(spec))
+    partition = validation.partition or sched.partition
+    if adapter is None:
         return Launch(name, argv, nodes, nproc, None, None, None, None)
-    part = (recipe.get("scheduler.partitions", {}) or {}).get(partition or "", {})
-    gpus_per_node = part.get("gpus_per_node", gpus) if payload.device == "cuda" else 0
-    cores = part.get("cores_per_node") or recipe.get("compute.cores_per_node")
-    agent = launchers.is_agent(name)
+    part = sched.partitions.get(partition or "", sections.Partition())
+    site_gpus = gpus if part.gpus_per_node is None else part.gpus_per_node
+    cores = part.cores_per_node or recipe.compute.cores_per_node
+    agent = chosen.agent
     job = batch.JobShape(
         nodes=nodes,
         tasks_per_node=1 if agent else nproc,
-        gpus_per_node=int(gpus_per_node or 0),
-        cpus_per_task=int(cores)
-        if (agent and cores and not recipe.get("scheduler.exclusive_nodes"))
-        else None,
+        gpus_per_node=site_gpus if payload.device == "cuda" else 0,
+        cpus_per_task=cores if (agent and cores and not sched.exclusive_nodes) else None,
         partition=partition,
-        time=recipe.get("validation.time") or recipe.get("scheduler.time") or "00:30:00",
+        time=validation.time or sched.time,
         account=account,
         name=f"envbuilder-{recipe.name}"[:64],
     )
-    if part.get("max_nodes") and nodes > part["max_nodes"]:
-        warnings.append(f"partition {partition} allows {part['max_nodes']} node(s); {nodes} asked for")
-    if recipe.get("scheduler.account_required") and not account:
+    if part.max_nodes and nodes > part.max_nodes:
+        warnings.append(f"partition {partition} allows {part.max_nodes} node(s); {nodes} asked for")
+    if sched.account_required and not account:
         warnings.append("this site needs an allocation account for every job: pass --account")
-    if scheduler == "slurm":
-        directives = batch.slurm_directives(
-            job, recipe.get("scheduler.gpu_request", "gpus-per-node"), batch.required_flags(recipe.data)
-        )
-    else:
-        directives = batch.pbs_directives(job, batch.required_flags(recipe.data))
-    batch.check_dialect(
-        directives,
-        recipe.get("scheduler.forbidden_flags", []),
-        recipe.get("scheduler.allowed_flags", []),
-        recipe.chain[0],
-    )
-    template = recipe.get("scheduler.interactive")
-    interactive = tuple(batch.interactive_argv(template, job)) if template else None
+    directives = adapter.directives(job, sched.gpu_request, sched.required_flags)
+    batch.check_dialect(directives, sched.forbidden_flags, sched.allowed_flags, recipe.chain[0])
+    interactive = tuple(batch.interactive_argv(sched.interactive, job)) if sched.interactive else None
     text = batch.script(
-        scheduler=scheduler,
+        scheduler=adapter.name,
         directives=directives,
         module_use=activate["module_use"],
         modules=job_modules(recipe, activate),
@@ -192,12 +178,12 @@ def launch(
         launch=argv,
         workdir=workdir or f"{prefix}/envbuilder/validation",
     )
-    return Launch(name, argv, nodes, nproc, scheduler, partition, interactive, text)
+    return Launch(name, argv, nodes, nproc, adapter.name, partition, interactive, text)
 
 
 def job_modules(recipe: Recipe, activate: Mapping[str, Any]) -> list[str]:
     """The modules a validation job loads: the recipe's build modules, then those activate adds."""
-    load = list(recipe.get("modules.load", []))
+    load = list(recipe.modules.load)
     return load + [m for m in activate.get("modules") or [] if m not in load]
 
 
@@ -207,8 +193,8 @@ def filesystems(
     expand: Callable[[str, Mapping[str, str], str], tuple[str, list[str]]],
 ) -> tuple[str, ...]:
     """Directories for the file system check: the recipe's named filesystems, else $SCRATCH."""
-    names = recipe.get("validation.filesystems", []) or []
-    table = recipe.get("filesystems", {}) or {}
+    names = recipe.validation.filesystems
+    table = recipe.filesystems
     dirs = []
     for name in names:
         if name not in table:
@@ -219,7 +205,7 @@ def filesystems(
                 key="validation.filesystems",
                 hint=hint,
             )
-        text, missing = expand(table[name]["path"], env, recipe.name)
+        text, missing = expand(table[name].path, env, recipe.name)
         if not missing:
             dirs.append(text)
     if not names and env.get("SCRATCH"):

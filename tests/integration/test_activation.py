@@ -9,10 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DATA
+from helpers import DATA
 from wheelindex import build_wheel, serve
 
-from envbuilder import activation, modulefile
+from envbuilder import activate_scripts, activation, modulefile
 from envbuilder.activation import Activation
 from envbuilder.errors import RecipeError
 from envbuilder.plan.steps import CONSTRAINTS
@@ -185,9 +185,9 @@ def test_pythonpath_unset_stays_unset_no_empty_entry(venv, tmp_path):
 
 def test_hook_is_idempotent_and_independent_of_template_wording():
     template = "# you cannot run it directly\nVIRTUAL_ENV='/x'\n"
-    once = activation.with_hook(template)
-    assert activation.with_hook(once) == once
-    assert once.count(activation.BEGIN) == 1
+    once = activate_scripts.with_hook(template)
+    assert activate_scripts.with_hook(once) == once
+    assert once.count(activate_scripts.BEGIN) == 1
     assert once.startswith(template)
 
 
@@ -358,7 +358,7 @@ def test_pins_survive_modules_and_a_second_activate(shell, awkward_venv, tmp_pat
 @pytest.mark.parametrize("shell", SHELLS)
 def test_an_env_without_pins_exports_none(shell, awkward_venv, tmp_path):
     activation.install(awkward_venv, Activation(env={"A": "1"}))
-    assert "CONSTRAINT" not in (awkward_venv / activation.SCRIPT_REL).read_text()
+    assert "CONSTRAINT" not in (awkward_venv / activate_scripts.SCRIPT_REL).read_text()
     _, during, _ = run(shell, awkward_venv, tmp_path, user_has_module=False)
     assert "PIP_CONSTRAINT" not in during and "UV_CONSTRAINT" not in during
 

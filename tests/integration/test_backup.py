@@ -10,13 +10,12 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import pytest
-from conftest import REPO, ok
+from helpers import REPO, UserWorld, bash, lmod_vars, ok
 from wheelindex import build_wheel, mirror_env, serve
 
 from envbuilder.backup import wheelhouse
@@ -114,63 +113,21 @@ def index(files):
         yield idx
 
 
-class World:
+class World(UserWorld):
     def __init__(self, root: Path, index) -> None:
-        self.root = root
-        self.recipes = root / "recipes"
-        self.recipes.mkdir(exist_ok=True)
-        self.scratch = root / "scratch"
         self.work = root / "work"
+        super().__init__(root, mirror_env(index), WORK=str(self.work))
         self.backups = self.work / "envbuilder" / "backups"
-        self.env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(root / "userhome"),
-            "NO_COLOR": "1",
-            "SCRATCH": str(self.scratch),
-            "WORK": str(self.work),
-            "ENVBUILDER_HOME": str(root / "home"),
-            "ENVBUILDER_RECIPE_PATH": str(self.recipes),
-            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
-            "UV_CACHE_DIR": str(root / "uv-cache"),
-            "COLUMNS": "200",
-        }
 
     def small(self, name: str, *specs: str, installer: str = "uv", touch: str = "false") -> str:
         text = SMALL_RECIPE.format(name=name, installer=installer, packages=_packages(*specs), touch=touch)
-        (self.recipes / f"{name}.toml").write_text(text)
-        return name
+        return self.write_recipe(name, text)
 
     def torch(self, name: str) -> str:
-        (self.recipes / f"{name}.toml").write_text(TORCH_RECIPE.format(name=name))
-        return name
+        return self.write_recipe(name, TORCH_RECIPE.format(name=name))
 
     def prefix(self, name: str) -> Path:
         return self.scratch / "envs" / name
-
-    def cli(self, *args: str, timeout: float = 600, **extra: Any) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "envbuilder", *args],
-            env={**self.env, **{k: str(v) for k, v in extra.items()}},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=REPO,
-        )
-
-    def popen(self, *args: str, preexec: Optional[Callable[[], None]] = None) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "envbuilder", *args],
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            preexec_fn=preexec,  # noqa: PLW1509 - only sets a resource limit in the child
-        )
-
-    def data(self, *args: str) -> Any:
-        res = ok(self.cli(*args, "--json"))
-        return json.loads(res.stdout)["data"]
 
     def store_bytes(self) -> int:
         return sum(p.stat().st_size for p in (self.backups / "store").glob("*/*") if p.is_file())
@@ -430,12 +387,12 @@ def test_killed_backup_leaves_earlier_backups_intact(tworld, point):
         ),
         "torch stored": (root / torch_blob).exists,
     }
-    proc = w.popen("backup", "tbk", "--to", str(root))
+    proc = w.spawn("backup", "tbk", "--to", str(root))
     wait_for(conditions[point], proc)
     kill(proc)
     listed = json.loads(ok(w.cli("backups", "tbk", "--from", str(root), "--json")).stdout)["data"]
     assert [b["id"] for b in listed] == before  # nothing partial is listed
-    # The next backup clears what the killed one left and succeeds; the lock of the dead process is broken.
+    # The next backup clears what the killed one left and succeeds; the mutex of the dead process is broken.
     ok(w.cli("backup", "tbk", "--to", str(root), "--wait", "0"))
     assert list(root.glob("envs/tbk/.partial-*")) == [] and list(root.glob("store/*/.*.tmp-*")) == []
     for b in json.loads(ok(w.cli("backups", "tbk", "--from", str(root), "--json")).stdout)["data"]:
@@ -456,7 +413,7 @@ def test_killed_restore_leaves_the_previous_state(tworld, point):
         ),
     }
     name = "tbk-" + point.split()[0]  # one env per name: each kill point restores its own
-    proc = w.popen("restore", "tbk", "--prefix", str(target), "--name", name, "--no-validate")
+    proc = w.spawn("restore", "tbk", "--prefix", str(target), "--name", name, "--no-validate")
     wait_for(conditions[point], proc)
     kill(proc)
     assert not target.exists()  # never half an env at the target
@@ -500,7 +457,7 @@ def test_a_full_disk_fails_cleanly(world):
         resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, 1_000_000))
 
     for mode in ("wheelhouse", "archive"):
-        proc = w.popen("backup", "full", "--mode", mode, preexec=small_files)
+        proc = w.spawn("backup", "full", "--mode", mode, preexec_fn=small_files)
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 12, err
         assert "could not be written" in err and "earlier backups are intact" in err
@@ -512,7 +469,7 @@ def test_a_full_disk_fails_cleanly(world):
 def test_concurrent_backups_of_one_env_are_serialized(world):
     w = world
     ok(w.cli("create", w.small("conc", "ebdemo==1.0", "ebbig==1.0"), "--no-validate"))
-    procs = [w.popen("backup", "conc", "--mode", "archive") for _ in range(2)]
+    procs = [w.spawn("backup", "conc", "--mode", "archive") for _ in range(2)]
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
     listed = w.data("backups", "conc")
@@ -611,9 +568,7 @@ def test_restore_loads_the_recipes_modules_under_real_lmod(world):
         '[activate]\nmodules = ["gcc/13.2.0"]\nenv = { OMP_NUM_THREADS = "8" }\n\n[python]',
     )
     (w.recipes / "mods.toml").write_text(text)
-    for var in ("LMOD_CMD", "MODULESHOME", "LMOD_PKG"):
-        if var in os.environ:
-            w.env[var] = os.environ[var]
+    w.env.update(lmod_vars())
     ok(w.cli("create", "mods", "--no-validate"))
     ok(w.cli("backup", "mods"))
     subprocess.run(["rm", "-rf", str(w.prefix("mods"))], check=True)
@@ -625,10 +580,7 @@ def test_restore_loads_the_recipes_modules_under_real_lmod(world):
         "echo GCC=$GCC_VERSION OMP=$OMP_NUM_THREADS; python -c 'import ebdemo'; deactivate; "
         "echo AFTER=${GCC_VERSION:-unset}"
     )
-    run = subprocess.run(
-        ["bash", "--noprofile", "--norc", "-c", script], env=w.env, capture_output=True, text=True
-    )
-    assert run.returncode == 0, run.stderr
+    run = ok(bash(script, w.env))
     assert "GCC=13.2.0 OMP=8" in run.stdout and "AFTER=unset" in run.stdout
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FACTS, PLAN_ENV, REPO, refused, run_cli
+from helpers import FACTS, PLAN_ENV, REPO, refused, run_cli
 
 from envbuilder import errors
 

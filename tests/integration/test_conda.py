@@ -25,7 +25,7 @@ from condachannel import (
     pip_package,
     python_package,
 )
-from conftest import DATA, ok, run_cli, user_env
+from helpers import DATA, UserWorld, ok
 from wheelindex import build_wheel, mirror_env, serve
 
 from envbuilder import lockfile
@@ -100,30 +100,18 @@ def wheels(tmp_path_factory, torch_files):
         yield idx
 
 
-class World:
+class World(UserWorld):
     def __init__(self, root: Path, channel: Path, idx: Any) -> None:
-        self.root = root
-        self.recipes = root / "recipes"
-        self.recipes.mkdir()
-        self.scratch = root / "scratch"
-        self.channel = channel
-        self.env = user_env(
+        super().__init__(
             root,
             f"{mirror_env(idx)} conda-forge={channel}",
             ENVBUILDER_HOME=str(root / "eb"),
-            ENVBUILDER_RECIPE_PATH=str(self.recipes),
             MODULEPATH=str(DATA / "modules" / "site"),
         )
+        self.channel = channel
 
     def recipe(self, name: str = "cdemo", conda: tuple[str, ...] = ("hpc-hello",), extra: str = "") -> None:
-        text = RECIPE.format(name=name, conda=json.dumps(list(conda)), py=PY) + extra
-        (self.recipes / f"{name}.toml").write_text(text)
-
-    def run(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return run_cli(*args, env={**self.env, **extra}, timeout=900)
-
-    def data(self, *args: str, **extra: str) -> Any:
-        return json.loads(ok(self.run(*args, "--json", **extra)).stdout)["data"]
+        self.write_recipe(name, RECIPE.format(name=name, conda=json.dumps(list(conda)), py=PY) + extra)
 
 
 def sh(cmd: str, env: dict[str, str]) -> str:
@@ -193,7 +181,7 @@ def test_embedded_engine_builds_a_conda_env_with_python_and_pip_inside(world):
 
 def test_an_unsatisfiable_request_is_a_solver_error_and_leaves_nothing(world):
     world.recipe(conda=("hpc-hello", "hpc-lib>=2"))
-    res = world.run("create", "cdemo")
+    res = world.cli("create", "cdemo")
     assert res.returncode == 7, res.stderr
     assert "rattler could not create the conda env" in res.stderr
     assert "hpc-lib" in res.stderr
@@ -201,7 +189,7 @@ def test_an_unsatisfiable_request_is_a_solver_error_and_leaves_nothing(world):
     assert not (world.scratch / "envs" / "cdemo").exists()
     assert not list((world.scratch / "envs").glob(".cdemo*"))
     world.recipe(conda=("no-such-package",))
-    res = world.run("create", "cdemo")
+    res = world.cli("create", "cdemo")
     assert res.returncode == 7
     assert "no-such-package" in res.stderr
 
@@ -212,7 +200,7 @@ def test_pytorchs_conda_channel_is_refused_for_current_torch(world):
     text = text.replace('channels = ["conda-forge"]', 'channels = ["pytorch", "conda-forge"]')
     text = text.replace("install = false", 'install = true\nversion = "2.7.1"\nvariant = "cpu"')
     (world.recipes / "cdemo.toml").write_text(text)
-    res = world.run("plan", "cdemo")
+    res = world.cli("plan", "cdemo")
     assert res.returncode == 4, res.stderr
     assert "PyTorch's conda channel (channel pytorch)" in res.stderr
     assert "torch.install = true" in res.stderr
@@ -239,7 +227,7 @@ def test_torch_from_the_index_inside_a_conda_env(world):
     backup = world.data("backup", "ctorch")
     assert backup["mode"] == "archive"
     dest = world.root / "restored" / "ctorch"
-    ok(world.run("restore", "ctorch", "--prefix", str(dest), "--name", "ctorch2", "--no-validate"))
+    ok(world.cli("restore", "ctorch", "--prefix", str(dest), "--name", "ctorch2", "--no-validate"))
     out = subprocess.run([str(dest / "bin" / "hpc-hello")], capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"hello from {dest}: hpc-lib 1.0"
     out = sh(f"source '{dest}/bin/activate' && python -c 'import sys, torch; print(sys.prefix)'", world.env)
@@ -288,7 +276,7 @@ def site_conda_module(world: World, tmp_path: Path) -> tuple[Path, Path]:
     text = text.replace('[[packages]]\nname = "condademo"\nspec = "condademo==1.0"\n', "")
     (world.recipes / "site-conda.toml").write_text(text)
     site_env = tmp_path / "soft" / "datascience" / "conda" / "2025-09-25"
-    ok(world.run("create", "site-conda", "--prefix", str(site_env), "--no-validate"))
+    ok(world.cli("create", "site-conda", "--prefix", str(site_env), "--no-validate"))
     modules = tmp_path / "modulefiles"
     (modules / "conda").mkdir(parents=True)
     (modules / "conda" / "2025-09-25.lua").write_text(f'prepend_path("PATH", "{site_env}/bin")\n')
@@ -356,10 +344,10 @@ def test_conda_lock_for_two_platforms_then_create_from_it(tmp_path, channel, whe
     # The channel moves on (hpc-lib 1.9 fits hpc-hello's <2): a locked build keeps 1.0, an unlocked one takes 1.9.
     hpc_lib(own, "1.9")
     index(own)
-    ok(world.run("create", "cdemo", "--locked", "--no-validate"))
+    ok(world.cli("create", "cdemo", "--locked", "--no-validate"))
     prefix = world.scratch / "envs" / "cdemo"
     assert conda_meta(prefix)["hpc-lib"] == "1.0"
-    ok(world.run("create", "cdemo", "--force", "--no-lock", "--no-validate"))
+    ok(world.cli("create", "cdemo", "--force", "--no-lock", "--no-validate"))
     assert conda_meta(prefix)["hpc-lib"] == "1.9"
 
     # The channel now serves other bytes for the locked build: refused, and the existing env is untouched.
@@ -367,7 +355,7 @@ def test_conda_lock_for_two_platforms_then_create_from_it(tmp_path, channel, whe
         f.unlink()
     hpc_lib(own, "1.0", note=" rebuilt")
     index(own)
-    res = world.run("create", "cdemo", "--force", "--locked")
+    res = world.cli("create", "cdemo", "--force", "--locked")
     assert res.returncode == 7, res.stderr
     assert "does not match the lock (hpc-lib: locked" in res.stderr
     assert conda_meta(prefix)["hpc-lib"] == "1.9"
@@ -404,7 +392,7 @@ def test_a_conda_from_the_sites_module_builds_and_its_env_is_moved_into_place(wo
     assert conda_meta(prefix)["hpc-hello"] == "0.1"
 
     world.recipe(name="cblas", conda=("hpc-blas",), extra=modules)
-    res = world.run("create", "cblas", MODULEPATH=str(tree))
+    res = world.cli("create", "cblas", MODULEPATH=str(tree))
     assert res.returncode == 7, res.stderr
     assert "cannot be moved into place" in res.stderr
     assert "lib/libhpcblas.so" in res.stderr
@@ -417,7 +405,7 @@ def test_a_conda_from_the_sites_module_builds_and_its_env_is_moved_into_place(wo
         .replace('channels = ["conda-forge"]', 'channels = ["conda-forge"]\nengine = "rattler"')
     )
     (world.recipes / "cblas.toml").write_text(text)
-    ok(world.run("create", "cblas", "--no-validate", MODULEPATH=str(tree)))
+    ok(world.cli("create", "cblas", "--no-validate", MODULEPATH=str(tree)))
     blob = (world.scratch / "envs" / "cblas" / "lib" / "libhpcblas.so").read_bytes()
     assert f"{world.scratch}/envs/cblas/lib".encode() in blob
     assert b".cblas.partial" not in blob
@@ -470,7 +458,7 @@ def test_conda_lock_with_the_sites_conda_then_create_from_it(tmp_path, channel, 
     # The target's CUDA, not conda-lock's default: this machine's plan has no GPU, so hpc-cuda does not resolve;
     # a site whose compute nodes have CUDA 12.4 gets it.
     world.recipe(name="ccuda", conda=("hpc-hello", "hpc-cuda"), extra=modules)
-    res = world.run("lock", "ccuda", "--platform", "x86_64", MODULEPATH=str(tree))
+    res = world.cli("lock", "ccuda", "--platform", "x86_64", MODULEPATH=str(tree))
     assert res.returncode == 13, res.stderr
     assert "conda-lock could not lock the conda packages for x86_64 (linux-64)" in res.stderr
     assert "__cuda" in res.stderr

@@ -4,7 +4,6 @@ real bash; interrupted and concurrent creates; the env commands (list/show/activ
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -13,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DATA, REPO, ok
+from helpers import DATA, REPO, UserWorld, bash, lmod_vars, ok
 from wheelindex import build_sdist, build_wheel, mirror_env, serve
 
-from envbuilder import create
-from envbuilder.backends import common
+from envbuilder import transaction
+from envbuilder.backends import installers
 
 pytestmark = pytest.mark.integration
 
@@ -90,60 +89,21 @@ def index(wheels):
         yield idx
 
 
-class World:
+class World(UserWorld):
     """A user's world: recipe dir, envbuilder home, uv cache, and a place for envs."""
 
     def __init__(self, root: Path, index) -> None:
-        self.root = root
-        self.recipes = root / "recipes"
-        self.recipes.mkdir()
-        self.home = root / "home"
+        super().__init__(root, mirror_env(index), **lmod_vars())
         self.envs = root / "envs"
         self.index = index
         index.requested.clear()  # the index serves the whole module; each test watches its own requests
-        self.env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(root / "userhome"),
-            "NO_COLOR": "1",
-            "ENVBUILDER_HOME": str(self.home),
-            "ENVBUILDER_RECIPE_PATH": str(self.recipes),
-            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
-            "UV_CACHE_DIR": str(root / "uv-cache"),
-        }
-        for var in ("LMOD_CMD", "MODULESHOME", "LMOD_PKG"):
-            if var in os.environ:
-                self.env[var] = os.environ[var]
 
     def recipe(self, name="demo", kind="venv", installer="uv", python="python3", extra="", text=None) -> str:
         body = text or SMALL.format(name=name, kind=kind, installer=installer, python=python, extra=extra)
-        (self.recipes / f"{name}.toml").write_text(body)
-        return name
+        return self.write_recipe(name, body)
 
     def prefix(self, name="demo") -> Path:
         return self.envs / name
-
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "envbuilder", *args]
-
-    def cli(self, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.argv(*args),
-            env={**self.env, **env},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=REPO,
-        )
-
-    def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            self.argv(*args),
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
 
     def create(self, name="demo", *more: str, **env: str) -> subprocess.CompletedProcess[str]:
         return self.cli("create", name, "--prefix", str(self.prefix(name)), *more, **env)
@@ -159,12 +119,6 @@ class World:
 @pytest.fixture
 def world(tmp_path, index):
     return World(tmp_path, index)
-
-
-def bash(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", "--noprofile", "--norc", "-c", script], env=env, capture_output=True, text=True
-    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -288,7 +242,7 @@ def test_uv_builds_at_a_hostile_prefix_and_activation_round_trips(world):
 
 
 def test_overlay_on_a_python_that_is_itself_a_venv_sees_the_parent_packages(world, tmp_path):
-    uv = common.uv_binary()
+    uv = installers.uv_binary()
     parent = tmp_path / "parent"
     env = {**world.env}
     ok(
@@ -418,7 +372,7 @@ def _wait_for(predicate, timeout=60.0):
 def test_interrupted_create_leaves_no_half_env_and_reruns_cleanly(world, sig, point):
     world.recipe(extra='[[packages]]\nname = "ebslow"\n')
     gate = world.index.hold("ebslow") if point == "downloading" else None
-    proc = world.popen("create", "demo", "--prefix", str(world.prefix()))
+    proc = world.spawn("create", "demo", "--prefix", str(world.prefix()))
     try:
         if point == "env-created":
             hit = _wait_for(
@@ -443,7 +397,7 @@ def test_interrupted_create_leaves_no_half_env_and_reruns_cleanly(world, sig, po
         assert "Traceback" not in err
         assert world.leftovers() == []  # cleaned up on the way out
     assert not world.prefix().exists()
-    # The next run breaks the stale lock, removes the partial build and succeeds.
+    # The next run breaks the stale mutex, removes the partial build and succeeds.
     ok(world.create())
     assert world.leftovers() == []
     assert (world.prefix() / "bin" / "python").exists()
@@ -454,7 +408,7 @@ def test_a_force_interrupted_between_its_renames_is_repaired(world, tmp_path):
     (tmp_path / ".env.old-123").mkdir()
     (tmp_path / ".env.old-123" / "pyvenv.cfg").write_text("home = /x\n")
     (tmp_path / ".env.partial-123").mkdir()
-    notes = create.recover(final)
+    notes = transaction.recover(final)
     assert (final / "pyvenv.cfg").exists()
     assert not list(tmp_path.glob(".env.*"))
     assert any("restored the previous env" in n for n in notes)
@@ -463,10 +417,10 @@ def test_a_force_interrupted_between_its_renames_is_repaired(world, tmp_path):
 def test_concurrent_creates_of_one_env_build_it_once(world):
     world.recipe(extra='[[packages]]\nname = "ebslow"\n')
     gate = world.index.hold("ebslow")
-    procs = [world.popen("create", "demo", "--prefix", str(world.prefix()), "--json") for _ in range(3)]
+    procs = [world.spawn("create", "demo", "--prefix", str(world.prefix()), "--json") for _ in range(3)]
     try:
         assert _wait_for(lambda: any(r.startswith("GET /files/ebslow") for r in world.index.requested))
-        time.sleep(0.5)  # the others are at the lock by now
+        time.sleep(0.5)  # the others are at the mutex by now
         gate.set()
         outs = [p.communicate(timeout=120) for p in procs]
     finally:
@@ -486,7 +440,7 @@ def test_concurrent_creates_of_one_env_build_it_once(world):
 def test_no_wait_fails_clearly_while_another_create_holds_the_env(world):
     world.recipe(extra='[[packages]]\nname = "ebslow"\n')
     gate = world.index.hold("ebslow")
-    first = world.popen("create", "demo", "--prefix", str(world.prefix()))
+    first = world.spawn("create", "demo", "--prefix", str(world.prefix()))
     try:
         assert _wait_for(lambda: any(r.startswith("GET /files/ebslow") for r in world.index.requested))
         second = world.create("demo", "--wait", "0")

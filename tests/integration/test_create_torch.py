@@ -6,36 +6,28 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
-from conftest import REPO
-from wheelindex import mirror_env, serve
+from helpers import run_cli
+from wheelindex import mirror_env
 
 pytestmark = pytest.mark.integration
 
 
-def test_local_recipe_creates_a_working_torch_env(torch_files, tmp_path):
-    with serve(torch_files) as index:
-        env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(tmp_path / "home"),
-            "SCRATCH": str(tmp_path / "scratch"),
-            "NO_COLOR": "1",
-            "ENVBUILDER_HOME": str(tmp_path / "envbuilder-home"),
-            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
-        }
-        res = subprocess.run(
-            [sys.executable, "-m", "envbuilder", "create", "local", "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            cwd=REPO,
-        )
-        assert res.returncode == 0, res.stderr
-        # The recipe's upstream index, not PyPI's torch, served the wheel: the mirror was used.
-        assert any(r.startswith("GET /whl/cpu/torch") for r in index.requested)
+def test_local_recipe_creates_a_working_torch_env(torch_index, tmp_path):
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path / "home"),
+        "SCRATCH": str(tmp_path / "scratch"),
+        "NO_COLOR": "1",
+        "ENVBUILDER_HOME": str(tmp_path / "envbuilder-home"),
+        "ENVBUILDER_INDEX_MIRROR": mirror_env(torch_index),
+    }
+    torch_index.requested.clear()
+    res = run_cli("create", "local", "--json", env=env, timeout=900)
+    assert res.returncode == 0, res.stderr
+    # The recipe's upstream index, not PyPI's torch, served the wheel: the mirror was used.
+    assert any(r.startswith("GET /whl/cpu/torch") for r in torch_index.requested)
     data = json.loads(res.stdout)["data"]
     prefix = tmp_path / "scratch" / "envbuilder" / "envs" / "local"
     assert data["env"]["prefix"] == str(prefix)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ok, refused, run_cli, user_env
+from helpers import UserWorld, ok, refused
 from torchindex import NEWEST, NIGHTLIES, NIGHTLY_PRUNED, TorchIndex, build_torch_wheel, serve, torch_mirror
 from wheelindex import build_wheel, mirror_env
 from wheelindex import serve as serve_wheels
@@ -70,24 +70,14 @@ def node(tmp_path: Path, name: str, driver: str, gpu="NVIDIA H100 80GB HBM3", cc
     return str(path)
 
 
-class Site:
+class Site(UserWorld):
     """A user's world: recipes, the envbuilder home, $SCRATCH, and envs laid out on disk with their records."""
-
-    def __init__(self, root: Path, mirror: str = "", **extra: str) -> None:
-        self.root = root
-        self.recipes = root / "recipes"
-        self.recipes.mkdir()
-        self.env = user_env(root, mirror, ENVBUILDER_RECIPE_PATH=str(self.recipes), **extra)
-        self.home = Path(self.env["ENVBUILDER_HOME"])
-
-    def recipe(self, name: str, text: str) -> None:
-        (self.recipes / f"{name}.toml").write_text(text)
 
     def torch_env(
         self, name: str, version: str, channel: str = "stable", libs: dict[str, list[str]] | None = None
     ) -> Path:
         """A cu130 env as create leaves it (python, activate, the CUDA library wheels' files), and its record."""
-        self.recipe(name, TORCH_RECIPE.format(name=name, version=version, channel=channel))
+        self.write_recipe(name, TORCH_RECIPE.format(name=name, version=version, channel=channel))
         prefix = self.root / "scratch" / "envs" / name
         (prefix / "bin").mkdir(parents=True)
         (prefix / "bin" / "python").symlink_to(sys.executable)
@@ -118,7 +108,7 @@ class Site:
         return prefix
 
     def doctor(self, *args: str, **extra: str):
-        return run_cli("doctor", *args, env={**self.env, **extra})
+        return self.cli("doctor", *args, **extra)
 
 
 @pytest.fixture
@@ -248,8 +238,8 @@ def small_index(tmp_path_factory):
 
 def test_a_created_env_is_clean_then_near_the_purge_then_gone(tmp_path, small_index):
     site = Site(tmp_path, mirror_env(small_index), ENVBUILDER_OFFLINE="1")
-    site.recipe("demo", SMALL)
-    ok(run_cli("create", "demo", "--no-validate", env=site.env, timeout=300))
+    site.write_recipe("demo", SMALL)
+    ok(site.cli("create", "demo", "--no-validate", timeout=300))
     prefix = tmp_path / "scratch" / "envs" / "demo"
     res = ok(site.doctor("demo", "--json"))
     data = json.loads(res.stdout)

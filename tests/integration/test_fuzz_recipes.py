@@ -4,13 +4,12 @@ exits with a documented code other than 1 (an internal error), prints no traceba
 $SCRATCH, and runs no command a value smuggles in (the marker file an injected ``touch`` would create).
 
 Hypothesis runs derandomized (a fixed seed: the same examples every run) with a bounded number of examples, so
-CI stays fast. Most examples call the CLI's entry point in-process with captured streams (``cli.main``, what
-``python -m envbuilder`` runs); a few run the real CLI in a child process."""
+CI stays fast. Most examples run the CLI in-process (``helpers.run_cli``: ``cli.main``, what ``python -m envbuilder``
+runs, in the environment a child would have); a few run the real CLI in a child process."""
 
 from __future__ import annotations
 
 import contextlib
-import io
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -19,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FACTS, PLAN_ENV, REPO, run_cli
+from helpers import FACTS, PLAN_ENV, REPO, run_cli, run_cli_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbuilder import cli, errors
+from envbuilder import errors
 from envbuilder._toml import dumps, loads
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, Layer
@@ -230,17 +229,11 @@ def test_mutated_recipes_plan_or_fail_cleanly(mutation: tuple[Target, bytes]) ->
     target, content = mutation
     with tempfile.TemporaryDirectory(prefix="eb-marker-") as mark_dir:
         marker = Path(mark_dir) / "marker"
-        with _sandbox(target, _hostile(content, marker)) as (root, env), pytest.MonkeyPatch.context() as mp:
-            for key in ("ENVBUILDER_TRACEBACK", "ENVBUILDER_CONFIG", "ENVBUILDER_INDEX_MIRROR"):
-                mp.delenv(key, raising=False)
-            for key, value in env.items():
-                mp.setenv(key, value)
-            out, err = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = cli.main(["plan", target.recipe, "--facts", target.facts, "--json"])
-            _check(code, out.getvalue() + err.getvalue(), root, marker)
-            if code == errors.EXIT_OK:
-                assert '"status": "ok"' in out.getvalue()
+        with _sandbox(target, _hostile(content, marker)) as (root, env):
+            res = run_cli("plan", target.recipe, "--facts", target.facts, "--json", env=env)
+            _check(res.returncode, res.stdout + res.stderr, root, marker)
+            if res.returncode == errors.EXIT_OK:
+                assert '"status": "ok"' in res.stdout
 
 
 @settings(
@@ -256,7 +249,7 @@ def test_mutated_recipes_through_the_real_cli(mutation: tuple[Target, bytes]) ->
     with tempfile.TemporaryDirectory(prefix="eb-marker-") as mark_dir:
         marker = Path(mark_dir) / "marker"
         with _sandbox(target, _hostile(content, marker)) as (root, env):
-            res = run_cli("plan", target.recipe, "--facts", target.facts, env=env, timeout=60)
+            res = run_cli_process("plan", target.recipe, "--facts", target.facts, env=env, timeout=60)
             _check(res.returncode, res.stdout + res.stderr, root, marker)
 
 

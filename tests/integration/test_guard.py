@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from conftest import FACTS, ok, refused, run_cli, user_env
+from helpers import FACTS, UserWorld, ok, refused, run_cli, user_env
 from torchindex import TorchIndex, build_torch_wheel
 from torchindex import serve as serve_roots
 from wheelindex import mirror_env, serve
@@ -54,20 +54,14 @@ def stand_in_torch(out: Path, version: str, cuda: Optional[str], arch_flags: str
     return build_torch_wheel(out, public, local, cuda, arch_flags, "py3-none-any")
 
 
-class World:
+class World(UserWorld):
     """A user with a recipe directory, throwaway homes, and a local index whose torch files a test chooses."""
 
     def __init__(self, root: Path, index: Any, files: Path) -> None:
-        self.root = root
+        super().__init__(root, mirror_env(index), ENVBUILDER_OFFLINE="1")
         self.index = index
         self.files = files
-        self.recipes = root / "recipes"
-        self.recipes.mkdir()
-        self.home = root / "eb-home"
         self.envs = root / "envs"
-        self.env = user_env(
-            root, mirror_env(index), ENVBUILDER_RECIPE_PATH=str(self.recipes), ENVBUILDER_OFFLINE="1"
-        )
         self.cpu_facts = self.facts("cpu", {"gpus": []})
         base = json.loads((FACTS / "h100.json").read_text())
         self.h100_facts = self.facts("h100", {**base, "gpus": base["gpus"][:1]})
@@ -91,14 +85,10 @@ class World:
         text = RECIPE.format(
             name=name, kind=kind, installer=installer, python=python, py=PY, pin=PIN, variant=variant
         )
-        (self.recipes / f"{name}.toml").write_text(text)
-        return name
+        return self.write_recipe(name, text)
 
     def prefix(self, name: str) -> Path:
         return self.envs / name
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli(*args, env=self.env, timeout=600)
 
     def create(self, name: str, facts: Path, *more: str) -> subprocess.CompletedProcess[str]:
         return self.cli(

@@ -6,20 +6,18 @@ is held open by the ENVBUILDER_TEST_PAUSE test hook."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, ok, refused
+from helpers import UserWorld, ok, refused
 from wheelindex import build_wheel, mirror_env, serve
 
-from envbuilder import create
+from envbuilder import transaction
 
 pytestmark = pytest.mark.integration
 
@@ -48,65 +46,28 @@ def index(tmp_path_factory):
         yield idx
 
 
-class World:
+class World(UserWorld):
     def __init__(self, root: Path, index: Any) -> None:
-        self.root = root
-        self.recipes = root / "recipes"
-        self.recipes.mkdir()
-        self.scratch = root / "scratch"
-        self.home = root / "home"
-        self.env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(root / "userhome"),
-            "NO_COLOR": "1",
-            "COLUMNS": "200",
-            "SCRATCH": str(self.scratch),
-            "WORK": str(root / "work"),
-            "ENVBUILDER_HOME": str(self.home),
-            "ENVBUILDER_RECIPE_PATH": str(self.recipes),
-            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
-            "UV_CACHE_DIR": str(root / "uv-cache"),
-        }
+        super().__init__(root, mirror_env(index), WORK=str(root / "work"))
 
     def recipe(self, name: str = "demo", *packages: str) -> str:
         specs = packages or ("ebdemo==1.0",)
         text = "".join(f'[[packages]]\nname = "{s.split("==")[0]}"\nspec = "{s}"\n' for s in specs)
-        (self.recipes / f"{name}.toml").write_text(RECIPE.format(name=name, packages=text))
-        return name
+        return self.write_recipe(name, RECIPE.format(name=name, packages=text))
 
     def prefix(self, name: str = "demo") -> Path:
         """The recipe's default prefix (the loader's ${SCRATCH}/envbuilder/envs/{name})."""
         return self.scratch / "envbuilder" / "envs" / name
-
-    def cli(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "envbuilder", *args],
-            env={**self.env, **extra},
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=REPO,
-        )
-
-    def data(self, *args: str) -> Any:
-        return json.loads(ok(self.cli(*args, "--json")).stdout)["data"]
 
     def record(self, name: str = "demo") -> dict[str, Any]:
         return json.loads((self.home / "envs" / f"{name}.json").read_text())
 
     def killed_at_the_rename(self, target: Path, *args: str, sig: int = signal.SIGKILL) -> None:
         """Run ``envbuilder ARGS`` paused right after it renamed the env into ``target``, and kill it there."""
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "envbuilder", *args],
-            env={**self.env, create.PAUSE_VAR: "after-rename"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
+        proc = self.spawn(*args, extra={transaction.PAUSE_VAR: "after-rename"}, stdout=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 240
-            while not (target / create.PENDING).exists():
+            while not (target / transaction.PENDING).exists():
                 if proc.poll() is not None:
                     pytest.fail(
                         f"it ended (exit {proc.returncode}) before the rename:\n{proc.communicate()[1]}"
@@ -121,7 +82,7 @@ class World:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-        assert f"{create.PAUSE_VAR}: paused after-rename" in err
+        assert f"{transaction.PAUSE_VAR}: paused after-rename" in err
         if sig == signal.SIGKILL:
             assert proc.returncode == -signal.SIGKILL
         else:
@@ -165,7 +126,7 @@ def test_a_create_killed_after_its_rename_is_finished_by_the_rerun(world, sig):
     assert data["status"] == "created"
     assert any("interrupted create" in n for n in data["notes"]), data["notes"]
     assert world.record()["prefix"] == str(prefix)
-    assert not (prefix / create.PENDING).exists()
+    assert not (prefix / transaction.PENDING).exists()
     assert world.leftovers(prefix) == []
     rows = world.data("list")
     assert [(r["name"], r["health"]["status"]) for r in rows] == [("demo", "ok")]
@@ -203,7 +164,7 @@ def test_a_restore_killed_after_its_rename_is_finished_by_the_rerun(world, mode)
     shown = world.data("show", "demo-r")
     assert shown["prefix"] == str(target) and shown["health"]["status"] == "ok"
     assert shown["origin"]["backup"] == made["id"]
-    assert not (target / create.PENDING).exists()
+    assert not (target / transaction.PENDING).exists()
     assert world.leftovers(target) == []
     assert python(target, "import ebdemo, sys; print(sys.prefix)") == str(target)
     # The marker left no trace: the env's own envbuilder directory holds what the original's does.

@@ -17,14 +17,16 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import DATA, PLAN_ENV, REPO, ok, refused, run_cli
+from helpers import DATA, PLAN_ENV, REPO, UserWorld, bash, lmod_vars, ok, refused, run_cli
 from wheelindex import build_wheel, mirror_env, serve
 
-from envbuilder import activation, modulefile, modules
+from envbuilder import activate_scripts, modulefile, modules
 from envbuilder.errors import EnvbuilderError, ModuleSystemError, RecipeError
 from envbuilder.plan import steps
+from envbuilder.plan.activation import Activation
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, Layer
+from envbuilder.recipe.sections import Package
 from envbuilder.validate import batch
 
 pytestmark = pytest.mark.integration
@@ -61,30 +63,14 @@ def index(tmp_path_factory):
         yield idx
 
 
-class World:
+class World(UserWorld):
     """A user with a recipe directory, an envbuilder home, $SCRATCH and uv's cache, all under ``root``."""
 
     def __init__(self, root: Path, index, recipes: str = "recipes") -> None:
-        self.root = root
-        self.recipes = root / recipes
-        self.recipes.mkdir(parents=True)
+        super().__init__(root, mirror_env(index), recipes, COLUMNS="400", **lmod_vars())
         self.envs = root / "envs"
         self.index = index
         index.requested.clear()
-        self.env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(root / "home"),
-            "SCRATCH": str(root / "scratch"),
-            "NO_COLOR": "1",
-            "COLUMNS": "400",
-            "ENVBUILDER_HOME": str(root / "eb-home"),
-            "ENVBUILDER_RECIPE_PATH": str(self.recipes),
-            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
-            "UV_CACHE_DIR": str(root / "uv-cache"),
-        }
-        for var in ("LMOD_CMD", "MODULESHOME", "LMOD_PKG"):
-            if var in os.environ:
-                self.env[var] = os.environ[var]
 
     def recipe(
         self, extra: str = "", name: str = "ebdemo", spec: str = "ebdemo==1.0", installer: str = "uv"
@@ -94,9 +80,6 @@ class World:
             RECIPE.format(extra=extra, name=name, spec=spec, installer=installer), encoding="utf-8"
         )
         return path
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli(*args, env=self.env, timeout=300)
 
     def create(self, prefix: Path) -> subprocess.CompletedProcess[str]:
         return self.cli("create", "demo", "--prefix", str(prefix))
@@ -113,12 +96,6 @@ class World:
 @pytest.fixture
 def world(tmp_path, index):
     return World(tmp_path, index)
-
-
-def bash(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", "--noprofile", "--norc", "-c", script], env=env, capture_output=True, text=True, timeout=120
-    )
 
 
 def lmod_env() -> dict[str, str]:
@@ -196,15 +173,13 @@ def test_module_adapter_refuses_a_hostile_name_before_lmod_sees_it(marker):
 def test_renderers_refuse_a_hostile_module_name(tmp_path):
     name = hostile_module(tmp_path / "marker")
     with pytest.raises(RecipeError, match="not a module name"):
-        activation.render_script(activation.Activation(modules=(name,)))
+        activate_scripts.render_script(Activation(modules=(name,)))
     with pytest.raises(RecipeError, match="not a module name"):
         modulefile.render(name="demo", prefix="/p", recipe="demo", modules=[name])
     with pytest.raises(EnvbuilderError, match="not a module name"):
         batch.module_lines([], [name])
     # The controls: the same calls with a real module name render it.
-    assert "module load gcc/13.2.0" in activation.render_script(
-        activation.Activation(modules=("gcc/13.2.0",))
-    )
+    assert "module load gcc/13.2.0" in activate_scripts.render_script(Activation(modules=("gcc/13.2.0",)))
     assert 'depends_on("gcc/13.2.0")' in modulefile.render(
         name="demo", prefix="/p", recipe="demo", modules=["gcc/13.2.0"]
     )
@@ -254,7 +229,7 @@ def test_installers_read_what_follows_double_dash_as_requirements(world, tmp_pat
     recipe = loader.load("demo", Catalog([Layer("test", world.recipes)]))
     elsewhere = tmp_path / "elsewhere"
     prefix = tmp_path / "env"
-    packages = [{"name": "ebdemo", "spec": "ebdemo==1.0"}, {"name": "x", "spec": f"--target={elsewhere}"}]
+    packages = [Package("ebdemo", spec="ebdemo==1.0"), Package("x", spec=f"--target={elsewhere}")]
     warnings: list[str] = []
     built, _ = steps.install_steps(
         "venv", installer, sys.executable, str(prefix), recipe, None, packages, warnings
@@ -331,13 +306,13 @@ def test_renderers_refuse_what_they_cannot_carry(bad):
     with pytest.raises(RecipeError):
         modulefile.render(name="demo", prefix="/p", recipe="demo", module_use=["/m" + bad])
     with pytest.raises(RecipeError, match="OMP_NUM_THREADS"):
-        activation.render_script(activation.Activation(env={"OMP_NUM_THREADS": bad}))
+        activate_scripts.render_script(Activation(env={"OMP_NUM_THREADS": bad}))
     with pytest.raises(RecipeError):
-        activation.render_script(activation.Activation(module_use=("/m" + bad,), modules=("gcc/13.2.0",)))
+        activate_scripts.render_script(Activation(module_use=("/m" + bad,), modules=("gcc/13.2.0",)))
     with pytest.raises(RecipeError):
-        activation.render_user_prefix_activate("/p" + bad)
+        activate_scripts.render_user_prefix_activate("/p" + bad)
     with pytest.raises(RecipeError):
-        activation.render_conda_activate("/p" + bad)
+        activate_scripts.render_conda_activate("/p" + bad)
     job = {
         "scheduler": "slurm",
         "directives": ["--job-name=demo"],
@@ -377,7 +352,7 @@ def test_renderers_refuse_unset_names_that_are_not_variables():
     with pytest.raises(RecipeError, match="not a variable name"):
         batch.script(**job)
     with pytest.raises(RecipeError, match="not a variable name"):
-        activation.render_script(activation.Activation(unset=("X; touch pwned",)))
+        activate_scripts.render_script(Activation(unset=("X; touch pwned",)))
     with pytest.raises(RecipeError, match="not a variable name"):
         modulefile.render(name="demo", prefix="/p", recipe="demo", unset=["X; touch pwned"])
 

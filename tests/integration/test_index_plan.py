@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ok, refused, run_cli, user_env
+from helpers import ok, refused, run_cli, user_env
 from torchindex import NEWEST, pytorch_like, serve, torch_mirror
 
 from envbuilder.resolver.matrix import load_matrix

@@ -8,7 +8,7 @@ import sys
 import zipfile
 
 import pytest
-from conftest import FACTS, PLAN_ENV, REPO
+from helpers import FACTS, PLAN_ENV, REPO
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ok, refused, run_cli, user_env
+from helpers import UserWorld, ok, refused, run_cli
 from packaging.utils import canonicalize_name
 from wheelindex import build_wheel, mirror_env, serve
 
@@ -63,16 +63,11 @@ def world(tmp_path):
         yield World(tmp_path, files, index)
 
 
-class World:
+class World(UserWorld):
     def __init__(self, root: Path, files: Path, index: Any) -> None:
-        self.root = root
+        super().__init__(root, mirror_env(index))
         self.files = files
         self.index = index
-        self.recipes = root / "recipes"
-        self.recipes.mkdir()
-        self.home = root / "eb-home"
-        self.scratch = root / "scratch"
-        self.env = user_env(root, mirror_env(index), ENVBUILDER_RECIPE_PATH=str(self.recipes))
 
     def recipe(
         self, name: str = "demo", specs: tuple[str, ...] = ("helper==2.0",), description: str = "x"
@@ -80,17 +75,10 @@ class World:
         packages = "".join(
             f'[[packages]]\nname = "{s.split("=")[0].rstrip("<>!~")}"\nspec = "{s}"\n' for s in specs
         )
-        path = self.recipes / f"{name}.toml"
-        path.write_text(
-            RECIPE.format(name=name, description=description, python=sys.executable, packages=packages)
+        self.write_recipe(
+            name, RECIPE.format(name=name, description=description, python=sys.executable, packages=packages)
         )
-        return path
-
-    def run(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return run_cli(*args, env={**self.env, **extra}, timeout=600)
-
-    def data(self, *args: str, **extra: str) -> Any:
-        return json.loads(ok(self.run(*args, "--json", **extra)).stdout)["data"]
+        return self.recipes / f"{name}.toml"
 
     def x(self, name: str = "demo") -> str:
         py = self.scratch / "envs" / name / "bin" / "python"
@@ -130,19 +118,19 @@ def test_lock_two_platforms_then_create_from_the_lock(world):
     requested = list(world.index.requested)
     assert not any("fastmath-1.2" in r for r in requested)
 
-    ok(world.run("create", "demo", "--force", "--no-lock", "--no-validate"))
+    ok(world.cli("create", "demo", "--force", "--no-lock", "--no-validate"))
     assert world.x() == "x86 1.2"
-    ok(world.run("create", "demo", "--force", "--locked", "--no-validate"))
+    ok(world.cli("create", "demo", "--force", "--locked", "--no-validate"))
     assert world.x() == "x86 1.1"
     # Only an env built from a published version can stamp one (checked before anything runs).
-    refused(world.run("validate", "demo", "--publish-report"), 10, "demo, which is not a published recipe")
+    refused(world.cli("validate", "demo", "--publish-report"), 10, "demo, which is not a published recipe")
 
 
 @pytest.mark.skipif(UV is None, reason="uv is not installed")
 def test_the_aarch64_half_installs_for_aarch64_and_not_the_x86_half(world, tmp_path):
     """No aarch64 machine here (nor on the device): uv's cross-platform install is the aarch64 'create'."""
     world.recipe()
-    ok(world.run("lock", "demo", "--platform", "aarch64", "--platform", "x86_64"))
+    ok(world.cli("lock", "demo", "--platform", "aarch64", "--platform", "x86_64"))
     lock = lockfile.read(world.home / "lockfiles" / "demo.lock.toml")
 
     def install(arch: str, target: Path) -> subprocess.CompletedProcess[str]:
@@ -164,29 +152,29 @@ def test_the_aarch64_half_installs_for_aarch64_and_not_the_x86_half(world, tmp_p
 
 def test_stale_missing_and_tampered_locks(world):
     world.recipe()
-    refused(world.run("create", "demo", "--locked"), 13, "--locked, but demo has no lock")
+    refused(world.cli("create", "demo", "--locked"), 13, "--locked, but demo has no lock")
     assert not (world.scratch / "envs" / "demo").exists()
-    ok(world.run("lock", "demo"))
+    ok(world.cli("lock", "demo"))
 
     # A change that resolves the same keeps the lock; one that does not makes it stale.
     world.recipe(description="reworded")
     assert world.data("plan", "demo")["lock"]["status"] == "applies"
     world.recipe(specs=("helper>=2.0",))
-    res = world.run("create", "demo", "--locked")
+    res = world.cli("create", "demo", "--locked")
     refused(res, 13, "is stale for demo on x86_64")
     assert "helper>=2.0" in res.stderr
     assert "envbuilder lock demo --platform x86_64" in res.stderr
     assert not (world.scratch / "envs" / "demo").exists()
-    res = ok(world.run("create", "demo", "--no-validate"))
+    res = ok(world.cli("create", "demo", "--no-validate"))
     assert "building without the lock" in res.stderr
 
     # A lock whose hash was edited: the installer refuses the file, and no env is left behind.
     world.recipe()
-    ok(world.run("lock", "demo"))
+    ok(world.cli("lock", "demo"))
     path = world.home / "lockfiles" / "demo.lock.toml"
     real = sha(world.files / f"fastmath-1.1-{X86}.whl")
     path.write_text(path.read_text().replace(real, "0" * 64))
-    res = world.run("create", "demo", "--force", "--locked", "--prefix", str(world.root / "tampered"))
+    res = world.cli("create", "demo", "--force", "--locked", "--prefix", str(world.root / "tampered"))
     assert res.returncode == 11, res.stderr
     assert "hash" in res.stderr.lower()
     assert not (world.root / "tampered").exists()
@@ -194,16 +182,16 @@ def test_stale_missing_and_tampered_locks(world):
 
     # A hand-broken lock names the file and the key.
     path.write_text(path.read_text().replace("engine = ", "engin = "))
-    refused(world.run("plan", "demo"), 13, "unknown key 'engin'")
+    refused(world.cli("plan", "demo"), 13, "unknown key 'engin'")
 
 
 def test_unresolvable_platform_and_unknown_platform(world):
     world.recipe(specs=("x86only==1.0",))
-    res = world.run("lock", "demo", "--platform", "x86_64", "--platform", "aarch64")
+    res = world.cli("lock", "demo", "--platform", "x86_64", "--platform", "aarch64")
     refused(res, 13, "uv could not resolve the recipe for aarch64")
     assert "x86only" in res.stderr
     assert not (world.home / "lockfiles" / "demo.lock.toml").exists()
-    res = world.run("lock", "demo", "--platform", "aarch46")
+    res = world.cli("lock", "demo", "--platform", "aarch46")
     refused(res, 13, "unknown platform 'aarch46'")
     assert "did you mean 'aarch64'?" in res.stderr
 
@@ -212,7 +200,7 @@ def test_a_lock_published_with_its_recipe_is_verified_and_used(world, tmp_path):
     admin_lock = tmp_path / "demo.lock.toml"
     registry = tmp_path / "registry"
     world.recipe()
-    ok(world.run("lock", "demo", "-o", str(admin_lock), "--platform", "x86_64", "--platform", "aarch64"))
+    ok(world.cli("lock", "demo", "-o", str(admin_lock), "--platform", "x86_64", "--platform", "aarch64"))
     pub = world.data("publish", "demo", "--registry", str(registry), "--lock", str(admin_lock))
     assert pub["recipes"][0]["lock"] == str(registry / "recipes" / "demo" / "1.lock.toml")
     assert stat.S_IMODE((registry / "recipes" / "demo" / "1.lock.toml").stat().st_mode) == 0o444
@@ -224,54 +212,56 @@ def test_a_lock_published_with_its_recipe_is_verified_and_used(world, tmp_path):
     plan = world.data("plan", "demo", **user)
     assert plan["lock"]["origin"] == "published"
     assert plan["lock"]["status"] == "applies"
-    ok(world.run("create", "demo", "--locked", "--no-validate", **user))
+    ok(world.cli("create", "demo", "--locked", "--no-validate", **user))
     assert world.x() == "x86 1.1"
 
     # A lock made from another version of the recipe is not shipped with this one.
     world.recipe(specs=("helper>=2.0",))
-    res = world.run("publish", "demo", "--registry", str(registry), "--lock", str(admin_lock))
+    res = world.cli("publish", "demo", "--registry", str(registry), "--lock", str(admin_lock))
     refused(res, 10, "was made from another version of demo")
 
     # Tampering with the published lock: refused before anything is built.
     lock_file = registry / "recipes" / "demo" / "1.lock.toml"
     lock_file.chmod(0o644)
     lock_file.write_text(lock_file.read_text().replace('"1.1"', '"1.0"'))
-    res = world.run("create", "demo", "--force", "--prefix", str(tmp_path / "t"), **user)
+    res = world.cli("create", "demo", "--force", "--prefix", str(tmp_path / "t"), **user)
     refused(res, 10, "does not match the sha256")
     assert not (tmp_path / "t").exists()
 
 
-def test_real_torch_from_a_published_lock_then_a_published_report(torch_files, tmp_path):
+def test_real_torch_from_a_published_lock_then_a_published_report(
+    torch_files, torch_index, torch_uv_cache, tmp_path
+):
     """The embedded recipe `local` (torch 2.13.0 CPU): an admin locks it for x86_64 through the torch index and
     publishes it with the lock; a user builds from that lock (the hashes of the real wheels) and torch imports; the
     admin's passing validation is stamped on the version. aarch64 cannot be planned here (the index has no such torch file)."""
     registry = tmp_path / "registry"
-    with serve(torch_files) as index:
-        env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(tmp_path / "home"),
-            "SCRATCH": str(tmp_path / "scratch"),
-            "NO_COLOR": "1",
-            "ENVBUILDER_HOME": str(tmp_path / "admin"),
-            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
-        }
-        user = {"ENVBUILDER_HOME": str(tmp_path / "user"), "ENVBUILDER_RECIPE_PATH": str(registry)}
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path / "home"),
+        "SCRATCH": str(tmp_path / "scratch"),
+        "NO_COLOR": "1",
+        "ENVBUILDER_HOME": str(tmp_path / "admin"),
+        "ENVBUILDER_INDEX_MIRROR": mirror_env(torch_index),
+        "UV_CACHE_DIR": str(torch_uv_cache),  # torch linked from the session's cache, not unpacked again
+    }
+    user = {"ENVBUILDER_HOME": str(tmp_path / "user"), "ENVBUILDER_RECIPE_PATH": str(registry)}
 
-        def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-            return run_cli(*args, env={**env, **extra}, timeout=900)
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return run_cli(*args, env={**env, **extra}, timeout=900)
 
-        lock_path = tmp_path / "local.lock.toml"
-        ok(run("lock", "local", "--platform", "x86_64", "--python", "3.11", "-o", str(lock_path)))
-        lock = lockfile.read(lock_path)
-        versions = lock.for_arch("x86_64").versions()
-        assert versions["torch"] == "2.13.0+cpu"
-        torch_file = next(torch_files.glob("torch-2.13.0*cpu*.whl"))
-        torch_pkg = next(p for p in lock.for_arch("x86_64").packages if p.name == "torch")
-        assert [f.sha256 for f in torch_pkg.files] == [sha(torch_file)]
-        ok(run("publish", "local", "--registry", str(registry), "--lock", str(lock_path)))
-        res = ok(run("create", "local", "--locked", "--json", **user))
-        # The index read at plan time already shows there is no aarch64 torch file: a resolver error, before uv.
-        refused(run("lock", "local", "--platform", "aarch64", "--python", "3.11"), 4, "file for aarch64")
+    lock_path = tmp_path / "local.lock.toml"
+    ok(run("lock", "local", "--platform", "x86_64", "--python", "3.11", "-o", str(lock_path)))
+    lock = lockfile.read(lock_path)
+    versions = lock.for_arch("x86_64").versions()
+    assert versions["torch"] == "2.13.0+cpu"
+    torch_file = next(torch_files.glob("torch-2.13.0*cpu*.whl"))
+    torch_pkg = next(p for p in lock.for_arch("x86_64").packages if p.name == "torch")
+    assert [f.sha256 for f in torch_pkg.files] == [sha(torch_file)]
+    ok(run("publish", "local", "--registry", str(registry), "--lock", str(lock_path)))
+    res = ok(run("create", "local", "--locked", "--json", **user))
+    # The index read at plan time already shows there is no aarch64 torch file: a resolver error, before uv.
+    refused(run("lock", "local", "--platform", "aarch64", "--python", "3.11"), 4, "file for aarch64")
     data = json.loads(res.stdout)["data"]
     assert data["env"]["plan"]["lock"]["status"] == "applies"
     assert data["env"]["plan"]["lock"]["origin"] == "published"
@@ -306,11 +296,11 @@ def test_a_signed_registry_signs_the_lock_and_refuses_it_unsigned(world, tmp_pat
     allowed.write_text(f"admin@site {(tmp_path / 'admin.pub').read_text().strip()}\n")
     registry = tmp_path / "registry"
     world.recipe()
-    ok(world.run("lock", "demo", "-o", str(tmp_path / "demo.lock.toml")))
+    ok(world.cli("lock", "demo", "-o", str(tmp_path / "demo.lock.toml")))
     # Published without a lock first; the lock is added to that version later (once), signed.
-    ok(world.run("publish", "demo", "--registry", str(registry), "--sign-key", str(key),
+    ok(world.cli("publish", "demo", "--registry", str(registry), "--sign-key", str(key),
                  "--allowed-signers", str(allowed), "--require-signatures"))  # fmt: skip
-    res = ok(world.run("publish", "demo", "--registry", str(registry), "--sign-key", str(key),
+    res = ok(world.cli("publish", "demo", "--registry", str(registry), "--sign-key", str(key),
                        "--lock", str(tmp_path / "demo.lock.toml")))  # fmt: skip
     assert "demo@1: lock added" in res.stderr
     sig = registry / "recipes" / "demo" / "1.lock.toml.sig"
@@ -325,8 +315,8 @@ def test_a_signed_registry_signs_the_lock_and_refuses_it_unsigned(world, tmp_pat
 
     # A newer lock for the same recipe: that version's lock never changes, so it becomes version 2.
     fastmath(world.files, "1.2", X86)
-    ok(world.run("lock", "demo", "-o", str(tmp_path / "newer.lock.toml")))
-    res = ok(world.run("publish", "demo", "--registry", str(registry), "--sign-key", str(key),
+    ok(world.cli("lock", "demo", "-o", str(tmp_path / "newer.lock.toml")))
+    res = ok(world.cli("publish", "demo", "--registry", str(registry), "--sign-key", str(key),
                        "--lock", str(tmp_path / "newer.lock.toml")))  # fmt: skip
     assert "published demo@2, signed by admin@site, with its lock" in res.stderr
     plan = world.data("plan", "demo", "--locked", **user)
@@ -334,10 +324,10 @@ def test_a_signed_registry_signs_the_lock_and_refuses_it_unsigned(world, tmp_pat
     published = lockfile.read(registry / "recipes" / "demo" / "2.lock.toml")
     assert published.recipe_version == "2"
     assert published.for_arch("x86_64").versions()["fastmath"] == "1.2"
-    ok(world.run("create", "demo", "--locked", "--no-validate", **user))
+    ok(world.cli("create", "demo", "--locked", "--no-validate", **user))
     assert world.x() == "x86 1.2"
     # An unsigned lock in a registry that requires signatures is not used.
     sig2 = registry / "recipes" / "demo" / "2.lock.toml.sig"
     sig2.chmod(0o644)
     sig2.unlink()
-    refused(world.run("plan", "demo", **user), 10, "the lock of demo@2 is not signed")
+    refused(world.cli("plan", "demo", **user), 10, "the lock of demo@2 is not signed")

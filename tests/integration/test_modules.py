@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DATA
+from helpers import DATA
 
 from envbuilder import modules
 from envbuilder.errors import ModuleSystemError

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FACTS, PLAN_ENV, REPO, ok, refused, run_cli
+from helpers import FACTS, PLAN_ENV, REPO, ok, refused, run_cli
 
 pytestmark = pytest.mark.integration
 

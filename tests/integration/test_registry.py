@@ -10,12 +10,11 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, ok, refused, run_cli, user_env
+from helpers import UserWorld, ok, refused
 from wheelindex import build_wheel, mirror_env, serve
 
 pytestmark = pytest.mark.integration
@@ -56,15 +55,12 @@ def index(tmp_path_factory):
         yield idx
 
 
-class Site:
+class Site(UserWorld):
     def __init__(self, root: Path, index: Any) -> None:
-        self.root = root
-        self.source = root / "admin-recipes"
-        self.source.mkdir()
+        super().__init__(root, mirror_env(index), recipes="admin-recipes")
+        self.source = self.recipes
         (self.source / "base.toml").write_text(BASE)
         self.registry = root / "registry"
-        self.scratch = root / "scratch"
-        self.env = user_env(root, mirror_env(index))
 
     def write(self, name: str, demo: str = "1.0", description: str = "demo", version: str = "") -> Path:
         line = f'version = "{version}"' if version else ""
@@ -73,15 +69,10 @@ class Site:
         return path
 
     def admin(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return self._run(args, {"ENVBUILDER_RECIPE_PATH": str(self.source)})
+        return self.cli(*args, ENVBUILDER_RECIPE_PATH=str(self.source))
 
     def user(self, *args: str, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess[str]:
-        return self._run(args, {"ENVBUILDER_RECIPE_PATH": str(self.registry), **extra}, timeout)
-
-    def _run(
-        self, args: tuple[str, ...], extra: dict[str, str], timeout: float = 300
-    ) -> subprocess.CompletedProcess[str]:
-        return run_cli(*args, env={**self.env, **extra}, timeout=timeout)
+        return self.cli(*args, timeout=timeout, **{"ENVBUILDER_RECIPE_PATH": str(self.registry), **extra})
 
     def user_data(self, *args: str, **extra: str) -> Any:
         return json.loads(ok(self.user(*args, "--json", **extra)).stdout)["data"]
@@ -270,21 +261,12 @@ def test_concurrent_publishes_are_serialized(site):
             RECIPE.format(name="busy", demo="1.0", description=f"writer {i}", version="")
         )
         procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "envbuilder",
-                    "publish",
-                    str(src / "busy.toml"),
-                    "--registry",
-                    str(site.registry),
-                ],
-                env={**site.env, "ENVBUILDER_RECIPE_PATH": ""},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                cwd=REPO,
+            site.spawn(
+                "publish",
+                str(src / "busy.toml"),
+                "--registry",
+                str(site.registry),
+                extra={"ENVBUILDER_RECIPE_PATH": ""},
             )
         )
     for p in procs:

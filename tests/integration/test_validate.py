@@ -4,17 +4,13 @@ gloo, real mpiexec (MPICH's Hydra), the ibrun stand-in over it, and faults injec
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ET  # parses the report this test had written
 from pathlib import Path
 
 import pytest
-from conftest import DATA, FACTS, REPO
-from wheelindex import mirror_env, serve
+from helpers import DATA, FACTS, REPO, CpuTorchWorld, run_cli
 
 from envbuilder import state
 
@@ -24,20 +20,15 @@ SHIMS = REPO / "tests" / "shims"
 
 
 class World:
-    def __init__(self, root: Path, env: dict[str, str]) -> None:
-        self.root = root
-        self.env = env
-        self.prefix = root / "scratch" / "envbuilder" / "envs" / "vcpu"
+    """The session's CPU torch env (``cpu_torch_world``), validated in its user's world."""
+
+    def __init__(self, base: CpuTorchWorld) -> None:
+        self.root = base.root
+        self.env = base.env
+        self.prefix = base.prefix
 
     def cli(self, *args: str, extra: dict[str, str] | None = None, timeout: float = 600):
-        return subprocess.run(
-            [sys.executable, "-m", "envbuilder", *args],
-            env={**self.env, **(extra or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=REPO,
-        )
+        return run_cli(*args, env={**self.env, **(extra or {})}, timeout=timeout)
 
     def validate(self, *args: str, extra: dict[str, str] | None = None, timeout: float = 600):
         res = self.cli("validate", "vcpu", "--json", *args, extra=extra, timeout=timeout)
@@ -62,24 +53,9 @@ class World:
         return f"{DATA / 'validate-recipes'}:{recipes}"
 
 
-@pytest.fixture(scope="module")
-def world(torch_files, tmp_path_factory):
-    root = tmp_path_factory.mktemp("validate")
-    with serve(torch_files) as index:
-        env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(root / "home"),
-            "USER": "u1",
-            "SCRATCH": str(root / "scratch"),
-            "NO_COLOR": "1",
-            "ENVBUILDER_HOME": str(root / "envbuilder-home"),
-            "ENVBUILDER_RECIPE_PATH": str(DATA / "validate-recipes"),
-            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
-        }
-        w = World(root, env)
-        res = w.cli("create", "vcpu", "--no-validate", "--json")
-        assert res.returncode == 0, res.stderr
-    return w
+@pytest.fixture
+def world(cpu_torch_world):
+    return World(cpu_torch_world)
 
 
 def _checks(envelope):

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,8 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
-from conftest import DATA, REPO
-from wheelindex import mirror_env, serve
+from helpers import CpuTorchWorld, spawn_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.mpi]
 
@@ -60,37 +58,11 @@ _hang()
 """
 
 
-class World:
-    def __init__(self, root: Path, env: dict[str, str]) -> None:
-        self.root = root
-        self.env = env
-        self.prefix = root / "scratch" / "envbuilder" / "envs" / "vcpu"
-
-
 @pytest.fixture(scope="module")
-def world(torch_files, tmp_path_factory):
-    root = tmp_path_factory.mktemp("validate-kill")
-    with serve(torch_files) as index:
-        env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(root / "home"),
-            "USER": "u1",
-            "SCRATCH": str(root / "scratch"),
-            "NO_COLOR": "1",
-            "ENVBUILDER_HOME": str(root / "envbuilder-home"),
-            "ENVBUILDER_RECIPE_PATH": str(DATA / "validate-recipes"),
-            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
-        }
-        res = subprocess.run(
-            [sys.executable, "-m", "envbuilder", "create", "vcpu", "--no-validate", "--json"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            cwd=REPO,
-        )
-        assert res.returncode == 0, res.stderr
-    w = World(root, env)
+def world(torch_index, torch_uv_cache, tmp_path_factory):
+    """An env of its own (the hook below goes into it), built as the session's CPU torch env is: uv links torch
+    from the session's cache."""
+    w = CpuTorchWorld(tmp_path_factory.mktemp("validate-kill"), torch_index, torch_uv_cache)
     site = next(w.prefix.glob("lib/python*/site-packages"))
     (site / "eb_killtest_hook.py").write_text(HOOK)
     (site / "eb_killtest_hook.pth").write_text("import eb_killtest_hook\n")
@@ -141,7 +113,9 @@ def in_groups(groups: set[int]) -> dict[int, tuple[str, int, int]]:
 class Run:
     """`envbuilder validate vcpu --cpu ARGS` in the background, with its own token and heartbeat directory."""
 
-    def __init__(self, world: World, tmp: Path, *args: str, extra: Optional[dict[str, str]] = None) -> None:
+    def __init__(
+        self, world: CpuTorchWorld, tmp: Path, *args: str, extra: Optional[dict[str, str]] = None
+    ) -> None:
         self.world = world
         self.token = uuid.uuid4().hex
         self.beat = tmp / "beat"
@@ -153,13 +127,8 @@ class Run:
         self.earlier = set(world.prefix.glob("envbuilder/validation/run-*"))
         with self.out.open("w") as out, self.err.open("w") as err:
             # Its own session: the signals are the test's, never a terminal's.
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "envbuilder", "validate", "vcpu", "--cpu", *args],
-                env=env,
-                stdout=out,
-                stderr=err,
-                cwd=REPO,
-                start_new_session=True,
+            self.proc = spawn_cli(
+                "validate", "vcpu", "--cpu", *args, env=env, stdout=out, stderr=err, start_new_session=True
             )
 
     def __enter__(self) -> Run:

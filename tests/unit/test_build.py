@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder.backends import common
+from envbuilder.backends import base, buildlog, installers, uvcache, venv
 from envbuilder.errors import BackendError
 from envbuilder.plan.steps import InstallStep
 
 
 def test_flock_works_on_a_local_disk(tmp_path):
-    assert common.flock_works(tmp_path / "cache") is True
+    assert uvcache.flock_works(tmp_path / "cache") is True
 
 
 def test_cache_goes_beside_the_envs_on_scratch_and_hardlinks(tmp_path):
     env = {"SCRATCH": str(tmp_path / "scratch"), "HOME": str(tmp_path / "home")}
-    s = common.uv_settings(tmp_path / "scratch" / "envbuilder" / "envs" / "x", env)
+    s = uvcache.uv_settings(tmp_path / "scratch" / "envbuilder" / "envs" / "x", env)
     assert s.cache_dir == str(tmp_path / "scratch" / "envbuilder" / "uv-cache")
     assert s.link_mode == "hardlink"
     assert s.env()["UV_CACHE_DIR"] == s.cache_dir
@@ -27,14 +27,14 @@ def test_cache_goes_beside_the_envs_on_scratch_and_hardlinks(tmp_path):
 
 def test_users_own_uv_settings_win(tmp_path):
     env = {"UV_CACHE_DIR": str(tmp_path / "mine"), "UV_LINK_MODE": "symlink", "SCRATCH": str(tmp_path)}
-    s = common.uv_settings(tmp_path / "env", env)
+    s = uvcache.uv_settings(tmp_path / "env", env)
     assert (s.cache_dir, s.link_mode) == (str(tmp_path / "mine"), "symlink")
     assert "UV_LINK_MODE" in s.reasons[-1]
 
 
 def test_no_flock_moves_the_cache_to_a_local_disk(tmp_path):
     env = {"SCRATCH": str(tmp_path / "lustre"), "TMPDIR": str(tmp_path / "local")}
-    s = common.uv_settings(tmp_path / "lustre" / "env", env, flock_probe=lambda d: False)
+    s = uvcache.uv_settings(tmp_path / "lustre" / "env", env, flock_probe=lambda d: False)
     assert s.cache_dir == str(tmp_path / "local" / f"envbuilder-uv-cache-{os.getuid()}")
     assert any("flock does not work" in r for r in s.reasons)
     assert oct(Path(s.cache_dir).stat().st_mode & 0o777) == "0o700"
@@ -46,7 +46,7 @@ def test_cache_on_another_file_system_means_copies(tmp_path):
         pytest.skip("needs /dev/shm on a file system other than the temporary directory's")
     cache = shm / f"envbuilder-test-{os.getpid()}"
     try:
-        s = common.uv_settings(tmp_path / "env", {"ENVBUILDER_UV_CACHE": str(cache)})
+        s = uvcache.uv_settings(tmp_path / "env", {"ENVBUILDER_UV_CACHE": str(cache)})
         assert s.link_mode == "copy"
         assert "different file systems" in s.reasons[-1]
     finally:
@@ -66,7 +66,7 @@ def test_rebase_moves_only_the_prefix_and_paths_under_it():
         "/s/env/envbuilder/c.txt",
         "/s/envy",
     ]
-    assert common.rebase(argv, "/s/env", "/s/.env.partial-1") == [
+    assert base.rebase(argv, "/s/env", "/s/.env.partial-1") == [
         "uv",
         "pip",
         "install",
@@ -80,7 +80,7 @@ def test_rebase_moves_only_the_prefix_and_paths_under_it():
 
 def test_step_variables_expand_from_the_module_environment():
     step = InstallStep(("pip",), env={"HOME_CUDA": "${NVHPC_ROOT}/cuda", "LIB": "${HOME_CUDA}/lib64"})
-    full, own = common.step_env(step, {"NVHPC_ROOT": "/opt/nv", "PATH": "/bin"})
+    full, own = base.step_env(step, {"NVHPC_ROOT": "/opt/nv", "PATH": "/bin"})
     assert own == {"HOME_CUDA": "/opt/nv/cuda", "LIB": "/opt/nv/cuda/lib64"}
     assert full["PATH"] == "/bin"
 
@@ -88,17 +88,17 @@ def test_step_variables_expand_from_the_module_environment():
 def test_step_variable_without_its_module_is_an_error():
     step = InstallStep(("pip",), env={"X": "${NVHPC_ROOT}/cuda"})
     with pytest.raises(BackendError, match=r"\$NVHPC_ROOT"):
-        common.step_env(step, {})
+        base.step_env(step, {})
 
 
 @pytest.mark.parametrize("prefix", ["/s/a b", "/s/$(x)", "/s/'q'", "/s/`x`", '/s/"d"'])
 def test_unquoting_installers_refuse_hostile_prefixes(prefix):
     with pytest.raises(BackendError, match="carry the path unquoted"):
-        common.choose_installer("pip", prefix, "recipe")
+        installers.choose("pip", prefix, "recipe")
 
 
 def test_uv_takes_any_prefix():
-    assert common.choose_installer("uv", "/s/a b $(x)", "recipe").name == "uv"
+    assert installers.choose("uv", "/s/a b $(x)", "recipe").name == "uv"
 
 
 def test_relocate_rewrites_activate_and_script_headers(tmp_path):
@@ -108,7 +108,7 @@ def test_relocate_rewrites_activate_and_script_headers(tmp_path):
     (b / "bin" / "tool").write_text(f"#!{b}/bin/python\nimport x\n")
     (b / "bin" / "blob").write_bytes(b"\0\0ELF" + str(b).encode())
     (b / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    changed = common.relocate_scripts(b, tmp_path / "e")
+    changed = venv.relocate_scripts(b, tmp_path / "e")
     assert sorted(changed) == ["activate", "tool"]
     assert (b / "bin" / "tool").read_text().startswith(f"#!{tmp_path / 'e'}/bin/python\n")
     assert str(b).encode() in (b / "bin" / "blob").read_bytes()  # binaries untouched
@@ -118,5 +118,5 @@ def test_drop_world_write(tmp_path):
     f = tmp_path / ".lock"
     f.write_text("")
     f.chmod(0o666)
-    assert common.drop_world_write(tmp_path) == [".lock"]
+    assert buildlog.drop_world_write(tmp_path) == [".lock"]
     assert oct(f.stat().st_mode & 0o777) == "0o664"

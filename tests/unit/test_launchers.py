@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from envbuilder.errors import RecipeError, UsageError
-from envbuilder.validate import batch, launchers
+from envbuilder.validate import batch, launchers, schedulers
 from envbuilder.validate.launchers import LaunchSpec, ShellVar
 
 PY = "/env/bin/python"
@@ -153,6 +153,8 @@ def test_shellvar_rejects_non_names():
 
 # --- batch helpers --------------------------------------------------------------------------------------------
 
+SLURM = schedulers.SCHEDULERS["slurm"]
+
 JOB = batch.JobShape(
     nodes=2,
     tasks_per_node=1,
@@ -186,21 +188,21 @@ def test_interactive_template_unknown_placeholder():
     [("gpus-per-node", "--gpus-per-node=4"), ("gres", "--gres=gpu:4"), ("gpus", "--gpus=8")],
 )
 def test_slurm_gpu_request_styles(style, flag):
-    assert flag in batch.slurm_directives(JOB, style, [])
+    assert flag in SLURM.directives(JOB, style, [])
 
 
 def test_slurm_gpu_request_none_emits_no_gpu_flag():
-    flags = batch.slurm_directives(JOB, "none", [])
+    flags = SLURM.directives(JOB, "none", [])
     assert not any("gpu" in f and not f.startswith("--partition") for f in flags)
 
 
 def test_forbidden_flag_is_refused():
     with pytest.raises(RecipeError, match="--gres"):
-        batch.check_dialect(batch.slurm_directives(JOB, "gres", []), ["--gres"], [], "site.toml")
+        batch.check_dialect(SLURM.directives(JOB, "gres", []), ["--gres"], [], "site.toml")
 
 
 def test_allowed_flags_whitelist():
-    directives = batch.slurm_directives(JOB, "none", [])
+    directives = SLURM.directives(JOB, "none", [])
     allowed = [
         "--job-name",
         "--nodes",
@@ -213,6 +215,39 @@ def test_allowed_flags_whitelist():
     batch.check_dialect(directives, [], allowed, "site.toml")
     with pytest.raises(RecipeError, match="--cpus-per-task, which is not in this site's allowed flags"):
         batch.check_dialect(directives, [], allowed[:-1], "site.toml")
+
+
+def test_scheduler_adapters_build_exact_argv_and_read_what_the_commands_print():
+    slurm, pbs = SLURM, schedulers.SCHEDULERS["pbs"]
+    assert slurm.submit("/r/job.sh", "/r/job.out") == [
+        "sbatch",
+        "--parsable",
+        "--output=/r/job.out",
+        "/r/job.sh",
+    ]
+    assert slurm.job_id("42;cluster\n") == "42"
+    assert slurm.state_query("42") == ["squeue", "-h", "-j", "42", "-o", "%T"]
+    assert (slurm.state(0, "RUNNING\n"), slurm.state(0, ""), slurm.state(1, "RUNNING")) == (
+        "RUNNING",
+        None,
+        None,
+    )
+    assert slurm.exit_query("42") == ["scontrol", "show", "job", "42"]
+    assert slurm.exit_code("JobId=42 JobState=FAILED ExitCode=3:0 Reason=NonZeroExitCode") == 3
+    assert slurm.cancel("42") == ["scancel", "42"]
+    assert pbs.submit("/r/job.sh", "/r/job.out") == ["qsub", "-o", "/r/job.out", "-j", "oe", "/r/job.sh"]
+    assert pbs.job_id("42.pbs01\n") == "42.pbs01"
+    table = "Job id  Name  User  Time Use S Queue\n------\n42.pbs01  envb  u1  0  R  debug\n"
+    assert (pbs.state(0, table), pbs.state(0, ""), pbs.state(153, "")) == ("R", "Q", None)
+    assert pbs.exit_query("42") is None
+    assert pbs.cancel("42") == ["qdel", "42"]
+
+
+def test_launchers_and_schedulers_name_each_other():
+    for launcher in launchers.LAUNCHERS.values():
+        assert launcher.scheduler in (None, *schedulers.SCHEDULERS)
+    for adapter in schedulers.SCHEDULERS.values():
+        assert not launchers.get(adapter.node_launcher).one_node
 
 
 def test_display_quotes_for_pasting():

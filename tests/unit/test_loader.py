@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from envbuilder._toml import MAX_DEPTH, TOMLDecodeError, loads
 from envbuilder._toml import _toml as toml_parser  # tomllib, or tomli before 3.11
 from envbuilder.errors import RecipeError
-from envbuilder.recipe import loader
+from envbuilder.recipe import loader, schema, sections
 from envbuilder.recipe.catalog import Catalog, Layer, layers
 
 
@@ -150,6 +151,91 @@ def test_leaves_list_every_effective_value(site_dir):
     recipe = loader.load("my-venv", Catalog([Layer("test", site_dir)]))
     keys = {k for k, _, _ in recipe.leaves()}
     assert {"compute.gpus_per_node", "torch.version", "env.prefix", "filesystems.scratch.quota"} <= keys
+
+
+def test_views_read_the_merged_values_and_the_defaults(site_dir):
+    recipe = loader.load("my-venv", Catalog([Layer("test", site_dir)]))
+    assert (recipe.compute.gpus_per_node, recipe.compute.arch) == (4, "x86_64")
+    assert recipe.filesystems["scratch"] == sections.Filesystem("${SCRATCH}", purge_days=14, quota="none")
+    assert [c.seed for c in recipe.corrections] == ["site seed", "variant seed"]
+    assert (recipe.torch.version, recipe.torch.channel, recipe.torch.allow) == ("2.7.1", "stable", ())
+    # Defaults that apply only where a recipe leaves the key out: not among the values show lists.
+    assert (recipe.site.status, recipe.conda.engine, recipe.scheduler.gpu_request) == (
+        "active",
+        "auto",
+        "gpus-per-node",
+    )
+    assert recipe.get("conda.engine") is None
+
+
+def test_every_recipe_starts_from_the_seeded_defaults():
+    # What `show` lists as <defaults>: changing it changes every recipe's values.
+    assert sections.seed() == {
+        "env": {
+            "kind": "venv",
+            "installer": "uv",
+            "prefix": "${SCRATCH}/envbuilder/envs/{name}",
+            "system_site_packages": False,
+        },
+        "python": {"command": "python3"},
+        "modules": {"system": "none", "use": [], "load": [], "build_only": []},
+        "scheduler": {"type": "none"},
+        "torch": {
+            "install": True,
+            "version": "latest",
+            "variant": "auto",
+            "channel": "stable",
+            "packages": ["torch", "torchvision", "torchaudio"],
+            "allow": [],
+        },
+        "launcher": {"default": "torchrun", "gpu_affinity": "none", "port": 29500},
+        "activate": {"modules": [], "env": {}, "profiles": []},
+        "validation": {
+            "checks": ["import", "gpu", "arch", "cuda", "libraries", "nccl", "ddp", "filesystem"],
+            "nodes": 1,
+        },
+    }
+
+
+def _views() -> dict[str, type]:
+    """Each table of the schema and the view that reads it."""
+    return {
+        "recipe": sections.About,
+        "corrections": sections.Correction,
+        "site": sections.Site,
+        "compute": sections.Compute,
+        "scheduler": sections.Scheduler,
+        "scheduler.partitions": sections.Partition,
+        "modules": sections.Modules,
+        "filesystems": sections.Filesystem,
+        "env_profiles": sections.Profile,
+        "launcher": sections.Launcher,
+        "env": sections.Env,
+        "python": sections.Python,
+        "conda": sections.Conda,
+        "torch": sections.Torch,
+        "packages": sections.Package,
+        "activate": sections.Activate,
+        "validation": sections.Validation,
+    }
+
+
+def _table(dotted: str) -> schema.Table:
+    spec: object = schema.SCHEMA
+    for part in dotted.split("."):
+        assert isinstance(spec, schema.Table)
+        spec = spec.fields[part]
+        spec = getattr(spec, "item", None) or getattr(spec, "value", None) or spec
+    assert isinstance(spec, schema.Table)
+    return spec
+
+
+def test_every_schema_table_has_a_view_with_its_keys():
+    tables = {k for k, v in schema.SCHEMA.fields.items() if not isinstance(v, schema.Field)}
+    assert tables == {k for k in _views() if "." not in k}
+    for dotted, view in _views().items():
+        # Sets: a view lists its seeded defaults in the order show has always listed them.
+        assert {f.name for f in dataclasses.fields(view)} == set(_table(dotted).fields), dotted
 
 
 def test_broken_base_files_do_not_poison_the_catalog(tmp_path):

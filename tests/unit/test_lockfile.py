@@ -173,7 +173,7 @@ def test_an_applying_lock_replaces_the_resolver_installs_with_one_hashed_install
     unlocked = plan.build(r, CPU_HOST, ENV)
     locked = plan.build(r, CPU_HOST, ENV, lock=lock_for(unlocked.lock_inputs))
     assert unlocked.lock is None
-    assert locked.lock["status"] == "applies"
+    assert locked.to_json()["lock"]["status"] == "applies"
     installs = [s.argv for s in locked.install_steps if "install" in s.argv]
     assert installs[0][:5] == ("uv", "pip", "install", "--python", "/scratch/u/envs/demo/bin/python")
     assert installs[0][5:] == (
@@ -206,7 +206,7 @@ def test_a_stale_lock_is_reported_and_ignored_or_refused_with_locked(tmp_path):
     old_inputs = plan.build(r, CPU_HOST, ENV).lock_inputs
     newer = recipe(tmp_path, torch="2.7.0")
     p = plan.build(newer, CPU_HOST, ENV, lock=lock_for(old_inputs))
-    assert p.lock["status"] == "ignored"
+    assert p.to_json()["lock"]["status"] == "ignored"
     assert any("is stale for demo on x86_64" in w and "torch==2.7.0" in w for w in p.warnings)
     assert not p.lock_requirements
     with pytest.raises(LockError, match="stale") as info:

@@ -14,7 +14,7 @@ from importlib.resources import files
 from typing import Any
 
 import pytest
-from conftest import load_facts
+from helpers import load_facts
 
 from envbuilder._toml import loads
 from envbuilder.errors import ResolverErrors

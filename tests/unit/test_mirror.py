@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import PLAN_ENV, load_facts
+from helpers import PLAN_ENV, load_facts
 
 from envbuilder import plan
 from envbuilder.errors import UsageError

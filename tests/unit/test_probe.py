@@ -8,7 +8,7 @@ import platform
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from envbuilder.errors import HostProbeError
 from envbuilder.host import facts_from_json, load_facts_file, probe

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 # The SIGINT is sent from a fork callback in the parent, the moment where Python prints a KeyboardInterrupt as
 # "Exception ignored" and drops it. Before the fix, proc.run then waited out the whole child.
@@ -79,6 +79,7 @@ TREE = textwrap.dedent(
 )
 
 
+@pytest.mark.integration  # real process trees, stopped after 8 s
 @pytest.mark.parametrize("how", ["timeout", "watch", "interrupt"])
 def test_a_stopped_run_ends_the_processes_its_child_started_in_other_sessions(how, tmp_path):
     marker = tmp_path / "grandchild.pid"

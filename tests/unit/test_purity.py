@@ -31,11 +31,14 @@ PURE = (
     "envbuilder.resolver.indexfacts",
     "envbuilder.resolver.mirror",
     "envbuilder.validate.launchers",
+    "envbuilder.validate.schedulers",
+    "envbuilder.validate.checks",
     "envbuilder.validate.suite",
     "envbuilder.plan.steps",
     "envbuilder.validate.batch",
     "envbuilder.recipe.schema",
     "envbuilder.modulefile",
+    "envbuilder.activate_scripts",  # reads its templates from package data
     "envbuilder.validate.report",
     "envbuilder.lockfile",  # lockfile.read reads the one file it is given; no process, no network
     "envbuilder.lockfile.applicability",

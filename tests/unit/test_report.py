@@ -6,7 +6,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from envbuilder.resolver.matrix import load_matrix
 from envbuilder.validate import report
@@ -328,6 +328,7 @@ def _roundtrip(args: tuple[str, int]) -> dict:
     return facts.fs_roundtrip(*args)
 
 
+@pytest.mark.integration  # a stress test: 16 processes, 40 rounds
 def test_filesystem_probe_of_many_ranks_at_once_on_one_directory(tmp_path):
     """Ranks of one node probe the same directory at the same moment (the CI run that found the race: one rank's
     cleanup removed the shared directory between another's mkdir and its check, "File exists"). The old code

@@ -9,7 +9,7 @@ import subprocess
 
 import jsonschema
 import pytest
-from conftest import PLAN_ENV, REPO, load_facts
+from helpers import PLAN_ENV, REPO, load_facts
 
 from envbuilder import plan
 from envbuilder._toml import loads
@@ -182,7 +182,7 @@ def test_vista_cu124_resolves_cuda_wheel_not_cpu_on_aarch64():
     p = make("vista-venv-cu124", "gh200-aarch64")
     assert p.target.arch == "aarch64"
     assert p.resolution.cuda == "12.6"
-    assert any("cu124" in c["seed"] for c in p.corrections)
+    assert any("cu124" in c.seed for c in p.corrections)
     assert (
         "vista-venv-cu124 installs cu126, not the cu124 its name says; its corrections explain why"
         in p.warnings

@@ -1,4 +1,4 @@
-"""Env records (versioned, atomic, never world-writable) and the lock that works without flock, with real
+"""Env records (versioned, atomic, never world-writable) and the mutex that works without flock, with real
 processes contending for it."""
 
 from __future__ import annotations
@@ -96,17 +96,18 @@ def test_env_names_cannot_escape_the_directory(tmp_path, bad):
         state.record_path(tmp_path, bad)
 
 
-# --- locks ----------------------------------------------------------------------------------------------------
+# --- the mutex ------------------------------------------------------------------------------------------------
 
 
 def _contend(root: str, n: int) -> None:
     counter = state.Path(root) / "counter"
-    with state.locked(state.Path(root), "env", timeout=60):
+    with state.mutex(state.Path(root), "env", timeout=60):
         value = int(counter.read_text()) if counter.exists() else 0
         time.sleep(0.05)  # widen the race a lost update would need
         counter.write_text(str(value + 1))
 
 
+@pytest.mark.integration  # a stress test: 4 processes contend
 def test_concurrent_processes_are_serialized(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_contend, args=(str(tmp_path), i)) for i in range(4)]
@@ -119,79 +120,79 @@ def test_concurrent_processes_are_serialized(tmp_path):
     assert not (tmp_path / "locks" / "env.lock").exists()
 
 
-def test_held_lock_times_out_naming_the_holder(tmp_path):
+def test_held_mutex_times_out_naming_the_holder(tmp_path):
     waited = []
-    with state.locked(tmp_path, "env"):
+    with state.mutex(tmp_path, "env"):
         code = (
             "import sys, pathlib; from envbuilder import state\n"
             "try:\n"
-            "    with state.locked(pathlib.Path(sys.argv[1]), 'env', timeout=0.5): pass\n"
+            "    with state.mutex(pathlib.Path(sys.argv[1]), 'env', timeout=0.5): pass\n"
             "except Exception as e:\n"
             "    print(type(e).__name__, e.message); sys.exit(9)\n"
         )
         res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
         assert res.returncode == 9
         assert f"locked by process {os.getpid()} on {socket.gethostname()}" in res.stdout
-        with pytest.raises(StateError), state.locked(tmp_path, "env", timeout=0.3, on_wait=waited.append):
+        with pytest.raises(StateError), state.mutex(tmp_path, "env", timeout=0.3, on_wait=waited.append):
             pass
     assert waited and waited[0].pid == os.getpid()
 
 
-def test_lock_of_a_dead_process_on_this_host_is_broken(tmp_path):
+def test_mutex_of_a_dead_process_on_this_host_is_broken(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    lock_dir = tmp_path / "locks" / "env.lock"
-    lock_dir.mkdir(parents=True)
-    (lock_dir / "owner.json").write_text(
+    mutex_dir = tmp_path / "locks" / "env.lock"
+    mutex_dir.mkdir(parents=True)
+    (mutex_dir / "owner.json").write_text(
         json.dumps({"pid": dead.pid, "host": socket.gethostname(), "since": time.time()})
     )
-    with state.locked(tmp_path, "env") as lock:
-        assert lock.owner.pid == os.getpid()
+    with state.mutex(tmp_path, "env") as mutex:
+        assert mutex.owner.pid == os.getpid()
 
 
-def test_lock_from_another_host_is_respected_until_old(tmp_path):
-    lock_dir = tmp_path / "locks" / "env.lock"
-    lock_dir.mkdir(parents=True)
-    owner = lock_dir / "owner.json"
+def test_mutex_from_another_host_is_respected_until_old(tmp_path):
+    mutex_dir = tmp_path / "locks" / "env.lock"
+    mutex_dir.mkdir(parents=True)
+    owner = mutex_dir / "owner.json"
     owner.write_text(json.dumps({"pid": 1, "host": "other-node", "since": time.time()}))
-    with pytest.raises(StateError, match="other-node"), state.locked(tmp_path, "env"):
+    with pytest.raises(StateError, match="other-node"), state.mutex(tmp_path, "env"):
         pass
     owner.write_text(
         json.dumps({"pid": 1, "host": "other-node", "since": time.time() - fsutil.STALE_AFTER_S - 1})
     )
-    with state.locked(tmp_path, "env"):
+    with state.mutex(tmp_path, "env"):
         pass
 
 
-def test_release_does_not_remove_someone_elses_lock(tmp_path):
-    lock = fsutil.Mutex(tmp_path / "x.lock")
-    lock.acquire()
+def test_release_does_not_remove_someone_elses_mutex(tmp_path):
+    mutex = fsutil.Mutex(tmp_path / "x.lock")
+    mutex.acquire()
     (tmp_path / "x.lock" / "owner.json").write_text(
         json.dumps({"pid": 1, "host": "elsewhere", "since": time.time()})
     )
-    lock.release()
+    mutex.release()
     assert (tmp_path / "x.lock").exists()
 
 
-# --- breaking a stale lock, raced by real processes -----------------------------------------------------------
+# --- breaking a stale mutex, raced by real processes ----------------------------------------------------------
 
 RACERS = 6
 TRIALS = 30
 
 
 def _break_racer(root: str, barrier, trials: int) -> None:
-    """One contender: at each trial, all racers find the same stale lock at the same moment."""
+    """One contender: at each trial, all racers find the same stale mutex at the same moment."""
     base = state.Path(root)
     log = base / f"held-{os.getpid()}.txt"
     for trial in range(trials):
-        barrier.wait(60)  # the stale lock of this trial is in place
-        lock = fsutil.Mutex(base / f"t{trial}" / "env.lock", timeout=60, poll=0.005)
+        barrier.wait(60)  # the stale mutex of this trial is in place
+        mutex = fsutil.Mutex(base / f"t{trial}" / "env.lock", timeout=60, poll=0.005)
         try:
-            lock.acquire()
+            mutex.acquire()
             start = time.monotonic()
             time.sleep(0.01)
             end = time.monotonic()
-            lock.release()
+            mutex.release()
             line = f"{trial} {start} {end}\n"
         except Exception as exc:  # a racer that crashed is a failure too: say how, and stay in step
             line = f"{trial} error {type(exc).__name__}: {exc}\n"
@@ -206,12 +207,13 @@ def _dead_pid() -> int:
     return dead.pid
 
 
-def _stale_lock(path, pid: int) -> None:
+def _stale_mutex(path, pid: int) -> None:
     path.mkdir(parents=True)
     (path / "owner.json").write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "since": 1.0}))
 
 
-def test_racing_breakers_of_a_stale_lock_never_both_hold_it(tmp_path):
+@pytest.mark.integration  # a stress test: 6 processes race, 30 rounds
+def test_racing_breakers_of_a_stale_mutex_never_both_hold_it(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(RACERS + 1)
     procs = [ctx.Process(target=_break_racer, args=(str(tmp_path), barrier, TRIALS)) for _ in range(RACERS)]
@@ -220,7 +222,7 @@ def test_racing_breakers_of_a_stale_lock_never_both_hold_it(tmp_path):
     dead = _dead_pid()
     try:
         for trial in range(TRIALS):
-            _stale_lock(tmp_path / f"t{trial}" / "env.lock", dead)
+            _stale_mutex(tmp_path / f"t{trial}" / "env.lock", dead)
             barrier.wait(60)
             barrier.wait(60)
     finally:
@@ -242,36 +244,36 @@ def test_racing_breakers_of_a_stale_lock_never_both_hold_it(tmp_path):
     for trial, spans in sorted(held.items()):
         spans.sort()
         overlaps += [trial for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
-    # Two holders at once (overlapping spans), or a racer that crashed because another broke its fresh lock.
+    # Two holders at once (overlapping spans), or a racer that crashed because another broke its fresh mutex.
     assert (overlaps, errors) == ([], [])
     assert sum(len(s) for s in held.values()) == RACERS * TRIALS
-    # Nothing is left beside the locks: no broken lock, no temp directory.
+    # Nothing is left beside the mutexes: no broken one, no temp directory.
     assert sorted(p.name for p in tmp_path.glob("t*/*")) == []
 
 
 def test_a_breaker_that_died_mid_way_is_taken_over(tmp_path):
-    lock_dir = tmp_path / "locks" / "env.lock"
+    mutex_dir = tmp_path / "locks" / "env.lock"
     dead = _dead_pid()
-    _stale_lock(lock_dir, dead)
-    (lock_dir / "breaker-0").symlink_to(json.dumps([dead, socket.gethostname(), time.time()]))
-    with state.locked(tmp_path, "env", timeout=5) as lock:
-        assert lock.owner.pid == os.getpid()
+    _stale_mutex(mutex_dir, dead)
+    (mutex_dir / "breaker-0").symlink_to(json.dumps([dead, socket.gethostname(), time.time()]))
+    with state.mutex(tmp_path, "env", timeout=5) as mutex:
+        assert mutex.owner.pid == os.getpid()
     assert list((tmp_path / "locks").iterdir()) == []
 
 
 def test_a_live_breaker_is_left_to_finish(tmp_path):
-    lock_dir = tmp_path / "locks" / "env.lock"
-    _stale_lock(lock_dir, _dead_pid())
-    (lock_dir / "breaker-0").symlink_to(json.dumps([os.getpid(), socket.gethostname(), time.time()]))
-    with pytest.raises(StateError, match="locked by"), state.locked(tmp_path, "env", timeout=0.3):
+    mutex_dir = tmp_path / "locks" / "env.lock"
+    _stale_mutex(mutex_dir, _dead_pid())
+    (mutex_dir / "breaker-0").symlink_to(json.dumps([os.getpid(), socket.gethostname(), time.time()]))
+    with pytest.raises(StateError, match="locked by"), state.mutex(tmp_path, "env", timeout=0.3):
         pass
-    assert (lock_dir / "breaker-0").is_symlink()
+    assert (mutex_dir / "breaker-0").is_symlink()
 
 
-def test_a_late_breaker_never_takes_the_lock_that_replaced_the_stale_one(tmp_path):
-    # The breaker judged generation 0 stale; before it acts, generation 0 is broken and a live lock is taken.
+def test_a_late_breaker_never_takes_the_mutex_that_replaced_the_stale_one(tmp_path):
+    # The breaker judged generation 0 stale; before it acts, generation 0 is broken and a live mutex is taken.
     path = tmp_path / "env.lock"
-    _stale_lock(path, _dead_pid())
+    _stale_mutex(path, _dead_pid())
     late = fsutil.Mutex(path)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -287,18 +289,18 @@ def test_a_late_breaker_never_takes_the_lock_that_replaced_the_stale_one(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_a_lock_without_owner_file_is_stale_only_when_old(tmp_path):
+def test_a_mutex_without_owner_file_is_stale_only_when_old(tmp_path):
     path = tmp_path / "env.lock"
     path.mkdir()  # an older envbuilder between its mkdir and its owner file
     with pytest.raises(StateError, match="another process"):
         fsutil.Mutex(path, timeout=0.2).acquire()
     old = time.time() - 60
     os.utime(path, (old, old))
-    with fsutil.Mutex(path, timeout=1) as lock:
-        assert lock.owner.pid == os.getpid()
+    with fsutil.Mutex(path, timeout=1) as mutex:
+        assert mutex.owner.pid == os.getpid()
 
 
-def test_leftovers_of_a_killed_locker_are_swept(tmp_path):
+def test_leftovers_of_a_killed_taker_are_swept(tmp_path):
     dead = _dead_pid()
     host = socket.gethostname()
     for what in ("new", "broken"):

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
-from conftest import PLAN_ENV, load_facts
+from helpers import PLAN_ENV, REPO, load_facts
 
 from envbuilder import plan
 from envbuilder.errors import RecipeError, UsageError
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.validate import suite
+from envbuilder.validate import checks, suite
 
 CATALOG = Catalog.from_env({})
 
@@ -24,6 +26,15 @@ def test_unknown_check_names_the_known_ones():
     with pytest.raises(UsageError, match="unknown check") as err:
         suite.checks_for(loader.load("local", CATALOG), ["ncl"])
     assert "nccl" in (err.value.hint or "")
+
+
+def test_the_payload_runs_exactly_the_registered_checks(monkeypatch):
+    # The payload runs inside the env and imports nothing from envbuilder: its table is Suite.check_<name>.
+    monkeypatch.syspath_prepend(str(REPO / "envbuilder" / "payloads"))
+    payload = importlib.import_module("envbuilder_checks")
+    methods = {name.removeprefix("check_") for name in vars(payload.Suite) if name.startswith("check_")}
+    assert methods == set(checks.NAMES)
+    assert {*payload.GPU_CHECKS, *payload.DIST_CHECKS} <= methods
 
 
 def test_device_and_where():

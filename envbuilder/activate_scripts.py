@@ -1,0 +1,223 @@
+"""Activate scripts (pure rendering): what ``source PREFIX/bin/activate`` does beyond the venv, and what
+``deactivate`` undoes. ``envbuilder.activation`` writes them into an env.
+
+The shell code is package data, one template file per shell (``envbuilder/data/activate/posix.sh`` for bash and
+zsh); this module fills in the values, quoted for that shell. The extension is a script of its own
+(``PREFIX/envbuilder/activate.sh``), hooked into ``bin/activate`` by one sentinel-guarded block appended at the
+end, so nothing depends on the wording of the activate template (Cirrus's sed hook broke on CPython 3.11's
+lowercase comment). The script:
+
+* records which modules and ``module use`` paths were there before, loads the recipe's, and on deactivate
+  unloads exactly the modules activation added (dependencies included) and unuses the paths it added;
+* saves each variable it sets or unsets (and LD_LIBRARY_PATH, PYTHONPATH, which modules touch), including
+  "was unset", and restores them after the unload;
+* keeps the env's ``bin`` first on PATH after modules prepend theirs;
+* wraps the venv's ``deactivate`` so one call undoes both;
+* where the env has torch pins (``envbuilder/constraints.txt``), adds that file to ``PIP_CONSTRAINT`` and
+  ``UV_CONSTRAINT``, so a later ``pip install X`` or ``uv pip install X`` cannot replace the env's torch build.
+
+Every recipe value is shell-quoted; variable names are validated identifiers. Quoting is not enough for what the
+module system reads: Lmod evaluates a module name, and writes a line break in a ``module use`` path unescaped into
+the shell code ``module`` evaluates. So module names must be names, and no value may hold a line break or a NUL
+(the loader refuses them at plan time; :class:`Activation` refuses them again, for values from a state record).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
+from typing import Callable, Optional, Union
+
+from envbuilder.plan.activation import Activation
+from envbuilder.plan.steps import CONSTRAINTS
+from envbuilder.recipe.schema import require_carriable
+
+BEGIN = "# >>> envbuilder activate extension >>>"
+END = "# <<< envbuilder activate extension <<<"
+SCRIPT_REL = "envbuilder/activate.sh"
+CONDA_ACTIVATE_REL = "etc/conda/activate.d/envbuilder.sh"
+CONDA_DEACTIVATE_REL = "etc/conda/deactivate.d/envbuilder.sh"
+#: Variables modules commonly change that must come back exactly, whatever the module system does on unload.
+ALWAYS_RESTORE = ("LD_LIBRARY_PATH", "PYTHONPATH")
+#: pip and uv read each of these as a whitespace-separated list of constraints files (pip splits the value of
+#: a list option on whitespace, uv on spaces).
+CONSTRAINT_VARS = ("PIP_CONSTRAINT", "UV_CONSTRAINT")
+#: What conda activate sets for an env, saved and restored by envbuilder's own bin/activate.
+_CONDA_VARS = ("PATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV")
+
+_SECTION = "#@section "
+#: A line of the template that is a note on it, not part of what it renders.
+_NOTE = "#%"
+_PLACEHOLDER = re.compile(r"@([a-z_]+)@")
+
+#: A placeholder's value: text (already quoted for the shell), or lines for a placeholder alone on its line.
+Value = Union[str, Sequence[str]]
+
+
+def _dq(text: str) -> str:
+    """Text safe inside double quotes."""
+    return re.sub(r'(["\\$`])', r"\\\1", text)
+
+
+@dataclass(frozen=True)
+class Shell:
+    """A shell's template file (under ``envbuilder/data/activate``) and how a value is quoted for it."""
+
+    template: str
+    quote: Callable[[str], str]
+    #: Text safe inside the shell's double quotes (messages that name a value).
+    dquote: Callable[[str], str]
+
+
+#: bash and zsh, which both run plain POSIX sh.
+POSIX = Shell("posix.sh", shlex.quote, _dq)
+
+
+@cache
+def _templates(name: str) -> dict[str, tuple[str, ...]]:
+    """The sections of one template file, each without its notes and trailing blank lines."""
+    text = files("envbuilder").joinpath(f"data/activate/{name}").read_text(encoding="utf-8")
+    sections: dict[str, list[str]] = {}
+    current: Optional[list[str]] = None
+    for line in text.splitlines():
+        if line.startswith(_SECTION):
+            current = sections.setdefault(line[len(_SECTION) :].strip(), [])
+        elif current is not None and not line.lstrip().startswith(_NOTE):
+            current.append(line)
+    for lines in sections.values():
+        while lines and not lines[-1]:
+            lines.pop()
+    return {key: tuple(lines) for key, lines in sections.items()}
+
+
+def _fill(section: str, **values: Value) -> list[str]:
+    """The lines of one template with its placeholders filled. A placeholder alone on its line takes lines, each
+    indented as the placeholder is (no lines: the line goes); anywhere else it takes text."""
+    out: list[str] = []
+    for line in _templates(POSIX.template)[section]:
+        alone = _PLACEHOLDER.fullmatch(line.strip())
+        value = values[alone.group(1)] if alone else None
+        if value is not None and not isinstance(value, str):
+            indent = line[: len(line) - len(line.lstrip())]
+            out += [indent + item if item else item for item in value]
+        else:
+            out.append(_PLACEHOLDER.sub(lambda m: _text(m.group(1), values[m.group(1)]), line))
+    return out
+
+
+def _text(name: str, value: Value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"@{name}@ takes lines, so it stands alone on its line")
+    return value
+
+
+def _render(section: str, **values: Value) -> str:
+    return "\n".join(_fill(section, **values)) + "\n"
+
+
+def _each(section: str, names: Iterable[str]) -> list[str]:
+    """``section`` once per variable name (saves, restores)."""
+    return [line for name in names for line in _fill(section, var=name)]
+
+
+def with_hook(activate_text: str) -> str:
+    """``bin/activate`` with exactly one envbuilder block at its end (idempotent)."""
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
+    text = pattern.sub("", activate_text)
+    if not text.endswith("\n"):
+        text += "\n"
+    return text + _render("hook", begin=BEGIN, end=END, extension=SCRIPT_REL)
+
+
+def _modules(act: Activation) -> tuple[list[str], list[str]]:
+    """The module lines of the extension: loading (with what was there before) and undoing on deactivate."""
+    if not (act.modules or act.module_use):
+        return [], []
+    q, dq = POSIX.quote, POSIX.dquote
+    state_names = _fill("state_names")[0]
+    uses = [line for p in act.module_use for line in _fill("module_use", path=q(p), path_dq=dq(p))]
+    load = (
+        _fill(
+            "module_load", modules=" ".join(q(m) for m in act.modules), modules_dq=dq(" ".join(act.modules))
+        )
+        if act.modules
+        else []
+    )
+    init_dir = q(act.module_init) if act.module_init else "''"
+    loading = _fill("modules", init_dir=init_dir, state_names=state_names, uses=uses, load=load)
+    return loading, _fill("modules_undo", state_names=state_names)
+
+
+def _constraints(env_var: str) -> list[str]:
+    """Add the env's constraints file to pip's and uv's lists, or say on stderr why it cannot be done."""
+    pins = [
+        line
+        for var in CONSTRAINT_VARS
+        for line in _fill("constraint", var=var, env_var=env_var, constraints=CONSTRAINTS)
+    ]
+    return _fill("constraints", env_var=env_var, constraints=CONSTRAINTS, exports=pins)
+
+
+def render_script(
+    act: Activation, conda: bool = False, *, constraints: bool = False, env_var: Optional[str] = None
+) -> str:
+    """The activate extension script (sourced from bin/activate; for a conda env, conda activate sources it
+    from etc/conda/activate.d and its deactivate.d twin undoes it). ``constraints``: the env has torch pins in
+    ``envbuilder/constraints.txt`` for pip and uv. ``env_var`` names the variable holding the env's prefix
+    (``VIRTUAL_ENV``, ``CONDA_PREFIX`` for conda, ``PYTHONUSERBASE`` for a user-prefix env)."""
+    names = list(dict.fromkeys([*dict(act.env), *act.unset, *ALWAYS_RESTORE]))
+    if constraints:
+        names += [v for v in CONSTRAINT_VARS if v not in names]
+    env_var = env_var or ("CONDA_PREFIX" if conda else "VIRTUAL_ENV")
+    loading, undoing = _modules(act)
+    variables = [line for k, v in act.env.items() for line in _fill("set", var=k, value=POSIX.quote(v))]
+    variables += [line for k in act.unset for line in _fill("unset", var=k)]
+    return _render(
+        "extension",
+        recipe=act.recipe or "this env",
+        saves=_each("save", names),
+        modules=loading,
+        variables=variables,
+        constraints=_constraints(env_var) if constraints else [],
+        env_var=env_var,
+        modules_undo=undoing,
+        restores=_each("restore", names),
+        venv_deactivate=[] if conda else _fill("venv_deactivate"),
+    )
+
+
+def render_user_prefix_activate(prefix: str) -> str:
+    """``bin/activate`` for a user-prefix env (PYTHONUSERBASE style, Cirrus): no venv, the site python, this
+    prefix as its user base. ``deactivate`` gives PATH and PYTHONUSERBASE back; the extension hooks in as for a
+    venv. The prefix is known at build time and quoted here (the file is written before the rename)."""
+    require_carriable(prefix, "env.prefix")
+    names = ("PATH", "PYTHONUSERBASE")
+    return _render(
+        "user_prefix",
+        saves=_each("save", names),
+        prefix=POSIX.quote(prefix),
+        restores=_each("restore", names),
+        extension=POSIX.quote(prefix + "/" + SCRIPT_REL),
+    )
+
+
+def render_conda_activate(prefix: str) -> str:
+    """``bin/activate`` for a conda env, for shells without ``conda activate`` (the embedded engine needs no conda
+    binary): what conda activate does for one env, then its activate.d scripts; deactivate runs deactivate.d and
+    gives the variables back."""
+    require_carriable(prefix, "env.prefix")
+    return _render(
+        "conda_activate",
+        saves=_each("save", _CONDA_VARS),
+        prefix=POSIX.quote(prefix),
+        restores=_each("restore", _CONDA_VARS),
+    )
+
+
+def render_conda_deactivate() -> str:
+    """A conda env's deactivate.d hook: undo what the activate.d extension did."""
+    return _render("conda_deactivate")

@@ -1,0 +1,177 @@
+"""Pure scheduler adapters, one :data:`SCHEDULERS` entry each: a job script's directives and set-up lines, and
+the argv that submits a job, asks for its state and exit code and cancels it, with parsers for what they print.
+
+``runner`` runs these commands through ``proc``; ``batch`` writes the script around the directives. The recipe
+schema and the host probe read the names (and how to recognise each scheduler) from the registry.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Optional
+
+from envbuilder.validate.launchers import Arg, ShellVar
+
+if TYPE_CHECKING:  # only a type here: batch builds the job shape (and imports this module)
+    from envbuilder.validate.batch import JobShape
+
+
+class Scheduler(ABC):
+    """One batch system: each subclass fills the attributes and builds its own argv."""
+
+    name: str
+    #: The directive prefix of a job script (``#SBATCH``).
+    directive: str
+    #: The submit command; where it is on PATH, this host submits to this scheduler.
+    submit_tool: str
+    #: Set inside a job of this scheduler: this host is in an allocation.
+    job_id_var: str
+    #: The partition (queue) a job runs in, as the job's environment tells.
+    partition_var: str
+    #: The launcher that starts one torchrun agent per node here (torchrun alone reaches one node).
+    node_launcher: str
+    #: The torchrun rendezvous id of a job.
+    rdzv_id: Arg = "envbuilder"
+    #: Script lines right after ``set -euo pipefail``.
+    setup: tuple[str, ...] = ()
+    #: The script line that sets MASTER_ADDR to the allocation's first host.
+    first_host: str
+
+    @abstractmethod
+    def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
+        """The directives for ``job`` (without the prefix), asking for GPUs in the site's ``gpu_request`` style,
+        then the site's ``required`` flags."""
+
+    @abstractmethod
+    def submit(self, script: str, output: str) -> list[str]:
+        """argv that submits ``script`` with its output going to ``output``."""
+
+    def job_id(self, stdout: str) -> str:
+        """The job id the submit command printed."""
+        return stdout.strip().split(";", 1)[0]
+
+    @abstractmethod
+    def state_query(self, job: str) -> list[str]:
+        """argv that asks for the job's state (:meth:`state` reads the answer)."""
+
+    @abstractmethod
+    def state(self, returncode: int, stdout: str) -> Optional[str]:
+        """The job's state while it is queued or running; None once it has left the queue."""
+
+    def exit_query(self, job: str) -> Optional[list[str]]:
+        """argv that tells a finished job's exit code; None where the scheduler keeps no such record."""
+        return None
+
+    def exit_code(self, stdout: str) -> Optional[int]:
+        """The exit code in what :meth:`exit_query` printed."""
+        return None
+
+    @abstractmethod
+    def cancel(self, job: str) -> list[str]:
+        """argv that cancels the job."""
+
+
+class Slurm(Scheduler):
+    name = "slurm"
+    directive = "#SBATCH"
+    submit_tool = "sbatch"
+    job_id_var = "SLURM_JOB_ID"
+    partition_var = "SLURM_JOB_PARTITION"
+    node_launcher = "srun"
+    rdzv_id = ShellVar("SLURM_JOB_ID")
+    first_host = 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+
+    def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
+        flags = [
+            f"--job-name={job.name}",
+            f"--nodes={job.nodes}",
+            f"--ntasks={job.nodes * job.tasks_per_node}",
+            f"--ntasks-per-node={job.tasks_per_node}",
+            f"--time={job.time}",
+        ]
+        if job.partition:
+            flags.append(f"--partition={job.partition}")
+        if job.account:
+            flags.append(f"--account={job.account}")
+        if job.cpus_per_task:
+            flags.append(f"--cpus-per-task={job.cpus_per_task}")
+        if job.gpus_per_node:
+            flags += _gpu_flags(job, gpu_request)
+        return flags + list(required)
+
+    def submit(self, script: str, output: str) -> list[str]:
+        return ["sbatch", "--parsable", f"--output={output}", script]
+
+    def state_query(self, job: str) -> list[str]:
+        return ["squeue", "-h", "-j", job, "-o", "%T"]
+
+    def state(self, returncode: int, stdout: str) -> Optional[str]:
+        text = stdout.strip()
+        return (text or None) if returncode == 0 else None
+
+    def exit_query(self, job: str) -> Optional[list[str]]:
+        return ["scontrol", "show", "job", job]
+
+    def exit_code(self, stdout: str) -> Optional[int]:
+        for word in stdout.split():
+            if word.startswith("ExitCode="):
+                return int(word.split("=", 1)[1].split(":", 1)[0])
+        return None
+
+    def cancel(self, job: str) -> list[str]:
+        return ["scancel", job]
+
+
+def _gpu_flags(job: JobShape, gpu_request: str) -> list[str]:
+    """How a Slurm job asks for its GPUs, in the site's dialect (``none``: it does not)."""
+    if gpu_request == "gpus-per-node":
+        return [f"--gpus-per-node={job.gpus_per_node}"]
+    if gpu_request == "gres":
+        return [f"--gres=gpu:{job.gpus_per_node}"]
+    if gpu_request == "gpus":
+        return [f"--gpus={job.gpus_per_node * job.nodes}"]
+    return []
+
+
+class Pbs(Scheduler):
+    name = "pbs"
+    directive = "#PBS"
+    submit_tool = "qsub"
+    job_id_var = "PBS_JOBID"
+    partition_var = "PBS_QUEUE"
+    node_launcher = "mpiexec"
+    setup = ('cd "${PBS_O_WORKDIR:-$PWD}"',)
+    first_host = 'MASTER_ADDR=$(head -n 1 "$PBS_NODEFILE")'
+
+    def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
+        flags = [f"-N {job.name}", f"-l select={job.nodes}", f"-l walltime={job.time}"]
+        if job.partition:
+            flags.append(f"-q {job.partition}")
+        if job.account:
+            flags.append(f"-A {job.account}")
+        return flags + list(required)
+
+    def submit(self, script: str, output: str) -> list[str]:
+        return ["qsub", "-o", output, "-j", "oe", script]
+
+    def state_query(self, job: str) -> list[str]:
+        return ["qstat", job]
+
+    def state(self, returncode: int, stdout: str) -> Optional[str]:
+        if returncode != 0:
+            return None
+        lines = stdout.strip().splitlines()
+        return lines[-1].split()[4] if lines and len(lines[-1].split()) > 4 else "Q"
+
+    def cancel(self, job: str) -> list[str]:
+        return ["qdel", job]
+
+
+#: Every scheduler a recipe can name (besides "none"), in the order the probe tries them.
+SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (Slurm(), Pbs())}
+
+
+def get(name: Optional[str]) -> Optional[Scheduler]:
+    """The adapter for a recipe's ``scheduler.type``; None for "none" (or no scheduler)."""
+    return SCHEDULERS.get(name or "")

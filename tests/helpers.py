@@ -1,0 +1,246 @@
+"""What tests share besides fixtures: the repository's paths, the user's environment, the CLI run as a user runs it
+(in this process, or in a child process where a signal or a process boundary is what is tested), and one
+user-world harness (a throwaway home, $SCRATCH, recipes and envbuilder's records under one directory)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any, Optional
+
+from wheelindex import mirror_env
+
+from envbuilder import cli
+from envbuilder.host import HostFacts, facts_from_json
+from envbuilder.resolver import mirror
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "tests" / "data"
+FACTS = DATA / "facts"
+
+#: The environment plans are made in: a user on a cluster with $SCRATCH, $WORK and a project code. Tests talk
+#: only to loopback addresses, so plans come from the shipped table here (no read of download.pytorch.org).
+PLAN_ENV = {
+    "HOME": "/home/u1",
+    "USER": "u1",
+    "SCRATCH": "/scratch/u1",
+    "WORK": "/work/u1",
+    "PROJECT": "p01",
+    "ENVBUILDER_OFFLINE": "1",
+}
+
+
+def loopback_only(index_mirror: str) -> bool:
+    """Whether every index a plan reads (download.pytorch.org's and PyPI's) is sent to 127.0.0.1 or a directory
+    by ``index_mirror``: only then may a test let envbuilder read the indexes."""
+    rules = {r.upstream: r.targets for r in mirror.parse(index_mirror)}
+    needed = ("https://download.pytorch.org/whl/", mirror.PYPI)
+    local = ("http://127.0.0.1", "/", "file://")
+    return all(u in rules and all(t.startswith(local) for t in rules[u]) for u in needed)
+
+
+def load_facts(name: str) -> HostFacts:
+    path = FACTS / f"{name}.json"
+    return facts_from_json(json.loads(path.read_text()), str(path))
+
+
+def cli_env(env: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The whole environment the CLI runs in: ``env`` (default PLAN_ENV) with PATH and NO_COLOR, offline unless
+    every index it would read is a local one."""
+    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NO_COLOR": "1", **(env or PLAN_ENV)}
+    if not loopback_only(full.get("ENVBUILDER_INDEX_MIRROR", "")):
+        full.setdefault("ENVBUILDER_OFFLINE", "1")  # tests reach nothing but loopback addresses
+    return full
+
+
+def cli_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "envbuilder", *args]
+
+
+def run_cli_process(
+    *args: str, env: Optional[dict[str, str]] = None, check: bool = False, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a child process (python -m envbuilder), as a user runs it."""
+    return subprocess.run(
+        cli_argv(*args),
+        env=cli_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
+        cwd=REPO,
+    )
+
+
+def spawn_cli(*args: str, env: Optional[dict[str, str]] = None, **popen: Any) -> subprocess.Popen[str]:
+    """The real CLI started in a child process, for tests that signal it or race it (output piped unless
+    ``popen`` says otherwise)."""
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+    return subprocess.Popen(cli_argv(*args), env=cli_env(env), text=True, cwd=REPO, **popen)
+
+
+class CliTimeout(BaseException):
+    """The in-process CLI ran past its timeout. A BaseException, as KeyboardInterrupt is: the CLI's own handlers
+    let it through, and its cleanup (killing the commands it started) runs on the way out."""
+
+
+def run_cli(
+    *args: str, env: Optional[dict[str, str]] = None, check: bool = False, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The CLI as ``python -m envbuilder ARGS`` runs it, in this process: ``cli.main`` with the same environment
+    (nothing else of the test process's), working directory and stdin, its stdout and stderr captured apart at
+    the file descriptors (so the output of the commands it starts is caught too), the exit code it returns.
+    Saves the child process's ~0.3 s of imports per call; tests of signals and process boundaries use
+    :func:`run_cli_process` or :func:`spawn_cli`."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        with _as_a_child(cli_env(env), out, err, timeout):
+            code = cli.main(list(args))
+        res = subprocess.CompletedProcess(cli_argv(*args), code, _text(out), _text(err))
+    if check:
+        res.check_returncode()
+    return res
+
+
+def _text(f: IO[bytes]) -> str:
+    """What the CLI wrote to ``f``, decoded as subprocess.run(text=True) does here: UTF-8, universal newlines."""
+    f.seek(0)
+    return f.read().decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+
+
+@contextlib.contextmanager
+def _as_a_child(env: dict[str, str], out: IO[bytes], err: IO[bytes], timeout: float) -> Iterator[None]:
+    """This process set up as a child of the test would be (environment, working directory, stdin, stdout and
+    stderr going to ``out`` and ``err``), and put back afterwards."""
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved_std = (sys.stdin, sys.stdout, sys.stderr)
+    for s in saved_std[1:]:
+        s.flush()
+    saved_fds = (os.dup(1), os.dup(2))
+    # As the child's: stdin reads nothing; stdout and stderr are text over file descriptors 1 and 2.
+    child_std = (
+        open(os.devnull),  # noqa: SIM115 - closed below
+        *(open(fd, "w", encoding="utf-8", buffering=1, closefd=False) for fd in (1, 2)),  # noqa: SIM115
+    )
+
+    def expired(signum: int, frame: object) -> None:
+        raise CliTimeout(f"the CLI ran past {timeout:g} s")
+
+    previous_alarm = signal.signal(signal.SIGALRM, expired)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(REPO)
+        for fd, f in ((1, out), (2, err)):
+            os.dup2(f.fileno(), fd)
+        sys.stdin, sys.stdout, sys.stderr = child_std
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_alarm)
+        for s in child_std:
+            s.close()  # flushes what the CLI wrote
+        sys.stdin, sys.stdout, sys.stderr = saved_std
+        for fd, saved in zip((1, 2), saved_fds):
+            os.dup2(saved, fd)
+            os.close(saved)
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def ok(res: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    """``res``, after asserting that it succeeded (its output in the message when it did not)."""
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+    return res
+
+
+def refused(res: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+    """The CLI failed with exit ``code``, said ``text``, and showed no traceback."""
+    assert res.returncode == code, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
+    assert text in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def bash(script: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``script`` in a real bash that reads no profile or rc file."""
+    return subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def user_env(root: Path, index_mirror: str, **extra: str) -> dict[str, str]:
+    """A user's environment for the CLI, every directory a throwaway one under ``root`` (home, $SCRATCH,
+    envbuilder's records, uv's cache), its indexes reached through ``index_mirror`` (ENVBUILDER_INDEX_MIRROR).
+    envbuilder reads those indexes only where they are all local; otherwise it plans offline."""
+    return {
+        **({} if loopback_only(index_mirror) else {"ENVBUILDER_OFFLINE": "1"}),
+        "PATH": os.environ["PATH"],
+        "HOME": str(root / "home"),
+        "NO_COLOR": "1",
+        "COLUMNS": "200",
+        "SCRATCH": str(root / "scratch"),
+        "ENVBUILDER_HOME": str(root / "eb-home"),
+        "ENVBUILDER_INDEX_MIRROR": index_mirror,
+        "UV_CACHE_DIR": str(root / "uv-cache"),
+        **extra,
+    }
+
+
+def lmod_vars() -> dict[str, str]:
+    """Lmod's variables, where this machine sets them: `module` works in the user's world as in a login shell."""
+    return {k: os.environ[k] for k in ("LMOD_CMD", "MODULESHOME", "LMOD_PKG") if k in os.environ}
+
+
+class UserWorld:
+    """A user's world under ``root``: a recipe directory on ENVBUILDER_RECIPE_PATH (``recipes``, under ``root``
+    unless absolute) and the throwaway directories of :func:`user_env`, its indexes reached through
+    ``index_mirror``; the CLI run in it. Test modules subclass it for their recipes."""
+
+    def __init__(self, root: Path, index_mirror: str = "", recipes: str = "recipes", **extra: str) -> None:
+        self.root = root
+        self.recipes = root / recipes
+        self.recipes.mkdir(parents=True, exist_ok=True)
+        self.env = user_env(root, index_mirror, ENVBUILDER_RECIPE_PATH=str(self.recipes), **extra)
+        self.home = Path(self.env["ENVBUILDER_HOME"])
+        self.scratch = Path(self.env["SCRATCH"])
+
+    def write_recipe(self, name: str, text: str) -> str:
+        (self.recipes / f"{name}.toml").write_text(text, encoding="utf-8")
+        return name
+
+    def cli(self, *args: str, timeout: float = 900, **extra: str) -> subprocess.CompletedProcess[str]:
+        return run_cli(*args, env={**self.env, **extra}, timeout=timeout)
+
+    def data(self, *args: str, **extra: str) -> Any:
+        """The ``data`` of a successful ``--json`` run."""
+        return json.loads(ok(self.cli(*args, "--json", **extra)).stdout)["data"]
+
+    def spawn(
+        self, *args: str, extra: Optional[dict[str, str]] = None, **popen: Any
+    ) -> subprocess.Popen[str]:
+        """The real CLI started in a child process in this world (for signals and races)."""
+        return spawn_cli(*args, env={**self.env, **(extra or {})}, **popen)
+
+
+class CpuTorchWorld(UserWorld):
+    """A user's world under ``root`` with the validation suite's recipes, and its vcpu env (CPU torch 2.13.0,
+    numpy, mpi4py, MPICH from ``index``) created in it, at ``prefix``."""
+
+    def __init__(self, root: Path, index: Any, uv_cache: Path) -> None:
+        recipes = str(DATA / "validate-recipes")
+        super().__init__(root, mirror_env(index), recipes, USER="u1", UV_CACHE_DIR=str(uv_cache))
+        self.prefix = self.scratch / "envbuilder" / "envs" / "vcpu"
+        res = self.cli("create", "vcpu", "--no-validate", "--json")
+        assert res.returncode == 0, res.stderr

@@ -1,0 +1,138 @@
+"""The backend registry (one source of kind, installer and engine names) and the backend protocol's dispatch: each
+kind gets its backend, and a backend builds with the installer it is handed (real uv, offline)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from wheelindex import build_wheel
+
+from envbuilder import cli, proc, settings
+from envbuilder.backends import base, buildlog, conda, installers, registry, venv
+from envbuilder.errors import EXIT_USAGE
+from envbuilder.plan.steps import InstallStep
+from envbuilder.recipe import schema
+
+PLANNED = "/scratch/u1/envs/t"  # the prefix the plan's commands name; the build happens elsewhere
+
+
+def test_every_kind_and_overlay_way_has_its_backend():
+    expected = {
+        "venv": venv.VenvBackend,
+        "overlay": venv.VenvBackend,
+        "user-prefix": venv.UserPrefixBackend,
+        "conda": conda.CondaBackend,
+    }
+    assert {kind: registry.backend(kind) for kind in registry.KINDS} == expected
+    assert registry.backend("overlay", "clone") is conda.CloneBackend
+    assert registry.backend("overlay", "venv") is venv.VenvBackend
+    assert all(issubclass(cls, base.Backend) for cls in expected.values())
+
+
+def test_the_schema_and_the_cli_offer_the_registrys_names(capsys):
+    props = schema.json_schema()["properties"]
+    assert props["env"]["properties"]["kind"]["enum"] == list(registry.KINDS)
+    assert props["env"]["properties"]["installer"]["enum"] == list(registry.INSTALLERS)
+    assert props["env"]["properties"]["overlay"]["enum"] == list(registry.OVERLAYS)
+    assert props["conda"]["properties"]["engine"]["enum"] == list(registry.ENGINES)
+    assert (
+        cli.build_parser().parse_args(["create", "x", "--installer", "virtualenv"]).installer == "virtualenv"
+    )
+    assert cli.main(["create", "x", "--installer", "conda"]) == EXIT_USAGE
+    assert "invalid choice: 'conda' (choose from 'uv', 'virtualenv', 'pip')" in capsys.readouterr().err
+
+
+def test_each_installer_writes_its_own_command_lines():
+    prompt, ssp = ["--prompt", "t"], ["--system-site-packages"]
+    uv, virtualenv, pip = (registry.INSTALLERS[n] for n in ("uv", "virtualenv", "pip"))
+    assert uv.venv(prompt, "python3", ssp, PLANNED) == [
+        "uv", "venv", "--relocatable", "--prompt", "t", "--python", "python3", "--system-site-packages", PLANNED,
+    ]  # fmt: skip
+    assert virtualenv.venv(prompt, "python3", ssp, PLANNED) == [
+        "virtualenv", "--prompt", "t", "--python", "python3", "--system-site-packages", PLANNED,
+    ]  # fmt: skip
+    assert pip.venv(prompt, "python3", (), PLANNED) == ["python3", "-m", "venv", "--prompt", "t", PLANNED]
+    assert uv.pip("py", uv.user_target(PLANNED)) == [
+        "uv",
+        "pip",
+        "install",
+        "--python",
+        "py",
+        "--prefix",
+        PLANNED,
+    ]
+    assert virtualenv.pip("py", virtualenv.user_target(PLANNED)) == ["py", "-m", "pip", "install", "--user"]
+    assert [i.relocatable for i in registry.INSTALLERS.values()] == [True, False, False]
+
+
+def test_conda_and_user_prefix_backends_say_where_their_python_and_settings_come_from(tmp_path):
+    final, partial = tmp_path / "env", tmp_path / ".env.partial-1"
+    env = {"SCRATCH": str(tmp_path / "scratch"), "PATH": os.environ["PATH"]}
+    condas = registry.backend("conda")()
+    assert condas.python("python3", env, final) == str(final / "bin" / "python")  # the env's own
+    assert condas.own_env(partial, env) == {
+        settings.CONDA_CACHE_VAR: str(tmp_path / "scratch/envbuilder/conda-pkgs")
+    }
+    user = registry.backend("user-prefix")()
+    assert user.python(sys.executable, env, final) == sys.executable  # the site's
+    assert user.own_env(partial, env) == {"PYTHONUSERBASE": str(partial)}
+    assert user.needs_parent() and not registry.backend("venv")().needs_parent()
+
+
+def _build(tmp_path: Path, name: str) -> base.Build:
+    choice = installers.choose(name, str(tmp_path / "env"), "test")
+    env = {**proc.scrubbed_env(os.environ), "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
+    tool_env, _ = choice.installer.settings(tmp_path / "env", env)
+    return base.Build(
+        PLANNED,
+        tmp_path / "env",
+        tmp_path / ".env.partial-1",
+        choice.installer,
+        choice.program,
+        sys.executable,
+        env,
+        {**env, **tool_env},
+        tool_env,
+        buildlog.BuildLog(tmp_path / "build.log"),
+    )
+
+
+@pytest.mark.integration
+def test_the_venv_backend_builds_beside_with_the_installer_it_is_handed(tmp_path):
+    build = _build(tmp_path, "uv")
+    backend = registry.backend("venv")()
+    step = InstallStep(
+        tuple(build.installer.venv(["--prompt", "t"], "python3", [], PLANNED)),
+        site_python=True,
+        creates_env=True,
+    )
+    try:
+        # The plan's prefix becomes the partial, and python3 the python found; uv itself, the one found.
+        backend.create(build, step, build.env)
+        assert (build.partial / "pyvenv.cfg").is_file()
+        wheel = build_wheel(tmp_path / "wheels", "demo-pkg", "1.0", {"demo_pkg.py": "X = 1\n"})
+        backend.install_files(build, [str(wheel)])  # offline, from the file alone
+        [demo] = [p for p in backend.inventory(build) if p["name"] == "demo-pkg"]
+        assert (demo["version"], demo["installer"]) == ("1.0", "uv")
+        tools = backend.tools(build)
+    finally:
+        build.log.close()
+    assert (tools["installer"], tools["python_path"]) == ("uv", sys.executable)
+    assert tools["python"] == "{}.{}.{}".format(*sys.version_info[:3])
+    assert tools["uv"][0].isdigit()
+
+
+@pytest.mark.parametrize("name", ["uv", "pip"])
+def test_moving_in_rewrites_the_build_path_only_where_the_installer_wrote_it(tmp_path, name):
+    build = _build(tmp_path, name)
+    (build.partial / "bin").mkdir(parents=True)
+    (build.partial / "bin" / "activate").write_text(f"VIRTUAL_ENV='{build.partial}'\n")
+    try:
+        registry.backend("venv")().move_in(build)
+    finally:
+        build.log.close()
+    moved = f"VIRTUAL_ENV='{build.final}'\n"
+    assert ((build.partial / "bin" / "activate").read_text() == moved) == (name == "pip")
