@@ -7,13 +7,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
 from envbuilder import activate_scripts
-
-# Named here too (explicitly, for mypy) because it is what the renderer's callers hand it.
-from envbuilder.plan.activation import Activation as Activation  # noqa: PLC0414
-from envbuilder.plan.activation import RecordedActivate
+from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS
 
 
@@ -62,9 +59,6 @@ def install_conda(build: Path, prefix: str, act: Activation) -> None:
         activate.write_text(activate_scripts.render_conda_activate(prefix), encoding="utf-8")
 
 
-def from_plan(
-    activate: Union[Activation, RecordedActivate], module_init: Optional[str], recipe: str
-) -> Activation:
-    """A plan's Activation, or one from a recorded plan's ``activate`` table, for this module system and recipe."""
-    planned = activate if isinstance(activate, Activation) else Activation.from_json(activate)
+def from_plan(planned: Activation, module_init: Optional[str], recipe: str) -> Activation:
+    """A planned (or recorded) Activation, for this module system and recipe."""
     return replace(planned, module_init=module_init, recipe=recipe)

@@ -10,7 +10,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from envbuilder import __version__
 from envbuilder.console import Out
@@ -82,7 +82,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--traceback", action="store_true", help="show the Python stack on errors")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every command run")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    # In the order `envbuilder --help` lists them.
+    for add in (
+        _add_plan,
+        _add_lock,
+        _add_create,
+        _add_validate,
+        _add_env_verbs,
+        _add_backup,
+        _add_backups,
+        _add_restore,
+        _add_verify_backup,
+        _add_prune_backups,
+        _add_touch,
+        _add_doctor,
+        _add_probe,
+        _add_recipes,
+        _add_publish,
+    ):
+        add(sub)
+    return parser
 
+
+if TYPE_CHECKING:
+    # argparse's subparsers action has no public name, and is generic only to type checkers.
+    _Sub = argparse._SubParsersAction[_Parser]
+
+
+def _add_plan(sub: _Sub) -> None:
     p = sub.add_parser("plan", help="show every step create would take for a recipe")
     p.add_argument("recipe", help="recipe name (see `envbuilder recipes list`)")
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
@@ -93,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(handler=_command("plan", "handle"))
 
+
+def _add_lock(sub: _Sub) -> None:
     p = sub.add_parser(
         "lock", help="resolve a recipe's exact packages for each target platform (x86_64, aarch64)"
     )
@@ -113,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(handler=_command("lock", "handle"))
 
+
+def _add_create(sub: _Sub) -> None:
     p = sub.add_parser("create", help="build an env from a recipe, then check that torch works in it")
     p.add_argument("recipe", help="recipe name (see `envbuilder recipes list`)")
     p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
@@ -145,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(handler=_command("create", "handle"))
 
+
+def _add_validate(sub: _Sub) -> None:
     p = sub.add_parser(
         "validate", help="run the bundled checks (GPU, CUDA, NCCL, DDP, MPI, file system) on an env"
     )
@@ -172,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(handler=_command("validate", "handle"))
 
+
+def _add_env_verbs(sub: _Sub) -> None:
+    """list, show, activate, remove, modulefile: the verbs on the envs you have built."""
     p = sub.add_parser("list", help="the envs you have built, with their health")
     _add_json(p)
     p.set_defaults(handler=_command("envs", "handle_list"))
@@ -194,8 +230,90 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("-o", "--output", metavar="PATH", help="file or directory to write (default: stdout)")
 
-    _add_backup_verbs(sub)
 
+_ROOT_HELP = "backup root (default $WORK/envbuilder/backups) or one backup's directory"
+_WAIT_HELP = "how long to wait for another writer of the same backup root (default 3600; 0 fails at once)"
+
+
+def _add_backup(sub: _Sub) -> None:
+    p = sub.add_parser("backup", help="back an env up to $WORK (deduplicated wheels, or an exact archive)")
+    p.add_argument("env", nargs="?")
+    p.add_argument("--all", action="store_true", help="every env you have built")
+    p.add_argument("--to", metavar="DIR", help="backup root (default $WORK/envbuilder/backups)")
+    p.add_argument(
+        "--mode",
+        choices=_Choices("envbuilder.backup", "MODES"),
+        metavar="MODE",
+        help="%(choices)s (default: wheelhouse for venvs, archive otherwise)",
+    )
+    p.add_argument(
+        "--format",
+        choices=_Choices("envbuilder.backup", "FORMATS"),
+        default="tar",
+        metavar="FORMAT",
+        help="archive mode: %(choices)s (default tar, compressed with zstd)",
+    )
+    p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
+    _add_json(p)
+    p.set_defaults(handler=_command("backup", "handle_backup"))
+
+
+def _add_backups(sub: _Sub) -> None:
+    p = sub.add_parser("backups", help="list backups: id, mode, size, date, verified")
+    p.add_argument("env", nargs="?")
+    p.add_argument("--from", dest="source", metavar="DIR", help=_ROOT_HELP)
+    _add_json(p)
+    p.set_defaults(handler=_command("backup", "handle_backups"))
+
+
+def _add_restore(sub: _Sub) -> None:
+    p = sub.add_parser(
+        "restore", help="bring an env back from its backup (offline, verified, beside then swap)"
+    )
+    p.add_argument("env")
+    p.add_argument("--from", dest="source", metavar="DIR", help=_ROOT_HELP)
+    p.add_argument("--backup", metavar="ID", help="which backup (default: the newest)")
+    p.add_argument("--prefix", metavar="DIR", help="restore here instead of the env's prefix")
+    p.add_argument("--name", metavar="NAME", help="record the restored env under this name")
+    p.add_argument("--force", action="store_true", help="replace an env that exists at the target")
+    p.add_argument("--validate", action="store_true", help="run the full validation suite afterwards")
+    p.add_argument("--no-validate", action="store_true", help="skip even the torch import check")
+    p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
+    _add_json(p)
+    p.set_defaults(handler=_command("backup", "handle_restore"))
+
+
+def _add_verify_backup(sub: _Sub) -> None:
+    p = sub.add_parser("verify-backup", help="re-hash a backup (ENV for its newest, or an id ENV@STAMP)")
+    p.add_argument("backup", metavar="ENV|ID")
+    p.add_argument("--from", dest="source", metavar="DIR", help=_ROOT_HELP)
+    _add_json(p)
+    p.set_defaults(handler=_command("backup", "handle_verify"))
+
+
+def _add_prune_backups(sub: _Sub) -> None:
+    p = sub.add_parser("prune-backups", help="keep the newest N backups of each env; free unused wheels")
+    p.add_argument("--keep", type=_positive, required=True, metavar="N")
+    p.add_argument("--env", metavar="NAME", help="prune this env's backups only")
+    p.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    p.add_argument("--from", dest="source", metavar="DIR", help=_ROOT_HELP)
+    p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
+    _add_json(p)
+    p.set_defaults(handler=_command("backup", "handle_prune"))
+
+
+def _add_touch(sub: _Sub) -> None:
+    _env_verb(
+        sub,
+        "touch",
+        "refresh an env's access times, only where the site's purge policy allows it",
+        _command("backup", "handle_touch"),
+    )
+
+
+def _add_doctor(sub: _Sub) -> None:
     p = sub.add_parser("doctor", help="what is wrong with your envs on this node, and how to fix it")
     p.add_argument("env", nargs="*", metavar="ENV", help="envs to check (default: every env you have built)")
     p.add_argument("--facts", metavar="FILE", help="another node's facts as JSON: the report for that node")
@@ -203,10 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     p.set_defaults(handler=_command("doctor", "handle"))
 
+
+def _add_probe(sub: _Sub) -> None:
     p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
     _add_json(p)
     p.set_defaults(handler=_command("probe", "handle"))
 
+
+def _add_recipes(sub: _Sub) -> None:
     p = sub.add_parser("recipes", help="list and inspect recipes")
     rsub = p.add_subparsers(dest="recipes_command", metavar="ACTION", parser_class=_Parser)
     r = rsub.add_parser("list", help="every recipe on the search path")
@@ -235,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(handler=_command("publish", "handle_update"))
     p.set_defaults(handler=None, subparser=p)
 
+
+def _add_publish(sub: _Sub) -> None:
     p = sub.add_parser(
         "publish", help="(site admins) validate recipes and publish them, versioned, to a registry"
     )
@@ -266,78 +390,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_json(p)
     p.set_defaults(handler=_command("publish", "handle_publish"))
-    return parser
-
-
-def _add_backup_verbs(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    root_help = "backup root (default $WORK/envbuilder/backups) or one backup's directory"
-    wait_help = "how long to wait for another writer of the same backup root (default 3600; 0 fails at once)"
-
-    p = sub.add_parser("backup", help="back an env up to $WORK (deduplicated wheels, or an exact archive)")
-    p.add_argument("env", nargs="?")
-    p.add_argument("--all", action="store_true", help="every env you have built")
-    p.add_argument("--to", metavar="DIR", help="backup root (default $WORK/envbuilder/backups)")
-    p.add_argument(
-        "--mode",
-        choices=_Choices("envbuilder.backup", "MODES"),
-        metavar="MODE",
-        help="%(choices)s (default: wheelhouse for venvs, archive otherwise)",
-    )
-    p.add_argument(
-        "--format",
-        choices=_Choices("envbuilder.backup", "FORMATS"),
-        default="tar",
-        metavar="FORMAT",
-        help="archive mode: %(choices)s (default tar, compressed with zstd)",
-    )
-    p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=wait_help)
-    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
-    _add_json(p)
-    p.set_defaults(handler=_command("backup", "handle_backup"))
-
-    p = sub.add_parser("backups", help="list backups: id, mode, size, date, verified")
-    p.add_argument("env", nargs="?")
-    p.add_argument("--from", dest="source", metavar="DIR", help=root_help)
-    _add_json(p)
-    p.set_defaults(handler=_command("backup", "handle_backups"))
-
-    p = sub.add_parser(
-        "restore", help="bring an env back from its backup (offline, verified, beside then swap)"
-    )
-    p.add_argument("env")
-    p.add_argument("--from", dest="source", metavar="DIR", help=root_help)
-    p.add_argument("--backup", metavar="ID", help="which backup (default: the newest)")
-    p.add_argument("--prefix", metavar="DIR", help="restore here instead of the env's prefix")
-    p.add_argument("--name", metavar="NAME", help="record the restored env under this name")
-    p.add_argument("--force", action="store_true", help="replace an env that exists at the target")
-    p.add_argument("--validate", action="store_true", help="run the full validation suite afterwards")
-    p.add_argument("--no-validate", action="store_true", help="skip even the torch import check")
-    p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=wait_help)
-    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
-    _add_json(p)
-    p.set_defaults(handler=_command("backup", "handle_restore"))
-
-    p = sub.add_parser("verify-backup", help="re-hash a backup (ENV for its newest, or an id ENV@STAMP)")
-    p.add_argument("backup", metavar="ENV|ID")
-    p.add_argument("--from", dest="source", metavar="DIR", help=root_help)
-    _add_json(p)
-    p.set_defaults(handler=_command("backup", "handle_verify"))
-
-    p = sub.add_parser("prune-backups", help="keep the newest N backups of each env; free unused wheels")
-    p.add_argument("--keep", type=_positive, required=True, metavar="N")
-    p.add_argument("--env", metavar="NAME", help="prune this env's backups only")
-    p.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
-    p.add_argument("--from", dest="source", metavar="DIR", help=root_help)
-    p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=wait_help)
-    _add_json(p)
-    p.set_defaults(handler=_command("backup", "handle_prune"))
-
-    _env_verb(
-        sub,
-        "touch",
-        "refresh an env's access times, only where the site's purge policy allows it",
-        _command("backup", "handle_touch"),
-    )
 
 
 def _add_lock_use(p: argparse.ArgumentParser) -> None:
@@ -380,7 +432,7 @@ def _add_launch(p: argparse.ArgumentParser) -> None:
 
 
 def _env_verb(
-    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    sub: _Sub,
     name: str,
     help_text: str,
     handler: Handler,
@@ -439,6 +491,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if handler is None:
         (getattr(args, "subparser", None) or parser).print_help(sys.stderr)
         return EXIT_USAGE
+    return _dispatch(handler, args, out)
+
+
+def _dispatch(handler: Handler, args: argparse.Namespace, out: Out) -> int:
+    """Run the command: the one place its errors are caught and turned into an exit code (and an envelope)."""
     command = args.command if args.command != "recipes" else f"recipes {args.recipes_command}"
     as_json = bool(getattr(args, "json", False))
     try:

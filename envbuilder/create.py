@@ -29,10 +29,11 @@ from typing import Any, Callable, Optional
 from envbuilder import __version__, activation, fsutil, proc, settings, state, transaction
 from envbuilder.backends import base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
-from envbuilder.backends.smoke import smoke
+from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.errors import BackendError, StateError, UsageError
 from envbuilder.modules import EnvDelta, ModuleSystem
 from envbuilder.plan import Plan
+from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
 from envbuilder.recipe.loader import Recipe
 
@@ -79,6 +80,7 @@ def create(
     env: Mapping[str, str],
     modules: ModuleSystem,
     opts: Optional[CreateOptions] = None,
+    *,
     report: Optional[Reporter] = None,
     facts: Optional[Mapping[str, Any]] = None,
 ) -> CreateResult:
@@ -106,7 +108,7 @@ def create(
             report.note(n)
         if healed is not None and healed.command == "create":
             # The run that built it was killed after its rename: this rerun is that run, finished.
-            return _healed(healed, plan, env, modules, opts, report, home, notes, facts or {})
+            return _healed(healed, _Job(plan, recipe, env, modules, opts, report, facts or {}), home, notes)
         moving = transaction.claim(home, name, final, opts.force)
         existing = _existing(home, name, final)
         if existing is not None and not opts.force:
@@ -149,25 +151,16 @@ def _wants_smoke(plan: Plan) -> bool:
     return plan.resolution is not None or plan.system_site_packages or _cloning(plan)
 
 
-def _healed(
-    pending: transaction.Pending,
-    plan: Plan,
-    env: Mapping[str, str],
-    modules: ModuleSystem,
-    opts: CreateOptions,
-    report: Reporter,
-    home: Path,
-    notes: list[str],
-    facts: Mapping[str, Any],
-) -> CreateResult:
+def _healed(pending: transaction.Pending, job: _Job, home: Path, notes: list[str]) -> CreateResult:
     """The result of a create finished by heal(): the smoke check it never reached runs now."""
     record = pending.record
-    if not (opts.smoke_check and record.validation is None and _wants_smoke(plan)):
+    if not (job.opts.smoke_check and record.validation is None and _wants_smoke(job.plan)):
         return CreateResult(pending.status, record, None, notes)
     log = open_log(home, record.name)
     try:
-        report.step("checking that torch imports")
-        record = smoke_recorded(record, modules, env, home, log, len(facts.get("gpus") or []))
+        job.report.step("checking that torch imports")
+        gpus = len(job.facts.get("gpus") or [])
+        record = smoke_recorded(record, job.modules, job.env, home, log=log, gpus=gpus)
     finally:
         log.close()
     return CreateResult(pending.status, record, str(log.path), notes)
@@ -178,6 +171,7 @@ def smoke_recorded(
     modules: ModuleSystem,
     env: Mapping[str, str],
     home: Path,
+    *,
     log: BuildLog,
     gpus: int,
 ) -> state.EnvRecord:
@@ -187,11 +181,10 @@ def smoke_recorded(
     delta = modules.apply(
         plan.get("module_use", []), [*plan.get("modules", []), *plan.get("build_modules", [])], base_env
     )
-    act = activation.from_plan(
-        plan.get("activate") or {}, str(Path(modules.init).parent) if modules.init else None, record.recipe
-    )
-    site_python = record.tools.get("python_path") if plan.get("kind") == "user-prefix" else None
-    return smoke(record, Path(record.prefix), site_python, act, delta, base_env, log, home, gpus)
+    act = activation.from_plan(record.activation or Activation(), modules.init_dir, record.recipe)
+    site_python = None if registry.kind_info(record.kind).own_python else record.tools.get("python_path")
+    run_env = activated_env(base_env, delta, act)
+    return smoke(record, Path(record.prefix), run_env, site_python=site_python, log=log, home=home, gpus=gpus)
 
 
 def _existing(home: Path, name: str, final: Path) -> Optional[state.EnvRecord]:
@@ -239,7 +232,7 @@ def _build(job: _Job, where: _Where, log: BuildLog, notes: list[str]) -> state.E
         notes.append(note)
         job.report.note(note)
     log.write(f"done: {final}")
-    return _smoke(job, backend, build, record, act, delta, where.home)
+    return _smoke(job, backend, build, record, act=act, delta=delta, home=where.home)
 
 
 def _cloning(plan: Plan) -> bool:
@@ -356,9 +349,8 @@ def _guard(job: _Job, backend: base.Backend, build: base.Build) -> None:
     )
 
 
-def _activate(job: _Job, backend: base.Backend, build: base.Build) -> activation.Activation:
-    init = job.modules.init
-    act = activation.from_plan(job.plan.activate, str(Path(init).parent) if init else None, job.plan.recipe)
+def _activate(job: _Job, backend: base.Backend, build: base.Build) -> Activation:
+    act = activation.from_plan(job.plan.activate, job.modules.init_dir, job.plan.recipe)
     job.report.step("writing the activate extension")
     backend.activate(build, act)
     return act
@@ -394,16 +386,22 @@ def _smoke(
     backend: base.Backend,
     build: base.Build,
     record: state.EnvRecord,
-    act: activation.Activation,
+    *,
+    act: Activation,
     delta: EnvDelta,
     home: Path,
 ) -> state.EnvRecord:
     if not (job.opts.smoke_check and _wants_smoke(job.plan)):
         return record
     job.report.step("checking that torch imports")
-    gpus = len(job.facts.get("gpus") or [])
     return smoke(
-        record, build.final, backend.site_python(build), act, delta, build.base_env, build.log, home, gpus
+        record,
+        build.final,
+        activated_env(build.base_env, delta, act),
+        site_python=backend.site_python(build),
+        log=build.log,
+        home=home,
+        gpus=len(job.facts.get("gpus") or []),
     )
 
 

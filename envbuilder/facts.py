@@ -97,31 +97,28 @@ def facts_from_json(data: Any, source: str) -> HostFacts:
     if gpus is not None:
         if not isinstance(gpus, list):
             raise HostProbeError(f"{source}: gpus: expected a list, found {gpus!r}")
-        parsed = []
-        for i, gpu in enumerate(gpus):
-            if not isinstance(gpu, dict) or not isinstance(gpu.get("name"), str):
-                raise HostProbeError(f"{source}: gpus[{i}]: expected an object with a string 'name'")
-            for key in gpu:
-                if key not in _GPU_KEYS:
-                    raise HostProbeError(
-                        f"{source}: gpus[{i}]: unknown key {key!r}", hint=did_you_mean(key, _GPU_KEYS)
-                    )
-            cc = gpu.get("compute_capability")
-            if cc is not None and not (isinstance(cc, str) and re.fullmatch(r"\d+\.\d+", cc)):
-                raise HostProbeError(
-                    f'{source}: gpus[{i}].compute_capability: expected a string like "9.0", found {cc!r}'
-                )
-            mem = gpu.get("memory_mib")
-            if mem is not None and (not isinstance(mem, int) or isinstance(mem, bool) or mem < 0):
-                raise HostProbeError(f"{source}: gpus[{i}].memory_mib: expected an integer, found {mem!r}")
-            parsed.append(Gpu(gpu["name"], cc, mem))
-        values["gpus"] = tuple(parsed)
+        values["gpus"] = tuple(_gpu_from_json(gpu, f"{source}: gpus[{i}]") for i, gpu in enumerate(gpus))
     for key in ("allocation", "filesystems"):
         table = data.get(key, {})
         if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
             raise HostProbeError(f"{source}: {key}: expected an object of strings")
         values[key] = dict(table)
     return HostFacts(source=source, **values)
+
+
+def _gpu_from_json(gpu: Any, where: str) -> Gpu:
+    if not isinstance(gpu, dict) or not isinstance(gpu.get("name"), str):
+        raise HostProbeError(f"{where}: expected an object with a string 'name'")
+    for key in gpu:
+        if key not in _GPU_KEYS:
+            raise HostProbeError(f"{where}: unknown key {key!r}", hint=did_you_mean(key, _GPU_KEYS))
+    cc = gpu.get("compute_capability")
+    if cc is not None and not (isinstance(cc, str) and re.fullmatch(r"\d+\.\d+", cc)):
+        raise HostProbeError(f'{where}.compute_capability: expected a string like "9.0", found {cc!r}')
+    mem = gpu.get("memory_mib")
+    if mem is not None and (not isinstance(mem, int) or isinstance(mem, bool) or mem < 0):
+        raise HostProbeError(f"{where}.memory_mib: expected an integer, found {mem!r}")
+    return Gpu(gpu["name"], cc, mem)
 
 
 def facts_from_text(text: str, source: str) -> HostFacts:

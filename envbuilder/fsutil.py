@@ -168,6 +168,12 @@ class Mutex:
                 return False
         else:
             return False
+        self._remove_judged(fd, name)
+        return True
+
+    def _remove_judged(self, fd: int, name: str) -> None:
+        """As the breaker that won level ``name``, move the stale mutex ``fd`` is open on away and remove it,
+        unless it has gone from the path already."""
         judged = os.fstat(fd)
         try:
             here = os.lstat(self.path)
@@ -178,20 +184,19 @@ class Mutex:
             # at the path, its breaker symlinks stay, so the level won here is unique to it.
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=fd)
-            return True
+            return
         tomb = self._aside("broken")
         try:
             self.path.rename(tomb)
         except FileNotFoundError:
-            return True
+            return
         moved = tomb.lstat()
         if (moved.st_dev, moved.st_ino) != (judged.st_dev, judged.st_ino):
             # Not the mutex judged stale (only its breaker may move it, so this is not expected): put it back.
             with contextlib.suppress(OSError):
                 tomb.rename(self.path)
-            return True
+            return
         _remove(tomb)
-        return True
 
     def _sweep(self) -> None:
         """Remove what a process killed in the middle of taking or breaking this mutex left beside it."""

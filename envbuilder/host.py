@@ -1,8 +1,7 @@
 """Host facts, live: probe the running host, or read a saved facts file (``--facts``).
 
 Every fact may be unknown (None). The probe never fails because a tool is missing, and never runs at import. The
-facts themselves and their JSON form live in the pure :mod:`envbuilder.facts`; they are re-exported here so
-``from envbuilder.host import HostFacts`` keeps working.
+facts themselves and their JSON form live in the pure :mod:`envbuilder.facts`.
 """
 
 from __future__ import annotations
@@ -20,27 +19,11 @@ from envbuilder import proc, textfile
 from envbuilder.errors import CommandFailed, HostProbeError
 from envbuilder.facts import (
     ARCH_ALIASES,
-    FACTS_VERSION,
     Gpu,
     HostFacts,
-    facts_from_json,
     facts_from_text,
-    unwrap_envelope,
 )
 from envbuilder.validate import schedulers
-
-# Re-exported: callers that probe or read facts files take the dataclasses from here too.
-__all__ = [
-    "FACTS_VERSION",
-    "MAX_FACTS_BYTES",
-    "Gpu",
-    "HostFacts",
-    "facts_from_json",
-    "facts_from_text",
-    "load_facts_file",
-    "probe",
-    "unwrap_envelope",
-]
 
 _ALLOCATION_VARS = (
     "SLURM_JOB_ID",

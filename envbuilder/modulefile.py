@@ -11,11 +11,12 @@ activate script does, so a ``pip install X`` after ``module load`` cannot replac
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from typing import Optional
 
 from envbuilder.activate_scripts import CONSTRAINT_VARS
+from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS
-from envbuilder.recipe.schema import require_carriable, require_module_name, require_var_name
+from envbuilder.recipe.schema import require_carriable
 
 
 def lua_string(text: str) -> str:
@@ -39,15 +40,13 @@ def render(
     name: str,
     prefix: str,
     recipe: str,
-    modules: Sequence[str] = (),
-    module_use: Sequence[str] = (),
-    env: Mapping[str, str] = {},
-    unset: Sequence[str] = (),
+    activate: Optional[Activation] = None,
     description: str = "",
     constraints: bool = False,
 ) -> str:
     """The modulefile; ``constraints``: the env at ``prefix`` has torch pins for pip and uv. Raises RecipeError
-    for a value Lmod cannot be handed safely (see the module docstring)."""
+    for a value Lmod cannot be handed safely (see the module docstring; ``activate`` refused its own when it was
+    made)."""
     for key, value in (
         ("name", name),
         ("env.prefix", prefix),
@@ -55,15 +54,7 @@ def render(
         ("description", description),
     ):
         require_carriable(value, key)
-    for i, path in enumerate(module_use):
-        require_carriable(path, f"modules.use[{i}]")
-    for i, mod in enumerate(modules):
-        require_module_name(mod, f"activate.modules[{i}]")
-    for var, value in env.items():
-        require_var_name(var, "activate.env")
-        require_carriable(value, f"activate.env.{var}")
-    for i, var in enumerate(unset):
-        require_var_name(var, f"unset[{i}]")
+    activate = activate or Activation()
     q = lua_string
     lines = [
         f"-- envbuilder modulefile for {name} (recipe {recipe}).",
@@ -74,9 +65,9 @@ def render(
         f"local prefix = {q(prefix)}",
         'family("python_env")',
     ]
-    for path in module_use:
+    for path in activate.module_use:
         lines.append(f'prepend_path("MODULEPATH", {q(path)})')
-    for mod in modules:
+    for mod in activate.modules:
         # depends_on loads what is missing and unloads on `module unload` only what it loaded.
         lines.append(f"depends_on({q(mod)})")
     lines += [
@@ -85,9 +76,9 @@ def render(
         'pushenv("PYTHONHOME", false)',
     ]
     # pushenv, not setenv/unsetenv: on unload Lmod gives back the user's previous value (or unsets it).
-    for key, value in env.items():
+    for key, value in activate.env.items():
         lines.append(f"pushenv({q(key)}, {q(value)})")
-    for key in unset:
+    for key in activate.unset:
         lines.append(f"pushenv({q(key)}, false)")
     if constraints:
         lines += _constraint_lines(prefix)

@@ -87,6 +87,11 @@ class ModuleSystem:
     kind: str
     init: Optional[str] = None
 
+    @property
+    def init_dir(self) -> Optional[str]:
+        """The directory of the init scripts (bash, zsh, ...): activate sources one where a shell has no ``module``."""
+        return str(Path(self.init).parent) if self.init else None
+
     def apply(
         self, use: Sequence[str], load: Sequence[str], env: Mapping[str, str], timeout: float = 120
     ) -> EnvDelta:

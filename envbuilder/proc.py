@@ -114,6 +114,18 @@ def _find_prctl() -> Optional[Callable[..., int]]:
 _PRCTL = _find_prctl()
 
 
+@dataclass(frozen=True)
+class Stop:
+    """How :func:`run` ends a child early, besides its timeout. ``watch`` is called every ``WATCH_S`` while the
+    child runs; a text it returns stops the run as a timeout does, that text in the error. ``grace``: seconds
+    between SIGTERM and the kill (:func:`end_tree`). ``parent_death``: the signal the child gets when envbuilder
+    dies (see ``_die_with_parent``)."""
+
+    watch: Optional[Callable[[], Optional[str]]] = None
+    grace: float = 0.0
+    parent_death: int = signal.SIGKILL
+
+
 def quote(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
@@ -127,28 +139,27 @@ def run(
     check: bool = True,
     input_text: Optional[str] = None,
     umask: int = -1,
-    watch: Optional[Callable[[], Optional[str]]] = None,
-    grace: float = 0.0,
-    parent_death: int = signal.SIGKILL,
+    stop: Optional[Stop] = None,
 ) -> Result:
     """Run ``argv`` and capture its output.
 
     ``env`` is used as given (callers build it with :func:`scrubbed_env`); None means a scrubbed os.environ.
-    On timeout the child and everything it started are ended (:func:`end_tree`, SIGTERM and ``grace`` seconds
-    first when ``grace`` is set) and CommandFailed is raised with returncode 124. ``watch`` is called every
-    ``WATCH_S`` while the child runs; a text it returns stops the run the same way, that text in the error.
-    An interrupt (Ctrl-C, or SIGTERM under :func:`sigterm_as_interrupt`) kills the whole tree at once.
-    ``parent_death`` is the signal the child gets when envbuilder dies (see ``_die_with_parent``).
+    On timeout the child and everything it started are ended (:func:`end_tree`, SIGTERM and ``stop.grace``
+    seconds first when that is set) and CommandFailed is raised with returncode 124; ``stop.watch`` can stop
+    the run the same way. An interrupt (Ctrl-C, or SIGTERM under :func:`sigterm_as_interrupt`) kills the whole
+    tree at once.
     """
     if isinstance(argv, str):  # defensive: a shell string must never get here
         raise TypeError("proc.run takes an argv list, not a string")
     argv = [os.fspath(a) for a in argv]
     log.debug("+ %s", quote(argv))
+    stop = stop or Stop()
+    watch = stop.watch
     proc, mask = _start(
         argv,
         env,
         umask,
-        parent_death,
+        stop.parent_death,
         cwd=cwd,
         stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -169,7 +180,7 @@ def run(
                 why = watch() if watch is not None else None
                 if why is None and (deadline is None or time.monotonic() < deadline):
                     continue
-                end_tree(proc, grace)
+                end_tree(proc, stop.grace)
                 out, err = proc.communicate()
                 raise CommandFailed(
                     argv, 124, tail(err) + f"\n({why or f'timed out after {timeout:g} s'})"

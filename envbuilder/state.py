@@ -11,11 +11,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from envbuilder.backends import registry
 from envbuilder.errors import StateError
 from envbuilder.fsutil import Mutex, Owner, write_atomic
 
-if TYPE_CHECKING:  # only a type: importing the planner would load the resolver for every record read
+if TYPE_CHECKING:  # only types: importing the planner would load the resolver for every record read
     from envbuilder.plan import RecordedPlan
+    from envbuilder.plan.activation import Activation
 
 RECORD_VERSION = 1
 
@@ -47,10 +49,25 @@ class EnvRecord:
         """The env kind its plan built (a record without one is a venv's)."""
         return self.plan.get("kind", "venv")
 
+    @property
+    def activation(self) -> Optional[Activation]:
+        """What activating the env loads and sets, as its plan recorded it (None for a record without)."""
+        from envbuilder.plan.activation import Activation  # noqa: PLC0415 - the planner, only where it is read
+
+        recorded = self.plan.get("activate")
+        return Activation.from_json(recorded) if recorded else None
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["packages"] = list(self.packages)
         return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EnvRecord:
+        """The record ``to_json`` gave (keys this release does not know are dropped)."""
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        fields["packages"] = tuple(fields.get("packages", ()))
+        return cls(**fields)
 
     def dumps(self) -> bytes:
         """The record as its files hold it (the home's, and the copy inside the env)."""
@@ -85,9 +102,7 @@ def load(root: Path, name: str) -> EnvRecord:
             f"the record {path} has format version {version!r}; this envbuilder reads {RECORD_VERSION}",
             hint="upgrade envbuilder" if isinstance(version, int) and version > RECORD_VERSION else None,
         )
-    fields = {k: v for k, v in data.items() if k in EnvRecord.__dataclass_fields__}
-    fields["packages"] = tuple(fields.get("packages", ()))
-    return EnvRecord(**fields)
+    return EnvRecord.from_json(data)
 
 
 def names(root: Path) -> list[str]:
@@ -132,7 +147,7 @@ def health(record: EnvRecord) -> Health:
     if not prefix.is_dir():
         return Health("gone", f"{prefix} does not exist (purged or removed)")
     missing: list[str] = []
-    if record.kind != "user-prefix":
+    if registry.kind_info(record.kind).own_python:
         for rel in ("bin/python", "bin/activate"):
             if not (prefix / rel).exists():
                 missing.append(rel)

@@ -66,21 +66,29 @@ def read_text(path: Path, limit: int, what: str = "file") -> str:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UnreadableFile(f"not a regular file ({_kind(st.st_mode)})")
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            chunk = os.read(fd, min(1024 * 1024, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > limit:
-                raise UnreadableFile(too_big)  # it grew while being read
+        data = _read_at_most(fd, limit, too_big)
     except OSError as exc:
         raise UnreadableFile(os_reason(exc)) from None
     finally:
         os.close(fd)
-    data = b"".join(chunks)
+    return _decode(data)
+
+
+def _read_at_most(fd: int, limit: int, too_big: str) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = os.read(fd, min(1024 * 1024, limit + 1 - total))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise UnreadableFile(too_big)  # it grew while being read
+
+
+def _decode(data: bytes) -> str:
+    """UTF-8, a leading byte-order mark dropped; where it is not, the error says where."""
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8) :]
     try:

@@ -208,9 +208,7 @@ def _read_pending(final: Path) -> Optional[Pending]:
     path = final / PENDING
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        fields = {k: v for k, v in data["record"].items() if k in state.EnvRecord.__dataclass_fields__}
-        fields["packages"] = tuple(fields.get("packages", ()))
-        record = state.EnvRecord(**fields)
+        record = state.EnvRecord.from_json(data["record"])
         return Pending(
             str(data["command"]),
             str(data["status"]),

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -221,15 +222,22 @@ def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+@dataclass
+class Bench:
+    """One benchmark run: its options, work dir, environment and timer, and what it has measured so far."""
+
+    args: argparse.Namespace
+    work: Path
+    env: dict[str, str]
+    timer: Timer
+    notes: list[str]
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     env = build_env(work)
-    recipes = Path(env["ENVBUILDER_RECIPE_PATH"])
-    siblings = [f"{NAME}-sib{i}" for i in range(1, args.siblings + 1)]
-    for name in (NAME, *siblings):
-        recipe = RECIPE.format(name=name, torch=args.torch, variant=args.variant)
-        (recipes / f"{name}.toml").write_text(recipe)
-    out = work / "out"
-    out.mkdir()
+    siblings = write_recipes(args, Path(env["ENVBUILDER_RECIPE_PATH"]))
+    (work / "out").mkdir()
 
     drop = args.drop_caches
     notes: list[str] = []
@@ -239,18 +247,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     cache_state = (
         "cold page cache (dropped before each timed step)" if drop else "warm page cache (not dropped)"
     )
-    timer = Timer(drop)
+    b = Bench(args, work, env, Timer(drop), notes)
 
-    log(f"work dir {work}; creating {NAME} (cold uv cache)")
-    cold_create, _ = timer.envbuilder(env, "create", NAME, "--no-validate", "-q")
-    warm_creates = []
-    for i in range(args.repeat):  # right after the first create: the uv cache holds every wheel
-        seconds, _ = timer.envbuilder(
-            env, "create", NAME, "--prefix", str(work / f"warm-{i}"), "--force", "--no-validate", "-q"
-        )
-        warm_creates.append(seconds)
-        log(f"warm create {i + 1}: {seconds:.2f} s")
-
+    cold_create, warm_creates = time_creates(b)
     prefix = Path(data_of(envbuilder(env, "show", NAME, "--json"))["prefix"])
     env_bytes, env_files = tree_size(prefix)
     torch_version = sh(
@@ -258,18 +257,69 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     ).stdout.strip()
     log(f"env {prefix}: {mib(env_bytes)} in {env_files} files, torch {torch_version}")
 
-    steps: dict[str, dict[str, Any]] = {}
+    time_tars(b, prefix)
+    roots = time_backups(b)
+    time_restores(b, roots)
+    time_purged_restores(b, roots["wheelhouse"])
+    b.steps["create_cold"] = {"seconds": [cold_create]}
+    b.steps["create_warm"] = {"seconds": warm_creates}
+    sib_stored, sib_new, listed = back_up_siblings(b, siblings)
+    add_medians(b.steps)
+    return {
+        "machine": machine(),
+        "cache_state": cache_state,
+        "repeat": args.repeat,
+        "index_mirror": env["ENVBUILDER_INDEX_MIRROR"],
+        "torch": torch_version,
+        "env": {"name": NAME, "prefix": str(prefix), "bytes": env_bytes, "files": env_files},
+        "steps": b.steps,
+        "siblings": {
+            "envs": siblings,
+            "stored_bytes_after_each": sib_stored,
+            "new_bytes_each": sib_new,
+            "backups_listed": len(listed),
+        },
+        "ratios": ratios(b.steps, sib_stored),
+        "notes": notes,
+    }
+
+
+def write_recipes(args: argparse.Namespace, recipes: Path) -> list[str]:
+    """The env's recipe and its siblings' (the same recipe under other names); the siblings' names."""
+    siblings = [f"{NAME}-sib{i}" for i in range(1, args.siblings + 1)]
+    for name in (NAME, *siblings):
+        recipe = RECIPE.format(name=name, torch=args.torch, variant=args.variant)
+        (recipes / f"{name}.toml").write_text(recipe)
+    return siblings
+
+
+def time_creates(b: Bench) -> tuple[float, list[float]]:
+    """The first create (cold uv cache), then ``--repeat`` more into other prefixes (warm)."""
+    log(f"work dir {b.work}; creating {NAME} (cold uv cache)")
+    cold_create, _ = b.timer.envbuilder(b.env, "create", NAME, "--no-validate", "-q")
+    warm_creates = []
+    for i in range(b.args.repeat):  # right after the first create: the uv cache holds every wheel
+        seconds, _ = b.timer.envbuilder(
+            b.env, "create", NAME, "--prefix", str(b.work / f"warm-{i}"), "--force", "--no-validate", "-q"
+        )
+        warm_creates.append(seconds)
+        log(f"warm create {i + 1}: {seconds:.2f} s")
+    return cold_create, warm_creates
+
+
+def time_tars(b: Bench, prefix: Path) -> None:
+    """The manual ways: tar czf, and tar + zstd where zstd is on PATH."""
 
     def tar_step(key: str, argv_for) -> None:
         times, sizes = [], []
-        for i in range(args.repeat):
-            dest = out / f"{key}-{i}"
-            seconds, _ = timer.run(argv_for(dest), env)
+        for i in range(b.args.repeat):
+            dest = b.work / "out" / f"{key}-{i}"
+            seconds, _ = b.timer.run(argv_for(dest), b.env)
             times.append(seconds)
             sizes.append(dest.stat().st_size)
             dest.unlink()
             log(f"{key} {i + 1}: {seconds:.2f} s, {mib(sizes[-1])}")
-        steps[key] = {"seconds": times, "bytes": sizes}
+        b.steps[key] = {"seconds": times, "bytes": sizes}
 
     tar_step("tar_czf", lambda d: ["tar", "czf", str(d), "-C", str(prefix.parent), prefix.name])
     if shutil.which("zstd"):
@@ -278,40 +328,48 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             lambda d: ["tar", "-I", "zstd -T0", "-cf", str(d), "-C", str(prefix.parent), prefix.name],
         )
     else:
-        notes.append("zstd is not on PATH: tar + zstd skipped")
-        steps["tar_zstd"] = {"skipped": "zstd not found"}
+        b.notes.append("zstd is not on PATH: tar + zstd skipped")
+        b.steps["tar_zstd"] = {"skipped": "zstd not found"}
 
+
+def time_backups(b: Bench) -> dict[str, Path]:
+    """envbuilder backup in each mode, each run into a fresh root; the first run's root per mode."""
     roots: dict[str, Path] = {}
     for mode in ("wheelhouse", "archive"):
         times, stored, reported = [], [], []
-        for i in range(args.repeat):
-            root = work / "backups" / f"{mode}-{i}"
-            seconds, res = timer.envbuilder(env, "backup", NAME, "--to", str(root), "--mode", mode, "--json")
+        for i in range(b.args.repeat):
+            root = b.work / "backups" / f"{mode}-{i}"
+            seconds, res = b.timer.envbuilder(
+                b.env, "backup", NAME, "--to", str(root), "--mode", mode, "--json"
+            )
             times.append(seconds)
             stored.append(tree_size(root)[0])
             reported.append(data_of(res))
             log(f"backup {mode} {i + 1}: {seconds:.2f} s, {mib(stored[-1])} stored")
-        roots[mode] = work / "backups" / f"{mode}-0"
-        steps[f"backup_{mode}"] = {
+        roots[mode] = b.work / "backups" / f"{mode}-0"
+        b.steps[f"backup_{mode}"] = {
             "seconds": times,
             "bytes": stored,
             "reported_bytes": [r.get("bytes") for r in reported],
             "reported_new_bytes": [r.get("new_bytes") for r in reported],
             "ids": [r.get("id") for r in reported],
         }
+    return roots
 
+
+def time_restores(b: Bench, roots: dict[str, Path]) -> None:
     for mode, root in roots.items():
         times = []
-        for i in range(args.repeat):
+        for i in range(b.args.repeat):
             name = f"{NAME}-restored-{mode}-{i}"
-            seconds, _ = timer.envbuilder(
-                env,
+            seconds, _ = b.timer.envbuilder(
+                b.env,
                 "restore",
                 NAME,
                 "--from",
                 str(root),
                 "--prefix",
-                str(work / "restored" / name),
+                str(b.work / "restored" / name),
                 "--name",
                 name,
                 "--no-validate",
@@ -319,42 +377,51 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             )
             times.append(seconds)
             log(f"restore {mode} {i + 1}: {seconds:.2f} s")
-        steps[f"restore_{mode}"] = {"seconds": times}
+        b.steps[f"restore_{mode}"] = {"seconds": times}
+
+
+def time_purged_restores(b: Bench, wheelhouse: Path) -> None:
+    """Restores from the wheelhouse with an empty uv cache, and the --hide directories hidden."""
     purged = []
-    for i in range(args.repeat):
+    for i in range(b.args.repeat):
         name = f"{NAME}-restored-purged-{i}"
-        fresh = dict(env, UV_CACHE_DIR=str(work / f"uv-cache-purged-{i}"))
-        hidden = [(Path(d), Path(f"{d}.hidden-by-bench")) for d in args.hide]
+        fresh = dict(b.env, UV_CACHE_DIR=str(b.work / f"uv-cache-purged-{i}"))
+        hidden = [(Path(d), Path(f"{d}.hidden-by-bench")) for d in b.args.hide]
         for d, away in hidden:
             d.rename(away)  # the index no longer serves these wheels
         try:
-            seconds, _ = timer.envbuilder(
-                fresh, "restore", NAME, "--from", str(roots["wheelhouse"]), "--prefix",
-                str(work / "restored" / name), "--name", name, "--no-validate", "-q",
+            seconds, _ = b.timer.envbuilder(
+                fresh, "restore", NAME, "--from", str(wheelhouse), "--prefix",
+                str(b.work / "restored" / name), "--name", name, "--no-validate", "-q",
             )  # fmt: skip
         finally:
             for d, away in hidden:
                 away.rename(d)
         purged.append(seconds)
         log(f"restore wheelhouse, uv cache purged {i + 1}: {seconds:.2f} s")
-    steps["restore_wheelhouse_purged_cache"] = {"seconds": purged}
-    steps["create_cold"] = {"seconds": [cold_create]}
-    steps["create_warm"] = {"seconds": warm_creates}
+    b.steps["restore_wheelhouse_purged_cache"] = {"seconds": purged}
 
-    sib_root = work / "backups" / "siblings"
+
+def back_up_siblings(b: Bench, siblings: list[str]) -> tuple[list[int], list[Any], list[Any]]:
+    """Each sibling created and backed up into one root: the root's size after each, each backup's new bytes,
+    and what `envbuilder backups` lists there."""
+    sib_root = b.work / "backups" / "siblings"
     sib_stored, sib_new = [], []
     for name in siblings:
-        envbuilder(env, "create", name, "--no-validate", "-q")
-        res = envbuilder(env, "backup", name, "--to", str(sib_root), "--mode", "wheelhouse", "--json")
+        envbuilder(b.env, "create", name, "--no-validate", "-q")
+        res = envbuilder(b.env, "backup", name, "--to", str(sib_root), "--mode", "wheelhouse", "--json")
         sib_stored.append(tree_size(sib_root)[0])
         sib_new.append(data_of(res).get("new_bytes"))
         log(f"sibling {name}: root holds {mib(sib_stored[-1])}")
-    listed = data_of(envbuilder(env, "backups", "--from", str(sib_root), "--json")) if siblings else []
+    listed = data_of(envbuilder(b.env, "backups", "--from", str(sib_root), "--json")) if siblings else []
     if len(listed) != len(siblings):
-        notes.append(
+        b.notes.append(
             f"`envbuilder backups --from` lists {len(listed)} backups in the siblings root, not {len(siblings)}"
         )
+    return sib_stored, sib_new, listed
 
+
+def add_medians(steps: dict[str, dict[str, Any]]) -> None:
     for step in steps.values():
         if "seconds" in step:
             step["median_s"] = round(statistics.median(step["seconds"]), 3)
@@ -362,8 +429,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if "bytes" in step:
             step["median_bytes"] = int(statistics.median(step["bytes"]))
 
+
+def ratios(steps: dict[str, dict[str, Any]], sib_stored: list[int]) -> dict[str, dict[str, Any]]:
     wh_backup = steps["backup_wheelhouse"]["median_s"]
-    ratios = {
+    values = {
         "tar_czf_over_wheelhouse_backup": steps["tar_czf"]["median_s"] / wh_backup,
         "siblings_over_one": sib_stored[-1] / sib_stored[0] if sib_stored else None,
         "wheelhouse_restore_over_warm_create": steps["restore_wheelhouse"]["median_s"]
@@ -372,29 +441,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         / steps["create_cold"]["median_s"],
     }
     return {
-        "machine": machine(),
-        "cache_state": cache_state,
-        "repeat": args.repeat,
-        "index_mirror": env["ENVBUILDER_INDEX_MIRROR"],
-        "torch": torch_version,
-        "env": {"name": NAME, "prefix": str(prefix), "bytes": env_bytes, "files": env_files},
-        "steps": steps,
-        "siblings": {
-            "envs": siblings,
-            "stored_bytes_after_each": sib_stored,
-            "new_bytes_each": sib_new,
-            "backups_listed": len(listed),
-        },
-        "ratios": {
-            k: {
-                "value": round(v, 3),
-                "target": TARGETS[k][0],
-                "met": v >= TARGETS[k][0] if TARGETS[k][1] else v <= TARGETS[k][0],
-            }
-            for k, v in ratios.items()
-            if v is not None
-        },
-        "notes": notes,
+        k: {
+            "value": round(v, 3),
+            "target": TARGETS[k][0],
+            "met": v >= TARGETS[k][0] if TARGETS[k][1] else v <= TARGETS[k][0],
+        }
+        for k, v in values.items()
+        if v is not None
     }
 
 

@@ -29,11 +29,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from wheelindex import mirror_env, serve  # noqa: E402 - the tests' index server, found through sys.path
+from wheelindex import Index, mirror_env, serve  # noqa: E402 - the tests' index server, found through sys.path
 
 from envbuilder.backends.installers import uv_binary  # noqa: E402
 
@@ -69,75 +70,94 @@ def main() -> int:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_", "VIRTUAL_ENV"))}
     base["PIP_CONFIG_FILE"] = os.devnull
     base["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    results: dict[str, dict[str, list[float]]] = {}
 
     with serve(files) as index:
-        simple = f"{index.url}/simple/"
-        specs = ["torch==2.13.0", "numpy"]
-
-        def pip_way(prefix: Path, cache: Path) -> None:
-            env = {**base, "PIP_CACHE_DIR": str(cache)}
-            sh([sys.executable, "-m", "venv", str(prefix)], env)
-            sh(
-                [str(prefix / "bin" / "python"), "-m", "pip", "install", "-q", "--index-url", simple, *specs],
-                env,
-            )
-
-        def uv_way(prefix: Path, cache: Path) -> None:
-            env = {**base, "UV_CACHE_DIR": str(cache)}
-            sh([uv, "venv", "-q", "--python", sys.executable, str(prefix)], env)
-            sh(
-                [
-                    uv,
-                    "pip",
-                    "install",
-                    "-q",
-                    "--python",
-                    str(prefix / "bin" / "python"),
-                    "--index-url",
-                    simple,
-                    *specs,
-                ],
-                env,
-            )
-
-        def envbuilder_way(prefix: Path, cache: Path) -> None:
-            env = {
-                **base,
-                "UV_CACHE_DIR": str(cache),
-                "ENVBUILDER_HOME": str(prefix.parent / f"{prefix.name}-home"),
-                "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
-                "NO_COLOR": "1",
-            }
-            sh(
-                [
-                    sys.executable,
-                    "-m",
-                    "envbuilder",
-                    "create",
-                    "local",
-                    "--prefix",
-                    str(prefix),
-                    "--no-validate",
-                    "-q",
-                ],
-                env,
-            )
-
-        ways = {"pip": pip_way, "uv": uv_way, "envbuilder": envbuilder_way}
+        ways = make_ways(base, uv, index)
         if args.skip_pip:
             del ways["pip"]
-        for name, fn in ways.items():
-            results[name] = {"cold": [], "warm": []}
-            for i in range(args.repeat):
-                cache = work / f"cache-{name}-{i}"
-                for state in ("cold", "warm"):  # cold fills the cache the warm run then uses
-                    prefix = work / f"env-{name}-{i}-{state}"
-                    seconds = timed(fn, prefix, cache)
-                    results[name][state].append(seconds)
-                    shutil.rmtree(prefix, ignore_errors=True)
-                    print(f"{name:10s} {state:4s} run {i + 1}: {seconds:7.2f} s", file=sys.stderr)
+        results = time_ways(ways, work, args.repeat)
 
+    report(results, args)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+Way = Callable[[Path, Path], None]
+
+
+def make_ways(base: dict[str, str], uv: str, index: Index) -> dict[str, Way]:
+    """The three ways to build the env at a prefix with a cache directory, all from ``index``."""
+    simple = f"{index.url}/simple/"
+    specs = ["torch==2.13.0", "numpy"]
+
+    def pip_way(prefix: Path, cache: Path) -> None:
+        env = {**base, "PIP_CACHE_DIR": str(cache)}
+        sh([sys.executable, "-m", "venv", str(prefix)], env)
+        sh(
+            [str(prefix / "bin" / "python"), "-m", "pip", "install", "-q", "--index-url", simple, *specs],
+            env,
+        )
+
+    def uv_way(prefix: Path, cache: Path) -> None:
+        env = {**base, "UV_CACHE_DIR": str(cache)}
+        sh([uv, "venv", "-q", "--python", sys.executable, str(prefix)], env)
+        sh(
+            [
+                uv,
+                "pip",
+                "install",
+                "-q",
+                "--python",
+                str(prefix / "bin" / "python"),
+                "--index-url",
+                simple,
+                *specs,
+            ],
+            env,
+        )
+
+    def envbuilder_way(prefix: Path, cache: Path) -> None:
+        env = {
+            **base,
+            "UV_CACHE_DIR": str(cache),
+            "ENVBUILDER_HOME": str(prefix.parent / f"{prefix.name}-home"),
+            "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
+            "NO_COLOR": "1",
+        }
+        sh(
+            [
+                sys.executable,
+                "-m",
+                "envbuilder",
+                "create",
+                "local",
+                "--prefix",
+                str(prefix),
+                "--no-validate",
+                "-q",
+            ],
+            env,
+        )
+
+    return {"pip": pip_way, "uv": uv_way, "envbuilder": envbuilder_way}
+
+
+def time_ways(ways: dict[str, Way], work: Path, repeat: int) -> dict[str, dict[str, list[float]]]:
+    results: dict[str, dict[str, list[float]]] = {}
+    for name, fn in ways.items():
+        results[name] = {"cold": [], "warm": []}
+        for i in range(repeat):
+            cache = work / f"cache-{name}-{i}"
+            for state in ("cold", "warm"):  # cold fills the cache the warm run then uses
+                prefix = work / f"env-{name}-{i}-{state}"
+                seconds = timed(fn, prefix, cache)
+                results[name][state].append(seconds)
+                shutil.rmtree(prefix, ignore_errors=True)
+                print(f"{name:10s} {state:4s} run {i + 1}: {seconds:7.2f} s", file=sys.stderr)
+    return results
+
+
+def report(results: dict[str, dict[str, list[float]]], args: argparse.Namespace) -> None:
     med = {n: {s: statistics.median(v) for s, v in r.items()} for n, r in results.items()}
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
     print(f"\nmachine: {machine}")
@@ -156,8 +176,6 @@ def main() -> int:
         print(f"pip cold / envbuilder cold:    {med['pip']['cold'] / eb['cold']:.1f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine, "runs": results, "median": med}, indent=2))
-    shutil.rmtree(work, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import tarfile
 import time
 import zipfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
@@ -30,66 +31,71 @@ LONG_PLACEHOLDER = "/opt/conda-bld/_h_env" + "_placehold" * 22
 Content = Union[str, bytes]
 
 
-def build_package(
-    channel: Path,
-    name: str,
-    version: str,
-    files: Mapping[str, Content] = {},
-    depends: Sequence[str] = (),
-    build: str = "0",
-    subdir: str = "linux-64",
-    softlinks: Mapping[str, str] = {},
-    prefixed: Sequence[str] = (),
-    binary: bool = False,
-    placeholder: str = PLACEHOLDER,
-) -> Path:
-    """A conda package. ``prefixed`` files hold PLACEHOLDER, which the installer replaces with the env's prefix
-    (as text, or with ``binary`` NUL-padded in place, as conda does for compiled files)."""
-    out = channel / subdir
+@dataclass(frozen=True)
+class Package:
+    """A conda package to build. ``prefixed`` files hold ``placeholder``, which the installer replaces with the
+    env's prefix (as text, or with ``binary`` NUL-padded in place, as conda does for compiled files)."""
+
+    name: str
+    version: str
+    files: Mapping[str, Content] = field(default_factory=dict)
+    depends: Sequence[str] = ()
+    build: str = "0"
+    subdir: str = "linux-64"
+    softlinks: Mapping[str, str] = field(default_factory=dict)
+    prefixed: Sequence[str] = ()
+    binary: bool = False
+    placeholder: str = PLACEHOLDER
+
+
+def build_package(channel: Path, pkg: Package) -> Path:
+    """``pkg`` as a .tar.bz2 in ``channel``'s subdir."""
+    out = channel / pkg.subdir
     out.mkdir(parents=True, exist_ok=True)
     (channel / "noarch").mkdir(parents=True, exist_ok=True)
-    payload = {p: (c.encode() if isinstance(c, str) else c) for p, c in files.items()}
+    payload = {p: (c.encode() if isinstance(c, str) else c) for p, c in pkg.files.items()}
     paths = []
     for rel, data in sorted(payload.items()):
         entry = {"_path": rel, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest()}
         entry["size_in_bytes"] = len(data)
-        if rel in prefixed:
-            entry.update(file_mode="binary" if binary else "text", prefix_placeholder=placeholder)
+        if rel in pkg.prefixed:
+            entry.update(file_mode="binary" if pkg.binary else "text", prefix_placeholder=pkg.placeholder)
         paths.append(entry)
-    for rel in sorted(softlinks):
+    for rel in sorted(pkg.softlinks):
         paths.append({"_path": rel, "path_type": "softlink", "size_in_bytes": 0})
     index = {
-        "name": name,
-        "version": version,
-        "build": build,
+        "name": pkg.name,
+        "version": pkg.version,
+        "build": pkg.build,
         "build_number": 0,
-        "depends": list(depends),
-        "subdir": subdir,
+        "depends": list(pkg.depends),
+        "subdir": pkg.subdir,
         "license": "BSD-3-Clause",
         "timestamp": int(time.time() * 1000),
     }
-    if subdir == "noarch":
+    if pkg.subdir == "noarch":
         index["noarch"] = "generic"
     else:
         index.update(
-            arch={"linux-64": "x86_64"}.get(subdir, subdir.rsplit("-", maxsplit=1)[-1]), platform="linux"
+            arch={"linux-64": "x86_64"}.get(pkg.subdir, pkg.subdir.rsplit("-", maxsplit=1)[-1]),
+            platform="linux",
         )
     info = {
         "info/index.json": json.dumps(index).encode(),
         "info/paths.json": json.dumps({"paths": paths, "paths_version": 1}).encode(),
-        "info/files": ("\n".join([*sorted(payload), *sorted(softlinks)]) + "\n").encode(),
+        "info/files": ("\n".join([*sorted(payload), *sorted(pkg.softlinks)]) + "\n").encode(),
     }
-    if prefixed:
-        mode = "binary" if binary else "text"
-        info["info/has_prefix"] = "".join(f"{placeholder} {mode} {p}\n" for p in prefixed).encode()
-    path = out / f"{name}-{version}-{build}.tar.bz2"
+    if pkg.prefixed:
+        mode = "binary" if pkg.binary else "text"
+        info["info/has_prefix"] = "".join(f"{pkg.placeholder} {mode} {p}\n" for p in pkg.prefixed).encode()
+    path = out / f"{pkg.name}-{pkg.version}-{pkg.build}.tar.bz2"
     with tarfile.open(path, "w:bz2") as tf:
         for rel, data in [*info.items(), *payload.items()]:
             ti = tarfile.TarInfo(rel)
             ti.size = len(data)
             ti.mode = 0o755 if rel.startswith("bin/") else 0o644
             tf.addfile(ti, io.BytesIO(data))
-        for rel, target in softlinks.items():
+        for rel, target in pkg.softlinks.items():
             ti = tarfile.TarInfo(rel)
             ti.type = tarfile.SYMTYPE
             ti.linkname = target
@@ -106,16 +112,18 @@ def python_package(channel: Path, subdir: str = "linux-64") -> Path:
     cfg = f"home = {exe.parent}\ninclude-system-site-packages = false\nversion = {version}\n"
     return build_package(
         channel,
-        "python",
-        version,
-        files={"pyvenv.cfg": cfg, f"lib/python{major_minor}/site-packages/.keep": ""},
-        build="h0_envbuilder_tests",
-        subdir=subdir,
-        softlinks={
-            f"bin/python{major_minor}": str(exe),
-            "bin/python3": f"python{major_minor}",
-            "bin/python": f"python{major_minor}",
-        },
+        Package(
+            "python",
+            version,
+            files={"pyvenv.cfg": cfg, f"lib/python{major_minor}/site-packages/.keep": ""},
+            build="h0_envbuilder_tests",
+            subdir=subdir,
+            softlinks={
+                f"bin/python{major_minor}": str(exe),
+                "bin/python3": f"python{major_minor}",
+                "bin/python": f"python{major_minor}",
+            },
+        ),
     )
 
 
@@ -138,12 +146,14 @@ def pip_package(channel: Path, wheel: Optional[Path] = None) -> Path:
     major_minor = f"{sys.version_info[0]}.{sys.version_info[1]}"
     return build_package(
         channel,
-        "pip",
-        version,
-        files=files,
-        depends=[f"python {major_minor}.*"],
-        prefixed=["bin/pip"],
-        subdir="noarch",
+        Package(
+            "pip",
+            version,
+            files=files,
+            depends=[f"python {major_minor}.*"],
+            prefixed=["bin/pip"],
+            subdir="noarch",
+        ),
     )
 
 

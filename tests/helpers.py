@@ -18,7 +18,7 @@ from typing import IO, Any, Optional
 from wheelindex import mirror_env
 
 from envbuilder import cli
-from envbuilder.host import HostFacts, facts_from_json
+from envbuilder.facts import HostFacts, facts_from_json
 from envbuilder.resolver import mirror
 
 REPO = Path(__file__).resolve().parent.parent

@@ -64,7 +64,7 @@ NIGHTLY_PRUNED = "2.16.0.dev20260815"
 
 
 def build_torch_wheel(
-    out: Path, version: str, local: str, cuda: Optional[str], arch_flags: str, tag: str
+    out: Path, version: str, local: str, cuda: Optional[str], arch_flags: str, *, tag: str
 ) -> Path:
     """An installable STAND-IN torch wheel: a CUDA torch wheel cannot exist on this CPU machine (nor would a
     4 GB file help a test), so this one carries only what an installed build is checked by, read without a GPU:
@@ -227,14 +227,7 @@ def _handler(index: TorchIndex) -> type[http.server.BaseHTTPRequestHandler]:
             if rest in entries:
                 return self._send(entries[rest].path.read_bytes(), "application/octet-stream", head)
             if root and rest and "/" not in rest:  # /<root>/<project>/
-                project = normalize(rest)
-                if root in index.delay:
-                    threading.Event().wait(index.delay[root])
-                if root in index.broken:
-                    return self._send(b'{"meta": {"api-version": "1.1"}, "files": [', JSON_TYPE, head)
-                if wants_json:
-                    return self._send(index.page_json(root, project), JSON_TYPE, head)
-                return self._send(index.page_html(root, project), "text/html", head)
+                return self._send(*_project_page(index, root, normalize(rest), wants_json), head)
             return self._send(None, "text/plain", head)
 
         def _send(self, body: Optional[bytes], ctype: str, head: bool = False, status: int = 200) -> None:
@@ -252,6 +245,17 @@ def _handler(index: TorchIndex) -> type[http.server.BaseHTTPRequestHandler]:
                 self.wfile.write(body)
 
     return Handler
+
+
+def _project_page(index: TorchIndex, root: str, project: str, wants_json: bool) -> tuple[bytes, str]:
+    """A project's page under ``root`` and its content type: late, torn or in either format as the test set."""
+    if root in index.delay:
+        threading.Event().wait(index.delay[root])
+    if root in index.broken:
+        return b'{"meta": {"api-version": "1.1"}, "files": [', JSON_TYPE
+    if wants_json:
+        return index.page_json(root, project), JSON_TYPE
+    return index.page_html(root, project), "text/html"
 
 
 @contextmanager
@@ -284,13 +288,13 @@ def _pythons(release: str, python_tag: str) -> list[str]:
 
 
 def _add(
-    index: TorchIndex, root: str, out: Path, version: str, local: str, variant: str, python_tag: str
+    index: TorchIndex, root: str, out: Path, version: str, *, local: str, variant: str, python_tag: str
 ) -> None:
     release = version.partition(".dev")[0]
     for py in _pythons(release, python_tag):
         for platform in _platforms(variant):
             tag = f"{py}-{py}-{platform}"
-            wheel = build_torch_wheel(out, version, local, CUDA[variant], ARCH_FLAGS[variant], tag)
+            wheel = build_torch_wheel(out, version, local, CUDA[variant], ARCH_FLAGS[variant], tag=tag)
             index.add(root, wheel, requires_python=REQUIRES_PYTHON[release])
 
 
@@ -300,13 +304,29 @@ def pytorch_like(tmp_path: Path, python_tag: str = "cp311") -> TorchIndex:
     index = TorchIndex()
     for release in STABLE:
         for variant in VARIANTS[release]:
-            _add(index, f"whl/{variant}", tmp_path / variant, release, variant, variant, python_tag)
+            _add(
+                index,
+                f"whl/{variant}",
+                tmp_path / variant,
+                release,
+                local=variant,
+                variant=variant,
+                python_tag=python_tag,
+            )
         default = PYPI_DEFAULT[release]
-        _add(index, "simple", tmp_path / "pypi", release, "", default, python_tag)
+        _add(index, "simple", tmp_path / "pypi", release, local="", variant=default, python_tag=python_tag)
     for nightly in NIGHTLIES:
-        _add(index, "whl/nightly/cu130", tmp_path / "nightly", nightly, "cu130", "cu130", python_tag)
+        _add(
+            index,
+            "whl/nightly/cu130",
+            tmp_path / "nightly",
+            nightly,
+            local="cu130",
+            variant="cu130",
+            python_tag=python_tag,
+        )
     # PyPI also has the other platforms' files; no Linux installer takes them.
     for tag in ("cp311-cp311-win_amd64", "cp311-none-macosx_11_0_arm64"):
-        wheel = build_torch_wheel(tmp_path / "pypi-other", "2.15.0", "", None, "", tag)
+        wheel = build_torch_wheel(tmp_path / "pypi-other", "2.15.0", "", None, "", tag=tag)
         index.add("simple", wheel, requires_python=REQUIRES_PYTHON["2.15.0"])
     return index

@@ -34,6 +34,7 @@ def build_wheel(
     name: str,
     version: str,
     modules: Mapping[str, str],
+    *,
     requires: Sequence[str] = (),
     scripts: Mapping[str, str] = {},
     data: Mapping[str, str] = {},

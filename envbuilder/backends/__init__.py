@@ -5,4 +5,4 @@ pip; ``rattler_engine`` is the embedded conda engine. ``buildlog`` runs and logs
 uv up, ``torchbuild`` checks an installed torch is the planned build, and ``smoke`` tries it once in place.
 
 Where to add: an installer, a class in ``installers``; a conda engine, ``registry`` (and ``conda.engine_argv`` if
-it does not take conda's command line); an env kind, a backend class and its name in ``registry.KINDS``."""
+it does not take conda's command line); an env kind, a backend class and its ``Kind`` in ``registry.KINDS``."""

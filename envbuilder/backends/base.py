@@ -29,6 +29,7 @@ from envbuilder.backends.installers import Installer
 from envbuilder.errors import BackendError, EnvbuilderError
 from envbuilder.modules import EnvDelta
 from envbuilder.plan import expand
+from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import InstallStep
 
 
@@ -107,7 +108,7 @@ class Backend:
         argv = [*build.installer.pip(target), *build.installer.offline, "--no-deps", *files]
         run_logged(own_program(argv, build), build.env, build.log)
 
-    def activate(self, build: Build, act: activation.Activation) -> None:
+    def activate(self, build: Build, act: Activation) -> None:
         """Write the activate extension into the env."""
         activation.install(build.partial, act)
 

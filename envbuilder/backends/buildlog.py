@@ -58,6 +58,7 @@ def run_logged(
     env: Mapping[str, str],
     log: BuildLog,
     extra_env: Optional[Mapping[str, str]] = None,
+    *,
     timeout: Optional[float] = None,
     cwd: Optional[str] = None,
 ) -> proc.Result:

@@ -24,6 +24,7 @@ from envbuilder.backends.buildlog import run_logged
 from envbuilder.backends.registry import AUTO, CLI_ENGINES, RATTLER
 from envbuilder.backup import archive
 from envbuilder.errors import BackendError, CommandFailed
+from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import InstallStep
 
 
@@ -57,7 +58,7 @@ class CondaBackend(Backend):
             check_locked(build.partial, self.locked, build.engine)
             build.log.write(f"conda packages match the lock ({len(self.locked)})")
 
-    def activate(self, build: Build, act: activation.Activation) -> None:
+    def activate(self, build: Build, act: Activation) -> None:
         activation.install_conda(build.partial, str(build.final), act)
 
     def move_in(self, build: Build) -> None:
@@ -82,7 +83,7 @@ class CloneBackend(Backend):
             build.log.write(note + ": " + ", ".join(kept.left[:20]))
             build.notes.append(note)
 
-    def activate(self, build: Build, act: activation.Activation) -> None:
+    def activate(self, build: Build, act: Activation) -> None:
         if (build.partial / "conda-meta").is_dir():
             activation.install_conda(build.partial, str(build.final), act)
         else:

@@ -2,7 +2,8 @@
 choices, the plan, create, restore and lock read them here.
 
 - A kind is built by a backend (``base.Backend``): ``venv.py`` holds the venv, overlay and user-prefix backends,
-  ``conda.py`` the conda one and the overlay clone. To add a kind: its backend, and its entry in ``KINDS``.
+  ``conda.py`` the conda one and the overlay clone. To add a kind: its backend, and its ``Kind`` in ``KINDS`` (what
+  the plan, backups, validation, doctor and lock ask of it).
 - Installers are ``installers.py``'s classes.
 - A conda engine is a conda command line (``CLI_ENGINES``, found on PATH once the recipe's modules are loaded) or
   the embedded py-rattler (``rattler_engine.py``); ``conda.engine_argv`` picks one.
@@ -13,6 +14,7 @@ Importing this module runs nothing and imports no backend (they run tools): ``ba
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from envbuilder.backends.installers import INSTALLERS
@@ -20,17 +22,55 @@ from envbuilder.backends.installers import INSTALLERS
 if TYPE_CHECKING:
     from envbuilder.backends.base import Backend
 
-__all__ = ["AUTO", "CLI_ENGINES", "ENGINES", "INSTALLERS", "KINDS", "OVERLAYS", "RATTLER", "backend"]
+__all__ = [
+    "AUTO",
+    "CLI_ENGINES",
+    "ENGINES",
+    "INSTALLERS",
+    "KINDS",
+    "OVERLAYS",
+    "RATTLER",
+    "Kind",
+    "backend",
+    "kind_info",
+]
 
-#: Each kind, and its backend as (module in envbuilder.backends, class).
-KINDS: dict[str, tuple[str, str]] = {
-    "venv": ("venv", "VenvBackend"),
-    "conda": ("conda", "CondaBackend"),
-    "user-prefix": ("venv", "UserPrefixBackend"),
-    "overlay": ("venv", "VenvBackend"),
+
+@dataclass(frozen=True)
+class Kind:
+    """One env kind: its backend, and what the rest of envbuilder asks of it."""
+
+    #: The backend that builds it, as (module in envbuilder.backends, class).
+    backend: tuple[str, str]
+    #: It has a ``bin/python`` of its own; else (a user prefix) the site python runs it, PYTHONUSERBASE at the prefix.
+    own_python: bool = True
+    #: A venv the installer makes; its packages are wheels, which a wheelhouse backup holds and restore installs
+    #: again (other kinds are archived whole).
+    venv: bool = False
+    #: A conda env: its engine makes it from the recipe's channels, a conda locker locks it, it has its own lib/.
+    conda: bool = False
+    #: On top of the site python: a venv that sees its packages, or a copy of its env (``env.overlay``, OVERLAYS).
+    overlay: bool = False
+
+
+#: Each kind, by the name recipes give it (``env.kind``).
+KINDS: dict[str, Kind] = {
+    "venv": Kind(("venv", "VenvBackend"), venv=True),
+    "conda": Kind(("conda", "CondaBackend"), conda=True),
+    "user-prefix": Kind(("venv", "UserPrefixBackend"), own_python=False),
+    "overlay": Kind(("venv", "VenvBackend"), venv=True, overlay=True),
 }
 #: The two ways of an overlay env (``env.overlay``): a venv on top of the site python, or a copy of its env.
-OVERLAYS: dict[str, tuple[str, str]] = {"venv": KINDS["overlay"], "clone": ("conda", "CloneBackend")}
+OVERLAYS: dict[str, tuple[str, str]] = {"venv": KINDS["overlay"].backend, "clone": ("conda", "CloneBackend")}
+#: What is assumed of a kind this release does not know (a hand-edited record, or a newer release's): an env with
+#: its own python that is archived whole. It has no backend.
+_UNKNOWN = Kind(("", ""))
+
+
+def kind_info(name: str) -> Kind:
+    """The kind ``name`` (a plan's or a record's)."""
+    return KINDS.get(name, _UNKNOWN)
+
 
 #: conda command lines, in the order ``auto`` looks for them.
 CLI_ENGINES = ("mamba", "conda", "micromamba")
@@ -43,5 +83,5 @@ ENGINES = (AUTO, *CLI_ENGINES, RATTLER)
 
 def backend(kind: str, overlay: str = "venv") -> type[Backend]:
     """The backend class that builds an env of ``kind`` (an overlay env: of its way, ``overlay``)."""
-    module, name = OVERLAYS[overlay] if kind == "overlay" else KINDS[kind]
+    module, name = OVERLAYS[overlay] if KINDS[kind].overlay else KINDS[kind].backend
     return cast("type[Backend]", getattr(importlib.import_module(f"envbuilder.backends.{module}"), name))

@@ -9,31 +9,40 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import activation, payloads, proc, state
+from envbuilder import payloads, proc, state
 from envbuilder.backends.buildlog import BuildLog
 from envbuilder.modules import EnvDelta
+from envbuilder.plan.activation import Activation
+from envbuilder.validate import checks
+
+
+def activated_env(base_env: Mapping[str, str], delta: EnvDelta, act: Activation) -> dict[str, str]:
+    """What a process in the activated env sees: ``base_env`` with the modules' ``delta``, then activate's
+    variables set and unset."""
+    run_env = {**delta.apply(base_env), **dict(act.env)}
+    for var in act.unset:
+        run_env.pop(var, None)
+    return run_env
 
 
 def smoke(
     record: state.EnvRecord,
     final: Path,
+    run_env: Mapping[str, str],
+    *,
     site_python: Optional[str],
-    act: activation.Activation,
-    delta: EnvDelta,
-    base_env: Mapping[str, str],
     log: BuildLog,
     home: Path,
     gpus: int,
 ) -> state.EnvRecord:
-    """A quick check in the new env (import torch, GPUs visible, arch list) before the full validation."""
-    run_env = {**delta.apply(base_env), **dict(act.env)}
-    for var in act.unset:
-        run_env.pop(var, None)
+    """A quick check in the new env (import torch, GPUs visible, arch list) before the full validation, in
+    ``run_env`` (see :func:`activated_env`)."""
+    run_env = dict(run_env)
     python = str(final / "bin" / "python")
     if site_python:  # user-prefix: the site python, with the env as its user base
         python = site_python
         run_env["PYTHONUSERBASE"] = str(final)
-    argv = [python, str(payloads.DIR / "validate.py"), "--checks", "import,gpu,arch"]
+    argv = [python, str(payloads.DIR / "validate.py"), "--checks", ",".join(checks.SMOKE)]
     if gpus:  # the probe saw GPUs on this host: torch must see as many
         argv += ["--expect-gpus", str(gpus)]
     else:
@@ -43,7 +52,7 @@ def smoke(
     try:
         result = json.loads(res.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        result = {"checks": {"import": {"status": "fail", "error": res.stderr.strip()[-500:]}}}
+        result = {"checks": {checks.FIRST: {"status": "fail", "error": res.stderr.strip()[-500:]}}}
     result["kind"] = "smoke"
     result["exit"] = res.returncode
     updated = dataclasses.replace(record, validation=result)

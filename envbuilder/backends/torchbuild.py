@@ -452,7 +452,13 @@ def guard(
         return served_by(build, served_from)
 
     return _checked(
-        expected, env_dir, python, env, served, lambda problems: mismatch_hint(recipe, problems), log
+        expected,
+        env_dir,
+        python,
+        env,
+        served=served,
+        hint=lambda problems: mismatch_hint(recipe, problems),
+        log=log,
     )
 
 
@@ -480,7 +486,7 @@ def guard_restore(
         "the backup holds another torch build than the env's recorded plan (was torch replaced after the env "
         f"was built?); nothing was put in place. {VAR} plays no part in a restore"
     )
-    return _checked(expected, env_dir, python, env, lambda _b: source, lambda _p: hint, log)
+    return _checked(expected, env_dir, python, env, served=lambda _b: source, hint=lambda _p: hint, log=log)
 
 
 def _checked(
@@ -488,6 +494,7 @@ def _checked(
     env_dir: Path,
     python: Optional[str],
     env: Mapping[str, str],
+    *,
     served: Callable[[Build], str],
     hint: Callable[[Sequence[str]], str],
     log: Callable[[str], None],

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from envbuilder import activation
 from envbuilder.backends.base import Backend, Build
+from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import InstallStep
 
 
@@ -46,7 +47,7 @@ class UserPrefixBackend(Backend):
     def create(self, build: Build, step: Optional[InstallStep], env: Mapping[str, str]) -> None:
         build.partial.mkdir(mode=0o755)
 
-    def activate(self, build: Build, act: activation.Activation) -> None:
+    def activate(self, build: Build, act: Activation) -> None:
         activation.install_user_prefix(build.partial, str(build.final), act)
 
     def site_python(self, build: Build) -> Optional[str]:

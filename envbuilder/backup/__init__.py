@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder import __version__, fsutil, purge, settings, state, transaction
+from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import BackupError, CommandFailed, EnvbuilderError, UsageError
 
@@ -237,10 +238,9 @@ def make(
             hint=f"envbuilder restore {record.name} --force (from an earlier backup) or "
             f"envbuilder create {record.name} --force",
         )
-    kind = (record.plan or {}).get("kind", "venv")
-    if mode == "wheelhouse" and kind not in ("venv", "overlay"):
+    if mode == "wheelhouse" and not registry.kind_info(record.kind).venv:
         raise BackupError(
-            f"{record.name} is a {kind} env: a wheelhouse backup holds venvs (their wheels)",
+            f"{record.name} is a {record.kind} env: a wheelhouse backup holds venvs (their wheels)",
             hint=f"envbuilder backup {record.name} --mode archive",
         )
     file_mode, dir_mode = _modes(prefix)
@@ -268,7 +268,7 @@ def make(
                 "record": record.to_json(),
             }
             if mode == "wheelhouse":
-                data.update(_wheelhouse(record, prefix, root, file_mode, step, notes))
+                data.update(_wheelhouse(record, prefix, root, file_mode, step=step, notes=notes))
             else:
                 data.update(_archive(prefix, tx.partial, fmt, file_mode, step))
             data["verified"] = data["created"]
@@ -301,6 +301,7 @@ def _wheelhouse(
     prefix: Path,
     root: Path,
     file_mode: int,
+    *,
     step: Callable[[str], None],
     notes: list[str],
 ) -> dict[str, Any]:
@@ -511,13 +512,16 @@ def make_all(
     collected, not fatal, so one broken env does not stop the rest."""
     done, failed = [], []
     for record in records:
-        kind = (record.plan or {}).get("kind", "venv")
-        chosen = mode or ("wheelhouse" if kind in ("venv", "overlay") else "archive")
         try:
-            done.append(make(record, root, chosen, step=step))
+            done.append(make(record, root, mode or default_mode(record), step=step))
         except EnvbuilderError as exc:
             failed.append((record.name, exc))
     return done, failed
+
+
+def default_mode(record: state.EnvRecord) -> str:
+    """A wheelhouse for an env of wheels (venvs), else an archive."""
+    return "wheelhouse" if registry.kind_info(record.kind).venv else "archive"
 
 
 def advice(record: state.EnvRecord, health: str, have_backup: bool) -> Optional[str]:

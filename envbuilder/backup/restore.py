@@ -18,17 +18,18 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder import activation, fsutil, proc, settings, state, transaction
 from envbuilder.backends import base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
-from envbuilder.backends.smoke import smoke
+from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.backup import Backup, archive, pack_workers, verify, wheelhouse
 from envbuilder.errors import BackupError, StateError
 from envbuilder.modules import EnvDelta, ModuleSystem
+from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS, InstallStep
 from envbuilder.resolver import mirror
 
@@ -75,9 +76,7 @@ def restore(
     problems = verify(b, record_result=b.mode != "wheelhouse", hash_wheels=b.mode != "wheelhouse")
     if problems:
         raise _unverified(b, problems)
-    fields = {k: v for k, v in b.data["record"].items() if k in state.EnvRecord.__dataclass_fields__}
-    fields["packages"] = tuple(fields.get("packages", ()))
-    old = state.EnvRecord(**fields)
+    old = state.EnvRecord.from_json(b.data["record"])
     name = opts.name or old.name
     final = Path(opts.prefix or old.prefix).expanduser().resolve()
     home = settings.home(env)
@@ -94,19 +93,19 @@ def restore(
                 log.write(note)
             log.close()
         else:
-            record, status, log, relocation = _restore(
-                b, old, name, final, home, env, modules, opts, step, notes
-            )
+            job = _Job(b, old, name, final, env, modules, step)
+            record, status, log, relocation = _restore(job, home, opts, notes)
     if opts.smoke_check and record.plan.get("torch"):
         step("checking that torch imports")
-        act = activation.from_plan(record.plan.get("activate") or {}, None, record.recipe)
+        act = activation.from_plan(record.activation or Activation(), None, record.recipe)
         delta = modules.apply(
             record.plan.get("module_use", []), record.plan.get("modules", []), proc.scrubbed_env(env)
         )
         gpus = len(record.facts.get("gpus") or [])
         relog = BuildLog(Path(log.path))
         try:
-            record = smoke(record, final, None, act, delta, proc.scrubbed_env(env), relog, home, gpus)
+            run_env = activated_env(proc.scrubbed_env(env), delta, act)
+            record = smoke(record, final, run_env, site_python=None, log=relog, home=home, gpus=gpus)
         finally:
             relog.close()
     return RestoreResult(
@@ -114,19 +113,25 @@ def restore(
     )
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What one restore puts back: from which backup, which env (its record), under which name at which prefix;
+    with the caller's environment, module system and progress line. Handed to each stage."""
+
+    b: Backup
+    old: state.EnvRecord
+    name: str
+    final: Path
+    env: Mapping[str, str]
+    modules: ModuleSystem
+    step: Callable[[str], None]
+
+
 def _restore(
-    b: Backup,
-    old: state.EnvRecord,
-    name: str,
-    final: Path,
-    home: Path,
-    env: Mapping[str, str],
-    modules: ModuleSystem,
-    opts: RestoreOptions,
-    step: Callable[[str], None],
-    notes: list[str],
+    job: _Job, home: Path, opts: RestoreOptions, notes: list[str]
 ) -> tuple[state.EnvRecord, str, BuildLog, Optional[archive.Relocation]]:
     """Check the target, build beside it, rename into place, record (the env's mutex held)."""
+    b, name, final, step = job.b, job.name, job.final, job.step
     moving = transaction.claim(home, name, final, opts.force)
     replacing = final.exists()
     if replacing and not opts.force:
@@ -143,13 +148,13 @@ def _restore(
         relocation: Optional[archive.Relocation] = None
         with transaction.Transaction(final) as tx:
             if b.mode == "wheelhouse":
-                record = _wheelhouse(b, old, name, final, tx.partial, env, modules, log, step)
+                record = _wheelhouse(job, tx.partial, log)
             else:
-                record, relocation = _archive(b, old, name, final, tx.partial, log, step)
+                record, relocation = _archive(job, tx.partial, log)
             pending = transaction.Pending("restore", status, record, str(moving) if moving else None, b.id)
             step(f"moving the env into place at {final}")
             tx.swap(pending.to_json())
-        for note in tx.finish(env, lambda: pending.complete(home, final)):
+        for note in tx.finish(job.env, lambda: pending.complete(home, final)):
             log.write(note)
             notes.append(note)
     finally:
@@ -179,16 +184,14 @@ def _describe(home: Path, name: str, final: Path) -> str:
 def _restored_record(
     old: state.EnvRecord, b: Backup, name: str, final: Path, packages: list[dict[str, Any]], **more: Any
 ) -> state.EnvRecord:
-    plan = dict(old.plan)
-    plan["prefix"] = str(final)
-    values = {
-        **old.__dict__,
-        "name": name,
-        "prefix": str(final),
-        "plan": plan,
-        "packages": tuple(packages),
-        "validation": None,
-        "origin": {
+    return replace(
+        old,
+        name=name,
+        prefix=str(final),
+        plan={**old.plan, "prefix": str(final)},
+        packages=tuple(packages),
+        validation=None,
+        origin={
             "backup": b.id,
             "mode": b.mode,
             "backup_created": b.data.get("created"),
@@ -196,31 +199,21 @@ def _restored_record(
             "from_prefix": old.prefix,
         },
         **more,
-    }
-    return state.EnvRecord(**values)
+    )
 
 
-def _wheelhouse(
-    b: Backup,
-    old: state.EnvRecord,
-    name: str,
-    final: Path,
-    partial: Path,
-    env: Mapping[str, str],
-    modules: ModuleSystem,
-    log: BuildLog,
-    step: Callable[[str], None],
-) -> state.EnvRecord:
+def _wheelhouse(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
     """Build the env at ``partial`` from its recorded commands and the backed-up wheels; its record."""
+    b, old, modules, step = job.b, job.old, job.modules, job.step
     plan = old.plan
-    if old.kind not in ("venv", "overlay"):
+    if not registry.kind_info(old.kind).venv:
         raise BackupError(f"a wheelhouse backup of a {old.kind} env cannot be restored by this release")
     backend = registry.backend(old.kind)()
-    build, delta = _prepare(old, final, partial, env, modules, log, step, backend)
+    build, delta = _prepare(job, partial, log, backend)
     # The recorded command, for the env's recorded prefix: built here instead.
     recorded = base.rebase(plan["install_commands"][0], old.prefix, str(partial))
     first = InstallStep(tuple(recorded), site_python=True, creates_env=True)
-    cached = isinstance(build.installer, installers.Uv) and _cache_first(b, plan, backend, build, first, step)
+    cached = isinstance(build.installer, installers.Uv) and _cache_first(job, backend, build, first)
     if not cached:
         _from_wheelhouse(b, backend, build, first, step)
     # --- torch build guard (issue 16): the restored torch is the recorded plan's build
@@ -234,34 +227,24 @@ def _wheelhouse(
     )
     # --- end of the torch build guard
     _write_constraints(partial, plan)
-    act = activation.from_plan(
-        plan.get("activate") or {}, str(Path(modules.init).parent) if modules.init else None, old.recipe
-    )
+    act = activation.from_plan(old.activation or Activation(), modules.init_dir, old.recipe)
     backend.activate(build, act)
     if not cached:  # the cache path compared already: it is only kept when every digest matched
         _compare(b, partial)
     backend.move_in(build)
     loaded = base.loaded_modules(modules.kind, delta)
-    record = _restored_record(old, b, name, final, backend.inventory(build), modules=loaded)
+    record = _restored_record(old, b, job.name, job.final, backend.inventory(build), modules=loaded)
     fsutil.write_atomic(partial / "envbuilder" / "record.json", record.dumps())
     drop_world_write(partial)
     return record
 
 
-def _prepare(
-    old: state.EnvRecord,
-    final: Path,
-    partial: Path,
-    env: Mapping[str, str],
-    modules: ModuleSystem,
-    log: BuildLog,
-    step: Callable[[str], None],
-    backend: base.Backend,
-) -> tuple[base.Build, EnvDelta]:
+def _prepare(job: _Job, partial: Path, log: BuildLog, backend: base.Backend) -> tuple[base.Build, EnvDelta]:
     """The recorded modules loaded, the recorded python and installer found: the Build the backend works in."""
+    old, final, env, modules = job.old, job.final, job.env, job.modules
     plan = old.plan
     base_env = proc.scrubbed_env(env)
-    step(f"loading modules ({modules.kind})" if plan.get("modules") else "no modules to load")
+    job.step(f"loading modules ({modules.kind})" if plan.get("modules") else "no modules to load")
     delta = modules.apply(plan.get("module_use", []), plan.get("modules", []), base_env)
     build_env = delta.apply(base_env)
     python = backend.python((plan.get("python") or {}).get("command") or "python3", build_env, final)
@@ -279,17 +262,11 @@ def _prepare(
     return build, delta
 
 
-def _cache_first(
-    b: Backup,
-    plan: Mapping[str, Any],
-    backend: base.Backend,
-    build: base.Build,
-    first: InstallStep,
-    step: Callable[[str], None],
-) -> bool:
+def _cache_first(job: _Job, backend: base.Backend, build: base.Build, first: InstallStep) -> bool:
     """Create the env and fill it from uv's cache (_from_uv_cache); True when that served every package. The
     partial is gone again when it did not."""
-    step("creating the env; trying uv's cache for the backed-up packages (offline)")
+    b, plan = job.b, job.old.plan
+    job.step("creating the env; trying uv's cache for the backed-up packages (offline)")
     backend.create(build, first, build.env)
     # The stored wheels are hashed meanwhile: a corrupt backup is refused whichever way the env is built.
     stop = threading.Event()
@@ -406,16 +383,9 @@ def _compare(b: Backup, partial: Path) -> None:
         )
 
 
-def _archive(
-    b: Backup,
-    old: state.EnvRecord,
-    name: str,
-    final: Path,
-    partial: Path,
-    log: BuildLog,
-    step: Callable[[str], None],
-) -> tuple[state.EnvRecord, Optional[archive.Relocation]]:
+def _archive(job: _Job, partial: Path, log: BuildLog) -> tuple[state.EnvRecord, Optional[archive.Relocation]]:
     """Extract the archived env at ``partial``, relocated for ``final``; its record."""
+    b, old, name, final, step = job.b, job.old, job.name, job.final, job.step
     arc = b.data["archive"]
     manifest = json.loads((b.path / "manifest.json").read_text(encoding="utf-8"))
     relocation = None

@@ -56,7 +56,7 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     with proc.sigterm_as_interrupt(), backup.writer_mutex(root, args.wait, _waiting(out)):
         if not args.all:
             record = state.load(home, args.env)
-            mode = args.mode or _default_mode(record)
+            mode = args.mode or backup.default_mode(record)
             if not quiet:
                 out.heading(f"Backing up {record.name} ({mode}) to {root}")
             result = backup.make(record, root, mode, args.format, step)
@@ -82,10 +82,6 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         err.data = data
         raise err
     return data
-
-
-def _default_mode(record: state.EnvRecord) -> str:
-    return "wheelhouse" if record.kind in ("venv", "overlay") else "archive"
 
 
 def _render_one(result: backup.BackupResult, out: Out) -> None:
@@ -202,7 +198,7 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     if args.validate:
         recipe = loader.load(rec.recipe, Catalog.from_env(env))
         report = validate_cmd.execute(
-            rec, recipe, host.probe(), env, validator.Options(), out, quiet=quiet, home=settings.home(env)
+            rec, recipe, host.probe(), env, validator.Options(), out=out, quiet=quiet, home=settings.home(env)
         )
         data["validation"] = validate_cmd.finish(report)
     return data

@@ -18,6 +18,7 @@ from envbuilder.commands import plan as plan_cmd
 from envbuilder.commands import validate as validate_cmd
 from envbuilder.console import Out
 from envbuilder.errors import ResolverError, UsageError, ValidationFailed
+from envbuilder.facts import HostFacts
 from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
@@ -83,7 +84,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     )
     with proc.sigterm_as_interrupt():
         result = creator.create(
-            the_plan, recipe, env, modules.detect(env), copts, report, facts=facts.to_json()
+            the_plan, recipe, env, modules.detect(env), copts, report=report, facts=facts.to_json()
         )
     data = result.to_json()
     smoke = result.record.validation or {}
@@ -91,7 +92,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     if not args.json:
         _render(result, out, failed)
     if smoke and not failed and result.status != "exists":
-        data["validation"] = _validate(result.record, recipe, facts, env, args, out)
+        data["validation"] = _validate(result.record, recipe, facts, env, args=args, out=out)
     hint = backup.advice(
         result.record, "ok", bool(backup.backups(backup.root_for(env)[0], result.record.name))
     )
@@ -150,8 +151,9 @@ def same_arch(the_plan: planner.Plan, here: str) -> None:
 def _validate(
     record: state.EnvRecord,
     recipe: loader.Recipe,
-    facts: host.HostFacts,
+    facts: HostFacts,
     env: dict[str, str],
+    *,
     args: argparse.Namespace,
     out: Out,
 ) -> Optional[dict[str, Any]]:
@@ -159,7 +161,7 @@ def _validate(
     quiet = bool(args.quiet or args.json)
     try:
         result = validate_cmd.execute(
-            record, recipe, facts, env, validator.Options(), out, quiet=quiet, home=settings.home(env)
+            record, recipe, facts, env, validator.Options(), out=out, quiet=quiet, home=settings.home(env)
         )
     except validator.NotHere as exc:
         if not quiet:

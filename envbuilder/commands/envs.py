@@ -13,6 +13,7 @@ from rich.table import Table
 from envbuilder import activation, backup, create, fsutil, modulefile, purge, settings, state, transaction
 from envbuilder.console import Out, cells
 from envbuilder.errors import StateError, UsageError
+from envbuilder.plan.activation import Activation
 
 
 def _home() -> Path:
@@ -135,16 +136,12 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 
 def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     record = state.load(_home(), args.env)
-    plan = record.plan or {}
-    activate = plan.get("activate", {}) or {}
+    activate = record.activation or Activation()
     text = modulefile.render(
         name=record.name,
         prefix=record.prefix,
         recipe=record.recipe,
-        modules=activate.get("modules", []),
-        module_use=activate.get("module_use", []),
-        env=activate.get("env", {}),
-        unset=activate.get("unset", []),
+        activate=activate,
         constraints=activation.has_constraints(Path(record.prefix)),
     )
     if args.output:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -13,6 +13,7 @@ from envbuilder import host, settings
 from envbuilder import plan as planner
 from envbuilder.console import Out
 from envbuilder.errors import EnvbuilderError
+from envbuilder.facts import HostFacts
 from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from envbuilder.resolver.indexfacts import IndexFacts
 
 
-def facts_for(facts_file: Optional[str]) -> host.HostFacts:
+def facts_for(facts_file: Optional[str]) -> HostFacts:
     return host.load_facts_file(facts_file) if facts_file else host.probe()
 
 
@@ -53,6 +54,7 @@ def make_plan(
     name: str,
     facts_file: Optional[str] = None,
     opts: Optional[planner.Options] = None,
+    *,
     env: Optional[dict[str, str]] = None,
     lock_file: Optional[str] = None,
     use_lock: bool = True,
@@ -97,6 +99,25 @@ def handle(args: argparse.Namespace, out: Out) -> planner.RecordedPlan:
 
 
 def render(p: planner.Plan, out: Out) -> None:
+    _render_target(p, out)
+    out.line()
+    out.heading("Steps")
+    for i, step in enumerate(p.steps, 1):
+        out.line(f"  {i:2d}. {step}")
+    out.line()
+    _render_validation(p, out)
+    if p.resolution and p.resolution.facts_source:
+        _render_list("Where the torch facts come from", p.resolution.facts_source, out)
+    if p.notes:
+        _render_list("Notes", p.notes, out)
+    if p.warnings:
+        out.line()
+        for w in p.warnings:
+            out.warn(w)
+
+
+def _render_target(p: planner.Plan, out: Out) -> None:
+    """The heading and what is built where: recipe files, target, env, torch, lock."""
     title = f"Plan for {p.recipe}"
     if p.site:
         title += f" (site {p.site}, {p.status})"
@@ -118,11 +139,9 @@ def render(p: planner.Plan, out: Out) -> None:
     if p.lock:
         status = "applies" if p.lock.applies else "ignored (stale)"
         out.field("lock", f"{p.lock.summary.path} ({p.lock.summary.origin}), {p.lock.arch}: {status}")
-    out.line()
-    out.heading("Steps")
-    for i, step in enumerate(p.steps, 1):
-        out.line(f"  {i:2d}. {step}")
-    out.line()
+
+
+def _render_validation(p: planner.Plan, out: Out) -> None:
     out.heading("Validation")
     out.field("launcher", p.launcher)
     out.field("command", launchers.display(p.launch_command))
@@ -132,17 +151,10 @@ def render(p: planner.Plan, out: Out) -> None:
         out.line("  batch script:")
         for line in p.batch_script.rstrip().splitlines():
             out.line(f"    {line}")
-    if p.resolution and p.resolution.facts_source:
-        out.line()
-        out.heading("Where the torch facts come from")
-        for line in p.resolution.facts_source:
-            out.line(f"  - {line}")
-    if p.notes:
-        out.line()
-        out.heading("Notes")
-        for note in p.notes:
-            out.line(f"  - {note}")
-    if p.warnings:
-        out.line()
-        for w in p.warnings:
-            out.warn(w)
+
+
+def _render_list(heading: str, items: Iterable[str], out: Out) -> None:
+    out.line()
+    out.heading(heading)
+    for item in items:
+        out.line(f"  - {item}")

@@ -12,6 +12,7 @@ from envbuilder import host, lockfile, settings, state
 from envbuilder import plan as planner
 from envbuilder.console import Out
 from envbuilder.errors import EnvbuilderError, LockError, PublishError
+from envbuilder.facts import HostFacts
 from envbuilder.recipe import loader, registry
 from envbuilder.recipe.catalog import Catalog, Layer
 from envbuilder.recipe.loader import Recipe
@@ -56,7 +57,7 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         recipe = loader.load(name, catalog)
         # The resolver's gates against the site's own compute facts (the recipe's [compute]), whatever this
         # host is; then, with --facts, a full plan against those facts.
-        targets = [(host.HostFacts(source="the site's compute facts"), "its site's compute facts")]
+        targets = [(HostFacts(source="the site's compute facts"), "its site's compute facts")]
         if facts is not None:
             targets.append((facts, f"the facts in {args.facts}"))
         for target, what in targets:

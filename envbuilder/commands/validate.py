@@ -13,6 +13,7 @@ from rich.table import Table
 from envbuilder import __version__, host, modules, proc, settings, state
 from envbuilder.console import Out, cells, plain
 from envbuilder.errors import PublishError, StateError, ValidationFailed
+from envbuilder.facts import HostFacts
 from envbuilder.recipe import loader, registry
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.validate import report
@@ -50,7 +51,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     target = _report_target(record.name, ref, catalog, args.registry) if args.publish_report else None
     recipe = loader.load(ref, catalog)
     facts = host.load_facts_file(args.facts) if args.facts else host.probe()
-    result = execute(record, recipe, facts, env, options(args), out, quiet=args.json, home=home)
+    result = execute(record, recipe, facts, env, options(args), out=out, quiet=args.json, home=home)
     if args.junit:
         Path(args.junit).write_text(report.junit(result), encoding="utf-8")
     data = finish(result)  # a failed validation raises here: only passing reports are published
@@ -82,7 +83,7 @@ def _report_target(
     return entry.layer.registry, name
 
 
-def stamp_of(result: report.Report, facts: host.HostFacts) -> dict[str, Any]:
+def stamp_of(result: report.Report, facts: HostFacts) -> dict[str, Any]:
     """The tested-on stamp: where, when, how, and the key figures of a passing report."""
     figures = {}
     for row in result.rows:
@@ -108,9 +109,10 @@ def stamp_of(result: report.Report, facts: host.HostFacts) -> dict[str, Any]:
 def execute(
     record: state.EnvRecord,
     recipe: loader.Recipe,
-    facts: host.HostFacts,
+    facts: HostFacts,
     env: dict[str, str],
     opts: validator.Options,
+    *,
     out: Out,
     quiet: bool,
     home: Path,
@@ -124,7 +126,7 @@ def execute(
     # SIGTERM (a batch job's time limit, scancel, kill) unwinds like Ctrl-C: the launcher and every rank it
     # started are ended, a submitted job is cancelled, and the CLI exits 130.
     with status_ctx or contextlib.nullcontext(), proc.sigterm_as_interrupt():
-        result = validator.run(record, recipe, facts, env, modules.detect(env), opts, live)
+        result = validator.run(record, recipe, facts, env, modules.detect(env), opts=opts, live=live)
     validator.store(home, record, result)
     if not quiet:
         render(result, out)

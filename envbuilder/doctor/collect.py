@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from envbuilder import backup, lockfile, proc, purge, state
+from envbuilder.backends import registry
 from envbuilder.doctor.findings import ACTION, Finding
 from envbuilder.doctor.replan import PythonState
 from envbuilder.doctor.report import EnvInputs
@@ -50,7 +51,7 @@ def env_lib_dirs(record: EnvRecord) -> tuple[str, ...]:
         dirs += sorted(str(d) for d in site.glob("nvidia/*/lib") if d.is_dir())
         if (site / "torch" / "lib").is_dir():
             dirs.append(str(site / "torch" / "lib"))
-    if record.kind == "conda" and (prefix / "lib").is_dir():
+    if registry.kind_info(record.kind).conda and (prefix / "lib").is_dir():
         dirs.append(str(prefix / "lib"))
     return tuple(dirs)
 
@@ -60,7 +61,9 @@ def python_state(record: EnvRecord, env: Mapping[str, str]) -> PythonState:
     the environment its modules gave the build)."""
     tools = record.tools or {}
     base = str(tools.get("python_path") or "")
-    python = base if record.kind == "user-prefix" else str(Path(record.prefix) / "bin" / "python")
+    python = (
+        str(Path(record.prefix) / "bin" / "python") if registry.kind_info(record.kind).own_python else base
+    )
     exists = bool(base) and Path(base).exists()
     if not Path(record.prefix).is_dir() or (base and not exists):
         return PythonState(base, exists, python)
@@ -118,6 +121,7 @@ def read_indexes(
     lock_urls: Mapping[str, Sequence[str]],
     env: Mapping[str, str],
     home: Path,
+    *,
     offline: bool,
     refresh: bool,
 ) -> dict[str, IndexFacts]:

@@ -14,7 +14,7 @@ from envbuilder.facts import HostFacts
 from envbuilder.recipe.loader import Recipe
 from envbuilder.resolver.indexfacts import IndexFacts
 from envbuilder.resolver.matrix import Matrix
-from envbuilder.resolver.wheels import TorchRequest, resolve
+from envbuilder.resolver.wheels import Resolution, TorchRequest, resolve
 from envbuilder.state import EnvRecord
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -33,26 +33,16 @@ def replan_findings(
     recipe_error: Optional[EnvbuilderError],
     facts: HostFacts,
     env: Mapping[str, str],
+    *,
     index: Optional[IndexFacts] = None,
     matrix: Optional[Matrix] = None,
 ) -> list[Finding]:
     """Plan the env's recipe again for ``facts`` and compare the torch build with the recorded one."""
+    if recipe is None:
+        return [_unloadable(record, recipe_error)]
     name = record.name
     recorded = (record.plan or {}).get("torch") or None
     built = _build_text(recorded)
-    if recipe is None:
-        why = recipe_error.message if recipe_error else f"recipe {record.recipe!r} could not be loaded"
-        gone = isinstance(recipe_error, RecipeNotFound)
-        return [
-            Finding(
-                WARNING,
-                name,
-                "replan",
-                (f"its recipe {record.recipe!r} is gone: " if gone else "its recipe no longer loads: ")
-                + f"{why}; the env still runs, but cannot be re-planned or rebuilt from it",
-                f"envbuilder backup {name} keeps this env; `envbuilder recipes list` shows the recipes there are",
-            )
-        ]
     opts = planner.Options(prefix=record.prefix)
     try:
         new = planner.build(recipe, facts_for_env(facts, record), env, opts, matrix=matrix, index=index)
@@ -64,9 +54,34 @@ def replan_findings(
         return [
             Finding(ACTION, name, "replan", f"its recipe no longer plans here: {exc.message}", exc.hint or "")
         ]
-    res = new.resolution
-    if recorded is None or res is None:
+    if recorded is None or new.resolution is None:
         return []
+    return _compared(record, recorded, new.resolution, facts, matrix)
+
+
+def _unloadable(record: EnvRecord, recipe_error: Optional[EnvbuilderError]) -> Finding:
+    why = recipe_error.message if recipe_error else f"recipe {record.recipe!r} could not be loaded"
+    gone = isinstance(recipe_error, RecipeNotFound)
+    return Finding(
+        WARNING,
+        record.name,
+        "replan",
+        (f"its recipe {record.recipe!r} is gone: " if gone else "its recipe no longer loads: ")
+        + f"{why}; the env still runs, but cannot be re-planned or rebuilt from it",
+        f"envbuilder backup {record.name} keeps this env; `envbuilder recipes list` shows the recipes there are",
+    )
+
+
+def _compared(
+    record: EnvRecord,
+    recorded: Mapping[str, Any],
+    res: Resolution,
+    facts: HostFacts,
+    matrix: Optional[Matrix],
+) -> list[Finding]:
+    """The torch build the env has beside the one its recipe plans now: broken here, the same, or another."""
+    name = record.name
+    built = _build_text(recorded)
     broken = installed_findings(record, facts_for_env(facts, record), matrix)
     if broken:
         rebuild = f"rebuild it for this node: envbuilder create {name} --force (it would install torch {res.torch} {res.variant})"

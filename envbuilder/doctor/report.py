@@ -124,7 +124,7 @@ def check_env(inp: EnvInputs, ctx: Context, listdir: Callable[[str], Sequence[st
     torch_index = ctx.indexes.get("torch")
     findings = safety_findings(record, inp.health, inp.purge, inp.backups)
     findings += replan_findings(
-        record, inp.recipe, inp.recipe_error, ctx.facts, ctx.env, torch_index, ctx.matrix
+        record, inp.recipe, inp.recipe_error, ctx.facts, ctx.env, index=torch_index, matrix=ctx.matrix
     )
     if inp.health.status != "gone":
         findings += python_findings(record, inp.python)

@@ -28,12 +28,14 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from envbuilder._toml import TOMLDecodeError, dumps, loads
+from envbuilder.backends.registry import kind_info
 from envbuilder.errors import LockError, did_you_mean
 
 LOCK_VERSION = 1
 SUFFIX = ".lock.toml"
 ARCHES = ("x86_64", "aarch64")
 _ALIASES = {"arm64": "aarch64", "amd64": "x86_64", "x86-64": "x86_64"}
+#: The engine each locker (``lockers.py``) records; a unit test keeps the two in step.
 ENGINES = ("uv", "conda-lock", "rattler")
 SOURCES = ("wheel", "sdist", "conda")
 #: manylinux levels uv accepts for --python-platform (2_17 is manylinux2014).
@@ -258,6 +260,7 @@ def inputs(
     requirements: Sequence[str],
     index_flags: Sequence[str],
     channel: str,
+    *,
     conda_channels: Sequence[str] = (),
     conda_specs: Sequence[str] = (),
 ) -> dict[str, Any]:
@@ -269,7 +272,7 @@ def inputs(
         "index_flags": list(index_flags),
         "channel": channel,
     }
-    if kind == "conda":
+    if kind_info(kind).conda:
         out.update(conda_channels=list(conda_channels), conda_specs=list(conda_specs))
     return out
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder import lockfile
+from envbuilder.backends.registry import kind_info
 from envbuilder.errors import LockError
 from envbuilder.plan.steps import conda_env_specs, locked_flags
 from envbuilder.resolver.wheels import Resolution
@@ -56,11 +57,19 @@ def lock_inputs(
     flags = locked_flags(resolution, plain)
     channel = resolution.channel if resolution else ""
     specs: list[str] = []
-    if kind == "conda":
+    if kind_info(kind).conda:
         # The env's own python (the recipe's, as the create step asks for it) is the one pip installs for.
         python = recipe.python.conda_version
         specs = conda_env_specs(recipe)
-    return lockfile.inputs(kind, _python_minor(python), reqs, flags, channel, recipe.conda.channels, specs)
+    return lockfile.inputs(
+        kind,
+        _python_minor(python),
+        reqs,
+        flags,
+        channel,
+        conda_channels=recipe.conda.channels,
+        conda_specs=specs,
+    )
 
 
 def applicable_lock(
@@ -68,6 +77,7 @@ def applicable_lock(
     lock: Optional[lockfile.Lock],
     wanted: Mapping[str, Any],
     arch: Optional[str],
+    *,
     locked: bool,
     warnings: list[str],
 ) -> tuple[Optional[lockfile.PlatformLock], Optional[LockStatus]]:

@@ -19,7 +19,7 @@ from envbuilder import __version__, fsutil, lockfile, modules, proc, settings
 from envbuilder import plan as planner
 from envbuilder.backends import conda, torchbuild, uvcache
 from envbuilder.backends.installers import uv_binary
-from envbuilder.backends.registry import AUTO, RATTLER
+from envbuilder.backends.registry import AUTO, RATTLER, kind_info
 from envbuilder.errors import CommandFailed, EnvbuilderError, LockError
 from envbuilder.facts import HostFacts
 from envbuilder.recipe.catalog import Catalog
@@ -321,6 +321,7 @@ def make(
     facts: HostFacts,
     env: Mapping[str, str],
     arches: Sequence[str],
+    *,
     python: Optional[str] = None,
     log: Callable[[str], None] = lambda _: None,
     module_system: Optional[modules.ModuleSystem] = None,
@@ -346,13 +347,13 @@ def make(
                 f"{recipe.name} sets no python.version, so the Python to lock for is unknown",
                 hint="set python.version in the recipe, or pass --python X.Y",
             )
-        if not inputs["requirements"] and kind != "conda":
+        if not inputs["requirements"] and not kind_info(kind).conda:
             raise LockError(f"{recipe.name} installs no packages from an index: there is nothing to lock")
         warnings.extend(the_plan.warnings)
         tag = lockfile.python_platform(arch, the_plan.target.glibc)
         log(f"resolving {recipe.name} for {arch} ({tag}, Python {inputs['python']})")
         locker: lockfile.Locker = UvLocker(env, uv, log)
-        if kind == "conda":
+        if kind_info(kind).conda:
             locker, more = conda_locker(the_plan, env, uv, module_system or modules.detect(env), log)
             warnings.extend(more)
         locked = locker.lock(arch, tag, inputs)

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Optional, TypedDict
 
 from envbuilder import lockfile
+from envbuilder.backends.registry import AUTO, CLI_ENGINES, kind_info
 from envbuilder.errors import UsageError
 from envbuilder.facts import Gpu, HostFacts
 from envbuilder.lockfile import applicability
 from envbuilder.plan.activation import Activation, RecordedActivate
-from envbuilder.plan.steps import InstallStep, install_steps
+from envbuilder.plan.steps import InstallStep, NewEnv, install_steps
 from envbuilder.recipe import sections
 from envbuilder.resolver import gates, mirror
 from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
@@ -323,6 +324,7 @@ def build(
     host: HostFacts,
     env: Mapping[str, str],
     opts: Optional[Options] = None,
+    *,
     matrix: Optional[Matrix] = None,
     lock: Optional[lockfile.Lock] = None,
     index: Optional[IndexFacts] = None,
@@ -334,18 +336,7 @@ def build(
     opts = opts or Options()
     warnings: list[str] = []
     notes: list[str] = []
-    site = recipe.site.name
-    status = recipe.site.status
-    if status == "retired":
-        warnings.append(
-            f"{site} is retired ({recipe.site.retired_on or 'date unknown'}): this recipe plans, but cannot "
-            "be validated on the machine it describes"
-        )
-    for corr in recipe.corrections:
-        notes.append(f"corrected: {corr.seed} -> {corr.fix}")
-    if recipe.recipe.experimental:
-        warnings.append("experimental recipe: it tracks a moving target")
-
+    _recipe_remarks(recipe, warnings, notes)
     target = target_facts(recipe, host, warnings, notes, opts.arch)
     kind = recipe.env.kind
     installer = opts.installer or recipe.env.installer
@@ -354,88 +345,50 @@ def build(
 
     python_cmd = recipe.python.command
     python: RecordedPython = {"command": python_cmd, "version": target.python}
-    env_python = f"{prefix}/bin/python" if kind != "user-prefix" else python_cmd
+    env_python = f"{prefix}/bin/python" if kind_info(kind).own_python else python_cmd
 
-    resolution: Optional[Resolution] = None
-    requirements: list[str] = []
-    if kind == "conda":  # the recipe's own channel mistake first: it holds whatever the index says
+    if kind_info(kind).conda:  # the recipe's own channel mistake first: it holds whatever the index says
         gates.conda_pytorch_gate(recipe)
-    request = torch_request(recipe)
-    if request is not None:
-        resolution = resolve(request, target, matrix, index, table_age)
-        named = re.search(r"(?<![a-z0-9])(cu\d{3}|cpu)(?![a-z0-9])", recipe.name)
-        if named and named.group(1) != resolution.variant:
-            # The recipe keeps a name users already type, but installs something else: say so every time.
-            warnings.append(
-                f"{recipe.name} installs {resolution.variant}, not the {named.group(1)} its name says; "
-                "its corrections explain why"
-            )
-        warnings.extend(resolution.warnings)
-        notes.extend(resolution.notes)
-        requirements.extend(resolution.requirements)
-    else:
-        notes.append(
-            "torch comes from the site's environment (torch.install = false); validation records its version"
-        )
-
+    resolution = _resolve_torch(
+        recipe, target, warnings, notes, matrix=matrix, index=index, table_age=table_age
+    )
     packages = recipe.packages
-    requirements.extend(p.requirement for p in packages)
+    requirements = [*(resolution.requirements if resolution else ()), *(p.requirement for p in packages)]
     lock_inputs = applicability.lock_inputs(kind, target.python, resolution, packages, recipe)
     locked, lock_status = applicability.applicable_lock(
-        recipe.name, lock, lock_inputs, target.arch, opts.locked, warnings
+        recipe.name, lock, lock_inputs, target.arch, locked=opts.locked, warnings=warnings
     )
     if locked is not None and lock is not None:
-        notes.append(
-            f"locked: {len(locked.packages)} packages for {locked.arch} from {lock.path} ({lock.origin}), "
-            "installed by version and sha256"
-        )
-        if lock.nightly():
-            warnings.append(lockfile.nightly_warning(recipe.name))
-    channels: list[str] = []
-    if kind == "conda":
-        channels, channel_notes = mirror.remap_channels(recipe.conda.channels, mirror.from_env(env))
-        notes.extend(channel_notes)
-        if recipe.conda.engine == "auto":
-            notes.append(
-                "conda engine: the first of mamba, conda, micromamba on PATH once the modules are loaded, "
-                "else the embedded py-rattler"
-            )
+        _lock_remarks(recipe.name, lock, locked, warnings, notes)
+    channels = _conda_channels(recipe, env, notes)
     steps_, extra_indexes = install_steps(
-        kind, installer, python_cmd, prefix, recipe, resolution, packages, warnings, locked, channels
+        NewEnv(kind, installer, python_cmd, prefix),
+        recipe,
+        resolution,
+        packages,
+        warnings,
+        locked=locked,
+        channels=channels,
     )
-    remapped, mirror_notes = mirror.remap([s.argv for s in steps_], mirror.from_env(env))
-    steps_ = [replace(s, argv=tuple(argv)) for s, argv in zip(steps_, remapped)]
-    notes.extend(mirror_notes)
-    commands = [s.display() for s in steps_]
-
-    module_use = recipe.modules.use
-    modules = recipe.modules.load
-    build_modules = recipe.modules.build_only
-    module_system = recipe.modules.system
-    for mod in modules:
-        if "/" not in mod and module_system != "none":
-            warnings.append(
-                f"module {mod!r} has no version: the site default decides (pin it to make builds repeat)"
-            )
+    steps_ = _mirrored(steps_, env, notes)
+    _module_remarks(recipe, warnings)
     activate = activation_for(recipe)
 
     launcher_name, launch, interactive, script = _launch(
-        recipe, target, prefix, env_python, activate, opts, warnings
+        recipe, target, suite.LaunchedEnv(prefix, env_python, activate), opts=opts, warnings=warnings
     )
-    steps = _steps(
-        module_system, module_use, modules, build_modules, kind, prefix, commands, activate, launcher_name
-    )
+    steps = _steps(recipe, prefix, [s.display() for s in steps_], activate, launcher_name)
     return Plan(
         recipe=recipe.name,
-        site=site,
-        status=status,
+        site=recipe.site.name,
+        status=recipe.site.status,
         kind=kind,
         prefix=prefix,
         python=python,
-        module_system=module_system,
-        module_use=module_use,
-        modules=modules,
-        build_modules=build_modules,
+        module_system=recipe.modules.system,
+        module_use=recipe.modules.use,
+        modules=recipe.modules.load,
+        build_modules=recipe.modules.build_only,
         resolution=resolution,
         extra_index_urls=tuple(extra_indexes),
         requirements=tuple(requirements),
@@ -443,7 +396,7 @@ def build(
         installer=installer,
         prefix_missing=tuple(prefix_missing),
         system_site_packages=recipe.env.system_site_packages
-        or (kind == "overlay" and recipe.env.overlay != "clone"),
+        or (kind_info(kind).overlay and recipe.env.overlay != "clone"),
         activate=activate,
         launcher=launcher_name,
         launch_command=tuple(launchers.plain(launch)),
@@ -463,6 +416,91 @@ def build(
         lock_pins=locked.pins() if locked else "",
         lock_conda={p.name: p.files[0].sha256 for p in locked.conda} if locked else {},
     )
+
+
+def _recipe_remarks(recipe: Recipe, warnings: list[str], notes: list[str]) -> None:
+    """What the recipe itself says about its standing: a retired site, corrections, experimental."""
+    if recipe.site.status == "retired":
+        warnings.append(
+            f"{recipe.site.name} is retired ({recipe.site.retired_on or 'date unknown'}): this recipe plans, but "
+            "cannot be validated on the machine it describes"
+        )
+    for corr in recipe.corrections:
+        notes.append(f"corrected: {corr.seed} -> {corr.fix}")
+    if recipe.recipe.experimental:
+        warnings.append("experimental recipe: it tracks a moving target")
+
+
+def _resolve_torch(
+    recipe: Recipe,
+    target: HostFacts,
+    warnings: list[str],
+    notes: list[str],
+    *,
+    matrix: Optional[Matrix],
+    index: Optional[IndexFacts],
+    table_age: str,
+) -> Optional[Resolution]:
+    """The torch build for ``target``; None when torch comes from the site."""
+    request = torch_request(recipe)
+    if request is None:
+        notes.append(
+            "torch comes from the site's environment (torch.install = false); validation records its version"
+        )
+        return None
+    resolution = resolve(request, target, matrix, index, table_age)
+    named = re.search(r"(?<![a-z0-9])(cu\d{3}|cpu)(?![a-z0-9])", recipe.name)
+    if named and named.group(1) != resolution.variant:
+        # The recipe keeps a name users already type, but installs something else: say so every time.
+        warnings.append(
+            f"{recipe.name} installs {resolution.variant}, not the {named.group(1)} its name says; "
+            "its corrections explain why"
+        )
+    warnings.extend(resolution.warnings)
+    notes.extend(resolution.notes)
+    return resolution
+
+
+def _lock_remarks(
+    name: str, lock: lockfile.Lock, locked: lockfile.PlatformLock, warnings: list[str], notes: list[str]
+) -> None:
+    notes.append(
+        f"locked: {len(locked.packages)} packages for {locked.arch} from {lock.path} ({lock.origin}), "
+        "installed by version and sha256"
+    )
+    if lock.nightly():
+        warnings.append(lockfile.nightly_warning(name))
+
+
+def _conda_channels(recipe: Recipe, env: Mapping[str, str], notes: list[str]) -> list[str]:
+    """A conda env's channels, through the mirror rules (none for other kinds)."""
+    if not kind_info(recipe.env.kind).conda:
+        return []
+    channels, channel_notes = mirror.remap_channels(recipe.conda.channels, mirror.from_env(env))
+    notes.extend(channel_notes)
+    if recipe.conda.engine == AUTO:
+        notes.append(
+            f"conda engine: the first of {', '.join(CLI_ENGINES)} on PATH once the modules are loaded, "
+            "else the embedded py-rattler"
+        )
+    return channels
+
+
+def _mirrored(steps: list[InstallStep], env: Mapping[str, str], notes: list[str]) -> list[InstallStep]:
+    """The steps with their index URLs through the mirror rules."""
+    remapped, mirror_notes = mirror.remap([s.argv for s in steps], mirror.from_env(env))
+    notes.extend(mirror_notes)
+    return [replace(s, argv=tuple(argv)) for s, argv in zip(steps, remapped)]
+
+
+def _module_remarks(recipe: Recipe, warnings: list[str]) -> None:
+    if recipe.modules.system == "none":
+        return
+    for mod in recipe.modules.load:
+        if "/" not in mod:
+            warnings.append(
+                f"module {mod!r} has no version: the site default decides (pin it to make builds repeat)"
+            )
 
 
 def _filesystem(
@@ -505,19 +543,8 @@ def activation_for(recipe: Recipe) -> Activation:
     )
 
 
-def activation_settings(recipe: Recipe) -> RecordedActivate:
-    """:func:`activation_for` as a record holds it."""
-    return activation_for(recipe).to_json()
-
-
 def _launch(
-    recipe: Recipe,
-    target: HostFacts,
-    prefix: str,
-    env_python: str,
-    activate: Activation,
-    opts: Options,
-    warnings: list[str],
+    recipe: Recipe, target: HostFacts, env: suite.LaunchedEnv, *, opts: Options, warnings: list[str]
 ) -> tuple[str, list[launchers.Arg], Optional[list[str]], Optional[str]]:
     device = suite.device_for(target, cpu=False)
     payload = suite.Payload(
@@ -527,39 +554,34 @@ def _launch(
     run = suite.launch(
         recipe,
         target,
-        prefix,
-        env_python,
-        activate.to_json(),
+        env,
         payload,
-        opts.package_dir,
-        warnings,
-        launcher=opts.launcher,
-        nodes=opts.nodes,
-        nproc_per_node=opts.nproc_per_node,
-        account=opts.account,
+        package_dir=opts.package_dir,
+        warnings=warnings,
+        request=suite.LaunchRequest(opts.launcher, opts.nodes, opts.nproc_per_node, opts.account),
     )
     interactive = list(run.interactive) if run.interactive else None
     return run.launcher, list(run.argv), interactive, run.script
 
 
 def _steps(
-    module_system: str,
-    module_use: Sequence[str],
-    modules: Sequence[str],
-    build_modules: Sequence[str],
-    kind: str,
+    recipe: Recipe,
     prefix: str,
     commands: Sequence[Sequence[str]],
     activate: Activation,
     launcher_name: str,
 ) -> list[str]:
+    """The plan's steps in words, as ``envbuilder plan`` lists them."""
+    mods = recipe.modules
     steps = []
-    loads = batch.module_lines(module_use, modules)
-    if modules:
-        loads[-1] += f"  ({module_system})"
+    loads = batch.module_lines(mods.use, mods.load)
+    if mods.load:
+        loads[-1] += f"  ({mods.system})"
     steps += loads
-    steps += [f"{line}  (build only)" for line in batch.module_lines((), build_modules)]
-    steps.append(f"build the {kind} env in a temporary sibling of {prefix}; move it into place once complete")
+    steps += [f"{line}  (build only)" for line in batch.module_lines((), mods.build_only)]
+    steps.append(
+        f"build the {recipe.env.kind} env in a temporary sibling of {prefix}; move it into place once complete"
+    )
     for cmd in commands:
         steps.append(" ".join(shlex.quote(c) for c in cmd))
     if activate.modules or activate.env or activate.unset:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from envbuilder.backends.registry import AUTO, INSTALLERS, RATTLER
+from envbuilder.backends.registry import AUTO, INSTALLERS, RATTLER, kind_info
 from envbuilder.lockfile import PlatformLock
 from envbuilder.resolver.mirror import PYPI
 from envbuilder.resolver.wheels import Resolution
@@ -60,25 +60,30 @@ def conda_env_specs(recipe: Recipe) -> list[str]:
     return [f"python={recipe.python.conda_version}", "pip", *recipe.conda.packages]
 
 
+@dataclass(frozen=True)
+class NewEnv:
+    """The env the steps build: its kind, the installer, the python it is made from, and where it goes."""
+
+    kind: str
+    installer: str
+    python: str
+    prefix: str
+
+
 def _create_step(
-    kind: str,
-    installer: str,
-    python_cmd: str,
-    prefix: str,
-    recipe: Recipe,
-    channels: Sequence[str],
-    locked: Optional[PlatformLock],
+    new: NewEnv, recipe: Recipe, channels: Sequence[str], locked: Optional[PlatformLock]
 ) -> Optional[InstallStep]:
-    if kind == "overlay" and recipe.env.overlay == "clone":
+    kind, installer, python_cmd, prefix = new.kind, new.installer, new.python, new.prefix
+    if kind_info(kind).overlay and recipe.env.overlay == "clone":
         # A copy of the site python's whole env, made by create itself (no tool does it for a venv or a
         # module's conda env alike); the site env is only read.
         return InstallStep((CLONE, "--python", python_cmd, prefix), site_python=True, creates_env=True)
-    ssp = ["--system-site-packages"] if (recipe.env.system_site_packages or kind == "overlay") else []
+    ssp = ["--system-site-packages"] if (recipe.env.system_site_packages or kind_info(kind).overlay) else []
     prompt = ["--prompt", recipe.name]
-    if kind in ("venv", "overlay"):
+    if kind_info(kind).venv:
         argv = INSTALLERS[installer].venv(prompt, python_cmd, ssp, prefix)
         return InstallStep(tuple(argv), site_python=True, creates_env=True)
-    if kind == "conda":
+    if kind_info(kind).conda:
         engine = recipe.conda.engine
         exe = "envbuilder-rattler" if engine == RATTLER else ("conda" if engine == AUTO else engine)
         cmd = [exe, "create", "--yes", "--prefix", prefix, "--override-channels"]
@@ -104,25 +109,24 @@ def locked_flags(resolution: Optional[Resolution], plain_specs: Sequence[str]) -
 
 
 def install_steps(
-    kind: str,
-    installer: str,
-    python_cmd: str,
-    prefix: str,
+    new: NewEnv,
     recipe: Recipe,
     resolution: Optional[Resolution],
     packages: Sequence[Package],
     warnings: list[str],
+    *,
     locked: Optional[PlatformLock] = None,
     channels: Sequence[str] = (),
 ) -> tuple[list[InstallStep], list[str]]:
+    kind, installer, python_cmd, prefix = new.kind, new.installer, new.python, new.prefix
     steps: list[InstallStep] = []
-    create = _create_step(kind, installer, python_cmd, prefix, recipe, channels, locked)
+    create = _create_step(new, recipe, channels, locked)
     if create:
         steps.append(create)
     env_python = f"{prefix}/bin/python"
     target_flag: list[str] = []
-    site_python = kind == "user-prefix"
-    if kind == "user-prefix":
+    site_python = not kind_info(kind).own_python
+    if site_python:
         env_python = python_cmd
         target_flag = INSTALLERS[installer].user_target(prefix)
         note = INSTALLERS[installer].user_prefix_note

@@ -13,6 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
+from envbuilder.backends.registry import kind_info
 from envbuilder.errors import RecipeError, did_you_mean
 from envbuilder.recipe import schema, sections
 from envbuilder.resolver.wheels import GATES, TORCH_PACKAGES
@@ -126,12 +127,13 @@ class Recipe:
     def validation(self) -> sections.Validation:
         return sections.view(sections.Validation, self.data.get("validation", {}))
 
-    def get(self, dotted: str, default: Any = None) -> Any:
-        """The raw value at a dotted key, for generic readers (tests, tools); code reads the typed views."""
+    def get(self, dotted: str) -> Any:
+        """The raw value at a dotted key (None where it is unset), for generic readers (tests, tools); code reads
+        the typed views."""
         node: Any = self.data
         for part in dotted.split("."):
             if not isinstance(node, Mapping) or part not in node:
-                return default
+                return None
             node = node[part]
         return node
 
@@ -322,8 +324,7 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
                 file=where(key),
                 key=key,
             )
-    kind = data.get("env", {}).get("kind")
-    if kind == "conda" and not data.get("conda", {}).get("channels"):
+    if kind_info(data.get("env", {}).get("kind")).conda and not data.get("conda", {}).get("channels"):
         raise RecipeError(
             "a conda env needs conda.channels",
             file=where("env.kind"),

@@ -367,7 +367,7 @@ class Registry:
         recipe = doc.get("recipe")
         name = recipe.get("name") if isinstance(recipe, dict) else None
         version = recipe.get("version") if isinstance(recipe, dict) else None
-        _bound(what, path, "", name, version, pub)
+        _bound(what, path, pub, kind="", name=name, version=version)
         if "extends" in doc:
             raise PublishError(
                 f"{what}: {path} extends another file; a published recipe never does", hint=REPUBLISH
@@ -386,7 +386,7 @@ class Registry:
             raise PublishError(f"{what}: {path} is not UTF-8: {exc}", hint=REPUBLISH) from None
         except LockError as exc:
             raise PublishError(f"{what}: its published lock is unreadable: {exc.message}") from None
-        _bound(what, path, "the lock of ", lock.recipe, lock.recipe_version, pub)
+        _bound(what, path, pub, kind="the lock of ", name=lock.recipe, version=lock.recipe_version)
         return replace(lock, origin="published")
 
     def _verified(self, pub: Published, rel: str, sha256: str, what: str, suffix: str) -> tuple[Path, bytes]:
@@ -752,7 +752,7 @@ def read_guarded(
         os.close(fd)
 
 
-def _bound(what: str, path: Path, kind: str, name: Any, version: Any, pub: Published) -> None:
+def _bound(what: str, path: Path, pub: Published, *, kind: str, name: Any, version: Any) -> None:
     """The name and version inside the (signed) bytes must be the index's: a copy of another version's or
     another recipe's file, with its valid signature, is not this one."""
     if name != pub.name or version != pub.version:

@@ -587,11 +587,12 @@ def _walk(
     value: Any,
     file: str,
     path: str,
+    *,
     required: bool,
     source_of: Optional[Callable[[str], str]] = None,
 ) -> None:
     if isinstance(spec, Table):
-        _walk_table(spec, value, file, path, required, source_of)
+        _walk_table(spec, value, file, path, required=required, source_of=source_of)
         return
     if isinstance(spec, MapOf):
         if not isinstance(value, dict):
@@ -611,13 +612,13 @@ def _walk(
                     file=file,
                     key=_join(path, key),
                 )
-            _walk(spec.value, sub, file, _join(path, key), required, source_of)
+            _walk(spec.value, sub, file, _join(path, key), required=required, source_of=source_of)
         return
     if isinstance(spec, ArrayOf):
         if not isinstance(value, list):
             raise RecipeError(f"expected an array of tables, found {_found(value)}", file=file, key=path)
         for i, item in enumerate(value):
-            _walk(spec.item, item, file, f"{path}[{i}]", True, source_of)
+            _walk(spec.item, item, file, f"{path}[{i}]", required=True, source_of=source_of)
         return
     _check_field(spec, value, file, path)
 
@@ -627,6 +628,7 @@ def _walk_table(
     value: Any,
     file: str,
     path: str,
+    *,
     required: bool,
     source_of: Optional[Callable[[str], str]],
 ) -> None:
@@ -642,7 +644,7 @@ def _walk_table(
                 key=_join(path, key),
                 hint=did_you_mean(key, spec.fields) or f"known keys here: {', '.join(spec.fields)}",
             )
-        _walk(spec.fields[key], sub, file, _join(path, key), required, source_of)
+        _walk(spec.fields[key], sub, file, _join(path, key), required=required, source_of=source_of)
     if spec.check is not None:
         problem = spec.check(value)
         if problem is not None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Optional, Protocol, TypeVar
 
+from envbuilder.backends.registry import AUTO
 from envbuilder.validate.checks import DEFAULTS as DEFAULT_CHECKS
 
 _SEED = "seed"
@@ -213,7 +214,7 @@ class Python:
 class Conda:
     channels: tuple[str, ...] = ()
     packages: tuple[str, ...] = ()
-    engine: str = "auto"
+    engine: str = AUTO
 
 
 @dataclass(frozen=True)

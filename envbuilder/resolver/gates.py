@@ -109,6 +109,7 @@ def check_gates(
     request: TorchRequest,
     facts: HostFacts,
     m: Matrix,
+    *,
     warnings: list[str],
 ) -> list[Finding]:
     blocked = platform_findings(variant, facts, m)
@@ -120,43 +121,66 @@ def check_gates(
     arch = facts.arch or "x86_64"
     if not facts.arch:
         warnings.append("target CPU architecture unknown; assuming x86_64")
-
-    # Which variants this release has on this CPU architecture.
     if info.is_cuda:
-        offered = release.variants.get(arch, ())
-        if variant not in offered:
-            if arch == "aarch64":
-                findings.append(aarch64_finding(release, variant, request, facts, m))
-            else:
-                have = [r.torch for r in m.stable_releases() if variant in r.variants.get(arch, ())]
-                span = f"{have[0]}–{have[-1]}" if have else "no stable release"
-                # Only the variants that also pass this node's driver and GPU gates are worth suggesting.
-                fits = [v for v in offered if not quick_findings(release, v, facts, m)]
-                options = [f"use one of {', '.join(fits)} with torch {release.torch}"] if fits else []
-                if have:
-                    options.append(f"pin a torch in {span}")
-                findings.append(
-                    Finding(
-                        "variant-not-built",
-                        f"torch {release.torch} has no {variant} build for {arch} "
-                        f"(it offers {', '.join(offered) or 'none'}); "
-                        + (
-                            f"{variant} exists for torch {span}"
-                            if have
-                            else f"no release has {variant} for {arch}"
-                        ),
-                        ", or ".join(options) or None,
-                    )
-                )
-        elif arch == "aarch64" and release.aarch64_confidence != "P":
+        findings.extend(offered_findings(release, variant, request, facts, m, warnings=warnings, arch=arch))
+    findings.extend(package_findings(release, variant, info, request))
+    findings.extend(interpreter_findings(release, variant, facts, m))
+    if info.is_cuda:
+        findings.extend(driver_findings(release, info, facts, m, warnings=warnings, arch=arch))
+        findings.extend(gpu_findings(release, variant, facts, m, warnings=warnings, arch=arch))
+    elif facts.gpus:
+        warnings.append(
+            f"the target has {len(facts.gpus)} GPU(s) ({facts.gpus[0].name}) but the CPU wheel was chosen"
+        )
+    return findings
+
+
+def offered_findings(
+    release: Release,
+    variant: str,
+    request: TorchRequest,
+    facts: HostFacts,
+    m: Matrix,
+    *,
+    warnings: list[str],
+    arch: str,
+) -> list[Finding]:
+    """Whether this release has the CUDA ``variant`` on this CPU architecture (on the stable index)."""
+    offered = release.variants.get(arch, ())
+    if variant in offered:
+        if arch == "aarch64" and release.aarch64_confidence != "P":
             warnings.append(
                 f"the {variant} aarch64 CUDA wheel for torch {release.torch} is known only from a secondary "
                 f"source ({release.source}); validation will confirm torch.version.cuda"
             )
-        if variant in release.variants.get(arch, ()) and info.nightly_only:
-            findings.append(Finding("variant-not-built", f"{variant} exists only on the nightly index"))
+        if m.variants[variant].nightly_only:
+            return [Finding("variant-not-built", f"{variant} exists only on the nightly index")]
+        return []
+    if arch == "aarch64":
+        return [aarch64_finding(release, variant, request, facts, m)]
+    have = [r.torch for r in m.stable_releases() if variant in r.variants.get(arch, ())]
+    span = f"{have[0]}–{have[-1]}" if have else "no stable release"
+    # Only the variants that also pass this node's driver and GPU gates are worth suggesting.
+    fits = [v for v in offered if not quick_findings(release, v, facts, m)]
+    options = [f"use one of {', '.join(fits)} with torch {release.torch}"] if fits else []
+    if have:
+        options.append(f"pin a torch in {span}")
+    return [
+        Finding(
+            "variant-not-built",
+            f"torch {release.torch} has no {variant} build for {arch} "
+            f"(it offers {', '.join(offered) or 'none'}); "
+            + (f"{variant} exists for torch {span}" if have else f"no release has {variant} for {arch}"),
+            ", or ".join(options) or None,
+        )
+    ]
 
-    # Companion packages that the variant's index does not carry, or the release never had.
+
+def package_findings(
+    release: Release, variant: str, info: VariantInfo, request: TorchRequest
+) -> list[Finding]:
+    """Companion packages that the variant's index does not carry, or the release never had."""
+    findings = []
     for pkg in request.packages:
         if pkg in info.lacks:
             findings.append(
@@ -182,8 +206,12 @@ def check_gates(
                     "set torch.torchaudio explicitly or drop it from torch.packages",
                 )
             )
+    return findings
 
-    # Python and glibc.
+
+def interpreter_findings(release: Release, variant: str, facts: HostFacts, m: Matrix) -> list[Finding]:
+    """The target's Python and glibc against the release's wheels."""
+    findings = []
     if facts.python and not python_ok(release.python, facts.python):
         fitting = [r.torch for r in m.stable_releases() if python_ok(r.python, facts.python)]
         findings.append(
@@ -208,14 +236,6 @@ def check_gates(
                 f"the target has glibc {facts.glibc}",
                 "use a torch release built on manylinux2014 (≤ 2.5, or 2.6 with cu118/cu124), or a container",
             )
-        )
-
-    if info.is_cuda:
-        findings.extend(driver_findings(release, info, facts, m, warnings, arch))
-        findings.extend(gpu_findings(release, variant, facts, m, warnings, arch))
-    elif facts.gpus:
-        warnings.append(
-            f"the target has {len(facts.gpus)} GPU(s) ({facts.gpus[0].name}) but the CPU wheel was chosen"
         )
     return findings
 
@@ -257,7 +277,7 @@ def aarch64_finding(
 
 
 def driver_findings(
-    release: Release, info: VariantInfo, facts: HostFacts, m: Matrix, warnings: list[str], arch: str
+    release: Release, info: VariantInfo, facts: HostFacts, m: Matrix, *, warnings: list[str], arch: str
 ) -> list[Finding]:
     max_cuda = driver_max_cuda(facts, m)
     if facts.driver_version is None and max_cuda is None:
@@ -294,7 +314,7 @@ def driver_ok(info: VariantInfo, facts: HostFacts, max_cuda: Optional[tuple[int,
 
 
 def gpu_findings(
-    release: Release, variant: str, facts: HostFacts, m: Matrix, warnings: list[str], arch: str
+    release: Release, variant: str, facts: HostFacts, m: Matrix, *, warnings: list[str], arch: str
 ) -> list[Finding]:
     """GPUs the planned wheel has no code for. When ``variant`` is not built for this release (the variant gate
     says so), a GPU is still reported here if *no* build of the release carries it: no other variant helps."""

@@ -89,7 +89,7 @@ def read(
     sources = {up: _sources(up, rules) for up in dict.fromkeys(upstreams)}
     urls = list(dict.fromkeys(u for found in sources.values() for u in found if not _is_dir(u)))
     cache = _Cache(home / "cache" / "index", ttl)
-    reads = _read_urls(urls, project, env, cache, refresh, why_offline)
+    reads = _read_urls(urls, project, env, cache, refresh=refresh, why_offline=why_offline)
     for found in sources.values():
         reads.update({d: _read_dir(d, project) for d in found if _is_dir(d) and d not in reads})
     pages = {up: _page(up, found, reads) for up, found in sources.items()}
@@ -164,6 +164,7 @@ def _read_urls(
     project: str,
     env: Mapping[str, str],
     cache: _Cache,
+    *,
     refresh: bool,
     why_offline: Optional[str],
 ) -> dict[str, _Read]:

@@ -139,7 +139,7 @@ def resolve(
     else:
         notes: list[str] = []
         release = _pick_release(request, facts, know.matrix, notes)
-        res = _resolve_release(request, release, facts, know.matrix, index, notes)
+        res = _resolve_release(request, release, facts, know.matrix, index=index, notes=notes)
     return replace(res, facts_source=know.lines)
 
 
@@ -158,7 +158,7 @@ def _resolve_latest(
         if skipped:
             notes.append(f"newer releases do not fit this target: {', '.join(skipped)}")
         try:
-            return _resolve_release(request, release, facts, m, index, notes)
+            return _resolve_release(request, release, facts, m, index=index, notes=notes)
         except ResolverErrors as exc:
             first = first or exc
             skipped.append(f"{release.torch} ({exc.errors[0].gate})")
@@ -174,6 +174,7 @@ def _resolve_release(
     release: Release,
     facts: HostFacts,
     m: Matrix,
+    *,
     index: Optional[IndexFacts],
     notes: list[str],
 ) -> Resolution:
@@ -181,7 +182,7 @@ def _resolve_release(
     variant = request.variant
     if variant == "auto":
         variant = _auto_variant(release, facts, m, request, notes)
-    findings = check_gates(release, variant, request, facts, m, warnings)
+    findings = check_gates(release, variant, request, facts, m, warnings=warnings)
     index_url = m.index[release.channel].format(variant=variant)
     found = _index_findings(index, index_url, release.torch, variant, facts)
     if found:  # what the index itself says explains it better than the table's variant list it corrected
@@ -194,7 +195,7 @@ def _resolve_release(
     label = knowledge.expected_label(
         index, index_url, release.torch, facts.arch or "x86_64", facts.python_minor
     )
-    res = _finish(request, release, variant, findings, warnings, notes, m, label)
+    res = _finish(request, release, variant, findings, m, warnings=warnings, notes=notes, label=label)
     return replace(res, local=label, inferred=release.origin == "inferred")
 
 
@@ -247,9 +248,10 @@ def _finish(
     release: Release,
     variant: str,
     findings: list[Finding],
+    m: Matrix,
+    *,
     warnings: list[str],
     notes: list[str],
-    m: Matrix,
     label: str = "",
 ) -> Resolution:
     errors = [f for f in findings if f.gate not in request.allow]
@@ -467,12 +469,13 @@ def _resolve_nightly(
         source=nightly["source"],
     )
     if variant in m.variants and m.variants[variant].is_cuda and not findings:
-        findings.extend(driver_findings(rel, m.variants[variant], facts, m, warnings, arch))
+        findings.extend(driver_findings(rel, m.variants[variant], facts, m, warnings=warnings, arch=arch))
     url = m.index["nightly"].format(variant=variant)
     if not findings:
         findings.extend(_pruned(index, url, version, arch))
     label = knowledge.expected_label(index, url, version, arch, facts.python_minor)
-    res = _finish(request, rel, variant if variant in m.variants else "cpu", findings, warnings, [], m, label)
+    known = variant if variant in m.variants else "cpu"
+    res = _finish(request, rel, known, findings, m, warnings=warnings, notes=[], label=label)
     return replace(res, local=label)
 
 

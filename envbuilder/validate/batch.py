@@ -11,13 +11,16 @@ them again for values that come from elsewhere (``--account``, a state record).
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from envbuilder.errors import RecipeError, UsageError
-from envbuilder.recipe.schema import control_problem, require_carriable, require_module_name, require_var_name
+from envbuilder.recipe.schema import control_problem, require_carriable, require_module_name
 from envbuilder.validate import launchers, schedulers
+
+if TYPE_CHECKING:  # only a type here: the activation is planned (plan imports batch)
+    from envbuilder.plan.activation import Activation
 
 
 @dataclass(frozen=True)
@@ -118,21 +121,15 @@ def script(
     *,
     scheduler: str,
     directives: Sequence[str],
-    module_use: Sequence[str],
-    modules: Sequence[str],
-    env: Mapping[str, str],
-    unset: Sequence[str],
+    activate: Activation,
     multinode: bool,
     launch: Sequence[launchers.Arg],
     workdir: str,
 ) -> str:
+    """The job script: directives, then the modules ``activate`` loads and the variables it sets and unsets (it
+    refused what a script cannot carry when it was made), then the launch in ``workdir``."""
     for directive in directives:
         require_carriable(directive, "scheduler (a batch directive)")
-    for var in unset:
-        require_var_name(var, "unset")
-    for key, value in env.items():
-        require_var_name(key, "activate.env")
-        require_carriable(value, f"activate.env.{key}")
     require_carriable(workdir, "validation work directory")
     for arg in launch:
         if isinstance(arg, str):
@@ -140,10 +137,10 @@ def script(
     adapter = schedulers.SCHEDULERS[scheduler]
     lines = ["#!/bin/bash", *(f"{adapter.directive} {d}" for d in directives), "", "set -euo pipefail"]
     lines += adapter.setup
-    lines += module_lines(module_use, modules)
-    for var in unset:
+    lines += module_lines(activate.module_use, activate.modules)
+    for var in activate.unset:
         lines.append(f"unset {var}")
-    for key, value in env.items():
+    for key, value in activate.env.items():
         lines.append(f"export {key}={shlex.quote(value)}")
     if multinode:
         lines += [adapter.first_host, "export MASTER_ADDR"]

@@ -31,3 +31,7 @@ CHECKS = (
 )
 NAMES = tuple(c.name for c in CHECKS)
 DEFAULTS = tuple(c.name for c in CHECKS if c.default)
+#: Every run takes it, first: nothing else can run where torch does not import.
+FIRST = CHECKS[0].name
+#: The smoke check's, right after a build or a restore: torch imports, sees the GPUs, was built for their arch.
+SMOKE = (FIRST, "gpu", "arch")

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from envbuilder.validate.checks import FIRST
+
 REPORT_VERSION = 1
 #: Figures where a larger value is worse: the slowest rank sets them. For the others the smallest value does.
 _LOWER_IS_BETTER_UNITS = frozenset({"s", "us", "ms"})
@@ -154,20 +156,20 @@ def merge(
         or not events.get(r)
     }
     interrupted = {r: c for r, c in stopped.items() if r in killed and culprits - {r}}
-    ordered = list(dict.fromkeys(["import", *checks]))
+    ordered = list(dict.fromkeys([FIRST, *checks]))
+    ranks = _Ranks(
+        results=results,
+        stopped={r: c for r, c in stopped.items() if r not in interrupted},
+        killed=killed,
+        events=events,
+        world=world,
+        exit_code=exit_code,
+        timed_out_after=timed_out_after,
+        interrupted=frozenset(interrupted),
+    )
     rows = []
     for check in ordered:
-        row = _row(
-            check,
-            results,
-            {r: c for r, c in stopped.items() if r not in interrupted},
-            killed,
-            events,
-            world,
-            exit_code,
-            timed_out_after,
-            set(interrupted),
-        )
+        row = _row(check, ranks)
         cut = sorted(r for r in interrupted if results[r].get(check, {}).get("status") in (None, "killed"))
         if cut and row.status != "fail" and row.per_rank:
             row = replace(
@@ -180,70 +182,105 @@ def merge(
     return rows
 
 
-def _row(
-    check: str,
-    results: Mapping[int, Mapping[str, Mapping[str, Any]]],
-    stopped: Mapping[int, str],
-    killed: Mapping[int, int],
-    events: Mapping[int, Sequence[Mapping[str, Any]]],
-    world: int,
-    exit_code: Optional[int],
-    timed_out_after: Optional[float],
-    interrupted: set[int],
-) -> Row:
+@dataclass(frozen=True)
+class _Ranks:
+    """What the ranks' events say, gathered once for every check's row."""
+
+    results: Mapping[int, Mapping[str, Mapping[str, Any]]]
+    #: rank -> the check it stopped in (not the ranks the launcher interrupted)
+    stopped: Mapping[int, str]
+    #: rank -> the signal the launcher terminated it with
+    killed: Mapping[int, int]
+    events: Mapping[int, Sequence[Mapping[str, Any]]]
+    world: int
+    exit_code: Optional[int]
+    timed_out_after: Optional[float]
+    interrupted: frozenset[int]
+
+    def stop_cause(self, rank: int) -> str:
+        return _stop_cause(rank, self.killed.get(rank), self.exit_code, self.timed_out_after)
+
+
+def _row(check: str, ranks: _Ranks) -> Row:
     per_rank: dict[int, Mapping[str, Any]] = {}
     failures: dict[str, list[int]] = {}
     hints: dict[str, str] = {}
     not_reached: list[int] = []
-    stuck = _stuck_ranks(check, results)
-    for rank in range(world):
-        res = results[rank].get(check)
-        if res is not None and res.get("status") == "died":
-            cause = _stop_cause(rank, killed.get(rank), exit_code, timed_out_after)
-            if stuck and rank not in stuck:
-                cause = f"waited in a collective for {_ranks_text(sorted(stuck))}, then the launcher ended it"
-            failures.setdefault(cause, []).append(rank)
+    stuck = _stuck_ranks(check, ranks.results)
+    for rank in range(ranks.world):
+        res = ranks.results[rank].get(check)
+        if res is None:
+            if not ranks.events.get(rank) and check == FIRST:
+                failures.setdefault(_never_started(ranks.exit_code, ranks.timed_out_after), []).append(rank)
+            elif rank not in ranks.interrupted:
+                not_reached.append(rank)
             continue
-        if res is not None and res.get("status") == "killed":
-            if rank in stuck:
-                cause = "hung: it got least far, and the launcher terminated it after the others timed out"
-                failures.setdefault(cause, []).append(rank)
-            elif rank not in interrupted:
-                failures.setdefault(
-                    _stop_cause(rank, killed.get(rank), exit_code, timed_out_after), []
-                ).append(rank)
-            continue
-        if res is not None:
+        if res.get("status") not in ("died", "killed"):
             per_rank[rank] = {k: v for k, v in res.items() if k not in ("event", "t", "check")}
-            if res["status"] == "fail":
-                cause = str(res.get("cause") or "failed")
-                if stuck and res.get("timeout"):
-                    who = _ranks_text(sorted(stuck))
-                    cause = f"hung: {cause}" if rank in stuck else f"waited for {who} until it timed out"
-                failures.setdefault(cause, []).append(rank)
-                if res.get("hint"):
-                    hints.setdefault(cause, str(res["hint"]))
+        cause = _failure_cause(rank, res, ranks, stuck)
+        if cause is None:
             continue
-        if not events.get(rank) and check == "import":
-            failures.setdefault(_never_started(exit_code, timed_out_after), []).append(rank)
-        elif rank not in interrupted:
-            not_reached.append(rank)
+        failures.setdefault(cause, []).append(rank)
+        if res.get("status") == "fail" and res.get("hint"):
+            hints.setdefault(cause, str(res["hint"]))
     if failures:
-        parts = []
-        for cause, ranks in failures.items():
-            parts.append(cause if world == 1 else f"{_ranks_text(ranks)}: {cause}")
-        hint = next(iter(hints.values()), None)
-        if hint is None and any(r in stopped or not events.get(r) for rs in failures.values() for r in rs):
-            hint = "see the launcher's output below; rerun with a single check (--checks) to isolate it"
-        return Row(
-            check,
-            "fail",
-            tuple(sorted(per_rank)),
-            _figures(per_rank),
-            "; ".join(parts),
-            hint,
-            per_rank=per_rank,
-        )
+        return _failed_row(check, ranks, per_rank, failures, hints)
+    return _finished_row(check, ranks.stopped, per_rank, not_reached)
+
+
+def _failure_cause(rank: int, res: Mapping[str, Any], ranks: _Ranks, stuck: set[int]) -> Optional[str]:
+    """Why ``rank`` failed the check ``res`` is its result of, in words; None where it did not."""
+    if res.get("status") in ("died", "killed"):
+        return _stopped_cause(rank, res["status"], ranks, stuck)
+    if res["status"] != "fail":
+        return None
+    cause = str(res.get("cause") or "failed")
+    if stuck and res.get("timeout"):
+        who = _ranks_text(sorted(stuck))
+        return f"hung: {cause}" if rank in stuck else f"waited for {who} until it timed out"
+    return cause
+
+
+def _stopped_cause(rank: int, status: str, ranks: _Ranks, stuck: set[int]) -> Optional[str]:
+    """A rank that died in the check, or that the launcher terminated there; None when it was terminated only
+    because another rank failed."""
+    if status == "died":
+        if stuck and rank not in stuck:
+            return f"waited in a collective for {_ranks_text(sorted(stuck))}, then the launcher ended it"
+        return ranks.stop_cause(rank)
+    if rank in stuck:
+        return "hung: it got least far, and the launcher terminated it after the others timed out"
+    return None if rank in ranks.interrupted else ranks.stop_cause(rank)
+
+
+def _failed_row(
+    check: str,
+    ranks: _Ranks,
+    per_rank: Mapping[int, Mapping[str, Any]],
+    failures: Mapping[str, list[int]],
+    hints: Mapping[str, str],
+) -> Row:
+    parts = [cause if ranks.world == 1 else f"{_ranks_text(rs)}: {cause}" for cause, rs in failures.items()]
+    hint = next(iter(hints.values()), None)
+    if hint is None and any(
+        r in ranks.stopped or not ranks.events.get(r) for rs in failures.values() for r in rs
+    ):
+        hint = "see the launcher's output below; rerun with a single check (--checks) to isolate it"
+    return Row(
+        check,
+        "fail",
+        tuple(sorted(per_rank)),
+        _figures(per_rank),
+        "; ".join(parts),
+        hint,
+        per_rank=per_rank,
+    )
+
+
+def _finished_row(
+    check: str, stopped: Mapping[int, str], per_rank: Mapping[int, Mapping[str, Any]], not_reached: list[int]
+) -> Row:
+    """The row of a check no rank failed: passed, skipped, or not reached by some ranks."""
     if not per_rank:
         where = sorted({stopped[r] for r in stopped}) or ["an earlier check"]
         return Row(check, "skip", (), reason=f"not reached: the ranks stopped during {', '.join(where)}")

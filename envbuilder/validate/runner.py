@@ -23,12 +23,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from envbuilder import fsutil, payloads, plan, proc, state
+from envbuilder.backends import registry
 from envbuilder.errors import CommandFailed, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
 from envbuilder.modules import ModuleSystem
+from envbuilder.plan.activation import Activation
 from envbuilder.recipe.loader import Recipe
 from envbuilder.validate import launchers, report, schedulers, suite
 
@@ -74,6 +76,7 @@ def run(
     host: HostFacts,
     env: Mapping[str, str],
     modules: ModuleSystem,
+    *,
     opts: Options,
     live: Status = Status(),
 ) -> report.Report:
@@ -83,9 +86,8 @@ def run(
     device = suite.device_for(target, opts.cpu)
     reason = suite.where(device, host, target, opts.submit)
     checks = suite.checks_for(recipe, opts.checks)
-    kind = record.kind
     prefix = Path(record.prefix)
-    activate = dict(record.plan.get("activate") or plan.activation_settings(recipe))
+    activate = record.activation or plan.activation_for(recipe)
     timeout = float(opts.timeout or recipe.validation.timeout or suite.DEFAULT_TIMEOUT_S)
     run_dir = prefix / "envbuilder" / "validation" / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     payload = suite.Payload(
@@ -95,20 +97,16 @@ def run(
         fs=suite.filesystems(recipe, env, plan.expand),
         timeout=timeout,
     )
-    python = str(prefix / "bin" / "python") if kind != "user-prefix" else _site_python(record)
+    own_python = registry.kind_info(record.kind).own_python
+    python = str(prefix / "bin" / "python") if own_python else _site_python(record)
     the_launch = suite.launch(
         recipe,
         target,
-        str(prefix),
-        python,
-        activate,
+        suite.LaunchedEnv(str(prefix), python, activate),
         payload,
-        str(run_dir),
-        warnings,
-        launcher=opts.launcher,
-        nodes=opts.nodes,
-        nproc_per_node=opts.nproc_per_node,
-        account=opts.account,
+        package_dir=str(run_dir),  # the run directory holds a copy of the payloads
+        warnings=warnings,
+        request=suite.LaunchRequest(opts.launcher, opts.nodes, opts.nproc_per_node, opts.account),
         workdir=str(run_dir),
     )
     for text in warnings:
@@ -126,8 +124,10 @@ def run(
         exit_code, timed_out, where, tail = _submit(the_launch, run_dir, env, opts, live)
         stopped_after = budget if timed_out else None
     else:
-        run_env = environment(record, recipe, activate, env, modules, kind)
-        exit_code, stopped_after, tail = _here(the_launch, run_dir, run_env, timeout, budget, live)
+        run_env = environment(record, recipe, activate, env, modules)
+        exit_code, stopped_after, tail = _here(
+            the_launch, run_dir, run_env, timeout=timeout, budget=budget, live=live
+        )
         where = "here"
     events = _read_events(run_dir / "ranks")
     rows = report.merge(checks, events, the_launch.world, exit_code, stopped_after)
@@ -164,24 +164,23 @@ def store(home: Path, record: state.EnvRecord, result: report.Report) -> state.E
 def environment(
     record: state.EnvRecord,
     recipe: Recipe,
-    activate: Mapping[str, Any],
+    activate: Activation,
     env: Mapping[str, str],
     modules: ModuleSystem,
-    kind: str,
 ) -> dict[str, str]:
     """What an activated env gives a job (as the batch script sets it up): the recipe's modules, its activate
     variables, the env's bin first."""
     base = proc.scrubbed_env(env)
-    use = list(activate.get("module_use") or [])
+    use = list(activate.module_use)
     load = suite.job_modules(recipe, activate)
     out = modules.apply(use, load, base).apply(base) if (use or load) else dict(base)
-    out.update({str(k): str(v) for k, v in (activate.get("env") or {}).items()})
-    for var in activate.get("unset") or []:
-        out.pop(str(var), None)
-    if kind == "user-prefix":
-        out["PYTHONUSERBASE"] = record.prefix
-    else:
+    out.update(activate.env)
+    for var in activate.unset:
+        out.pop(var, None)
+    if registry.kind_info(record.kind).own_python:
         out["VIRTUAL_ENV"] = record.prefix
+    else:
+        out["PYTHONUSERBASE"] = record.prefix
     out["PATH"] = f"{record.prefix}/bin" + (f":{out['PATH']}" if out.get("PATH") else "")
     out.setdefault("OMP_NUM_THREADS", "1")  # torchrun sets it anyway, with a banner
     return out
@@ -241,6 +240,7 @@ def _here(
     the_launch: suite.Launch,
     run_dir: Path,
     env: dict[str, str],
+    *,
     timeout: float,
     budget: float,
     live: Status,
@@ -271,9 +271,7 @@ def _here(
             cwd=str(run_dir),
             timeout=budget,
             check=False,
-            watch=startup,
-            grace=GRACE_S,
-            parent_death=signal.SIGTERM,
+            stop=proc.Stop(watch=startup, grace=GRACE_S, parent_death=signal.SIGTERM),
         )
         code: Optional[int] = res.returncode
         out, err = res.stdout, res.stderr

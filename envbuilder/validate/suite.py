@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from envbuilder.errors import RecipeError, UsageError, did_you_mean
 from envbuilder.facts import HostFacts
 from envbuilder.recipe import sections
 from envbuilder.validate import batch, checks, launchers, schedulers
 
-if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
+if TYPE_CHECKING:  # only types here: the recipe arrives loaded, the activation planned (plan imports suite)
+    from envbuilder.plan.activation import Activation
     from envbuilder.recipe.loader import Recipe
 
 #: Largest all_reduce message of the bandwidth sweep: 1 GiB on GPUs (the figure nccl-tests users compare),
@@ -71,7 +72,7 @@ def checks_for(recipe: Recipe, requested: Optional[Sequence[str]]) -> tuple[str,
     unknown = [c for c in chosen if c not in checks.NAMES]
     if unknown:
         raise UsageError(f"unknown check(s): {', '.join(unknown)}", hint=f"checks: {', '.join(checks.NAMES)}")
-    return tuple(dict.fromkeys(["import", *chosen]))
+    return tuple(dict.fromkeys([checks.FIRST, *chosen]))
 
 
 def device_for(target: HostFacts, cpu: bool) -> str:
@@ -91,26 +92,44 @@ def where(device: str, host: HostFacts, target: HostFacts, submit: bool) -> Opti
     return None
 
 
+@dataclass(frozen=True)
+class LaunchedEnv:
+    """The env a validation runs in: its prefix, the python the ranks run, what activating it loads and sets."""
+
+    prefix: str
+    python: str
+    activate: Activation
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What the command line asks of the launch (--launcher, --nodes, --nproc-per-node, --account); None leaves
+    it to the recipe."""
+
+    launcher: Optional[str] = None
+    nodes: Optional[int] = None
+    nproc_per_node: Optional[int] = None
+    account: Optional[str] = None
+
+
 def launch(
     recipe: Recipe,
     target: HostFacts,
-    prefix: str,
-    env_python: str,
-    activate: Mapping[str, Any],
+    env: LaunchedEnv,
     payload: Payload,
+    *,
     package_dir: str,
     warnings: list[str],
-    *,
-    launcher: Optional[str] = None,
-    nodes: Optional[int] = None,
-    nproc_per_node: Optional[int] = None,
-    account: Optional[str] = None,
+    request: Optional[LaunchRequest] = None,
     workdir: Optional[str] = None,
 ) -> Launch:
     """The launcher argv for ``payload``, and the site's batch script and interactive command around it."""
+    prefix, env_python, activate = env.prefix, env.python, env.activate
+    request = request or LaunchRequest()
+    nproc_per_node, account = request.nproc_per_node, request.account
     validation, sched, site_launcher = recipe.validation, recipe.scheduler, recipe.launcher
-    name = launcher or validation.launcher or site_launcher.default
-    nodes = nodes or validation.nodes
+    name = request.launcher or validation.launcher or site_launcher.default
+    nodes = request.nodes or validation.nodes
     gpus = len(target.gpus) if target.gpus and payload.device == "cuda" else 0
     nproc = nproc_per_node or validation.nproc_per_node or (gpus if gpus else 2)
     adapter = schedulers.get(sched.type)
@@ -170,10 +189,7 @@ def launch(
     text = batch.script(
         scheduler=adapter.name,
         directives=directives,
-        module_use=activate["module_use"],
-        modules=job_modules(recipe, activate),
-        env=activate["env"],
-        unset=activate["unset"],
+        activate=replace(activate, modules=tuple(job_modules(recipe, activate))),
         multinode=nodes > 1,
         launch=argv,
         workdir=workdir or f"{prefix}/envbuilder/validation",
@@ -181,10 +197,10 @@ def launch(
     return Launch(name, argv, nodes, nproc, adapter.name, partition, interactive, text)
 
 
-def job_modules(recipe: Recipe, activate: Mapping[str, Any]) -> list[str]:
+def job_modules(recipe: Recipe, activate: Activation) -> list[str]:
     """The modules a validation job loads: the recipe's build modules, then those activate adds."""
     load = list(recipe.modules.load)
-    return load + [m for m in activate.get("modules") or [] if m not in load]
+    return load + [m for m in activate.modules if m not in load]
 
 
 def filesystems(

@@ -13,8 +13,8 @@ from helpers import DATA
 from wheelindex import build_wheel, serve
 
 from envbuilder import activate_scripts, activation, modulefile
-from envbuilder.activation import Activation
 from envbuilder.errors import RecipeError
+from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS
 
 pytestmark = pytest.mark.integration
@@ -440,7 +440,11 @@ def module_round_trip(
     (mods / "myenv").mkdir(parents=True)
     (mods / "myenv" / "1.0.lua").write_text(
         modulefile.render(
-            name="myenv/1.0", prefix=str(prefix), recipe="demo", env={"A": "1"}, constraints=True
+            name="myenv/1.0",
+            prefix=str(prefix),
+            recipe="demo",
+            activate=Activation(env={"A": "1"}),
+            constraints=True,
         )
     )
     env = {"HOME": str(work), "PATH": "/usr/bin:/bin", "MODULEPATH": str(mods), **user_had(before)}

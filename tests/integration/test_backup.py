@@ -163,9 +163,14 @@ def kill(proc: subprocess.Popen[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def tworld(tmp_path_factory, index):
-    """One torch env for the module (created once: about 10 s)."""
+def tworld(tmp_path_factory, index, torch_index, torch_uv_cache):
+    """One torch env for the module. torch comes from the session's torch index (the rest from the module's), so
+    uv links it from the session's cache instead of unpacking it again."""
     w = World(tmp_path_factory.mktemp("tworld"), index)
+    w.env["ENVBUILDER_INDEX_MIRROR"] = (
+        f"https://download.pytorch.org/whl/={torch_index.url}/whl/ pypi={index.url}/simple/"
+    )
+    w.env["UV_CACHE_DIR"] = str(torch_uv_cache)
     ok(w.cli("create", w.torch("tbk"), "--no-validate"))
     return w
 

@@ -19,6 +19,7 @@ import pytest
 from condachannel import (
     LONG_PLACEHOLDER,
     PLACEHOLDER,
+    Package,
     build_package,
     conda_shim,
     index,
@@ -64,7 +65,7 @@ spec = "condademo==1.0"
 
 def hpc_lib(ch: Path, version: str, subdir: str = "linux-64", note: str = "") -> None:
     build_package(
-        ch, "hpc-lib", version, files={"share/hpc-lib/VERSION": f"{version}{note}\n"}, subdir=subdir
+        ch, Package("hpc-lib", version, files={"share/hpc-lib/VERSION": f"{version}{note}\n"}, subdir=subdir)
     )
 
 
@@ -78,12 +79,12 @@ def channel(tmp_path_factory):
     hpc_lib(ch, "2.0")
     hpc_lib(ch, "1.5", subdir="linux-aarch64")  # aarch64 nodes get another build of the library
     tool = f'#!/bin/sh\necho "hello from {PLACEHOLDER}: hpc-lib $(cat {PLACEHOLDER}/share/hpc-lib/VERSION)"\n'
-    build_package(ch, "hpc-hello", "0.1", files={"bin/hpc-hello": tool}, depends=["hpc-lib >=1.0,<2"],
-                  prefixed=["bin/hpc-hello"], subdir="noarch")  # fmt: skip
+    build_package(ch, Package("hpc-hello", "0.1", files={"bin/hpc-hello": tool}, depends=["hpc-lib >=1.0,<2"],
+                              prefixed=["bin/hpc-hello"], subdir="noarch"))  # fmt: skip
     # A compiled library that embeds its prefix (an RPATH, say): conda patches such files in place.
     blob = b"\x7fELF\x00\x00" + LONG_PLACEHOLDER.encode() + b"/lib\x00" + b"\x00" * 64
-    build_package(ch, "hpc-blas", "1.0", files={"lib/libhpcblas.so": blob}, prefixed=["lib/libhpcblas.so"],
-                  binary=True, placeholder=LONG_PLACEHOLDER)  # fmt: skip
+    build_package(ch, Package("hpc-blas", "1.0", files={"lib/libhpcblas.so": blob}, prefixed=["lib/libhpcblas.so"],
+                              binary=True, placeholder=LONG_PLACEHOLDER))  # fmt: skip
     index(ch)
     return ch
 
@@ -100,13 +101,20 @@ def wheels(tmp_path_factory, torch_files):
         yield idx
 
 
+@pytest.fixture(scope="module")
+def uv_cache(tmp_path_factory) -> Path:
+    """uv's cache for the module's envs: torch, from the module's one index, is unpacked once, not per test."""
+    return tmp_path_factory.mktemp("conda-uv-cache")
+
+
 class World(UserWorld):
-    def __init__(self, root: Path, channel: Path, idx: Any) -> None:
+    def __init__(self, root: Path, channel: Path, idx: Any, uv_cache: Path) -> None:
         super().__init__(
             root,
             f"{mirror_env(idx)} conda-forge={channel}",
             ENVBUILDER_HOME=str(root / "eb"),
             MODULEPATH=str(DATA / "modules" / "site"),
+            UV_CACHE_DIR=str(uv_cache),
         )
         self.channel = channel
 
@@ -120,8 +128,8 @@ def sh(cmd: str, env: dict[str, str]) -> str:
 
 
 @pytest.fixture
-def world(tmp_path, channel, wheels):
-    return World(tmp_path, channel, wheels)
+def world(tmp_path, channel, wheels, uv_cache):
+    return World(tmp_path, channel, wheels, uv_cache)
 
 
 def sha(path: Path) -> str:
@@ -320,11 +328,11 @@ def test_polaris_overlay_on_a_fixture_conda_module(world, tmp_path, overlay):
     assert files_of(site_env) == before  # nothing was written into the site env
 
 
-def test_conda_lock_for_two_platforms_then_create_from_it(tmp_path, channel, wheels):
+def test_conda_lock_for_two_platforms_then_create_from_it(tmp_path, channel, wheels, uv_cache):
     own = tmp_path / "channel"
     shutil.copytree(channel, own)
     (tmp_path / "w").mkdir()
-    world = World(tmp_path / "w", own, wheels)
+    world = World(tmp_path / "w", own, wheels, uv_cache)
     world.recipe()
     data = world.data("lock", "cdemo", "--platform", "x86_64", "--platform", "aarch64")
     assert data["engine"] == "rattler"
@@ -412,7 +420,7 @@ def test_a_conda_from_the_sites_module_builds_and_its_env_is_moved_into_place(wo
 
 
 @needs_lmod
-def test_conda_lock_with_the_sites_conda_then_create_from_it(tmp_path, channel, wheels):
+def test_conda_lock_with_the_sites_conda_then_create_from_it(tmp_path, channel, wheels, uv_cache):
     """With the site's conda on PATH once the recipe's miniforge3 module is loaded (a stand-in: see conda_shim),
     the real conda-lock locks the conda part through it, for two platforms and with the target's virtual
     packages; the lock has the same shape as py-rattler's, and create builds exactly it."""
@@ -423,11 +431,12 @@ def test_conda_lock_with_the_sites_conda_then_create_from_it(tmp_path, channel, 
     shutil.copytree(channel, own)
     # A package for CUDA nodes only: conda-lock's own defaults claim CUDA 11.4 on every linux node.
     build_package(
-        own, "hpc-cuda", "1.0", files={"share/hpc-cuda": "1\n"}, depends=["__cuda >=11"], subdir="noarch"
+        own,
+        Package("hpc-cuda", "1.0", files={"share/hpc-cuda": "1\n"}, depends=["__cuda >=11"], subdir="noarch"),
     )
     index(own)
     (tmp_path / "w").mkdir()
-    world = World(tmp_path / "w", own, wheels)
+    world = World(tmp_path / "w", own, wheels, uv_cache)
     tree = miniforge_module(tmp_path)
     modules = '[modules]\nsystem = "lmod"\nload = ["miniforge3/25.3.1-gcc-11.4.1"]\n'
     world.recipe(extra=modules)

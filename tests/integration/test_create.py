@@ -98,7 +98,9 @@ class World(UserWorld):
         self.index = index
         index.requested.clear()  # the index serves the whole module; each test watches its own requests
 
-    def recipe(self, name="demo", kind="venv", installer="uv", python="python3", extra="", text=None) -> str:
+    def recipe(
+        self, name="demo", *, kind="venv", installer="uv", python="python3", extra="", text=None
+    ) -> str:
         body = text or SMALL.format(name=name, kind=kind, installer=installer, python=python, extra=extra)
         return self.write_recipe(name, body)
 

@@ -6,6 +6,7 @@ Every test either reads no index (ENVBUILDER_OFFLINE=1) or points the mirror at 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -184,9 +185,7 @@ def test_a_python_that_is_gone_and_a_recipe_that_is_gone(site, tmp_path):
     prefix = site.torch_env("gpu", newest_cu130())
     record = state.load(site.home, "gpu")
     gone = str(tmp_path / "apps" / "python" / "3.9" / "bin" / "python3")
-    state.save(
-        site.home, state.EnvRecord(**{**record.__dict__, "tools": {**record.tools, "python_path": gone}})
-    )
+    state.save(site.home, dataclasses.replace(record, tools={**record.tools, "python_path": gone}))
     (site.recipes / "gpu.toml").unlink()
     res = site.doctor("--facts", node(tmp_path, "n", "580.95.05"), "--json")
     assert res.returncode == 14, res.stderr
@@ -277,11 +276,13 @@ def index_layout(tmp_path_factory):
     index = TorchIndex()
     tag = f"{CP}-{CP}-manylinux_2_28_x86_64"
     for version in (newest_cu130(), NEWEST):
-        wheel = build_torch_wheel(out / "cu130", version, "cu130", "13.0", "sm_80 sm_90", tag)
+        wheel = build_torch_wheel(out / "cu130", version, "cu130", "13.0", "sm_80 sm_90", tag=tag)
         index.add("whl/cu130", wheel)
-        index.add("simple", build_torch_wheel(out / "pypi", version, "", "13.0", "sm_80 sm_90", tag))
+        index.add("simple", build_torch_wheel(out / "pypi", version, "", "13.0", "sm_80 sm_90", tag=tag))
     for nightly in NIGHTLIES:
-        index.add("whl/nightly/cu130", build_torch_wheel(out / "n", nightly, "cu130", "13.0", "sm_90", tag))
+        index.add(
+            "whl/nightly/cu130", build_torch_wheel(out / "n", nightly, "cu130", "13.0", "sm_90", tag=tag)
+        )
     return index
 
 

@@ -51,7 +51,7 @@ def stand_in_torch(out: Path, version: str, cuda: Optional[str], arch_flags: str
     """A STAND-IN torch wheel (tests/torchindex.py): ``version`` with its local label, torch/version.py and,
     for CUDA builds, torch._C._cuda_getArchFlags()."""
     public, _, local = version.partition("+")
-    return build_torch_wheel(out, public, local, cuda, arch_flags, "py3-none-any")
+    return build_torch_wheel(out, public, local, cuda, arch_flags, tag="py3-none-any")
 
 
 class World(UserWorld):

@@ -175,13 +175,13 @@ def test_renderers_refuse_a_hostile_module_name(tmp_path):
     with pytest.raises(RecipeError, match="not a module name"):
         activate_scripts.render_script(Activation(modules=(name,)))
     with pytest.raises(RecipeError, match="not a module name"):
-        modulefile.render(name="demo", prefix="/p", recipe="demo", modules=[name])
+        modulefile.render(name="demo", prefix="/p", recipe="demo", activate=Activation(modules=(name,)))
     with pytest.raises(EnvbuilderError, match="not a module name"):
         batch.module_lines([], [name])
     # The controls: the same calls with a real module name render it.
     assert "module load gcc/13.2.0" in activate_scripts.render_script(Activation(modules=("gcc/13.2.0",)))
     assert 'depends_on("gcc/13.2.0")' in modulefile.render(
-        name="demo", prefix="/p", recipe="demo", modules=["gcc/13.2.0"]
+        name="demo", prefix="/p", recipe="demo", activate=Activation(modules=("gcc/13.2.0",))
     )
 
 
@@ -232,7 +232,7 @@ def test_installers_read_what_follows_double_dash_as_requirements(world, tmp_pat
     packages = [Package("ebdemo", spec="ebdemo==1.0"), Package("x", spec=f"--target={elsewhere}")]
     warnings: list[str] = []
     built, _ = steps.install_steps(
-        "venv", installer, sys.executable, str(prefix), recipe, None, packages, warnings
+        steps.NewEnv("venv", installer, sys.executable, str(prefix)), recipe, None, packages, warnings
     )
     install = list(built[-1].argv)
     assert install[-3:] == ["--", "ebdemo==1.0", f"--target={elsewhere}"]
@@ -300,11 +300,15 @@ def test_line_break_in_an_activate_value_is_refused_at_plan_time(world, extra, k
 @pytest.mark.parametrize("bad", ["1\n/tmp/evil.sh", "1\r/tmp/evil.sh", "a\x00b"], ids=["LF", "CR", "NUL"])
 def test_renderers_refuse_what_they_cannot_carry(bad):
     with pytest.raises(RecipeError, match="OMP_NUM_THREADS"):
-        modulefile.render(name="demo", prefix="/p", recipe="demo", env={"OMP_NUM_THREADS": bad})
+        modulefile.render(
+            name="demo", prefix="/p", recipe="demo", activate=Activation(env={"OMP_NUM_THREADS": bad})
+        )
     with pytest.raises(RecipeError):
         modulefile.render(name="demo", prefix="/p" + bad, recipe="demo")
     with pytest.raises(RecipeError):
-        modulefile.render(name="demo", prefix="/p", recipe="demo", module_use=["/m" + bad])
+        modulefile.render(
+            name="demo", prefix="/p", recipe="demo", activate=Activation(module_use=("/m" + bad,))
+        )
     with pytest.raises(RecipeError, match="OMP_NUM_THREADS"):
         activate_scripts.render_script(Activation(env={"OMP_NUM_THREADS": bad}))
     with pytest.raises(RecipeError):
@@ -316,45 +320,36 @@ def test_renderers_refuse_what_they_cannot_carry(bad):
     job = {
         "scheduler": "slurm",
         "directives": ["--job-name=demo"],
-        "module_use": [],
-        "modules": [],
-        "env": {},
-        "unset": [],
+        "activate": Activation(),
         "multinode": False,
         "launch": ["python", "x.py"],
         "workdir": "/w",
     }
     with pytest.raises(RecipeError, match="OMP_NUM_THREADS"):
-        batch.script(**{**job, "env": {"OMP_NUM_THREADS": bad}})
+        batch.script(**{**job, "activate": Activation(env={"OMP_NUM_THREADS": bad})})
     with pytest.raises(EnvbuilderError):
         batch.script(**{**job, "directives": ["--account=" + bad]})
     with pytest.raises(EnvbuilderError):
         batch.script(**{**job, "workdir": "/w" + bad})
     # The controls: the same renderers with a plain value.
     assert 'pushenv("OMP_NUM_THREADS", "8")' in modulefile.render(
-        name="demo", prefix="/p", recipe="demo", env={"OMP_NUM_THREADS": "8"}
+        name="demo", prefix="/p", recipe="demo", activate=Activation(env={"OMP_NUM_THREADS": "8"})
     )
-    assert "export OMP_NUM_THREADS=8" in batch.script(**{**job, "env": {"OMP_NUM_THREADS": "8"}})
+    assert "export OMP_NUM_THREADS=8" in batch.script(
+        **{**job, "activate": Activation(env={"OMP_NUM_THREADS": "8"})}
+    )
 
 
 def test_renderers_refuse_unset_names_that_are_not_variables():
-    job = {
-        "scheduler": "slurm",
-        "directives": [],
-        "module_use": [],
-        "modules": [],
-        "env": {},
-        "unset": ["X; touch pwned"],
-        "multinode": False,
-        "launch": ["python"],
-        "workdir": "/w",
-    }
+    job = {"scheduler": "slurm", "directives": [], "multinode": False, "launch": ["python"], "workdir": "/w"}
     with pytest.raises(RecipeError, match="not a variable name"):
-        batch.script(**job)
+        batch.script(**job, activate=Activation(unset=("X; touch pwned",)))
     with pytest.raises(RecipeError, match="not a variable name"):
         activate_scripts.render_script(Activation(unset=("X; touch pwned",)))
     with pytest.raises(RecipeError, match="not a variable name"):
-        modulefile.render(name="demo", prefix="/p", recipe="demo", unset=["X; touch pwned"])
+        modulefile.render(
+            name="demo", prefix="/p", recipe="demo", activate=Activation(unset=("X; touch pwned",))
+        )
 
 
 def test_account_with_a_line_break_never_reaches_a_batch_script(tmp_path):
@@ -402,7 +397,7 @@ def test_prefix_and_recipe_path_with_rich_markup_create_list_and_show(tmp_path, 
 
 @needs_lmod
 def test_modulefile_from_a_tampered_record_is_refused_not_written(world):
-    """A state record is not read through the loader: the modulefile renderer refuses on its own."""
+    """A state record is not read through the loader: the activation read from it refuses on its own."""
     world.recipe()
     ok(world.create(world.envs / "demo"))
     record_file = Path(world.env["ENVBUILDER_HOME"]) / "envs" / "demo.json"

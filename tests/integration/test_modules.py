@@ -173,6 +173,7 @@ def test_tcl_environment_modules_status_is_checked():
 
 def test_modulefile_loads_the_env_and_its_modules_with_real_lmod(lmod, tmp_path):
     from envbuilder import modulefile
+    from envbuilder.plan.activation import Activation
 
     prefix = tmp_path / "env $(touch PWNED) `id` \"q\" 's' \\back"
     (prefix / "bin").mkdir(parents=True)
@@ -182,10 +183,12 @@ def test_modulefile_loads_the_env_and_its_modules_with_real_lmod(lmod, tmp_path)
         name="myenv/1.0",
         prefix=str(prefix),
         recipe="demo",
-        modules=["gcc/15.1.0", "conda/2025-09-25"],
-        module_use=[str(TREE / "soft")],
-        env={"OMP_NUM_THREADS": "16", "TRICKY": 'a"b\\c $(x) `y`'},
-        unset=["NCCL_DEBUG"],
+        activate=Activation(
+            modules=("gcc/15.1.0", "conda/2025-09-25"),
+            module_use=(str(TREE / "soft"),),
+            env={"OMP_NUM_THREADS": "16", "TRICKY": 'a"b\\c $(x) `y`'},
+            unset=("NCCL_DEBUG",),
+        ),
     )
     (mods / "myenv" / "1.0.lua").write_text(text)
     env = {**base_env(), "MODULEPATH": f"{mods}:{TREE / 'site'}", "NCCL_DEBUG": "INFO"}

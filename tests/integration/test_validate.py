@@ -3,6 +3,7 @@ gloo, real mpiexec (MPICH's Hydra), the ibrun stand-in over it, and faults injec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -49,7 +50,7 @@ class World:
         )
         (recipes / f"{name}.toml").write_text(edit(text))
         record = state.load(home, "vcpu")
-        state.save(home, state.EnvRecord(**{**record.__dict__, "name": name, "recipe": name}))
+        state.save(home, dataclasses.replace(record, name=name, recipe=name))
         return f"{DATA / 'validate-recipes'}:{recipes}"
 
 

@@ -13,8 +13,9 @@ from typing import Any, Optional
 
 import pytest
 
-from envbuilder import host, plan
+from envbuilder import plan
 from envbuilder.errors import RecipeError, RecipeNotFound
+from envbuilder.facts import HostFacts
 from envbuilder.recipe.catalog import Catalog, Layer
 from envbuilder.recipe.loader import Recipe, load
 
@@ -123,7 +124,7 @@ gpu_request = "gres"
 [compute]
 gpus_per_node = 1
 """
-HOST = host.HostFacts(arch="x86_64", python="3.11.7", gpus=())
+HOST = HostFacts(arch="x86_64", python="3.11.7", gpus=())
 ENV = {"SCRATCH": "/s", "HOME": "/h"}
 
 

@@ -12,7 +12,7 @@ import pytest
 from envbuilder import modules, plan
 from envbuilder.backends import conda
 from envbuilder.errors import BackendError, LockError, ResolverErrors
-from envbuilder.host import HostFacts
+from envbuilder.facts import HostFacts
 from envbuilder.lockfile import lockers
 from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
 from envbuilder.recipe.loader import load
@@ -43,7 +43,7 @@ variant = "cpu"
 
 
 def recipe(
-    tmp_path: Path, channels=("conda-forge",), packages=(), engine="auto", install=True, version="2.7.1"
+    tmp_path: Path, *, channels=("conda-forge",), packages=(), engine="auto", install=True, version="2.7.1"
 ):
     text = RECIPE.format(
         channels=list(channels).__repr__().replace("'", '"'),
@@ -93,7 +93,7 @@ def test_channels_go_through_the_mirror_rules(tmp_path):
         (("conda-forge",), ("numpy",), True, "2.7.1", False),
     ],
 )
-def test_pytorchs_conda_channel_gate(tmp_path, channels, packages, install, version, refused):
+def test_pytorchs_conda_channel_gate(*, tmp_path, channels, packages, install, version, refused):
     r = recipe(tmp_path, channels=channels, packages=packages, install=install, version=version)
     if not refused:
         plan.build(r, HOST, ENV)

@@ -4,6 +4,7 @@ like the libraries (the loader's search order is what is modelled, not the libra
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import sys
@@ -14,7 +15,7 @@ import pytest
 
 from envbuilder import doctor, lockfile, state
 from envbuilder.errors import RecipeNotFound, StateError
-from envbuilder.host import Gpu, HostFacts
+from envbuilder.facts import Gpu, HostFacts
 from envbuilder.purge import PurgeStatus
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
@@ -396,7 +397,7 @@ NIGHTLY = "https://download.pytorch.org/whl/nightly/cu130"
 def nightly_record(version: str) -> EnvRecord:
     rec = record(name="nightly", torch=version, channel="nightly")
     torch = {**rec.plan["torch"], "index_url": NIGHTLY}
-    return EnvRecord(**{**rec.__dict__, "plan": {**rec.plan, "torch": torch}})
+    return dataclasses.replace(rec, plan={**rec.plan, "torch": torch})
 
 
 def test_a_pruned_nightly_is_an_action_and_an_old_one_a_warning():

@@ -42,7 +42,7 @@ CU130 = "https://download.pytorch.org/whl/cu130"
         ("six-1.17.0-py2.py3-none-any.whl", "1.17.0", "", ("py2", "py3"), "none", None, None),
     ],
 )  # fmt: skip
-def test_wheel_file_names(name, version, local, pythons, abi, arch, glibc):
+def test_wheel_file_names(*, name, version, local, pythons, abi, arch, glibc):
     wheel = parse_wheel_filename(name)
     assert wheel is not None
     assert (wheel.version, wheel.local, wheel.pythons, wheel.abi_tag) == (version, local, pythons, abi)

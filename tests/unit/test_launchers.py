@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from envbuilder.errors import RecipeError, UsageError
+from envbuilder.plan.activation import Activation
 from envbuilder.validate import batch, launchers, schedulers
 from envbuilder.validate.launchers import LaunchSpec, ShellVar
 
@@ -263,10 +264,11 @@ def test_script_quotes_recipe_values(tmp_path):
     text = batch.script(
         scheduler="slurm",
         directives=["--nodes=1"],
-        module_use=["/soft/module files"],
-        modules=["conda/2025-09-25"],
-        env={"NCCL_NET": "AWS Libfabric", "X": "$(touch pwned)"},
-        unset=[],
+        activate=Activation(
+            module_use=("/soft/module files",),
+            modules=("conda/2025-09-25",),
+            env={"NCCL_NET": "AWS Libfabric", "X": "$(touch pwned)"},
+        ),
         multinode=False,
         launch=["echo", "done"],
         workdir=str(tmp_path / "w d"),
@@ -296,7 +298,7 @@ def test_script_quotes_recipe_values(tmp_path):
 
 def test_plan_refuses_a_directive_outside_the_allowed_flags(tmp_path):
     from envbuilder import plan
-    from envbuilder.host import HostFacts
+    from envbuilder.facts import HostFacts
     from envbuilder.recipe import loader
     from envbuilder.recipe.catalog import Catalog, Layer
 

@@ -9,7 +9,8 @@ import pytest
 
 from envbuilder import lockfile, plan
 from envbuilder.errors import LockError
-from envbuilder.host import Gpu, HostFacts
+from envbuilder.facts import Gpu, HostFacts
+from envbuilder.lockfile import lockers
 from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
 from envbuilder.recipe.loader import load
 
@@ -119,6 +120,11 @@ def test_a_broken_lock_names_the_file_and_the_key(tmp_path, edit, message):
     assert message in info.value.message
     if "knd" in message:
         assert info.value.hint == "did you mean 'kind'?"
+
+
+def test_every_locker_records_an_engine_the_format_reads():
+    made = {locker.engine for locker in (lockers.UvLocker, lockers.RattlerLocker, lockers.CondaLockLocker)}
+    assert made == set(lockfile.ENGINES)
 
 
 def test_platform_names_and_tags():

@@ -18,7 +18,7 @@ from helpers import load_facts
 
 from envbuilder._toml import loads
 from envbuilder.errors import ResolverErrors
-from envbuilder.host import HostFacts
+from envbuilder.facts import HostFacts
 from envbuilder.resolver.matrix import covers, load_matrix, matrix_from_data
 from envbuilder.resolver.wheels import GATES, TorchRequest, resolve
 
@@ -106,7 +106,7 @@ def test_stable_releases_reach_2_15_and_no_candidate_is_left():
         ("2.15.0", "0.29.2", "cu132", ("3.11", "3.15"), ("3.14t", "3.15t"), "2026-10-28"),
     ],
 )
-def test_new_release_rows(torch, vision, default, python, threaded, released):
+def test_new_release_rows(*, torch, vision, default, python, threaded, released):
     rel = M.release(torch)
     assert rel.torchvision == vision
     assert rel.torchaudio == "2.11.0"  # no torchaudio after 2.11.0

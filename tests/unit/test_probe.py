@@ -11,7 +11,8 @@ import pytest
 from helpers import REPO
 
 from envbuilder.errors import HostProbeError
-from envbuilder.host import facts_from_json, load_facts_file, probe
+from envbuilder.facts import facts_from_json
+from envbuilder.host import load_facts_file, probe
 
 SHIMS = REPO / "tests" / "shims"
 

@@ -64,9 +64,9 @@ TREE = textwrap.dedent(
     how = sys.argv[1]
     try:
         if how == "timeout":
-            proc.run(argv, timeout=8, grace=1)
+            proc.run(argv, timeout=8, stop=proc.Stop(grace=1))
         elif how == "watch":
-            proc.run(argv, watch=lambda: "stopped by the watch" if os.path.exists(sys.argv[2]) else None, grace=1)
+            proc.run(argv, stop=proc.Stop(watch=lambda: "stopped by the watch" if os.path.exists(sys.argv[2]) else None, grace=1))
         else:
             signal.setitimer(signal.ITIMER_REAL, 8)
             signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT))

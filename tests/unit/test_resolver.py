@@ -11,13 +11,13 @@ import pytest
 from packaging.version import Version
 
 from envbuilder.errors import ResolverErrors
-from envbuilder.host import Gpu, HostFacts
+from envbuilder.facts import Gpu, HostFacts
 from envbuilder.resolver.wheels import TorchRequest, covers, gpu_capability, load_matrix, resolve
 
 M = load_matrix()
 
 
-def host(arch="x86_64", python="3.11.7", glibc="2.34", driver=None, max_cuda=None, gpus=(), cc=None, n=1):
+def host(*, arch="x86_64", python="3.11.7", glibc="2.34", driver=None, max_cuda=None, gpus=(), cc=None, n=1):
     gpu_list = tuple(Gpu(gpus, cc) for _ in range(n)) if isinstance(gpus, str) else gpus
     return HostFacts(
         arch=arch, python=python, glibc=glibc, driver_version=driver, max_cuda=max_cuda, gpus=gpu_list

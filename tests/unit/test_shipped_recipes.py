@@ -141,7 +141,7 @@ def make(name, facts_name, **opts):
 @pytest.mark.parametrize(
     ("name", "facts_name", "index", "modules", "use", "launch"), CASES, ids=[c[0] for c in CASES]
 )
-def test_recipe_plans_for_its_site(name, facts_name, index, modules, use, launch):
+def test_recipe_plans_for_its_site(*, name, facts_name, index, modules, use, launch):
     p = make(name, facts_name)
     assert (p.resolution.index_url if p.resolution else None) == index
     assert list(p.modules) == modules

@@ -9,6 +9,7 @@ from helpers import PLAN_ENV, REPO, load_facts
 
 from envbuilder import plan
 from envbuilder.errors import RecipeError, UsageError
+from envbuilder.plan.activation import Activation
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.validate import checks, suite
@@ -70,9 +71,15 @@ def test_payload_args_for_a_run():
 def _launch(name, facts_name, payload, workdir=None):
     recipe = loader.load(name, CATALOG)
     target = plan.target_facts(recipe, load_facts(facts_name), [], [])
-    activate = {"module_use": [], "modules": [], "env": {}, "unset": []}
+    activate = Activation()
     return suite.launch(
-        recipe, target, "/e", "/e/bin/python", activate, payload, "/e/run", [], workdir=workdir
+        recipe,
+        target,
+        suite.LaunchedEnv("/e", "/e/bin/python", activate),
+        payload,
+        package_dir="/e/run",
+        warnings=[],
+        workdir=workdir,
     )
 
 
