@@ -1,5 +1,7 @@
-"""Where envbuilder keeps things, decided in one place: its home (records, locks, caches, logs) and the package
-caches builds use (uv's, conda's)."""
+"""Where envbuilder keeps things, decided in one place: its home and what lives in it (env records, mutexes, build
+logs, lockfiles, the index cache, pinned trust settings), where backups go, where the site config and the user's
+recipes are found, and the package caches builds use (uv's, conda's). Pure: every answer comes from the
+environment mapping the caller passes."""
 
 from __future__ import annotations
 
@@ -14,6 +16,58 @@ def home(env: Mapping[str, str]) -> Path:
     if env.get("WORK"):
         return Path(env["WORK"]) / ".envbuilder"
     return Path(env.get("HOME") or Path.home()) / ".envbuilder"
+
+
+def records_dir(home: Path) -> Path:
+    """One JSON record per env."""
+    return home / "envs"
+
+
+def mutex_dir(home: Path) -> Path:
+    """The per-name mutexes (``fsutil.Mutex`` directories)."""
+    return home / "locks"
+
+
+def logs_dir(home: Path) -> Path:
+    """Build logs."""
+    return home / "logs"
+
+
+def lockfiles_dir(home: Path) -> Path:
+    """Where ``envbuilder lock NAME`` writes by default (beside the records: $WORK is not purged)."""
+    return home / "lockfiles"
+
+
+def index_cache_dir(home: Path) -> Path:
+    """The wheel index pages read for plans, kept a day."""
+    return home / "cache" / "index"
+
+
+def trust_dir(home: Path) -> Path:
+    """Registries' trust settings, pinned on first use (outside any registry, so its writers cannot change them)."""
+    return home / "trust"
+
+
+#: Where backups go instead of the default (``backup_root``).
+BACKUP_ROOT_VAR = "ENVBUILDER_BACKUP_ROOT"
+
+
+def backup_root(env: Mapping[str, str]) -> tuple[Path, str]:
+    """Where backups go, and why: $ENVBUILDER_BACKUP_ROOT, else $WORK/envbuilder/backups (not purged), else
+    the envbuilder home's ``backups`` (with $WORK unset, that is ~/.envbuilder: small, but not purged)."""
+    if env.get(BACKUP_ROOT_VAR):
+        return Path(env[BACKUP_ROOT_VAR]), BACKUP_ROOT_VAR
+    if env.get("WORK"):
+        return Path(env["WORK"]) / "envbuilder" / "backups", "$WORK"
+    return home(env) / "backups", "$WORK is unset: the envbuilder home"
+
+
+#: The user's recipe directories, colon-separated, searched before the site's and the built-in ones.
+RECIPE_PATH_VAR = "ENVBUILDER_RECIPE_PATH"
+#: A site config file to read instead of ``SITE_CONFIG``.
+CONFIG_VAR = "ENVBUILDER_CONFIG"
+#: The site config admins install (registries and their trust settings).
+SITE_CONFIG = Path("/etc/envbuilder/config.toml")
 
 
 #: The conda package cache the embedded engine uses (create sets it; a user may too).

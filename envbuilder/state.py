@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from envbuilder import settings
 from envbuilder.backends import registry
 from envbuilder.errors import StateError
 from envbuilder.fsutil import Mutex, Owner, write_atomic
@@ -77,7 +78,7 @@ class EnvRecord:
 def record_path(root: Path, name: str) -> Path:
     if not name or "/" in name or name.startswith("."):
         raise StateError(f"invalid env name {name!r}", hint="names are recipe names: letters, digits, . _ -")
-    return root / "envs" / f"{name}.json"
+    return settings.records_dir(root) / f"{name}.json"
 
 
 def save(root: Path, record: EnvRecord) -> Path:
@@ -107,7 +108,7 @@ def load(root: Path, name: str) -> EnvRecord:
 
 def names(root: Path) -> list[str]:
     """Recorded env names (temp files of interrupted writes are not records)."""
-    envs = root / "envs"
+    envs = settings.records_dir(root)
     if not envs.is_dir():
         return []
     return sorted(p.stem for p in envs.glob("*.json") if not p.name.startswith("."))
@@ -123,7 +124,7 @@ def mutex(
 ) -> Iterator[Mutex]:
     """Hold the mutex of the env ``name`` (waiting up to ``timeout`` seconds for another envbuilder)."""
     record_path(root, name)  # validates the name
-    with Mutex(root / "locks" / f"{name}.lock", timeout=timeout, on_wait=on_wait) as held:
+    with Mutex(settings.mutex_dir(root) / f"{name}.lock", timeout=timeout, on_wait=on_wait) as held:
         yield held
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Optional
 
-from envbuilder import proc
+from envbuilder import proc, settings
 from envbuilder.errors import BackendError, CommandFailed
 
 
@@ -42,7 +42,7 @@ class BuildLog:
 def open_log(home: Path, name: str) -> BuildLog:
     """A new log for one run on the env ``name``, under ``home``/logs."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return BuildLog(home / "logs" / f"{name}-{stamp}-{os.getpid()}.log")
+    return BuildLog(settings.logs_dir(home) / f"{name}-{stamp}-{os.getpid()}.log")
 
 
 def build_umask() -> int:

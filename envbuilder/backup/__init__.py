@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, fsutil, purge, settings, state, transaction
+from envbuilder import __version__, fsutil, purge, state, transaction
 from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import BackupError, CommandFailed, EnvbuilderError, UsageError
@@ -40,16 +40,6 @@ BACKUP_VERSION = 1
 MODES = ("wheelhouse", "archive")
 FORMATS = ("tar", "squashfs")
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-
-
-def root_for(env: Mapping[str, str]) -> tuple[Path, str]:
-    """Where backups go, and why: $ENVBUILDER_BACKUP_ROOT, else $WORK/envbuilder/backups (not purged), else
-    the envbuilder home's ``backups`` (with $WORK unset, that is ~/.envbuilder: small, but not purged)."""
-    if env.get("ENVBUILDER_BACKUP_ROOT"):
-        return Path(env["ENVBUILDER_BACKUP_ROOT"]), "ENVBUILDER_BACKUP_ROOT"
-    if env.get("WORK"):
-        return Path(env["WORK"]) / "envbuilder" / "backups", "$WORK"
-    return settings.home(env) / "backups", "$WORK is unset: the envbuilder home"
 
 
 def _stamp() -> str:

@@ -26,7 +26,7 @@ def _root(arg: Optional[str]) -> tuple[Path, Optional[str]]:
         if (path / "backup.json").is_file():  # ROOT/envs/NAME/STAMP
             return path.parent.parent.parent, f"{path.parent.name}@{path.name}"
         return path, None
-    return backup.root_for(os.environ)[0], None
+    return settings.backup_root(os.environ)[0], None
 
 
 def _mib(n: object) -> str:
@@ -42,7 +42,7 @@ def _waiting(out: Out) -> Any:
 
 def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     home = settings.home(os.environ)
-    root = Path(args.to).expanduser().resolve() if args.to else backup.root_for(os.environ)[0]
+    root = Path(args.to).expanduser().resolve() if args.to else settings.backup_root(os.environ)[0]
     if args.all == bool(args.env):
         raise UsageError(
             "name one env, or pass --all", hint="envbuilder backup NAME | envbuilder backup --all"

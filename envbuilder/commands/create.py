@@ -94,7 +94,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     if smoke and not failed and result.status != "exists":
         data["validation"] = _validate(result.record, recipe, facts, env, args=args, out=out)
     hint = backup.advice(
-        result.record, "ok", bool(backup.backups(backup.root_for(env)[0], result.record.name))
+        result.record, "ok", bool(backup.backups(settings.backup_root(env)[0], result.record.name))
     )
     if hint and not args.json:
         days = (purge.policy(result.record) or {}).get("purge_days")

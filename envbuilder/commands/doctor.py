@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from envbuilder import backup, doctor, settings, state
+from envbuilder import doctor, settings, state
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Out, plain
 from envbuilder.errors import DoctorFindings
@@ -39,7 +39,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     names = list(args.env) or state.names(home)
     records, extra = doctor.read_records(home, names, explicit=bool(args.env))
     catalog = Catalog.from_env(env)
-    root = backup.root_for(env)[0]
+    root = settings.backup_root(env)[0]
     inputs = [doctor.gather(record, catalog, env, root) for record in records]
     matrix = load_matrix()
     torch_urls = doctor.torch_upstreams(inputs, matrix)

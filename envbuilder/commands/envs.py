@@ -49,7 +49,7 @@ def _purge_text(purged: Optional[dict[str, Any]]) -> str:
 
 def handle_list(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
     home = _home()
-    latest = {b.env: b for b in backup.backups(backup.root_for(os.environ)[0]) if not b.error}
+    latest = {b.env: b for b in backup.backups(settings.backup_root(os.environ)[0]) if not b.error}
     rows = []
     for name in state.names(home):
         try:

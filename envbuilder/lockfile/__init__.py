@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
+from envbuilder import settings
 from envbuilder._toml import TOMLDecodeError, dumps, loads
 from envbuilder.backends.registry import kind_info
 from envbuilder.errors import LockError, did_you_mean
@@ -471,4 +472,4 @@ def read(path: Path, origin: str = "") -> Lock:
 
 def user_path(home: Path, name: str) -> Path:
     """Where ``envbuilder lock NAME`` writes by default (beside the env records: $WORK is not purged)."""
-    return home / "lockfiles" / f"{name}{SUFFIX}"
+    return settings.lockfiles_dir(home) / f"{name}{SUFFIX}"

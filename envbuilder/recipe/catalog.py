@@ -27,9 +27,6 @@ from envbuilder.errors import PublishError, RecipeError, RecipeNotFound, did_you
 from envbuilder.recipe.loader import Document
 from envbuilder.recipe.registry import Policy, Published, Registry, pin_dir
 
-RECIPE_PATH_VAR = "ENVBUILDER_RECIPE_PATH"
-CONFIG_VAR = "ENVBUILDER_CONFIG"
-SITE_CONFIG = Path("/etc/envbuilder/config.toml")
 REGISTRY_KEYS = ("path", "require_signatures", "allowed_signers")
 #: The largest recipe file read (the biggest shipped one is under 10 KiB).
 MAX_RECIPE_BYTES = 1024 * 1024
@@ -83,7 +80,7 @@ def layers(env: Optional[Mapping[str, str]] = None) -> list[Layer]:
     env = os.environ if env is None else env
     out = [Layer("builtin", builtin_dir())]
     out += site_registries(env)
-    for part in env.get(RECIPE_PATH_VAR, "").split(":"):
+    for part in env.get(settings.RECIPE_PATH_VAR, "").split(":"):
         if part.strip():
             root = Path(part).expanduser()
             # Its trust settings are its own, pinned on first use (in the user's envbuilder home).
@@ -93,9 +90,9 @@ def layers(env: Optional[Mapping[str, str]] = None) -> list[Layer]:
 
 
 def config_path(env: Mapping[str, str]) -> Optional[Path]:
-    if env.get(CONFIG_VAR):
-        return Path(env[CONFIG_VAR]).expanduser()
-    return SITE_CONFIG if SITE_CONFIG.is_file() else None
+    if env.get(settings.CONFIG_VAR):
+        return Path(env[settings.CONFIG_VAR]).expanduser()
+    return settings.SITE_CONFIG if settings.SITE_CONFIG.is_file() else None
 
 
 def site_registries(env: Mapping[str, str]) -> list[Layer]:

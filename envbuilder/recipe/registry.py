@@ -47,7 +47,7 @@ from typing import Any, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from envbuilder import fsutil, lockfile, proc, transaction
+from envbuilder import fsutil, lockfile, proc, settings, transaction
 from envbuilder._toml import TOMLDecodeError, dumps, loads
 from envbuilder.errors import CommandFailed, LockError, PublishError
 
@@ -63,7 +63,6 @@ DIR_MODE = 0o755
 MAX_FILE = 16 * 1024 * 1024
 MAX_INDEX = 64 * 1024 * 1024
 #: Under the user's envbuilder home: what each registry said of its trust settings when first used.
-PINS = "trust"
 REPUBLISH = "ask the registry's admins to check publish.log and republish it"
 
 
@@ -136,7 +135,7 @@ class Trust:
 
 def pin_dir(home: Path) -> Path:
     """Where registries' trust settings are pinned, in the envbuilder home ``settings.home`` names."""
-    return home / PINS
+    return settings.trust_dir(home)
 
 
 class Registry:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import __version__, fsutil
+from envbuilder import __version__, fsutil, settings
 from envbuilder.errors import UsageError
 from envbuilder.resolver import mirror
 from envbuilder.resolver.indexfacts import (
@@ -88,7 +88,7 @@ def read(
     why_offline = "--offline" if offline else offline_reason(env)
     sources = {up: _sources(up, rules) for up in dict.fromkeys(upstreams)}
     urls = list(dict.fromkeys(u for found in sources.values() for u in found if not _is_dir(u)))
-    cache = _Cache(home / "cache" / "index", ttl)
+    cache = _Cache(settings.index_cache_dir(home), ttl)
     reads = _read_urls(urls, project, env, cache, refresh=refresh, why_offline=why_offline)
     for found in sources.values():
         reads.update({d: _read_dir(d, project) for d in found if _is_dir(d) and d not in reads})

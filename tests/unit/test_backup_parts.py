@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import backup, purge, state
+from envbuilder import backup, purge, settings, state
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import BackupError
 
@@ -195,9 +195,9 @@ def test_an_edited_backup_json_is_reported_not_trusted(tmp_path):
 
 
 def test_backup_root_order(tmp_path):
-    assert backup.root_for({"ENVBUILDER_BACKUP_ROOT": "/r", "WORK": "/w"})[0] == Path("/r")
-    assert backup.root_for({"WORK": "/w"})[0] == Path("/w/envbuilder/backups")
-    assert backup.root_for({"ENVBUILDER_HOME": "/h"})[0] == Path("/h/backups")
+    assert settings.backup_root({"ENVBUILDER_BACKUP_ROOT": "/r", "WORK": "/w"})[0] == Path("/r")
+    assert settings.backup_root({"WORK": "/w"})[0] == Path("/w/envbuilder/backups")
+    assert settings.backup_root({"ENVBUILDER_HOME": "/h"})[0] == Path("/h/backups")
 
 
 def test_restore_asks_uv_cache_with_the_recorded_indexes():

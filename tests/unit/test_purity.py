@@ -24,6 +24,7 @@ BANNED = ("subprocess", "envbuilder.proc", "urllib.request")
 #: Pure by design, and checked so: they compute, and the caller brings what was probed or read.
 PURE = (
     "envbuilder.facts",
+    "envbuilder.settings",  # every path from the environment mapping it is handed
     "envbuilder.resolver.matrix",  # reads its table from package data, no process or network
     "envbuilder.resolver.gates",
     "envbuilder.resolver.wheels",
