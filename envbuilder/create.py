@@ -272,9 +272,8 @@ def _prepare(
     # Envs that see the base python's packages: is it a venv itself (whose packages a venv on top would not see)?
     parent = base.python_info(python, build_env, log) if backend.needs_parent() else {}
     log.write(f"python: {python}")
-    fsutil.mkdirs(
-        final.parent
-    )  # before the installer's settings: uv's compare its file system with the cache's
+    # Before the installer's settings: uv's compare the prefix's file system with the cache's.
+    fsutil.mkdirs(final.parent)
     # The installer's and the backend's own settings, laid over whatever environment the modules give each step.
     tool_env, reasons = choice.installer.settings(final, job.env)
     for reason in reasons:
