@@ -11,6 +11,15 @@ lowercase comment). The script:
   unloads exactly the modules activation added (dependencies included) and unuses the paths it added;
 * saves each variable it sets or unsets (and LD_LIBRARY_PATH, PYTHONPATH, which modules touch), including
   "was unset", and restores them after the unload;
+* puts the recipe's directories first or last in colon-separated list variables (``prepend``/``append``) and on
+  deactivate takes out exactly those entries, one each, leaving the rest of the value in order (what the user
+  added meanwhile included); a variable that was unset before and holds nothing else is unset again. Such a
+  variable is not restored wholesale, even where modules touch it (LD_LIBRARY_PATH): that would drop the user's
+  additions, and the module system takes its own entries out on unload;
+* runs ``conda activate ENV`` once the modules are loaded where the recipe says so (``activate.conda_env``, as
+  ALCF's ``module load conda; conda activate``), and ``conda deactivate`` before they unload, with conda's own
+  variables restored after; where the modules define no ``conda``, or it fails, sourcing returns 1 with what
+  was done so far undone (the venv's own activate included);
 * keeps the env's ``bin`` first on PATH after modules prepend theirs;
 * wraps the venv's ``deactivate`` so one call undoes both;
 * where the env has torch pins (``envbuilder/constraints.txt``), adds that file to ``PIP_CONSTRAINT`` and
@@ -48,6 +57,9 @@ ALWAYS_RESTORE = ("LD_LIBRARY_PATH", "PYTHONPATH")
 CONSTRAINT_VARS = ("PIP_CONSTRAINT", "UV_CONSTRAINT")
 #: What conda activate sets for an env, saved and restored by envbuilder's own bin/activate.
 _CONDA_VARS = ("PATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV")
+#: conda's own bookkeeping, which ``conda deactivate`` leaves behind (CONDA_SHLVL=0 where it was unset): saved
+#: and restored around ``activate.conda_env``, so deactivate gives back exactly what was there.
+CONDA_STATE_VARS = ("CONDA_SHLVL", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "CONDA_PROMPT_MODIFIER")
 
 _SECTION = "#@section "
 #: A line of the template that is a note on it, not part of what it renders.
@@ -162,6 +174,49 @@ def _constraints(env_var: str) -> list[str]:
     return _fill("constraints", env_var=env_var, constraints=CONSTRAINTS, exports=pins)
 
 
+def _paths(act: Activation) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The list-variable lines: saving whether each was set, adding the entries, taking them out again before the
+    modules unload, and finishing (unset again, or exported) after."""
+    if not (act.prepend or act.append):
+        return [], [], [], []
+    q = POSIX.quote
+    names = list(dict.fromkeys([*act.prepend, *act.append]))
+    adding = _fill("path_drop_function")
+    adding += [
+        line for k, v in act.prepend.items() for line in _fill("prepend", var=k, entries=":".join(map(q, v)))
+    ]
+    adding += [
+        line for k, v in act.append.items() for line in _fill("append", var=k, entries=":".join(map(q, v)))
+    ]
+    drops = [
+        line
+        for how, paths in (("first", act.prepend), ("last", act.append))
+        for k, v in paths.items()
+        for entry in v
+        for line in _fill("path_drop", var=k, entry=q(entry), which=how)
+    ]
+    finish = [*_each("path_finish", names), "unset -f _envbuilder_path_drop"]
+    return _each("path_save", names), adding, drops, finish
+
+
+def _conda_env(act: Activation, undo_modules: list[str], restores: list[str]) -> tuple[list[str], list[str]]:
+    """``conda activate`` after the modules load (on failure: the modules unloaded, the variables restored, and
+    sourcing returns 1), and ``conda deactivate`` before they unload."""
+    if not act.conda_env:
+        return [], []
+    q, dq = POSIX.quote(act.conda_env), POSIX.dquote(act.conda_env)
+    lists = list(dict.fromkeys([*act.prepend, *act.append]))
+    on = _fill(
+        "conda_env",
+        conda_env=q,
+        conda_env_dq=dq,
+        modules_undo=undo_modules,
+        path_finish=_each("path_finish", lists),
+        restores=restores,
+    )
+    return on, _fill("conda_env_undo", conda_env_dq=dq)
+
+
 def render_script(
     act: Activation, conda: bool = False, *, constraints: bool = False, env_var: Optional[str] = None
 ) -> str:
@@ -169,22 +224,33 @@ def render_script(
     from etc/conda/activate.d and its deactivate.d twin undoes it). ``constraints``: the env has torch pins in
     ``envbuilder/constraints.txt`` for pip and uv. ``env_var`` names the variable holding the env's prefix
     (``VIRTUAL_ENV``, ``CONDA_PREFIX`` for conda, ``PYTHONUSERBASE`` for a user-prefix env)."""
-    names = list(dict.fromkeys([*dict(act.env), *act.unset, *ALWAYS_RESTORE]))
+    lists = {*act.prepend, *act.append}
+    restored = [v for v in ALWAYS_RESTORE if v not in lists]
+    names = list(dict.fromkeys([*dict(act.env), *act.unset, *restored]))
     if constraints:
         names += [v for v in CONSTRAINT_VARS if v not in names]
+    if act.conda_env:
+        names += [v for v in CONDA_STATE_VARS if v not in names]
     env_var = env_var or ("CONDA_PREFIX" if conda else "VIRTUAL_ENV")
     loading, undoing = _modules(act)
+    conda_on, conda_off = _conda_env(act, undoing, _each("restore", names))
+    path_saves, paths, path_drops, path_finish = _paths(act)
     variables = [line for k, v in act.env.items() for line in _fill("set", var=k, value=POSIX.quote(v))]
     variables += [line for k in act.unset for line in _fill("unset", var=k)]
     return _render(
         "extension",
         recipe=act.recipe or "this env",
-        saves=_each("save", names),
+        saves=_each("save", names) + path_saves,
         modules=loading,
+        conda=conda_on,
         variables=variables,
+        paths=paths,
         constraints=_constraints(env_var) if constraints else [],
         env_var=env_var,
+        path_drops=path_drops,
+        conda_undo=conda_off,
         modules_undo=undoing,
+        path_finish=path_finish,
         restores=_each("restore", names),
         venv_deactivate=[] if conda else _fill("venv_deactivate"),
     )

@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_lock,
         _add_create,
         _add_validate,
+        _add_run,
         _add_env_verbs,
         _add_backup,
         _add_backups,
@@ -162,6 +163,7 @@ def _add_create(sub: _Sub) -> None:
         "--name", metavar="NAME", help="record the env under this name (default: the recipe's): a second env"
     )
     p.add_argument("--no-validate", action="store_true", help="skip the checks after building")
+    _add_partition(p)
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument(
         "--wait",
@@ -206,6 +208,44 @@ def _add_validate(sub: _Sub) -> None:
     p.set_defaults(handler=_command("validate", "handle"))
 
 
+def _add_run(sub: _Sub) -> None:
+    """run and sbatch: the user's own program with the launch rules the validation proved."""
+    for name, help_text, handler in (
+        ("run", "run your own program in an env with the recipe's launch rules", "handle_run"),
+        (
+            "sbatch",
+            "submit your own program as a job (a PBS job on PBS sites) with those rules",
+            "handle_sbatch",
+        ),
+    ):
+        p = sub.add_parser(
+            name, help=help_text, usage=f"envbuilder {name} [OPTIONS] ENV -- PROGRAM [ARGS...]"
+        )
+        p.add_argument("env")
+        p.add_argument(
+            "--launcher",
+            choices=_Choices("envbuilder.validate.launchers", "LAUNCHERS"),
+            metavar="LAUNCHER",
+            help="%(choices)s (default: the recipe's)",
+        )
+        p.add_argument("--nodes", type=_positive, metavar="N")
+        p.add_argument(
+            "--gpus-per-node", type=_positive, metavar="G", help="ranks per node, one per GPU (default: all)"
+        )
+        p.add_argument("--account", metavar="NAME", help="allocation account for batch jobs")
+        _add_partition(p)
+        p.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="print the exact command (run) or job script (sbatch) instead of starting it",
+        )
+        if name == "sbatch":
+            _add_json(p)
+        # Everything after `--` is the program's (main splits it off before parsing: argparse would read its
+        # options as envbuilder's).
+        p.set_defaults(handler=_command("run", handler), program=())
+
+
 def _add_env_verbs(sub: _Sub) -> None:
     """list, show, activate, remove, modulefile: the verbs on the envs you have built."""
     p = sub.add_parser("list", help="the envs you have built, with their health")
@@ -225,10 +265,17 @@ def _add_env_verbs(sub: _Sub) -> None:
     e = _env_verb(
         sub,
         "modulefile",
-        "write an Lmod modulefile that activates an env",
+        "write a modulefile (Lmod Lua, or Tcl for Environment Modules) that activates an env",
         _command("envs", "handle_modulefile"),
     )
     e.add_argument("-o", "--output", metavar="PATH", help="file or directory to write (default: stdout)")
+    e.add_argument(
+        "--format",
+        choices=_Choices("envbuilder.modulefile", "FORMATS"),
+        default="lua",
+        metavar="FORMAT",
+        help="%(choices)s: lua for Lmod (default), tcl for Environment Modules sites",
+    )
 
 
 _ROOT_HELP = "backup root (default $WORK/envbuilder/backups) or one backup's directory"
@@ -429,6 +476,15 @@ def _add_launch(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=_positive, metavar="N")
     p.add_argument("--nproc-per-node", type=_positive, metavar="N")
     p.add_argument("--account", metavar="NAME", help="allocation account for batch jobs")
+    _add_partition(p)
+
+
+def _add_partition(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--partition",
+        metavar="NAME",
+        help="the partition (PBS: queue) to plan, build or run for: its GPUs and cores (default: the recipe's)",
+    )
 
 
 def _env_verb(
@@ -478,8 +534,11 @@ def envelope(command: str, status: str, data: Any, errors: Sequence[dict[str, An
 def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Out()
     parser = build_parser()
+    argv, program = _split_program(list(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
+        if program is not None:
+            args.program = tuple(program)
     except _UsageExit as exc:
         out.error(str(exc), hint="envbuilder --help")
         return EXIT_USAGE
@@ -494,12 +553,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return _dispatch(handler, args, out)
 
 
+#: The commands that take a program after ``--``.
+_PROGRAM_COMMANDS = ("run", "sbatch")
+
+
+def _split_program(argv: list[str]) -> tuple[list[str], Optional[list[str]]]:
+    """``envbuilder run ENV [OPTIONS] -- PROGRAM ARGS...``: the program and its arguments are split off at the
+    first ``--`` (for run and sbatch only), so none of them is read as an envbuilder option."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command not in _PROGRAM_COMMANDS or "--" not in argv:
+        return argv, None
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
 def _dispatch(handler: Handler, args: argparse.Namespace, out: Out) -> int:
     """Run the command: the one place its errors are caught and turned into an exit code (and an envelope)."""
     command = args.command if args.command != "recipes" else f"recipes {args.recipes_command}"
     as_json = bool(getattr(args, "json", False))
     try:
         data = handler(args, out)
+        if isinstance(data, int):  # a program's exit status (envbuilder run), passed on as it is
+            return int(data)
     except EnvbuilderError as exc:
         if args.traceback:
             traceback.print_exc()

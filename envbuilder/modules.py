@@ -2,7 +2,9 @@
 
 One mechanism serves Lmod and Tcl Environment Modules: a child bash sources the system's own init script, runs
 ``module use``/``module load`` on *positional arguments* (recipe values never become shell text), and prints
-``env -0``. The difference from the starting environment is the delta the build runs with. The shell function's
+``env -0``. The difference from the starting environment is the delta the build runs with. A recipe's conda env
+(``activate.conda_env``) is entered there too, after the loads, by ``conda activate`` on a positional argument: the
+``conda`` shell function exists only in a shell the conda module was loaded into. The shell function's
 status is used, not Tcl ``modulecmd``'s exit code, which is 0 even when a load fails (it prints _mlstatus = False).
 The caller's own environment is never changed.
 
@@ -26,8 +28,10 @@ from envbuilder.errors import CommandFailed, ModuleSystemError
 from envbuilder.recipe import schema
 from envbuilder.validate import batch
 
-#: Variables a child shell changes by itself; never part of a module delta.
-_SHELL_NOISE = frozenset({"SHLVL", "_", "PWD", "OLDPWD", "BASH_FUNC_module%%", "BASH_FUNC_ml%%"})
+#: Variables a child shell changes by itself; never part of a module delta. Exported shell functions
+#: (``BASH_FUNC_name%%``: module, ml, conda) are not either: they are shell code for bash, not settings.
+_SHELL_NOISE = frozenset({"SHLVL", "_", "PWD", "OLDPWD"})
+_FUNCTION_PREFIX = "BASH_FUNC_"
 
 _LMOD_INITS = (
     "/usr/share/lmod/lmod/init/bash",
@@ -36,10 +40,12 @@ _LMOD_INITS = (
 )
 _TCL_INITS = ("/usr/share/modules/init/bash", "/usr/share/Modules/init/bash", "/etc/modules/init/bash")
 
-# $1: init script; $2: number of `module use` paths; then the paths; then the modules to load.
+# $1: init script; $2: the conda env to activate after the loads ('' for none); $3: number of `module use` paths;
+# then the paths; then the modules to load.
 _SCRIPT = r"""
 source "$1" >/dev/null 2>&1 || { echo "envbuilder: cannot source $1" >&2; exit 90; }
-shift
+conda_env=$2
+shift 2
 n=$1
 shift
 while [ "$n" -gt 0 ]; do
@@ -49,6 +55,10 @@ while [ "$n" -gt 0 ]; do
 done
 if [ "$#" -gt 0 ]; then
     module load "$@" || exit 92
+fi
+if [ -n "$conda_env" ]; then
+    type conda >/dev/null 2>&1 || exit 93
+    conda activate "$conda_env" || exit 94
 fi
 env -0
 """
@@ -93,12 +103,22 @@ class ModuleSystem:
         return str(Path(self.init).parent) if self.init else None
 
     def apply(
-        self, use: Sequence[str], load: Sequence[str], env: Mapping[str, str], timeout: float = 120
+        self,
+        use: Sequence[str],
+        load: Sequence[str],
+        env: Mapping[str, str],
+        timeout: float = 120,
+        conda_env: Optional[str] = None,
     ) -> EnvDelta:
-        """Load ``load`` after ``module use`` of each of ``use``, in a child shell started from ``env``."""
-        if not use and not load:
+        """Load ``load`` after ``module use`` of each of ``use``, then ``conda activate conda_env`` where given, in
+        a child shell started from ``env``."""
+        if not use and not load and not conda_env:
             return EnvDelta()
         check_args(use, load)
+        if conda_env is not None:
+            problem = schema.conda_env_problem(conda_env)
+            if problem is not None:
+                raise ModuleSystemError(problem[0], hint=problem[1])
         if self.kind == "none" or not self.init:
             raise ModuleSystemError(
                 f"the recipe loads modules ({', '.join(load) or 'module use ' + ', '.join(use)}) but no module "
@@ -113,6 +133,7 @@ class ModuleSystem:
             _SCRIPT,
             "envbuilder-modules",
             self.init,
+            conda_env or "",
             str(len(use)),
             *use,
             *load,
@@ -120,13 +141,15 @@ class ModuleSystem:
         try:
             res = proc.run(argv, env=dict(env), timeout=timeout)
         except CommandFailed as exc:
-            raise self._error(exc.returncode, exc.stderr_tail, load) from None
+            raise self._error(exc.returncode, exc.stderr_tail, load, conda_env) from None
         after = dict(kv.split("=", 1) for kv in res.stdout.split("\0") if "=" in kv)
-        changed = {k: v for k, v in after.items() if env.get(k) != v and k not in _SHELL_NOISE}
-        removed = tuple(sorted(k for k in env if k not in after and k not in _SHELL_NOISE))
+        changed = {k: v for k, v in after.items() if env.get(k) != v and not _noise(k)}
+        removed = tuple(sorted(k for k in env if k not in after and not _noise(k)))
         return EnvDelta(changed, removed)
 
-    def _error(self, code: int, stderr: str, load: Sequence[str]) -> ModuleSystemError:
+    def _error(
+        self, code: int, stderr: str, load: Sequence[str], conda_env: Optional[str]
+    ) -> ModuleSystemError:
         text = " ".join(stderr.split())
         if code == 90:
             return ModuleSystemError(
@@ -134,6 +157,14 @@ class ModuleSystem:
             )
         if code == 91:
             return ModuleSystemError(f"`module use` failed: {text}")
+        if code == 93:
+            return ModuleSystemError(
+                f"no conda command once {' '.join(load) or 'the modules'} loaded, so `conda activate {conda_env}` "
+                "(activate.conda_env) cannot run",
+                hint="the recipe's modules must define conda (module show NAME tells what a module sets)",
+            )
+        if code == 94:
+            return ModuleSystemError(f"`conda activate {conda_env}` (activate.conda_env) failed: {text}")
         unknown = _unknown_modules(stderr) or [m for m in load if m in stderr]
         if unknown:
             name = unknown[0]
@@ -158,6 +189,10 @@ class ModuleSystem:
         if not load:
             return []
         return ["module unload " + " ".join(shlex.quote(m) for m in reversed(load))]
+
+
+def _noise(name: str) -> bool:
+    return name in _SHELL_NOISE or name.startswith(_FUNCTION_PREFIX)
 
 
 _UNKNOWN_RE = (

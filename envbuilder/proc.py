@@ -201,6 +201,31 @@ def run(
 WATCH_S = 0.5
 
 
+def passthrough(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Optional[str] = None,
+    grace: float = 5.0,
+    parent_death: int = signal.SIGTERM,
+) -> int:
+    """Run ``argv`` with this process's stdin, stdout and stderr (the user's program under its launcher) and
+    return its exit status, a signal as 128 + its number the way shells report it. Ctrl-C or SIGTERM (under
+    :func:`sigterm_as_interrupt`) ends the whole tree, SIGTERM first and ``grace`` seconds to go; if envbuilder
+    itself dies, the child gets ``parent_death``."""
+    argv = [os.fspath(a) for a in argv]
+    log.debug("+ %s", quote(argv))
+    child, mask = _start(argv, env, -1, parent_death, cwd=cwd)
+    try:
+        _release_signals(mask)
+        code = child.wait()
+    except BaseException:
+        end_tree(child, grace)
+        child.wait()
+        raise
+    return 128 - code if code < 0 else code
+
+
 def describe_status(returncode: int) -> str:
     """``exit status N``, or the signal's name for a negative status (a crash or a kill)."""
     if returncode < 0:

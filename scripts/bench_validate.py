@@ -100,7 +100,10 @@ def main() -> int:
         "suite_wall_median_s": round(statistics.median(suite_walls), 2),
         "suite_busbw_GBps": suite_busbw,
         "raw_busbw_GBps": [round(x, 2) for x in raw_busbw],
-        "busbw_ratio_median": round(statistics.median(suite_busbw) / statistics.median(raw_busbw), 3),
+        # One rank moves nothing between ranks (busbw 0): no ratio then.
+        "busbw_ratio_median": round(statistics.median(suite_busbw) / statistics.median(raw_busbw), 3)
+        if statistics.median(raw_busbw)
+        else None,
         "per_check_s": _per_check(reports[-1]),
     }
     print(json.dumps(figures, indent=2))

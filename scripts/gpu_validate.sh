@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The validation suite on a real GPU node (the lent 2x H200 machine): `create` ending in the suite's report,
-# `validate` through torchrun and mpirun, each injected fault, and the benchmark against a raw all_reduce loop.
+# `validate` through torchrun and mpirun, each injected fault, the affinity check, `envbuilder run` of a DDP
+# program, and the benchmark against a raw all_reduce loop.
 # Needs the overlay recipe in $ENVBUILDER_RECIPE_PATH (default .devrun/). Results go to $OUT (or ./gpu-validate).
 set -uo pipefail
 out=${OUT:-gpu-validate}
@@ -34,6 +35,12 @@ step preload env LD_PRELOAD=/tmp/other-nccl/libnccl.so.2 python3 -m envbuilder v
 step exit env ENVBUILDER_VALIDATE_FAULT=1:nccl:exit python3 -m envbuilder validate gpu-overlay --checks import,nccl,ddp --json
 step hang env ENVBUILDER_VALIDATE_FAULT=1:ddp:hang python3 -m envbuilder validate gpu-overlay --checks import,ddp \
   --timeout 20 --json
+# The user's own DDP program through `envbuilder run`: torchrun (one agent, one rank per GPU) and mpirun.
+step run eb run gpu-overlay -- scripts/ddp_train.py
+step run_mpirun eb run gpu-overlay --launcher mpirun -- scripts/ddp_train.py
+step run_dry eb run gpu-overlay --launcher mpirun --dry-run -- scripts/ddp_train.py
+# The affinity check with both ranks squeezed onto one core: it must fail and say so.
+step affinity_shared taskset -c 0 python3 -m envbuilder validate gpu-overlay --checks import,affinity --json
 step bench python3 scripts/bench_validate.py gpu-overlay --runs 3 --json "$out/bench.json"
 python3 - "$out" <<'PY'
 import json, pathlib, sys
@@ -50,3 +57,4 @@ for f in sorted(out.glob("*.out")):
         figs = ", ".join(f"{k}={v['value']}{v.get('unit','')}" for k, v in c["figures"].items())
         print(f"   {name:10} {c['status']:4} {figs} {c.get('cause') or c.get('reason') or ''}"[:400])
 PY
+for f in run run_mpirun run_dry; do echo "== $f"; cat "$out/$f.out"; tail -n 3 "$out/$f.err"; done

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import sys
 import sysconfig
 import tarfile
@@ -188,6 +189,41 @@ def conda_shim(bin_dir: Path) -> Path:
     )
     shim.chmod(0o755)
     return shim
+
+
+#: The body of the stand-in ``conda`` shell function (bash and zsh), ``{root}`` its base env, shell-quoted.
+_CONDA_FUNCTION = """\
+local root={root}
+case "${{1:-}}" in
+activate)
+    if [ "${{2:-base}}" != base ]; then echo "EnvironmentNameNotFound: $2 (stand-in conda)" >&2; return 1; fi
+    CONDA_SHLVL=$(( ${{CONDA_SHLVL:-0}} + 1 )); CONDA_PREFIX=$root; CONDA_DEFAULT_ENV=base
+    CONDA_PROMPT_MODIFIER="(base) "; PATH="$root/bin:$PATH"
+    export CONDA_SHLVL CONDA_PREFIX CONDA_DEFAULT_ENV CONDA_PROMPT_MODIFIER PATH ;;
+deactivate)
+    local p=":$PATH:"
+    p="${{p%%:"$root/bin":*}}:${{p#*:"$root/bin":}}"; p=${{p#:}}; PATH=${{p%:}}
+    CONDA_SHLVL=$(( ${{CONDA_SHLVL:-1}} - 1 )); unset CONDA_PREFIX CONDA_DEFAULT_ENV CONDA_PROMPT_MODIFIER
+    export PATH CONDA_SHLVL ;;
+*) echo "stand-in conda: only activate and deactivate" >&2; return 1 ;;
+esac"""
+
+
+def conda_function_module(path: Path, root: Path) -> Path:
+    """A stand-in for a site's conda module (ALCF's ``conda/DATE``), written as the Lmod modulefile ``path``: it
+    puts ``root/bin`` on PATH and defines the ``conda`` shell function that conda's shell hook would, where no
+    real conda exists. ``conda activate [base]`` sets what conda sets (CONDA_PREFIX, CONDA_DEFAULT_ENV,
+    CONDA_PROMPT_MODIFIER, CONDA_SHLVL + 1) and puts ``root/bin`` first; ``conda deactivate`` takes its PATH
+    entry out and leaves CONDA_SHLVL behind one lower, as conda does; any other env name fails as conda's
+    EnvironmentNameNotFound."""
+    body = _CONDA_FUNCTION.format(root=shlex.quote(str(root)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "-- Test stand-in for a site's conda module (tests/condachannel.py: conda_function_module).\n"
+        f"prepend_path(\"PATH\", {json.dumps(str(root / 'bin'))})\n"
+        f"set_shell_function(\"conda\", [==[\n{body}\n]==], \"\")\n"
+    )
+    return path
 
 
 SHIM_VERSION = "conda 25.3.1"

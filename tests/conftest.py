@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import CpuTorchWorld
+from helpers import ENVMODULES_INIT_DIR, CpuTorchWorld
 from slurm import MiniCluster, available
 from wheelindex import serve
 
@@ -20,6 +20,14 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip(f"no test Slurm cluster: {reason}")
     with MiniCluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def envmodules_init() -> Path:
+    """The init directory (bash, zsh, ...) of the private Tcl Environment Modules; skips where it is missing."""
+    if not (ENVMODULES_INIT_DIR / "bash").is_file():
+        pytest.skip(f"Tcl Environment Modules not unpacked in {ENVMODULES_INIT_DIR} (.ci/run does it)")
+    return ENVMODULES_INIT_DIR
 
 
 @pytest.fixture(scope="session")

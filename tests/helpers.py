@@ -24,6 +24,10 @@ from envbuilder.resolver import mirror
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
 FACTS = DATA / "facts"
+#: Tcl Environment Modules, private: Debian's package conflicts with lmod, so .ci/run unpacks it here (paths
+#: rewritten) without installing it.
+ENVMODULES = Path("/opt/envmodules")
+ENVMODULES_INIT_DIR = ENVMODULES / "usr" / "share" / "modules" / "init"
 
 #: The environment plans are made in: a user on a cluster with $SCRATCH, $WORK and a project code. Tests talk
 #: only to loopback addresses, so plans come from the shipped table here (no read of download.pytorch.org).

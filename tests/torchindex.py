@@ -69,13 +69,14 @@ def build_torch_wheel(
     """An installable STAND-IN torch wheel: a CUDA torch wheel cannot exist on this CPU machine (nor would a
     4 GB file help a test), so this one carries only what an installed build is checked by, read without a GPU:
     the version with its local label (``2.15.0+cu130``; ``local=""`` gives PyPI's unlabelled name), ``torch.version``
-    (``__version__``, ``cuda``: None for a CPU build, ``git_version``) and, for CUDA builds,
-    ``torch._C._cuda_getArchFlags()`` returning ``arch_flags`` ("sm_80 sm_90"). ``tag`` is the wheel tag
-    (``cp311-cp311-manylinux_2_28_x86_64``)."""
+    (``__version__``, ``cuda``: None for a CPU build, ``git_version``), ``torch.cuda`` as any build answers on a
+    machine without a GPU (none available, no devices) and, for CUDA builds, ``torch._C._cuda_getArchFlags()``
+    returning ``arch_flags`` ("sm_80 sm_90"). ``tag`` is the wheel tag (``cp311-cp311-manylinux_2_28_x86_64``)."""
     full = f"{version}+{local}" if local else version
     git = hashlib.sha1(full.encode(), usedforsecurity=False).hexdigest()
     modules = {
-        "torch/__init__.py": "from torch import _C, version\n\n__version__ = version.__version__\n",
+        "torch/__init__.py": "from torch import _C, cuda, version\n\n__version__ = version.__version__\n",
+        "torch/cuda/__init__.py": "def is_available():\n    return False\n\n\ndef device_count():\n    return 0\n",
         "torch/version.py": (
             "from typing import Optional\n\n"
             "__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip', 'xpu']\n"

@@ -182,18 +182,27 @@ def step_argv(step: InstallStep, build: Build) -> list[str]:
 
 
 def step_env(step: InstallStep, env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """The step's variables with ${VAR} expanded from the build environment; (full env, the step's own)."""
+    """The step's variables with ${VAR} expanded from the build environment, then its directories put before
+    the value the modules give (LIBRARY_PATH=<stubs>:<the module's>); (full env, the step's own)."""
     own: dict[str, str] = {}
     for key, raw in step.env.items():
-        value, missing = expand(raw, {**env, **own}, "")
-        if missing:
-            raise BackendError(
-                f"build variable {key}={raw!r} needs {', '.join('$' + m for m in missing)}, which the recipe's "
-                "modules do not set",
-                hint="add the module that sets it to the package's build_modules or to modules.load",
-            )
-        own[key] = value
+        own[key] = _expand_build(key, raw, {**env, **own})
+    for key, entries in step.env_prepend.items():
+        dirs = [_expand_build(key, raw, {**env, **own}) for raw in entries]
+        current = {**env, **own}.get(key)
+        own[key] = ":".join([*dirs, *([current] if current else [])])
     return {**env, **own}, own
+
+
+def _expand_build(key: str, raw: str, env: Mapping[str, str]) -> str:
+    value, missing = expand(raw, env, "")
+    if missing:
+        raise BackendError(
+            f"build variable {key}={raw!r} needs {', '.join('$' + m for m in missing)}, which the recipe's "
+            "modules do not set",
+            hint="add the module that sets it to the package's build_modules or to modules.load",
+        )
+    return value
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -18,11 +18,8 @@ from envbuilder.validate import checks
 
 def activated_env(base_env: Mapping[str, str], delta: EnvDelta, act: Activation) -> dict[str, str]:
     """What a process in the activated env sees: ``base_env`` with the modules' ``delta``, then activate's
-    variables set and unset."""
-    run_env = {**delta.apply(base_env), **dict(act.env)}
-    for var in act.unset:
-        run_env.pop(var, None)
-    return run_env
+    variables set and unset and its list entries added."""
+    return act.apply(delta.apply(base_env))
 
 
 def smoke(

@@ -50,6 +50,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         installer=args.installer,
         package_dir=str(Path(__file__).resolve().parent.parent),
         locked=args.locked,
+        partition=args.partition,
     )
     catalog = Catalog.from_env(env)
     recipe = loader.load(args.recipe, catalog)
@@ -161,7 +162,14 @@ def _validate(
     quiet = bool(args.quiet or args.json)
     try:
         result = validate_cmd.execute(
-            record, recipe, facts, env, validator.Options(), out=out, quiet=quiet, home=settings.home(env)
+            record,
+            recipe,
+            facts,
+            env,
+            validator.Options(partition=args.partition),
+            out=out,
+            quiet=quiet,
+            home=settings.home(env),
         )
     except validator.NotHere as exc:
         if not quiet:

@@ -143,14 +143,26 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         recipe=record.recipe,
         activate=activate,
         constraints=activation.has_constraints(Path(record.prefix)),
+        fmt=args.format,
     )
+    note = modulefile.conda_step_note(activate)
+    if note:
+        out.warn(note.removeprefix("envbuilder: "))
     if args.output:
         target = Path(args.output)
         if target.is_dir():
-            target = target / f"{record.name}.lua"
+            # Lmod reads NAME.lua; Environment Modules takes a modulefile's name as it is.
+            target = target / (f"{record.name}.lua" if args.format == "lua" else record.name)
         fsutil.write_atomic(target, text.encode())
         if not args.json:
-            out.line(f"wrote {target}; `module use {target.parent}` then `module load {target.stem}`")
+            loaded = target.name[: -len(".lua")] if target.name.endswith(".lua") else target.name
+            out.line(f"wrote {target}; `module use {target.parent}` then `module load {loaded}`")
     elif not args.json:
         sys.stdout.write(text)
-    return {"name": record.name, "path": args.output, "modulefile": text}
+    return {
+        "name": record.name,
+        "path": args.output,
+        "format": args.format,
+        "modulefile": text,
+        "warnings": [note] if note else [],
+    }

@@ -79,6 +79,7 @@ def handle(args: argparse.Namespace, out: Out) -> planner.RecordedPlan:
         account=args.account,
         package_dir=str(Path(__file__).resolve().parent.parent),
         locked=args.locked,
+        partition=args.partition,
     )
     try:
         result = make_plan(

@@ -19,7 +19,7 @@ from envbuilder.recipe.catalog import Catalog
 from envbuilder.validate import report
 from envbuilder.validate import runner as validator
 
-_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+_STYLE = {"pass": "green", "warn": "bold yellow", "fail": "bold red", "skip": "yellow"}
 
 
 def options(args: argparse.Namespace) -> validator.Options:
@@ -31,6 +31,7 @@ def options(args: argparse.Namespace) -> validator.Options:
         cpu=bool(getattr(args, "cpu", False)),
         submit=bool(getattr(args, "submit", False)),
         account=getattr(args, "account", None),
+        partition=getattr(args, "partition", None),
         timeout=getattr(args, "timeout", None),
         wait=getattr(args, "wait_job", None),
     )
@@ -164,8 +165,8 @@ def render(result: report.Report, out: Out) -> None:
     for row in result.rows:
         ranks = _ranks(row.ranks, result.world)
         status = plain(row.status.upper(), _STYLE[row.status])
-        detail = row.reason or ""
-        if row.status == "fail":
+        detail = row.reason or row.detail or ""
+        if row.status in ("fail", "warn"):
             detail = (row.cause or "") + (f"\nhint: {row.hint}" if row.hint else "")
         table.add_row(*cells(row.check, ranks, status, report.figure_text(row), detail))
     out.console.print(table)

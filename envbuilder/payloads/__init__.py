@@ -1,6 +1,18 @@
 """Scripts run by the *env's* python under a launcher. Standard library only at import; torch inside checks."""
 
+import shutil
 from pathlib import Path
 
 #: Where the payloads are, for the commands that run them (never imported by the payloads themselves).
 DIR = Path(__file__).resolve().parent
+
+
+def copy_to(dest: Path) -> Path:
+    """Copy the payloads into ``dest`` (made if missing): compute nodes see the env's file system, not
+    necessarily where envbuilder is installed. Returns ``dest``."""
+    dest.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for src in DIR.iterdir():
+        if src.suffix in (".py", ".sh") and not src.name.startswith("__"):
+            shutil.copy2(src, dest / src.name)
+            (dest / src.name).chmod(0o755 if src.suffix == ".sh" else 0o644)
+    return dest

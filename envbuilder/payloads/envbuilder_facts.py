@@ -1,4 +1,5 @@
-"""Pure helpers of the validation payload, and the readers of /proc and the file system it needs.
+"""Pure helpers of the validation payload, and the readers of /proc, /sys, the file system and the tools
+(nvidia-smi, horovodrun) it needs.
 
 No torch here: the unit tests import this module directly.
 """
@@ -7,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import time
 from typing import Any, Optional
@@ -149,3 +152,142 @@ def _listdir(path: str) -> list[str]:
         return sorted(os.listdir(path))
     except OSError:
         return []
+
+
+# --- where a rank runs (the affinity check) -------------------------------------------------------------------
+
+
+def cpulist(text: str) -> list[int]:
+    """The kernel's CPU list format ("0-7,32-39") as CPU numbers."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if part:
+            low, _, high = part.partition("-")
+            cpus.extend(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def _read(path: str) -> Optional[str]:
+    """A sysfs file's text; None where it is missing (containers often hide /sys/devices and /sys/bus)."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read().strip()
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_core(cpu: int, sysfs: str) -> Optional[str]:
+    """The physical core of ``cpu`` as a key its SMT siblings share: the kernel's sibling list, else package and
+    core id; None where /sys does not say."""
+    topology = os.path.join(sysfs, "devices", "system", "cpu", f"cpu{cpu}", "topology")
+    siblings = _read(os.path.join(topology, "thread_siblings_list"))
+    if siblings:
+        return siblings
+    core = _read(os.path.join(topology, "core_id"))
+    package = _read(os.path.join(topology, "physical_package_id"))
+    return f"package {package} core {core}" if core and package else None
+
+
+def numa_nodes(sysfs: str) -> dict[int, int]:
+    """CPU -> its NUMA node; empty where /sys has no node directory."""
+    base = os.path.join(sysfs, "devices", "system", "node")
+    nodes: dict[int, int] = {}
+    for name in _listdir(base):
+        is_node = name.startswith("node") and name[4:].isdigit()
+        text = _read(os.path.join(base, name, "cpulist")) if is_node else None
+        for cpu in cpulist(text or ""):
+            nodes[cpu] = int(name[4:])
+    return nodes
+
+
+def cpu_placement(sysfs: str) -> dict[str, Any]:
+    """This process's allowed CPUs, the physical core of each, and the NUMA nodes they are on (None: unknown)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    nodes = numa_nodes(sysfs)
+    return {
+        "cpus": cpus,
+        "cores": [cpu_core(cpu, sysfs) for cpu in cpus],
+        "numa": sorted({nodes[c] for c in cpus if c in nodes}) if nodes else None,
+        "numa_nodes": len(set(nodes.values())) or None,
+    }
+
+
+def pci_address(bus_id: str) -> str:
+    """sysfs's name of a PCI device from a driver's bus id: nvidia-smi's "00000000:17:00.0" -> "0000:17:00.0"."""
+    parts = bus_id.strip().lower().split(":")
+    domain = int(parts[0], 16) if len(parts) == 3 else 0
+    return f"{domain:04x}:{parts[-2]}:{parts[-1]}"
+
+
+def torch_bus_id(props: Any) -> Optional[str]:
+    """The PCI bus id torch reports for a device (torch >= 2.6 has it); None where it does not."""
+    bus = getattr(props, "pci_bus_id", None)
+    if not isinstance(bus, int):
+        return None
+    return f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+
+
+def smi_bus_id(uuid: str) -> Optional[str]:
+    """The PCI bus id nvidia-smi reports for the GPU with ``uuid``; None where it cannot say."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=uuid,pci.bus_id", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    want = uuid.lower().replace("gpu-", "")
+    for line in out.splitlines():
+        gpu, _, bus = line.partition(",")
+        if want and gpu.strip().lower().replace("gpu-", "") == want:
+            return pci_address(bus)
+    return None
+
+
+def gpu_placement(bus_id: str, sysfs: str) -> dict[str, Any]:
+    """A GPU's NUMA node and the CPUs nearest it, from its PCI device in /sys (None: unknown)."""
+    device = os.path.join(sysfs, "bus", "pci", "devices", pci_address(bus_id))
+    node = _read(os.path.join(device, "numa_node"))
+    near = _read(os.path.join(device, "local_cpulist"))
+    return {
+        "bus_id": pci_address(bus_id),
+        # -1: the firmware gave the device no node (a single-node host, or a VM)
+        "numa": int(node) if node and node.lstrip("-").isdigit() and int(node) >= 0 else None,
+        "cpus": cpulist(near) if near else None,
+    }
+
+
+def omp_threads(value: Optional[str]) -> Optional[int]:
+    """The thread count OMP_NUM_THREADS asks for (the outer level of a nested list "8,4"); None when unset."""
+    first = (value or "").split(",")[0].strip()
+    return int(first) if first.isdigit() else None
+
+
+# --- horovod --------------------------------------------------------------------------------------------------
+
+
+def horovodrun(python: str) -> Optional[str]:
+    """The env's horovodrun (beside its python), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(python), "horovodrun")
+    return beside if os.access(beside, os.X_OK) else shutil.which("horovodrun")
+
+
+def check_build(text: str) -> dict[str, dict[str, bool]]:
+    """``horovodrun --check-build``'s report: section ("frameworks", "controllers", "tensor operations") ->
+    name -> built. Horovod marks a built item "[X]" and a missing one "[ ]"."""
+    sections: dict[str, dict[str, bool]] = {}
+    current: Optional[dict[str, bool]] = None
+    for line in text.splitlines():
+        item = line.strip()
+        if item.startswith("Available ") and item.endswith(":"):
+            current = sections.setdefault(item[len("Available ") : -1].lower(), {})
+        elif current is not None and item.startswith("[") and "]" in item:
+            mark, _, name = item[1:].partition("]")
+            current[name.strip()] = bool(mark.strip())
+    return sections

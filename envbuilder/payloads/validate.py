@@ -287,6 +287,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sweep-max", type=int, default=1 << 30, help="largest all_reduce message, bytes")
     parser.add_argument("--matmul-n", type=int, default=4096)
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument(
+        "--horovod-gpu-ops",
+        help="the tensor operations the recipe builds Horovod with (HOROVOD_GPU_OPERATIONS)",
+    )
     return parser
 
 

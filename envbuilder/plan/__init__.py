@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any, Optional, TypedDict
 from envbuilder import lockfile
 from envbuilder.backends.registry import AUTO, CLI_ENGINES, kind_info
 from envbuilder.errors import UsageError
-from envbuilder.facts import Gpu, HostFacts
+from envbuilder.facts import HostFacts
 from envbuilder.lockfile import applicability
 from envbuilder.plan.activation import Activation, RecordedActivate
 from envbuilder.plan.steps import InstallStep, NewEnv, install_steps
+from envbuilder.plan.target import target_facts
 from envbuilder.recipe import sections
 from envbuilder.resolver import gates, mirror
-from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, gpu_capability, resolve
+from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, resolve
 from envbuilder.validate import batch, launchers, suite
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ class Options:
     arch: Optional[str] = None
     #: Refuse to build unless a lock applies (``create --locked``).
     locked: bool = False
+    #: Plan for this partition's nodes (its GPUs and cores) instead of the site's default one.
+    partition: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class RecordedPlan(TypedDict, total=False):
     lock_inputs: dict[str, Any]
     warnings: list[str]
     notes: list[str]
+    partition: Optional[str]
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,8 @@ class Plan:
     lock_pins: str = ""
     #: conda packages of the lock in use, name -> sha256, checked against the env once it is created.
     lock_conda: dict[str, str] = field(default_factory=dict)
+    #: The partition planned for (``--partition``); None for the site's default one.
+    partition: Optional[str] = None
 
     @property
     def install_commands(self) -> tuple[tuple[str, ...], ...]:
@@ -184,74 +190,11 @@ class Plan:
             "lock_inputs": self.lock_inputs,
             "warnings": list(self.warnings),
             "notes": list(self.notes),
+            "partition": self.partition,
         }
 
 
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def target_facts(
-    recipe: Recipe,
-    host: HostFacts,
-    warnings: list[str],
-    notes: list[str],
-    arch_override: Optional[str] = None,
-) -> HostFacts:
-    """The machine the env is for: the site's compute partition, refined by the host when it is such a node.
-    ``arch_override`` plans for nodes of another architecture (a lock for them), whatever this host is."""
-    compute = recipe.compute
-    python = recipe.python.version or host.python
-    if arch_override:
-        host = replace(host, arch=arch_override, glibc=None if host.arch != arch_override else host.glibc)
-        if compute.arch and compute.arch != arch_override:
-            notes.append(f"planned for {arch_override} nodes; the site's compute nodes are {compute.arch}")
-            compute = replace(compute, arch=None, glibc=None)
-    if compute == sections.Compute():
-        return replace(host, python=python, source=f"{host.source} (no site: this host is the target)")
-    arch = compute.arch or host.arch
-    if host.arch and arch and host.arch != arch:
-        warnings.append(
-            f"this host is {host.arch} but {recipe.site.name or 'the site'}'s compute nodes are {arch}: "
-            f"create must run on an {arch} node"
-        )
-    gpu_name = "GPU" if compute.gpu is None else compute.gpu
-    site_gpus: Optional[tuple[Gpu, ...]] = None
-    if compute.gpus_per_node is not None:
-        site_gpus = tuple(Gpu(gpu_name, compute.compute_capability) for _ in range(compute.gpus_per_node))
-    if host.gpus:
-        gpus: Optional[tuple[Gpu, ...]] = host.gpus
-        driver, max_cuda = host.driver_version, host.max_cuda
-        if site_gpus and compute.compute_capability:
-            host_cc = gpu_capability(host.gpus[0])
-            if host_cc and host_cc != compute.compute_capability:
-                warnings.append(
-                    f"this host's GPU ({host.gpus[0].name}, {host_cc}) differs from the site's compute GPU "
-                    f"({compute.gpu}, {compute.compute_capability}); resolving for this host"
-                )
-        notes.append(f"target: this host's {len(host.gpus)} GPU(s) and driver")
-    else:
-        gpus = site_gpus
-        driver, max_cuda = compute.driver_version, compute.max_cuda
-        if site_gpus:
-            why = "has no GPU" if host.gpus is not None else "has no visible GPU"
-            notes.append(
-                f"target: the compute partition ({len(site_gpus)}× {gpu_name}), not this host, which {why}"
-            )
-    same_os = not host.arch or host.arch == arch
-    return HostFacts(
-        arch=arch,
-        glibc=compute.glibc or (host.glibc if same_os else None),
-        python=python,
-        driver_version=driver,
-        max_cuda=max_cuda,
-        gpus=gpus,
-        hostname=host.hostname,
-        module_system=host.module_system,
-        scheduler=host.scheduler,
-        allocation=host.allocation,
-        filesystems=host.filesystems,
-        source=f"site compute facts + {host.source}",
-    )
 
 
 def torch_request(recipe: Recipe) -> Optional[TorchRequest]:
@@ -337,7 +280,7 @@ def build(
     warnings: list[str] = []
     notes: list[str] = []
     _recipe_remarks(recipe, warnings, notes)
-    target = target_facts(recipe, host, warnings, notes, opts.arch)
+    target = target_facts(recipe, host, warnings, notes, arch_override=opts.arch, partition=opts.partition)
     kind = recipe.env.kind
     installer = opts.installer or recipe.env.installer
     prefix, prefix_missing = _prefix(recipe, env, opts, warnings)
@@ -415,6 +358,7 @@ def build(
         lock_requirements=locked.requirements_txt() if locked else "",
         lock_pins=locked.pins() if locked else "",
         lock_conda={p.name: p.files[0].sha256 for p in locked.conda} if locked else {},
+        partition=opts.partition,
     )
 
 
@@ -526,21 +470,39 @@ def _filesystem(
 
 
 def activation_for(recipe: Recipe) -> Activation:
-    """What activating an env of ``recipe`` loads and sets (modules, variables, unsets)."""
+    """What activating an env of ``recipe`` loads and sets (modules, variables, unsets, list entries). Profiles
+    adding to the same list variable add in the order ``activate.profiles`` names them."""
     env: dict[str, str] = {}
     unset: list[str] = []
+    prepend: dict[str, tuple[str, ...]] = {}
+    append: dict[str, tuple[str, ...]] = {}
     for name in recipe.activate.profiles:
-        env.update(recipe.env_profiles[name].set)
-        unset.extend(recipe.env_profiles[name].unset)
+        profile = recipe.env_profiles[name]
+        env.update(profile.set)
+        unset.extend(profile.unset)
+        for var, entries in profile.prepend.items():
+            prepend[var] = (*prepend.get(var, ()), *entries)
+        for var, entries in profile.append.items():
+            append[var] = (*append.get(var, ()), *entries)
     env.update(recipe.activate.env)
     return Activation(
         module_use=recipe.modules.use,
         modules=recipe.activate.modules,
         env=env,
         unset=tuple(unset),
+        prepend=prepend,
+        append=append,
         profiles=recipe.activate.profiles,
+        conda_env=None if _is_a_conda_env(recipe) else recipe.activate.conda_env,
         recipe=recipe.name,
     )
+
+
+def _is_a_conda_env(recipe: Recipe) -> bool:
+    """A conda env (or a clone of the site's): activating it takes the place of the conda env the recipe's
+    ``activate.conda_env`` names, as ``conda activate`` of one env leaves the one before."""
+    kind = kind_info(recipe.env.kind)
+    return kind.conda or (kind.overlay and recipe.env.overlay == "clone")
 
 
 def _launch(
@@ -558,7 +520,9 @@ def _launch(
         payload,
         package_dir=opts.package_dir,
         warnings=warnings,
-        request=suite.LaunchRequest(opts.launcher, opts.nodes, opts.nproc_per_node, opts.account),
+        request=suite.LaunchRequest(
+            opts.launcher, opts.nodes, opts.nproc_per_node, opts.account, opts.partition
+        ),
     )
     interactive = list(run.interactive) if run.interactive else None
     return run.launcher, list(run.argv), interactive, run.script
@@ -584,14 +548,24 @@ def _steps(
     )
     for cmd in commands:
         steps.append(" ".join(shlex.quote(c) for c in cmd))
-    if activate.modules or activate.env or activate.unset:
+    if (
+        activate.modules
+        or activate.conda_env
+        or activate.env
+        or activate.unset
+        or activate.prepend
+        or activate.append
+    ):
         steps.append(
             "activate extension: "
             + ", ".join(
                 [
                     *(f"module load {m}" for m in activate.modules),
+                    *([f"conda activate {activate.conda_env}"] if activate.conda_env else []),
                     *(f"{k}={v}" for k, v in activate.env.items()),
                     *(f"unset {v}" for v in activate.unset),
+                    *(f"{k}={':'.join(v)}:${k}" for k, v in activate.prepend.items()),
+                    *(f"{k}=${k}:{':'.join(v)}" for k, v in activate.append.items()),
                 ]
             )
         )

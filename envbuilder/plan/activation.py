@@ -8,7 +8,16 @@ from dataclasses import dataclass, field
 from typing import Optional, TypedDict
 
 from envbuilder.errors import RecipeError
-from envbuilder.recipe.schema import require_carriable, require_module_name, require_var_name
+from envbuilder.recipe.schema import (
+    require_carriable,
+    require_conda_env,
+    require_module_name,
+    require_path_entry,
+    require_var_name,
+)
+
+#: Directories put into colon-separated list variables, by variable, in the order they appear there.
+Paths = Mapping[str, tuple[str, ...]]
 
 
 class RecordedActivate(TypedDict, total=False):
@@ -18,21 +27,36 @@ class RecordedActivate(TypedDict, total=False):
     module_use: list[str]
     env: dict[str, str]
     unset: list[str]
+    prepend: dict[str, list[str]]
+    append: dict[str, list[str]]
     profiles: list[str]
+    conda_env: Optional[str]
 
 
 @dataclass(frozen=True)
 class Activation:
-    """The modules and ``module use`` paths activate loads, the variables it sets and unsets, and (for the
-    renderer) the module system's init directory and the recipe's name. Values from a state record come here
-    too, so it refuses what no script can carry, whatever the loader checked."""
+    """The modules and ``module use`` paths activate loads, the variables it sets and unsets, the directories it
+    puts first (``prepend``) or last (``append``) in colon-separated list variables, and (for the renderer) the
+    module system's init directory and the recipe's name. Values from a state record come here too, so it
+    refuses what no script can carry, whatever the loader checked.
+
+    ``conda_env`` is what ``conda activate`` is run on once the modules are loaded (ALCF's ``module load conda;
+    conda activate``), and ``conda deactivate`` undoes it: the ``conda`` shell function comes from a module.
+
+    A list variable is only ever added to, never also set or unset: deactivate takes out exactly the entries
+    activate added and leaves the rest of the value (and what the user added meanwhile) alone, which a
+    wholesale restore of the same variable would undo."""
 
     module_use: tuple[str, ...] = ()
     modules: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     unset: tuple[str, ...] = ()
+    prepend: Paths = field(default_factory=dict)
+    append: Paths = field(default_factory=dict)
     #: The env_profiles whose variables ``env`` and ``unset`` hold (recorded; the scripts need only the values).
     profiles: tuple[str, ...] = ()
+    #: The conda env ``conda activate`` is run on after the modules load (a name or an absolute prefix).
+    conda_env: Optional[str] = None
     #: The module system's init directory (holding bash, zsh, ...), used when the user's shell has no ``module``.
     module_init: Optional[str] = None
     recipe: str = ""
@@ -44,6 +68,17 @@ class Activation:
             require_carriable(value, f"activate.env.{key}")
         for i, name in enumerate(self.unset):
             require_var_name(name, f"unset[{i}]")
+        for how, paths in (("prepend", self.prepend), ("append", self.append)):
+            for var, entries in dict(paths).items():
+                require_var_name(var, f"activate.{how}")
+                for i, entry in enumerate(entries):
+                    require_path_entry(entry, f"activate.{how}.{var}[{i}]")
+                if var in self.env or var in self.unset:
+                    raise RecipeError(
+                        f"{var} is both set (or unset) and a list activate adds to ({how})",
+                        key=f"activate.{how}.{var}",
+                        hint="either set the whole value or add directories to it, not both",
+                    )
         for i, path in enumerate(self.module_use):
             require_carriable(path, f"modules.use[{i}]")
             if path.startswith("-"):
@@ -52,6 +87,8 @@ class Activation:
                 )
         for i, name in enumerate(self.modules):
             require_module_name(name, f"activate.modules[{i}]")
+        if self.conda_env is not None:
+            require_conda_env(self.conda_env, "activate.conda_env")
         for key, value in (("module system init", self.module_init or ""), ("recipe.name", self.recipe)):
             require_carriable(value, key)
 
@@ -61,7 +98,10 @@ class Activation:
             "module_use": list(self.module_use),
             "env": dict(self.env),
             "unset": list(self.unset),
+            "prepend": {k: list(v) for k, v in self.prepend.items()},
+            "append": {k: list(v) for k, v in self.append.items()},
             "profiles": list(self.profiles),
+            "conda_env": self.conda_env,
         }
 
     @classmethod
@@ -71,5 +111,20 @@ class Activation:
             modules=tuple(data.get("modules") or ()),
             env=dict(data.get("env") or {}),
             unset=tuple(data.get("unset") or ()),
+            prepend={k: tuple(v) for k, v in (data.get("prepend") or {}).items()},
+            append={k: tuple(v) for k, v in (data.get("append") or {}).items()},
             profiles=tuple(data.get("profiles") or ()),
+            conda_env=data.get("conda_env"),
         )
+
+    def apply(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with the variables set and unset, then the directories put first and last (no empty entry:
+        to the loader and the shell that is the current directory)."""
+        out = {**env, **self.env}
+        for var in self.unset:
+            out.pop(var, None)
+        for var, entries in self.prepend.items():
+            out[var] = ":".join([*entries, *([out[var]] if out.get(var) else [])])
+        for var, entries in self.append.items():
+            out[var] = ":".join([*([out[var]] if out.get(var) else []), *entries])
+        return out

@@ -31,6 +31,8 @@ class InstallStep:
 
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Directories put before the build environment's value of a list variable (raw, as ``env``).
+    env_prepend: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     modules: tuple[str, ...] = ()
     site_python: bool = False
     creates_env: bool = False
@@ -40,9 +42,10 @@ class InstallStep:
 
     def display(self) -> tuple[str, ...]:
         """The step as one command line (``env K=V ...`` first when it sets variables)."""
-        if not self.env:
+        if not (self.env or self.env_prepend):
             return self.argv
-        return ("env", *(f"{k}={v}" for k, v in self.env.items()), *self.argv)
+        prepends = (f"{k}={':'.join(v)}:${k}" for k, v in self.env_prepend.items())
+        return ("env", *(f"{k}={v}" for k, v in self.env.items()), *prepends, *self.argv)
 
 
 #: Ends the installer's options: what follows is read as requirements, never as an option (``--target=...``),
@@ -176,6 +179,7 @@ def install_steps(
             InstallStep(
                 (*cmd, *constraint, END_OF_OPTIONS, spec),
                 env=dict(pkg.build_env),
+                env_prepend={k: tuple(v) for k, v in pkg.build_env_prepend.items()},
                 modules=pkg.build_modules,
                 site_python=site_python,
                 label=spec,

@@ -40,6 +40,9 @@ MAX_NODES = 1_000_000
 MODULE_RE = r"[A-Za-z0-9_/][A-Za-z0-9._+/@%,-]*"
 #: An environment variable name (activate.env keys, profile unsets): the shell's identifier.
 VAR_RE = r"[A-Za-z_][A-Za-z0-9_]*"
+#: What ``conda activate`` is handed (``activate.conda_env``): an env's name as conda allows it (no '/', ' ', ':',
+#: '#'; no leading '-', an option), or an absolute prefix of plain path characters. Nothing a shell would read.
+CONDA_ENV_RE = r"[A-Za-z0-9_][A-Za-z0-9._+-]*|(/[A-Za-z0-9._+@%,-]+)+/?"
 #: A distribution name as core metadata spells it (PEP 508): what ``packages.name`` holds.
 DIST_NAME_RE = r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?"
 #: The schemes a direct reference (``name @ URL``) may use: pinned remote sources over TLS or ssh. A local path or a
@@ -90,6 +93,27 @@ def var_name_problem(name: str) -> Optional[Problem]:
     return (
         f"not a variable name: {_found(name)}",
         "a variable name holds letters, digits and _ only, and does not start with a digit",
+    )
+
+
+def conda_env_problem(name: str) -> Optional[Problem]:
+    if re.fullmatch(CONDA_ENV_RE, name):
+        return None
+    return (
+        f"not a conda env name or absolute prefix: {_found(name)}",
+        "a name such as base or pytorch-2.14 (letters, digits, . _ + -), or an absolute path such as "
+        "/soft/datascience/conda/envs/torch; no spaces, quotes or shell characters",
+    )
+
+
+def path_entry_problem(entry: str) -> Optional[Problem]:
+    """One directory of a colon list (PATH, LD_LIBRARY_PATH): an empty entry means the current directory to the
+    loader and the shell, and a ':' would make it two entries, which deactivate could not take back exactly."""
+    if entry and ":" not in entry:
+        return None
+    return (
+        f"not one directory of a colon-separated list: {_found(entry)}",
+        "give each directory as its own array item, none empty",
     )
 
 
@@ -160,6 +184,20 @@ def require_var_name(name: str, key: str) -> None:
         raise RecipeError(problem[0], key=key, hint=problem[1])
 
 
+def require_conda_env(name: str, key: str) -> None:
+    require_carriable(name, key)
+    problem = conda_env_problem(name)
+    if problem is not None:
+        raise RecipeError(problem[0], key=key, hint=problem[1])
+
+
+def require_path_entry(entry: str, key: str) -> None:
+    require_carriable(entry, key)
+    problem = path_entry_problem(entry)
+    if problem is not None:
+        raise RecipeError(problem[0], key=key, hint=problem[1])
+
+
 def _package_problem(item: Mapping[str, Any]) -> Optional[tuple[str, str, Optional[str]]]:
     """(key, message, hint) where a [[packages]] entry's spec names another package than its name."""
     name, spec = item.get("name"), item.get("spec")
@@ -189,6 +227,8 @@ VAR_NAME = Rule(var_name_problem, VAR_RE)
 NOT_AN_OPTION = Rule(_option_problem, r"(?!-)[\s\S]*")
 DIST_NAME = Rule(_dist_name_problem, DIST_NAME_RE)
 REQUIREMENT = Rule(requirement_problem, r"(?!\s*-)[\s\S]*")
+PATH_ENTRY = Rule(path_entry_problem, r"[^:]+")
+CONDA_ENV = Rule(conda_env_problem, CONDA_ENV_RE)
 
 
 @dataclass(frozen=True)
@@ -361,6 +401,26 @@ SCHEMA = Table(
                     "description": Field(str, prose=True),
                     "set": MapOf(Field(str), key_pattern=VAR_RE),
                     "unset": Field(list, items=str, rule=VAR_NAME),
+                    "prepend": MapOf(
+                        Field(
+                            list,
+                            "directories put first, in order; deactivate takes exactly them out",
+                            items=str,
+                            rule=PATH_ENTRY,
+                        ),
+                        "colon-separated list variables (PATH, LD_LIBRARY_PATH) to prepend directories to",
+                        key_pattern=VAR_RE,
+                    ),
+                    "append": MapOf(
+                        Field(
+                            list,
+                            "directories put last, in order; deactivate takes exactly them out",
+                            items=str,
+                            rule=PATH_ENTRY,
+                        ),
+                        "colon-separated list variables to append directories to",
+                        key_pattern=VAR_RE,
+                    ),
                 }
             ),
             "named groups of environment variables (OMP, NCCL, HOROVOD); activate.profiles picks them",
@@ -443,6 +503,12 @@ SCHEMA = Table(
                         example="https://example.org/simple",
                     ),
                     "build_env": MapOf(Field(str), key_pattern=VAR_RE),
+                    "build_env_prepend": MapOf(
+                        Field(list, items=str, rule=PATH_ENTRY),
+                        "directories (may use ${VAR}) put before the build environment's value of a colon-separated "
+                        "list variable (LIBRARY_PATH), for this package's build",
+                        key_pattern=VAR_RE,
+                    ),
                     "no_build_isolation": Field(bool),
                     "no_binary": Field(bool, "build from source against the loaded modules (mpi4py)"),
                     "build_modules": Field(
@@ -461,6 +527,13 @@ SCHEMA = Table(
                 ),
                 "env": MapOf(Field(str), key_pattern=VAR_RE),
                 "profiles": Field(list, "env_profiles applied on activate", items=str),
+                "conda_env": Field(
+                    str,
+                    "the conda env activate runs `conda activate` on once the modules are loaded (a name such as "
+                    "base, or an absolute prefix), and deactivate `conda deactivate`; the `conda` shell function "
+                    "comes from the modules",
+                    rule=CONDA_ENV,
+                ),
             }
         ),
         "validation": Table(

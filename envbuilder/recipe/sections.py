@@ -172,11 +172,14 @@ class Filesystem:
 
 @dataclass(frozen=True)
 class Profile:
-    """An [env_profiles] entry: variables activate sets and unsets."""
+    """An [env_profiles] entry: variables activate sets and unsets, and directories it puts first or last in
+    colon-separated list variables."""
 
     description: Optional[str] = None
     set: Mapping[str, str] = _table()
     unset: tuple[str, ...] = ()
+    prepend: Mapping[str, list[str]] = _table()
+    append: Mapping[str, list[str]] = _table()
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,7 @@ class Package:
     spec: Optional[str] = None
     index: Optional[str] = None
     build_env: Mapping[str, str] = _table()
+    build_env_prepend: Mapping[str, list[str]] = _table()
     no_build_isolation: bool = False
     no_binary: bool = False
     build_modules: tuple[str, ...] = ()
@@ -252,7 +256,12 @@ class Package:
         """Needs its own index, build settings or a source build: installed on its own, after the resolver's
         set (and outside any lock)."""
         return bool(
-            self.build_env or self.no_build_isolation or self.no_binary or self.index or self.build_modules
+            self.build_env
+            or self.build_env_prepend
+            or self.no_build_isolation
+            or self.no_binary
+            or self.index
+            or self.build_modules
         )
 
 
@@ -261,6 +270,7 @@ class Activate:
     modules: tuple[str, ...] = seeded(())
     env: Mapping[str, str] = _seeded_table()
     profiles: tuple[str, ...] = seeded(())
+    conda_env: Optional[str] = None
 
 
 @dataclass(frozen=True)

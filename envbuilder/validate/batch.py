@@ -48,6 +48,27 @@ def minutes(hhmmss: str) -> int:
     return h * 60 + m + (1 if s else 0)
 
 
+@dataclass(frozen=True)
+class Threads:
+    """OMP threads per rank in a job script: the CPU depth per rank where the launcher binds one, else the CPUs
+    the job holds on the node (the scheduler's variable; ``cores`` or ``nproc`` where it is unset) divided
+    among the node's ranks."""
+
+    ranks_per_node: int
+    depth: Optional[int] = None
+    cores: Optional[int] = None
+
+    def lines(self, cpus_var: str) -> list[str]:
+        if self.depth:
+            return [f"export OMP_NUM_THREADS={int(self.depth)}"]
+        fallback = str(int(self.cores)) if self.cores else "$(nproc)"
+        ranks = max(1, int(self.ranks_per_node))
+        return [
+            f"cpus=${{{cpus_var}:-{fallback}}}",
+            f"export OMP_NUM_THREADS=$(( cpus > {ranks} ? cpus / {ranks} : 1 ))",
+        ]
+
+
 def interactive_argv(template: Sequence[str], job: JobShape) -> list[str]:
     """Fill the site's interactive template ({partition} {nodes} {tasks} {time} {minutes} {gpus})."""
     values = {
@@ -117,6 +138,38 @@ def module_lines(use: Sequence[str], load: Sequence[str]) -> list[str]:
     return lines
 
 
+def conda_lines(activate: Activation) -> list[str]:
+    """``conda activate`` of the recipe's conda env, after the modules that define ``conda``; the job stops with
+    a message where there is no ``conda`` or it fails. conda's shell functions read unset variables, so ``set
+    -u`` is off around them."""
+    if not activate.conda_env:
+        return []
+    env = shlex.quote(activate.conda_env)
+    missing = shlex.quote(
+        f"envbuilder: no conda command once the modules are loaded: cannot conda activate {activate.conda_env}"
+    )
+    failed = shlex.quote(f"envbuilder: conda activate {activate.conda_env} failed")
+    return [
+        f"type conda >/dev/null 2>&1 || {{ echo {missing} >&2; exit 1; }}",
+        "set +u",
+        f"conda activate {env} || {{ echo {failed} >&2; exit 1; }}",
+        "set -u",
+    ]
+
+
+def path_lines(activate: Activation) -> list[str]:
+    """The lines that put ``activate``'s directories first and last in list variables (each value quoted; no
+    empty entry where the variable was empty or unset)."""
+    lines = []
+    for key, entries in activate.prepend.items():
+        joined = ":".join(shlex.quote(e) for e in entries)
+        lines.append(f'export {key}={joined}"${{{key}:+:${key}}}"')
+    for key, entries in activate.append.items():
+        joined = ":".join(shlex.quote(e) for e in entries)
+        lines.append(f'export {key}="${{{key}:+${key}:}}"{joined}')
+    return lines
+
+
 def script(
     *,
     scheduler: str,
@@ -125,9 +178,10 @@ def script(
     multinode: bool,
     launch: Sequence[launchers.Arg],
     workdir: str,
+    threads: Optional[Threads] = None,
 ) -> str:
-    """The job script: directives, then the modules ``activate`` loads and the variables it sets and unsets (it
-    refused what a script cannot carry when it was made), then the launch in ``workdir``."""
+    """The job script: directives, then the modules ``activate`` loads, its conda env, and the variables it sets
+    and unsets (it refused what a script cannot carry when it was made), then the launch in ``workdir``."""
     for directive in directives:
         require_carriable(directive, "scheduler (a batch directive)")
     require_carriable(workdir, "validation work directory")
@@ -138,10 +192,14 @@ def script(
     lines = ["#!/bin/bash", *(f"{adapter.directive} {d}" for d in directives), "", "set -euo pipefail"]
     lines += adapter.setup
     lines += module_lines(activate.module_use, activate.modules)
+    lines += conda_lines(activate)
     for var in activate.unset:
         lines.append(f"unset {var}")
     for key, value in activate.env.items():
         lines.append(f"export {key}={shlex.quote(value)}")
+    lines += path_lines(activate)
+    if threads is not None and "OMP_NUM_THREADS" not in activate.env:
+        lines += threads.lines(adapter.cpus_var)
     if multinode:
         lines += [adapter.first_host, "export MASTER_ADDR"]
     lines.append(f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)}")

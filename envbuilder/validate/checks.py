@@ -23,6 +23,7 @@ CHECKS = (
     Check("arch"),
     Check("cuda"),
     Check("libraries"),
+    Check("affinity"),
     Check("mpi", default=False),
     Check("nccl"),
     Check("ddp"),

@@ -55,6 +55,13 @@ class LaunchSpec:
     depth: Optional[int] = None
     #: argv prefix that maps local rank -> CUDA_VISIBLE_DEVICES before the program starts (Polaris)
     affinity_wrapper: tuple[str, ...] = ()
+    #: CPUs for each srun task: a step gets one CPU per task unless told (and since Slurm 22.05 it no longer
+    #: inherits the job's --cpus-per-task), so a torchrun agent would pin every worker to one core.
+    cpus_per_task: Optional[Arg] = None
+    #: Started inside a step (an ``srun --pty`` shell): share its resources instead of waiting for them forever.
+    overlap: bool = False
+    #: ``script`` is an executable, not a python script: MPI launchers start it without the env's python.
+    direct: bool = False
 
     @property
     def world(self) -> int:
@@ -64,7 +71,7 @@ class LaunchSpec:
     @property
     def program(self) -> tuple[str, ...]:
         """argv of one rank started directly (MPI launchers, local)."""
-        return (self.python, *self.script)
+        return self.script if self.direct else (self.python, *self.script)
 
 
 MASTER_ADDR = ShellVar("MASTER_ADDR")
@@ -128,6 +135,10 @@ def _torchrun(spec: LaunchSpec) -> list[Arg]:
 def _srun(spec: LaunchSpec) -> list[Arg]:
     # Agent mode: exactly one torchrun per node.
     argv: list[Arg] = ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--ntasks={spec.nodes}"]
+    if spec.cpus_per_task is not None:
+        argv += ["--cpus-per-task", spec.cpus_per_task]
+    if spec.overlap:
+        argv.append("--overlap")
     if spec.mpi:
         argv.append(f"--mpi={spec.mpi}")
     return argv + torchrun_argv(spec)
@@ -154,12 +165,16 @@ def _mpiexec(spec: LaunchSpec) -> list[Arg]:
 
 
 def _mpirun(spec: LaunchSpec) -> list[Arg]:
+    # Open MPI binds each rank to one core when there are two ranks or fewer: a rank then ran its node's share
+    # of OMP threads on one core (the affinity check warned on the GPU node). Unbound, the kernel places them.
     return [
         "mpirun",
         "-n",
         str(spec.world),
         "--map-by",
         f"ppr:{spec.nproc_per_node}:node",
+        "--bind-to",
+        "none",
         *spec.affinity_wrapper,
         *spec.program,
     ]

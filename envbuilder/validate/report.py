@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from envbuilder.validate import affinity
 from envbuilder.validate.checks import FIRST
 
 REPORT_VERSION = 1
@@ -26,7 +27,7 @@ _LOWER_IS_BETTER_UNITS = frozenset({"s", "us", "ms"})
 @dataclass(frozen=True)
 class Row:
     check: str
-    status: str  # pass | fail | skip
+    status: str  # pass | warn | fail | skip
     ranks: tuple[int, ...]
     figures: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     cause: Optional[str] = None
@@ -34,6 +35,8 @@ class Row:
     reason: Optional[str] = None
     references: tuple[Mapping[str, Any], ...] = ()
     per_rank: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    #: A line of context for a row that passes or warns (the affinity check: where each rank runs).
+    detail: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -44,6 +47,7 @@ class Row:
             "cause": self.cause,
             "hint": self.hint,
             "reason": self.reason,
+            "detail": self.detail,
             "references": [dict(r) for r in self.references],
             "per_rank": {str(k): v for k, v in sorted(self.per_rank.items())},
         }
@@ -170,6 +174,8 @@ def merge(
     rows = []
     for check in ordered:
         row = _row(check, ranks)
+        if check == "affinity" and row.status == "pass":
+            row = _placement(row)
         cut = sorted(r for r in interrupted if results[r].get(check, {}).get("status") in (None, "killed"))
         if cut and row.status != "fail" and row.per_rank:
             row = replace(
@@ -180,6 +186,12 @@ def merge(
             )
         rows.append(row)
     return rows
+
+
+def _placement(row: Row) -> Row:
+    """The affinity row judged across ranks: each rank only reports where it runs."""
+    verdict = affinity.judge(row.per_rank)
+    return replace(row, status=verdict.status, cause=verdict.cause, hint=verdict.hint, detail=verdict.detail)
 
 
 @dataclass(frozen=True)
@@ -452,11 +464,14 @@ def junit(report: Report) -> str:
             failure.text = "\n".join(filter(None, [row.cause, f"hint: {row.hint}" if row.hint else None]))
         elif row.status == "skip":
             ET.SubElement(case, "skipped", message=row.reason or "skipped")
-        if row.figures:
-            out = ET.SubElement(case, "system-out")
-            out.text = "\n".join(
-                f"{k} = {v['value']} {v.get('unit', '')}".rstrip() for k, v in row.figures.items()
-            )
+        # JUnit has no warning: a WARN passes, with its cause beside the figures.
+        lines = [f"{k} = {v['value']} {v.get('unit', '')}".rstrip() for k, v in row.figures.items()]
+        if row.status == "warn":
+            lines.append(f"warning: {row.cause}")
+        if row.detail:
+            lines.append(row.detail)
+        if lines:
+            ET.SubElement(case, "system-out").text = "\n".join(lines)
     ET.indent(suite)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
 

@@ -31,6 +31,7 @@ from envbuilder.errors import CommandFailed, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
 from envbuilder.modules import ModuleSystem
 from envbuilder.plan.activation import Activation
+from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
 from envbuilder.validate import launchers, report, schedulers, suite
 
@@ -57,6 +58,7 @@ class Options:
     cpu: bool = False
     submit: bool = False
     account: Optional[str] = None
+    partition: Optional[str] = None
     timeout: Optional[float] = None
     #: How long --submit waits for the job to start and finish (None: until it ends).
     wait: Optional[float] = None
@@ -82,7 +84,16 @@ def run(
 ) -> report.Report:
     """Validate ``record``'s env. Raises ValidationFailed (with the way forward) when this host cannot run it."""
     warnings: list[str] = []
-    target = plan.target_facts(recipe, host, warnings, [])
+    here = schedulers.locate(env)
+    if opts.submit and here.in_job:
+        raise UsageError(
+            f"this runs inside {here.scheduler} job {here.job}: --submit would queue a second allocation",
+            hint=f"validate here, without --submit (envbuilder validate {record.name})",
+        )
+    # The partition asked for, else the one the env was built for, else the job's or the recipe's (suite).
+    partition = opts.partition or record.plan.get("partition")
+    opts = replace(opts, partition=partition if isinstance(partition, str) else None)
+    target = target_facts(recipe, host, warnings, [], partition=opts.partition)
     device = suite.device_for(target, opts.cpu)
     reason = suite.where(device, host, target, opts.submit)
     checks = suite.checks_for(recipe, opts.checks)
@@ -106,7 +117,14 @@ def run(
         payload,
         package_dir=str(run_dir),  # the run directory holds a copy of the payloads
         warnings=warnings,
-        request=suite.LaunchRequest(opts.launcher, opts.nodes, opts.nproc_per_node, opts.account),
+        request=suite.LaunchRequest(
+            opts.launcher,
+            opts.nodes,
+            opts.nproc_per_node,
+            opts.account,
+            opts.partition,
+            here=None if opts.submit else here,
+        ),
         workdir=str(run_dir),
     )
     for text in warnings:
@@ -125,13 +143,14 @@ def run(
         stopped_after = budget if timed_out else None
     else:
         run_env = environment(record, recipe, activate, env, modules)
+        run_env.setdefault("OMP_NUM_THREADS", str(threads_here(the_launch, here)))
         exit_code, stopped_after, tail = _here(
             the_launch, run_dir, run_env, timeout=timeout, budget=budget, live=live
         )
         where = "here"
     events = _read_events(run_dir / "ranks")
     rows = report.merge(checks, events, the_launch.world, exit_code, stopped_after)
-    partition = _job_partition(env) or the_launch.partition
+    partition = here.partition or the_launch.partition
     refs = report.references_for(recipe.validation.references, partition, the_launch.world)
     rows = report.apply_references(rows, refs)
     result = report.Report(
@@ -168,29 +187,26 @@ def environment(
     env: Mapping[str, str],
     modules: ModuleSystem,
 ) -> dict[str, str]:
-    """What an activated env gives a job (as the batch script sets it up): the recipe's modules, its activate
-    variables, the env's bin first."""
+    """What an activated env gives a job (as the batch script sets it up): the recipe's modules and its conda env,
+    its activate variables, the env's bin first."""
     base = proc.scrubbed_env(env)
     use = list(activate.module_use)
     load = suite.job_modules(recipe, activate)
-    out = modules.apply(use, load, base).apply(base) if (use or load) else dict(base)
-    out.update(activate.env)
-    for var in activate.unset:
-        out.pop(var, None)
+    out = modules.apply(use, load, base, conda_env=activate.conda_env).apply(base)
+    out = activate.apply(out)
     if registry.kind_info(record.kind).own_python:
         out["VIRTUAL_ENV"] = record.prefix
     else:
         out["PYTHONUSERBASE"] = record.prefix
     out["PATH"] = f"{record.prefix}/bin" + (f":{out['PATH']}" if out.get("PATH") else "")
-    out.setdefault("OMP_NUM_THREADS", "1")  # torchrun sets it anyway, with a banner
     return out
 
 
-def _job_partition(env: Mapping[str, str]) -> Optional[str]:
-    """The partition (queue) of the job this run is inside, if any."""
-    return next(
-        (env[s.partition_var] for s in schedulers.SCHEDULERS.values() if env.get(s.partition_var)), None
-    )
+def threads_here(the_launch: suite.Launch, here: schedulers.Where) -> int:
+    """OMP threads per rank for a launch on this node: the CPUs the job holds here (else those this process
+    may run on) divided among the node's ranks. The activation's or the user's own value wins."""
+    cpus = here.cpus_per_node if here.in_job and here.cpus_per_node else len(os.sched_getaffinity(0))
+    return suite.omp_threads(cpus, the_launch.nproc_per_node)
 
 
 def _site_python(record: state.EnvRecord) -> str:
@@ -211,12 +227,7 @@ def _make_run_dir(run_dir: Path) -> None:
     run_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     run_dir.mkdir(mode=0o755)
     (run_dir / "ranks").mkdir(mode=0o755)
-    dest = run_dir / "payloads"
-    dest.mkdir(mode=0o755)
-    for src in payloads.DIR.iterdir():
-        if src.suffix in (".py", ".sh") and not src.name.startswith("__"):
-            shutil.copy2(src, dest / src.name)
-            (dest / src.name).chmod(0o755 if src.suffix == ".sh" else 0o644)
+    payloads.copy_to(run_dir / "payloads")
 
 
 def _prune(prefix: Path) -> None:
@@ -236,6 +247,25 @@ def _read_events(ranks: Path) -> dict[int, list[dict[str, object]]]:
 # --- here -----------------------------------------------------------------------------------------------------
 
 
+def bind_here(the_launch: suite.Launch, env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The launch's argv with the values only a job knows bound for a run on this node, and its environment:
+    the allocation's first host as the rendezvous of a multi-node run, a free local port for MPI-started ranks
+    (they rendezvous through torch's TCP store on this node), this process's lifeline for the ranks."""
+    env = dict(env)
+    values = {"SLURM_JOB_ID": env.get("SLURM_JOB_ID", "envbuilder")}
+    if the_launch.nodes > 1:
+        values["MASTER_ADDR"] = _first_host(env)
+        env.setdefault("MASTER_ADDR", values["MASTER_ADDR"])
+        env.setdefault("MASTER_PORT", "29500")
+    elif not launchers.get(the_launch.launcher).agent:
+        env["MASTER_ADDR"] = "127.0.0.1"
+        env["MASTER_PORT"] = str(_free_port())
+    line = lifeline()
+    if line:
+        env[LIFELINE] = line
+    return launchers.bind(the_launch.argv, values), env
+
+
 def _here(
     the_launch: suite.Launch,
     run_dir: Path,
@@ -247,20 +277,7 @@ def _here(
 ) -> tuple[Optional[int], Optional[float], str]:
     """Run the launch here; returns the launcher's exit status, after how many seconds the run was stopped
     (None when it ended by itself) and the tail of its output."""
-    env = dict(env)
-    values = {"SLURM_JOB_ID": env.get("SLURM_JOB_ID", "envbuilder")}
-    if the_launch.nodes > 1:
-        values["MASTER_ADDR"] = _first_host(env)
-        env.setdefault("MASTER_ADDR", values["MASTER_ADDR"])
-        env.setdefault("MASTER_PORT", "29500")
-    elif not launchers.get(the_launch.launcher).agent:
-        # MPI-started ranks rendezvous through torch's TCP store on this node.
-        env["MASTER_ADDR"] = "127.0.0.1"
-        env["MASTER_PORT"] = str(_free_port())
-    line = lifeline()
-    if line:
-        env[LIFELINE] = line
-    argv = launchers.bind(the_launch.argv, values)
+    argv, env = bind_here(the_launch, env)
     live.status(f"running {the_launch.launcher} with {the_launch.world} rank(s)")
     startup = Startup(run_dir / "ranks", the_launch.world, timeout)
     stopped_after: Optional[float] = None

@@ -7,14 +7,36 @@ schema and the host probe read the names (and how to recognise each scheduler) f
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder.validate.launchers import Arg, ShellVar
 
 if TYPE_CHECKING:  # only a type here: batch builds the job shape (and imports this module)
     from envbuilder.validate.batch import JobShape
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a command runs, as the scheduler's variables tell: a login node (``job`` None), a job's allocation
+    (an ``salloc`` shell, a batch script, a PBS job) or one of the job's steps (an ``srun --pty`` shell), whose
+    resources a second step can only share (``srun --overlap``)."""
+
+    scheduler: Optional[str] = None
+    job: Optional[str] = None
+    in_step: bool = False
+    #: Nodes of the allocation, where the scheduler says.
+    nodes: Optional[int] = None
+    #: CPUs the job holds on this node (or on each node), where the scheduler says.
+    cpus_per_node: Optional[int] = None
+    partition: Optional[str] = None
+
+    @property
+    def in_job(self) -> bool:
+        return self.job is not None
 
 
 class Scheduler(ABC):
@@ -37,6 +59,13 @@ class Scheduler(ABC):
     setup: tuple[str, ...] = ()
     #: The script line that sets MASTER_ADDR to the allocation's first host.
     first_host: str
+
+    #: The script expression for the CPUs the job holds on this node.
+    cpus_var: str
+
+    @abstractmethod
+    def where(self, env: Mapping[str, str]) -> Where:
+        """Where ``env`` (which holds ``job_id_var``) runs inside this scheduler's job."""
 
     @abstractmethod
     def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
@@ -81,6 +110,22 @@ class Slurm(Scheduler):
     node_launcher = "srun"
     rdzv_id = ShellVar("SLURM_JOB_ID")
     first_host = 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+    cpus_var = "SLURM_CPUS_ON_NODE"
+
+    def where(self, env: Mapping[str, str]) -> Where:
+        # A batch script and a step know their node's CPUs; an salloc shell (on the login node) only the
+        # allocation's list, "32(x2),16" style.
+        cpus = _int(env.get("SLURM_CPUS_ON_NODE")) or _int(
+            env.get("SLURM_JOB_CPUS_PER_NODE", "").split("(")[0]
+        )
+        return Where(
+            scheduler=self.name,
+            job=env[self.job_id_var],
+            in_step="SLURM_STEP_ID" in env,
+            nodes=_int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")),
+            cpus_per_node=cpus,
+            partition=env.get(self.partition_var) or None,
+        )
 
     def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
         flags = [
@@ -143,6 +188,16 @@ class Pbs(Scheduler):
     node_launcher = "mpiexec"
     setup = ('cd "${PBS_O_WORKDIR:-$PWD}"',)
     first_host = 'MASTER_ADDR=$(head -n 1 "$PBS_NODEFILE")'
+    cpus_var = "NCPUS"
+
+    def where(self, env: Mapping[str, str]) -> Where:
+        # PBS tells the node count only through $PBS_NODEFILE (the runner reads it); NCPUS is the first chunk's.
+        return Where(
+            scheduler=self.name,
+            job=env[self.job_id_var],
+            cpus_per_node=_int(env.get("NCPUS")),
+            partition=env.get(self.partition_var) or None,
+        )
 
     def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
         flags = [f"-N {job.name}", f"-l select={job.nodes}", f"-l walltime={job.time}"]
@@ -170,6 +225,19 @@ class Pbs(Scheduler):
 
 #: Every scheduler a recipe can name (besides "none"), in the order the probe tries them.
 SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (Slurm(), Pbs())}
+
+
+def locate(env: Mapping[str, str]) -> Where:
+    """Where ``env``'s process runs: inside a job of one of :data:`SCHEDULERS`, else on a login node."""
+    for adapter in SCHEDULERS.values():
+        if env.get(adapter.job_id_var):
+            return adapter.where(env)
+    return Where()
+
+
+def _int(text: Optional[str]) -> Optional[int]:
+    match = re.fullmatch(r"\s*(\d+)\s*", text or "")
+    return int(match.group(1)) or None if match else None
 
 
 def get(name: Optional[str]) -> Optional[Scheduler]:

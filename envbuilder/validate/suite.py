@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
+from packaging.utils import canonicalize_name
+
 from envbuilder.errors import RecipeError, UsageError, did_you_mean
 from envbuilder.facts import HostFacts
 from envbuilder.recipe import sections
@@ -37,11 +39,15 @@ class Payload:
     fs: tuple[str, ...] = ()
     timeout: float = DEFAULT_TIMEOUT_S
     sweep_max: Optional[int] = None
+    #: The tensor operations the recipe builds Horovod with (its HOROVOD_GPU_OPERATIONS), for the horovod check.
+    horovod_gpu_ops: Optional[str] = None
 
     def args(self) -> list[str]:
         argv = ["--checks", ",".join(self.checks), "--device", self.device]
         if self.expect_gpus is not None:
             argv += ["--expect-gpus", str(self.expect_gpus)]
+        if self.horovod_gpu_ops and "horovod" in self.checks:
+            argv += ["--horovod-gpu-ops", self.horovod_gpu_ops]
         if self.out:
             argv += ["--out", self.out, "--timeout", f"{self.timeout:g}"]
             argv += ["--sweep-max", str(self.sweep_max or SWEEP_MAX[self.device])]
@@ -75,6 +81,15 @@ def checks_for(recipe: Recipe, requested: Optional[Sequence[str]]) -> tuple[str,
     return tuple(dict.fromkeys([checks.FIRST, *chosen]))
 
 
+def horovod_gpu_ops(recipe: Recipe) -> Optional[str]:
+    """The GPU operations the recipe's horovod package is built with (``HOROVOD_GPU_OPERATIONS`` in its
+    ``build_env``), which the horovod check then expects of the build; None where it does not say."""
+    for package in recipe.packages:
+        if canonicalize_name(package.name) == "horovod":
+            return package.build_env.get("HOROVOD_GPU_OPERATIONS")
+    return None
+
+
 def device_for(target: HostFacts, cpu: bool) -> str:
     """cuda when the env is for GPUs, unless --cpu; a CPU-only target is always a CPU run."""
     return "cpu" if cpu or not target.gpus else "cuda"
@@ -103,13 +118,16 @@ class LaunchedEnv:
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """What the command line asks of the launch (--launcher, --nodes, --nproc-per-node, --account); None leaves
-    it to the recipe."""
+    """What the command line asks of the launch (--launcher, --nodes, --nproc-per-node, --account, --partition);
+    None leaves it to the recipe. ``here`` is where a run here starts (inside a job, inside one of its steps,
+    on a login node); None plans the batch script's launch."""
 
     launcher: Optional[str] = None
     nodes: Optional[int] = None
     nproc_per_node: Optional[int] = None
     account: Optional[str] = None
+    partition: Optional[str] = None
+    here: Optional[schedulers.Where] = None
 
 
 def launch(
@@ -124,64 +142,139 @@ def launch(
     workdir: Optional[str] = None,
 ) -> Launch:
     """The launcher argv for ``payload``, and the site's batch script and interactive command around it."""
-    prefix, env_python, activate = env.prefix, env.python, env.activate
-    request = request or LaunchRequest()
-    nproc_per_node, account = request.nproc_per_node, request.account
-    validation, sched, site_launcher = recipe.validation, recipe.scheduler, recipe.launcher
-    name = request.launcher or validation.launcher or site_launcher.default
+    if payload.horovod_gpu_ops is None:
+        payload = replace(payload, horovod_gpu_ops=horovod_gpu_ops(recipe))
+    script = (f"{package_dir}/payloads/validate.py", *payload.args())
+    shape = shape_for(recipe, target, request or LaunchRequest(), payload.device, warnings)
+    affinity: tuple[str, ...] = ()
+    if recipe.launcher.gpu_affinity != "none" and not shape.launcher.agent and shape.gpus:
+        affinity = (f"{package_dir}/payloads/gpu_affinity.sh", recipe.launcher.gpu_affinity)
+    if payload.device == "cuda" and payload.expect_gpus is None and shape.gpus:
+        # A wrapper that binds one GPU per rank leaves each rank one device; torchrun's workers see the node's.
+        payload = replace(payload, expect_gpus=1 if affinity else shape.gpus)
+        script = (f"{package_dir}/payloads/validate.py", *payload.args())
+    return launch_program(
+        recipe, shape, env, Program(script), warnings=warnings, affinity=affinity, workdir=workdir
+    )
+
+
+@dataclass(frozen=True)
+class Program:
+    """What every rank runs: a python script with its arguments (run by the env's python, or by torchrun), or
+    an executable (``python=False``: torchrun gets ``--no-python``)."""
+
+    argv: tuple[str, ...]
+    python: bool = True
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The launch's shape: which launcher, how many nodes and ranks per node, on which partition, how many
+    GPUs each node gives, with which CPUs per node, and where it starts (None: in a batch script)."""
+
+    launcher: launchers.Launcher
+    nodes: int
+    nproc: int
+    gpus: int
+    partition: Optional[str]
+    partition_facts: sections.Partition
+    cores: Optional[int]
+    account: Optional[str]
+    here: Optional[schedulers.Where]
+
+    @property
+    def threads(self) -> Optional[int]:
+        """OMP threads per rank where the node's cores are known: the cores divided among its ranks."""
+        return omp_threads(self.cores, self.nproc) if self.cores else None
+
+
+def omp_threads(cores: int, ranks_per_node: int) -> int:
+    return max(1, cores // max(1, ranks_per_node))
+
+
+def shape_for(
+    recipe: Recipe, target: HostFacts, request: LaunchRequest, device: str, warnings: list[str]
+) -> Shape:
+    """Launcher, nodes, ranks per node and partition from the command line, the recipe and where it starts."""
+    validation, sched = recipe.validation, recipe.scheduler
+    here = request.here
+    partition = (
+        request.partition or (here.partition if here else None) or validation.partition or sched.partition
+    )
+    part = sched.partitions.get(partition or "", sections.Partition())
+    gpus = len(target.gpus) if target.gpus and device == "cuda" else 0
+    if gpus and part.gpus_per_node is not None and here is None:
+        gpus = (
+            part.gpus_per_node
+        )  # a job script asks for the partition's GPUs; a run here has the visible ones
     nodes = request.nodes or validation.nodes
-    gpus = len(target.gpus) if target.gpus and payload.device == "cuda" else 0
-    nproc = nproc_per_node or validation.nproc_per_node or (gpus if gpus else 2)
+    nproc = request.nproc_per_node or validation.nproc_per_node or (gpus if gpus else 2)
     adapter = schedulers.get(sched.type)
-    chosen = launchers.get(name)
+    chosen = launchers.get(request.launcher or validation.launcher or recipe.launcher.default)
     if chosen.one_process:
         nproc = 1
     if chosen.one_node and nodes > 1:
         name = adapter.node_launcher if adapter else "mpiexec"
         warnings.append(f"{chosen.name} alone reaches one node; launching {nodes} nodes through {name}")
         chosen = launchers.get(name)
-    script = (f"{package_dir}/payloads/validate.py", *payload.args())
-    affinity: tuple[str, ...] = ()
-    if site_launcher.gpu_affinity != "none" and not chosen.agent and gpus:
-        affinity = (f"{package_dir}/payloads/gpu_affinity.sh", site_launcher.gpu_affinity)
-    if payload.device == "cuda" and payload.expect_gpus is None and gpus:
-        # A wrapper that binds one GPU per rank leaves each rank one device; torchrun's workers see the node's.
-        payload = replace(payload, expect_gpus=1 if affinity else gpus)
-        script = (f"{package_dir}/payloads/validate.py", *payload.args())
-    spec = launchers.LaunchSpec(
-        python=env_python,
-        script=script,
+    if here and here.in_job and here.nodes and nodes > here.nodes:
+        raise UsageError(
+            f"{nodes} nodes asked for inside job {here.job}, which holds {here.nodes}",
+            hint="ask for fewer nodes, or leave the job and pass --submit",
+        )
+    cores = (here.cpus_per_node if here and here.in_job else None) or part.cores_per_node
+    return Shape(
+        launcher=chosen,
         nodes=nodes,
-        nproc_per_node=nproc,
-        torchrun=(env_python, "-m", "torch.distributed.run"),
+        nproc=nproc,
+        gpus=gpus,
+        partition=partition,
+        partition_facts=part,
+        cores=cores or recipe.compute.cores_per_node,
+        account=request.account,
+        here=here,
+    )
+
+
+def launch_program(
+    recipe: Recipe,
+    shape: Shape,
+    env: LaunchedEnv,
+    program: Program,
+    *,
+    warnings: list[str],
+    affinity: tuple[str, ...] = (),
+    workdir: Optional[str] = None,
+) -> Launch:
+    """The launch of ``program`` in ``shape`` by the recipe's rules, with the batch script around it."""
+    sched, site_launcher = recipe.scheduler, recipe.launcher
+    adapter = schedulers.get(sched.type)
+    spec = launchers.LaunchSpec(
+        python=env.python,
+        script=program.argv,
+        nodes=shape.nodes,
+        nproc_per_node=shape.nproc,
+        torchrun=(env.python, "-m", "torch.distributed.run", *(() if program.python else ("--no-python",))),
         port=site_launcher.port,
         rdzv_id=adapter.rdzv_id if adapter else "envbuilder",
         mpi=site_launcher.mpi,
         cpu_bind=site_launcher.cpu_bind,
         depth=site_launcher.depth,
         affinity_wrapper=affinity,
+        cpus_per_task=_cpus_per_task(shape, adapter),
+        overlap=bool(shape.here and shape.here.in_step),
+        direct=not program.python,
     )
-    argv = tuple(chosen.argv(spec))
-    partition = validation.partition or sched.partition
+    argv = tuple(shape.launcher.argv(spec))
     if adapter is None:
-        return Launch(name, argv, nodes, nproc, None, None, None, None)
-    part = sched.partitions.get(partition or "", sections.Partition())
-    site_gpus = gpus if part.gpus_per_node is None else part.gpus_per_node
-    cores = part.cores_per_node or recipe.compute.cores_per_node
-    agent = chosen.agent
-    job = batch.JobShape(
-        nodes=nodes,
-        tasks_per_node=1 if agent else nproc,
-        gpus_per_node=site_gpus if payload.device == "cuda" else 0,
-        cpus_per_task=cores if (agent and cores and not sched.exclusive_nodes) else None,
-        partition=partition,
-        time=validation.time or sched.time,
-        account=account,
-        name=f"envbuilder-{recipe.name}"[:64],
-    )
-    if part.max_nodes and nodes > part.max_nodes:
-        warnings.append(f"partition {partition} allows {part.max_nodes} node(s); {nodes} asked for")
-    if sched.account_required and not account:
+        return Launch(shape.launcher.name, argv, shape.nodes, shape.nproc, None, None, None, None)
+    job = _job_shape(recipe, shape)
+    if shape.partition_facts.max_nodes and shape.nodes > shape.partition_facts.max_nodes:
+        warnings.append(
+            f"partition {shape.partition} allows {shape.partition_facts.max_nodes} node(s); "
+            f"{shape.nodes} asked for"
+        )
+    if sched.account_required and not shape.account:
         warnings.append("this site needs an allocation account for every job: pass --account")
     directives = adapter.directives(job, sched.gpu_request, sched.required_flags)
     batch.check_dialect(directives, sched.forbidden_flags, sched.allowed_flags, recipe.chain[0])
@@ -189,12 +282,46 @@ def launch(
     text = batch.script(
         scheduler=adapter.name,
         directives=directives,
-        activate=replace(activate, modules=tuple(job_modules(recipe, activate))),
-        multinode=nodes > 1,
+        activate=replace(env.activate, modules=tuple(job_modules(recipe, env.activate))),
+        multinode=shape.nodes > 1,
         launch=argv,
-        workdir=workdir or f"{prefix}/envbuilder/validation",
+        workdir=workdir or f"{env.prefix}/envbuilder/validation",
+        threads=batch.Threads(shape.nproc, site_launcher.depth, shape.cores),
     )
-    return Launch(name, argv, nodes, nproc, adapter.name, partition, interactive, text)
+    return Launch(
+        shape.launcher.name, argv, shape.nodes, shape.nproc, adapter.name, shape.partition, interactive, text
+    )
+
+
+def _cpus_per_task(shape: Shape, adapter: Optional[schedulers.Scheduler]) -> Optional[launchers.Arg]:
+    """srun's CPUs per torchrun agent: all the job holds on the node. A batch script reads them from the
+    scheduler's variable; a run here uses what the job says, and a run outside any job leaves it to srun."""
+    if not (shape.launcher.agent and shape.launcher.scheduler and adapter):
+        return None
+    if shape.here is None:
+        return launchers.ShellVar(adapter.cpus_var)
+    if shape.here.in_job and shape.here.cpus_per_node:
+        return str(shape.here.cpus_per_node)
+    return None
+
+
+def _job_shape(recipe: Recipe, shape: Shape) -> batch.JobShape:
+    sched = recipe.scheduler
+    site_gpus = (
+        shape.gpus if shape.partition_facts.gpus_per_node is None else shape.partition_facts.gpus_per_node
+    )
+    cores = shape.partition_facts.cores_per_node or recipe.compute.cores_per_node
+    agent = shape.launcher.agent
+    return batch.JobShape(
+        nodes=shape.nodes,
+        tasks_per_node=1 if agent else shape.nproc,
+        gpus_per_node=site_gpus if shape.gpus else 0,
+        cpus_per_task=cores if (agent and cores and not sched.exclusive_nodes) else None,
+        partition=shape.partition,
+        time=recipe.validation.time or sched.time,
+        account=shape.account,
+        name=f"envbuilder-{recipe.name}"[:64],
+    )
 
 
 def job_modules(recipe: Recipe, activate: Activation) -> list[str]:

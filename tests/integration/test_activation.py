@@ -543,3 +543,103 @@ def test_pip_and_uv_in_the_activated_env_cannot_replace_torch(awkward_venv, pip_
     assert "The user requested (constraint) torch==1.0" in res.stdout  # pip
     assert not list(awkward_venv.glob("lib/python*/site-packages/needs_torch2"))
     assert not list(tmp_path.glob("PWNED*"))
+
+
+# --- list variables: activate puts directories first or last, deactivate takes out exactly those entries ---
+
+#: sh as well: a conda env's hooks are sourced by conda's POSIX activator, whatever the shell.
+HOOK_SHELLS = [s for s in ("bash", "zsh", "sh") if shutil.which(s)]
+ODD_DIR = "/soft/odd dir $(touch PWNED) `touch PWNED2` 'sq' \"dq\" * \\bs"
+PATHS_ACT = Activation(
+    modules=("gcc/15.1.0",),  # prepends its own lib64 to LD_LIBRARY_PATH
+    env={"A": "1"},
+    prepend={"LD_LIBRARY_PATH": (ODD_DIR, "/soft/aws-ofi/lib"), "LIBRARY_PATH": ("/stubs",)},
+    append={"LD_LIBRARY_PATH": ("/soft/last",), "CMAKE_PREFIX_PATH": ("/soft/cmake",)},
+    module_init=str(LMOD_INIT_DIR),
+    recipe="paths",
+)
+#: Before activate: a value, an empty value, and no value at all (LIBRARY_PATH).
+PATHS_BEFORE = {"LD_LIBRARY_PATH": "/opt/user/lib", "CMAKE_PREFIX_PATH": ""}
+PATHS_DRIVER = r"""
+. {init}
+dump() {{ env -0 > "$1"; }}
+dump "$2/before"
+. "$1/etc/conda/activate.d/envbuilder.sh"
+dump "$2/during"
+{meanwhile}
+. "$1/etc/conda/deactivate.d/envbuilder.sh"
+dump "$2/after"
+type _envbuilder_path_drop >/dev/null 2>&1 && echo "path_drop still defined" > "$2/leak"
+true
+"""
+
+
+def paths_round_trip(shell: str, prefix: Path, work: Path, meanwhile: str = "") -> tuple[dict, dict, dict]:
+    activation.install_conda(prefix, str(prefix), PATHS_ACT)
+    work.mkdir()
+    script = PATHS_DRIVER.format(init=LMOD_INIT_DIR / shell, meanwhile=meanwhile)
+    env = {
+        "HOME": str(work),
+        "PATH": "/usr/bin:/bin",
+        "MODULEPATH": str(DATA / "modules" / "site"),
+        **PATHS_BEFORE,
+    }
+    res = subprocess.run(
+        [shell, *(["-f"] if shell == "zsh" else []), "-c", script, "d", str(prefix), str(work)],
+        env=env, cwd=work, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert not (work / "leak").exists()
+    assert not list(work.glob("PWNED*"))
+    return tuple(read_env(work / n) for n in ("before", "during", "after"))  # type: ignore[return-value]
+
+
+@needs_lmod
+@pytest.mark.parametrize("shell", HOOK_SHELLS)
+def test_list_entries_are_added_and_deactivate_takes_exactly_them_out(shell, conda_prefix, tmp_path):
+    before, during, after = paths_round_trip(shell, conda_prefix, tmp_path / "work")
+    assert during["LD_LIBRARY_PATH"].split(":") == [
+        ODD_DIR, "/soft/aws-ofi/lib", "/opt/fake/gcc-15.1.0/lib64", "/opt/user/lib", "/soft/last"
+    ]  # fmt: skip
+    assert during["LIBRARY_PATH"] == "/stubs"  # unset before: no empty entry (the current directory)
+    assert during["CMAKE_PREFIX_PATH"] == "/soft/cmake"  # empty before: likewise
+    assert "LIBRARY_PATH" not in before
+    assert after == before
+
+
+@needs_lmod
+@pytest.mark.parametrize("shell", HOOK_SHELLS)
+def test_what_the_user_added_meanwhile_stays_after_deactivate(shell, conda_prefix, tmp_path):
+    meanwhile = (
+        'LD_LIBRARY_PATH="/mine:$LD_LIBRARY_PATH:/soft/aws-ofi/lib"; export LD_LIBRARY_PATH\n'
+        'LIBRARY_PATH="$LIBRARY_PATH:/mine"; export LIBRARY_PATH\n'
+        "CMAKE_PREFIX_PATH=/soft/cmake:/soft/cmake; export CMAKE_PREFIX_PATH"
+    )
+    before, _, after = paths_round_trip(shell, conda_prefix, tmp_path / "work", meanwhile)
+    # One entry out per entry activate added (its own, first for prepends, last for appends); the rest in order.
+    assert after["LD_LIBRARY_PATH"] == "/mine:/opt/user/lib:/soft/aws-ofi/lib"
+    assert after["LIBRARY_PATH"] == "/mine"
+    assert after["CMAKE_PREFIX_PATH"] == "/soft/cmake"
+    assert {k: v for k, v in after.items() if k not in PATHS_ACT.prepend and k not in PATHS_ACT.append} == {
+        k: v for k, v in before.items() if k not in PATHS_ACT.prepend and k not in PATHS_ACT.append
+    }
+
+
+@needs_lmod
+@pytest.mark.parametrize("shell", SHELLS)
+def test_venv_activate_adds_list_entries_and_deactivate_gives_the_values_back(shell, venv, tmp_path):
+    activation.install(venv, PATHS_ACT)
+    before, during, after = run(shell, venv, tmp_path, twice=True)
+    assert during["LD_LIBRARY_PATH"].split(":")[:2] == [ODD_DIR, "/soft/aws-ofi/lib"]
+    assert during["LIBRARY_PATH"] == "/stubs"
+    assert after == before
+    assert not list(tmp_path.glob("PWNED*"))
+
+
+def test_a_list_variable_is_added_to_or_set_never_both():
+    with pytest.raises(RecipeError, match="both set"):
+        Activation(env={"LD_LIBRARY_PATH": "/x"}, prepend={"LD_LIBRARY_PATH": ("/y",)})
+    with pytest.raises(RecipeError, match="one directory"):
+        Activation(append={"PATH": ("/a:/b",)})
+    with pytest.raises(RecipeError, match="not a variable name"):
+        Activation(prepend={"PATH; id": ("/a",)})

@@ -263,18 +263,19 @@ def test_zurada_recipe_on_an_emulated_zurada(world, tmp_path):
     prefix = Path(data["env"]["prefix"])
     assert data["env"]["modules"]["delta_set"]["LOADEDMODULES"] == "miniforge3/25.3.1-gcc-11.4.1"
     assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
-    # The env's activate.d loads the site's conda module and the recipe's OpenMP profile; deactivate undoes both.
+    # The env's activate.d loads the site's conda module and the recipe's OpenMP placement (no thread count: the
+    # launches set that from the job's CPUs); deactivate undoes both.
     out = sh(
         f"source {LMOD_INIT}; source '{prefix}/bin/activate'; "
-        'echo "$LOADEDMODULES|$OMP_NUM_THREADS|$(command -v python)"; deactivate; '
-        'echo "${LOADEDMODULES:-none}|${OMP_NUM_THREADS:-unset}"',
+        'echo "$LOADEDMODULES|$OMP_PLACES|${OMP_NUM_THREADS:-unset}|$(command -v python)"; deactivate; '
+        'echo "${LOADEDMODULES:-none}|${OMP_PLACES:-unset}"',
         world.env,
     )
-    assert out.splitlines() == [f"miniforge3/25.3.1-gcc-11.4.1|16|{prefix}/bin/python", "none|unset"]
+    assert out.splitlines() == [f"miniforge3/25.3.1-gcc-11.4.1|cores|unset|{prefix}/bin/python", "none|unset"]
 
 
 def site_conda_module(world: World, tmp_path: Path) -> tuple[Path, Path]:
-    """A site conda env with torch inside (built here by the embedded engine), and a `conda/2025-09-25` module that
+    """A site conda env with torch inside (built here by the embedded engine), and a `conda/2026-10-01` module that
     puts it on PATH, as ALCF's does: (the env, the module tree)."""
     world.recipe(name="site-conda", conda=())
     text = (world.recipes / "site-conda.toml").read_text()
@@ -283,11 +284,11 @@ def site_conda_module(world: World, tmp_path: Path) -> tuple[Path, Path]:
     )
     text = text.replace('[[packages]]\nname = "condademo"\nspec = "condademo==1.0"\n', "")
     (world.recipes / "site-conda.toml").write_text(text)
-    site_env = tmp_path / "soft" / "datascience" / "conda" / "2025-09-25"
+    site_env = tmp_path / "soft" / "datascience" / "conda" / "2026-10-01"
     ok(world.cli("create", "site-conda", "--prefix", str(site_env), "--no-validate"))
     modules = tmp_path / "modulefiles"
     (modules / "conda").mkdir(parents=True)
-    (modules / "conda" / "2025-09-25.lua").write_text(f'prepend_path("PATH", "{site_env}/bin")\n')
+    (modules / "conda" / "2026-10-01.lua").write_text(f'prepend_path("PATH", "{site_env}/bin")\n')
     return site_env, modules
 
 
@@ -304,7 +305,7 @@ def polaris_layer(world: World, modules: Path, overlay: str) -> None:
 @needs_lmod
 @pytest.mark.parametrize("overlay", ["venv", "clone"])
 def test_polaris_overlay_on_a_fixture_conda_module(world, tmp_path, overlay):
-    """polaris-overlay-conda over a site conda env that a `conda/2025-09-25` module puts on PATH: as a venv on top
+    """polaris-overlay-conda over a site conda env that a `conda/2026-10-01` module puts on PATH: as a venv on top
     (the recipe's way) it sees the site's torch; as a clone it has its own copy; either adds its own package, and
     the site env is not written."""
     site_env, modules = site_conda_module(world, tmp_path)
@@ -318,7 +319,7 @@ def test_polaris_overlay_on_a_fixture_conda_module(world, tmp_path, overlay):
     sys_prefix, torch_file, demo_file, loaded = out.split()
     assert sys_prefix == str(prefix)
     assert demo_file.startswith(str(prefix))  # the user's own package, in the overlay
-    assert loaded == "conda/2025-09-25"
+    assert loaded == "conda/2026-10-01"
     if overlay == "venv":
         assert torch_file.startswith(str(site_env))  # the site's torch, through the overlay
     else:

@@ -522,6 +522,30 @@ def test_modulefile_loads_the_env_with_real_lmod(world):
     assert "gcc/13.2.0" in loaded and "gcc" not in after
 
 
+def test_tcl_modulefile_loads_the_env_with_environment_modules(world, envmodules_init):
+    text = SMALL.format(name="demo", kind="venv", installer="uv", python="python3", extra="")
+    text = text.replace(
+        "[python]", '[activate]\nmodules = ["cmake/3.25.2"]\nenv = { OMP_NUM_THREADS = "8" }\n\n[python]'
+    )
+    world.recipe(text=text)
+    ok(world.create())
+    mdir = world.root / "modulefiles"
+    mdir.mkdir()
+    said = ok(world.cli("modulefile", "demo", "--format", "tcl", "-o", str(mdir))).stderr
+    assert "`module load demo`" in said  # Environment Modules takes the file's name as it is: no .lua
+    assert (mdir / "demo").read_text().startswith("#%Module")
+    env = {**world.env, "MODULEPATH": str(DATA / "modules" / "site")}
+    script = (
+        f"source {envmodules_init / 'bash'}; module use {shlex.quote(str(mdir))}; module load demo; "
+        "python -c 'import ebdemo, sys; print(sys.prefix)'; echo OMP=$OMP_NUM_THREADS CMAKE=$CMAKE_VERSION; "
+        "module unload demo; echo AFTER=${OMP_NUM_THREADS:-unset} ${CMAKE_VERSION:-unset} ${VIRTUAL_ENV:-unset}"
+    )
+    run = ok(bash(script, env))
+    assert str(world.prefix()) in run.stdout
+    assert "OMP=8 CMAKE=3.25.2" in run.stdout
+    assert "AFTER=unset unset unset" in run.stdout
+
+
 @pytest.mark.parametrize("installer", ["uv", "pip"])
 def test_user_prefix_env_works_through_pythonuserbase(world, installer):
     # The site python itself (a user-prefix env is not a venv; pip --user refuses to run inside one).

@@ -1,6 +1,7 @@
-"""The module-system adapter against real Lmod (Debian's lmod, installed by .ci/run) and a fixture tree that uses
-the seed sites' module names. Tcl Environment Modules cannot be installed beside Lmod on Debian; its test runs
-where it is installed and says so otherwise."""
+"""The module-system adapter against real Lmod (Debian's lmod, installed by .ci/run) and real Tcl Environment
+Modules (Debian's package, which conflicts with lmod, unpacked by .ci/run into a private prefix: the
+``envmodules_init`` fixture), with a fixture tree that uses the seed sites' module names; and the env's
+modulefile, Lua and Tcl, loaded and unloaded by both."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import DATA
+from helpers import DATA, ENVMODULES_INIT_DIR
 
 from envbuilder import modules
 from envbuilder.errors import ModuleSystemError
+from envbuilder.plan.activation import Activation
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 
@@ -21,7 +23,6 @@ pytestmark = pytest.mark.integration
 
 TREE = DATA / "modules"
 LMOD_INIT = "/usr/share/lmod/lmod/init/bash"
-TCL_INIT = "/usr/share/modules/init/bash"
 
 needs_lmod = pytest.mark.skipif(
     not Path(LMOD_INIT).is_file(), reason="Lmod not installed (.ci/run installs Debian's lmod)"
@@ -160,12 +161,8 @@ def test_every_shipped_lmod_recipe_module_exists_in_the_fixture_tree(lmod):
         assert delta.set.get("LOADEDMODULES", "").split(":") == list(recipe.get("modules.load")), name
 
 
-@pytest.mark.skipif(
-    not Path(TCL_INIT).is_file(),
-    reason="Tcl Environment Modules not installed (Debian's package conflicts with lmod)",
-)
-def test_tcl_environment_modules_status_is_checked():
-    tcl = modules.ModuleSystem("environment-modules", TCL_INIT)
+def test_tcl_environment_modules_status_is_checked(envmodules_init):
+    tcl = modules.ModuleSystem("environment-modules", str(envmodules_init / "bash"))
     with pytest.raises(ModuleSystemError):
         tcl.apply([], ["nosuch/1.0"], base_env())
     assert tcl.apply([], ["cmake/3.25.2"], base_env()).set["CMAKE_VERSION"] == "3.25.2"
@@ -219,3 +216,128 @@ def test_lua_string_escapes():
     from envbuilder.modulefile import lua_string
 
     assert lua_string('a"b\\c\nd\x01') == '"a\\"b\\\\c\\nd\\001"'
+
+
+# --- the env's modulefile, Lua for Lmod and Tcl for Environment Modules: load, then unload exactly ---
+
+SHELLS = [s for s in ("bash", "zsh") if shutil.which(s)]
+#: Everything Tcl substitutes or groups by ($, [], {}, backslash, quotes), and what a shell would run.
+HOSTILE_VALUE = 'a"b\\c $(touch PWNED) `touch PWNED2` [exec touch PWNED3] {x} $HOME \\'
+ODD_DIR = "/soft/odd dir $(touch PWNED) [exec touch PWNED3] {b} \\x"
+ENV_ACT = Activation(
+    modules=("cmake/3.25.2",),  # a Tcl modulefile, which Lmod reads too
+    env={"OMP_NUM_THREADS": "16", "TRICKY": HOSTILE_VALUE},
+    unset=("NCCL_DEBUG",),
+    prepend={"LD_LIBRARY_PATH": (ODD_DIR, "/soft/aws-ofi/lib")},
+    append={"CMAKE_PREFIX_PATH": ("/soft/cmake",)},
+)
+#: The module systems' own bookkeeping, which unload rewrites rather than removes (their business, not ours).
+BOOKKEEPING = (
+    "__LMOD_",
+    "_ModuleTable",
+    "LMOD_",
+    "__MODULES_",
+    "MODULES_",
+    "_LMFILES_",
+    "LOADEDMODULES",
+    "BASH_FUNC_",
+)
+ROUND_TRIP = r"""
+. "$INIT"
+dump() {{ env -0 > "$1"; }}
+dump "$WORK/before"
+module load myenv/1.0
+dump "$WORK/during"
+{meanwhile}
+module unload myenv/1.0
+dump "$WORK/after"
+"""
+
+
+def read_vars(path: Path) -> dict[str, str]:
+    pairs = (kv.split("=", 1) for kv in path.read_bytes().decode().split("\0") if "=" in kv)
+    noise = {"_", "PWD", "OLDPWD", "SHLVL", "ZSH_EXECUTION_STRING", "PS1"}
+    return {k: v for k, v in pairs if k not in noise and not k.startswith(BOOKKEEPING)}
+
+
+def module_systems() -> list[tuple[str, Path]]:
+    return [("lua", Path(LMOD_INIT).parent), ("tcl", ENVMODULES_INIT_DIR)]
+
+
+def env_module_round_trip(
+    fmt: str, shell: str, tmp_path: Path, prefix: Path, meanwhile: str = ""
+) -> tuple[dict[str, str], dict[str, str], dict[str, str], str]:
+    """Write the env's modulefile in ``fmt``, load it and unload it in ``shell``; the variables before, during and
+    after, and what the module system said."""
+    from envbuilder import modulefile
+
+    init_dir = dict(module_systems())[fmt]
+    if not (init_dir / shell).is_file():
+        pytest.skip(
+            f"no {fmt} module system here ({init_dir}: Lmod and the Tcl prefix are set up by .ci/run)"
+        )
+    mods, work = tmp_path / "mods", tmp_path / "work"
+    (mods / "myenv").mkdir(parents=True)
+    work.mkdir()
+    text = modulefile.render(
+        name="myenv/1.0", prefix=str(prefix), recipe="demo", activate=ENV_ACT, constraints=True, fmt=fmt
+    )
+    (mods / "myenv" / ("1.0.lua" if fmt == "lua" else "1.0")).write_text(text)
+    env = {
+        **base_env(),
+        "MODULEPATH": f"{mods}:{TREE / 'site'}",
+        "NCCL_DEBUG": "INFO",
+        "LD_LIBRARY_PATH": "/opt/user/lib",
+        "INIT": str(init_dir / shell),
+        "WORK": str(work),
+    }
+    script = ROUND_TRIP.format(meanwhile=meanwhile)
+    argv = [shell, *(["-f"] if shell == "zsh" else []), "-c", script]
+    res = subprocess.run(argv, env=env, cwd=work, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    for root in (work, tmp_path, Path.cwd()):
+        assert not list(root.glob("PWNED*")), root
+    before, during, after = (read_vars(work / n) for n in ("before", "during", "after"))
+    return before, during, after, res.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("fmt", ["lua", "tcl"])
+def test_env_modulefile_loads_and_unloads_exactly(fmt, shell, tmp_path):
+    from envbuilder.plan.steps import CONSTRAINTS
+
+    prefix = tmp_path / "env$(touch${IFS}PWNED)`id`[exec${IFS}touch${IFS}PWNED3]{b}'q'\"d\"\\bs"
+    (prefix / "bin").mkdir(parents=True)
+    before, during, after, _ = env_module_round_trip(fmt, shell, tmp_path, prefix)
+    assert during["VIRTUAL_ENV"] == str(prefix)
+    assert during["PATH"].split(":")[0] == str(prefix / "bin")
+    assert during["CMAKE_VERSION"] == "3.25.2"  # the recipe's module came along
+    assert during["OMP_NUM_THREADS"] == "16"
+    assert during["TRICKY"] == HOSTILE_VALUE
+    assert "NCCL_DEBUG" not in during
+    assert during["LD_LIBRARY_PATH"].split(":") == [ODD_DIR, "/soft/aws-ofi/lib", "/opt/user/lib"]
+    assert during["CMAKE_PREFIX_PATH"] == "/soft/cmake"  # unset before: no empty entry
+    assert during["PIP_CONSTRAINT"] == during["UV_CONSTRAINT"] == f"{prefix}/{CONSTRAINTS}"
+    assert after == before
+
+
+@pytest.mark.parametrize("fmt", ["lua", "tcl"])
+def test_env_modulefile_unload_keeps_what_the_user_added_meanwhile(fmt, tmp_path):
+    meanwhile = 'LD_LIBRARY_PATH="/mine:$LD_LIBRARY_PATH"; export LD_LIBRARY_PATH'
+    _, _, after, _ = env_module_round_trip(fmt, "bash", tmp_path, tmp_path / "env", meanwhile)
+    assert after["LD_LIBRARY_PATH"] == "/mine:/opt/user/lib"
+    assert after["NCCL_DEBUG"] == "INFO"
+
+
+@pytest.mark.parametrize("fmt", ["lua", "tcl"])
+def test_env_modulefile_at_a_prefix_with_whitespace_says_why_it_exports_no_pins(fmt, tmp_path):
+    before, during, after, said = env_module_round_trip(fmt, "bash", tmp_path, tmp_path / "env dir")
+    assert "PIP_CONSTRAINT" not in during
+    assert "not kept from replacing its torch" in " ".join(said.split())
+    assert after == before
+
+
+def test_tcl_string_escapes_everything_tcl_substitutes():
+    from envbuilder.modulefile import tcl_string
+
+    assert tcl_string('a"b\\c$d[e]{f}\tg') == '"a\\"b\\\\c\\$d\\[e\\]\\{f\\}\\u0009g"'

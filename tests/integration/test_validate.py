@@ -180,7 +180,9 @@ def test_wrong_gpu_count_names_the_cause(world):
 
 
 def test_a_reference_out_of_bounds_fails_and_shows_the_reference(world):
-    res, env = world.validate("--checks", "import,nccl", extra={"SLURM_JOB_PARTITION": "refcheck"})
+    # As inside a job on the partition "refcheck" (a job sets both variables).
+    job = {"SLURM_JOB_ID": "4242", "SLURM_JOB_PARTITION": "refcheck"}
+    res, env = world.validate("--checks", "import,nccl", extra=job)
     assert res.returncode == 8, res.stderr
     nccl = _checks(env)["nccl"]
     assert nccl["status"] == "fail"
@@ -253,11 +255,14 @@ def test_submit_through_srun_starts_one_torchrun_agent_per_node(world, slurm_clu
     )
     assert res.returncode == 0, res.stderr
     data = env["data"]
-    assert data["command"][:5] == [
+    assert data["command"][:7] == [
         "srun",
         "--nodes=1",
         "--ntasks-per-node=1",
         "--ntasks=1",
+        # The agent gets every CPU the job holds on its node (a step gets one per task unless told).
+        "--cpus-per-task",
+        "$SLURM_CPUS_ON_NODE",
         str(world.prefix / "bin" / "python"),
     ]
     # One agent, two workers: a single world of 2, not two worlds of 2 (the Zurada seed's double launch).

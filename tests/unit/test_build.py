@@ -85,6 +85,26 @@ def test_step_variables_expand_from_the_module_environment():
     assert full["PATH"] == "/bin"
 
 
+def test_step_list_entries_go_before_the_module_value_and_expand():
+    step = InstallStep(
+        ("pip",),
+        env={"CUDA": "${NVHPC_ROOT}/cuda"},
+        env_prepend={"LIBRARY_PATH": ("${CUDA}/lib64/stubs", "/opt/x"), "CPATH": ("/inc",)},
+    )
+    full, own = base.step_env(step, {"NVHPC_ROOT": "/opt/nv", "LIBRARY_PATH": "/opt/nv/math/lib64"})
+    assert own["LIBRARY_PATH"] == "/opt/nv/cuda/lib64/stubs:/opt/x:/opt/nv/math/lib64"
+    assert own["CPATH"] == "/inc"  # nothing before: no empty entry (the current directory)
+    assert full["LIBRARY_PATH"] == own["LIBRARY_PATH"]
+    assert step.display()[:4] == (
+        "env",
+        "CUDA=${NVHPC_ROOT}/cuda",
+        "LIBRARY_PATH=${CUDA}/lib64/stubs:/opt/x:$LIBRARY_PATH",
+        "CPATH=/inc:$CPATH",
+    )
+    with pytest.raises(BackendError, match=r"\$NVHPC_ROOT"):
+        base.step_env(InstallStep(("pip",), env_prepend={"LIBRARY_PATH": ("${NVHPC_ROOT}/stubs",)}), {})
+
+
 def test_step_variable_without_its_module_is_an_error():
     step = InstallStep(("pip",), env={"X": "${NVHPC_ROOT}/cuda"})
     with pytest.raises(BackendError, match=r"\$NVHPC_ROOT"):

@@ -121,6 +121,8 @@ def test_mpirun_maps_ranks_per_node():
         "8",
         "--map-by",
         "ppr:4:node",
+        "--bind-to",
+        "none",
         PY,
         *SCRIPT,
     ]
@@ -294,6 +296,32 @@ def test_script_quotes_recipe_values(tmp_path):
     # test_hostile.py shows Lmod running it).
     with pytest.raises(RecipeError, match="not a module name"):
         batch.module_lines([], ["conda/2025; echo pwned"])
+
+
+def test_script_adds_list_entries_quoted_and_without_an_empty_entry(tmp_path):
+    odd = "/soft/a dir $(touch pwned) 'q'"
+    text = batch.script(
+        scheduler="slurm",
+        directives=["--nodes=1"],
+        activate=Activation(prepend={"LD_LIBRARY_PATH": (odd, "/soft/b")}, append={"CPATH": ("/inc",)}),
+        multinode=False,
+        launch=["sh", "-c", 'printf "%s|%s" "$LD_LIBRARY_PATH" "$CPATH"'],
+        workdir=str(tmp_path / "w"),
+    )
+    for before, expected in (
+        ({}, f"{odd}:/soft/b|/inc"),
+        ({"LD_LIBRARY_PATH": "/u", "CPATH": "/c"}, f"{odd}:/soft/b:/u|/c:/inc"),
+    ):
+        res = subprocess.run(
+            ["bash", "-c", text],
+            cwd=tmp_path,
+            env={"PATH": "/usr/bin:/bin", **before},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert res.stdout == expected
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_plan_refuses_a_directive_outside_the_allowed_flags(tmp_path):

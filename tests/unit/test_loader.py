@@ -191,7 +191,7 @@ def test_every_recipe_starts_from_the_seeded_defaults():
         "launcher": {"default": "torchrun", "gpu_affinity": "none", "port": 29500},
         "activate": {"modules": [], "env": {}, "profiles": []},
         "validation": {
-            "checks": ["import", "gpu", "arch", "cuda", "libraries", "nccl", "ddp", "filesystem"],
+            "checks": ["import", "gpu", "arch", "cuda", "libraries", "affinity", "nccl", "ddp", "filesystem"],
             "nodes": 1,
         },
     }

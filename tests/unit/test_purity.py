@@ -36,11 +36,13 @@ PURE = (
     "envbuilder.validate.checks",
     "envbuilder.validate.suite",
     "envbuilder.plan.steps",
+    "envbuilder.plan.target",
     "envbuilder.validate.batch",
     "envbuilder.recipe.schema",
     "envbuilder.modulefile",
     "envbuilder.activate_scripts",  # reads its templates from package data
     "envbuilder.validate.report",
+    "envbuilder.validate.affinity",
     "envbuilder.lockfile",  # lockfile.read reads the one file it is given; no process, no network
     "envbuilder.lockfile.applicability",
     "envbuilder.plan",

@@ -3,6 +3,7 @@ the exact index URL, modules and launch command the corrected procedure calls fo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ CATALOG = Catalog.from_env({})
 OPTS = plan.Options(package_dir="PKG")
 PAYLOAD = "PKG/payloads/validate.py"
 S = "/scratch/u1/envbuilder/envs"
-CHECKS_FULL = "import,gpu,arch,cuda,libraries,nccl,ddp,filesystem"
+CHECKS_FULL = "import,gpu,arch,cuda,libraries,affinity,nccl,ddp,filesystem"
 
 # recipe, facts fixture, index URL (None: torch from the site), modules, module use, launch command
 CASES = [
@@ -31,7 +32,7 @@ CASES = [
         ["gcc/15.1.0", "python3/3.11.8"],
         [],
         f"{S}/vista-venv-cu124/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=1 "
-        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,ddp,filesystem --device cuda --expect-gpus 1",
+        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,affinity,ddp,filesystem --device cuda --expect-gpus 1",
     ),
     (
         "vista-venv-mpi-cu126",
@@ -40,7 +41,7 @@ CASES = [
         ["gcc/13.2.0", "openmpi/5.0.5", "python3_mpi/3.11.8"],
         [],
         f"ibrun -n 2 {S}/vista-venv-mpi-cu126/bin/python {PAYLOAD} "
-        "--checks import,gpu,arch,cuda,libraries,mpi,nccl,ddp,filesystem --device cuda --expect-gpus 1",
+        "--checks import,gpu,arch,cuda,libraries,affinity,mpi,nccl,ddp,filesystem --device cuda --expect-gpus 1",
     ),
     (
         "vista-overlay-system",
@@ -49,7 +50,7 @@ CASES = [
         ["gcc/15.1.0", "python3/3.11.8"],
         [],
         f"{S}/vista-overlay-system/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=1 "
-        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,filesystem --device cuda --expect-gpus 1",
+        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,affinity,filesystem --device cuda --expect-gpus 1",
     ),
     (
         "frontera-venv-cu124",
@@ -73,7 +74,7 @@ CASES = [
         "stampede3-venv-cu126",
         "h100-sxm-x4",
         "https://download.pytorch.org/whl/cu126",
-        [],
+        ["python/3.9.18"],
         [],
         f"{S}/stampede3-venv-cu126/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=4 "
         f"{PAYLOAD} --checks {CHECKS_FULL} --device cuda --expect-gpus 4",
@@ -94,8 +95,9 @@ CASES = [
             f"https://download.pytorch.org/whl/{v}",
             ["miniforge3/25.3.1-gcc-11.4.1"],
             [],
-            # One srun task per node around one torchrun: never the seed's two agents on the same GPUs.
-            f"srun --nodes=1 --ntasks-per-node=1 --ntasks=1 /work/u1/envbuilder/envs/zurada-conda-{v}/bin/python "
+            # One srun task per node around one torchrun: never the seed's two agents on the same GPUs; and
+            # every CPU the job holds on the node for it (a step gets one CPU per task unless told).
+            f"srun --nodes=1 --ntasks-per-node=1 --ntasks=1 --cpus-per-task $SLURM_CPUS_ON_NODE /work/u1/envbuilder/envs/zurada-conda-{v}/bin/python "
             f"-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 {PAYLOAD} --checks {CHECKS_FULL} "
             "--device cuda --expect-gpus 2",
         )
@@ -107,18 +109,19 @@ CASES = [
         "https://download.pytorch.org/whl/cu121",
         ["python/3.12.1-gpu"],
         [],
-        "mpirun -n 4 --map-by ppr:4:node /work/p01/p01/u1/envbuilder/envs/cirrus-venv-cu121-horovod/bin/python "
-        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,mpi,nccl,horovod --device cuda --expect-gpus 4",
+        "mpirun -n 4 --map-by ppr:4:node --bind-to none /work/p01/p01/u1/envbuilder/envs/cirrus-venv-cu121-horovod/bin/python "
+        f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,affinity,mpi,nccl,horovod --device cuda --expect-gpus 4 "
+        "--horovod-gpu-ops NCCL",
     ),
     (
         "polaris-overlay-conda",
         "a100-sxm4-x4",
         None,
-        ["conda/2025-09-25"],
+        ["conda/2026-10-01"],
         ["/soft/modulefiles"],
-        "mpiexec -n 4 --ppn 4 --depth 16 --cpu-bind depth PKG/payloads/gpu_affinity.sh reverse-local-rank "
+        "mpiexec -n 4 --ppn 4 --depth 8 --cpu-bind depth PKG/payloads/gpu_affinity.sh reverse-local-rank "
         f"/home/u1/envbuilder/envs/polaris-overlay-conda/bin/python {PAYLOAD} "
-        "--checks import,gpu,arch,cuda,libraries,mpi,nccl,ddp,filesystem --device cuda --expect-gpus 1",
+        "--checks import,gpu,arch,cuda,libraries,affinity,mpi,nccl,ddp,filesystem --device cuda --expect-gpus 1",
     ),
     (
         "local",
@@ -201,6 +204,14 @@ def test_login_node_without_gpu_still_resolves_for_compute_partition():
     assert any("not this host" in n for n in p.notes)
 
 
+def test_stampede3_plans_the_python_of_taccs_module_not_the_planning_hosts():
+    login = dataclasses.replace(load_facts("cpu-only"), python="3.13.0")
+    p = plan.build(loader.load("stampede3-venv-cu126", CATALOG), login, PLAN_ENV, OPTS)
+    assert p.modules == ("python/3.9.18",)
+    assert p.python == {"command": "python3", "version": "3.9"}
+    assert p.target.python == "3.9"
+
+
 def test_wrong_arch_host_warns():
     p = plan.build(loader.load("vista-venv-cu124", CATALOG), load_facts("cpu-only"), PLAN_ENV, OPTS)
     assert any("must run on an aarch64 node" in w for w in p.warnings)
@@ -212,8 +223,55 @@ def test_zurada_batch_script_has_one_agent_per_node():
     assert "#SBATCH --cpus-per-task=32\n" in script
     assert "#SBATCH --gpus-per-node=2\n" in script
     assert "#SBATCH --partition=gpu2h100\n" in script
-    assert "export OMP_NUM_THREADS=16\n" in script
     assert "--ntasks-per-node=2" not in script
+
+
+def _omp_threads(script: str, **env: str) -> str:
+    """OMP_NUM_THREADS as the job script's own lines compute it in bash, inside a job with ``env``."""
+    lines = [ln for ln in script.splitlines() if ln.startswith(("cpus=", "export OMP_NUM_THREADS="))]
+    assert lines, script
+    res = subprocess.run(
+        ["bash", "-c", "\n".join([*lines, 'echo "$OMP_NUM_THREADS"'])],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return res.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("partition", "job_cpus", "threads", "ranks"),
+    [
+        ("gpu2h100", "32", "16", "2"),
+        ("gpu2h100", "", "16", "2"),
+        ("gpu1h100", "32", "32", "1"),
+        (None, "8", "4", "2"),
+    ],
+)
+def test_zurada_threads_come_from_the_job_and_the_partition(partition, job_cpus, threads, ranks):
+    # The seed exported OMP_NUM_THREADS=16 everywhere; now the job script divides the job's CPUs on the node
+    # (the recipe's 32 cores where the job does not say) among the node's ranks.
+    p = make("zurada-conda-cu128", "cpu-only", partition=partition)
+    env = {"SLURM_CPUS_ON_NODE": job_cpus} if job_cpus else {}
+    assert _omp_threads(p.batch_script, **env) == threads
+    assert f"--nproc-per-node={ranks} " in " ".join(p.launch_command) + " "
+    if partition == "gpu1h100":
+        assert "#SBATCH --gpus-per-node=1\n" in p.batch_script and p.partition == "gpu1h100"
+        assert len(p.target.gpus) == 1
+
+
+def test_zurada_activation_exports_no_thread_count():
+    # Login nodes and the 1-GPU partition would get 16 threads per process from an activation-time export.
+    p = make("zurada-conda-cu128", "cpu-only")
+    assert "OMP_NUM_THREADS" not in p.activate.env
+    assert p.activate.env["OMP_PLACES"] == "cores"
+
+
+def test_an_unknown_partition_is_a_warning_and_the_site_facts_stay():
+    p = make("zurada-conda-cu128", "cpu-only", partition="gpu9x")
+    assert any("partition gpu9x is not one the recipe describes" in w for w in p.warnings)
+    assert len(p.target.gpus) == 2
 
 
 def test_vista_batch_script_avoids_forbidden_flags():
@@ -240,6 +298,8 @@ def test_cirrus_is_retired_but_plans_with_gres_and_qos():
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in horovod
     assert "--no-build-isolation" in horovod
     assert horovod[-1].endswith("@3a31d933a13c7c885b8a673f4172b17914ad334d")
+    # The CUDA stubs go before the module's LIBRARY_PATH, not in its place.
+    assert "LIBRARY_PATH=${NVHPC_ROOT}/cuda/lib64/stubs:$LIBRARY_PATH" in horovod
 
 
 def test_polaris_pbs_script_and_account():
@@ -248,6 +308,12 @@ def test_polaris_pbs_script_and_account():
     assert "#PBS -q debug\n" in p.batch_script
     assert "module use /soft/modulefiles\n" in p.batch_script
     assert "export NCCL_NET='AWS Libfabric'\n" in p.batch_script
+    ofi = "/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib/"
+    assert f'export LD_LIBRARY_PATH={ofi}"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n' in p.batch_script
+    assert any(
+        step.startswith("activate extension:") and f"LD_LIBRARY_PATH={ofi}:$LD_LIBRARY_PATH" in step
+        for step in p.steps
+    )
     assert any("--account" in w for w in p.warnings)
     assert "-A" not in p.interactive_command
     with_account = make("polaris-overlay-conda", "a100-sxm4-x4", account="MyProj")

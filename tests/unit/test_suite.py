@@ -10,6 +10,7 @@ from helpers import PLAN_ENV, REPO, load_facts
 from envbuilder import plan
 from envbuilder.errors import RecipeError, UsageError
 from envbuilder.plan.activation import Activation
+from envbuilder.plan.target import target_facts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.validate import checks, suite
@@ -70,7 +71,7 @@ def test_payload_args_for_a_run():
 
 def _launch(name, facts_name, payload, workdir=None):
     recipe = loader.load(name, CATALOG)
-    target = plan.target_facts(recipe, load_facts(facts_name), [], [])
+    target = target_facts(recipe, load_facts(facts_name), [], [])
     activate = Activation()
     return suite.launch(
         recipe,

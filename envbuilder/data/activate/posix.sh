@@ -16,7 +16,9 @@ if [ -n "${_ENVBUILDER_ACTIVE:-}" ] && type _envbuilder_undo >/dev/null 2>&1; th
 _ENVBUILDER_ACTIVE=1
 @saves@
 @modules@
+@conda@
 @variables@
+@paths@
 #% After the recipe's variables: a value the recipe sets is kept and added to.
 @constraints@
 #% Modules may have put their own python first; the env's must win.
@@ -24,7 +26,10 @@ if [ -n "${@env_var@:-}" ]; then PATH="$@env_var@/bin:$PATH"; export PATH; fi
 hash -r 2>/dev/null || true
 
 _envbuilder_undo() {
+    @path_drops@
+    @conda_undo@
     @modules_undo@
+    @path_finish@
     @restores@
     unset _ENVBUILDER_ACTIVE
 }
@@ -44,6 +49,65 @@ unset _ENVBUILDER_OLD_@var@ _ENVBUILDER_HAD_@var@
 
 #@section unset
 unset @var@
+
+#@section path_save
+#% A list variable activate adds to: only whether it was set is kept (deactivate takes out its own entries).
+if [ -n "${@var@+x}" ]; then _ENVBUILDER_HAD_@var@=1; else _ENVBUILDER_HAD_@var@=0; fi
+
+#@section prepend
+#% No empty entry where the value was empty or unset: to the loader and the shell that is the current directory.
+@var@=@entries@"${@var@:+:$@var@}"; export @var@
+
+#@section append
+@var@="${@var@:+$@var@:}"@entries@; export @var@
+
+#@section path_drop_function
+#% _envbuilder_path_drop VAR ENTRY first|last: takes one ENTRY out of the colon list in VAR (the first one for a
+#% prepended entry, the last for an appended one) and leaves every other entry, empty ones included, in order.
+#% VAR is a validated identifier, so eval only ever reads and assigns that variable.
+_envbuilder_path_drop() {
+    eval "_envbuilder_value=\${$1-}"
+    _envbuilder_count=0
+    _envbuilder_rest="$_envbuilder_value:"
+    while [ -n "$_envbuilder_rest" ]; do
+        _envbuilder_item=${_envbuilder_rest%%:*}
+        _envbuilder_rest=${_envbuilder_rest#*:}
+        if [ "$_envbuilder_item" = "$2" ]; then _envbuilder_count=$((_envbuilder_count + 1)); fi
+    done
+    if [ "$_envbuilder_count" -gt 0 ]; then
+        if [ "$3" = first ]; then _envbuilder_target=1; else _envbuilder_target=$_envbuilder_count; fi
+        _envbuilder_kept=""
+        _envbuilder_seen=0
+        _envbuilder_first=1
+        _envbuilder_rest="$_envbuilder_value:"
+        while [ -n "$_envbuilder_rest" ]; do
+            _envbuilder_item=${_envbuilder_rest%%:*}
+            _envbuilder_rest=${_envbuilder_rest#*:}
+            if [ "$_envbuilder_item" = "$2" ]; then
+                _envbuilder_seen=$((_envbuilder_seen + 1))
+                if [ "$_envbuilder_seen" = "$_envbuilder_target" ]; then continue; fi
+            fi
+            if [ "$_envbuilder_first" = 1 ]; then
+                _envbuilder_kept=$_envbuilder_item
+                _envbuilder_first=0
+            else
+                _envbuilder_kept="$_envbuilder_kept:$_envbuilder_item"
+            fi
+        done
+        eval "$1=\$_envbuilder_kept"
+    fi
+    unset _envbuilder_value _envbuilder_count _envbuilder_rest _envbuilder_item _envbuilder_target
+    unset _envbuilder_kept _envbuilder_seen _envbuilder_first
+}
+
+#@section path_drop
+_envbuilder_path_drop @var@ @entry@ @which@
+
+#@section path_finish
+#% After the modules are unloaded (they may have added to the same variable): unset again what was unset before
+#% activate and holds nothing now; otherwise keep what is left, the user's own additions included.
+if [ "${_ENVBUILDER_HAD_@var@:-0}" = 0 ] && [ -z "${@var@:-}" ]; then unset @var@; elif [ -n "${@var@+x}" ]; then export @var@; fi
+unset _ENVBUILDER_HAD_@var@
 
 #@section state_names
 #% Names of the module systems' bookkeeping variables in the environment, colon-separated (Lmod and Tcl modules).
@@ -81,6 +145,42 @@ case ":${MODULEPATH:-}:" in *:@path@:*) ;; *) module use @path@ && _ENVBUILDER_U
 
 #@section module_load
 module load @modules@ || echo "envbuilder: module load @modules_dq@ failed; see module spider" >&2
+
+#@section conda_env
+#% ALCF's `module load conda; conda activate`: the `conda` shell function comes from a module just loaded. Where
+#% there is none, or conda activate fails, this activation takes back what it did so far (the modules, the venv's
+#% own activate through its deactivate) and sourcing returns 1: nothing is left half applied.
+if type conda >/dev/null 2>&1; then
+    if conda activate @conda_env@; then
+        _ENVBUILDER_CONDA_SHLVL="${CONDA_SHLVL:-}"
+    else
+        echo "envbuilder: conda activate @conda_env_dq@ failed (activate.conda_env); the env is not activated" >&2
+        _envbuilder_abort=1
+    fi
+else
+    echo "envbuilder: no conda command once the modules are loaded, so conda activate @conda_env_dq@ (activate.conda_env) cannot run; the env is not activated" >&2
+    _envbuilder_abort=1
+fi
+if [ -n "${_envbuilder_abort:-}" ]; then
+    unset _envbuilder_abort
+    @modules_undo@
+    @path_finish@
+    @restores@
+    unset _ENVBUILDER_ACTIVE
+    if type deactivate >/dev/null 2>&1; then deactivate; fi
+    return 1
+fi
+
+#@section conda_env_undo
+#% Only while the env activate entered is still conda's innermost: one the user activated on top is theirs.
+if [ -n "${_ENVBUILDER_CONDA_SHLVL+x}" ]; then
+    if [ "${CONDA_SHLVL:-}" = "$_ENVBUILDER_CONDA_SHLVL" ] && type conda >/dev/null 2>&1; then
+        conda deactivate
+    else
+        echo "envbuilder: another conda env is active on top of @conda_env_dq@; leaving conda's envs as they are (conda deactivate)" >&2
+    fi
+    unset _ENVBUILDER_CONDA_SHLVL
+fi
 
 #@section modules_undo
 #% Unloads the modules activation added (newest first) and unuses its paths, then drops bookkeeping variables

@@ -1,0 +1,74 @@
+"""`envbuilder run ENV -- PROGRAM ...` and `envbuilder sbatch ENV -- PROGRAM ...`: the user's own program with the
+launch rules the validation proved."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from envbuilder import host, modules, proc, settings, state
+from envbuilder.console import Out
+from envbuilder.errors import StateError
+from envbuilder.recipe import loader
+from envbuilder.recipe.catalog import Catalog
+from envbuilder.validate import program
+
+
+class ProgramStatus(int):
+    """A command whose exit status is its program's: the CLI returns it as it is, with no envelope."""
+
+
+def _request(args: argparse.Namespace) -> program.Request:
+    return program.Request(
+        program=tuple(args.program),
+        nodes=args.nodes,
+        ranks_per_node=args.gpus_per_node,
+        partition=args.partition,
+        account=args.account,
+        launcher=args.launcher,
+    )
+
+
+def _prepare(args: argparse.Namespace, out: Out, *, batch: bool) -> tuple[Any, ...]:
+    env = dict(os.environ)
+    record = state.load(settings.home(env), args.env)
+    if state.health(record).status == "gone":
+        raise StateError(
+            f"{record.name} is gone from {record.prefix}", hint=f"envbuilder create {record.recipe}"
+        )
+    version = str(record.plan.get("recipe_version") or "")
+    recipe = loader.load(f"{record.recipe}@{version}" if version else record.recipe, Catalog.from_env(env))
+    prepared = program.prepare(record, recipe, host.probe(env), env, _request(args), batch=batch)
+    for text in prepared.warnings:
+        out.warn(text)
+    return env, record, recipe, prepared
+
+
+def handle_run(args: argparse.Namespace, out: Out) -> ProgramStatus:
+    env, record, recipe, prepared = _prepare(args, out, batch=False)
+    if args.dry_run:
+        print(proc.quote(program.command_here(prepared)))
+        return ProgramStatus(0)
+    with proc.sigterm_as_interrupt():
+        return ProgramStatus(program.run_here(record, recipe, prepared, env, modules.detect(env)))
+
+
+def handle_sbatch(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    env, record, _recipe, prepared = _prepare(args, out, batch=True)
+    script = prepared.launch.script or ""
+    if args.dry_run:
+        if not args.json:
+            print(script, end="")
+        return {"env": record.name, "script": script, "submitted": False}
+    job = program.submit(record, prepared, env)
+    if not args.json:
+        print(job.job)
+        out.line(f"submitted job {job.job}: {job.script} (output: {job.output})")
+    return {
+        "env": record.name,
+        "job": job.job,
+        "script_path": job.script,
+        "output": job.output,
+        "submitted": True,
+    }

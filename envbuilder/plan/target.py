@@ -1,0 +1,105 @@
+"""The machine an env is for (pure): the site's compute partition, refined by this host where it is such a node.
+``plan`` resolves wheels for it; ``validate`` sizes its launch by it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Optional
+
+from envbuilder.facts import Gpu, HostFacts
+from envbuilder.recipe import sections
+from envbuilder.resolver.wheels import gpu_capability
+
+if (
+    TYPE_CHECKING
+):  # only named: the loader reaches the registry (ssh-keygen), which a pure module must not import
+    from envbuilder.recipe.loader import Recipe
+
+
+def target_facts(
+    recipe: Recipe,
+    host: HostFacts,
+    warnings: list[str],
+    notes: list[str],
+    *,
+    arch_override: Optional[str] = None,
+    partition: Optional[str] = None,
+) -> HostFacts:
+    """The machine the env is for: the site's compute partition, refined by the host when it is such a node.
+    ``arch_override`` plans for nodes of another architecture (a lock for them), whatever this host is;
+    ``partition`` for the nodes of that partition."""
+    compute = partition_compute(recipe, partition, warnings)
+    python = recipe.python.version or host.python
+    if arch_override:
+        host = replace(host, arch=arch_override, glibc=None if host.arch != arch_override else host.glibc)
+        if compute.arch and compute.arch != arch_override:
+            notes.append(f"planned for {arch_override} nodes; the site's compute nodes are {compute.arch}")
+            compute = replace(compute, arch=None, glibc=None)
+    if compute == sections.Compute():
+        return replace(host, python=python, source=f"{host.source} (no site: this host is the target)")
+    arch = compute.arch or host.arch
+    if host.arch and arch and host.arch != arch:
+        warnings.append(
+            f"this host is {host.arch} but {recipe.site.name or 'the site'}'s compute nodes are {arch}: "
+            f"create must run on an {arch} node"
+        )
+    gpu_name = "GPU" if compute.gpu is None else compute.gpu
+    site_gpus: Optional[tuple[Gpu, ...]] = None
+    if compute.gpus_per_node is not None:
+        site_gpus = tuple(Gpu(gpu_name, compute.compute_capability) for _ in range(compute.gpus_per_node))
+    if host.gpus:
+        gpus: Optional[tuple[Gpu, ...]] = host.gpus
+        driver, max_cuda = host.driver_version, host.max_cuda
+        if site_gpus and compute.compute_capability:
+            host_cc = gpu_capability(host.gpus[0])
+            if host_cc and host_cc != compute.compute_capability:
+                warnings.append(
+                    f"this host's GPU ({host.gpus[0].name}, {host_cc}) differs from the site's compute GPU "
+                    f"({compute.gpu}, {compute.compute_capability}); resolving for this host"
+                )
+        notes.append(f"target: this host's {len(host.gpus)} GPU(s) and driver")
+    else:
+        gpus = site_gpus
+        driver, max_cuda = compute.driver_version, compute.max_cuda
+        if site_gpus:
+            why = "has no GPU" if host.gpus is not None else "has no visible GPU"
+            notes.append(
+                f"target: the compute partition ({len(site_gpus)}× {gpu_name}), not this host, which {why}"
+            )
+    same_os = not host.arch or host.arch == arch
+    return HostFacts(
+        arch=arch,
+        glibc=compute.glibc or (host.glibc if same_os else None),
+        python=python,
+        driver_version=driver,
+        max_cuda=max_cuda,
+        gpus=gpus,
+        hostname=host.hostname,
+        module_system=host.module_system,
+        scheduler=host.scheduler,
+        allocation=host.allocation,
+        filesystems=host.filesystems,
+        source=f"site compute facts + {host.source}",
+    )
+
+
+def partition_compute(recipe: Recipe, partition: Optional[str], warnings: list[str]) -> sections.Compute:
+    """The compute facts of ``partition``'s nodes: the site's, with the GPUs and cores the partition's entry
+    gives (gpu1h100 has one GPU where the site's default partition has two)."""
+    compute = recipe.compute
+    if not partition:
+        return compute
+    part = recipe.scheduler.partitions.get(partition)
+    if part is None:
+        if recipe.scheduler.partitions:
+            known = ", ".join(recipe.scheduler.partitions)
+            warnings.append(
+                f"partition {partition} is not one the recipe describes ({known}): site facts used"
+            )
+        return compute
+    return replace(
+        compute,
+        gpus_per_node=compute.gpus_per_node if part.gpus_per_node is None else part.gpus_per_node,
+        gpu=part.gpu or compute.gpu,
+        cores_per_node=part.cores_per_node or compute.cores_per_node,
+    )

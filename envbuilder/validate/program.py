@@ -1,0 +1,188 @@
+"""The user's own program under the launch rules a validation proved: ``envbuilder run`` starts it here (inside a
+job, inside one of its steps, or on a node of its own), ``envbuilder sbatch`` submits it as a job of the site's
+scheduler (a PBS job on PBS sites).
+
+The launch is the validation's (:func:`suite.launch_program`): one torchrun agent per node or the site's MPI
+launcher, the rendezvous on the allocation's first host, the recipe's GPU-to-rank wrapper, OMP threads = the
+node's CPUs divided among its ranks, the recipe's modules and variables. Batch scripts name only paths inside
+the env (its own copy of the wrapper), which compute nodes see.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from envbuilder import payloads, plan, proc, state
+from envbuilder.backends import registry
+from envbuilder.errors import UsageError
+from envbuilder.facts import HostFacts
+from envbuilder.modules import ModuleSystem
+from envbuilder.plan.target import target_facts
+from envbuilder.recipe.loader import Recipe
+from envbuilder.validate import launchers, runner, schedulers, suite
+
+
+@dataclass(frozen=True)
+class Request:
+    """The program and the launch the command line asks for (None leaves it to the recipe)."""
+
+    program: tuple[str, ...]
+    nodes: Optional[int] = None
+    #: Ranks per node: one per GPU (``--gpus-per-node``); the node's GPUs, or one on a CPU env, by default.
+    ranks_per_node: Optional[int] = None
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    launcher: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    launch: suite.Launch
+    here: schedulers.Where
+    warnings: tuple[str, ...]
+
+
+def prepare(
+    record: state.EnvRecord,
+    recipe: Recipe,
+    host: HostFacts,
+    env: Mapping[str, str],
+    request: Request,
+    *,
+    batch: bool,
+) -> Prepared:
+    """The launch of ``request.program`` for a run here, or (``batch``) for a job script."""
+    if not request.program:
+        raise UsageError("no program to run", hint="envbuilder run ENV -- PROGRAM [ARGS...]")
+    if request.program[0].startswith("-"):
+        # A launcher would read it as one of its own options.
+        raise UsageError(
+            f"the program cannot start with '-': {request.program[0]!r}",
+            hint="name a script or an executable: envbuilder run ENV -- train.py --epochs 3",
+        )
+    warnings: list[str] = []
+    here = schedulers.locate(env)
+    if batch and here.in_job:
+        raise UsageError(
+            f"this runs inside {here.scheduler} job {here.job}: a job from here would queue a second allocation",
+            hint=f"start the program in this job instead: envbuilder run {record.name} -- ...",
+        )
+    partition = request.partition or _recorded_partition(record)
+    target = target_facts(recipe, host, warnings, [], partition=partition)
+    device = suite.device_for(target, cpu=False)
+    ranks = request.ranks_per_node or (None if device == "cuda" else 1)
+    wanted = suite.LaunchRequest(
+        request.launcher, request.nodes, ranks, request.account, partition, here=None if batch else here
+    )
+    shape = suite.shape_for(recipe, target, wanted, device, warnings)
+    if not batch:
+        _refuse_elsewhere(record, device, host, shape)
+    prefix = Path(record.prefix)
+    wrapper_dir = prefix / "envbuilder" / "payloads"
+    affinity: tuple[str, ...] = ()
+    if recipe.launcher.gpu_affinity != "none" and not shape.launcher.agent and shape.gpus:
+        affinity = (str(wrapper_dir / "gpu_affinity.sh"), recipe.launcher.gpu_affinity)
+    program = suite.Program(request.program, python=request.program[0].endswith(".py"))
+    own_python = registry.kind_info(record.kind).own_python
+    python = (
+        str(prefix / "bin" / "python") if own_python else str(record.tools.get("python_path") or "python3")
+    )
+    the_launch = suite.launch_program(
+        recipe,
+        shape,
+        suite.LaunchedEnv(str(prefix), python, record.activation or plan.activation_for(recipe)),
+        program,
+        warnings=warnings,
+        affinity=affinity,
+        workdir=str(Path.cwd()),
+    )
+    return Prepared(the_launch, here, tuple(warnings))
+
+
+def _recorded_partition(record: state.EnvRecord) -> Optional[str]:
+    value = record.plan.get("partition")
+    return value if isinstance(value, str) else None
+
+
+def _refuse_elsewhere(record: state.EnvRecord, device: str, host: HostFacts, shape: suite.Shape) -> None:
+    """A GPU env's program cannot run on a host without GPUs outside any job (a login node)."""
+    if device == "cuda" and not host.gpus and not (shape.here and shape.here.in_job):
+        raise UsageError(
+            f"this host ({host.hostname or 'here'}) has no GPU and is in no job; {record.name} is for GPUs",
+            hint=f"submit it (envbuilder sbatch {record.name} -- ...) or run it inside an allocation",
+        )
+
+
+def install_wrappers(record: state.EnvRecord) -> None:
+    """The env's own copy of the launch wrappers (the GPU-affinity script), refreshed before every launch."""
+    payloads.copy_to(Path(record.prefix) / "envbuilder" / "payloads")
+
+
+def command_here(prepared: Prepared) -> list[str]:
+    """The exact argv a run here starts (``--dry-run`` prints it)."""
+    return runner.bind_here(prepared.launch, {**os.environ})[0]
+
+
+def run_here(
+    record: state.EnvRecord,
+    recipe: Recipe,
+    prepared: Prepared,
+    env: Mapping[str, str],
+    modules: ModuleSystem,
+) -> int:
+    """Start the program here with the activated env's variables; its exit status."""
+    install_wrappers(record)
+    activate = record.activation or plan.activation_for(recipe)
+    run_env = runner.environment(record, recipe, activate, env, modules)
+    run_env.setdefault("OMP_NUM_THREADS", str(runner.threads_here(prepared.launch, prepared.here)))
+    argv, run_env = runner.bind_here(prepared.launch, run_env)
+    try:
+        return proc.passthrough(argv, env=run_env)
+    except FileNotFoundError:
+        raise UsageError(
+            f"the launcher {argv[0]!r} is not on PATH here",
+            hint="load the site's MPI module, or pick another --launcher",
+        ) from None
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: str
+    script: str
+    output: str
+
+
+def submit(record: state.EnvRecord, prepared: Prepared, env: Mapping[str, str]) -> Submitted:
+    """Write the job script into the env's job directory and submit it; the scheduler's job id."""
+    the_launch = prepared.launch
+    adapter = schedulers.get(the_launch.scheduler)
+    if adapter is None or not the_launch.script:
+        raise UsageError(
+            f"{record.recipe} names no scheduler, so there is nothing to submit to",
+            hint=f"run it on a node: envbuilder run {record.name} -- ...",
+        )
+    install_wrappers(record)
+    job_dir = (
+        Path(record.prefix) / "envbuilder" / "jobs" / f"job-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    )
+    job_dir.mkdir(mode=0o755, parents=True)
+    script = job_dir / "job.sh"
+    script.write_text(the_launch.script, encoding="utf-8")
+    script.chmod(0o755)
+    output = job_dir / "job.out"
+    argv = adapter.submit(str(script), str(output))
+    try:
+        res = proc.run(argv, env=proc.scrubbed_env(env), cwd=str(Path.cwd()))
+    except FileNotFoundError:
+        raise UsageError(f"{argv[0]} is not on PATH: is this a login node of the site?") from None
+    return Submitted(adapter.job_id(res.stdout), str(script), str(output))
+
+
+def display(prepared: Prepared) -> str:
+    """The launch as text a user can paste (shell variables kept where only the job knows them)."""
+    return launchers.display(launchers.plain(prepared.launch.argv))
