@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, activation, fsutil, proc, settings, state, transaction
+from envbuilder import __version__, activation, fsutil, payloads, proc, settings, state, transaction
 from envbuilder.backends import base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
@@ -352,6 +352,9 @@ def _activate(job: _Job, backend: base.Backend, build: base.Build) -> Activation
     act = activation.from_plan(job.plan.activate, job.modules.init_dir, job.plan.recipe)
     job.report.step("writing the activate extension")
     backend.activate(build, act)
+    # The env's own copy of the payloads: the job scripts `plan` shows name it, and compute nodes see the env's
+    # file system where they may not see envbuilder's.
+    payloads.copy_to(Path(build.partial) / "envbuilder" / "payloads")
     return act
 
 

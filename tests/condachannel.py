@@ -220,8 +220,8 @@ def conda_function_module(path: Path, root: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         "-- Test stand-in for a site's conda module (tests/condachannel.py: conda_function_module).\n"
-        f"prepend_path(\"PATH\", {json.dumps(str(root / 'bin'))})\n"
-        f"set_shell_function(\"conda\", [==[\n{body}\n]==], \"\")\n"
+        f'prepend_path("PATH", {json.dumps(str(root / "bin"))})\n'
+        f'set_shell_function("conda", [==[\n{body}\n]==], "")\n'
     )
     return path
 

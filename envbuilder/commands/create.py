@@ -8,7 +8,6 @@ import os
 import platform
 import re
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder import backup, host, modules, proc, purge, settings, state
@@ -48,7 +47,6 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     opts = planner.Options(
         prefix=args.prefix,
         installer=args.installer,
-        package_dir=str(Path(__file__).resolve().parent.parent),
         locked=args.locked,
         partition=args.partition,
     )

@@ -6,7 +6,6 @@ import argparse
 import datetime
 import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder import host, settings
@@ -77,7 +76,6 @@ def handle(args: argparse.Namespace, out: Out) -> planner.RecordedPlan:
         nodes=args.nodes,
         nproc_per_node=args.nproc_per_node,
         account=args.account,
-        package_dir=str(Path(__file__).resolve().parent.parent),
         locked=args.locked,
         partition=args.partition,
     )

@@ -14,7 +14,6 @@ import importlib.util
 import math
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -23,27 +22,19 @@ from typing import Any, Optional
 from envbuilder_facts import (
     arch_gaps,
     bus_bandwidth,
-    check_build,
-    cpu_placement,
     expected_gpus,
     fs_roundtrip,
-    gpu_placement,
-    horovodrun,
     loaded_libraries,
-    omp_threads,
     shadowed,
     shared_gpus,
-    smi_bus_id,
-    torch_bus_id,
     wheel_copies,
 )
+from envbuilder_site_checks import SiteChecks
 
 GPU_CHECKS = ("gpu", "arch", "cuda")
 DIST_CHECKS = ("nccl", "ddp")
 #: The modules whose import order the mpi check records.
 ORDERED_IMPORTS = ("mpi4py", "torch")
-#: Where the kernel tells the CPU and PCI topology (the affinity check).
-SYSFS = "/sys"
 
 # --- faults (tests only) --------------------------------------------------------------------------------------
 
@@ -87,7 +78,7 @@ def import_order(loaded: Iterable[str]) -> list[str]:
 # --- the checks -----------------------------------------------------------------------------------------------
 
 
-class Suite:
+class Suite(SiteChecks):
     def __init__(self, args: Any, log: Any, rank: Any) -> None:
         self.args = args
         self.log = log
@@ -301,24 +292,6 @@ class Suite:
         return self.log.result("libraries", "pass", **data)
 
     # affinity -----------------------------------------------------------------------------------------------
-
-    def check_affinity(self) -> dict[str, Any]:
-        """Where this rank runs: its CPUs, their cores and NUMA nodes, its GPU's. Only the ranks' records
-        together show a binding error (two ranks on one core), so envbuilder's report judges them."""
-        data = cpu_placement(SYSFS)
-        data["host"] = socket.gethostname()
-        data["omp_num_threads"] = omp_threads(os.environ.get("OMP_NUM_THREADS"))
-        if self.device.startswith("cuda"):
-            data["gpu"] = self._gpu_placement()
-        return self.log.result("affinity", "pass", **data)
-
-    def _gpu_placement(self) -> dict[str, Any]:
-        index = self.torch.device(self.device).index
-        props = self.torch.cuda.get_device_properties(index)
-        bus_id = torch_bus_id(props) or smi_bus_id(str(getattr(props, "uuid", "")))
-        if bus_id is None:
-            return {"index": index, "bus_id": None, "numa": None, "cpus": None}
-        return {"index": index, **gpu_placement(bus_id, SYSFS)}
 
     # distributed --------------------------------------------------------------------------------------------
 
@@ -562,85 +535,6 @@ class Suite:
         return self.log.result("filesystem", "pass", dirs=results, figures=figures)
 
     # horovod ------------------------------------------------------------------------------------------------
-
-    def check_horovod(self) -> dict[str, Any]:
-        runner = horovodrun(sys.executable)
-        if runner is None:
-            built = self._horovod_in_process()
-            if built is None:
-                return self.log.result("horovod", "skip", reason="horovod is not installed in this env")
-        else:
-            # The seed's own check; it also imports horovod's torch extension (in a process of its own).
-            try:
-                res = subprocess.run(
-                    [runner, "--check-build"],
-                    capture_output=True,
-                    text=True,
-                    timeout=self.args.timeout,
-                    check=False,
-                )
-            except (OSError, subprocess.SubprocessError) as exc:
-                return self.log.result("horovod", "fail", cause=f"{runner} --check-build: {exc}")
-            built = check_build(res.stdout)
-            if res.returncode != 0 or not built:
-                tail = (res.stderr or res.stdout).strip()[-400:]
-                return self.log.result(
-                    "horovod",
-                    "fail",
-                    cause=f"{runner} --check-build failed (exit status {res.returncode}): {tail}",
-                )
-        return self._horovod_verdict(built, runner)
-
-    def _horovod_in_process(self) -> Optional[dict[str, dict[str, bool]]]:
-        """What the importable horovod.torch says was built, in check-build's shape; None where it is not."""
-        try:
-            import horovod.torch as hvd
-        except ImportError:
-            return None
-
-        def built(name: str) -> bool:
-            return bool(getattr(hvd, f"{name}_built", lambda: False)())
-
-        return {
-            "frameworks": {"PyTorch": True},
-            "controllers": {"MPI": built("mpi"), "Gloo": built("gloo")},
-            "tensor operations": {
-                "NCCL": built("nccl"),
-                "DDL": built("ddl"),
-                "CCL": built("ccl"),
-                "MPI": built("mpi"),
-                "Gloo": built("gloo"),
-            },
-        }
-
-    def _horovod_verdict(self, built: dict[str, dict[str, bool]], runner: Optional[str]) -> dict[str, Any]:
-        def names(section: str) -> list[str]:
-            return [n for n, ok in built.get(section, {}).items() if ok]
-
-        data = {
-            "horovodrun": runner,
-            "frameworks": names("frameworks"),
-            "controllers": names("controllers"),
-            "tensor_ops": names("tensor operations"),
-        }
-        wanted = self.args.horovod_gpu_ops or ("NCCL" if self.args.device == "cuda" else None)
-        if "PyTorch" not in data["frameworks"]:
-            cause = "horovod was built without PyTorch"
-        elif not data["controllers"] or not data["tensor_ops"]:
-            cause = "horovod was built without a controller or tensor operations"
-        elif wanted and wanted.upper() not in (n.upper() for n in data["tensor_ops"]):
-            why = "the recipe builds it with" if self.args.horovod_gpu_ops else "a GPU run needs"
-            cause = f"horovod has no {wanted} tensor operations, which {why} HOROVOD_GPU_OPERATIONS={wanted}"
-        else:
-            return self.log.result("horovod", "pass", **data)
-        return self.log.result(
-            "horovod",
-            "fail",
-            cause=cause,
-            hint="rebuild it (no build isolation, torch installed first) with HOROVOD_WITH_PYTORCH=1 and "
-            "HOROVOD_GPU_OPERATIONS=NCCL",
-            **data,
-        )
 
 
 def _how(path: str) -> str:

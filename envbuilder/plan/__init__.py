@@ -42,8 +42,6 @@ class Options:
     nproc_per_node: Optional[int] = None
     account: Optional[str] = None
     installer: Optional[str] = None
-    #: Directory holding the envbuilder package (for payload paths in launch commands).
-    package_dir: str = "envbuilder"
     #: Plan for nodes of this architecture, wherever this runs (``envbuilder lock --platform``).
     arch: Optional[str] = None
     #: Refuse to build unless a lock applies (``create --locked``).
@@ -518,7 +516,8 @@ def _launch(
         target,
         env,
         payload,
-        package_dir=opts.package_dir,
+        # The env's own copy (create writes it): compute nodes see the env, not necessarily envbuilder.
+        package_dir=f"{env.prefix}/envbuilder",
         warnings=warnings,
         request=suite.LaunchRequest(
             opts.launcher, opts.nodes, opts.nproc_per_node, opts.account, opts.partition

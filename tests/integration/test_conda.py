@@ -21,6 +21,7 @@ from condachannel import (
     PLACEHOLDER,
     Package,
     build_package,
+    conda_function_module,
     conda_shim,
     index,
     pip_package,
@@ -276,7 +277,8 @@ def test_zurada_recipe_on_an_emulated_zurada(world, tmp_path):
 
 def site_conda_module(world: World, tmp_path: Path) -> tuple[Path, Path]:
     """A site conda env with torch inside (built here by the embedded engine), and a `conda/2026-10-01` module that
-    puts it on PATH, as ALCF's does: (the env, the module tree)."""
+    puts it on PATH and defines a stand-in `conda` shell function (no real conda here) whose `conda activate base`
+    enters it, as ALCF's does: (the env, the module tree)."""
     world.recipe(name="site-conda", conda=())
     text = (world.recipes / "site-conda.toml").read_text()
     text = text.replace(
@@ -287,8 +289,7 @@ def site_conda_module(world: World, tmp_path: Path) -> tuple[Path, Path]:
     site_env = tmp_path / "soft" / "datascience" / "conda" / "2026-10-01"
     ok(world.cli("create", "site-conda", "--prefix", str(site_env), "--no-validate"))
     modules = tmp_path / "modulefiles"
-    (modules / "conda").mkdir(parents=True)
-    (modules / "conda" / "2026-10-01.lua").write_text(f'prepend_path("PATH", "{site_env}/bin")\n')
+    conda_function_module(modules / "conda" / "2026-10-01.lua", site_env)
     return site_env, modules
 
 
@@ -327,6 +328,25 @@ def test_polaris_overlay_on_a_fixture_conda_module(world, tmp_path, overlay):
         assert conda_meta(prefix)["python"] == PYTHON_VERSION
         assert (prefix / "etc" / "conda" / "activate.d" / "envbuilder.sh").is_file()
     assert files_of(site_env) == before  # nothing was written into the site env
+    # ALCF's `conda activate` after the module load: the venv enters the site's base env (the clone is a conda env
+    # of its own, which takes base's place); deactivate gives the shell back exactly.
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    sh(f"source {LMOD_INIT}; env -0 > {dumps}/before; source '{prefix}/bin/activate'; "
+       f'echo "$CONDA_PREFIX" > {dumps}/during; deactivate; env -0 > {dumps}/after', world.env)  # fmt: skip
+    assert (dumps / "during").read_text().strip() == str(site_env if overlay == "venv" else prefix)
+    assert env_dump(dumps / "after") == env_dump(dumps / "before")
+    # A validation run gets the same: the runner's module child runs conda activate base.
+    if overlay == "venv":
+        checks = world.data("validate", "polaris-overlay-conda", "--cpu", "--launcher", "torchrun",
+                            "--nproc-per-node", "1", "--checks", "import", PROJECT="p")["checks"]  # fmt: skip
+        assert checks["import"]["status"] == "pass"
+
+
+def env_dump(path: Path) -> dict[str, str]:
+    """An ``env -0`` dump, without what bash changes by itself (and PS1, which a venv's deactivate exports)."""
+    pairs = (kv.split("=", 1) for kv in path.read_text().split("\0") if "=" in kv)
+    return {k: v for k, v in pairs if k not in ("_", "SHLVL", "PS1")}
 
 
 def test_conda_lock_for_two_platforms_then_create_from_it(tmp_path, channel, wheels, uv_cache):

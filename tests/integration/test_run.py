@@ -4,6 +4,7 @@ a submitted job of the tests' real Slurm."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -11,7 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import CpuTorchWorld, cli_argv, cli_env
+from helpers import DATA, REPO, CpuTorchWorld, cli_argv, cli_env
+
+from envbuilder import state
 
 pytestmark = [pytest.mark.integration]
 
@@ -93,6 +96,8 @@ def test_run_dry_run_prints_the_exact_command(cpu_torch_world, train):
         "0.1",
     ]
     assert not _ranks(res.stdout)
+    # create wrote the env's own copy of the payloads, which job scripts name.
+    assert (cpu_torch_world.prefix / "envbuilder" / "payloads" / "validate.py").is_file()
 
 
 def test_mpiexec_starts_an_executable_without_python(cpu_torch_world, tmp_path):
@@ -201,3 +206,38 @@ def test_sbatch_dry_run_and_refusal_inside_a_job(cpu_torch_world, slurm_cluster,
         extra=slurm_cluster.env,
     )
     assert inside.returncode == 2 and "second allocation" in inside.stderr, inside.stderr
+
+
+def test_sbatch_on_a_pbs_site_submits_a_pbs_job(cpu_torch_world, train, tmp_path):
+    # PBS cannot run here: the qsub/qstat stand-ins (tests/shims/pbs) run the job script as a one-node job would.
+    # The env is the session's; its recipe, recorded again as "vpbs", names PBS as Polaris's does.
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    text = (DATA / "validate-recipes" / "vcpu.toml").read_text().replace('name = "vcpu"', 'name = "vpbs"')
+    (recipes / "vpbs.toml").write_text(
+        text.replace('type = "slurm"\nbatch = "sbatch"', 'type = "pbs"\nbatch = "qsub"')
+    )
+    home = Path(cpu_torch_world.env["ENVBUILDER_HOME"])
+    state.save(home, dataclasses.replace(state.load(home, "vcpu"), name="vpbs", recipe="vpbs"))
+    spool = tmp_path / "spool"
+    extra = {
+        "ENVBUILDER_RECIPE_PATH": f"{DATA / 'validate-recipes'}:{recipes}",
+        "PATH": f"{REPO / 'tests' / 'shims' / 'pbs'}:{cpu_torch_world.env['PATH']}",
+        "PBS_SHIM_SPOOL": str(spool),
+    }
+    argv = cli_argv("sbatch", "vpbs", "--gpus-per-node", "2", "--json", "--", "train.py")
+    res = _run(cpu_torch_world, argv, cwd=train.parent, extra=extra)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)["data"]
+    assert data["job"].endswith(".pbs-shim")
+    script = Path(data["script_path"]).read_text()
+    assert "#PBS -l select=1\n" in script and "#SBATCH" not in script
+    state_file = spool / f"{data['job']}.state"
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline and not state_file.read_text().startswith("F"):
+        time.sleep(0.5)
+    assert state_file.read_text().strip() == "F 0", Path(data["output"]).read_text()
+    assert [line.split(" omp=")[0] for line in _ranks(Path(data["output"]).read_text())] == [
+        "rank 0/2 sum=3",
+        "rank 1/2 sum=3",
+    ]

@@ -112,6 +112,8 @@ def test_mpiexec_runs_the_mpi_check(world):
     mpi = checks["mpi"]
     assert mpi["status"] == "pass", mpi
     assert mpi["per_rank"]["0"]["library"].startswith("MPICH")
+    # MPI started before torch was imported (Cray MPICH's GPU support needs that order), on every rank.
+    assert [mpi["per_rank"][r]["import_order"] for r in ("0", "1")] == [["mpi4py", "torch"]] * 2
     assert [m["rank"] for m in mpi["per_rank"]["0"]["mapping"]] == [0, 1]
     assert checks["nccl"]["status"] == "pass"
     assert env["data"]["command"][:4] == ["mpiexec", "-n", "2", "--ppn"]

@@ -114,7 +114,7 @@ def test_polaris_plans_the_conda_step_but_a_clone_of_the_site_env_needs_none():
         loader.load("polaris-overlay-conda", CATALOG),
         load_facts("a100-sxm4-x4"),
         PLAN_ENV,
-        plan.Options(package_dir="PKG"),
+        plan.Options(),
     )
     assert p.activate.conda_env == "base"
     assert "conda activate base || {" in p.batch_script

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -18,7 +19,8 @@ from envbuilder.recipe import loader, schema
 from envbuilder.recipe.catalog import Catalog
 
 CATALOG = Catalog.from_env({})
-OPTS = plan.Options(package_dir="PKG")
+OPTS = plan.Options()
+#: The payload in the env's own copy (PKG stands for PREFIX/envbuilder; the test puts each plan's prefix in).
 PAYLOAD = "PKG/payloads/validate.py"
 S = "/scratch/u1/envbuilder/envs"
 CHECKS_FULL = "import,gpu,arch,cuda,libraries,affinity,nccl,ddp,filesystem"
@@ -136,9 +138,7 @@ CASES = [
 
 
 def make(name, facts_name, **opts):
-    return plan.build(
-        loader.load(name, CATALOG), load_facts(facts_name), PLAN_ENV, plan.Options(package_dir="PKG", **opts)
-    )
+    return plan.build(loader.load(name, CATALOG), load_facts(facts_name), PLAN_ENV, plan.Options(**opts))
 
 
 @pytest.mark.parametrize(
@@ -149,7 +149,7 @@ def test_recipe_plans_for_its_site(*, name, facts_name, index, modules, use, lau
     assert (p.resolution.index_url if p.resolution else None) == index
     assert list(p.modules) == modules
     assert list(p.module_use) == use
-    assert " ".join(p.launch_command) == launch
+    assert " ".join(p.launch_command) == launch.replace("PKG/", f"{p.prefix}/envbuilder/")
     # --index-url, never --extra-index-url: PyPI's build cannot win silently.
     flat = [a for cmd in p.install_commands for a in cmd]
     assert "--extra-index-url" not in flat
@@ -215,6 +215,19 @@ def test_stampede3_plans_the_python_of_taccs_module_not_the_planning_hosts():
 def test_wrong_arch_host_warns():
     p = plan.build(loader.load("vista-venv-cu124", CATALOG), load_facts("cpu-only"), PLAN_ENV, OPTS)
     assert any("must run on an aarch64 node" in w for w in p.warnings)
+
+
+#: Every shipped recipe with a scheduler (the local recipe has none, so no job script).
+SCHEDULED = [c[:2] for c in CASES if c[0] != "local"]
+
+
+@pytest.mark.parametrize(("name", "facts_name"), SCHEDULED, ids=[c[0] for c in SCHEDULED])
+def test_job_scripts_name_only_paths_inside_the_env(name, facts_name):
+    # Compute nodes see the env's file system, not necessarily where envbuilder is installed.
+    p = make(name, facts_name)
+    package = str(Path(loader.__file__).resolve().parent.parent)
+    assert package not in p.batch_script
+    assert f"{p.prefix}/envbuilder/payloads/validate.py" in p.batch_script
 
 
 def test_zurada_batch_script_has_one_agent_per_node():

@@ -13,7 +13,7 @@ from envbuilder.plan.activation import Activation
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.validate import checks, suite
+from envbuilder.validate import checks, schedulers, suite
 
 CATALOG = Catalog.from_env({})
 
@@ -31,10 +31,11 @@ def test_unknown_check_names_the_known_ones():
 
 
 def test_the_payload_runs_exactly_the_registered_checks(monkeypatch):
-    # The payload runs inside the env and imports nothing from envbuilder: its table is Suite.check_<name>.
+    # The payload runs inside the env and imports nothing from envbuilder: its table is Suite.check_<name> (its
+    # own and the SiteChecks mixed in).
     monkeypatch.syspath_prepend(str(REPO / "envbuilder" / "payloads"))
     payload = importlib.import_module("envbuilder_checks")
-    methods = {name.removeprefix("check_") for name in vars(payload.Suite) if name.startswith("check_")}
+    methods = {name.removeprefix("check_") for name in dir(payload.Suite) if name.startswith("check_")}
     assert methods == set(checks.NAMES)
     assert {*payload.GPU_CHECKS, *payload.DIST_CHECKS} <= methods
 
@@ -122,3 +123,80 @@ def test_filesystems_named_by_the_recipe_must_exist(tmp_path):
     assert err.value.hint == "did you mean 'work'?"
     ok = loader.load("zurada-conda-cu126", CATALOG)
     assert suite.filesystems(ok, PLAN_ENV, plan.expand) == ("/scratch/u1",)
+
+
+@pytest.mark.parametrize(
+    ("env", "where"),
+    [
+        ({}, schedulers.Where()),
+        # An srun --pty shell: a step of job 7 holding 32 CPUs here.
+        (
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_STEP_ID": "0",
+                "SLURM_CPUS_ON_NODE": "32",
+                "SLURM_JOB_NUM_NODES": "2",
+            },
+            schedulers.Where("slurm", "7", in_step=True, nodes=2, cpus_per_node=32),
+        ),
+        # An salloc shell on the login node knows only the allocation's CPU list.
+        (
+            {"SLURM_JOB_ID": "8", "SLURM_JOB_CPUS_PER_NODE": "16(x2)", "SLURM_NNODES": "2"},
+            schedulers.Where("slurm", "8", nodes=2, cpus_per_node=16),
+        ),
+        (
+            {"PBS_JOBID": "9.pbs", "NCPUS": "64", "PBS_QUEUE": "debug", "PBS_ENVIRONMENT": "PBS_INTERACTIVE"},
+            schedulers.Where("pbs", "9.pbs", cpus_per_node=64, partition="debug"),
+        ),
+        ({"SLURM_JOB_ID": "", "SLURM_CPUS_ON_NODE": "x"}, schedulers.Where()),
+    ],
+)
+def test_where_a_command_runs(env, where):
+    assert schedulers.locate(env) == where
+
+
+def _zurada(here, **request):
+    recipe = loader.load("zurada-conda-cu128", CATALOG)
+    target = target_facts(recipe, load_facts("h100"), [], [])
+    return suite.launch(
+        recipe,
+        target,
+        suite.LaunchedEnv("/e", "/e/bin/python", Activation()),
+        suite.Payload(("import",), "cuda"),
+        package_dir="/e/envbuilder",
+        warnings=[],
+        request=suite.LaunchRequest(here=here, **request),
+    )
+
+
+def test_srun_inside_a_step_overlaps_it_with_the_jobs_cpus():
+    argv = list(_zurada(schedulers.Where("slurm", "7", in_step=True, nodes=1, cpus_per_node=32)).argv)
+    assert argv[:7] == [
+        "srun",
+        "--nodes=1",
+        "--ntasks-per-node=1",
+        "--ntasks=1",
+        "--cpus-per-task",
+        "32",
+        "--overlap",
+    ]
+
+
+def test_srun_in_an_allocation_takes_its_cpus_and_a_job_script_reads_them():
+    argv = list(_zurada(schedulers.Where("slurm", "8", nodes=1, cpus_per_node=16)).argv)
+    assert argv[4:6] == ["--cpus-per-task", "16"] and "--overlap" not in argv
+    script = _zurada(None).script
+    assert 'srun --nodes=1 --ntasks-per-node=1 --ntasks=1 --cpus-per-task "${SLURM_CPUS_ON_NODE}"' in script
+    outside = list(_zurada(schedulers.Where()).argv)  # srun on a login node makes its own allocation
+    assert "--cpus-per-task" not in outside and "--overlap" not in outside
+
+
+def test_a_launch_never_asks_more_nodes_than_the_job_holds():
+    with pytest.raises(UsageError, match="2 nodes asked for inside job 8, which holds 1"):
+        _zurada(schedulers.Where("slurm", "8", nodes=1, cpus_per_node=16), nodes=2)
+
+
+def test_the_partition_sizes_the_launch():
+    one = _zurada(None, partition="gpu1h100")
+    assert "--nproc-per-node=1" in one.argv and "#SBATCH --gpus-per-node=1\n" in one.script
+    assert "#SBATCH --partition=gpu1h100\n" in one.script

@@ -1,3 +1,5 @@
+-- Vista's python3/3.11.8 (ENVBUILDER_TEST_SOFT: see python3/3.9.2.lua).
 prereq("gcc")
+local soft = os.getenv("ENVBUILDER_TEST_SOFT") or "/opt/fake"
 setenv("TACC_PYTHON_VER", "3.11.8")
-prepend_path("PATH", "/opt/fake/python-3.11.8/bin")
+prepend_path("PATH", pathJoin(soft, "python-3.11.8/bin"))
