@@ -222,18 +222,7 @@ def _add_run(sub: _Sub) -> None:
             name, help=help_text, usage=f"envbuilder {name} [OPTIONS] ENV -- PROGRAM [ARGS...]"
         )
         p.add_argument("env")
-        p.add_argument(
-            "--launcher",
-            choices=_Choices("envbuilder.validate.launchers", "LAUNCHERS"),
-            metavar="LAUNCHER",
-            help="%(choices)s (default: the recipe's)",
-        )
-        p.add_argument("--nodes", type=_positive, metavar="N")
-        p.add_argument(
-            "--gpus-per-node", type=_positive, metavar="G", help="ranks per node, one per GPU (default: all)"
-        )
-        p.add_argument("--account", metavar="NAME", help="allocation account for batch jobs")
-        _add_partition(p)
+        _add_launch(p, per_node="--gpus-per-node", per_node_help="ranks per node, one per GPU (default: all)")
         p.add_argument(
             "--dry-run",
             action="store_true",
@@ -465,16 +454,19 @@ def _add_index(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_launch(p: argparse.ArgumentParser) -> None:
-    """How the validation is launched (plan shows it, validate runs it)."""
+def _add_launch(
+    p: argparse.ArgumentParser, per_node: str = "--nproc-per-node", per_node_help: Optional[str] = None
+) -> None:
+    """How a launch is shaped (plan shows it, validate and run start it): launcher, nodes, ranks per node,
+    account, partition."""
     p.add_argument(
         "--launcher",
         choices=_Choices("envbuilder.validate.launchers", "LAUNCHERS"),
         metavar="LAUNCHER",
-        help="%(choices)s",
+        help="%(choices)s (default: the recipe's)",
     )
     p.add_argument("--nodes", type=_positive, metavar="N")
-    p.add_argument("--nproc-per-node", type=_positive, metavar="N")
+    p.add_argument(per_node, type=_positive, metavar="N", help=per_node_help)
     p.add_argument("--account", metavar="NAME", help="allocation account for batch jobs")
     _add_partition(p)
 

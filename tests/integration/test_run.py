@@ -241,3 +241,9 @@ def test_sbatch_on_a_pbs_site_submits_a_pbs_job(cpu_torch_world, train, tmp_path
         "rank 0/2 sum=3",
         "rank 1/2 sum=3",
     ]
+    # Inside a PBS job (an interactive `qsub -I` shell sets the same variables), a job from there is refused.
+    inside = {**extra, "PBS_JOBID": data["job"], "PBS_ENVIRONMENT": "PBS_INTERACTIVE", "NCPUS": "2"}
+    refused = _run(
+        cpu_torch_world, cli_argv("sbatch", "vpbs", "--", "train.py"), cwd=train.parent, extra=inside
+    )
+    assert refused.returncode == 2 and f"inside pbs job {data['job']}" in refused.stderr, refused.stderr
