@@ -43,7 +43,7 @@ from typing import Callable, Optional, Union
 
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS
-from envbuilder.recipe.schema import require_carriable
+from envbuilder.recipe.values import require_carriable
 
 BEGIN = "# >>> envbuilder activate extension >>>"
 END = "# <<< envbuilder activate extension <<<"

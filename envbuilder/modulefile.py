@@ -26,7 +26,7 @@ from typing import Optional
 from envbuilder.activate_scripts import CONSTRAINT_VARS
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS
-from envbuilder.recipe.schema import require_carriable
+from envbuilder.recipe.values import require_carriable
 
 
 def lua_string(text: str) -> str:

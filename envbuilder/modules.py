@@ -10,7 +10,7 @@ The caller's own environment is never changed.
 
 Positional arguments keep values out of *our* shell text, but Lmod evaluates a module name it cannot find, and
 writes a line break in a ``module use`` path unescaped into the shell code ``module`` evaluates. So every name is
-checked against :data:`envbuilder.recipe.schema.MODULE_RE` and every path for line breaks and a leading '-' before it is
+checked against :data:`envbuilder.recipe.values.MODULE_RE` and every path for line breaks and a leading '-' before it is
 applied or emitted (the loader checks the same at plan time; this guards state records and other callers).
 """
 
@@ -25,7 +25,7 @@ from typing import Optional
 
 from envbuilder import proc
 from envbuilder.errors import CommandFailed, ModuleSystemError
-from envbuilder.recipe import schema
+from envbuilder.recipe import values
 from envbuilder.validate import batch
 
 #: Variables a child shell changes by itself; never part of a module delta. Exported shell functions
@@ -67,12 +67,12 @@ env -0
 def check_args(use: Sequence[str], load: Sequence[str]) -> None:
     """Raise ModuleSystemError for a ``module use`` path or a module name a module system would misread."""
     for path in use:
-        bad = schema.control_problem(path)
+        bad = values.control_problem(path)
         if bad is not None or path.startswith("-"):
             why = f"{bad[0]} in it" if bad else "it starts with '-' (an option)"
             raise ModuleSystemError(f"refusing `module use {path!r}`: {why}", hint=bad[1] if bad else None)
     for name in load:
-        problem = schema.module_name_problem(name)
+        problem = values.module_name_problem(name)
         if problem is not None:
             raise ModuleSystemError(problem[0], hint=problem[1])
 
@@ -116,7 +116,7 @@ class ModuleSystem:
             return EnvDelta()
         check_args(use, load)
         if conda_env is not None:
-            problem = schema.conda_env_problem(conda_env)
+            problem = values.conda_env_problem(conda_env)
             if problem is not None:
                 raise ModuleSystemError(problem[0], hint=problem[1])
         if self.kind == "none" or not self.init:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional, TypedDict
 
 from envbuilder.errors import RecipeError
-from envbuilder.recipe.schema import (
+from envbuilder.recipe.values import (
     require_carriable,
     require_conda_env,
     require_module_name,

@@ -13,11 +13,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from envbuilder.backends import registry as backends
 from envbuilder.errors import RecipeError, did_you_mean
+from envbuilder.recipe.values import (
+    CONDA_ENV,
+    DIST_NAME,
+    MAX_CORES_PER_NODE,
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    MODULE_NAME,
+    NAME_RE,
+    NOT_AN_OPTION,
+    PATH_ENTRY,
+    REQUIREMENT,
+    VAR_NAME,
+    VAR_RE,
+    Rule,
+    control_problem,
+    found,
+)
 from envbuilder.validate import launchers, schedulers
 
 SCHEMA_VERSION = 1
@@ -28,174 +45,6 @@ MODULE_SYSTEMS = ("lmod", "environment-modules", "none")
 GPU_REQUEST_STYLES = ("gpus-per-node", "gres", "gpus", "none", "pbs-ngpus")
 GPU_AFFINITY = ("none", "local-rank", "reverse-local-rank")
 STATUSES = ("active", "retired")
-
-NAME_RE = r"[a-z0-9][a-z0-9._-]*"
-#: Upper ends of counts: far above any machine (16 GPUs, 10,000s of nodes, 1,000s of cores), far below values
-#: that overflow what a launcher or scheduler takes.
-MAX_GPUS_PER_NODE = 64
-MAX_CORES_PER_NODE = 16384
-MAX_NODES = 1_000_000
-#: A module name Lmod and Tcl Environment Modules take as a name: no whitespace, quotes, $, ;, backslash or colon
-#: (LOADEDMODULES is a colon list), and no leading '-' (an option). Lmod evaluates anything else it is handed.
-MODULE_RE = r"[A-Za-z0-9_/][A-Za-z0-9._+/@%,-]*"
-#: An environment variable name (activate.env keys, profile unsets): the shell's identifier.
-VAR_RE = r"[A-Za-z_][A-Za-z0-9_]*"
-#: What ``conda activate`` is handed (``activate.conda_env``): an env's name as conda allows it (no '/', ' ', ':',
-#: '#'; no leading '-', an option), or an absolute prefix of plain path characters. Nothing a shell would read.
-CONDA_ENV_RE = r"[A-Za-z0-9_][A-Za-z0-9._+-]*|(/[A-Za-z0-9._+@%,-]+)+/?"
-#: A distribution name as core metadata spells it (PEP 508): what ``packages.name`` holds.
-DIST_NAME_RE = r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?"
-#: The schemes a direct reference (``name @ URL``) may use: pinned remote sources over TLS or ssh. A local path or a
-#: plain-http URL would bypass the index, its mirror (ENVBUILDER_INDEX_MIRROR) and transport security.
-DIRECT_URL_SCHEMES = ("https://", "git+https://", "git+ssh://")
-
-#: (message, hint) of a value that fails a rule.
-Problem = tuple[str, Optional[str]]
-
-_NUL_HINT = "no file name, command-line argument or environment variable can hold a NUL byte"
-_LINE_HINT = (
-    "activate scripts, modulefiles and batch scripts take one line per value; only description and notes fields "
-    "may span lines"
-)
-_CONTROL_HINT = "terminals and shells act on control characters: remove it"
-_MODULE_HINT = (
-    "a module name holds letters, digits and . _ + - / @ % , only, and starts with a letter, a digit, _ or / "
-    "(a module system would run anything else as shell code or read it as an option)"
-)
-
-
-def control_problem(value: str, prose: bool = False) -> Optional[Problem]:
-    """What in ``value`` no generated script, argument or variable can carry: a NUL byte anywhere, a line break
-    outside prose (Lmod writes it unescaped into the shell code ``module load`` evaluates), any other control
-    character. Tabs pass; prose (descriptions, notes) may also hold line breaks."""
-    for ch in value:
-        code = ord(ch)
-        if code == 0:
-            return "a NUL byte", _NUL_HINT
-        if ch == "\t" or (prose and ch in "\n\r"):
-            continue
-        if ch in "\n\r":
-            return "a line break", _LINE_HINT
-        if code < 32 or 0x7F <= code <= 0x9F:
-            return f"the control character U+{code:04X}", _CONTROL_HINT
-    return None
-
-
-def module_name_problem(name: str) -> Optional[Problem]:
-    if re.fullmatch(MODULE_RE, name):
-        return None
-    return f"not a module name: {_found(name)}", _MODULE_HINT
-
-
-def var_name_problem(name: str) -> Optional[Problem]:
-    if re.fullmatch(VAR_RE, name):
-        return None
-    return (
-        f"not a variable name: {_found(name)}",
-        "a variable name holds letters, digits and _ only, and does not start with a digit",
-    )
-
-
-def conda_env_problem(name: str) -> Optional[Problem]:
-    if re.fullmatch(CONDA_ENV_RE, name):
-        return None
-    return (
-        f"not a conda env name or absolute prefix: {_found(name)}",
-        "a name such as base or pytorch-2.14 (letters, digits, . _ + -), or an absolute path such as "
-        "/soft/datascience/conda/envs/torch; no spaces, quotes or shell characters",
-    )
-
-
-def path_entry_problem(entry: str) -> Optional[Problem]:
-    """One directory of a colon list (PATH, LD_LIBRARY_PATH): an empty entry means the current directory to the
-    loader and the shell, and a ':' would make it two entries, which deactivate could not take back exactly."""
-    if entry and ":" not in entry:
-        return None
-    return (
-        f"not one directory of a colon-separated list: {_found(entry)}",
-        "give each directory as its own array item, none empty",
-    )
-
-
-def _option_problem(value: str) -> Optional[Problem]:
-    if not value.startswith("-"):
-        return None
-    return (
-        f"a value here cannot start with '-' (a command would read it as an option), found {_found(value)}",
-        None,
-    )
-
-
-def _dist_name_problem(name: str) -> Optional[Problem]:
-    if re.fullmatch(DIST_NAME_RE, name):
-        return None
-    return (
-        f"not a distribution name: {_found(name)}",
-        "a package name holds letters, digits, '.', '_' and '-', and starts and ends with a letter or digit; "
-        "versions, extras and markers go in spec",
-    )
-
-
-def requirement_problem(spec: str) -> Optional[Problem]:
-    """A package spec is one PEP 508 requirement: never an installer option, and a direct reference only to a
-    pinned remote source (:data:`DIRECT_URL_SCHEMES`)."""
-    if spec.lstrip().startswith("-"):
-        return (
-            f"a requirement cannot start with '-' (the installer would read it as an option), found {_found(spec)}",
-            "name an index in packages.index; no_build_isolation and no_binary are keys of their own",
-        )
-    try:
-        req = Requirement(spec)
-    except InvalidRequirement:
-        return (
-            f"not a PEP 508 requirement: {_found(spec)}",
-            'a requirement as pip reads it, such as "numpy>=1.26" or '
-            "\"mpi4py==4.0.1; platform_machine == 'x86_64'\"",
-        )
-    if req.url and not req.url.startswith(DIRECT_URL_SCHEMES):
-        return (
-            f"a direct reference may only use {', '.join(DIRECT_URL_SCHEMES[:-1])} or {DIRECT_URL_SCHEMES[-1]}, "
-            f"found {_found(spec)}",
-            "a local path or a plain-http URL bypasses the index, its mirror and TLS: serve the file from an index "
-            "and name it in packages.index",
-        )
-    return None
-
-
-def require_carriable(value: str, key: str) -> None:
-    """For renderers (activate scripts, modulefiles, batch scripts): refuse what the loader refuses at plan time,
-    for values that did not come through it (a state record, a command-line flag, a caller)."""
-    bad = control_problem(value)
-    if bad is not None:
-        raise RecipeError(
-            f"{bad[0]} is not allowed in this value, found {_found(value)}", key=key, hint=bad[1]
-        )
-
-
-def require_module_name(name: str, key: str) -> None:
-    problem = module_name_problem(name)
-    if problem is not None:
-        raise RecipeError(problem[0], key=key, hint=problem[1])
-
-
-def require_var_name(name: str, key: str) -> None:
-    problem = var_name_problem(name)
-    if problem is not None:
-        raise RecipeError(problem[0], key=key, hint=problem[1])
-
-
-def require_conda_env(name: str, key: str) -> None:
-    require_carriable(name, key)
-    problem = conda_env_problem(name)
-    if problem is not None:
-        raise RecipeError(problem[0], key=key, hint=problem[1])
-
-
-def require_path_entry(entry: str, key: str) -> None:
-    require_carriable(entry, key)
-    problem = path_entry_problem(entry)
-    if problem is not None:
-        raise RecipeError(problem[0], key=key, hint=problem[1])
 
 
 def _package_problem(item: Mapping[str, Any]) -> Optional[tuple[str, str, Optional[str]]]:
@@ -211,24 +60,6 @@ def _package_problem(item: Mapping[str, Any]) -> Optional[tuple[str, str, Option
         f"the requirement is for {declared!r}, not for the package's name {name!r}",
         f"set name = {declared!r}, or a spec that names {name}",
     )
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A check on a string value, or on each string of an array: a :data:`Problem` or None. ``pattern`` is the
-    same rule for the JSON schema, where one exists."""
-
-    check: Callable[[str], Optional[Problem]]
-    pattern: Optional[str] = None
-
-
-MODULE_NAME = Rule(module_name_problem, MODULE_RE)
-VAR_NAME = Rule(var_name_problem, VAR_RE)
-NOT_AN_OPTION = Rule(_option_problem, r"(?!-)[\s\S]*")
-DIST_NAME = Rule(_dist_name_problem, DIST_NAME_RE)
-REQUIREMENT = Rule(requirement_problem, r"(?!\s*-)[\s\S]*")
-PATH_ENTRY = Rule(path_entry_problem, r"[^:]+")
-CONDA_ENV = Rule(conda_env_problem, CONDA_ENV_RE)
 
 
 @dataclass(frozen=True)
@@ -604,21 +435,6 @@ def _type_name(t: Union[type, tuple[type, ...]]) -> str:
     return _TYPE_NAMES.get(t, t.__name__)
 
 
-def _found(value: Any) -> str:
-    kind = {
-        str: "string",
-        bool: "boolean",
-        int: "integer",
-        float: "number",
-        list: "array",
-        dict: "table",
-    }.get(type(value), type(value).__name__)
-    shown = repr(value)
-    if len(shown) > 60:
-        shown = shown[:57] + "..."
-    return f"{kind} {shown}"
-
-
 def validate(doc: Mapping[str, Any], file: str) -> None:
     """Raise RecipeError for the first problem in one file: unknown key, wrong type, bad choice.
 
@@ -634,7 +450,7 @@ def validate(doc: Mapping[str, Any], file: str) -> None:
             hint=f"every recipe file starts with schema_version = {SCHEMA_VERSION}",
         )
     if not isinstance(version, int) or isinstance(version, bool):
-        raise RecipeError(f"expected an integer, found {_found(version)}", file=file, key="schema_version")
+        raise RecipeError(f"expected an integer, found {found(version)}", file=file, key="schema_version")
     if version != SCHEMA_VERSION:
         raise RecipeError(
             f"this envbuilder reads schema_version {SCHEMA_VERSION}, found {version!r}",
@@ -669,12 +485,12 @@ def _walk(
         return
     if isinstance(spec, MapOf):
         if not isinstance(value, dict):
-            raise RecipeError(f"expected a table, found {_found(value)}", file=file, key=path)
+            raise RecipeError(f"expected a table, found {found(value)}", file=file, key=path)
         for key, sub in value.items():
             bad = control_problem(key)
             if bad is not None:
                 raise RecipeError(
-                    f"{bad[0]} is not allowed in a name, found {_found(key)}",
+                    f"{bad[0]} is not allowed in a name, found {found(key)}",
                     file=file,
                     key=_join(path, key),
                     hint=bad[1],
@@ -689,7 +505,7 @@ def _walk(
         return
     if isinstance(spec, ArrayOf):
         if not isinstance(value, list):
-            raise RecipeError(f"expected an array of tables, found {_found(value)}", file=file, key=path)
+            raise RecipeError(f"expected an array of tables, found {found(value)}", file=file, key=path)
         for i, item in enumerate(value):
             _walk(spec.item, item, file, f"{path}[{i}]", required=True, source_of=source_of)
         return
@@ -708,7 +524,7 @@ def _walk_table(
     """One table: known keys only, each value against its spec, then the table's own check and (``required``)
     its required keys."""
     if not isinstance(value, dict):
-        raise RecipeError(f"expected a table, found {_found(value)}", file=file, key=path or "(top level)")
+        raise RecipeError(f"expected a table, found {found(value)}", file=file, key=path or "(top level)")
     for key, sub in value.items():
         if key not in spec.fields:
             raise RecipeError(
@@ -736,7 +552,7 @@ def _walk_table(
 
 def _check_number(spec: Field, value: Union[int, float], file: str, path: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
-        raise RecipeError(f"expected a finite number, found {_found(value)}", file=file, key=path)
+        raise RecipeError(f"expected a finite number, found {found(value)}", file=file, key=path)
     low, high = spec.minimum, spec.maximum
     if (low is None or value >= low) and (high is None or value <= high):
         return
@@ -745,7 +561,7 @@ def _check_number(spec: Field, value: Union[int, float], file: str, path: str) -
     else:
         allowed = f"of at least {low}" if low is not None else f"of at most {high}"
     raise RecipeError(
-        f"expected {_type_name(spec.types)} {allowed}, found {_found(value)}", file=file, key=path
+        f"expected {_type_name(spec.types)} {allowed}, found {found(value)}", file=file, key=path
     )
 
 
@@ -754,14 +570,14 @@ def _check_field(spec: Field, value: Any, file: str, path: str) -> None:
     # bool is an int subclass in Python; TOML keeps them apart, so do we.
     ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
     if not ok:
-        raise RecipeError(f"expected {_type_name(spec.types)}, found {_found(value)}", file=file, key=path)
+        raise RecipeError(f"expected {_type_name(spec.types)}, found {found(value)}", file=file, key=path)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         _check_number(spec, value, file, path)
     if spec.items is not None:
         for i, item in enumerate(value):
             if not isinstance(item, spec.items) or isinstance(item, bool):
                 raise RecipeError(
-                    f"expected {_type_name(spec.items)}, found {_found(item)}", file=file, key=f"{path}[{i}]"
+                    f"expected {_type_name(spec.items)}, found {found(item)}", file=file, key=f"{path}[{i}]"
                 )
             if isinstance(item, str):
                 _check_text(spec, item, file, f"{path}[{i}]")
@@ -769,14 +585,14 @@ def _check_field(spec: Field, value: Any, file: str, path: str) -> None:
         _check_text(spec, value, file, path)
     if spec.choices and value not in spec.choices:
         raise RecipeError(
-            f"expected one of {', '.join(spec.choices)}, found {_found(value)}",
+            f"expected one of {', '.join(spec.choices)}, found {found(value)}",
             file=file,
             key=path,
             hint=did_you_mean(str(value), spec.choices),
         )
     if spec.pattern and isinstance(value, str) and not re.fullmatch(spec.pattern, value):
         like = f"a value like {spec.example!r}" if spec.example else f"a value matching {spec.pattern}"
-        raise RecipeError(f"expected {like}, found {_found(value)}", file=file, key=path)
+        raise RecipeError(f"expected {like}, found {found(value)}", file=file, key=path)
 
 
 def _check_text(spec: Field, value: str, file: str, path: str) -> None:
@@ -785,7 +601,7 @@ def _check_text(spec: Field, value: str, file: str, path: str) -> None:
     if bad is not None:
         what, hint = bad
         raise RecipeError(
-            f"{what} is not allowed in this value, found {_found(value)}", file=file, key=path, hint=hint
+            f"{what} is not allowed in this value, found {found(value)}", file=file, key=path, hint=hint
         )
     problem = spec.rule.check(value) if spec.rule else None
     if problem is not None:

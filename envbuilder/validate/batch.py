@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder.errors import RecipeError, UsageError
-from envbuilder.recipe.schema import control_problem, require_carriable, require_module_name
+from envbuilder.recipe.values import control_problem, require_carriable, require_module_name
 from envbuilder.validate import launchers, schedulers
 
 if TYPE_CHECKING:  # only a type here: the activation is planned (plan imports batch)

@@ -205,7 +205,12 @@ def environment(
 def threads_here(the_launch: suite.Launch, here: schedulers.Where) -> int:
     """OMP threads per rank for a launch on this node: the CPUs the job holds here (else those this process
     may run on) divided among the node's ranks. The activation's or the user's own value wins."""
-    cpus = here.cpus_per_node if here.in_job and here.cpus_per_node else len(os.sched_getaffinity(0))
+    if here.in_job and here.cpus_per_node:
+        cpus = here.cpus_per_node
+    elif hasattr(os, "sched_getaffinity"):  # Linux
+        cpus = len(os.sched_getaffinity(0))
+    else:
+        cpus = os.cpu_count() or 1
     return suite.omp_threads(cpus, the_launch.nproc_per_node)
 
 

@@ -13,7 +13,7 @@ from helpers import PLAN_ENV, REPO, load_facts
 from envbuilder import activate_scripts, modulefile, plan
 from envbuilder.errors import RecipeError
 from envbuilder.plan.activation import Activation
-from envbuilder.recipe import loader, schema
+from envbuilder.recipe import loader, values
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.validate import batch, suite
 
@@ -25,7 +25,7 @@ ACT = Activation(modules=("conda/2026-10-01",), conda_env="base", recipe="demo")
     "name", ["base", "pytorch-2.14", "torch_2.14+cu130", "/soft/conda/envs/torch", "/a/b/"]
 )
 def test_names_and_absolute_prefixes_are_conda_envs(name):
-    assert schema.conda_env_problem(name) is None
+    assert values.conda_env_problem(name) is None
     assert Activation(conda_env=name).conda_env == name
 
 
@@ -47,7 +47,7 @@ def test_names_and_absolute_prefixes_are_conda_envs(name):
     ],
 )
 def test_hostile_or_ambiguous_names_are_refused_wherever_they_come_from(name):
-    assert schema.conda_env_problem(name) is not None
+    assert values.conda_env_problem(name) is not None
     # A record read back (a hand-edited state file) is refused by the Activation itself, naming the key.
     with pytest.raises(RecipeError) as err:
         Activation.from_json({"conda_env": name})

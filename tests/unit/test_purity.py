@@ -39,6 +39,7 @@ PURE = (
     "envbuilder.plan.target",
     "envbuilder.validate.batch",
     "envbuilder.recipe.schema",
+    "envbuilder.recipe.values",
     "envbuilder.modulefile",
     "envbuilder.activate_scripts",  # reads its templates from package data
     "envbuilder.validate.report",
