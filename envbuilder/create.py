@@ -352,9 +352,7 @@ def _activate(job: _Job, backend: base.Backend, build: base.Build) -> Activation
     act = activation.from_plan(job.plan.activate, job.modules.init_dir, job.plan.recipe)
     job.report.step("writing the activate extension")
     backend.activate(build, act)
-    # The env's own copy of the payloads: the job scripts `plan` shows name it, and compute nodes see the env's
-    # file system where they may not see envbuilder's.
-    payloads.copy_to(Path(build.partial) / "envbuilder" / "payloads")
+    payloads.into_env(Path(build.partial))
     return act
 
 

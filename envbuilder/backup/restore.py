@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import activation, fsutil, proc, settings, state, transaction
+from envbuilder import activation, fsutil, payloads, proc, settings, state, transaction
 from envbuilder.backends import base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
@@ -229,6 +229,7 @@ def _wheelhouse(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
     _write_constraints(partial, plan)
     act = activation.from_plan(old.activation or Activation(), modules.init_dir, old.recipe)
     backend.activate(build, act)
+    payloads.into_env(partial)
     if not cached:  # the cache path compared already: it is only kept when every digest matched
         _compare(b, partial)
     backend.move_in(build)

@@ -16,3 +16,9 @@ def copy_to(dest: Path) -> Path:
             shutil.copy2(src, dest / src.name)
             (dest / src.name).chmod(0o755 if src.suffix == ".sh" else 0o644)
     return dest
+
+
+def into_env(prefix: Path) -> Path:
+    """The env's own copy of the payloads, ``PREFIX/envbuilder/payloads`` (written by create and restore,
+    refreshed before run and sbatch): job scripts name it, because compute nodes see the env's file system."""
+    return copy_to(prefix / "envbuilder" / "payloads")

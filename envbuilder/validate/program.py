@@ -120,7 +120,7 @@ def _refuse_elsewhere(record: state.EnvRecord, device: str, host: HostFacts, sha
 
 def install_wrappers(record: state.EnvRecord) -> None:
     """The env's own copy of the launch wrappers (the GPU-affinity script), refreshed before every launch."""
-    payloads.copy_to(Path(record.prefix) / "envbuilder" / "payloads")
+    payloads.into_env(Path(record.prefix))
 
 
 def command_here(prepared: Prepared) -> list[str]:

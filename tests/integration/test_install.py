@@ -63,7 +63,8 @@ def test_installed_command_plans_vista_outside_the_repo(installed, tmp_path):
     assert data["index_url"] == "https://download.pytorch.org/whl/cu126"
     assert data["files"][0] == "builtin:tacc/vista/vista-venv-cu124.toml"
     payload = next(a for a in data["launch_command"] if a.endswith("validate.py"))
-    assert payload.startswith(str(venv)), payload  # the installed package's payload, not the repo's
+    # The env's own copy (create writes it), which compute nodes see; never the repo's or the install's.
+    assert payload == f"{data['prefix']}/envbuilder/payloads/validate.py", payload
 
 
 def test_python_dash_m_works_too(installed, tmp_path):
