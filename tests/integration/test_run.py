@@ -31,6 +31,7 @@ dist.all_reduce(t)
 line = f"rank {dist.get_rank()}/{dist.get_world_size()} sum={t.item():g} omp={os.environ['OMP_NUM_THREADS']}"
 sys.stdout.write(line + "\\n")  # one write: the ranks share the pipe
 sys.stdout.flush()
+dist.barrier()  # no rank tears gloo down while another still talks to it
 dist.destroy_process_group()
 sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 """
