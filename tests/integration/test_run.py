@@ -248,3 +248,20 @@ def test_sbatch_on_a_pbs_site_submits_a_pbs_job(cpu_torch_world, train, tmp_path
         cpu_torch_world, cli_argv("sbatch", "vpbs", "--", "train.py"), cwd=train.parent, extra=inside
     )
     assert refused.returncode == 2 and f"inside pbs job {data['job']}" in refused.stderr, refused.stderr
+
+
+def test_a_gpu_env_on_a_login_node_is_sent_to_a_job(cpu_torch_world, train, tmp_path):
+    # The session env recorded again under a recipe whose compute nodes have GPUs; this host has none and is in
+    # no job, so its program cannot run here.
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    text = (DATA / "validate-recipes" / "vcpu.toml").read_text().replace('name = "vcpu"', 'name = "vgpurun"')
+    text += '\n[compute]\ngpus_per_node = 2\ngpu = "NVIDIA H100"\ncompute_capability = "9.0"\n'
+    (recipes / "vgpurun.toml").write_text(text)
+    home = Path(cpu_torch_world.env["ENVBUILDER_HOME"])
+    state.save(home, dataclasses.replace(state.load(home, "vcpu"), name="vgpurun", recipe="vgpurun"))
+    extra = {"ENVBUILDER_RECIPE_PATH": f"{DATA / 'validate-recipes'}:{recipes}"}
+    res = _run(cpu_torch_world, cli_argv("run", "vgpurun", "--", "train.py"), cwd=train.parent, extra=extra)
+    assert res.returncode == 2, res.stderr
+    assert "has no GPU and is in no job" in res.stderr and "envbuilder sbatch vgpurun" in res.stderr
+    assert not _ranks(res.stdout)
