@@ -24,7 +24,7 @@ from envbuilder.facts import HostFacts
 from envbuilder.modules import ModuleSystem
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
-from envbuilder.validate import launchers, runner, schedulers, suite
+from envbuilder.validate import runner, schedulers, suite
 
 
 @dataclass(frozen=True)
@@ -181,8 +181,3 @@ def submit(record: state.EnvRecord, prepared: Prepared, env: Mapping[str, str]) 
     except FileNotFoundError:
         raise UsageError(f"{argv[0]} is not on PATH: is this a login node of the site?") from None
     return Submitted(adapter.job_id(res.stdout), str(script), str(output))
-
-
-def display(prepared: Prepared) -> str:
-    """The launch as text a user can paste (shell variables kept where only the job knows them)."""
-    return launchers.display(launchers.plain(prepared.launch.argv))

@@ -182,11 +182,6 @@ class Shape:
     account: Optional[str]
     here: Optional[schedulers.Where]
 
-    @property
-    def threads(self) -> Optional[int]:
-        """OMP threads per rank where the node's cores are known: the cores divided among its ranks."""
-        return omp_threads(self.cores, self.nproc) if self.cores else None
-
 
 def omp_threads(cores: int, ranks_per_node: int) -> int:
     return max(1, cores // max(1, ranks_per_node))
