@@ -248,3 +248,17 @@ class CpuTorchWorld(UserWorld):
         self.prefix = self.scratch / "envbuilder" / "envs" / "vcpu"
         res = self.cli("create", "vcpu", "--no-validate", "--json")
         assert res.returncode == 0, res.stderr
+
+
+#: The module systems' own bookkeeping, which unload rewrites rather than removes (Tcl Environment Modules leave
+#: LOADEDMODULES empty, say): their business, not the activation's, so round trips leave it out.
+MODULE_BOOKKEEPING = (
+    "__LMOD_",
+    "_ModuleTable",
+    "LMOD_",
+    "__MODULES_",
+    "MODULES_",
+    "_LMFILES_",
+    "LOADEDMODULES",
+    "BASH_FUNC_",
+)

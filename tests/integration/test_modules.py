@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import DATA, ENVMODULES_INIT_DIR
+from helpers import DATA, ENVMODULES_INIT_DIR, MODULE_BOOKKEEPING
 
 from envbuilder import modules
 from envbuilder.errors import ModuleSystemError
@@ -231,17 +231,6 @@ ENV_ACT = Activation(
     prepend={"LD_LIBRARY_PATH": (ODD_DIR, "/soft/aws-ofi/lib")},
     append={"CMAKE_PREFIX_PATH": ("/soft/cmake",)},
 )
-#: The module systems' own bookkeeping, which unload rewrites rather than removes (their business, not ours).
-BOOKKEEPING = (
-    "__LMOD_",
-    "_ModuleTable",
-    "LMOD_",
-    "__MODULES_",
-    "MODULES_",
-    "_LMFILES_",
-    "LOADEDMODULES",
-    "BASH_FUNC_",
-)
 ROUND_TRIP = r"""
 . "$INIT"
 dump() {{ env -0 > "$1"; }}
@@ -257,7 +246,7 @@ dump "$WORK/after"
 def read_vars(path: Path) -> dict[str, str]:
     pairs = (kv.split("=", 1) for kv in path.read_bytes().decode().split("\0") if "=" in kv)
     noise = {"_", "PWD", "OLDPWD", "SHLVL", "ZSH_EXECUTION_STRING", "PS1"}
-    return {k: v for k, v in pairs if k not in noise and not k.startswith(BOOKKEEPING)}
+    return {k: v for k, v in pairs if k not in noise and not k.startswith(MODULE_BOOKKEEPING)}
 
 
 def module_systems() -> list[tuple[str, Path]]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from helpers import DATA, UserWorld, ok, refused
+from helpers import DATA, MODULE_BOOKKEEPING, UserWorld, ok, refused
 from torchindex import TorchIndex, build_torch_wheel, serve
 from wheelindex import build_wheel
 from wheelindex import serve as serve_files
@@ -50,18 +50,6 @@ ARCH_FLAGS = {
 }
 #: Shell bookkeeping: not the env's to restore.
 NOISE = {"_", "PWD", "OLDPWD", "SHLVL", "PS1"}
-#: The module systems' own bookkeeping, which unload rewrites rather than removes (Tcl Environment Modules leave
-#: LOADEDMODULES empty, say): their business, not the activation's.
-BOOKKEEPING = (
-    "__LMOD_",
-    "_ModuleTable",
-    "LMOD_",
-    "__MODULES_",
-    "MODULES_",
-    "_LMFILES_",
-    "LOADEDMODULES",
-    "BASH_FUNC_",
-)
 
 
 @dataclass(frozen=True)
@@ -362,7 +350,7 @@ class World(UserWorld):
 
 
 def users(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if not k.startswith(BOOKKEEPING)}
+    return {k: v for k, v in env.items() if not k.startswith(MODULE_BOOKKEEPING)}
 
 
 def read_env(path: Path) -> dict[str, str]:
