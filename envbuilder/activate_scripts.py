@@ -2,7 +2,7 @@
 ``deactivate`` undoes. ``envbuilder.activation`` writes them into an env.
 
 The shell code is package data, one template file per shell (``envbuilder/data/activate/posix.sh`` for bash and
-zsh); this module fills in the values, quoted for that shell. The extension is a script of its own
+zsh, ``fish.fish``, ``csh.csh`` for csh and tcsh); this module fills in the values, quoted for that shell. The extension is a script of its own
 (``PREFIX/envbuilder/activate.sh``), hooked into ``bin/activate`` by one sentinel-guarded block appended at the
 end, so nothing depends on the wording of the activate template (Cirrus's sed hook broke on CPython 3.11's
 lowercase comment). The script:
@@ -85,8 +85,35 @@ class Shell:
     dquote: Callable[[str], str]
 
 
+def _fish_quote(text: str) -> str:
+    """fish single quotes: only a backslash and a single quote are special inside."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _fish_dq(text: str) -> str:
+    """Text safe inside fish's double quotes (``$`` also starts ``$(...)`` there)."""
+    return re.sub(r'(["\\$])', r"\\\1", text)
+
+
+def _csh_quote(text: str) -> str:
+    """csh single quotes: literal but for ``'`` and ``!`` (history), each put outside them, backslashed."""
+    return "'" + text.replace("'", "'\\''").replace("!", "'\\!'") + "'"
+
+
+def _csh_dq(text: str) -> str:
+    """Text inside csh's double quotes: closed around a single-quoted piece (csh has no escapes inside)."""
+    return '"' + _csh_quote(text) + '"'
+
+
 #: bash and zsh, which both run plain POSIX sh.
 POSIX = Shell("posix.sh", shlex.quote, _dq)
+FISH = Shell("fish.fish", _fish_quote, _fish_dq)
+#: csh and tcsh (Lmod's init for both is the same file).
+CSH = Shell("csh.csh", _csh_quote, _csh_dq)
+#: Where each shell's extension lives in the env, and the activate script of the venv it hooks into.
+FISH_SCRIPT_REL = "envbuilder/activate.fish"
+CSH_SCRIPT_REL = "envbuilder/activate.csh"
+CSH_UNDO_REL = "envbuilder/deactivate.csh"
 
 
 @cache
@@ -106,11 +133,11 @@ def _templates(name: str) -> dict[str, tuple[str, ...]]:
     return {key: tuple(lines) for key, lines in sections.items()}
 
 
-def _fill(section: str, **values: Value) -> list[str]:
-    """The lines of one template with its placeholders filled. A placeholder alone on its line takes lines, each
-    indented as the placeholder is (no lines: the line goes); anywhere else it takes text."""
+def _fill(section: str, shell: Shell = POSIX, **values: Value) -> list[str]:
+    """The lines of one of ``shell``'s templates with its placeholders filled. A placeholder alone on its line
+    takes lines, each indented as the placeholder is (no lines: the line goes); anywhere else it takes text."""
     out: list[str] = []
-    for line in _templates(POSIX.template)[section]:
+    for line in _templates(shell.template)[section]:
         alone = _PLACEHOLDER.fullmatch(line.strip())
         value = values[alone.group(1)] if alone else None
         if value is not None and not isinstance(value, str):
@@ -127,76 +154,81 @@ def _text(name: str, value: Value) -> str:
     return value
 
 
-def _render(section: str, **values: Value) -> str:
-    return "\n".join(_fill(section, **values)) + "\n"
+def _render(section: str, shell: Shell = POSIX, **values: Value) -> str:
+    return "\n".join(_fill(section, shell, **values)) + "\n"
 
 
-def _each(section: str, names: Iterable[str]) -> list[str]:
+def _each(section: str, names: Iterable[str], shell: Shell = POSIX) -> list[str]:
     """``section`` once per variable name (saves, restores)."""
-    return [line for name in names for line in _fill(section, var=name)]
+    return [line for name in names for line in _fill(section, shell, var=name)]
 
 
-def with_hook(activate_text: str) -> str:
-    """``bin/activate`` with exactly one envbuilder block at its end (idempotent)."""
+def with_hook(activate_text: str, shell: Shell = POSIX) -> str:
+    """``bin/activate`` (``bin/activate.fish`` for FISH) with exactly one envbuilder block at its end
+    (idempotent)."""
     pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
     text = pattern.sub("", activate_text)
     if not text.endswith("\n"):
         text += "\n"
-    return text + _render("hook", begin=BEGIN, end=END, extension=SCRIPT_REL)
+    extension = FISH_SCRIPT_REL if shell is FISH else SCRIPT_REL
+    return text + _render("hook", shell, begin=BEGIN, end=END, extension=extension)
 
 
-def _modules(act: Activation) -> tuple[list[str], list[str]]:
+def _modules(act: Activation, shell: Shell = POSIX) -> tuple[list[str], list[str]]:
     """The module lines of the extension: loading (with what was there before) and undoing on deactivate."""
     if not (act.modules or act.module_use):
         return [], []
-    q, dq = POSIX.quote, POSIX.dquote
-    state_names = _fill("state_names")[0]
-    uses = [line for p in act.module_use for line in _fill("module_use", path=q(p), path_dq=dq(p))]
+    q, dq = shell.quote, shell.dquote
+    state_names = _fill("state_names", shell)[0]
+    uses = [line for p in act.module_use for line in _fill("module_use", shell, path=q(p), path_dq=dq(p))]
     load = (
         _fill(
-            "module_load", modules=" ".join(q(m) for m in act.modules), modules_dq=dq(" ".join(act.modules))
+            "module_load",
+            shell,
+            modules=" ".join(q(m) for m in act.modules),
+            modules_dq=dq(" ".join(act.modules)),
         )
         if act.modules
         else []
     )
     init_dir = q(act.module_init) if act.module_init else "''"
-    loading = _fill("modules", init_dir=init_dir, state_names=state_names, uses=uses, load=load)
-    return loading, _fill("modules_undo", state_names=state_names)
+    loading = _fill("modules", shell, init_dir=init_dir, state_names=state_names, uses=uses, load=load)
+    return loading, _fill("modules_undo", shell, state_names=state_names)
 
 
-def _constraints(env_var: str) -> list[str]:
+def _constraints(env_var: str, shell: Shell = POSIX) -> list[str]:
     """Add the env's constraints file to pip's and uv's lists, or say on stderr why it cannot be done."""
     pins = [
         line
         for var in CONSTRAINT_VARS
-        for line in _fill("constraint", var=var, env_var=env_var, constraints=CONSTRAINTS)
+        for line in _fill("constraint", shell, var=var, env_var=env_var, constraints=CONSTRAINTS)
     ]
-    return _fill("constraints", env_var=env_var, constraints=CONSTRAINTS, exports=pins)
+    return _fill("constraints", shell, env_var=env_var, constraints=CONSTRAINTS, exports=pins)
 
 
-def _paths(act: Activation) -> tuple[list[str], list[str], list[str], list[str]]:
+def _paths(act: Activation, shell: Shell = POSIX) -> tuple[list[str], list[str], list[str], list[str]]:
     """The list-variable lines: saving whether each was set, adding the entries, taking them out again before the
     modules unload, and finishing (unset again, or exported) after."""
     if not (act.prepend or act.append):
         return [], [], [], []
-    q = POSIX.quote
+    q = shell.quote
     names = list(dict.fromkeys([*act.prepend, *act.append]))
-    adding = _fill("path_drop_function")
-    adding += [
-        line for k, v in act.prepend.items() for line in _fill("prepend", var=k, entries=":".join(map(q, v)))
-    ]
-    adding += [
-        line for k, v in act.append.items() for line in _fill("append", var=k, entries=":".join(map(q, v)))
-    ]
+    adding = _fill("path_drop_function", shell)
+    for how, paths in (("prepend", act.prepend), ("append", act.append)):
+        adding += [
+            line for k, v in paths.items() for line in _fill(how, shell, var=k, entries=":".join(map(q, v)))
+        ]
     drops = [
         line
         for how, paths in (("first", act.prepend), ("last", act.append))
         for k, v in paths.items()
         for entry in v
-        for line in _fill("path_drop", var=k, entry=q(entry), which=how)
+        for line in _fill(
+            "path_drop", shell, var=k, entry=q(entry), which=how, first=str(int(how == "first"))
+        )
     ]
-    finish = [*_each("path_finish", names), "unset -f _envbuilder_path_drop"]
-    return _each("path_save", names), adding, drops, finish
+    finish = [*_each("path_finish", names, shell), *_fill("path_drop_forget", shell)]
+    return _each("path_save", names, shell), adding, drops, finish
 
 
 def _conda_env(act: Activation, undo_modules: list[str], restores: list[str]) -> tuple[list[str], list[str]]:
@@ -217,43 +249,77 @@ def _conda_env(act: Activation, undo_modules: list[str], restores: list[str]) ->
     return on, _fill("conda_env_undo", conda_env_dq=dq)
 
 
-def render_script(
-    act: Activation, conda: bool = False, *, constraints: bool = False, env_var: Optional[str] = None
-) -> str:
-    """The activate extension script (sourced from bin/activate; for a conda env, conda activate sources it
-    from etc/conda/activate.d and its deactivate.d twin undoes it). ``constraints``: the env has torch pins in
-    ``envbuilder/constraints.txt`` for pip and uv. ``env_var`` names the variable holding the env's prefix
-    (``VIRTUAL_ENV``, ``CONDA_PREFIX`` for conda, ``PYTHONUSERBASE`` for a user-prefix env)."""
+def _extension(
+    act: Activation, shell: Shell, conda: bool, constraints: bool, env_var: Optional[str]
+) -> dict[str, Value]:
+    """The values of one shell's extension and undo templates. fish and csh only say where a recipe's
+    ``activate.conda_env`` would run (conda's module defines its function for bash and zsh)."""
     lists = {*act.prepend, *act.append}
     restored = [v for v in ALWAYS_RESTORE if v not in lists]
     names = list(dict.fromkeys([*dict(act.env), *act.unset, *restored]))
     if constraints:
         names += [v for v in CONSTRAINT_VARS if v not in names]
-    if act.conda_env:
+    if act.conda_env and shell is POSIX:
         names += [v for v in CONDA_STATE_VARS if v not in names]
     env_var = env_var or ("CONDA_PREFIX" if conda else "VIRTUAL_ENV")
-    loading, undoing = _modules(act)
-    conda_on, conda_off = _conda_env(act, undoing, _each("restore", names))
-    path_saves, paths, path_drops, path_finish = _paths(act)
-    variables = [line for k, v in act.env.items() for line in _fill("set", var=k, value=POSIX.quote(v))]
-    variables += [line for k in act.unset for line in _fill("unset", var=k)]
-    return _render(
-        "extension",
-        recipe=act.recipe or "this env",
-        saves=_each("save", names) + path_saves,
-        modules=loading,
-        conda=conda_on,
-        variables=variables,
-        paths=paths,
-        constraints=_constraints(env_var) if constraints else [],
-        env_var=env_var,
-        path_drops=path_drops,
-        conda_undo=conda_off,
-        modules_undo=undoing,
-        path_finish=path_finish,
-        restores=_each("restore", names),
-        venv_deactivate=[] if conda else _fill("venv_deactivate"),
-    )
+    loading, undoing = _modules(act, shell)
+    if shell is POSIX:
+        conda_on, conda_off = _conda_env(act, undoing, _each("restore", names))
+    else:
+        conda_on = (
+            _fill("conda_env", shell, conda_env_dq=shell.dquote(act.conda_env)) if act.conda_env else []
+        )
+        conda_off = []
+    path_saves, paths, path_drops, path_finish = _paths(act, shell)
+    variables = [
+        line for k, v in act.env.items() for line in _fill("set", shell, var=k, value=shell.quote(v))
+    ]
+    variables += [line for k in act.unset for line in _fill("unset", shell, var=k)]
+    return {
+        "recipe": act.recipe or "this env",
+        "saves": _each("save", names, shell) + path_saves,
+        "modules": loading,
+        "conda": conda_on,
+        "variables": variables,
+        "paths": paths,
+        "constraints": _constraints(env_var, shell) if constraints else [],
+        "env_var": env_var,
+        "path_drops": path_drops,
+        "conda_undo": conda_off,
+        "modules_undo": undoing,
+        "path_finish": path_finish,
+        "restores": _each("restore", names, shell),
+        "venv_deactivate": [] if conda else _fill("venv_deactivate", shell),
+    }
+
+
+def render_script(
+    act: Activation,
+    conda: bool = False,
+    *,
+    constraints: bool = False,
+    env_var: Optional[str] = None,
+    shell: Shell = POSIX,
+) -> str:
+    """The activate extension script (sourced from bin/activate; for a conda env, conda activate sources it
+    from etc/conda/activate.d and its deactivate.d twin undoes it). ``constraints``: the env has torch pins in
+    ``envbuilder/constraints.txt`` for pip and uv. ``env_var`` names the variable holding the env's prefix
+    (``VIRTUAL_ENV``, ``CONDA_PREFIX`` for conda, ``PYTHONUSERBASE`` for a user-prefix env). For FISH, the
+    extension ``bin/activate.fish`` sources; for CSH see :func:`render_csh`."""
+    return _render("extension", shell, **_extension(act, shell, conda, constraints, env_var))
+
+
+def render_csh(act: Activation, prefix: str, *, constraints: bool = False) -> dict[str, str]:
+    """A venv's csh/tcsh activation, by path in the env: ``bin/activate.csh`` (the venv's part, for ``prefix``,
+    where the env is used), the extension it sources, and ``envbuilder/deactivate.csh``, which the
+    ``deactivate`` alias sources (csh has no functions) to undo both."""
+    require_carriable(prefix, "env.prefix")
+    values = _extension(act, CSH, False, constraints, None)
+    return {
+        "bin/activate.csh": _render("activate", CSH, prefix=CSH.quote(prefix)),
+        CSH_SCRIPT_REL: _render("extension", CSH, **values),
+        CSH_UNDO_REL: _render("deactivate", CSH, undo=_fill("undo", CSH, **values)),
+    }
 
 
 def render_user_prefix_activate(prefix: str) -> str:

@@ -12,9 +12,16 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from envbuilder import __version__
+from envbuilder import __version__, helptext
 from envbuilder.console import Out
-from envbuilder.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EnvbuilderError
+from envbuilder.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    EnvbuilderError,
+    did_you_mean,
+)
 
 RESULT_VERSION = 1
 
@@ -59,14 +66,47 @@ class _Choices:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting, so main() stays the single exit point."""
+    """argparse that raises instead of exiting, so main() stays the single exit point; a usage error names the
+    help of the command that was typed, and what a mistyped choice was probably meant to be."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise _UsageExit(f"{self.prog}: {message}")
+        raise _UsageExit(f"{self.prog}: {message}", self.prog)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # argparse's check of a choice (a command, --installer, ...): its own "did you mean" came only in 3.14.
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            close = did_you_mean(str(value), [str(c) for c in action.choices or ()])
+            raise _UsageExit(f"{self.prog}: {exc}", self.prog, close) from None
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Optional[Sequence[str]] = None, namespace: Optional[argparse.Namespace] = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        # The innermost command's parser finishes first: main() names its options and its --help for extras.
+        if not hasattr(parsed, "parsed_by"):
+            parsed.parsed_by = self
+        return parsed, extras
 
 
 class _UsageExit(Exception):
-    pass
+    def __init__(self, message: str, prog: str, close: Optional[str] = None) -> None:
+        super().__init__(message)
+        #: The hint: the close match, if any, and the typed command's help.
+        self.hint = f"{close} See `{prog} --help`" if close else f"see `{prog} --help`"
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> _UsageExit:
+    """Arguments the typed command does not take, with the option each mistyped flag was probably meant to be."""
+    # argparse lists a parser's options nowhere public.
+    options = [s for a in parser._actions for s in a.option_strings]
+    close = [did_you_mean(e.partition("=")[0], options) for e in extras if e.startswith("-")]
+    return _UsageExit(
+        f"{parser.prog}: unrecognized arguments: {' '.join(extras)}",
+        parser.prog,
+        " ".join(c for c in close if c) or None,
+    )
 
 
 def _add_json(p: argparse.ArgumentParser) -> None:
@@ -100,8 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
         _add_probe,
         _add_recipes,
         _add_publish,
+        _add_docs,
     ):
         add(sub)
+    helptext.apply(parser)
     return parser
 
 
@@ -243,11 +285,17 @@ def _add_env_verbs(sub: _Sub) -> None:
     _env_verb(
         sub, "show", "one env's record: recipe, packages, tools, last check", _command("envs", "handle_show")
     )
-    _env_verb(
+    e = _env_verb(
         sub,
         "activate",
         "print the line that activates an env (source it)",
         _command("envs", "handle_activate"),
+    )
+    e.add_argument(
+        "--shell",
+        choices=_Choices("envbuilder.activation", "SHELLS"),
+        metavar="SHELL",
+        help="%(choices)s: the shell the line is for (default: $SHELL's, bash where that is none of these)",
     )
     e = _env_verb(sub, "remove", "delete an env and its record", _command("envs", "handle_remove"))
     e.add_argument("-y", "--yes", action="store_true", help="do not ask")
@@ -257,7 +305,13 @@ def _add_env_verbs(sub: _Sub) -> None:
         "write a modulefile (Lmod Lua, or Tcl for Environment Modules) that activates an env",
         _command("envs", "handle_modulefile"),
     )
-    e.add_argument("-o", "--output", metavar="PATH", help="file or directory to write (default: stdout)")
+    e.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="directory to write ENV.lua (or ENV for tcl) into, made if absent: an existing one, a path ending "
+        "in /, or for lua any name without .lua; else the file itself (default: stdout)",
+    )
     e.add_argument(
         "--format",
         choices=_Choices("envbuilder.modulefile", "FORMATS"),
@@ -428,6 +482,24 @@ def _add_publish(sub: _Sub) -> None:
     p.set_defaults(handler=_command("publish", "handle_publish"))
 
 
+def _add_docs(sub: _Sub) -> None:
+    """completion and man, and the hidden command completion scripts call back for names (no help: not listed)."""
+    p = sub.add_parser("completion", help="print the tab-completion script for bash, zsh or fish")
+    p.add_argument(
+        "shell",
+        nargs="?",
+        choices=_Choices("envbuilder.completion", "SHELLS"),
+        metavar="SHELL",
+        help="%(choices)s (default: the one $SHELL names)",
+    )
+    p.set_defaults(handler=_command("docs", "handle_completion"))
+    p = sub.add_parser("man", help="print the envbuilder man page (roff)")
+    p.set_defaults(handler=_command("docs", "handle_man"))
+    p = sub.add_parser("__complete")
+    p.add_argument("kind", choices=_Choices("envbuilder.completion", "KINDS"), metavar="KIND")
+    p.set_defaults(handler=_command("docs", "handle_names"))
+
+
 def _add_lock_use(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lock", metavar="FILE", help="use this lockfile (default: yours, else the published one)"
@@ -528,11 +600,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     argv, program = _split_program(list(sys.argv[1:] if argv is None else argv))
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            raise _unrecognized(args.parsed_by, extras)
         if program is not None:
             args.program = tuple(program)
     except _UsageExit as exc:
-        out.error(str(exc), hint="envbuilder --help")
+        out.error(str(exc), hint=exc.hint)
         return EXIT_USAGE
     except SystemExit as exc:  # --help / --version
         return int(exc.code or 0)

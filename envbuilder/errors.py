@@ -151,6 +151,10 @@ class StateError(EnvbuilderError):
     family = "state"
 
 
+class EnvNotFound(StateError):
+    """No env of that name is recorded."""
+
+
 class PublishError(EnvbuilderError):
     """Publishing or verifying a registry recipe failed."""
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from envbuilder import settings
 from envbuilder.backends import registry
-from envbuilder.errors import StateError
+from envbuilder.errors import EnvNotFound, StateError, did_you_mean
 from envbuilder.fsutil import Mutex, Owner, write_atomic
 
 if TYPE_CHECKING:  # only types: importing the planner would load the resolver for every record read
@@ -49,6 +49,11 @@ class EnvRecord:
     def kind(self) -> str:
         """The env kind its plan built (a record without one is a venv's)."""
         return self.plan.get("kind", "venv")
+
+    @property
+    def torch(self) -> Optional[str]:
+        """The torch version the env holds, as its record lists it (None where it lists none)."""
+        return next((str(p["version"]) for p in self.packages if p.get("name") == "torch"), None)
 
     @property
     def activation(self) -> Optional[Activation]:
@@ -92,7 +97,11 @@ def load(root: Path, name: str) -> EnvRecord:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise StateError(f"no env named {name!r} is recorded in {root}", hint="envbuilder list") from None
+        close = did_you_mean(name, names(root))
+        raise EnvNotFound(
+            f"no env named {name!r} is recorded in {root}",
+            hint=f"{close} `envbuilder list` shows them all" if close else "envbuilder list",
+        ) from None
     except (OSError, json.JSONDecodeError) as exc:
         raise StateError(
             f"the record {path} is unreadable: {exc}", hint="remove it and create the env again"

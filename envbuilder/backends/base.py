@@ -110,7 +110,7 @@ class Backend:
 
     def activate(self, build: Build, act: Activation) -> None:
         """Write the activate extension into the env."""
-        activation.install(build.partial, act)
+        activation.install(build.partial, act, str(build.final))
 
     def move_in(self, build: Build) -> None:
         """Make the env work at ``build.final`` once renamed there (rewrite what names the build path)."""

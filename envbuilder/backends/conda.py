@@ -87,7 +87,7 @@ class CloneBackend(Backend):
         if (build.partial / "conda-meta").is_dir():
             activation.install_conda(build.partial, str(build.final), act)
         else:
-            activation.install(build.partial, act)
+            activation.install(build.partial, act, str(build.final))
 
     def move_in(self, build: Build) -> None:
         _moved_in(build)

@@ -21,6 +21,7 @@ from envbuilder.facts import HostFacts
 from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
+from envbuilder.resolver import mirror
 from envbuilder.validate import runner as validator
 
 
@@ -67,7 +68,9 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         out.heading(f"Creating {what}{the_plan.kind}, {the_plan.installer}) at {the_plan.prefix}")
         if the_plan.resolution:
             r = the_plan.resolution
-            out.field("torch", f"{r.torch} {r.variant} from {r.index_url}")
+            out.field(
+                "torch", f"{r.torch} {r.variant} from {mirror.shown(r.index_url, mirror.from_env(env))}"
+            )
         if the_plan.lock and the_plan.lock.applies:
             lk, arch = the_plan.lock.summary, the_plan.lock.arch
             out.field("lock", f"{lk.path} ({lk.origin}): {lk.platforms[arch or '']} packages for {arch}")
@@ -186,6 +189,11 @@ def _render(result: creator.CreateResult, out: Out, failed: list[str]) -> None:
     rec = result.record
     if result.status == "exists":
         out.line(f"{rec.name} already exists at {rec.prefix}; nothing to do (--force rebuilds it)")
+        # Nothing was checked now: what the record says the env holds.
+        variant = ((rec.plan or {}).get("torch") or {}).get("variant")
+        if rec.torch:
+            shown = variant and not rec.torch.endswith(f"+{variant}")
+            out.field("torch", rec.torch + (f" ({variant})" if shown else ""))
     else:
         in_env = [p for p in rec.packages if p.get("in_env")]
         total = sum(int(p.get("size") or 0) for p in in_env)
@@ -197,7 +205,7 @@ def _render(result: creator.CreateResult, out: Out, failed: list[str]) -> None:
         if result.log:
             out.field("log", result.log)
     smoke = (rec.validation or {}).get("checks") or {}
-    if smoke and not failed:
+    if smoke and not failed and result.status != "exists":
         imp = smoke.get("import", {})
         out.field("smoke check", f"torch {imp.get('torch')} imports (cuda {imp.get('cuda')})")
     out.field("activate", f"source {creator.activate_line(rec.prefix)}")

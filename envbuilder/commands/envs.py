@@ -12,8 +12,9 @@ from rich.table import Table
 
 from envbuilder import activation, backup, create, fsutil, modulefile, purge, settings, state, transaction
 from envbuilder.console import Out, cells
-from envbuilder.errors import StateError, UsageError
+from envbuilder.errors import EnvbuilderError, EnvNotFound, StateError, UsageError
 from envbuilder.plan.activation import Activation
+from envbuilder.recipe.catalog import Catalog
 
 
 def _home() -> Path:
@@ -21,7 +22,6 @@ def _home() -> Path:
 
 
 def _summary(record: state.EnvRecord, latest: Optional[backup.Backup]) -> dict[str, Any]:
-    torch = next((p["version"] for p in record.packages if p.get("name") == "torch"), None)
     health = state.health(record)
     purged = purge.status(record)
     return {
@@ -29,7 +29,7 @@ def _summary(record: state.EnvRecord, latest: Optional[backup.Backup]) -> dict[s
         "recipe": record.recipe,
         "prefix": record.prefix,
         "created": record.created,
-        "torch": torch,
+        "torch": record.torch,
         "installer": record.tools.get("installer"),
         "health": health.to_json(),
         "purge": purged.to_json() if purged else None,
@@ -83,8 +83,30 @@ def handle_list(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
     return rows
 
 
+def _load_built(name: str) -> state.EnvRecord:
+    """The env's record; where there is none but a recipe of that name exists, the error says to build it."""
+    try:
+        return state.load(_home(), name)
+    except EnvNotFound as exc:
+        if not _is_recipe(name):
+            raise
+        raise EnvNotFound(
+            f"{exc.message}: recipe {name} has not been built yet",
+            hint=f"envbuilder create {name} (`envbuilder list` shows the envs you have)",
+        ) from None
+
+
+def _is_recipe(name: str) -> bool:
+    """Whether a recipe of that name is on the recipe path (a path that cannot be read says no: the error at
+    hand is the missing env)."""
+    try:
+        return name in Catalog.from_env(os.environ, warn=lambda _: None).names()
+    except EnvbuilderError:
+        return False
+
+
 def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
-    record = state.load(_home(), args.env)
+    record = _load_built(args.env)
     data = record.to_json()
     data["health"] = state.health(record).to_json()
     if not args.json:
@@ -106,8 +128,8 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 
 
 def handle_activate(args: argparse.Namespace, out: Out) -> dict[str, Any]:
-    record = state.load(_home(), args.env)
-    line = f"source {create.activate_line(record.prefix)}"
+    record = _load_built(args.env)
+    line = activation.activate_line(record.prefix, args.shell or activation.default_shell(os.environ))
     if not args.json:
         print(line)
     return {"name": record.name, "command": line}
@@ -122,7 +144,10 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             raise UsageError(f"remove {record.name} ({prefix}) needs confirmation", hint="pass --yes")
         answer = input(f"remove {record.name} and delete {prefix}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
-            raise UsageError("not removed")
+            # Declining is an answer, not an error.
+            if not args.json:
+                out.line(f"kept {record.name} ({prefix})")
+            return {"name": record.name, "prefix": str(prefix), "removed": False}
     with state.mutex(home, record.name):
         if prefix.exists():
             # An interrupted remove never leaves half an env under the env's own name (the next create or
@@ -132,6 +157,15 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     if not args.json:
         out.line(f"removed {record.name} ({prefix})")
     return {"name": record.name, "prefix": str(prefix), "removed": True}
+
+
+def _is_dir_target(output: str, fmt: str) -> bool:
+    """Whether ``-o OUTPUT`` names the directory to write NAME.lua (or NAME) into, made if absent: an existing
+    directory, a path ending in ``/``, or for Lua a name without ``.lua`` (Lmod reads Lua only from ``.lua``
+    files). Anything else is the file itself; a Tcl modulefile's name has no fixed suffix."""
+    if output.endswith(("/", os.sep)) or Path(output).is_dir():
+        return True
+    return fmt == "lua" and not output.endswith(".lua")
 
 
 def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
@@ -150,7 +184,7 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         out.warn(note.removeprefix("envbuilder: "))
     if args.output:
         target = Path(args.output)
-        if target.is_dir():
+        if _is_dir_target(args.output, args.format):
             # Lmod reads NAME.lua; Environment Modules takes a modulefile's name as it is.
             target = target / (f"{record.name}.lua" if args.format == "lua" else record.name)
         fsutil.write_atomic(target, text.encode())

@@ -16,7 +16,7 @@ from envbuilder.facts import HostFacts
 from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.resolver import knowledge
+from envbuilder.resolver import knowledge, mirror
 from envbuilder.resolver.matrix import load_matrix
 from envbuilder.validate import launchers
 
@@ -93,12 +93,13 @@ def handle(args: argparse.Namespace, out: Out) -> planner.RecordedPlan:
         exc.data = {"recipe": args.recipe}
         raise
     if not args.json:
-        render(result, out)
+        render(result, out, os.environ)
     return result.to_json()
 
 
-def render(p: planner.Plan, out: Out) -> None:
-    _render_target(p, out)
+def render(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:
+    """The plan for people; ``env`` is the one it was made in (its index mirror rules)."""
+    _render_target(p, out, env)
     out.line()
     out.heading("Steps")
     for i, step in enumerate(p.steps, 1):
@@ -115,7 +116,7 @@ def render(p: planner.Plan, out: Out) -> None:
             out.warn(w)
 
 
-def _render_target(p: planner.Plan, out: Out) -> None:
+def _render_target(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:
     """The heading and what is built where: recipe files, target, env, torch, lock."""
     title = f"Plan for {p.recipe}"
     if p.site:
@@ -134,7 +135,8 @@ def _render_target(p: planner.Plan, out: Out) -> None:
         r = p.resolution
         label = f" (+{r.local} builds only)" if r.local else ""
         inferred = ", inferred facts" if r.inferred else ""
-        out.field("torch", f"{r.torch} {r.variant} ({r.channel}{inferred}) from {r.index_url}{label}")
+        index = mirror.shown(r.index_url, mirror.from_env(env))
+        out.field("torch", f"{r.torch} {r.variant} ({r.channel}{inferred}) from {index}{label}")
     if p.lock:
         status = "applies" if p.lock.applies else "ignored (stale)"
         out.field("lock", f"{p.lock.summary.path} ({p.lock.summary.origin}), {p.lock.arch}: {status}")

@@ -168,7 +168,8 @@ def render(result: report.Report, out: Out) -> None:
         detail = row.reason or row.detail or ""
         if row.status in ("fail", "warn"):
             detail = (row.cause or "") + (f"\nhint: {row.hint}" if row.hint else "")
-        table.add_row(*cells(row.check, ranks, status, report.figure_text(row), detail))
+        check = report.check_label(row.check, result.device)
+        table.add_row(*cells(check, ranks, status, report.figure_text(row), detail))
     out.console.print(table)
     if not result.ok and result.stderr_tail:
         out.line("launcher output (last lines):")

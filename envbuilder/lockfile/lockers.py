@@ -263,7 +263,7 @@ def _read_yaml(path: Path) -> Any:
     except ImportError:
         raise LockError(
             "cannot read conda-lock's output: PyYAML is not installed beside envbuilder",
-            hint="pip install 'envbuilder[conda-lock]'",
+            hint="pip install 'hpc-envbuilder[conda-lock]'",
         ) from None
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -303,7 +303,7 @@ def conda_locker(
     if not conda_lock_command():
         warning = (
             f"conda-lock is not installed, so {the_plan.recipe} was locked with py-rattler, not {found[1]} "
-            "(pip install 'envbuilder[conda-lock]' to lock with the site's conda)"
+            "(pip install 'hpc-envbuilder[conda-lock]' to lock with the site's conda)"
         )
         return RattlerLocker(env, uv, the_plan.target, log), [warning]
     log(f"conda engine for the lock: {found[1]} ({found[0]}) through conda-lock")

@@ -1,6 +1,13 @@
 """Load a recipe: follow its ``extends`` chain, validate each file strictly, merge, and remember where every value
 came from (built-in defaults < site file < recipe chain < command line).
 
+The merge rule, parent first: tables merge key by key and a child's value replaces its parent's, except lists,
+which add up: a child's items follow its parent's, a string already there stays where it is, and a [[packages]]
+entry (a validation reference) with a parent's name takes that entry's place. A file's ``replace = ["packages"]``
+sets those lists in place of its parents' instead. A list that is one value (``scheduler.interactive``, an argv)
+is replaced whole, and a file's lists always replace the built-in defaults. ``recipe.description`` belongs to the
+file that says it: a child does not inherit its parent's.
+
 Loading is pure: the files come as documents that the catalog has already read and, for a published recipe,
 verified against its registry (see ``Documents``); here they are only checked, merged and traced."""
 
@@ -150,6 +157,10 @@ def _leaves(node: Any, path: str, out: list[tuple[str, Any, str]], prov: Mapping
     if isinstance(node, Mapping) and node:
         for key in node:
             _leaves(node[key], f"{path}.{key}" if path else key, out, prov)
+    elif isinstance(node, list) and node:
+        # Each item on its own: under extends one list holds items of several files.
+        whole = prov.get(path, DEFAULTS_SOURCE)
+        out.extend((f"{path}[{i}]", item, prov.get(f"{path}[{i}]", whole)) for i, item in enumerate(node))
     else:
         out.append((path, node, prov.get(path, DEFAULTS_SOURCE)))
 
@@ -163,19 +174,15 @@ def load(name: str, catalog: Documents, overrides: Optional[Mapping[str, tuple[A
     chain = [top] if top.published else _follow_chain(top, catalog)
     merged: dict[str, Any] = {}
     prov: dict[str, str] = {}
-    _merge(merged, sections.seed(), DEFAULTS_SOURCE, prov, "")
-    corrections: list[dict[str, Any]] = []
+    _merge(merged, sections.seed(), _Source(DEFAULTS_SOURCE), prov, "")
     for doc in reversed(chain):
-        body = {k: v for k, v in doc.data.items() if k not in ("schema_version", "extends", "corrections")}
-        _merge(merged, body, doc.label, prov, "")
-        # Corrections accumulate along the chain (site-wide ones, then the variant's own).
-        for item in doc.data.get("corrections", []):
-            prov[f"corrections[{len(corrections)}]"] = doc.label
-            corrections.append(dict(item))
-    if corrections:
-        merged["corrections"] = corrections
+        body = {k: v for k, v in doc.data.items() if k not in ("schema_version", "extends", "replace")}
+        if doc is not top:
+            body = _without_description(body)
+        _merge(merged, body, _Source(doc.label, frozenset(doc.data.get("replace", ()))), prov, "")
     for dotted, (value, source) in (overrides or {}).items():
         _set(merged, dotted, value)
+        _forget(prov, dotted)
         prov[dotted] = source
 
     recipe_name = merged.get("recipe", {}).get("name")
@@ -231,7 +238,23 @@ def _follow_chain(top: Document, catalog: Documents) -> list[Document]:
         chain.append(found)
 
 
-def _merge(dst: dict[str, Any], src: Mapping[str, Any], source: str, prov: dict[str, str], path: str) -> None:
+@dataclass(frozen=True)
+class _Source:
+    """One file merged over the recipe so far: its name for provenance, and the lists it replaces."""
+
+    label: str
+    replace: frozenset[str] = frozenset()
+
+
+def _without_description(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A parent's values less its description, which says what the parent is, not what its child is."""
+    about = {k: v for k, v in body.get("recipe", {}).items() if k != "description"}
+    return {**body, "recipe": about} if "recipe" in body else dict(body)
+
+
+def _merge(
+    dst: dict[str, Any], src: Mapping[str, Any], source: _Source, prov: dict[str, str], path: str
+) -> None:
     for key, value in src.items():
         dotted = f"{path}.{key}" if path else key
         if isinstance(value, Mapping) and isinstance(dst.get(key), dict):
@@ -241,13 +264,54 @@ def _merge(dst: dict[str, Any], src: Mapping[str, Any], source: str, prov: dict[
             dst[key] = {}
             _merge(dst[key], value, source, prov, dotted)
             if not value:
-                prov[dotted] = source
+                prov[dotted] = source.label
+        elif isinstance(value, list):
+            dst[key] = _merge_list(dst.get(key), value, source, prov, dotted)
         else:
             dst[key] = value
-            # A replaced subtree's old provenance goes with it.
-            for old in [k for k in prov if k.startswith(dotted + ".")]:
-                del prov[old]
-            prov[dotted] = source
+            _forget(prov, dotted)
+            prov[dotted] = source.label
+
+
+def _merge_list(old: Any, new: list[Any], source: _Source, prov: dict[str, str], dotted: str) -> list[Any]:
+    """``new`` after the inherited items of ``old`` (see the module's docstring); records each item's file."""
+    spec = schema.spec_at(dotted)
+    whole = isinstance(spec, schema.Field) and spec.whole
+    inherits = (
+        isinstance(old, list)
+        and prov.get(dotted, DEFAULTS_SOURCE) != DEFAULTS_SOURCE
+        and dotted not in source.replace
+        and not whole
+    )
+    items = (
+        [(item, prov.get(f"{dotted}[{i}]", DEFAULTS_SOURCE)) for i, item in enumerate(old)]
+        if inherits
+        else []
+    )
+    key = spec.key if isinstance(spec, schema.ArrayOf) else _same
+    at = {key(item): i for i, (item, _) in enumerate(items)} if key else {}
+    for item in new:
+        i = at.get(key(item)) if key else None
+        if i is None:
+            items.append((item, source.label))
+        else:
+            items[i] = (item, source.label)  # the child restates or redefines it: its place stays
+    _forget(prov, dotted)
+    prov[dotted] = source.label
+    for i, (_, label) in enumerate(items):
+        prov[f"{dotted}[{i}]"] = label
+    return [item for item, _ in items]
+
+
+def _same(item: Any) -> Any:
+    """A string names itself (a module, a check, a flag): restating one keeps one."""
+    return item
+
+
+def _forget(prov: dict[str, str], dotted: str) -> None:
+    """Drop the provenance of what was under ``dotted`` (a replaced subtree's, a list's items')."""
+    for old in [k for k in prov if k.startswith((dotted + ".", dotted + "["))]:
+        del prov[old]
 
 
 def _table_source(prov: Mapping[str, str], table: str, default: str) -> str:

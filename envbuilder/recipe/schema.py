@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
@@ -76,6 +76,9 @@ class Field:
     #: For integers: the allowed range, both ends included. No machine has a negative GPU count or 2**63 nodes.
     minimum: Optional[int] = None
     maximum: Optional[int] = None
+    #: For a list that is one value (an argv template), not a list of items: under ``extends`` a child's
+    #: replaces its parent's instead of adding to it.
+    whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,14 +107,100 @@ class ArrayOf:
     item: Table
     doc: str = ""
     required: bool = False
+    #: What names an entry: under ``extends`` a child's entry with a parent's key takes that entry's place
+    #: (None: entries only add up).
+    key: Optional[Callable[[Mapping[str, Any]], Hashable]] = None
 
 
 Spec = Union[Field, Table, MapOf, ArrayOf]
+
+
+def spec_at(dotted: str) -> Optional[Spec]:
+    """The spec of a dotted key (any name stands for a free-form table's key), or None where the schema has no
+    such key or the path runs through an array or a value."""
+    spec: Spec = SCHEMA
+    for part in dotted.split("."):
+        if isinstance(spec, Table) and part in spec.fields:
+            spec = spec.fields[part]
+        elif isinstance(spec, MapOf):
+            spec = spec.value
+        else:
+            return None
+    return spec
+
+
+def is_list(spec: Optional[Spec]) -> bool:
+    """A key whose value is a list: an array of tables, or an array field."""
+    return isinstance(spec, ArrayOf) or (isinstance(spec, Field) and spec.types is list)
+
+
+def list_keys(spec: Optional[Spec] = None, path: str = "") -> list[str]:
+    """The dotted keys of every list ``replace`` may name (``<name>`` for a free-form table's keys)."""
+    spec = SCHEMA if spec is None else spec
+    if is_list(spec):
+        return [] if path == "replace" else [path]
+    if isinstance(spec, MapOf):
+        return list_keys(spec.value, _join(path, "<name>"))
+    if isinstance(spec, Table):
+        return [key for name, sub in spec.fields.items() for key in list_keys(sub, _join(path, name))]
+    return []
+
+
+def _replace_problem(doc: Mapping[str, Any]) -> Optional[tuple[str, str, Optional[str]]]:
+    """(key, message, hint) of the first entry of the top-level ``replace`` that names no list this file sets."""
+    names = doc.get("replace")
+    if names is None:
+        return None
+    if "extends" not in doc:
+        return (
+            "replace",
+            "replace takes the place of a parent's lists, but this file extends nothing",
+            "add extends = PARENT, or remove replace",
+        )
+    for i, name in enumerate(names):
+        spec = spec_at(name) if name != "replace" else None
+        if spec is None:
+            lists = list_keys()
+            return (
+                f"replace[{i}]",
+                f"expected the dotted key of a list (packages, modules.load, ...), found {found(name)}",
+                did_you_mean(name, lists) or f"lists: {', '.join(lists)}",
+            )
+        if not is_list(spec):
+            kind = _type_name(spec.types) if isinstance(spec, Field) else "a table"
+            return (
+                f"replace[{i}]",
+                f"expected the dotted key of a list, found {found(name)} ({name} holds {kind})",
+                "only lists add up under extends: a child's value of any other key replaces its parent's already",
+            )
+        if _value_at(doc, name) is None:
+            return (
+                f"replace[{i}]",
+                f"replace names {name}, which this file does not set",
+                f"set {name} here (an empty list drops the parent's), or take it out of replace",
+            )
+    return None
+
+
+def _value_at(doc: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = doc
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
 
 SCHEMA = Table(
     {
         "schema_version": Field(int, "recipe language version; this release reads 1", required=True),
         "extends": Field(str, "parent: a path relative to this file (ends in .toml) or a recipe name"),
+        "replace": Field(
+            list,
+            "lists (dotted keys: packages, modules.load) this file sets in place of its parents' instead of "
+            "adding to them",
+            items=str,
+        ),
         "recipe": Table(
             {
                 "name": Field(
@@ -120,7 +209,7 @@ SCHEMA = Table(
                     pattern=NAME_RE,
                     example="vista-venv-cu124",
                 ),
-                "description": Field(str, prose=True),
+                "description": Field(str, "what this recipe is; a child does not inherit it", prose=True),
                 "version": Field(str, "recipe version (publishing assigns one if absent)"),
                 "experimental": Field(bool, "true for recipes that track moving targets (nightlies)"),
             }
@@ -168,7 +257,9 @@ SCHEMA = Table(
         "scheduler": Table(
             {
                 "type": Field(str, choices=SCHEDULERS),
-                "interactive": Field(list, "argv template of the interactive allocation", items=str),
+                "interactive": Field(
+                    list, "argv template of the interactive allocation", items=str, whole=True
+                ),
                 "batch": Field(str, "batch submit command (sbatch, qsub)"),
                 "gpu_request": Field(str, "how a job asks for GPUs", choices=GPU_REQUEST_STYLES),
                 "forbidden_flags": Field(list, "flags the site rejects", items=str),
@@ -349,7 +440,9 @@ SCHEMA = Table(
                 },
                 check=_package_problem,
             ),
-            "extra packages, installed after torch with torch's pins as constraints",
+            "extra packages, installed after torch with torch's pins as constraints; a child's entry replaces "
+            "its parent's entry of the same name",
+            key=lambda item: canonicalize_name(item["name"]),
         ),
         "activate": Table(
             {
@@ -412,10 +505,13 @@ SCHEMA = Table(
                         }
                     ),
                     "performance references, ReFrame style: out of bounds is a FAIL",
+                    # One bound per figure, partition and rank count: a child's takes its parent's place.
+                    key=lambda ref: (ref["figure"], ref.get("partition"), ref.get("ranks")),
                 ),
             }
         ),
-    }
+    },
+    check=_replace_problem,
 )
 
 

@@ -86,7 +86,7 @@ def read(
     """The ``project`` pages of ``upstreams`` as seen through the mirrors in ``env``; see the module docstring."""
     rules = mirror.from_env(env)
     why_offline = "--offline" if offline else offline_reason(env)
-    sources = {up: _sources(up, rules) for up in dict.fromkeys(upstreams)}
+    sources = {up: mirror.served_from(up, rules) for up in dict.fromkeys(upstreams)}
     urls = list(dict.fromkeys(u for found in sources.values() for u in found if not _is_dir(u)))
     cache = _Cache(settings.index_cache_dir(home), ttl)
     reads = _read_urls(urls, project, env, cache, refresh=refresh, why_offline=why_offline)
@@ -113,13 +113,6 @@ def timeout(env: Mapping[str, str]) -> float:
             f"{TIMEOUT_VAR}={text!r} is not a positive number of seconds", hint=f"e.g. {TIMEOUT_VAR}=10"
         )
     return value
-
-
-def _sources(upstream: str, rules: Sequence[mirror.Rule]) -> tuple[str, ...]:
-    urls, dirs = mirror.sources_for(upstream, rules)
-    if _key(upstream) != _key(mirror.PYPI) and len(urls) + len(dirs) > 1:
-        urls = [u for u in urls if u != mirror.PYPI]  # PyPI beside the mirror only serves dependencies
-    return tuple(dict.fromkeys([*urls, *dirs]))
 
 
 def _key(url: str) -> str:

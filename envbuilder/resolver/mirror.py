@@ -82,6 +82,23 @@ def sources_for(url: str, rules: Sequence[Rule]) -> tuple[list[str], list[str]]:
     return rule.apply(url) if rule is not None else ([url], [])
 
 
+def served_from(upstream: str, rules: Sequence[Rule]) -> tuple[str, ...]:
+    """Where a project on the index ``upstream`` is read from after the rules: URLs and wheel directories. PyPI
+    beside a mirror of another index only serves the dependencies, so it is left out."""
+    urls, dirs = sources_for(upstream, rules)
+    if upstream.rstrip("/") != PYPI and len(urls) + len(dirs) > 1:
+        urls = [u for u in urls if u != PYPI]
+    return tuple(dict.fromkeys([*urls, *dirs]))
+
+
+def shown(upstream: str, rules: Sequence[Rule]) -> str:
+    """The index ``upstream`` as an install really reads it, for people: its mirror, naming what it stands for."""
+    sources = served_from(upstream, rules)
+    if sources == (upstream,):
+        return upstream
+    return f"{', '.join(sources)} (mirror of {upstream}, {VAR})"
+
+
 def _is_install(cmd: Sequence[str]) -> bool:
     # uv pip install ..., python -m pip install ..., env K=V uv pip install ..., uv pip compile (locks) ...
     return ("install" in cmd or "compile" in cmd) and "pip" in cmd

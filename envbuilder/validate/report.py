@@ -476,13 +476,36 @@ def junit(report: Report) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
 
 
+# --- for people ---------------------------------------------------------------------------------------------
+
+#: The payload's figures in words. Only the human report uses these: --json, JUnit and references keep the keys.
+FIGURE_WORDS = {
+    "import_s": "import time",
+    "bf16_tflops": "bf16 matmul",
+    "busbw": "bus bandwidth",
+    "busbw_peak": "peak bus bandwidth",
+    "latency_small_us": "small-message latency",
+    "p2p_roundtrip_us": "point-to-point round trip",
+    "write_mb_s": "write speed",
+}
+_UNIT_WORDS = {"us": "µs"}
+
+
+def check_label(check: str, device: str) -> str:
+    """A check's name for people: on CPU ranks the nccl check tests gloo, and is called that."""
+    return "gloo" if check == "nccl" and device == "cpu" else check
+
+
 def figure_text(row: Row) -> str:
     parts = []
     for name, fig in row.figures.items():
         value = fig["value"]
         text = f"{value:.3g}" if isinstance(value, float) else str(value)
-        parts.append(f"{name} {text} {fig.get('unit', '')}".rstrip())
+        unit = str(fig.get("unit", ""))
+        words = FIGURE_WORDS.get(name, name.replace("_", " "))
+        parts.append(f"{words} {text} {_UNIT_WORDS.get(unit, unit)}".rstrip())
     for ref in row.references:
         if ref.get("verdict") in ("ok", "out"):
-            parts.append(f"(ref {ref['value']} {ref.get('unit', '')}: {ref['verdict']})")
+            unit = str(ref.get("unit", ""))
+            parts.append(f"(ref {ref['value']} {_UNIT_WORDS.get(unit, unit)}: {ref['verdict']})")
     return ", ".join(parts)

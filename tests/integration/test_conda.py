@@ -297,7 +297,7 @@ def polaris_layer(world: World, modules: Path, overlay: str) -> None:
     """polaris-overlay-conda as shipped, with the fixture module tree in place of /soft/modulefiles."""
     rel = os.path.relpath(builtin_dir() / "alcf" / "polaris" / "polaris-overlay-conda.toml", world.recipes)
     (world.recipes / "polaris-overlay-conda.toml").write_text(
-        f'schema_version = 1\nextends = "{rel}"\n[recipe]\nname = "polaris-overlay-conda"\n'
+        f'schema_version = 1\nextends = "{rel}"\nreplace = ["modules.use"]\n[recipe]\nname = "polaris-overlay-conda"\n'
         f'[modules]\nuse = ["{modules}"]\n[env]\nprefix = "${{SCRATCH}}/envs/{{name}}"\noverlay = "{overlay}"\n'
         '[[packages]]\nname = "condademo"\nspec = "condademo==1.0"\n'
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -469,6 +470,14 @@ def test_env_commands_round_trip(world):
     line = ok(world.cli("activate", "demo")).stdout.strip()
     assert line == f"source {shlex.quote(str(world.prefix() / 'bin' / 'activate'))}"
     assert ok(bash(f"{line} && python -c 'import ebdemo'", world.env))
+    # fish's line with --shell, tcsh's from $SHELL; each works in its shell.
+    fish = ok(world.cli("activate", "demo", "--shell", "fish")).stdout.strip()
+    tcsh = ok(world.cli("activate", "demo", SHELL="/bin/tcsh")).stdout.strip()
+    assert fish.endswith("/bin/activate.fish'") and tcsh.endswith("/bin/activate.csh'")
+    for shell, flags, line in (("fish", "--no-config", fish), ("tcsh", "-f", tcsh)):
+        if shutil.which(shell):
+            res = subprocess.run([shell, flags, "-c", f"{line}; python -c 'import ebdemo'"], env=world.env)
+            assert res.returncode == 0, shell
 
     # A purge that took some files: damaged, named.
     victim = next(world.prefix().glob("lib/python*/site-packages/ebdep/__init__.py"))

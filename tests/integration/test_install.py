@@ -1,4 +1,6 @@
-"""`pip install .` gives an `envbuilder` command whose built-in recipes travel inside the wheel."""
+"""`pip install .` gives an `envbuilder` command whose built-in recipes travel inside the wheel.
+
+The distribution is `hpc-envbuilder` (PyPI's `envbuilder` is another project); command and import name stay."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ def installed(tmp_path_factory):
         capture_output=True,
         timeout=300,
     )
-    wheel = next(wheels.glob("envbuilder-*.whl"))
+    # The wheel file name spells the distribution name with an underscore (PEP 491).
+    wheel = next(wheels.glob("hpc_envbuilder-*.whl"))
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     subprocess.run(
@@ -74,3 +77,17 @@ def test_python_dash_m_works_too(installed, tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert len(json.loads(res.stdout)["data"]["recipes"]) >= 13
+
+
+def test_the_distribution_is_hpc_envbuilder(installed, tmp_path):
+    wheel, venv = installed
+    meta = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
+    assert "\nName: hpc-envbuilder\n" in zipfile.ZipFile(wheel).read(meta).decode()
+    probe = "import envbuilder, importlib.metadata as m; print(m.version('hpc-envbuilder'), envbuilder.__version__)"
+    res = run_installed([str(venv / "bin" / "python"), "-c", probe], tmp_path)
+    assert res.returncode == 0, res.stderr
+    installed_version, import_version = res.stdout.split()
+    assert installed_version == import_version
+    version = run_installed([str(venv / "bin" / "envbuilder"), "--version"], tmp_path)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"envbuilder {import_version}"

@@ -215,6 +215,27 @@ def test_unknown_check_is_a_usage_error(world):
     assert "unknown check(s): ncl" in res.stderr
 
 
+def test_human_report_names_gloo_and_its_figures_in_words(world):
+    res = world.cli("validate", "vcpu", "--cpu", "--checks", "import,nccl")
+    assert res.returncode == 0, res.stderr
+    said = res.stdout + res.stderr
+    row = next(line for line in said.splitlines() if line.startswith("gloo "))
+    assert "bus bandwidth" in row and "GB/s" in row and "small-message latency" in row and "µs" in row
+    assert "busbw" not in said and "latency_small_us" not in said
+    assert not any(line.startswith("nccl ") for line in said.splitlines())
+    # --json keeps the keys: they are an interface.
+    _, env = world.validate("--cpu", "--checks", "import,nccl")
+    assert {"busbw", "busbw_peak", "latency_small_us"} <= set(_checks(env)["nccl"]["figures"])
+
+
+def test_a_second_create_reports_the_torch_the_env_holds(world):
+    res = world.cli("create", "vcpu")
+    assert res.returncode == 0, res.stderr
+    said = res.stdout + res.stderr
+    assert "nothing to do" in said
+    assert "torch: 2.13.0" in said and "None" not in said
+
+
 @pytest.mark.slurm
 def test_submit_runs_the_suite_as_a_slurm_job_and_collects_the_report(world, slurm_cluster):
     res, env = world.validate(

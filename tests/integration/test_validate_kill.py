@@ -34,6 +34,9 @@ FAULT = "ENVBUILDER_VALIDATE_FAULT"
 UP_S = 300.0
 #: "Within seconds", generously for two busy cores. Before the fix the ranks lived on until --timeout (600 s).
 GONE_S = 20.0
+#: The per-check timeout of the hang-before-the-checks test: the run waits it out, so it is short, but still
+#: ample for the healthy rank to say hello (the agent and the rank import torch on two busy cores first).
+START_LIMIT_S = 30
 
 # A site-packages hook (as a .pth file runs one) that hangs one rank before the payload starts: the python that
 # "hangs before the checks", with nothing of envbuilder's running in it. It refreshes that rank's heartbeat.
@@ -291,18 +294,20 @@ def test_timeout_covers_a_python_that_hangs_before_the_checks(world, tmp_path):
         "--checks",
         "import,nccl",
         "--timeout",
-        "45",
+        str(START_LIMIT_S),
         extra={HANG_RANK: "1"},
     ) as run:
         code = run.proc.wait(timeout=600)
         envelope = json.loads(run.out.read_text())
         assert code == 8, run.stderr
         checks = envelope["data"]["checks"]
-        # 45 s, the per-check timeout, not the run's whole budget (2 checks x 45 s + 120 s).
+        # The per-check timeout, not the run's whole budget (2 checks x the timeout + 120 s).
         assert checks["import"]["status"] == "fail"
-        assert "rank 1: the rank never started within 45 s" in checks["import"]["cause"], checks["import"]
+        assert f"rank 1: the rank never started within {START_LIMIT_S} s" in checks["import"]["cause"], (
+            checks["import"]
+        )
         # The launcher's output in the report says why the run was stopped.
-        assert "rank(s) 1 did not start within 45 s" in envelope["data"]["stderr_tail"]
+        assert f"rank(s) 1 did not start within {START_LIMIT_S} s" in envelope["data"]["stderr_tail"]
         # Stopped, the run left nothing running.
         deadline = time.monotonic() + GONE_S
         while tokened(run.token) and time.monotonic() < deadline:

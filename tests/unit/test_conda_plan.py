@@ -176,7 +176,7 @@ def test_which_locker_a_conda_recipe_gets(tmp_path, monkeypatch):
     assert type(found) is lockers.RattlerLocker
     assert warnings == [
         "conda-lock is not installed, so c was locked with py-rattler, not conda "
-        "(pip install 'envbuilder[conda-lock]' to lock with the site's conda)"
+        "(pip install 'hpc-envbuilder[conda-lock]' to lock with the site's conda)"
     ]
 
 

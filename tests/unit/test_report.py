@@ -341,3 +341,20 @@ def test_filesystem_probe_of_many_ranks_at_once_on_one_directory(tmp_path):
             assert [r.get("error") for r in results] == [None] * 16
             assert all(r["write_mb_s"] > 0 for r in results)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_figures_are_shown_in_words_with_units_and_gloo_by_its_name():
+    row = report.Row(
+        "nccl",
+        "pass",
+        (0, 1),
+        {
+            "busbw": {"value": 12.5, "unit": "GB/s"},
+            "latency_small_us": {"value": 35.2, "unit": "us"},
+            "new_figure": {"value": 3, "unit": ""},
+        },
+    )
+    assert report.figure_text(row) == "bus bandwidth 12.5 GB/s, small-message latency 35.2 µs, new figure 3"
+    assert report.check_label("nccl", "cpu") == "gloo"
+    assert report.check_label("nccl", "cuda") == "nccl"
+    assert report.check_label("ddp", "cpu") == "ddp"

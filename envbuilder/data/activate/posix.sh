@@ -100,6 +100,9 @@ _envbuilder_path_drop() {
     unset _envbuilder_kept _envbuilder_seen _envbuilder_first
 }
 
+#@section path_drop_forget
+unset -f _envbuilder_path_drop
+
 #@section path_drop
 _envbuilder_path_drop @var@ @entry@ @which@
 

@@ -1,0 +1,37 @@
+"""`envbuilder completion SHELL`, `envbuilder man`, and the hidden `envbuilder __complete KIND` that completion
+scripts call for names. Each prints to stdout, for redirecting to a file."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from envbuilder import completion, manpage
+from envbuilder.console import Out
+from envbuilder.errors import UsageError
+
+
+def handle_completion(args: argparse.Namespace, out: Out) -> None:
+    shell = args.shell or os.path.basename(os.environ.get("SHELL", ""))  # noqa: PTH119 - a name, not a path
+    if shell not in completion.SHELLS:
+        raise UsageError(
+            f"no completion for shell {shell or '(none: $SHELL is unset)'!r}",
+            hint=f"name one: envbuilder completion {'|'.join(completion.SHELLS)}",
+        )
+    sys.stdout.write(completion.script(_parser(), shell))
+
+
+def handle_names(args: argparse.Namespace, out: Out) -> None:
+    for name in completion.names(args.kind):
+        sys.stdout.write(f"{name}\n")
+
+
+def handle_man(args: argparse.Namespace, out: Out) -> None:
+    sys.stdout.write(manpage.render(_parser()))
+
+
+def _parser() -> argparse.ArgumentParser:
+    from envbuilder.cli import build_parser  # noqa: PLC0415 - the CLI imports this module, not the reverse
+
+    return build_parser()

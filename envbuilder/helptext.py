@@ -1,0 +1,183 @@
+"""What each command's ``--help`` ends with: a few examples and the environment variables the command reads.
+The same text feeds the man page (``envbuilder man``), so the two cannot drift apart. Pure data and string work:
+importing it costs nothing at startup."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from collections.abc import Iterator
+
+#: Help text is written for this width: the width of a pipe, of a default terminal, of ``man``.
+WIDTH = 80
+
+#: Every environment variable a command reads, described once.
+VARIABLES = {
+    "ENVBUILDER_HOME": "records, logs, lockfiles and caches (default $WORK/.envbuilder, else ~/.envbuilder)",
+    "WORK": "where records and backups go when the variables naming them are unset",
+    "SCRATCH": "envs are built in $SCRATCH/envbuilder/envs unless the recipe says otherwise",
+    "ENVBUILDER_RECIPE_PATH": "your recipe directories, colon-separated, searched before the built-in ones",
+    "ENVBUILDER_CONFIG": "the site config to read (default /etc/envbuilder/config.toml)",
+    "ENVBUILDER_INDEX_MIRROR": "UPSTREAM=TARGET pairs: where wheel index and channel reads really go",
+    "ENVBUILDER_OFFLINE": "1 reads no index: plan from the shipped table (like --offline)",
+    "ENVBUILDER_INDEX_TIMEOUT": "seconds to wait for a wheel index to answer",
+    "UV_CACHE_DIR": "uv's package cache (else $ENVBUILDER_UV_CACHE, else beside the envs)",
+    "ENVBUILDER_CONDA_PKGS": "the conda package cache (default $SCRATCH/envbuilder/conda-pkgs)",
+    "ENVBUILDER_BACKUP_ROOT": "where backups go (default $WORK/envbuilder/backups)",
+    "SLURM_JOB_ID": "inside a Slurm (or PBS) job, checks and programs use its allocation",
+    "NO_COLOR": "set to any value: no colour, even on a terminal",
+    "ENVBUILDER_TRACEBACK": "set to any value: show the Python stack on internal errors",
+    "SHELL": "the shell to write completion for when none is named",
+}
+
+_RECIPES = ("ENVBUILDER_RECIPE_PATH", "ENVBUILDER_CONFIG")
+_INDEX = ("ENVBUILDER_INDEX_MIRROR", "ENVBUILDER_OFFLINE", "ENVBUILDER_INDEX_TIMEOUT")
+_RECORDS = ("ENVBUILDER_HOME", "WORK")
+_BACKUPS = ("ENVBUILDER_BACKUP_ROOT", "WORK")
+
+#: Per command (``recipes list`` for nested ones): its examples (without the leading ``envbuilder``, each one
+#: a command line the parser accepts, which a test checks) and the variables it reads.
+COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "": (
+        ("recipes list", "create vista-venv-cu124", "plan local --offline"),
+        ("ENVBUILDER_HOME", "NO_COLOR", "ENVBUILDER_TRACEBACK"),
+    ),
+    "plan": (
+        ("plan vista-venv-cu124", "plan local --offline --json", "plan local --facts gh200.json"),
+        (*_RECIPES, *_INDEX, "ENVBUILDER_HOME", "SCRATCH"),
+    ),
+    "lock": (
+        (
+            "lock vista-venv-cu124",
+            "lock local --platform x86_64 --platform aarch64",
+            "lock local -o local.lock.toml",
+        ),
+        (*_RECIPES, *_INDEX, "ENVBUILDER_HOME"),
+    ),
+    "create": (
+        (
+            "create vista-venv-cu124",
+            "create local --prefix ~/envs/local --force",
+            "create local --no-validate -q",
+        ),
+        (*_RECIPES, *_INDEX, *_RECORDS, "SCRATCH", "UV_CACHE_DIR", "ENVBUILDER_CONDA_PKGS"),
+    ),
+    "validate": (
+        (
+            "validate local --cpu",
+            "validate vista-venv-cu124 --nodes 2 --submit",
+            "validate local --checks gpu,nccl",
+        ),
+        (*_RECORDS, "SCRATCH", "SLURM_JOB_ID"),
+    ),
+    "run": (
+        (
+            "run local -- python train.py",
+            "run vista-venv-cu124 --nodes 2 -- python train.py",
+            "run local --dry-run -- python -V",
+        ),
+        (*_RECORDS, "SLURM_JOB_ID"),
+    ),
+    "sbatch": (
+        ("sbatch vista-venv-cu124 --nodes 4 -- python train.py", "sbatch local --dry-run -- python train.py"),
+        _RECORDS,
+    ),
+    "list": (("list", "list --json"), (*_RECORDS, "ENVBUILDER_BACKUP_ROOT")),
+    "show": (("show local", "show local --json"), _RECORDS),
+    "activate": (("activate local", "activate vista-venv-cu124 --json"), _RECORDS),
+    "remove": (("remove local", "remove local --yes"), _RECORDS),
+    "modulefile": (
+        ("modulefile local", "modulefile local -o ~/modulefiles/torch", "modulefile local --format tcl"),
+        _RECORDS,
+    ),
+    "backup": (
+        ("backup local", "backup --all", "backup local --mode archive --to /work/me/backups"),
+        (*_BACKUPS, "ENVBUILDER_HOME"),
+    ),
+    "backups": (("backups", "backups local --json"), (*_BACKUPS, "ENVBUILDER_HOME")),
+    "restore": (
+        ("restore local", "restore local --backup local@20261123T101500Z --force"),
+        (*_BACKUPS, "ENVBUILDER_HOME"),
+    ),
+    "verify-backup": (("verify-backup local", "verify-backup local@20261123T101500Z"), _BACKUPS),
+    "prune-backups": (("prune-backups --keep 3", "prune-backups --keep 1 --env local --dry-run"), _BACKUPS),
+    "touch": (("touch local", "touch local --json"), _RECORDS),
+    "doctor": (
+        ("doctor", "doctor local --json", "doctor --facts gh200.json"),
+        (*_RECORDS, *_RECIPES, *_INDEX),
+    ),
+    "probe": (("probe", "probe --json > facts.json"), ("SLURM_JOB_ID",)),
+    "recipes": (("recipes list", "recipes show local --explain"), _RECIPES),
+    "recipes list": (("recipes list", "recipes list --json"), _RECIPES),
+    "recipes show": (("recipes show local", "recipes show vista-venv-cu124 --explain"), (*_RECIPES, *_INDEX)),
+    "recipes schema": (("recipes schema", "recipes schema > recipe.schema.json"), ()),
+    "recipes diff": (("recipes diff vista-venv-cu124 1 2", "recipes diff local 1 2 --json"), _RECIPES),
+    "recipes update": (("recipes update", "recipes update --json"), (*_RECIPES, *_RECORDS)),
+    "publish": (
+        (
+            "publish vista-venv-cu124 --registry /shared/recipes",
+            "publish site.toml --registry /shared/recipes --sign-key ~/.ssh/id",
+        ),
+        (*_RECIPES, *_INDEX, "ENVBUILDER_HOME"),
+    ),
+    "completion": (
+        (
+            "completion bash > ~/.bash_completion",
+            "completion zsh > ~/.zfunc/_envbuilder",
+            "completion fish > ~/.config/fish/completions/envbuilder.fish",
+        ),
+        ("SHELL",),
+    ),
+    "man": (("man | man -l -", "man > ~/.local/share/man/man1/envbuilder.1"), ()),
+}
+
+
+def subcommands(
+    parser: argparse.ArgumentParser, path: str = ""
+) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
+    """Each public command below ``parser`` as ``(path, one-line help, parser)``, ``recipes`` before ``recipes
+    list``, in the order ``--help`` lists them (hidden ones, which have no help, are left out)."""
+    for action in parser._actions:  # argparse keeps its subcommands here only
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for choice in action._get_subactions():
+            name = f"{path} {choice.dest}".strip()
+            sub = action.choices[choice.dest]
+            yield name, choice.help or "", sub
+            yield from subcommands(sub, name)
+
+
+def examples(command: str) -> tuple[str, ...]:
+    return tuple(f"envbuilder {line}" for line in COMMANDS.get(command, ((), ()))[0])
+
+
+def variables(command: str) -> tuple[str, ...]:
+    return COMMANDS.get(command, ((), ()))[1]
+
+
+def epilog(command: str) -> str:
+    """The examples and the variables, laid out to fit ``WIDTH`` columns."""
+    lines = ["examples:", *(f"  {line}" for line in examples(command))]
+    names = variables(command)
+    if names:
+        lines += ["", "environment:"]
+        column = max(len(name) for name in names) + 4
+        for name in names:
+            lines += textwrap.wrap(
+                VARIABLES[name],
+                WIDTH - 2,
+                initial_indent=f"  {name}".ljust(column),
+                subsequent_indent=" " * column,
+            )
+    return "\n".join(lines)
+
+
+def apply(parser: argparse.ArgumentParser) -> None:
+    """Give the parser and every command below it its epilog, kept as written (argparse would refill it)."""
+    for command, parsed in (("", parser), *((name, sub) for name, _, sub in subcommands(parser))):
+        if command not in COMMANDS:  # a command without examples yet: its help stays as it was (a test fails)
+            continue
+        parsed.epilog = epilog(command)
+        parsed.formatter_class = argparse.RawDescriptionHelpFormatter
+        if parsed.description:  # kept as written too now, so filled here
+            parsed.description = textwrap.fill(parsed.description, WIDTH - 2)

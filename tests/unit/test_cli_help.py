@@ -1,0 +1,112 @@
+"""Every command's --help: examples the parser accepts, the variables it reads, 80 columns; the man page."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from envbuilder import cli, helptext, manpage
+
+
+def commands():
+    parser = cli.build_parser()
+    return [("", parser), *((name, sub) for name, _, sub in helptext.subcommands(parser))]
+
+
+def command_names():
+    return [name for name, _ in commands()]
+
+
+def example_argv(line):
+    """An example as the parser gets it: no leading `envbuilder`, no shell redirection or pipe, no program."""
+    words = shlex.split(line)
+    assert words[0] == "envbuilder"
+    words = words[1 : next((i for i, w in enumerate(words) if w in (">", "|")), len(words))]
+    argv, _program = cli._split_program(words)
+    return argv
+
+
+def test_every_command_has_examples_and_hidden_ones_are_hidden():
+    names = command_names()
+    assert "completion" in names
+    assert "man" in names
+    assert "__complete" not in names  # the completion scripts' callback is not for people
+    for name in names:
+        assert 2 <= len(helptext.examples(name)) <= 3, name
+
+
+@pytest.mark.parametrize("command", command_names())
+def test_examples_parse_as_the_command_they_illustrate(command):
+    for line in helptext.examples(command):
+        argv = example_argv(line)
+        args = cli.build_parser().parse_args(argv)  # raises on a usage error
+        words = [w for w in argv if not w.startswith("-")]
+        assert " ".join(words).startswith(command), line
+        assert command == "" or args.handler is not None
+
+
+@pytest.mark.parametrize("command", command_names())
+def test_help_ends_with_examples_and_variables_in_80_columns(command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    parser = dict(commands())[command]
+    text = parser.format_help()
+    too_wide = [line for line in text.splitlines() if len(line) > 80]
+    assert not too_wide, too_wide
+    tail = text[text.index("\nexamples:\n") :]
+    for line in helptext.examples(command):
+        assert f"\n  {line}\n" in tail + "\n"
+    for name in helptext.variables(command):
+        assert f"\n  {name} " in tail
+    for name in helptext.variables(command):
+        assert name in helptext.VARIABLES
+
+
+def test_long_descriptions_are_filled_to_the_width():
+    parser = cli.build_parser()
+    assert parser.description
+    assert all(len(line) <= helptext.WIDTH - 2 for line in parser.description.splitlines())
+
+
+def roff():
+    return manpage.render(cli.build_parser())
+
+
+def test_man_page_structure():
+    page = roff()
+    assert page.startswith(".TH ENVBUILDER 1 ")
+    for section in (
+        ".SH NAME",
+        ".SH SYNOPSIS",
+        ".SH OPTIONS",
+        ".SH EXAMPLES",
+        ".SH COMMANDS",
+        ".SH ENVIRONMENT",
+    ):
+        assert f"\n{section}\n" in page
+    for name in command_names()[1:]:
+        assert f'\n.SS "{name.replace("-", chr(92) + "-")}"\n' in page
+    # nothing in the page reads as a roff request by accident
+    requests = {line.split()[0] for line in page.splitlines() if line.startswith((".", "'"))}
+    assert requests <= {".TH", ".SH", ".SS", ".TP", ".B", ".PP", ".RS", ".RE", ".nf", ".fi"}
+
+
+@pytest.mark.skipif(shutil.which("groff") is None, reason="groff is not installed")
+def test_man_page_renders_without_warnings(tmp_path):
+    page = tmp_path / "envbuilder.1"
+    page.write_text(roff())
+    res = subprocess.run(
+        ["groff", "-man", "-Tutf8", "-ww", "-P", "-cbou", str(page)],  # plain text: no overstrike,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "MANWIDTH": "80"},
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""
+    text = res.stdout
+    assert "envbuilder create vista-venv-cu124" in text
+    assert "ENVBUILDER_RECIPE_PATH" in text
+    assert "--no-validate" in text.replace("\u2010", "-")
