@@ -259,9 +259,14 @@ def test_a_gpu_env_on_a_login_node_is_sent_to_a_job(cpu_torch_world, train, tmp_
     text += '\n[compute]\ngpus_per_node = 2\ngpu = "NVIDIA H100"\ncompute_capability = "9.0"\n'
     (recipes / "vgpurun.toml").write_text(text)
     home = Path(cpu_torch_world.env["ENVBUILDER_HOME"])
-    state.save(home, dataclasses.replace(state.load(home, "vcpu"), name="vgpurun", recipe="vgpurun"))
+    record = state.save(home, dataclasses.replace(state.load(home, "vcpu"), name="vgpurun", recipe="vgpurun"))
     extra = {"ENVBUILDER_RECIPE_PATH": f"{DATA / 'validate-recipes'}:{recipes}"}
-    res = _run(cpu_torch_world, cli_argv("run", "vgpurun", "--", "train.py"), cwd=train.parent, extra=extra)
+    try:
+        res = _run(
+            cpu_torch_world, cli_argv("run", "vgpurun", "--", "train.py"), cwd=train.parent, extra=extra
+        )
+    finally:
+        record.unlink()  # the session env is vcpu's alone again
     assert res.returncode == 2, res.stderr
     assert "has no GPU and is in no job" in res.stderr and "envbuilder sbatch vgpurun" in res.stderr
     assert not _ranks(res.stdout)

@@ -27,6 +27,7 @@ class World:
         self.root = base.root
         self.env = base.env
         self.prefix = base.prefix
+        self.variants: list[str] = []
 
     def cli(self, *args: str, extra: dict[str, str] | None = None, timeout: float = 600):
         return run_cli(*args, env={**self.env, **(extra or {})}, timeout=timeout)
@@ -51,12 +52,22 @@ class World:
         (recipes / f"{name}.toml").write_text(edit(text))
         record = state.load(home, "vcpu")
         state.save(home, dataclasses.replace(record, name=name, recipe=name))
+        self.variants.append(name)
         return f"{DATA / 'validate-recipes'}:{recipes}"
+
+    def forget_variants(self) -> None:
+        """Drop the variants' records: the session's env is vcpu's alone again (a later `create vcpu` finds no
+        other env recorded at its prefix)."""
+        home = Path(self.env["ENVBUILDER_HOME"])
+        for name in self.variants:
+            state.record_path(home, name).unlink(missing_ok=True)
 
 
 @pytest.fixture
 def world(cpu_torch_world):
-    return World(cpu_torch_world)
+    w = World(cpu_torch_world)
+    yield w
+    w.forget_variants()
 
 
 def _checks(envelope):

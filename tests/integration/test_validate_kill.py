@@ -190,6 +190,9 @@ class Run:
         left = tokened(self.token)
         assert not left, f"survivors {GONE_S:g} s after the kill: {left}"
         groups = {int(p["pgid"]) for p in before.values()} | {int(p["sid"]) for p in before.values()}
+        # Within the same deadline: a process without the token (srun's, say) may still be on its way out.
+        while in_groups(groups) and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert not in_groups(groups), in_groups(groups)
         still = self.beats()
         time.sleep(2.0)  # four heartbeat periods
