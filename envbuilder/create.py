@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -403,8 +402,3 @@ def _smoke(
         home=home,
         gpus=len(job.facts.get("gpus") or []),
     )
-
-
-def activate_line(prefix: str) -> str:
-    """The quoted path a user sources to activate the env."""
-    return shlex.quote(str(Path(prefix) / "bin" / "activate"))

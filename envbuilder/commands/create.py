@@ -10,7 +10,7 @@ import re
 import time
 from typing import Any, Optional
 
-from envbuilder import backup, host, modules, proc, purge, settings, state
+from envbuilder import activation, backup, host, modules, proc, purge, settings, state
 from envbuilder import create as creator
 from envbuilder import plan as planner
 from envbuilder.commands import plan as plan_cmd
@@ -208,4 +208,4 @@ def _render(result: creator.CreateResult, out: Out, failed: list[str]) -> None:
     if smoke and not failed and result.status != "exists":
         imp = smoke.get("import", {})
         out.field("smoke check", f"torch {imp.get('torch')} imports (cuda {imp.get('cuda')})")
-    out.field("activate", f"source {creator.activate_line(rec.prefix)}")
+    out.field("activate", activation.activate_line(rec.prefix, "bash"))

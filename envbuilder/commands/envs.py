@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from rich.table import Table
 
-from envbuilder import activation, backup, create, fsutil, modulefile, purge, settings, state, transaction
+from envbuilder import activation, backup, fsutil, modulefile, purge, settings, state, transaction
 from envbuilder.console import Out, cells
 from envbuilder.errors import EnvbuilderError, EnvNotFound, StateError, UsageError
 from envbuilder.plan.activation import Activation
@@ -123,7 +123,7 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if record.validation:
             checks = record.validation.get("checks", {})
             out.field("last check", ", ".join(f"{k}: {v.get('status')}" for k, v in checks.items()))
-        out.field("activate", f"source {create.activate_line(record.prefix)}")
+        out.field("activate", activation.activate_line(record.prefix, "bash"))
     return data
 
 
