@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,13 @@ import pytest
 from helpers import ENVMODULES_INIT_DIR, CpuTorchWorld
 from slurm import MiniCluster, available
 from wheelindex import serve
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Two workers per core for ``-n auto`` (addopts caps it at 4): much of the suite waits on real tools (Slurm's
+    scheduler, torchrun's rendezvous, a timeout running out) rather than computing, and a second worker per core
+    fills those waits."""
+    return 2 * (os.cpu_count() or 1)
 
 
 @pytest.fixture(scope="session")
@@ -33,10 +42,28 @@ def envmodules_init() -> Path:
 @pytest.fixture(scope="session")
 def torch_files(tmp_path_factory):
     """torch 2.13.0 (CPU) and what it needs, plus mpi4py and MPICH, as pip finds them here (its find-links holds
-    the torch file; the rest comes from PyPI)."""
+    the torch file; the rest comes from PyPI). Fetched once per run: xdist's workers share the directory."""
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the machine image's torch file is for CPython 3.11")
-    d = tmp_path_factory.mktemp("torch-files")
+    d = shared_dir(tmp_path_factory, "torch-files")
+    with open(d.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker fetches, the others wait and then find the files
+        done = d.with_suffix(".complete")
+        if not done.exists():
+            _fetch_torch_files(d)
+            done.touch()
+    return d
+
+
+def shared_dir(factory: pytest.TempPathFactory, name: str) -> Path:
+    """A directory shared by every xdist worker of this run (the run's own basetemp without xdist)."""
+    base = factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    (root / name).mkdir(exist_ok=True)
+    return root / name
+
+
+def _fetch_torch_files(d: Path) -> None:
     res = subprocess.run(
         [
             sys.executable,
@@ -57,7 +84,6 @@ def torch_files(tmp_path_factory):
     )
     if res.returncode != 0 or not list(d.glob("torch-2.13.0*cpu*.whl")):
         pytest.skip(f"the CPU torch 2.13.0 file is not on this machine (pip find-links): {res.stderr[-300:]}")
-    return d
 
 
 @pytest.fixture(scope="session")

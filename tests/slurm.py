@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -385,6 +386,47 @@ class MiniCluster:
                 if proc.returncode == 0 and not proc.stdout.strip():
                     return
             time.sleep(0.05)
+
+
+#: Job states after which a job never runs again.
+ENDED = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+)
+
+
+def job_record(job_id: str, env: dict[str, str]) -> dict[str, str]:
+    """The job's record from scontrol as key=value pairs (empty once the controller has forgotten it)."""
+    show = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True)
+    return dict(re.findall(r"(\w+)=(\S*)", show.stdout)) if show.returncode == 0 else {}
+
+
+def sbatch_wait(
+    args: list[str], *, env: dict[str, str], timeout: float, cwd: Optional[Path] = None
+) -> subprocess.CompletedProcess[str]:
+    """``sbatch --wait ARGS`` as the user would type it, with the job's exit status as the return code; but the
+    job's end is read from scontrol every 0.2 s, where ``sbatch --wait`` sleeps up to 10 s between its polls
+    (no accounting here, so scontrol is where the end state lives)."""
+    sub = subprocess.run(
+        ["sbatch", "--parsable", *args], env=env, capture_output=True, text=True, timeout=60, cwd=cwd
+    )
+    if sub.returncode != 0:
+        return sub
+    job_id = sub.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout
+    while (record := job_record(job_id, env)).get("JobState") not in ENDED:
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], env=env, capture_output=True)
+            raise subprocess.TimeoutExpired(["sbatch", "--wait", *args], timeout)
+        time.sleep(0.2)
+    status = int(record.get("ExitCode", "1:0").split(":")[0])
+    return subprocess.CompletedProcess(sub.args, status, sub.stdout, sub.stderr)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

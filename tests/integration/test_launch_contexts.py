@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import CpuTorchWorld, cli_argv, cli_env
+from slurm import sbatch_wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -72,11 +73,9 @@ def test_validate_inside_a_batch_script(cpu_torch_world, slurm_cluster, tmp_path
     out, err = tmp_path / "job.out", tmp_path / "job.err"
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n" + shlex.join(_validate_argv()) + "\n")
-    res = subprocess.run(
-        ["sbatch", "--wait", "--nodes=1", "--ntasks=1", f"--output={out}", f"--error={err}", str(script)],
+    res = sbatch_wait(
+        ["--nodes=1", "--ntasks=1", f"--output={out}", f"--error={err}", str(script)],
         env=_env(cpu_torch_world, slurm_cluster),
-        capture_output=True,
-        text=True,
         timeout=BOUND_S,
     )
     assert res.returncode == 0, err.read_text() if err.exists() else res.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DATA, REPO, CpuTorchWorld, cli_argv, cli_env
+from slurm import sbatch_wait
 
 from envbuilder import state
 
@@ -154,11 +155,11 @@ def test_run_inside_a_batch_script(cpu_torch_world, slurm_cluster, train):
     argv = cli_argv("run", "vcpu", "--launcher", "srun", "--gpus-per-node", "2", "--", "train.py")
     job.write_text("#!/bin/bash\n" + shlex.join(argv) + "\n")
     out = train.parent / "job.out"
-    res = _run(
-        cpu_torch_world,
-        ["sbatch", "--wait", "--nodes=1", "--ntasks=1", "--cpus-per-task=2", f"--output={out}", str(job)],
+    res = sbatch_wait(
+        ["--nodes=1", "--ntasks=1", "--cpus-per-task=2", f"--output={out}", str(job)],
+        env=cli_env({**cpu_torch_world.env, **slurm_cluster.env}),
+        timeout=BOUND_S,
         cwd=train.parent,
-        extra=slurm_cluster.env,
     )
     assert res.returncode == 0, out.read_text() if out.exists() else res.stderr
     # The job's 2 CPUs on the node, divided among its 2 ranks.

@@ -4,12 +4,11 @@ comes from scontrol while the controller still remembers the job."""
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
 import pytest
-from slurm import MiniCluster
+from slurm import ENDED, MiniCluster, job_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -26,20 +25,13 @@ def submit(cluster: MiniCluster, *args: str, cwd: Path) -> str:
 
 
 def finished(cluster: MiniCluster, job_id: str) -> dict[str, str]:
-    """Waits until the job has left the queue, then its record from scontrol as key=value pairs."""
+    """Waits until the job has ended, then its record from scontrol as key=value pairs."""
     deadline = time.monotonic() + JOB_LIMIT
-    while True:
-        queue = cluster.client("squeue", "-h", "-j", job_id, "-o", "%T")
-        if queue.returncode == 0 and not queue.stdout.strip():
-            break
+    while (job := job_record(job_id, cluster.environ())).get("JobState") not in ENDED:
         if time.monotonic() > deadline:
-            pytest.fail(
-                f"job {job_id} still queued ({queue.stdout.strip()}{queue.stderr.strip()})\n{cluster.log_tails()}"
-            )
+            pytest.fail(f"job {job_id} has not ended ({job.get('JobState')})\n{cluster.log_tails()}")
         time.sleep(0.1)
-    show = cluster.client("scontrol", "show", "job", job_id)
-    assert show.returncode == 0, show.stderr
-    return dict(re.findall(r"(\w+)=(\S*)", show.stdout))
+    return job
 
 
 def test_batch_job_runs_and_completes(slurm_cluster: MiniCluster, tmp_path: Path) -> None:
