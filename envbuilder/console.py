@@ -1,4 +1,7 @@
-"""Human output. Everything for people goes to stderr through rich; stdout is kept for --json and data.
+"""Human output, through rich, on two streams. A command's result (a plan, a table, a report, ``show``) goes to
+stdout through :attr:`Out.result`, so it can be piped, grepped and redirected; progress, warnings, errors and hints
+go to stderr through :class:`Out` itself. With ``--json`` the JSON document is all there is on stdout. Each
+stream is coloured only where it is a terminal, and never under ``NO_COLOR``.
 
 No value is ever read as rich markup or as an emoji code: a prefix like ``/scratch/a[x]b`` or a recipe path holding
 ``[/y]`` would otherwise be shown wrong or make rich raise after the work is done. So the helpers here build
@@ -11,10 +14,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from typing import Optional, TextIO, Union
 
 from rich.console import Console
 from rich.text import Text
+
+from envbuilder import tables
 
 #: A table cell or a message part: a plain string (shown literally) or a styled Text.
 Cell = Union[str, Text, None]
@@ -42,11 +48,11 @@ def cells(*values: Cell) -> list[Text]:
     return [plain(v) for v in values]
 
 
-class Out:
-    """A small facade so command code never formats colours itself, and never has a value read as markup."""
+class Lines:
+    """Lines on one console, assembled so that no value is read as markup."""
 
-    def __init__(self, console: Optional[Console] = None) -> None:
-        self.console = console or make_console()
+    def __init__(self, console: Console) -> None:
+        self.console = console
 
     def show(self, *parts: Cell) -> None:
         """One line assembled from literal strings and styled Text parts."""
@@ -61,11 +67,24 @@ class Out:
     def field(self, name: str, value: str) -> None:
         self.show("  ", plain(name, "cyan"), ": ", value)
 
-    def step(self, text: str, detail: str = "") -> None:
-        """A progress line: ``  → text  (detail)``."""
-        self.show(
-            "  ", plain("→", "cyan"), " ", text, *(("  ", plain(f"({detail})", "dim")) if detail else ())
-        )
+
+class Results(Lines):
+    """The command's result, on stdout."""
+
+    def table(self, columns: Sequence[tables.Column], rows: Iterable[Sequence[Cell]]) -> None:
+        """A table that fits the console's width, or its rows stacked where it would not (``tables``)."""
+        for line in tables.render(self.console, columns, [cells(*row) for row in rows]):
+            self.console.print(line)
+
+
+class Out(Lines):
+    """A small facade so command code never formats colours itself, and never has a value read as markup: its
+    own lines (progress, warnings, errors, hints) go to stderr, the command's result to stdout
+    (``out.result.line(...)``, ``out.result.table(...)``)."""
+
+    def __init__(self, console: Optional[Console] = None, results: Optional[Console] = None) -> None:
+        super().__init__(console or make_console())
+        self.result = Results(results or make_console(sys.stdout))
 
     def warn(self, text: str) -> None:
         self.show(plain("warning:", "yellow"), " ", text)

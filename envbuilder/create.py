@@ -56,6 +56,8 @@ class Reporter:
     step: Callable[[str], None] = lambda text: None
     note: Callable[[str], None] = lambda text: None
     wait: Callable[[str], None] = lambda text: None
+    #: Bytes the running step has downloaded and unpacked so far.
+    moving: Callable[[int], None] = lambda done: None
 
 
 @dataclass
@@ -292,6 +294,7 @@ def _prepare(
         tool_env,
         log,
         say=job.report.step,
+        moving=job.report.moving,
         notes=notes,
         parent=parent,
     )

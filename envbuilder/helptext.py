@@ -26,6 +26,7 @@ VARIABLES = {
     "ENVBUILDER_BACKUP_ROOT": "where backups go (default $WORK/envbuilder/backups)",
     "SLURM_JOB_ID": "inside a Slurm (or PBS) job, checks and programs use its allocation",
     "NO_COLOR": "set to any value: no colour, even on a terminal",
+    "ENVBUILDER_PROGRESS_EVERY": "seconds between progress lines when stderr is not a terminal (default 10)",
     "ENVBUILDER_TRACEBACK": "set to any value: show the Python stack on internal errors",
     "SHELL": "the shell to write completion for when none is named",
 }
@@ -34,6 +35,7 @@ _RECIPES = ("ENVBUILDER_RECIPE_PATH", "ENVBUILDER_CONFIG")
 _INDEX = ("ENVBUILDER_INDEX_MIRROR", "ENVBUILDER_OFFLINE", "ENVBUILDER_INDEX_TIMEOUT")
 _RECORDS = ("ENVBUILDER_HOME", "WORK")
 _BACKUPS = ("ENVBUILDER_BACKUP_ROOT", "WORK")
+_PROGRESS = "ENVBUILDER_PROGRESS_EVERY"
 
 #: Per command (``recipes list`` for nested ones): its examples (without the leading ``envbuilder``, each one
 #: a command line the parser accepts, which a test checks) and the variables it reads.
@@ -60,7 +62,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "create local --prefix ~/envs/local --force",
             "create local --no-validate -q",
         ),
-        (*_RECIPES, *_INDEX, *_RECORDS, "SCRATCH", "UV_CACHE_DIR", "ENVBUILDER_CONDA_PKGS"),
+        (*_RECIPES, *_INDEX, *_RECORDS, "SCRATCH", "UV_CACHE_DIR", "ENVBUILDER_CONDA_PKGS", _PROGRESS),
     ),
     "validate": (
         (
@@ -92,12 +94,12 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "backup": (
         ("backup local", "backup --all", "backup local --mode archive --to /work/me/backups"),
-        (*_BACKUPS, "ENVBUILDER_HOME"),
+        (*_BACKUPS, "ENVBUILDER_HOME", _PROGRESS),
     ),
     "backups": (("backups", "backups local --json"), (*_BACKUPS, "ENVBUILDER_HOME")),
     "restore": (
         ("restore local", "restore local --backup local@20261123T101500Z --force"),
-        (*_BACKUPS, "ENVBUILDER_HOME"),
+        (*_BACKUPS, "ENVBUILDER_HOME", _PROGRESS),
     ),
     "verify-backup": (("verify-backup local", "verify-backup local@20261123T101500Z"), _BACKUPS),
     "prune-backups": (("prune-backups --keep 3", "prune-backups --keep 1 --env local --dry-run"), _BACKUPS),

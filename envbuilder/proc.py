@@ -16,6 +16,7 @@ import shlex
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -119,11 +120,14 @@ class Stop:
     """How :func:`run` ends a child early, besides its timeout. ``watch`` is called every ``WATCH_S`` while the
     child runs; a text it returns stops the run as a timeout does, that text in the error. ``grace``: seconds
     between SIGTERM and the kill (:func:`end_tree`). ``parent_death``: the signal the child gets when envbuilder
-    dies (see ``_die_with_parent``)."""
+    dies (see ``_die_with_parent``). ``on_line``: each line of output as it arrives (``"stdout"`` or
+    ``"stderr"``, the line with its newline), called from reader threads while the child runs: a build log that
+    fills as the installer works, not after it exits. ``watch`` may equally sample progress and return None."""
 
     watch: Optional[Callable[[], Optional[str]]] = None
     grace: float = 0.0
     parent_death: int = signal.SIGKILL
+    on_line: Optional[Callable[[str, str], None]] = None
 
 
 def quote(argv: Sequence[str]) -> str:
@@ -142,6 +146,8 @@ def run(
     stop: Optional[Stop] = None,
 ) -> Result:
     """Run ``argv`` and capture its output.
+
+    ``stop.on_line`` gets each line of output as it arrives; the result holds the whole output all the same.
 
     ``env`` is used as given (callers build it with :func:`scrubbed_env`); None means a scrubbed os.environ.
     On timeout the child and everything it started are ended (:func:`end_tree`, SIGTERM and ``stop.grace``
@@ -167,13 +173,14 @@ def run(
         text=True,
     )
     deadline = None if timeout is None else time.monotonic() + timeout
+    talk = proc.communicate if stop.on_line is None else _Pump(proc, stop.on_line).communicate
     try:
         _release_signals(mask)  # a Ctrl-C held during the fork is raised here, and kills the child below
         while True:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             step = left if watch is None else (WATCH_S if left is None else min(left, WATCH_S))
             try:
-                out, err = proc.communicate(input=input_text, timeout=step)
+                out, err = talk(input=input_text, timeout=step)
                 break
             except subprocess.TimeoutExpired:
                 input_text = None  # sent on the first call; communicate refuses it again
@@ -181,7 +188,7 @@ def run(
                 if why is None and (deadline is None or time.monotonic() < deadline):
                     continue
                 end_tree(proc, stop.grace)
-                out, err = proc.communicate()
+                out, err = talk()
                 raise CommandFailed(
                     argv, 124, tail(err) + f"\n({why or f'timed out after {timeout:g} s'})"
                 ) from None
@@ -199,6 +206,57 @@ def run(
 
 #: How often proc.run calls its ``watch``.
 WATCH_S = 0.5
+
+
+class _Pump:
+    """A child's stdout and stderr read line by line as they come, each line handed to ``on_line``: the
+    streaming twin of ``Popen.communicate`` (same call, same TimeoutExpired, same pair of texts at the end)."""
+
+    def __init__(self, child: subprocess.Popen[str], on_line: Callable[[str, str], None]) -> None:
+        self.child = child
+        self.on_line = on_line
+        self.texts: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self.readers = [
+            threading.Thread(target=self._read, args=(name, stream), daemon=True)
+            for name, stream in (("stdout", child.stdout), ("stderr", child.stderr))
+        ]
+        #: What ``on_line`` raised first (a full disk under the build log), raised once the child is done.
+        self.failed: Optional[Exception] = None
+        for reader in self.readers:
+            reader.start()
+        self.fed = False
+
+    def _read(self, name: str, stream: Optional[IO[str]]) -> None:
+        if stream is None:
+            return
+        with stream:
+            for line in stream:
+                self.texts[name].append(line)
+                if self.failed is None:
+                    try:
+                        self.on_line(name, line)
+                    except Exception as exc:  # kept, and raised by communicate
+                        # The pipe is still drained: a child blocked on a full pipe would never end.
+                        self.failed = exc
+
+    def communicate(self, input: Optional[str] = None, timeout: Optional[float] = None) -> tuple[str, str]:
+        if not self.fed:
+            self.fed = True
+            self._feed(input)
+        self.child.wait(timeout)  # TimeoutExpired, as communicate raises it
+        # Like communicate: the texts are complete once the pipes close (a grandchild may hold them a while).
+        for reader in self.readers:
+            reader.join()
+        if self.failed is not None:
+            raise self.failed
+        return "".join(self.texts["stdout"]), "".join(self.texts["stderr"])
+
+    def _feed(self, text: Optional[str]) -> None:
+        stdin = self.child.stdin
+        if stdin is None:
+            return
+        with contextlib.suppress(BrokenPipeError), stdin:
+            stdin.write(text or "")
 
 
 def passthrough(

@@ -50,6 +50,11 @@ def _beside(final: Path, what: str) -> Path:
     return final.parent / f".{final.name}{what}{os.getpid()}"
 
 
+def partial_of(final: Path) -> Path:
+    """Where this process builds ``final`` (what a progress watcher measures)."""
+    return _beside(final, PARTIAL)
+
+
 def _siblings(final: Path, what: str) -> list[Path]:
     if not final.parent.is_dir():
         return []
@@ -100,7 +105,7 @@ class Transaction:
 
     def __init__(self, final: Path, partial: Optional[Path] = None, mode: Optional[int] = None) -> None:
         self.final = final
-        self.partial = partial or _beside(final, PARTIAL)
+        self.partial = partial or partial_of(final)
         self.mode = mode
         self.swapped = False
         self._old: Optional[Path] = None

@@ -97,11 +97,14 @@ def _project(filename: str) -> str:
 class Index:
     """A PEP 503 simple index over a directory of distributions, served at several roots at once
     (``/simple/`` for PyPI, ``/whl/<variant>/`` for download.pytorch.org). ``gate`` holds downloads of the named
-    project until it is set, so tests can stop a create in the middle of an install."""
+    project until it is set, so tests can stop a create in the middle of an install. ``rate`` (bytes a second)
+    throttles the files' downloads, as a slow link would; ``sending`` names the files on their way meanwhile."""
 
-    def __init__(self, files: Path) -> None:
+    def __init__(self, files: Path, rate: Optional[float] = None) -> None:
         self.files = files
         self.url = ""
+        self.rate = rate
+        self.sending: set[str] = set()
         self.gate: dict[str, threading.Event] = {}
         self.requested: list[str] = []
         self._digests: dict[tuple[str, int], str] = {}
@@ -164,12 +167,32 @@ def _handler(index: Index) -> type[http.server.BaseHTTPRequestHandler]:
                 gate = index.gate.get(_project(f.name))
                 if gate is not None and not head:
                     gate.wait(60)
+                if index.rate and f.is_file() and not head:
+                    return self._trickle(f, index.rate)
                 return self._send(f.read_bytes() if f.is_file() else None, "application/octet-stream", head)
             parts = [p for p in path.split("/") if p]
             if parts and (parts[0] == "simple" or parts[0] == "whl") and len(parts) >= 2:
                 project = normalize(parts[-1])
                 return self._send(index.page(project), "text/html", head)
             return self._send(None, "text/plain", head)
+
+        def _trickle(self, f: Path, rate: float) -> None:
+            """``f`` sent at ``rate`` bytes a second, in chunks of a tenth of a second each."""
+            body = f.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            chunk = max(int(rate / 10), 1)
+            index.sending.add(f.name)
+            try:
+                with suppress(BrokenPipeError, ConnectionResetError):
+                    for at in range(0, len(body), chunk):
+                        self.wfile.write(body[at : at + chunk])
+                        self.wfile.flush()
+                        time.sleep(0.1)
+            finally:
+                index.sending.discard(f.name)
 
         def _send(self, body: Optional[bytes], ctype: str, head: bool = False) -> None:
             if body is None:
@@ -189,8 +212,8 @@ def _handler(index: Index) -> type[http.server.BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def serve(files: Path) -> Iterator[Index]:
-    index = Index(files)
+def serve(files: Path, rate: Optional[float] = None) -> Iterator[Index]:
+    index = Index(files, rate)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(index))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)

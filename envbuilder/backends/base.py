@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from packaging.utils import canonicalize_name
 
-from envbuilder import __version__, activation
+from envbuilder import __version__, activation, progress, settings
 from envbuilder.backends.buildlog import BuildLog, run_logged
 from envbuilder.backends.installers import Installer
 from envbuilder.errors import BackendError, EnvbuilderError
@@ -35,6 +35,10 @@ from envbuilder.plan.steps import InstallStep
 
 def _silent(text: str) -> None:
     """A Build's default ``say``: tell no one."""
+
+
+def _unwatched(done: int) -> None:
+    """A Build's default ``moving``: tell no one."""
 
 
 @dataclass
@@ -58,6 +62,8 @@ class Build:
     log: BuildLog
     #: Progress for the user, one line a step.
     say: Callable[[str], None] = _silent
+    #: Bytes the running step has downloaded and unpacked so far (progress.Growth of the env and the caches).
+    moving: Callable[[int], None] = _unwatched
     #: Said at the end, and kept in the result.
     notes: list[str] = field(default_factory=list)
     #: What the base python says about itself (python_info), where the backend asked (Backend.needs_parent).
@@ -141,11 +147,23 @@ class Backend:
         """Run ``step`` in the build directory, with its own variables."""
         full, own = step_env(step, env)
         build.say(describe(step))
-        run_logged(step_argv(step, build), full, build.log, own)
+        growth = progress.Growth(written_dirs(build, full), build.moving)
+        run_logged(step_argv(step, build), full, build.log, own, watch=growth.watch)
+        growth.sample()
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Steps
+
+
+#: Where installers keep what they download: its growth, with the env's, is a step's progress.
+_CACHE_VARS = ("UV_CACHE_DIR", "PIP_CACHE_DIR", "CONDA_PKGS_DIRS", settings.CONDA_CACHE_VAR)
+
+
+def written_dirs(build: Build, env: Mapping[str, str]) -> list[Path]:
+    """The directories a step writes what it downloads and installs: the partial env and the installer's caches."""
+    caches = [Path(d) for var in _CACHE_VARS for d in env.get(var, "").split(",") if d]
+    return [build.partial, *caches]
 
 
 def describe(step: InstallStep) -> str:

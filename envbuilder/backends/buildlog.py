@@ -4,13 +4,17 @@ through proc, under a umask without world write, logged. Nothing a build leaves 
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Optional
 
 from envbuilder import proc, settings
 from envbuilder.errors import BackendError, CommandFailed
+
+#: How the log marks a command's output lines, by stream.
+_MARKS = {"stdout": "out", "stderr": "err"}
 
 
 class BuildLog:
@@ -20,11 +24,27 @@ class BuildLog:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fh: IO[str] = path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()
         path.chmod(0o600)  # commands and their output may name private paths
 
     def write(self, text: str) -> None:
-        self._fh.write(text if text.endswith("\n") else text + "\n")
-        self._fh.flush()
+        with self._lock:  # streamed output comes from two reader threads (proc.Stop.on_line)
+            self._fh.write(text if text.endswith("\n") else text + "\n")
+            self._fh.flush()
+
+    def started(self, argv: Sequence[str], extra_env: Mapping[str, str]) -> None:
+        """A command about to run: its own variables and argv; its output follows as it comes (``output``)."""
+        stamp = time.strftime("%H:%M:%S")
+        for key, value in extra_env.items():
+            self.write(f"[{stamp}]   {key}={value}")
+        self.write(f"[{stamp}] + {proc.quote(argv)}")
+
+    def output(self, stream: str, line: str) -> None:
+        """One line of a running command's output, as it arrives (``out|`` stdout, ``err|`` stderr)."""
+        self.write(f"[{time.strftime('%H:%M:%S')}] {_MARKS.get(stream, stream)}| {line.rstrip()}")
+
+    def ended(self, returncode: int, seconds: float) -> None:
+        self.write(f"[{time.strftime('%H:%M:%S')}] (exit {returncode}, {seconds:.1f} s)")
 
     def command(self, argv: Sequence[str], extra_env: Mapping[str, str], result: proc.Result) -> None:
         stamp = time.strftime("%H:%M:%S")
@@ -61,15 +81,26 @@ def run_logged(
     *,
     timeout: Optional[float] = None,
     cwd: Optional[str] = None,
+    watch: Optional[Callable[[], Optional[str]]] = None,
 ) -> proc.Result:
-    """Run one build command (through proc), log it, raise CommandFailed on a non-zero exit."""
+    """Run one build command (through proc), its output logged line by line as it comes; raise CommandFailed on
+    a non-zero exit. ``watch`` is sampled while it runs (``proc.Stop``)."""
+    log.started(argv, extra_env or {})
+    began = time.monotonic()
+    stop = proc.Stop(watch=watch, on_line=log.output)
     try:
-        result = proc.run(argv, env=env, timeout=timeout, check=False, cwd=cwd, umask=build_umask())
+        result = proc.run(
+            argv, env=env, timeout=timeout, check=False, cwd=cwd, umask=build_umask(), stop=stop
+        )
     except FileNotFoundError:
+        log.write("(not found)")
         raise BackendError(
             f"{argv[0]} is not installed or not on PATH", hint="load the module that provides it"
         ) from None
-    log.command(argv, extra_env or {}, result)
+    except CommandFailed as exc:  # stopped: its timeout
+        log.ended(exc.returncode, time.monotonic() - began)
+        raise
+    log.ended(result.returncode, time.monotonic() - began)
     if result.returncode != 0:
         raise CommandFailed(list(argv), result.returncode, proc.tail(result.stderr))
     return result

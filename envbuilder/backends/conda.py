@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import activation, lockfile, proc, settings
-from envbuilder.backends.base import Backend, Build, describe, step_argv, step_env
+from envbuilder import activation, lockfile, proc, progress, settings
+from envbuilder.backends.base import Backend, Build, describe, step_argv, step_env, written_dirs
 from envbuilder.backends.buildlog import run_logged
 from envbuilder.backends.registry import AUTO, CLI_ENGINES, RATTLER
 from envbuilder.backup import archive
@@ -46,8 +46,10 @@ class CondaBackend(Backend):
         full = engine_env(build.engine, full)
         build.log.write(f"conda engine: {build.engine}")
         build.say(f"{describe(step)} with {build.engine}")
+        growth = progress.Growth(written_dirs(build, full), build.moving)
         try:
-            run_logged(argv, full, build.log, own)
+            run_logged(argv, full, build.log, own, watch=growth.watch)
+            growth.sample()
         except CommandFailed as exc:
             detail = exc.stderr_tail.rstrip() or f"(no message; {proc.describe_status(exc.returncode)})"
             raise BackendError(

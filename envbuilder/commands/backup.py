@@ -7,15 +7,14 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from rich.table import Table
-
-from envbuilder import backup, fsutil, host, modules, proc, purge, settings, state
+from envbuilder import backup, fsutil, host, modules, proc, progress, purge, settings, state, transaction
 from envbuilder.backup import restore as restorer
 from envbuilder.commands import validate as validate_cmd
-from envbuilder.console import Out, cells, plain
+from envbuilder.console import Cell, Out, plain
 from envbuilder.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
+from envbuilder.tables import Column
 from envbuilder.validate import runner as validator
 
 
@@ -48,18 +47,18 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             "name one env, or pass --all", hint="envbuilder backup NAME | envbuilder backup --all"
         )
     quiet = args.json or args.quiet
+    steps = progress.Steps(out.console, quiet=quiet, every=progress.every_from_env(os.environ))
+    step = steps.start
 
-    def step(text: str) -> None:
-        if not quiet:
-            out.step(text)
-
-    with proc.sigterm_as_interrupt(), backup.writer_mutex(root, args.wait, _waiting(out)):
+    mutex = backup.writer_mutex(root, args.wait, _waiting(out))
+    with proc.sigterm_as_interrupt(), mutex, steps, steps.watching([root]):
         if not args.all:
             record = state.load(home, args.env)
             mode = args.mode or backup.default_mode(record)
             if not quiet:
                 out.heading(f"Backing up {record.name} ({mode}) to {root}")
             result = backup.make(record, root, mode, args.format, step)
+            steps.stop()
             if not quiet:
                 _render_one(result, out)
             return result.to_json()
@@ -87,13 +86,13 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 def _render_one(result: backup.BackupResult, out: Out) -> None:
     s = result.backup.summary()
     shared = (s["bytes"] or 0) - (s["new_bytes"] or 0)
-    out.line(
+    out.result.line(
         f"backed up {s['env']} as {s['id']} ({s['mode']}): {_mib(s['bytes'])}, of which {_mib(s['new_bytes'])} "
         f"new and {_mib(shared)} shared with earlier backups"
     )
     for note in result.notes:
-        out.line(f"    {note}")
-    out.field("restore", f"envbuilder restore {s['env']}")
+        out.result.line(f"    {note}")
+    out.result.field("restore", f"envbuilder restore {s['env']}")
 
 
 def handle_backups(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
@@ -103,21 +102,28 @@ def handle_backups(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
         if not rows:
             out.line(f"no backups in {root}" + (f" for {args.env}" if args.env else ""))
             return rows
-        table = Table(box=None, pad_edge=False, title=plain(str(root)), title_justify="left")
-        for col in ("id", "mode", "size", "new", "created", "verified"):
-            table.add_column(col)
-        for r in rows:
-            v = r["verified"]
-            verified = (f"ok {v['time']}" if v["ok"] else "FAILED") if v else "at write"
-            if r["error"]:
-                verified = f"BROKEN: {r['error']}"
-            table.add_row(
-                *cells(
-                    r["id"], r["mode"], _mib(r["bytes"]), _mib(r["new_bytes"]), str(r["created"]), verified
-                )
-            )
-        out.console.print(table)
+        out.result.show(plain(str(root), "bold"))
+        out.result.table(_BACKUP_COLUMNS, [_backup_row(r) for r in rows])
     return rows
+
+
+#: The ID is what `restore --backup` and `verify-backup` take; how much of it was new, the JSON has too.
+_BACKUP_COLUMNS = (
+    Column("id"),
+    Column("mode"),
+    Column("size"),
+    Column("new", optional=True),
+    Column("created", optional=True),
+    Column("verified", text=True),
+)
+
+
+def _backup_row(r: dict[str, Any]) -> list[Cell]:
+    v = r["verified"]
+    verified = (f"ok {v['time']}" if v["ok"] else "FAILED") if v else "at write"
+    if r["error"]:
+        verified = f"BROKEN: {r['error']}"
+    return [r["id"], r["mode"], _mib(r["bytes"]), _mib(r["new_bytes"]), str(r["created"]), verified]
 
 
 def handle_verify(args: argparse.Namespace, out: Out) -> dict[str, Any]:
@@ -134,7 +140,7 @@ def handle_verify(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         raise err
     if not args.json:
         count = len(b.data.get("wheels", ())) or 1
-        out.line(f"{b.id} is intact ({count} file(s) re-hashed, {_mib(b.data.get('bytes'))})")
+        out.result.line(f"{b.id} is intact ({count} file(s) re-hashed, {_mib(b.data.get('bytes'))})")
     return data
 
 
@@ -144,12 +150,12 @@ def handle_prune(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         result = backup.prune(root, args.keep, args.env, args.dry_run)
     if not args.json:
         verb = "would remove" if args.dry_run else "removed"
-        out.line(
+        out.result.line(
             f"{verb} {len(result.removed)} backup(s) and {result.blobs} stored wheel(s); "
             f"{_mib(result.freed)} freed"
         )
         for bid in result.removed:
-            out.line(f"    {bid}")
+            out.result.line(f"    {bid}")
     return result.to_json()
 
 
@@ -158,11 +164,7 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     root, from_id = _root(args.source)
     b = backup.find(root, args.env, args.backup or (from_id.split("@", 1)[1] if from_id else None))
     quiet = args.json or args.quiet
-
-    def step(text: str) -> None:
-        if not quiet:
-            out.step(text)
-
+    steps = progress.Steps(out.console, quiet=quiet, every=progress.every_from_env(env))
     if not quiet:
         out.heading(f"Restoring {b.id} ({b.mode}, created {b.data.get('created')})")
     opts = restorer.RestoreOptions(
@@ -172,17 +174,18 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         smoke_check=not args.no_validate,
         wait=args.wait,
     )
-    with proc.sigterm_as_interrupt():
-        result = restorer.restore(b, env, modules.detect(env), opts, step)
+    final = Path(args.prefix or b.data["prefix"]).expanduser().resolve()
+    with proc.sigterm_as_interrupt(), steps, steps.watching([transaction.partial_of(final)]):
+        result = restorer.restore(b, env, modules.detect(env), opts, steps.start)
     data = result.to_json()
     rec = result.record
     if not quiet:
         for note in result.notes:
             out.line(f"    {note}")
-        out.line(f"{result.status} {rec.name} at {rec.prefix} from {b.id}")
+        out.result.line(f"{result.status} {rec.name} at {rec.prefix} from {b.id}")
         reloc = result.relocation
         if reloc:
-            out.field("relocated", f"{len(reloc['rewritten'])} file(s) rewritten to the new prefix")
+            out.result.field("relocated", f"{len(reloc['rewritten'])} file(s) rewritten to the new prefix")
             if reloc["left"]:
                 out.warn(
                     f"{len(reloc['left'])} file(s) still name {b.data.get('prefix')} and were not changed, "
@@ -190,8 +193,8 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 )
         smoke = (rec.validation or {}).get("checks", {}).get("import")
         if smoke:
-            out.field("smoke check", f"torch {smoke.get('torch')} imports: {smoke.get('status')}")
-        out.field("activate", f"source {rec.prefix}/bin/activate")
+            out.result.field("smoke check", f"torch {smoke.get('torch')} imports: {smoke.get('status')}")
+        out.result.field("activate", f"source {rec.prefix}/bin/activate")
     failed = [k for k, v in ((rec.validation or {}).get("checks") or {}).items() if v.get("status") == "fail"]
     if failed:
         raise ValidationFailed(f"{rec.name} was restored, but its smoke check failed: {', '.join(failed)}")
@@ -208,5 +211,5 @@ def handle_touch(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     record = state.load(settings.home(os.environ), args.env)
     count = purge.touch(record)
     if not args.json:
-        out.line(f"refreshed the access time of {count} file(s) in {record.prefix}")
+        out.result.line(f"refreshed the access time of {count} file(s) in {record.prefix}")
     return {"name": record.name, "files": count}

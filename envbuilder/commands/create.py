@@ -7,10 +7,9 @@ import dataclasses
 import os
 import platform
 import re
-import time
 from typing import Any, Optional
 
-from envbuilder import activation, backup, host, modules, proc, purge, settings, state
+from envbuilder import activation, backup, host, modules, proc, progress, purge, settings, state
 from envbuilder import create as creator
 from envbuilder import plan as planner
 from envbuilder.commands import plan as plan_cmd
@@ -26,14 +25,10 @@ from envbuilder.validate import runner as validator
 
 
 class _Progress:
-    def __init__(self, out: Out, quiet: bool) -> None:
+    def __init__(self, out: Out, quiet: bool, every: float) -> None:
         self.out = out
         self.quiet = quiet
-        self.started = time.monotonic()
-
-    def step(self, text: str) -> None:
-        if not self.quiet:
-            self.out.step(text, f"{time.monotonic() - self.started:.1f} s")
+        self.steps = progress.Steps(out.console, quiet=quiet, every=every)
 
     def note(self, text: str) -> None:
         if not self.quiet:
@@ -62,7 +57,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
     the_plan = planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=plan_cmd.table_age())
     same_arch(the_plan, platform.machine())
-    progress = _Progress(out, args.quiet or args.json)
+    talk = _Progress(out, args.quiet or args.json, progress.every_from_env(env))
     if not (args.quiet or args.json):
         what = f"{args.name} (recipe {the_plan.recipe}, " if args.name else f"{the_plan.recipe} ("
         out.heading(f"Creating {what}{the_plan.kind}, {the_plan.installer}) at {the_plan.prefix}")
@@ -76,7 +71,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             out.field("lock", f"{lk.path} ({lk.origin}): {lk.platforms[arch or '']} packages for {arch}")
         for w in the_plan.warnings:
             out.warn(w)
-    report = creator.Reporter(step=progress.step, note=progress.note, wait=progress.wait)
+    steps = talk.steps
+    report = creator.Reporter(step=steps.start, note=talk.note, wait=talk.wait, moving=steps.moving)
     copts = creator.CreateOptions(
         force=args.force,
         name=args.name,
@@ -84,7 +80,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         wait=args.wait,
         installer_source="--installer" if args.installer else "recipe",
     )
-    with proc.sigterm_as_interrupt():
+    with proc.sigterm_as_interrupt(), steps:
         result = creator.create(
             the_plan, recipe, env, modules.detect(env), copts, report=report, facts=facts.to_json()
         )
@@ -188,24 +184,24 @@ def _mib(size: object) -> str:
 def _render(result: creator.CreateResult, out: Out, failed: list[str]) -> None:
     rec = result.record
     if result.status == "exists":
-        out.line(f"{rec.name} already exists at {rec.prefix}; nothing to do (--force rebuilds it)")
+        out.result.line(f"{rec.name} already exists at {rec.prefix}; nothing to do (--force rebuilds it)")
         # Nothing was checked now: what the record says the env holds.
         variant = ((rec.plan or {}).get("torch") or {}).get("variant")
         if rec.torch:
             shown = variant and not rec.torch.endswith(f"+{variant}")
-            out.field("torch", rec.torch + (f" ({variant})" if shown else ""))
+            out.result.field("torch", rec.torch + (f" ({variant})" if shown else ""))
     else:
         in_env = [p for p in rec.packages if p.get("in_env")]
         total = sum(int(p.get("size") or 0) for p in in_env)
         largest = sorted(in_env, key=lambda p: -int(p.get("size") or 0))[:3]
         sizes = ", ".join(f"{p['name']} {_mib(p.get('size'))}" for p in largest)
-        out.line(
+        out.result.line(
             f"{result.status} {rec.name}: {len(in_env)} packages, {_mib(total)} ({sizes}) at {rec.prefix}"
         )
         if result.log:
-            out.field("log", result.log)
+            out.result.field("log", result.log)
     smoke = (rec.validation or {}).get("checks") or {}
     if smoke and not failed and result.status != "exists":
         imp = smoke.get("import", {})
-        out.field("smoke check", f"torch {imp.get('torch')} imports (cuda {imp.get('cuda')})")
-    out.field("activate", activation.activate_line(rec.prefix, "bash"))
+        out.result.field("smoke check", f"torch {imp.get('torch')} imports (cuda {imp.get('cuda')})")
+    out.result.field("activate", activation.activate_line(rec.prefix, "bash"))

@@ -8,6 +8,7 @@ import os
 import sys
 
 from envbuilder import completion, manpage
+from envbuilder.cliparser import build_parser
 from envbuilder.console import Out
 from envbuilder.errors import UsageError
 
@@ -19,7 +20,7 @@ def handle_completion(args: argparse.Namespace, out: Out) -> None:
             f"no completion for shell {shell or '(none: $SHELL is unset)'!r}",
             hint=f"name one: envbuilder completion {'|'.join(completion.SHELLS)}",
         )
-    sys.stdout.write(completion.script(_parser(), shell))
+    sys.stdout.write(completion.script(build_parser(), shell))
 
 
 def handle_names(args: argparse.Namespace, out: Out) -> None:
@@ -28,10 +29,4 @@ def handle_names(args: argparse.Namespace, out: Out) -> None:
 
 
 def handle_man(args: argparse.Namespace, out: Out) -> None:
-    sys.stdout.write(manpage.render(_parser()))
-
-
-def _parser() -> argparse.ArgumentParser:
-    from envbuilder.cli import build_parser  # noqa: PLC0415 - the CLI imports this module, not the reverse
-
-    return build_parser()
+    sys.stdout.write(manpage.render(build_parser()))

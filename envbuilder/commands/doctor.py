@@ -10,10 +10,9 @@ import sys
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from envbuilder import doctor, settings, state
+from envbuilder import doctor, settings, state, tables
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Out, plain
 from envbuilder.errors import DoctorFindings
@@ -90,18 +89,18 @@ def facts_line(facts: HostFacts) -> str:
     )
 
 
+_COLUMNS = (tables.Column(""), tables.Column("subject"), tables.Column("finding", text=True))
+
+
 def render(report: doctor.Report, console: Console) -> None:
     envs = ", ".join(report.envs) if report.envs else "none recorded"
-    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-    table.add_column("", no_wrap=True)
-    table.add_column("subject", overflow="fold", max_width=24)
-    table.add_column("finding", overflow="fold")
+    rows = []
     for f in report.findings:
         # Messages name paths and values: shown literally (console.plain), never read as markup.
         text = plain(f.message)
         if f.fix:
             text = Text.assemble(text, "\n", plain("fix:", "cyan"), " ", plain(f.fix))
-        table.add_row(Text.from_markup(_LABELS[f.severity]), plain(f.subject), text)
+        rows.append([Text.from_markup(_LABELS[f.severity]), plain(f.subject), text])
     counts = report.counts
     warnings = counts[doctor.WARNING]
     with console.capture() as captured:
@@ -109,7 +108,8 @@ def render(report: doctor.Report, console: Console) -> None:
         console.print(plain(f"  facts: {report.facts_from}"))
         console.print(plain(f"  node:  {facts_line(report.facts)}"))
         console.print(plain(f"  envs:  {envs}; table as of {report.matrix_as_of}"))
-        console.print(table)
+        for line in tables.render(console, _COLUMNS, rows):
+            console.print(line, soft_wrap=True)
         console.print(
             plain(
                 f"{counts[doctor.ACTION]} need action, {warnings} warning{'s' if warnings != 1 else ''}, "

@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from rich.table import Table
-
 from envbuilder import activation, backup, fsutil, modulefile, purge, settings, state, transaction
-from envbuilder.console import Out, cells
+from envbuilder.console import Cell, Out
 from envbuilder.errors import EnvbuilderError, EnvNotFound, StateError, UsageError
 from envbuilder.plan.activation import Activation
 from envbuilder.recipe.catalog import Catalog
+from envbuilder.tables import Column
 
 
 def _home() -> Path:
@@ -60,27 +59,34 @@ def handle_list(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
         if not rows:
             out.line(f"no envs recorded in {home} (envbuilder create NAME builds one)")
             return rows
-        table = Table(box=None, pad_edge=False)
-        for col in ("name", "health", "purge in", "backup", "torch", "prefix"):
-            table.add_column(col, no_wrap=col in ("name", "backup"))
-        for row in rows:
-            health = row.get("health", {}).get("status", "unreadable")
-            stamp = row["backup"].split("@", 1)[1] if row.get("backup") else "none"
-            table.add_row(
-                *cells(
-                    row["name"],
-                    health,
-                    _purge_text(row.get("purge")),
-                    stamp,
-                    row.get("torch") or "-",
-                    row.get("prefix") or row.get("error", ""),
-                )
-            )
-        out.console.print(table)
+        out.result.table(_LIST_COLUMNS, [_list_row(row) for row in rows])
         for row in rows:
             if row.get("advice"):
                 out.line(f"{row['name']}: {row['advice']}")
     return rows
+
+
+#: The name and the prefix are what a user types next; when and where its backup is, `backups NAME` shows too.
+_LIST_COLUMNS = (
+    Column("name"),
+    Column("health"),
+    Column("purge in", optional=True),
+    Column("backup", optional=True),
+    Column("torch"),
+    Column("prefix"),
+)
+
+
+def _list_row(row: dict[str, Any]) -> list[Cell]:
+    stamp = row["backup"].split("@", 1)[1] if row.get("backup") else "none"
+    return [
+        row["name"],
+        row.get("health", {}).get("status", "unreadable"),
+        _purge_text(row.get("purge")),
+        stamp,
+        row.get("torch") or "-",
+        row.get("prefix") or row.get("error", ""),
+    ]
 
 
 def _load_built(name: str) -> state.EnvRecord:
@@ -110,20 +116,22 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     data = record.to_json()
     data["health"] = state.health(record).to_json()
     if not args.json:
-        out.heading(f"{record.name} (recipe {record.recipe})")
-        out.field("prefix", record.prefix)
-        out.field("health", f"{data['health']['status']}: {data['health']['detail']}")
-        out.field("created", record.created)
-        out.field("tools", ", ".join(f"{k} {v}" for k, v in record.tools.items() if k != "python_path"))
+        out.result.heading(f"{record.name} (recipe {record.recipe})")
+        out.result.field("prefix", record.prefix)
+        out.result.field("health", f"{data['health']['status']}: {data['health']['detail']}")
+        out.result.field("created", record.created)
+        out.result.field(
+            "tools", ", ".join(f"{k} {v}" for k, v in record.tools.items() if k != "python_path")
+        )
         in_env = [p for p in record.packages if p.get("in_env")]
-        out.field("packages", ", ".join(f"{p['name']}=={p['version']}" for p in in_env))
+        out.result.field("packages", ", ".join(f"{p['name']}=={p['version']}" for p in in_env))
         modules = record.plan.get("modules") if record.plan else None
         if modules:
-            out.field("modules", " ".join(modules))
+            out.result.field("modules", " ".join(modules))
         if record.validation:
             checks = record.validation.get("checks", {})
-            out.field("last check", ", ".join(f"{k}: {v.get('status')}" for k, v in checks.items()))
-        out.field("activate", activation.activate_line(record.prefix, "bash"))
+            out.result.field("last check", ", ".join(f"{k}: {v.get('status')}" for k, v in checks.items()))
+        out.result.field("activate", activation.activate_line(record.prefix, "bash"))
     return data
 
 
@@ -146,7 +154,7 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if answer.strip().lower() not in ("y", "yes"):
             # Declining is an answer, not an error.
             if not args.json:
-                out.line(f"kept {record.name} ({prefix})")
+                out.result.line(f"kept {record.name} ({prefix})")
             return {"name": record.name, "prefix": str(prefix), "removed": False}
     with state.mutex(home, record.name):
         if prefix.exists():
@@ -155,7 +163,7 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             transaction.discard(prefix)
         state.record_path(home, record.name).unlink()
     if not args.json:
-        out.line(f"removed {record.name} ({prefix})")
+        out.result.line(f"removed {record.name} ({prefix})")
     return {"name": record.name, "prefix": str(prefix), "removed": True}
 
 
@@ -190,7 +198,7 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         fsutil.write_atomic(target, text.encode())
         if not args.json:
             loaded = target.name[: -len(".lua")] if target.name.endswith(".lua") else target.name
-            out.line(f"wrote {target}; `module use {target.parent}` then `module load {loaded}`")
+            out.result.line(f"wrote {target}; `module use {target.parent}` then `module load {loaded}`")
     elif not args.json:
         sys.stdout.write(text)
     return {

@@ -35,8 +35,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         for p in lock.platforms:
             top = ", ".join(f"{k.name} {k.version}" for k in p.packages[:4])
             more = f" and {len(p.packages) - 4} more" if len(p.packages) > 4 else ""
-            out.line(f"{p.arch} ({p.tag}): {len(p.packages)} packages: {top}{more}")
-        out.line(f"wrote {path}")
+            out.result.line(f"{p.arch} ({p.tag}): {len(p.packages)} packages: {top}{more}")
+        out.result.line(f"wrote {path}")
         out.line(f"create uses it from now on: envbuilder create {recipe.name} [--locked]")
     for w in warnings:
         if not args.json:

@@ -98,22 +98,21 @@ def handle(args: argparse.Namespace, out: Out) -> planner.RecordedPlan:
 
 
 def render(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:
-    """The plan for people; ``env`` is the one it was made in (its index mirror rules)."""
+    """The plan for people, on stdout (its warnings on stderr); ``env`` is the one it was made in (its index
+    mirror rules)."""
     _render_target(p, out, env)
-    out.line()
-    out.heading("Steps")
+    out.result.line()
+    out.result.heading("Steps")
     for i, step in enumerate(p.steps, 1):
-        out.line(f"  {i:2d}. {step}")
-    out.line()
+        out.result.line(f"  {i:2d}. {step}")
+    out.result.line()
     _render_validation(p, out)
     if p.resolution and p.resolution.facts_source:
         _render_list("Where the torch facts come from", p.resolution.facts_source, out)
     if p.notes:
         _render_list("Notes", p.notes, out)
-    if p.warnings:
-        out.line()
-        for w in p.warnings:
-            out.warn(w)
+    for w in p.warnings:
+        out.warn(w)
 
 
 def _render_target(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:
@@ -121,41 +120,41 @@ def _render_target(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:
     title = f"Plan for {p.recipe}"
     if p.site:
         title += f" (site {p.site}, {p.status})"
-    out.heading(title)
-    out.field("recipe files", " <- ".join(p.chain))
+    out.result.heading(title)
+    out.result.field("recipe files", " <- ".join(p.chain))
     t = p.target
     gpus = "none" if t.gpus == () else ("unknown" if t.gpus is None else f"{len(t.gpus)}× {t.gpus[0].name}")
-    out.field(
+    out.result.field(
         "target",
         f"{t.arch or '?'}, glibc {t.glibc or '?'}, Python {t.python or '?'}, driver "
         f"{t.driver_version or '?'}, GPUs {gpus}",
     )
-    out.field("env", f"{p.kind} at {p.prefix}")
+    out.result.field("env", f"{p.kind} at {p.prefix}")
     if p.resolution:
         r = p.resolution
         label = f" (+{r.local} builds only)" if r.local else ""
         inferred = ", inferred facts" if r.inferred else ""
         index = mirror.shown(r.index_url, mirror.from_env(env))
-        out.field("torch", f"{r.torch} {r.variant} ({r.channel}{inferred}) from {index}{label}")
+        out.result.field("torch", f"{r.torch} {r.variant} ({r.channel}{inferred}) from {index}{label}")
     if p.lock:
         status = "applies" if p.lock.applies else "ignored (stale)"
-        out.field("lock", f"{p.lock.summary.path} ({p.lock.summary.origin}), {p.lock.arch}: {status}")
+        out.result.field("lock", f"{p.lock.summary.path} ({p.lock.summary.origin}), {p.lock.arch}: {status}")
 
 
 def _render_validation(p: planner.Plan, out: Out) -> None:
-    out.heading("Validation")
-    out.field("launcher", p.launcher)
-    out.field("command", launchers.display(p.launch_command))
+    out.result.heading("Validation")
+    out.result.field("launcher", p.launcher)
+    out.result.field("command", launchers.display(p.launch_command))
     if p.interactive_command:
-        out.field("interactive allocation", launchers.display(p.interactive_command))
+        out.result.field("interactive allocation", launchers.display(p.interactive_command))
     if p.batch_script:
-        out.line("  batch script:")
+        out.result.line("  batch script:")
         for line in p.batch_script.rstrip().splitlines():
-            out.line(f"    {line}")
+            out.result.line(f"    {line}")
 
 
 def _render_list(heading: str, items: Iterable[str], out: Out) -> None:
-    out.line()
-    out.heading(heading)
+    out.result.line()
+    out.result.heading(heading)
     for item in items:
-        out.line(f"  - {item}")
+        out.result.line(f"  - {item}")

@@ -13,20 +13,20 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     facts = host.probe()
     data = facts.to_json()
     if not args.json:
-        out.heading(f"Host {facts.hostname or '?'}")
+        out.result.heading(f"Host {facts.hostname or '?'}")
         for key in ("arch", "glibc", "python", "driver_version", "max_cuda", "module_system", "scheduler"):
             value = data[key]
             missing = "none found" if key in ("module_system", "scheduler") else "unknown"
-            out.field(key, missing if value is None else str(value))
+            out.result.field(key, missing if value is None else str(value))
         if facts.gpus is None:
-            out.field("gpus", "unknown")
+            out.result.field("gpus", "unknown")
         elif not facts.gpus:
-            out.field("gpus", "none")
+            out.result.field("gpus", "none")
         for gpu in facts.gpus or ():
-            out.field("gpu", f"{gpu.name} (compute capability {gpu.compute_capability or '?'})")
+            out.result.field("gpu", f"{gpu.name} (compute capability {gpu.compute_capability or '?'})")
         for key, value in facts.allocation.items():
-            out.field(key, value)
+            out.result.field(key, value)
         for key, value in facts.filesystems.items():
-            out.field(f"${key}", value)
+            out.result.field(f"${key}", value)
         out.line("(save with `envbuilder probe --json > facts.json`; replay with `plan --facts facts.json`)")
     return data

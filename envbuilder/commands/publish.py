@@ -13,7 +13,7 @@ from envbuilder import plan as planner
 from envbuilder.console import Out
 from envbuilder.errors import EnvbuilderError, LockError, PublishError
 from envbuilder.facts import HostFacts
-from envbuilder.recipe import loader, registry
+from envbuilder.recipe import loader, publish, registry
 from envbuilder.recipe.catalog import Catalog, Layer
 from envbuilder.recipe.loader import Recipe
 
@@ -44,7 +44,7 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     key = Path(args.sign_key).expanduser() if args.sign_key else None
     if args.allowed_signers or args.require_signatures:
         signers = Path(args.allowed_signers).expanduser() if args.allowed_signers else None
-        if reg.configure(signers, args.require_signatures) and not args.json:
+        if publish.configure(reg, signers, args.require_signatures) and not args.json:
             out.warn(
                 f"the allowed signers of {reg.root} changed: users who used this registry before refuse it "
                 "until they accept the new signers (README: Threat model)"
@@ -75,12 +75,14 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 f"{lock.path} was made from another version of {recipe.name} than the one being published",
                 hint=f"regenerate it: envbuilder lock {recipe.name} --platform ... -o {lock.path}",
             )
-        doc = registry.flatten_for_publish(recipe.data)
+        doc = publish.flatten_for_publish(recipe.data)
         doc["schema_version"] = 1
         checked.append((recipe, doc))
     results = []
     for recipe, doc in checked:
-        pub, status, changed = reg.publish(recipe.name, doc, key, wait=args.wait, lock=locks.get(recipe.name))
+        pub, status, changed = publish.publish(
+            reg, recipe.name, doc, key, wait=args.wait, lock=locks.get(recipe.name)
+        )
         results.append(
             {
                 "name": recipe.name,
@@ -95,9 +97,9 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         )
         if not args.json:
             if status == "unchanged":
-                out.line(f"{recipe.name}@{pub.version}: unchanged (already published)")
+                out.result.line(f"{recipe.name}@{pub.version}: unchanged (already published)")
             elif status == "lock added":
-                out.line(f"{recipe.name}@{pub.version}: lock added ({pub.lock_file})")
+                out.result.line(f"{recipe.name}@{pub.version}: lock added ({pub.lock_file})")
             else:
                 signed = f", signed by {pub.signer}" if pub.signer else ", unsigned"
                 signed += ", with its lock" if pub.lock_file else ""
@@ -106,7 +108,7 @@ def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                     if changed
                     else ""
                 )
-                out.line(f"published {recipe.name}@{pub.version}{signed}{what}")
+                out.result.line(f"published {recipe.name}@{pub.version}{signed}{what}")
     return {"registry": str(reg.root), "recipes": results}
 
 
@@ -140,18 +142,18 @@ def handle_diff(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     catalog = Catalog.from_env()
     old = _published_doc(catalog, args.recipe, args.old)
     new = _published_doc(catalog, args.recipe, args.new)
-    rows = [(k, a, b) for k, a, b in registry.diff(old, new) if k != "recipe.version"]
+    rows = [(k, a, b) for k, a, b in publish.diff(old, new) if k != "recipe.version"]
     if not args.json:
-        out.heading(f"{args.recipe}: {args.old} -> {args.new}")
+        out.result.heading(f"{args.recipe}: {args.old} -> {args.new}")
         if not rows:
-            out.line("  no differences")
+            out.result.line("  no differences")
         for key, a, b in rows:
             if a is None:
-                out.line(f"  + {key} = {json.dumps(b)}")
+                out.result.line(f"  + {key} = {json.dumps(b)}")
             elif b is None:
-                out.line(f"  - {key} = {json.dumps(a)}")
+                out.result.line(f"  - {key} = {json.dumps(a)}")
             else:
-                out.line(f"  ~ {key}: {json.dumps(a)} -> {json.dumps(b)}")
+                out.result.line(f"  ~ {key}: {json.dumps(a)} -> {json.dumps(b)}")
     return {
         "recipe": args.recipe,
         "old": args.old,
@@ -184,9 +186,9 @@ def handle_update(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             {"name": name, "latest": entry.version, "registry": str(entry.layer.root), "envs_behind": behind}
         )
         if not args.json:
-            out.line(f"{name}: latest {entry.version} ({entry.layer.root})")
+            out.result.line(f"{name}: latest {entry.version} ({entry.layer.root})")
             for b in behind:
-                out.line(
+                out.result.line(
                     f"  {b['env']} was built from {name}@{b['built_from']}: "
                     f"envbuilder recipes diff {name} {b['built_from']} {entry.version}; "
                     f"envbuilder create {name} --force to rebuild"

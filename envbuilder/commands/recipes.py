@@ -7,17 +7,16 @@ import json
 import os
 from typing import Any, Optional
 
-from rich.table import Table
-
 from envbuilder import plan as planner
 from envbuilder.commands import plan as plan_cmd
-from envbuilder.console import Out, cells, plain
+from envbuilder.console import Cell, Out, plain
 from envbuilder.errors import PublishError, RecipeError
 from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader, schema
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver import knowledge
 from envbuilder.resolver.matrix import load_matrix
+from envbuilder.tables import Column
 
 
 def list_recipes(catalog: Catalog) -> list[dict[str, Any]]:
@@ -54,29 +53,7 @@ def handle_list(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     catalog = Catalog.from_env()
     rows = list_recipes(catalog)
     if not args.json:
-        table = Table(box=None, pad_edge=False)
-        width = max((len(r["name"]) for r in rows), default=4)
-        table.add_column("name", no_wrap=True, min_width=width)
-        for col in ("version", "site", "status", "kind", "torch"):
-            table.add_column(col, no_wrap=True)
-        table.add_column("from", overflow="fold")  # "builtin" or the ENVBUILDER_RECIPE_PATH entry
-        for row in rows:
-            if "error" in row:
-                table.add_row(*cells(row["name"], "", "", plain("broken", "red"), "", "", row["layer"]))
-                continue
-            torch = row["torch"] + (f" {row['variant']}" if row.get("variant") else "")
-            table.add_row(
-                *cells(
-                    row["name"],
-                    row["version"] or "-",
-                    row["site"] or "-",
-                    row["status"],
-                    row["kind"],
-                    torch,
-                    row["layer"],
-                )
-            )
-        out.console.print(table)
+        out.result.table(_LIST_COLUMNS, [_list_row(row) for row in rows])
         for row in rows:
             if "error" in row:
                 out.warn(f"{row['name']}: {row['error']}")
@@ -84,6 +61,28 @@ def handle_list(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         "recipes": rows,
         "search_path": [{"label": la.label, "root": str(la.root)} for la in catalog.layers],
     }
+
+
+#: "from" is "builtin" or the ENVBUILDER_RECIPE_PATH entry: the first to go where 80 columns are all there is.
+_LIST_COLUMNS = (
+    *(Column(c) for c in ("name", "version", "site", "status", "kind", "torch")),
+    Column("from", optional=True),
+)
+
+
+def _list_row(row: dict[str, Any]) -> list[Cell]:
+    if "error" in row:
+        return [row["name"], "", "", plain("broken", "red"), "", "", row["layer"]]
+    torch = row["torch"] + (f" {row['variant']}" if row.get("variant") else "")
+    return [
+        row["name"],
+        row["version"] or "-",
+        row["site"] or "-",
+        row["status"],
+        row["kind"],
+        torch,
+        row["layer"],
+    ]
 
 
 def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
@@ -94,38 +93,38 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     lock = lockers.find(recipe, catalog, os.environ)
     leaves = recipe.leaves()
     if not args.json:
-        out.heading(f"{recipe.name}: {' <- '.join(recipe.chain)}")
+        out.result.heading(f"{recipe.name}: {' <- '.join(recipe.chain)}")
         if lock is not None:
             arches = ", ".join(f"{p.arch} ({len(p.packages)} packages)" for p in lock.platforms)
-            out.line(f"  lock: {lock.path} ({lock.origin}), made {lock.created}: {arches}")
+            out.result.line(f"  lock: {lock.path} ({lock.origin}), made {lock.created}: {arches}")
         if entry.published is not None:
             p = entry.published
-            out.line(
+            out.result.line(
                 f"  published {recipe.name}@{p.version} in {entry.layer.root} on {p.published} by {p.by}; "
                 + (f"signed by {p.signer}" if p.signer else "unsigned")
             )
             if p.validations:
                 last = p.validations[-1]
                 figures = ", ".join(f"{k} {v}" for k, v in (last.get("figures") or {}).items())
-                out.line(
+                out.result.line(
                     f"  last validated {last.get('date')} on {last.get('partition') or last.get('host')}: "
                     f"{last.get('status')}" + (f" ({figures})" if figures else "")
                 )
             else:
-                out.line("  not yet validated (envbuilder validate ENV --publish-report)")
+                out.result.line("  not yet validated (envbuilder validate ENV --publish-report)")
         width = max(len(k) for k, _, _ in leaves)
         for key, value, source in leaves:
             shown = json.dumps(value)
             if args.explain:
-                out.line(f"  {key.ljust(width)} = {shown}    # {source}")
+                out.result.line(f"  {key.ljust(width)} = {shown}    # {source}")
             else:
-                out.line(f"  {key.ljust(width)} = {shown}")
+                out.result.line(f"  {key.ljust(width)} = {shown}")
     facts = _torch_facts(recipe, args) if args.explain else None
     if facts and not args.json:
-        out.line()
-        out.heading("Where the torch facts come from")
+        out.result.line()
+        out.result.heading("Where the torch facts come from")
         for line in facts:
-            out.line(f"  - {line}")
+            out.result.line(f"  - {line}")
     return {
         "name": recipe.name,
         "version": recipe.version or None,

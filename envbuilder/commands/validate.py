@@ -8,14 +8,13 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from rich.table import Table
-
 from envbuilder import __version__, host, modules, proc, settings, state
-from envbuilder.console import Out, cells, plain
+from envbuilder.console import Cell, Out, plain
 from envbuilder.errors import PublishError, StateError, ValidationFailed
 from envbuilder.facts import HostFacts
-from envbuilder.recipe import loader, registry
+from envbuilder.recipe import loader, publish, registry
 from envbuilder.recipe.catalog import Catalog
+from envbuilder.tables import Column
 from envbuilder.validate import report
 from envbuilder.validate import runner as validator
 
@@ -59,10 +58,10 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     if target is not None:
         reg, name = target
         stamp = stamp_of(result, facts)
-        reg.attach_validation(name, version, stamp)
+        publish.attach_validation(reg, name, version, stamp)
         data["published_report"] = {"registry": str(reg.root), "recipe": f"{name}@{version}", **stamp}
         if not args.json:
-            out.line(f"attached this passing report to {name}@{version} in {reg.root}")
+            out.result.line(f"attached this passing report to {name}@{version} in {reg.root}")
     return data
 
 
@@ -153,15 +152,25 @@ def _hint(result: report.Report) -> Optional[str]:
     return None
 
 
+_REPORT_COLUMNS = (
+    Column("check"),
+    Column("ranks"),
+    Column("status"),
+    Column("figures", text=True),
+    Column("cause / hint", text=True),
+)
+
+
 def render(result: report.Report, out: Out) -> None:
+    """The report on stdout; the launcher's last lines, where it failed, on stderr."""
     where = "here" if result.where == "here" else f"job {result.where}"
-    out.heading(
-        f"Validation of {result.env}: {result.world} rank(s) on {result.nodes} node(s) through "
+    # Across nodes, the world's shape and where each rank ran (the hosts the ranks reported).
+    shape = f" ({report.layout_text(result.hosts)})" if len(result.layout) > 1 else ""
+    out.result.heading(
+        f"Validation of {result.env}: {result.world} rank(s) on {result.nodes} node(s){shape} through "
         f"{result.launcher}, {result.device}, {where}, {result.seconds:.1f} s"
     )
-    table = Table(box=None, pad_edge=False)
-    for col in ("check", "ranks", "status", "figures", "cause / hint"):
-        table.add_column(col, overflow="fold")
+    rows: list[list[Cell]] = []
     for row in result.rows:
         ranks = _ranks(row.ranks, result.world)
         status = plain(row.status.upper(), _STYLE[row.status])
@@ -169,8 +178,8 @@ def render(result: report.Report, out: Out) -> None:
         if row.status in ("fail", "warn"):
             detail = (row.cause or "") + (f"\nhint: {row.hint}" if row.hint else "")
         check = report.check_label(row.check, result.device)
-        table.add_row(*cells(check, ranks, status, report.figure_text(row), detail))
-    out.console.print(table)
+        rows.append([check, ranks, status, report.figure_text(row), detail])
+    out.result.table(_REPORT_COLUMNS, rows)
     if not result.ok and result.stderr_tail:
         out.line("launcher output (last lines):")
         for line in result.stderr_tail.splitlines()[-8:]:

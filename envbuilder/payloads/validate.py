@@ -310,6 +310,8 @@ def main(argv: list[str]) -> None:
         pid=os.getpid(),
         launched_by="torchrun" if rank.torchrun else ("mpi" if rank.mpi else "direct"),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        # Where the ranks meet (torchrun's rendezvous store, or the TCP store of MPI-started ranks).
+        master_addr=os.environ.get("MASTER_ADDR"),
     )
     Lifeline(log, rank.torchrun)
     watchdog = Watchdog(log)

@@ -25,7 +25,8 @@ from envbuilder._toml import TOMLDecodeError, loads
 from envbuilder.console import Out
 from envbuilder.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
 from envbuilder.recipe.loader import Document
-from envbuilder.recipe.registry import Policy, Published, Registry, pin_dir
+from envbuilder.recipe.registry import Published, Registry
+from envbuilder.recipe.trust import Policy, pin_dir
 
 REGISTRY_KEYS = ("path", "require_signatures", "allowed_signers")
 #: The largest recipe file read (the biggest shipped one is under 10 KiB).

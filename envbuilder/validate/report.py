@@ -68,6 +68,13 @@ class Report:
     started: str
     partition: Optional[str] = None
     stderr_tail: str = ""
+    #: Each rank's host, as the rank said (:func:`hosts_of`); a rank that never started has none.
+    hosts: Mapping[int, str] = field(default_factory=dict)
+
+    @property
+    def layout(self) -> dict[str, tuple[int, ...]]:
+        """The ranks on each host, hosts in the order of their lowest rank."""
+        return layout_of(self.hosts)
 
     @property
     def ok(self) -> bool:
@@ -90,6 +97,8 @@ class Report:
             "device": self.device,
             "world": self.world,
             "nodes": self.nodes,
+            "hosts": {str(rank): host for rank, host in sorted(self.hosts.items())},
+            "layout": {host: list(ranks) for host, ranks in self.layout.items()},
             "partition": self.partition,
             "command": list(self.command),
             "where": self.where,
@@ -100,6 +109,29 @@ class Report:
             "order": [r.check for r in self.rows],
             "stderr_tail": self.stderr_tail,
         }
+
+
+def hosts_of(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, str]:
+    """Each rank's host, from the ``hello`` it wrote first."""
+    out = {}
+    for rank, evs in events.items():
+        host = next((ev.get("host") for ev in evs if ev.get("event") == "hello"), None)
+        if isinstance(host, str) and host:
+            out[rank] = host
+    return out
+
+
+def layout_of(hosts: Mapping[int, str]) -> dict[str, tuple[int, ...]]:
+    """The ranks on each host, hosts in the order of their lowest rank."""
+    out: dict[str, list[int]] = {}
+    for rank in sorted(hosts):
+        out.setdefault(hosts[rank], []).append(rank)
+    return {host: tuple(ranks) for host, ranks in out.items()}
+
+
+def layout_text(hosts: Mapping[int, str]) -> str:
+    """``n1: ranks 0,1; n2: ranks 2,3``."""
+    return "; ".join(f"{host}: {_ranks_text(ranks)}" for host, ranks in layout_of(hosts).items())
 
 
 def parse_events(text: str) -> list[dict[str, Any]]:
@@ -170,6 +202,7 @@ def merge(
         exit_code=exit_code,
         timed_out_after=timed_out_after,
         interrupted=frozenset(interrupted),
+        hosts=hosts_of(events),
     )
     rows = []
     for check in ordered:
@@ -208,9 +241,19 @@ class _Ranks:
     exit_code: Optional[int]
     timed_out_after: Optional[float]
     interrupted: frozenset[int]
+    hosts: Mapping[int, str]
 
     def stop_cause(self, rank: int) -> str:
         return _stop_cause(rank, self.killed.get(rank), self.exit_code, self.timed_out_after)
+
+    def who(self, ranks: Sequence[int]) -> str:
+        """``rank 2`` or ``ranks 2,3``; with the host (``ranks 2,3 on n2``) where the ranks span several hosts,
+        so a failure names the node as well."""
+        text = _ranks_text(ranks)
+        if len(set(self.hosts.values())) < 2:
+            return text
+        where = sorted({self.hosts[r] for r in ranks if r in self.hosts})
+        return f"{text} on {', '.join(where)}" if where else text
 
 
 def _row(check: str, ranks: _Ranks) -> Row:
@@ -272,7 +315,7 @@ def _failed_row(
     failures: Mapping[str, list[int]],
     hints: Mapping[str, str],
 ) -> Row:
-    parts = [cause if ranks.world == 1 else f"{_ranks_text(rs)}: {cause}" for cause, rs in failures.items()]
+    parts = [cause if ranks.world == 1 else f"{ranks.who(rs)}: {cause}" for cause, rs in failures.items()]
     hint = next(iter(hints.values()), None)
     if hint is None and any(
         r in ranks.stopped or not ranks.events.get(r) for rs in failures.values() for r in rs

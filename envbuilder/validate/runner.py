@@ -138,14 +138,17 @@ def run(
     budget = timeout * len(checks) + SLACK_S
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     t0 = time.monotonic()
+    finished = Finished(run_dir / "ranks", the_launch.world, live, device)
     if opts.submit:
-        exit_code, timed_out, where, tail = _submit(the_launch, run_dir, env, opts, live)
+        exit_code, timed_out, where, tail = _submit(
+            the_launch, run_dir, env, opts, live=live, finished=finished
+        )
         stopped_after = budget if timed_out else None
     else:
         run_env = environment(record, recipe, activate, env, modules)
         run_env.setdefault("OMP_NUM_THREADS", str(threads_here(the_launch, here)))
         exit_code, stopped_after, tail = _here(
-            the_launch, run_dir, run_env, timeout=timeout, budget=budget, live=live
+            the_launch, run_dir, run_env, timeout=timeout, budget=budget, live=live, finished=finished
         )
         where = "here"
     events = _read_events(run_dir / "ranks")
@@ -167,6 +170,7 @@ def run(
         started=started,
         partition=partition,
         stderr_tail=tail,
+        hosts=report.hosts_of(events),
     )
     fsutil.write_atomic(run_dir / "report.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
     _prune(prefix)
@@ -279,6 +283,7 @@ def _here(
     timeout: float,
     budget: float,
     live: Status,
+    finished: Finished,
 ) -> tuple[Optional[int], Optional[float], str]:
     """Run the launch here; returns the launcher's exit status, after how many seconds the run was stopped
     (None when it ended by itself) and the tail of its output."""
@@ -293,7 +298,7 @@ def _here(
             cwd=str(run_dir),
             timeout=budget,
             check=False,
-            stop=proc.Stop(watch=startup, grace=GRACE_S, parent_death=signal.SIGTERM),
+            stop=proc.Stop(watch=lambda: finished() or startup(), grace=GRACE_S, parent_death=signal.SIGTERM),
         )
         code: Optional[int] = res.returncode
         out, err = res.stdout, res.stderr
@@ -307,6 +312,7 @@ def _here(
             f"the launcher {argv[0]!r} is not on PATH here",
             hint="load the site's MPI module, or pick another --launcher",
         ) from exc
+    finished()  # what the ranks wrote after the last look
     (run_dir / "launcher.log").write_text(out + err, encoding="utf-8")
     return code, stopped_after, proc.tail(err)
 
@@ -336,6 +342,62 @@ class Startup:
             f"rank(s) {who} did not start within {self.limit:g} s (--timeout): the python hung before the "
             "checks (a site-packages hook, sitecustomize, a stalled file system)"
         )
+
+
+class Finished:
+    """Each check's line as soon as every rank has written its result (the ranks' event files, read as they
+    grow, each time proc.run's watch comes round): ``live.note`` for a finished check, ``live.status`` for the
+    one rank 0 has started. The table at the end still merges everything (report.merge)."""
+
+    def __init__(self, ranks: Path, world: int, live: Status, device: str) -> None:
+        self.ranks = ranks
+        self.world = world
+        self.live = live
+        self.device = device
+        self.t0 = time.monotonic()
+        #: How much of each rank's file was read; each check's result per rank; the checks already shown.
+        self.offsets: dict[int, int] = {}
+        self.results: dict[str, dict[int, dict[str, object]]] = {}
+        self.shown: set[str] = set()
+
+    def __call__(self) -> Optional[str]:
+        for rank in range(self.world):
+            for event in self._new_events(rank):
+                self._take(rank, event)
+        return None
+
+    def _new_events(self, rank: int) -> list[dict[str, object]]:
+        try:
+            with (self.ranks / f"rank-{rank}.jsonl").open("rb") as fh:
+                fh.seek(self.offsets.get(rank, 0))
+                data = fh.read()
+        except OSError:  # not written yet
+            return []
+        whole = data[: data.rfind(b"\n") + 1]  # a line still being written is read next time
+        self.offsets[rank] = self.offsets.get(rank, 0) + len(whole)
+        return report.parse_events(whole.decode("utf-8", errors="replace"))
+
+    def _take(self, rank: int, event: dict[str, object]) -> None:
+        check = event.get("check")
+        if not isinstance(check, str):
+            return
+        if event.get("event") == "start" and rank == 0:
+            self.live.status(f"{report.check_label(check, self.device)} ({time.monotonic() - self.t0:.0f} s)")
+        elif event.get("event") == "result":
+            got = self.results.setdefault(check, {})
+            got[rank] = event
+            if len(got) == self.world and check not in self.shown:
+                self.shown.add(check)
+                self.live.note(finished_line(report.check_label(check, self.device), got))
+
+
+def finished_line(check: str, results: Mapping[int, Mapping[str, object]]) -> str:
+    """``  ✓ check: pass  1.2 s`` (the slowest rank's time; fail when any rank failed)."""
+    statuses = [str(r.get("status")) for r in results.values()]
+    status = "fail" if "fail" in statuses else statuses[0]
+    seconds = max(float(str(r.get("seconds") or 0)) for r in results.values())
+    mark = {"pass": "✓", "fail": "✗"}.get(status, "·")
+    return f"  {mark} {check}: {status}  {seconds:.1f} s"
 
 
 def _said_hello(path: Path) -> bool:
@@ -387,7 +449,9 @@ def _submit(
     run_dir: Path,
     env: Mapping[str, str],
     opts: Options,
+    *,
     live: Status,
+    finished: Finished,
 ) -> tuple[Optional[int], bool, str, str]:
     adapter = schedulers.get(the_launch.scheduler)
     if not the_launch.script or adapter is None:
@@ -408,7 +472,7 @@ def _submit(
     job = adapter.job_id(res.stdout)
     live.note(f"submitted job {job}: {script}")
     try:
-        code, timed_out = _wait(adapter, job, sub_env, opts.wait, live)
+        code, timed_out = _wait(adapter, job, sub_env, opts.wait, live=live, finished=finished)
     except BaseException:  # Ctrl-C or SIGTERM: the job this run submitted goes too
         _cancel(adapter, job, sub_env)
         raise
@@ -417,12 +481,19 @@ def _submit(
 
 
 def _wait(
-    adapter: schedulers.Scheduler, job: str, env: Mapping[str, str], limit: Optional[float], live: Status
+    adapter: schedulers.Scheduler,
+    job: str,
+    env: Mapping[str, str],
+    limit: Optional[float],
+    *,
+    live: Status,
+    finished: Finished,
 ) -> tuple[Optional[int], bool]:
     t0 = time.monotonic()
     while True:
         res = proc.run(adapter.state_query(job), env=dict(env), check=False)
         state_ = adapter.state(res.returncode, res.stdout)
+        finished()  # the checks the job's ranks finished since the last poll (a shared file system)
         if state_ is None:
             break
         live.status(f"job {job}: {state_.lower()} ({time.monotonic() - t0:.0f} s)")

@@ -26,7 +26,7 @@ def envelope(res):
 def test_plan_vista_prints_the_corrected_procedure():
     res = run_cli("plan", "vista-venv-cu124", "--facts", str(FACTS / "gh200-aarch64.json"))
     assert res.returncode == 0, res.stderr
-    out = res.stderr
+    out = res.stdout
     assert "module load gcc/15.1.0 python3/3.11.8" in out
     assert "--index-url https://download.pytorch.org/whl/cu126 -- torch==2.10.0" in out
     assert "idev -p gh-dev -N 1 -n 1 -t 00:30:00" in out
@@ -34,7 +34,7 @@ def test_plan_vista_prints_the_corrected_procedure():
         "corrected: pip3 install torch torchvision torchaudio --index-url https://download.pytorch.org/whl/cu124"
         in out
     )
-    assert res.stdout == ""  # people's output goes to stderr
+    assert "module load" not in res.stderr  # the plan is the result: stdout, not mixed with messages
 
 
 def test_plan_json_envelope():
@@ -107,10 +107,10 @@ def test_recipes_list_json_and_show_explain():
     res = run_cli("recipes", "show", "vista-venv-cu124", "--explain")
     assert res.returncode == 0, res.stderr
     assert re.search(
-        r"torch\.variant\s+= \"cu126\"\s+# builtin:tacc/vista/vista-venv-cu124\.toml", res.stderr
+        r"torch\.variant\s+= \"cu126\"\s+# builtin:tacc/vista/vista-venv-cu124\.toml", res.stdout
     )
-    assert re.search(r"compute\.arch\s+= \"aarch64\"\s+# builtin:tacc/vista/site\.toml", res.stderr)
-    assert re.search(r"env\.installer\s+= \"uv\"\s+# <defaults>", res.stderr)
+    assert re.search(r"compute\.arch\s+= \"aarch64\"\s+# builtin:tacc/vista/site\.toml", res.stdout)
+    assert re.search(r"env\.installer\s+= \"uv\"\s+# <defaults>", res.stdout)
 
 
 def test_recipes_list_reports_a_broken_user_recipe(tmp_path):
@@ -143,6 +143,7 @@ def test_probe_json_replays_into_plan(tmp_path):
 def test_no_color_output_has_no_escape_codes():
     res = run_cli("plan", "local", "--facts", str(FACTS / "cpu-only.json"))
     assert "\x1b[" not in res.stderr
+    assert "\x1b[" not in res.stdout
 
 
 def test_version():

@@ -540,7 +540,7 @@ def test_tcl_modulefile_loads_the_env_with_environment_modules(world, envmodules
     ok(world.create())
     mdir = world.root / "modulefiles"
     mdir.mkdir()
-    said = ok(world.cli("modulefile", "demo", "--format", "tcl", "-o", str(mdir))).stderr
+    said = ok(world.cli("modulefile", "demo", "--format", "tcl", "-o", str(mdir))).stdout
     assert "`module load demo`" in said  # Environment Modules takes the file's name as it is: no .lua
     assert (mdir / "demo").read_text().startswith("#%Module")
     env = {**world.env, "MODULEPATH": str(DATA / "modules" / "site")}

@@ -281,8 +281,8 @@ def test_real_torch_from_a_published_lock_then_a_published_report(
     index_doc = json.loads((registry / "index.json").read_text())
     assert index_doc["recipes"]["local"]["1"]["validations"][0]["checks"] == stamp["checks"]
     res = ok(run("recipes", "show", "local", **user))
-    assert "last validated" in res.stderr
-    assert "not yet validated" not in res.stderr
+    assert "last validated" in res.stdout
+    assert "not yet validated" not in res.stdout
     log = [json.loads(line) for line in (registry / "publish.log").read_text().splitlines()]
     assert [e["action"] for e in log] == ["publish", "validation"]
 
@@ -302,7 +302,7 @@ def test_a_signed_registry_signs_the_lock_and_refuses_it_unsigned(world, tmp_pat
                  "--allowed-signers", str(allowed), "--require-signatures"))  # fmt: skip
     res = ok(world.cli("publish", "demo", "--registry", str(registry), "--sign-key", str(key),
                        "--lock", str(tmp_path / "demo.lock.toml")))  # fmt: skip
-    assert "demo@1: lock added" in res.stderr
+    assert "demo@1: lock added" in res.stdout
     sig = registry / "recipes" / "demo" / "1.lock.toml.sig"
     assert sig.is_file()
     user = {"ENVBUILDER_RECIPE_PATH": str(registry), "ENVBUILDER_HOME": str(tmp_path / "user-home")}
@@ -318,7 +318,7 @@ def test_a_signed_registry_signs_the_lock_and_refuses_it_unsigned(world, tmp_pat
     ok(world.cli("lock", "demo", "-o", str(tmp_path / "newer.lock.toml")))
     res = ok(world.cli("publish", "demo", "--registry", str(registry), "--sign-key", str(key),
                        "--lock", str(tmp_path / "newer.lock.toml")))  # fmt: skip
-    assert "published demo@2, signed by admin@site, with its lock" in res.stderr
+    assert "published demo@2, signed by admin@site, with its lock" in res.stdout
     plan = world.data("plan", "demo", "--locked", **user)
     assert plan["recipe_version"] == "2"
     published = lockfile.read(registry / "recipes" / "demo" / "2.lock.toml")

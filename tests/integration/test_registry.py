@@ -95,11 +95,11 @@ def keypair(dirpath: Path, name: str) -> tuple[Path, str]:
 def test_publish_list_create_diff_update(site):
     site.write("regenv")
     res = ok(site.publish("regenv"))
-    assert "published regenv@1" in res.stderr
+    assert "published regenv@1" in res.stdout
     # The published file is the whole recipe: the base it extended is merged in, so no unpublished file counts.
     text = (site.registry / "recipes" / "regenv" / "1.toml").read_text()
     assert "extends" not in text and 'installer = "uv"' in text and 'version = "1"' in text
-    assert "unchanged" in ok(site.publish("regenv")).stderr
+    assert "unchanged" in ok(site.publish("regenv")).stdout
 
     rows = {r["name"]: r for r in site.user_data("recipes", "list")["recipes"]}
     assert rows["regenv"]["version"] == "1"
@@ -123,7 +123,7 @@ def test_publish_list_create_diff_update(site):
 
     site.write("regenv", demo="2.0", description="demo, regdemo 2")
     res = ok(site.publish("regenv"))
-    assert "published regenv@2" in res.stderr and "packages" in res.stderr
+    assert "published regenv@2" in res.stdout and "packages" in res.stdout
     log = [json.loads(x) for x in (site.registry / "publish.log").read_text().splitlines()]
     assert [(e["name"], e["version"]) for e in log] == [("regenv", "1"), ("regenv", "2")]
     assert log[1]["previous"] == "1" and "recipe.description" in log[1]["changed"] and log[1]["user"]
@@ -176,7 +176,7 @@ def test_a_tampered_file_is_refused_and_nothing_is_created(site):
 def test_a_version_is_never_republished_with_other_content(site):
     site.write("pinned", version="2024.1")
     ok(site.publish("pinned"))
-    assert "unchanged" in ok(site.publish("pinned")).stderr
+    assert "unchanged" in ok(site.publish("pinned")).stdout
     site.write("pinned", demo="2.0", version="2024.1")
     refused(site.publish("pinned"), 10, "pinned@2024.1 is already published with other content")
     site.write("pinned", version="../escape")
@@ -201,7 +201,7 @@ def test_signatures_round_trip_unknown_signer_unsigned_and_bad(site, tmp_path):
     )
     refused(site.publish("signed", "--sign-key", str(rogue_key)), 10, "unknown signer")
     res = ok(site.publish("signed", "--sign-key", str(admin_key)))
-    assert "signed by admin@site" in res.stderr
+    assert "signed by admin@site" in res.stdout
     shown = site.user_data("recipes", "show", "signed")
     assert shown["published"]["signer"] == "admin@site"
     ok(site.user("plan", "signed"))

@@ -113,7 +113,7 @@ def test_torchrun_gloo_cpu_suite_passes(world, tmp_path):
     record = state.load(Path(world.env["ENVBUILDER_HOME"]), "vcpu")
     assert record.validation["kind"] == "suite" and record.validation["ok"] is True
     shown = world.cli("show", "vcpu")
-    assert "ddp: pass" in shown.stderr
+    assert "ddp: pass" in shown.stdout
 
 
 def test_mpiexec_runs_the_mpi_check(world):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from wheelindex import build_wheel
 
-from envbuilder import cli, proc, settings
+from envbuilder import cli, cliparser, proc, settings
 from envbuilder.backends import base, buildlog, conda, installers, registry, venv
 from envbuilder.errors import EXIT_USAGE
 from envbuilder.plan.steps import InstallStep
@@ -39,7 +39,8 @@ def test_the_schema_and_the_cli_offer_the_registrys_names(capsys):
     assert props["env"]["properties"]["overlay"]["enum"] == list(registry.OVERLAYS)
     assert props["conda"]["properties"]["engine"]["enum"] == list(registry.ENGINES)
     assert (
-        cli.build_parser().parse_args(["create", "x", "--installer", "virtualenv"]).installer == "virtualenv"
+        cliparser.build_parser().parse_args(["create", "x", "--installer", "virtualenv"]).installer
+        == "virtualenv"
     )
     assert cli.main(["create", "x", "--installer", "conda"]) == EXIT_USAGE
     assert "invalid choice: 'conda' (choose from 'uv', 'virtualenv', 'pip')" in capsys.readouterr().err

@@ -8,11 +8,11 @@ import subprocess
 
 import pytest
 
-from envbuilder import cli, helptext, manpage
+from envbuilder import cli, cliparser, helptext, manpage
 
 
 def commands():
-    parser = cli.build_parser()
+    parser = cliparser.build_parser()
     return [("", parser), *((name, sub) for name, _, sub in helptext.subcommands(parser))]
 
 
@@ -42,7 +42,7 @@ def test_every_command_has_examples_and_hidden_ones_are_hidden():
 def test_examples_parse_as_the_command_they_illustrate(command):
     for line in helptext.examples(command):
         argv = example_argv(line)
-        args = cli.build_parser().parse_args(argv)  # raises on a usage error
+        args = cliparser.build_parser().parse_args(argv)  # raises on a usage error
         words = [w for w in argv if not w.startswith("-")]
         assert " ".join(words).startswith(command), line
         assert command == "" or args.handler is not None
@@ -65,13 +65,13 @@ def test_help_ends_with_examples_and_variables_in_80_columns(command, monkeypatc
 
 
 def test_long_descriptions_are_filled_to_the_width():
-    parser = cli.build_parser()
+    parser = cliparser.build_parser()
     assert parser.description
     assert all(len(line) <= helptext.WIDTH - 2 for line in parser.description.splitlines())
 
 
 def roff():
-    return manpage.render(cli.build_parser())
+    return manpage.render(cliparser.build_parser())
 
 
 def test_man_page_structure():

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
+from envbuilder import proc
+
 # The SIGINT is sent from a fork callback in the parent, the moment where Python prints a KeyboardInterrupt as
 # "Exception ignored" and drops it. Before the fix, proc.run then waited out the whole child.
 SCRIPT = textwrap.dedent(
@@ -62,15 +64,16 @@ TREE = textwrap.dedent(
     )
     argv = [sys.executable, "-c", child, sys.argv[2]]
     how = sys.argv[1]
+    on_line = (lambda stream, line: None) if sys.argv[3] == "streamed" else None
     try:
         if how == "timeout":
-            proc.run(argv, timeout=8, stop=proc.Stop(grace=1))
+            proc.run(argv, timeout=8, stop=proc.Stop(grace=1, on_line=on_line))
         elif how == "watch":
-            proc.run(argv, stop=proc.Stop(watch=lambda: "stopped by the watch" if os.path.exists(sys.argv[2]) else None, grace=1))
+            proc.run(argv, stop=proc.Stop(watch=lambda: "stopped by the watch" if os.path.exists(sys.argv[2]) else None, grace=1, on_line=on_line))
         else:
             signal.setitimer(signal.ITIMER_REAL, 8)
             signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT))
-            proc.run(argv)
+            proc.run(argv, stop=proc.Stop(on_line=on_line))
     except KeyboardInterrupt:
         print("interrupted")
     except Exception as exc:
@@ -80,11 +83,16 @@ TREE = textwrap.dedent(
 
 
 @pytest.mark.integration  # real process trees, stopped after 8 s
+@pytest.mark.parametrize("output", ["captured", "streamed"])
 @pytest.mark.parametrize("how", ["timeout", "watch", "interrupt"])
-def test_a_stopped_run_ends_the_processes_its_child_started_in_other_sessions(how, tmp_path):
+def test_a_stopped_run_ends_the_processes_its_child_started_in_other_sessions(how, output, tmp_path):
     marker = tmp_path / "grandchild.pid"
     res = subprocess.run(
-        [sys.executable, "-c", TREE, how, str(marker)], capture_output=True, text=True, timeout=120, cwd=REPO
+        [sys.executable, "-c", TREE, how, str(marker), output],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
     )
     expected = {
         "timeout": "CommandFailed (timed out after 8 s)",
@@ -105,3 +113,39 @@ def test_a_stopped_run_ends_the_processes_its_child_started_in_other_sessions(ho
     else:
         os.kill(pid, signal.SIGKILL)
         pytest.fail(f"the grandchild {pid} survived ({how})")
+
+
+def test_streamed_lines_arrive_while_the_child_runs_and_the_result_holds_them_all(tmp_path):
+    """Each line reaches on_line as the child writes it (the build log fills while the installer works); the
+    child waits for the first one to arrive before it writes the rest, so nothing here waits for its exit."""
+    seen: list[tuple[str, str]] = []
+    flag = tmp_path / "seen"
+
+    def on_line(stream: str, line: str) -> None:
+        seen.append((stream, line))
+        flag.touch()
+
+    code = (
+        "import os, sys, time\n"
+        "print('first', flush=True)\n"
+        "deadline = time.monotonic() + 20\n"
+        "while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline: time.sleep(0.01)\n"
+        "print('arrived' if os.path.exists(sys.argv[1]) else 'never', flush=True)\n"
+        "print('oops', file=sys.stderr)\n"
+    )
+    res = proc.run([sys.executable, "-c", code, str(flag)], stop=proc.Stop(on_line=on_line), input_text="x")
+    assert res.stdout == "first\narrived\n"
+    assert res.stderr == "oops\n"
+    assert sorted(seen) == [("stderr", "oops\n"), ("stdout", "arrived\n"), ("stdout", "first\n")]
+
+
+def test_a_failing_line_listener_does_not_block_the_child_and_its_error_is_raised():
+    """A build log that cannot be written (a full disk): the child still runs to its end (its pipe drained,
+    200 kB of output being more than a pipe holds) and the listener's error comes out of run."""
+
+    def on_line(stream: str, line: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    code = "import sys\nfor i in range(4000): print('x' * 50)\n"
+    with pytest.raises(OSError, match="No space left"):
+        proc.run([sys.executable, "-c", code], timeout=60, stop=proc.Stop(on_line=on_line))

@@ -50,6 +50,7 @@ PURE = (
     "envbuilder.recipe.loader",  # the catalog reads the files and the registry verifies them; loading only merges
     "envbuilder.errors",
     "envbuilder._toml",
+    "envbuilder.tables",  # lays rows out; rich renders them
 )
 
 #: Third-party imports of a banned module, allowed by name of the importer only. packaging.specifiers and
