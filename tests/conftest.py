@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ENVMODULES_INIT_DIR, CpuTorchWorld
-from slurm import MiniCluster, available
+from slurm import MiniCluster, MultiNodeCluster, available, multinode_available
 from wheelindex import serve
 
 
@@ -28,6 +28,17 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
     if reason is not None:
         pytest.skip(f"no test Slurm cluster: {reason}")
     with MiniCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_nodes(tmp_path_factory: pytest.TempPathFactory):
+    """A real two-node Slurm cluster on this machine (tests/slurm.py: nodes n1 and n2, each slurmd a host of its
+    own) shared by the session; skips, saying why, where it cannot run."""
+    reason = multinode_available()
+    if reason is not None:
+        pytest.skip(f"no multi-node test Slurm cluster: {reason}")
+    with MultiNodeCluster(tmp_path_factory.mktemp("slurm-nodes"), nodes=2) as cluster:
         yield cluster
 
 

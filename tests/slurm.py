@@ -1,11 +1,23 @@
-"""A real one-node Slurm cluster for tests. munged, slurmctld and slurmd run in the foreground as children of the
-test process; their config, keys, sockets, state and logs all live in one directory, on ports picked at random,
-so nothing under /etc, /run or /var is read or changed. The node offers every CPU of this machine and two fake
-GPUs (character devices with /dev/null's numbers), enough for real sbatch/srun/squeue/scontrol round trips."""
+"""A real Slurm cluster for tests. munged, slurmctld and slurmd run in the foreground as children of the test
+process; their config, keys, sockets, state and logs all live in one directory, on ports picked at random, so
+nothing under /etc, /run or /var is read or changed.
+
+:class:`MiniCluster` has one node, "localhost", which offers every CPU of this machine and two fake GPUs
+(character devices with /dev/null's numbers), enough for real sbatch/srun/squeue/scontrol round trips.
+
+:class:`MultiNodeCluster` has N nodes n1..nN on this one machine. Each node's slurmd runs in a UTS namespace of
+its own, with that host name, so Slurm, torch and MPI see N hosts (everything the node's jobs start inherits the
+name), and in a mount namespace of its own where /etc/hosts is a copy of the machine's that gives node nK the
+loopback address 127.0.1.K. Distinct addresses make names and addresses agree both ways: torch's agent on n1
+tells its workers the address it finds for itself by reverse lookup, which would be "localhost" were every node
+127.0.0.1. Every daemon stays on the loopback network (one network namespace: the addresses are names, not
+isolation), each slurmd on a port of its own. Each node claims every CPU of the machine (Slurm does not know
+they are shared), so two ranks per node fit on a 2-core machine."""
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import re
 import secrets
@@ -19,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Optional
@@ -56,6 +69,23 @@ def available() -> Optional[str]:
     return None
 
 
+def multinode_available() -> Optional[str]:
+    """None when a MultiNodeCluster can run here, otherwise why not: besides a MiniCluster's needs, each slurmd
+    needs a UTS and a mount namespace of its own (root, and a kernel or sandbox that allows unshare)."""
+    reason = available()
+    if reason is not None:
+        return reason
+    probe = subprocess.run(
+        [sys.executable, "-I", __file__, "--host", "eb-probe", "/etc/hosts", which("hostname") or "hostname"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if probe.returncode != 0 or probe.stdout.strip() != "eb-probe":
+        return f"no UTS and mount namespace for a node's slurmd here: {probe.stderr.strip()[-300:]}"
+    return None
+
+
 def _fake_device(path: Path) -> None:
     os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
 
@@ -83,17 +113,40 @@ def _real_memory_mb() -> int:
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+MS_BIND = 4096
+MS_REC = 1 << 14
+MS_PRIVATE = 1 << 18
 
 
 def _prctl(option: int, value: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
-def _supervise(argv: list[str]) -> int:
+def _libc_call(name: str, *args: object) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*args) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{name}: {os.strerror(code)} ({errno.errorcode.get(code, code)})")
+
+
+def _enter_host(name: str, hosts: str) -> None:
+    """Makes this process a host of its own: new UTS and mount namespaces, the host name ``name``, and ``hosts``
+    bind-mounted on /etc/hosts. The mounts are made private first, so the bind never reaches the machine's
+    namespace. (Python 3.12 has os.unshare; 3.11 and older need libc.)"""
+    _libc_call("unshare", CLONE_NEWUTS | CLONE_NEWNS)
+    socket.sethostname(name)
+    _libc_call("mount", b"none", b"/", None, MS_REC | MS_PRIVATE, None)
+    _libc_call("mount", os.fsencode(hosts), b"/etc/hosts", None, MS_BIND, None)
+
+
+def _supervise(argv: list[str], host: Optional[tuple[str, str]] = None) -> int:
     """Runs argv as a child and reaps every process orphaned below it (slurmd double-forks each slurmstepd, and
     PID 1 on a bare VM or container may never wait for them, leaving zombies). SIGTERM/SIGINT/SIGHUP go on to
     the child; once it is gone, leftovers get a few seconds and then SIGKILL. Exits with the child's status.
-    Dies with the test process, so an aborted run leaves no daemon behind."""
+    Dies with the test process, so an aborted run leaves no daemon behind. ``host`` (name, hosts file): the
+    child runs as that host (:func:`_enter_host`)."""
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() == 1:  # the test process is already gone
         return 1
@@ -102,6 +155,8 @@ def _supervise(argv: list[str]) -> int:
     if pid == 0:
         try:
             _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            if host is not None:
+                _enter_host(*host)
             os.execv(argv[0], argv)  # noqa: S606 (an argv list from MiniCluster, no shell)
         except OSError as exc:
             print(f"cannot run {argv[0]}: {exc}", file=sys.stderr, flush=True)
@@ -150,6 +205,17 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+#: Slurm's own processes on a node, by their /proc comm.
+DAEMON_COMMS = ("slurmd", "slurmstepd")
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _kill_all(pids: list[int]) -> None:
     for pid in pids:
         with suppress(ProcessLookupError):
@@ -174,6 +240,15 @@ class ClusterError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class Node:
+    name: str
+    gpus: int = 0
+    #: Runs as a host of its own (UTS and mount namespaces, see :func:`_enter_host`); else as this machine.
+    own_host: bool = False
+    addr: str = "127.0.0.1"
+
+
 class MiniCluster:
     """``with MiniCluster(tmp_dir) as cluster:`` gives a cluster whose node is idle; run clients with
     ``env=cluster.environ()`` (or overlay ``cluster.env`` on an environment of your own)."""
@@ -183,6 +258,7 @@ class MiniCluster:
     gpus = 2
 
     def __init__(self, root: Path, *, timeout: float = 30.0) -> None:
+        self.nodes: tuple[Node, ...] = (Node(self.node, gpus=self.gpus),)
         self.root = Path(root).resolve()
         self.timeout = timeout
         self.conf = self.root / "slurm.conf"
@@ -234,8 +310,10 @@ class MiniCluster:
             )
             self._wait_until(self.munge_socket.exists, "munged to open its socket", began)
             self._spawn("slurmctld", "-D", "-i", "-f", str(self.conf))
-            self._spawn("slurmd", "-D", "-N", self.node, "-f", str(self.conf))
-            self._wait_until(lambda: self._node_state() == "idle", "the node to be idle", began)
+            for node in self.nodes:
+                host = ("--host", node.name, str(self.root / "hosts")) if node.own_host else ()
+                self._spawn("slurmd", "-D", "-N", node.name, "-f", str(self.conf), key=node.name, host=host)
+            self._wait_until(self._all_idle, "every node to be idle", began)
         except BaseException:
             self.stop()
             raise
@@ -251,30 +329,37 @@ class MiniCluster:
             out.write(secrets.token_bytes(1024))
         os.chmod(key, 0o600)
 
-        devices = [self.root / "dev" / f"nvidia{i}" for i in range(self.gpus)]
-        for dev in devices:
-            if not dev.exists():
-                _fake_device(dev)
+        for node in self.nodes:
+            for i in range(node.gpus):
+                dev = self.root / "dev" / f"{node.name}-nvidia{i}"
+                if not dev.exists():
+                    _fake_device(dev)
+        if any(n.own_host for n in self.nodes):
+            # The /etc/hosts of the nodes that are hosts of their own: the machine's, and every node.
+            (self.root / "hosts").write_text(
+                Path("/etc/hosts").read_text() + "".join(f"{n.addr} {n.name}\n" for n in self.nodes)
+            )
 
-        ctld_port, slurmd_port = _free_ports(2)
+        ctld_port, *slurmd_ports = _free_ports(1 + len(self.nodes))
         r = self.root
         self.conf.write_text(
             "\n".join(
                 [
                     "ClusterName=envbuilder-test",
-                    f"SlurmctldHost={self.node}",
+                    "SlurmctldHost=localhost",  # slurmctld runs as this machine
                     "SlurmUser=root",
                     "AuthType=auth/munge",
                     "CredType=cred/munge",
                     f"AuthInfo=socket={self.munge_socket}",
                     f"StateSaveLocation={r / 'state'}",
-                    f"SlurmdSpoolDir={r / 'spool'}",
+                    # %n is the node's name: each slurmd keeps its own spool, pid file and log.
+                    f"SlurmdSpoolDir={r / 'spool' / '%n'}",
                     f"SlurmctldPidFile={r / 'slurmctld.pid'}",
-                    f"SlurmdPidFile={r / 'slurmd.pid'}",
+                    f"SlurmdPidFile={r / 'slurmd-%n.pid'}",
                     f"SlurmctldLogFile={self.logs / 'slurmctld.log'}",
-                    f"SlurmdLogFile={self.logs / 'slurmd.log'}",
+                    f"SlurmdLogFile={self.logs / 'slurmd-%n.log'}",
                     f"SlurmctldPort={ctld_port}",
-                    f"SlurmdPort={slurmd_port}",
+                    f"SlurmdPort={slurmd_ports[0]}",
                     "ProctrackType=proctrack/linuxproc",
                     "TaskPlugin=task/none",
                     "JobAcctGatherType=jobacct_gather/none",
@@ -286,26 +371,39 @@ class MiniCluster:
                     "KillWait=2",
                     "SchedulerParameters=batch_sched_delay=0",
                     "GresTypes=gpu",
-                    f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} "
-                    f"RealMemory={_real_memory_mb()} Gres=gpu:{self.gpus} State=UNKNOWN",
-                    f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
+                    *(
+                        f"NodeName={node.name} NodeHostname={node.name} NodeAddr={node.addr} Port={port} "
+                        f"CPUs={self.cpus} RealMemory={_real_memory_mb()}"
+                        + (f" Gres=gpu:{node.gpus}" if node.gpus else "")
+                        + " State=UNKNOWN"
+                        for node, port in zip(self.nodes, slurmd_ports)
+                    ),
+                    f"PartitionName={self.partition} Nodes={','.join(n.name for n in self.nodes)} Default=YES "
+                    "MaxTime=INFINITE State=UP",
                     "",
                 ]
             )
         )
         # slurmd reads gres.conf from the directory slurm.conf is in.
         (self.root / "gres.conf").write_text(
-            f"NodeName={self.node} Name=gpu File={r / 'dev'}/nvidia[0-{self.gpus - 1}]\n"
+            "".join(
+                f"NodeName={n.name} Name=gpu File={r / 'dev'}/{n.name}-nvidia[0-{n.gpus - 1}]\n"
+                for n in self.nodes
+                if n.gpus
+            )
         )
 
-    def _spawn(self, name: str, *args: str) -> None:
+    def _spawn(self, name: str, *args: str, key: str = "", host: tuple[str, ...] = ()) -> None:
+        """Starts daemon ``name`` under the supervisor. ``key`` tells several of one daemon apart (one slurmd
+        per node); ``host`` is the supervisor's ``--host NAME HOSTS_FILE`` for a node that is a host of its own."""
         exe = which(name)
         if exe is None:
             raise ClusterError(f"{name} not found")
-        out = (self.logs / f"{name}.out").open("wb")
+        label = f"{name}-{key}" if key else name
+        out = (self.logs / f"{label}.out").open("wb")
         self._outputs.append(out)
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-I", __file__, exe, *args],
+        self.procs[label] = subprocess.Popen(
+            [sys.executable, "-I", __file__, *host, exe, *args],
             env=self.environ(),
             cwd=self.root,
             stdin=subprocess.DEVNULL,
@@ -328,16 +426,22 @@ class MiniCluster:
                 )
             time.sleep(0.05)
 
-    def _node_state(self) -> str:
-        proc = self.client("sinfo", "-h", "-N", "-o", "%T", timeout=10)
-        return proc.stdout.strip() if proc.returncode == 0 else ""
+    def node_states(self) -> dict[str, str]:
+        """Each node's state, as sinfo tells (empty when it does not answer)."""
+        proc = self.client("sinfo", "-h", "-N", "-o", "%N %T", timeout=10)
+        if proc.returncode != 0:
+            return {}
+        return dict(line.split(None, 1) for line in proc.stdout.splitlines() if " " in line)
+
+    def _all_idle(self) -> bool:
+        states = self.node_states()
+        return len(states) == len(self.nodes) and set(states.values()) == {"idle"}
 
     def log_tails(self) -> str:
         parts = []
         for name in DAEMONS:
-            for path in (self.logs / f"{name}.log", self.logs / f"{name}.out"):
-                if path.exists():
-                    parts.append(f"--- {path}\n{_tail(path)}")
+            for path in sorted(self.logs.glob(f"{name}*.log")) + sorted(self.logs.glob(f"{name}*.out")):
+                parts.append(f"--- {path}\n{_tail(path)}")
         return "\n".join(parts)
 
     # -- use -----------------------------------------------------------------------------------------------
@@ -366,10 +470,8 @@ class MiniCluster:
             if self.alive():
                 self._cancel_all(drain_timeout)
         finally:
-            for name in reversed(DAEMONS):
-                proc = self.procs.pop(name, None)
-                if proc is not None:
-                    _stop(proc)
+            for name in reversed(list(self.procs)):  # slurmds first, munged last
+                _stop(self.procs.pop(name))
             for out in self._outputs:
                 out.close()
             self._outputs.clear()
@@ -386,6 +488,24 @@ class MiniCluster:
                 if proc.returncode == 0 and not proc.stdout.strip():
                     return
             time.sleep(0.05)
+
+
+class MultiNodeCluster(MiniCluster):
+    """``with MultiNodeCluster(tmp_dir, nodes=2) as cluster:``: nodes n1..nN, each slurmd a host of its own
+    (module docstring); no GPUs. Skip where :func:`multinode_available` says why not."""
+
+    def __init__(self, root: Path, *, nodes: int = 2, timeout: float = 30.0) -> None:
+        super().__init__(root, timeout=timeout)
+        if not 1 <= nodes <= 254:
+            raise ValueError(f"1 to 254 nodes (one address 127.0.1.K each), not {nodes}")
+        self.nodes = tuple(Node(f"n{i}", own_host=True, addr=f"127.0.1.{i}") for i in range(1, nodes + 1))
+
+    def job_pids(self, name: str) -> list[int]:
+        """The processes jobs run on node ``name``: everything below its slurmd but the slurmd and its
+        slurmstepds (killing those would take the node down, not a job's step)."""
+        return [
+            pid for pid in _descendants(self.procs[f"slurmd-{name}"].pid) if _comm(pid) not in DAEMON_COMMS
+        ]
 
 
 #: Job states after which a job never runs again.
@@ -445,5 +565,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def _main(args: list[str]) -> int:
+    """``[--host NAME HOSTS_FILE] EXE ARGS...``: supervise EXE (as host NAME)."""
+    if args[:1] == ["--host"]:
+        return _supervise(args[3:], host=(args[1], args[2]))
+    return _supervise(args)
+
+
 if __name__ == "__main__":
-    sys.exit(_supervise(sys.argv[1:]))
+    sys.exit(_main(sys.argv[1:]))

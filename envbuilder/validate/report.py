@@ -262,7 +262,12 @@ def _row(check: str, ranks: _Ranks) -> Row:
     hints: dict[str, str] = {}
     not_reached: list[int] = []
     stuck = _stuck_ranks(check, ranks.results)
-    for rank in range(ranks.world):
+    # Ranks that died in this check without a word (killed, crashed, their node gone) come first: a rank whose
+    # collective then failed lost them, and the report says so.
+    dead = [
+        r for r in range(ranks.world) if _status(ranks, r, check) == "died" and r not in ranks.interrupted
+    ]
+    for rank in [*dead, *(r for r in range(ranks.world) if r not in dead)]:
         res = ranks.results[rank].get(check)
         if res is None:
             if not ranks.events.get(rank) and check == FIRST:
@@ -275,12 +280,18 @@ def _row(check: str, ranks: _Ranks) -> Row:
         cause = _failure_cause(rank, res, ranks, stuck)
         if cause is None:
             continue
+        if dead and rank not in dead and res.get("status") == "fail" and not res.get("timeout"):
+            cause = f"lost {ranks.who(dead)}, which died: {cause}"
         failures.setdefault(cause, []).append(rank)
         if res.get("status") == "fail" and res.get("hint"):
             hints.setdefault(cause, str(res["hint"]))
     if failures:
         return _failed_row(check, ranks, per_rank, failures, hints)
     return _finished_row(check, ranks.stopped, per_rank, not_reached)
+
+
+def _status(ranks: _Ranks, rank: int, check: str) -> Optional[str]:
+    return ranks.results[rank].get(check, {}).get("status")
 
 
 def _failure_cause(rank: int, res: Mapping[str, Any], ranks: _Ranks, stuck: set[int]) -> Optional[str]:

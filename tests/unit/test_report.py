@@ -358,3 +358,61 @@ def test_figures_are_shown_in_words_with_units_and_gloo_by_its_name():
     assert report.check_label("nccl", "cpu") == "gloo"
     assert report.check_label("nccl", "cuda") == "nccl"
     assert report.check_label("ddp", "cpu") == "ddp"
+
+
+def _on(host, *parts, end=True):
+    events = rank_events(*parts, end=end)
+    events[0] = ev("hello", host=host)
+    return events
+
+
+def test_the_report_says_where_each_rank_ran():
+    events = {rank: _on(host, passed("import")) for rank, host in enumerate(["n2", "n2", "n1", "n1"])}
+    hosts = report.hosts_of(events)
+    assert hosts == {0: "n2", 1: "n2", 2: "n1", 3: "n1"}
+    assert report.layout_of(hosts) == {"n2": (0, 1), "n1": (2, 3)}  # in the order of their lowest rank
+    assert report.layout_text(hosts) == "n2: ranks 0,1; n1: ranks 2,3"
+    result = report.Report(
+        env="e",
+        launcher="srun",
+        device="cpu",
+        world=4,
+        nodes=2,
+        command=(),
+        rows=tuple(report.merge(["import"], events, 4, 0)),
+        seconds=1.0,
+        exit_code=0,
+        where="here",
+        started="now",
+        hosts=hosts,
+    )
+    data = result.to_json()
+    assert data["hosts"] == {"0": "n2", "1": "n2", "2": "n1", "3": "n1"}
+    assert data["layout"] == {"n2": [0, 1], "n1": [2, 3]}
+    # A rank that never started has no host.
+    assert report.hosts_of({0: _on("n1", passed("import")), 1: []}) == {0: "n1"}
+
+
+def test_a_failure_across_nodes_names_the_node_of_each_rank():
+    events = {
+        0: _on(
+            "n1",
+            passed("import"),
+            [
+                ev("start", check="nccl"),
+                ev("result", check="nccl", status="fail", cause="Connection closed by peer"),
+            ],
+        ),
+        1: _on("n2", passed("import"), [ev("start", check="nccl")], end=False),
+    }
+    rows = {r.check: r for r in report.merge(CHECKS, events, 2, 137)}
+    # The rank that died comes first; the one whose collective then failed lost it.
+    assert rows["nccl"].cause == (
+        "rank 1 on n2: rank 1 died during this check without a result (launcher exit status 137); "
+        "rank 0 on n1: lost rank 1 on n2, which died: Connection closed by peer"
+    )
+    # On one host the node is not worth naming.
+    events[1][0] = ev("hello", host="n1")
+    rows = {r.check: r for r in report.merge(CHECKS, events, 2, 137)}
+    assert rows["nccl"].cause.startswith("rank 1: rank 1 died during this check")
+    assert rows["nccl"].cause.endswith("; rank 0: lost rank 1, which died: Connection closed by peer")
