@@ -353,3 +353,21 @@ def render_conda_activate(prefix: str) -> str:
 def render_conda_deactivate() -> str:
     """A conda env's deactivate.d hook: undo what the activate.d extension did."""
     return _render("conda_deactivate")
+
+
+def render_image_activate(path: str, fusermount: Optional[str]) -> str:
+    """The bash/zsh script that activates the env at ``path`` (an image's mount or unpacked copy); with
+    ``fusermount``, its deactivate also unmounts ``path``."""
+    unmount = (
+        _fill(
+            "image_unmount",
+            fusermount=POSIX.quote(fusermount),
+            fusermount_dq=_dq(fusermount),
+            path=POSIX.quote(path),
+            path_dq=_dq(path),
+        )
+        if fusermount
+        else []
+    )
+    how = "squashfuse mount" if fusermount else "unpacked copy"
+    return _render("image", path=POSIX.quote(path), how=how, unmount=unmount)

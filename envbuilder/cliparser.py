@@ -4,6 +4,7 @@ command's handler is named here and imported only when it runs, so ``envbuilder 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -61,10 +62,13 @@ class _Parser(argparse.ArgumentParser):
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         # argparse's check of a choice (a command, --installer, ...): its own "did you mean" came only in 3.14.
+        if action.choices is not None and value in action.choices:
+            return
+        shown = _public(action)
         try:
-            super()._check_value(action, value)
+            super()._check_value(shown, value)
         except argparse.ArgumentError as exc:
-            close = did_you_mean(str(value), [str(c) for c in action.choices or ()])
+            close = did_you_mean(str(value), [str(c) for c in shown.choices or ()])
             raise UsageExit(f"{self.prog}: {exc}", self.prog, close) from None
 
     def parse_known_args(  # type: ignore[override]
@@ -75,6 +79,18 @@ class _Parser(argparse.ArgumentParser):
         if not hasattr(parsed, "parsed_by"):
             parsed.parsed_by = self
         return parsed, extras
+
+
+def _public(action: argparse.Action) -> argparse.Action:
+    """``action`` with only the choices a user is shown: a command list without the hidden commands (those
+    without help, such as the completion scripts' ``__complete``), which argparse would list among the choices of
+    a mistyped command."""
+    # argparse names its subcommand action nowhere public.
+    if not isinstance(action, argparse._SubParsersAction):
+        return action
+    shown = copy.copy(action)
+    shown.choices = {choice.dest: action.choices[choice.dest] for choice in action._get_subactions()}
+    return shown
 
 
 class UsageExit(Exception):
@@ -119,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_validate,
         _add_run,
         _add_env_verbs,
+        _add_pack,
         _add_backup,
         _add_backups,
         _add_restore,
@@ -227,6 +244,7 @@ def _add_validate(sub: _Sub) -> None:
     )
     p.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML")
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
+    _add_image(p, "validate the env from its image (envbuilder pack), mounted on this node")
     p.add_argument(
         "--publish-report",
         action="store_true",
@@ -261,6 +279,8 @@ def _add_run(sub: _Sub) -> None:
         )
         if name == "sbatch":
             _add_json(p)
+        else:
+            _add_image(p, "run the env from its image (envbuilder pack), mounted on this node")
         # Everything after `--` is the program's (main splits it off before parsing: argparse would read its
         # options as envbuilder's).
         p.set_defaults(handler=_command("run", handler), program=())
@@ -286,6 +306,7 @@ def _add_env_verbs(sub: _Sub) -> None:
         metavar="SHELL",
         help="%(choices)s: the shell the line is for (default: $SHELL's, bash where that is none of these)",
     )
+    _add_image(e, "mount the env's image (envbuilder pack) on this node and activate from it (bash, zsh)")
     e = _env_verb(sub, "remove", "delete an env and its record", _command("envs", "handle_remove"))
     e.add_argument("-y", "--yes", action="store_true", help="do not ask")
     e = _env_verb(
@@ -308,6 +329,22 @@ def _add_env_verbs(sub: _Sub) -> None:
         metavar="FORMAT",
         help="%(choices)s: lua for Lmod (default), tcl for Environment Modules sites",
     )
+
+
+def _add_pack(sub: _Sub) -> None:
+    p = _env_verb(
+        sub,
+        "pack",
+        "make a squashfs image of an env, for jobs that import from a node-local mount",
+        _command("pack", "handle"),
+    )
+    p.add_argument(
+        "--to", metavar="DIR", help="write the image into DIR, e.g. on $WORK (default: beside the env)"
+    )
+
+
+def _add_image(p: argparse.ArgumentParser, help_text: str) -> None:
+    p.add_argument("--image", action="store_true", help=help_text)
 
 
 _ROOT_HELP = "backup root (default $WORK/envbuilder/backups) or one backup's directory"

@@ -58,6 +58,8 @@ class Reporter:
     wait: Callable[[str], None] = lambda text: None
     #: Bytes the running step has downloaded and unpacked so far.
     moving: Callable[[int], None] = lambda done: None
+    #: What the running step's installer announced it downloads (progress.Downloads.summary).
+    downloads: Callable[[str], None] = lambda summary: None
 
 
 @dataclass
@@ -295,6 +297,7 @@ def _prepare(
         log,
         say=job.report.step,
         moving=job.report.moving,
+        downloads=job.report.downloads,
         notes=notes,
         parent=parent,
     )

@@ -29,6 +29,8 @@ VARIABLES = {
     "ENVBUILDER_PROGRESS_EVERY": "seconds between progress lines when stderr is not a terminal (default 10)",
     "ENVBUILDER_TRACEBACK": "set to any value: show the Python stack on internal errors",
     "SHELL": "the shell to write completion for when none is named",
+    "TMPDIR": "node-local directory for image mounts and unpacked copies (default /tmp)",
+    "ENVBUILDER_NO_FUSE": "1 unpacks an image instead of mounting it with squashfuse (a node without FUSE)",
 }
 
 _RECIPES = ("ENVBUILDER_RECIPE_PATH", "ENVBUILDER_CONFIG")
@@ -70,15 +72,15 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "validate vista-venv-cu124 --nodes 2 --submit",
             "validate local --checks gpu,nccl",
         ),
-        (*_RECORDS, "SCRATCH", "SLURM_JOB_ID"),
+        (*_RECORDS, "SCRATCH", "SLURM_JOB_ID", "TMPDIR", "ENVBUILDER_NO_FUSE"),
     ),
     "run": (
         (
             "run local -- python train.py",
             "run vista-venv-cu124 --nodes 2 -- python train.py",
-            "run local --dry-run -- python -V",
+            "run local --image -- python train.py",
         ),
-        (*_RECORDS, "SLURM_JOB_ID"),
+        (*_RECORDS, "SLURM_JOB_ID", "TMPDIR", "ENVBUILDER_NO_FUSE"),
     ),
     "sbatch": (
         ("sbatch vista-venv-cu124 --nodes 4 -- python train.py", "sbatch local --dry-run -- python train.py"),
@@ -86,7 +88,11 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "list": (("list", "list --json"), (*_RECORDS, "ENVBUILDER_BACKUP_ROOT")),
     "show": (("show local", "show local --json"), _RECORDS),
-    "activate": (("activate local", "activate vista-venv-cu124 --json"), _RECORDS),
+    "activate": (
+        ("activate local", "activate vista-venv-cu124 --json", "activate local --image"),
+        (*_RECORDS, "TMPDIR", "ENVBUILDER_NO_FUSE"),
+    ),
+    "pack": (("pack local", "pack local --to $WORK/images"), _RECORDS),
     "remove": (("remove local", "remove local --yes"), _RECORDS),
     "modulefile": (
         ("modulefile local", "modulefile local -o ~/modulefiles/torch", "modulefile local --format tcl"),

@@ -2,17 +2,21 @@
 
 On a terminal the running step is a live rich row (spinner, the step, bytes and rate, time so far) that a
 ``✓ step  12.4 s`` line replaces when it ends. Anywhere else (a log, a batch job's output file) the lines are plain
-and written once: ``→ step`` when it starts, ``step: 48.2 MB, 3.1 MB/s, 15 s`` every ``every`` seconds while bytes
-move, ``✓ step  12.4 s`` when it ends (``✗`` when it failed). Nothing here ever writes to stdout.
+and written once: ``→ step`` when it starts, ``step: 48.2 MB written, 3.1 MB/s, 15 s`` every ``every`` seconds while
+bytes move, ``✓ step  12.4 s`` when it ends (``✗`` when it failed). Nothing here ever writes to stdout.
 
 :class:`Growth` measures the bytes: what the directories an installer writes (the partial env, its cache) gained
-since the step began.
+since measuring began: downloads and what was unpacked from them, hence "written". An installer step is measured
+from ``MEASURE_AFTER_S`` into it (a warm install is over by then, and is never walked), so its figures leave out
+what it wrote in its first seconds; backup and restore steps are measured from their start. :class:`Downloads` adds what the
+installer announces it downloads (``; downloads 1 of 3 done (0.8 GB of 2.6 GB)``), a total to read those against.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -27,6 +31,10 @@ from rich.text import Text
 
 #: Seconds a walk of the measured directories may take before Growth walks the first one only.
 SLOW_WALK_S = 2.0
+#: Seconds an installer step runs before its bytes are first measured. A warm install links its files in well
+#: under a second, and one walk of the env and the installer's cache costs about as much, so a quick step is never
+#: walked; a long one is measured from then on (what it wrote before is left out of its figures).
+MEASURE_AFTER_S = 2.0
 #: Seconds between plain progress lines where stderr is not a terminal (ENVBUILDER_PROGRESS_EVERY sets it).
 EVERY_S = 10.0
 
@@ -40,9 +48,9 @@ def every_from_env(env: Mapping[str, str]) -> float:
 
 
 def amount(done: int, seconds: float) -> str:
-    """``48.2 MB, 3.1 MB/s``."""
+    """``48.2 MB written, 3.1 MB/s``: bytes on disk (downloaded and unpacked), never to be read as downloaded."""
     rate = f", {filesize.decimal(int(done / seconds))}/s" if seconds > 0 else ""
-    return filesize.decimal(done) + rate
+    return f"{filesize.decimal(done)} written{rate}"
 
 
 class Steps:
@@ -65,6 +73,8 @@ class Steps:
         self.began = 0.0
         self.moved = 0
         self.said = 0.0
+        #: What the running step's installer announced it downloads (Downloads.summary), or "".
+        self.fetching = ""
         self.live: Optional[Progress] = None
         self.task: Optional[TaskID] = None
         # start/end run in the command, moving also in watching()'s thread.
@@ -122,7 +132,7 @@ class Steps:
 
     def _start(self, text: str) -> None:
         self._end()
-        self.text, self.began, self.moved = text, self.clock(), 0
+        self.text, self.began, self.moved, self.fetching = text, self.clock(), 0, ""
         self.said = self.began
         if self.roots and not self.quiet:
             self.growth = Growth(self.roots, self._moving)
@@ -145,11 +155,20 @@ class Steps:
         self.moved = done
         now = self.clock()
         what = amount(done, now - self.began)
+        fetching = f"; {self.fetching}" if self.fetching else ""
         if self.live is not None and self.task is not None:
-            self.live.update(self.task, what=what, refresh=True)
+            self.live.update(self.task, what=what + fetching, refresh=True)
         elif not self.console.is_terminal and now - self.said >= self.every:
             self.said = now
-            self.console.print(Text(f"    {self.text}: {what}, {now - self.began:.0f} s", style="dim"))
+            line = f"    {self.text}: {what}, {now - self.began:.0f} s{fetching}"
+            self.console.print(Text(line, style="dim"))
+
+    def downloading(self, summary: str) -> None:
+        """What the running step's installer announced it downloads (:class:`Downloads`), shown beside the
+        bytes from the next measure on."""
+        with self.lock:
+            if self.text:
+                self.fetching = summary
 
     def end(self, failed: bool = False) -> None:
         """End the running step, if one is: its line, with how long it took."""
@@ -201,6 +220,51 @@ class Steps:
             live.reset(self.task, description=text, visible=True, what="")
 
 
+#: uv's lines for a download over 1 MiB where its stderr is no terminal: ``Downloading torch (2.4GiB)`` when it
+#: starts, `` Downloaded torch`` when it ends (sizes in binary units, from the index or the response's length).
+_ANNOUNCED = re.compile(r"^\s*Downloading (\S+) \(([\d.]+)(B|KiB|MiB|GiB|TiB)\)\s*$")
+_FINISHED = re.compile(r"^\s*Downloaded (\S+)\s*$")
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class Downloads:
+    """The downloads an installer announces in its output, with their sizes: a total that the bytes written can
+    be read against, and how much of it is done. Only finished downloads count as done (the installer names no
+    bytes in between), so the share moves a file at a time and never claims more than arrived. Output without
+    such lines (pip, conda, a warm cache) leaves this silent."""
+
+    def __init__(self, report: Callable[[str], None]) -> None:
+        self.report = report
+        self.sizes: dict[str, int] = {}
+        self.done: set[str] = set()
+        # Lines come from two reader threads (proc.Stop.on_line).
+        self.lock = threading.Lock()
+
+    def line(self, stream: str, text: str) -> None:
+        """For ``proc.Stop.on_line``: one line of the installer's output."""
+        text = _COLOUR.sub("", text)
+        with self.lock:
+            started, ended = _ANNOUNCED.match(text), _FINISHED.match(text)
+            if started:
+                self.sizes[started[1]] = int(float(started[2]) * _UNITS[started[3]])
+            elif ended and ended[1] in self.sizes:
+                self.done.add(ended[1])
+            else:
+                return
+            summary = self.summary()
+        self.report(summary)
+
+    def summary(self) -> str:
+        """``downloads 1 of 3 done (0.8 GB of 2.6 GB)``."""
+        got = sum(self.sizes[name] for name in self.done)
+        total = sum(self.sizes.values())
+        return (
+            f"downloads {len(self.done)} of {len(self.sizes)} done "
+            f"({filesize.decimal(got)} of {filesize.decimal(total)})"
+        )
+
+
 class Growth:
     """The bytes that some directories gained since the first sample: what an installer has downloaded and
     unpacked so far (each file counted once, hard links included). A walk of a large cache is not free, so the
@@ -213,6 +277,7 @@ class Growth:
         report: Callable[[int], None],
         *,
         least: float = 1.0,
+        after: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.roots = roots
@@ -222,7 +287,8 @@ class Growth:
         self.base: Optional[int] = None
         #: What was reported before the walk was narrowed to the first root.
         self.before = 0
-        self.due = 0.0
+        #: The first walk (the base the growth is measured from) waits ``after`` seconds.
+        self.due = clock() + after
 
     def watch(self) -> Optional[str]:
         """For ``proc.Stop(watch=...)``: sample when due, report the growth; never stops the run."""
@@ -230,8 +296,13 @@ class Growth:
             self.sample()
         return None
 
+    def last(self) -> None:
+        """Once the step is over: what it wrote in all, where measuring had begun (a quick step is not walked)."""
+        if self.base is not None:
+            self.sample()
+
     def sample(self) -> None:
-        """Measure now and report the growth (the last sample, once the step is over: what it wrote in all)."""
+        """Measure now and report the growth."""
         now = self.clock()
         size = sum_sizes(self.roots)
         took = self.clock() - now

@@ -43,6 +43,8 @@ class EnvRecord:
     modules: Mapping[str, Any] = field(default_factory=dict)
     #: Set by restore: the backup the env came from.
     origin: Mapping[str, Any] = field(default_factory=dict)
+    #: Set by pack: the env's squashfs image (path, sha256, and the packages and mtime it was built from).
+    image: Mapping[str, Any] = field(default_factory=dict)
     version: int = RECORD_VERSION
 
     @property

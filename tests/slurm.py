@@ -216,6 +216,13 @@ def _comm(pid: int) -> str:
         return ""
 
 
+def _parent(pid: int) -> Optional[int]:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _kill_all(pids: list[int]) -> None:
     for pid in pids:
         with suppress(ProcessLookupError):
@@ -506,6 +513,15 @@ class MultiNodeCluster(MiniCluster):
         return [
             pid for pid in _descendants(self.procs[f"slurmd-{name}"].pid) if _comm(pid) not in DAEMON_COMMS
         ]
+
+    def host_pid(self, name: str) -> int:
+        """A process that runs as node ``name`` (``nsenter --target PID --uts --mount`` runs a command there): its
+        slurmd, the supervisor's child that is a slurmd (the supervisor also adopts the node's slurmstepds)."""
+        supervisor = self.procs[f"slurmd-{name}"].pid
+        for pid in _descendants(supervisor):
+            if _comm(pid) == "slurmd" and _parent(pid) == supervisor:
+                return pid
+        raise ClusterError(f"the slurmd of {name} is not running")
 
 
 #: Job states after which a job never runs again.

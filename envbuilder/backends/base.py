@@ -64,6 +64,8 @@ class Build:
     say: Callable[[str], None] = _silent
     #: Bytes the running step has downloaded and unpacked so far (progress.Growth of the env and the caches).
     moving: Callable[[int], None] = _unwatched
+    #: What the running step's installer announced it downloads (progress.Downloads.summary).
+    downloads: Callable[[str], None] = _silent
     #: Said at the end, and kept in the result.
     notes: list[str] = field(default_factory=list)
     #: What the base python says about itself (python_info), where the backend asked (Backend.needs_parent).
@@ -147,9 +149,10 @@ class Backend:
         """Run ``step`` in the build directory, with its own variables."""
         full, own = step_env(step, env)
         build.say(describe(step))
-        growth = progress.Growth(written_dirs(build, full), build.moving)
-        run_logged(step_argv(step, build), full, build.log, own, watch=growth.watch)
-        growth.sample()
+        growth = progress.Growth(written_dirs(build, full), build.moving, after=progress.MEASURE_AFTER_S)
+        fetched = progress.Downloads(build.downloads)
+        run_logged(step_argv(step, build), full, build.log, own, watch=growth.watch, on_line=fetched.line)
+        growth.last()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -82,12 +82,20 @@ def run_logged(
     timeout: Optional[float] = None,
     cwd: Optional[str] = None,
     watch: Optional[Callable[[], Optional[str]]] = None,
+    on_line: Optional[Callable[[str, str], None]] = None,
 ) -> proc.Result:
     """Run one build command (through proc), its output logged line by line as it comes; raise CommandFailed on
-    a non-zero exit. ``watch`` is sampled while it runs (``proc.Stop``)."""
+    a non-zero exit. ``watch`` is sampled while it runs, and ``on_line`` gets each line after the log
+    (``proc.Stop``)."""
     log.started(argv, extra_env or {})
     began = time.monotonic()
-    stop = proc.Stop(watch=watch, on_line=log.output)
+
+    def each_line(stream: str, line: str) -> None:
+        log.output(stream, line)
+        if on_line is not None:
+            on_line(stream, line)
+
+    stop = proc.Stop(watch=watch, on_line=each_line)
     try:
         result = proc.run(
             argv, env=env, timeout=timeout, check=False, cwd=cwd, umask=build_umask(), stop=stop

@@ -46,10 +46,10 @@ class CondaBackend(Backend):
         full = engine_env(build.engine, full)
         build.log.write(f"conda engine: {build.engine}")
         build.say(f"{describe(step)} with {build.engine}")
-        growth = progress.Growth(written_dirs(build, full), build.moving)
+        growth = progress.Growth(written_dirs(build, full), build.moving, after=progress.MEASURE_AFTER_S)
         try:
             run_logged(argv, full, build.log, own, watch=growth.watch)
-            growth.sample()
+            growth.last()
         except CommandFailed as exc:
             detail = exc.stderr_tail.rstrip() or f"(no message; {proc.describe_status(exc.returncode)})"
             raise BackendError(

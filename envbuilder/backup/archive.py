@@ -132,7 +132,7 @@ def pack(prefix: Path, out_dir: Path, fmt: str, tools: Tools) -> tuple[str, list
             )
         name = "env.sqfs"
         argv = [tools.mksquashfs, str(prefix), str(out_dir / name), "-noappend", "-quiet", "-no-progress"]
-        argv += ["-comp", "zstd", "-Xcompression-level", "3"] if _squashfs_zstd(tools.mksquashfs) else []
+        argv += ["-comp", "zstd", "-Xcompression-level", "3"] if squashfs_zstd(tools.mksquashfs) else []
         manifest = hash_tree(prefix)
         proc.run(argv)
         return name, manifest
@@ -147,7 +147,7 @@ def pack(prefix: Path, out_dir: Path, fmt: str, tools: Tools) -> tuple[str, list
     return name, manifest
 
 
-def _squashfs_zstd(mksquashfs: str) -> bool:
+def squashfs_zstd(mksquashfs: str) -> bool:
     res = proc.run([mksquashfs, "-help"], check=False)
     return "zstd" in res.stdout + res.stderr
 

@@ -7,7 +7,19 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import backup, fsutil, host, modules, proc, progress, purge, settings, state, transaction
+from envbuilder import (
+    backup,
+    fsutil,
+    host,
+    image,
+    modules,
+    proc,
+    progress,
+    purge,
+    settings,
+    state,
+    transaction,
+)
 from envbuilder.backup import restore as restorer
 from envbuilder.commands import validate as validate_cmd
 from envbuilder.console import Cell, Out, plain
@@ -47,7 +59,8 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             "name one env, or pass --all", hint="envbuilder backup NAME | envbuilder backup --all"
         )
     quiet = args.json or args.quiet
-    steps = progress.Steps(out.console, quiet=quiet, every=progress.every_from_env(os.environ))
+    # --json keeps stdout for the JSON; the steps and their bytes stay on stderr (-q silences them).
+    steps = progress.Steps(out.console, quiet=args.quiet, every=progress.every_from_env(os.environ))
     step = steps.start
 
     mutex = backup.writer_mutex(root, args.wait, _waiting(out))
@@ -164,7 +177,8 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     root, from_id = _root(args.source)
     b = backup.find(root, args.env, args.backup or (from_id.split("@", 1)[1] if from_id else None))
     quiet = args.json or args.quiet
-    steps = progress.Steps(out.console, quiet=quiet, every=progress.every_from_env(env))
+    # As for backup: the steps stay on stderr under --json.
+    steps = progress.Steps(out.console, quiet=args.quiet, every=progress.every_from_env(env))
     if not quiet:
         out.heading(f"Restoring {b.id} ({b.mode}, created {b.data.get('created')})")
     opts = restorer.RestoreOptions(
@@ -179,6 +193,9 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         result = restorer.restore(b, env, modules.detect(env), opts, steps.start)
     data = result.to_json()
     rec = result.record
+    if rec.image:
+        rec = _repack(rec, settings.home(env), out)
+        data["image"] = rec.image.get("path")
     if not quiet:
         for note in result.notes:
             out.line(f"    {note}")
@@ -205,6 +222,19 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         )
         data["validation"] = validate_cmd.finish(report)
     return data
+
+
+def _repack(rec: state.EnvRecord, home: Path, out: Out) -> state.EnvRecord:
+    """A backup holds the env, not its image (it is made again from the env in seconds): the restored env's image
+    is packed again, where the old one was (beside the env, or in its own directory)."""
+    old = Path(rec.image["path"])
+    beside = old.parent == Path(str(rec.origin.get("from_prefix", ""))).parent
+    try:
+        with state.mutex(home, rec.name):
+            return image.pack(home, rec, None if beside else old.parent)
+    except EnvbuilderError as exc:
+        out.warn(f"the restored env's image was not made again: {exc.message} (envbuilder pack {rec.name})")
+        return rec
 
 
 def handle_touch(args: argparse.Namespace, out: Out) -> dict[str, Any]:

@@ -25,10 +25,10 @@ from envbuilder.validate import runner as validator
 
 
 class _Progress:
-    def __init__(self, out: Out, quiet: bool, every: float) -> None:
+    def __init__(self, out: Out, quiet: bool, every: float, steps_quiet: bool) -> None:
         self.out = out
         self.quiet = quiet
-        self.steps = progress.Steps(out.console, quiet=quiet, every=every)
+        self.steps = progress.Steps(out.console, quiet=steps_quiet, every=every)
 
     def note(self, text: str) -> None:
         if not self.quiet:
@@ -57,7 +57,9 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
     the_plan = planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=plan_cmd.table_age())
     same_arch(the_plan, platform.machine())
-    talk = _Progress(out, args.quiet or args.json, progress.every_from_env(env))
+    # --json keeps stdout for the JSON; the steps and their progress stay on stderr, or a batch job's output
+    # says nothing for the minutes of an install. -q silences them.
+    talk = _Progress(out, args.quiet or args.json, progress.every_from_env(env), steps_quiet=args.quiet)
     if not (args.quiet or args.json):
         what = f"{args.name} (recipe {the_plan.recipe}, " if args.name else f"{the_plan.recipe} ("
         out.heading(f"Creating {what}{the_plan.kind}, {the_plan.installer}) at {the_plan.prefix}")
@@ -72,7 +74,9 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         for w in the_plan.warnings:
             out.warn(w)
     steps = talk.steps
-    report = creator.Reporter(step=steps.start, note=talk.note, wait=talk.wait, moving=steps.moving)
+    report = creator.Reporter(
+        step=steps.start, note=talk.note, wait=talk.wait, moving=steps.moving, downloads=steps.downloading
+    )
     copts = creator.CreateOptions(
         force=args.force,
         name=args.name,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import activation, backup, fsutil, modulefile, purge, settings, state, transaction
+from envbuilder import activation, backup, fsutil, image, modulefile, purge, settings, state, transaction
 from envbuilder.console import Cell, Out
 from envbuilder.errors import EnvbuilderError, EnvNotFound, StateError, UsageError
 from envbuilder.plan.activation import Activation
@@ -33,6 +33,7 @@ def _summary(record: state.EnvRecord, latest: Optional[backup.Backup]) -> dict[s
         "health": health.to_json(),
         "purge": purged.to_json() if purged else None,
         "backup": latest.id if latest else None,
+        "image": image.freshness(record).to_json(),
         "advice": backup.advice(record, health.status, latest is not None),
     }
 
@@ -63,6 +64,8 @@ def handle_list(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
         for row in rows:
             if row.get("advice"):
                 out.line(f"{row['name']}: {row['advice']}")
+            if row.get("image", {}).get("status") in ("stale", "missing"):
+                out.line(f"{row['name']}: image {row['image']['detail']} (envbuilder pack {row['name']})")
     return rows
 
 
@@ -115,6 +118,8 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     record = _load_built(args.env)
     data = record.to_json()
     data["health"] = state.health(record).to_json()
+    fresh = image.freshness(record)
+    data["image_status"] = fresh.to_json()
     if not args.json:
         out.result.heading(f"{record.name} (recipe {record.recipe})")
         out.result.field("prefix", record.prefix)
@@ -132,15 +137,38 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             checks = record.validation.get("checks", {})
             out.result.field("last check", ", ".join(f"{k}: {v.get('status')}" for k, v in checks.items()))
         out.result.field("activate", activation.activate_line(record.prefix, "bash"))
+        if fresh.status != "none":
+            out.result.field("image", f"{fresh.status}: {fresh.detail}")
     return data
 
 
 def handle_activate(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     record = _load_built(args.env)
-    line = activation.activate_line(record.prefix, args.shell or activation.default_shell(os.environ))
+    shell = args.shell or activation.default_shell(os.environ)
+    if args.image:
+        return _activate_image(record, shell, out, args.json)
+    line = activation.activate_line(record.prefix, shell)
     if not args.json:
         print(line)
     return {"name": record.name, "command": line}
+
+
+def _activate_image(record: state.EnvRecord, shell: str, out: Out, as_json: bool) -> dict[str, Any]:
+    """Mount (or unpack) the env's image on this node; the line activates that copy."""
+    if shell not in ("bash", "zsh"):
+        raise UsageError(
+            f"activate --image writes its line for bash or zsh, not {shell}",
+            hint="run it from bash or zsh, or pass --shell bash",
+        )
+    used = image.use(record, os.environ)
+    if used.cleaned:
+        out.line(
+            f"unmounted a dead mount of {record.name}'s image (its squashfuse was gone) before mounting it again"
+        )
+    line = image.activate_line(used, os.environ)
+    if not as_json:
+        print(line)
+    return {"name": record.name, "command": line, "image": used.to_json()}
 
 
 def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
@@ -190,12 +218,14 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     note = modulefile.conda_step_note(activate)
     if note:
         out.warn(note.removeprefix("envbuilder: "))
+    written = None
     if args.output:
         target = Path(args.output)
         if _is_dir_target(args.output, args.format):
             # Lmod reads NAME.lua; Environment Modules takes a modulefile's name as it is.
             target = target / (f"{record.name}.lua" if args.format == "lua" else record.name)
         fsutil.write_atomic(target, text.encode())
+        written = str(target.resolve())  # the file itself, wherever -o was relative to or a directory
         if not args.json:
             loaded = target.name[: -len(".lua")] if target.name.endswith(".lua") else target.name
             out.result.line(f"wrote {target}; `module use {target.parent}` then `module load {loaded}`")
@@ -203,7 +233,7 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         sys.stdout.write(text)
     return {
         "name": record.name,
-        "path": args.output,
+        "path": written,
         "format": args.format,
         "modulefile": text,
         "warnings": [note] if note else [],

@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Any
 
-from envbuilder import host, modules, proc, settings, state
+from envbuilder import host, image, modules, proc, settings, state
 from envbuilder.console import Out
 from envbuilder.errors import StateError
 from envbuilder.recipe import loader
@@ -33,7 +33,13 @@ def _request(args: argparse.Namespace) -> program.Request:
 def _prepare(args: argparse.Namespace, out: Out, *, batch: bool) -> tuple[Any, ...]:
     env = dict(os.environ)
     record = state.load(settings.home(env), args.env)
-    if state.health(record).status == "gone":
+    if getattr(args, "image", False):
+        # From the node-local copy: the env directory itself may even have been purged.
+        used = image.use(record, env)
+        if used.cleaned:
+            out.line(f"unmounted a dead mount of {record.name}'s image before mounting it again")
+        record = image.mounted_record(record, used)
+    elif state.health(record).status == "gone":
         raise StateError(
             f"{record.name} is gone from {record.prefix}", hint=f"envbuilder create {record.recipe}"
         )

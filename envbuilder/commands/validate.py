@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import __version__, host, modules, proc, settings, state
+from envbuilder import __version__, host, image, modules, proc, settings, state
 from envbuilder.console import Cell, Out, plain
-from envbuilder.errors import PublishError, StateError, ValidationFailed
+from envbuilder.errors import PublishError, StateError, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
 from envbuilder.recipe import loader, publish, registry
 from envbuilder.recipe.catalog import Catalog
@@ -40,8 +41,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     env = dict(os.environ)
     home = settings.home(env)
     record = state.load(home, args.env)
-    health = state.health(record)
-    if health.status == "gone":
+    used = _image(record, args, env, out)
+    if used is None and state.health(record).status == "gone":
         raise StateError(
             f"{record.name} is gone from {record.prefix}", hint=f"envbuilder create {record.recipe}"
         )
@@ -51,7 +52,13 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     target = _report_target(record.name, ref, catalog, args.registry) if args.publish_report else None
     recipe = loader.load(ref, catalog)
     facts = host.load_facts_file(args.facts) if args.facts else host.probe()
-    result = execute(record, recipe, facts, env, options(args), out=out, quiet=args.json, home=home)
+    ran, opts = record, options(args)
+    if used:
+        # The mount is read-only: the run's files go beside it, and the record is stored below as the env's.
+        ran, opts = image.mounted_record(record, used), replace(opts, runs=str(image.runs_dir(used)))
+    result = execute(ran, recipe, facts, env, opts, out=out, quiet=args.json, home=None if used else home)
+    if used:
+        validator.store(home, record, result)
     if args.junit:
         Path(args.junit).write_text(report.junit(result), encoding="utf-8")
     data = finish(result)  # a failed validation raises here: only passing reports are published
@@ -63,6 +70,23 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if not args.json:
             out.result.line(f"attached this passing report to {name}@{version} in {reg.root}")
     return data
+
+
+def _image(
+    record: state.EnvRecord, args: argparse.Namespace, env: dict[str, str], out: Out
+) -> Optional[image.InUse]:
+    """With --image: the env's image, mounted (or unpacked) on this node."""
+    if not getattr(args, "image", False):
+        return None
+    if getattr(args, "submit", False):
+        raise UsageError(
+            "validate --image mounts the image on this node; a submitted job runs on others",
+            hint="run validate --image inside the job (or the allocation) instead of --submit",
+        )
+    used = image.use(record, env)
+    if used.cleaned:
+        out.line(f"unmounted a dead mount of {record.name}'s image before mounting it again")
+    return used
 
 
 def _report_target(
@@ -115,9 +139,9 @@ def execute(
     *,
     out: Out,
     quiet: bool,
-    home: Path,
+    home: Optional[Path],
 ) -> report.Report:
-    """Run, store in the record, render (unless quiet)."""
+    """Run, store in the record (unless ``home`` is None: the caller stores it), render (unless quiet)."""
     status_ctx = out.console.status("validating", spinner="dots") if not quiet else None
     live = validator.Status(
         status=(lambda text: status_ctx.update(plain(text))) if status_ctx else (lambda text: None),
@@ -127,7 +151,8 @@ def execute(
     # started are ended, a submitted job is cancelled, and the CLI exits 130.
     with status_ctx or contextlib.nullcontext(), proc.sigterm_as_interrupt():
         result = validator.run(record, recipe, facts, env, modules.detect(env), opts=opts, live=live)
-    validator.store(home, record, result)
+    if home is not None:
+        validator.store(home, record, result)
     if not quiet:
         render(result, out)
     return result

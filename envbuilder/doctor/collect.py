@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import backup, lockfile, proc, purge, state
+from envbuilder import backup, image, lockfile, proc, purge, state
 from envbuilder.backends import registry
 from envbuilder.doctor.findings import ACTION, Finding
 from envbuilder.doctor.replan import PythonState
@@ -95,6 +95,7 @@ def load_recipe(record: EnvRecord, catalog: Catalog) -> tuple[Optional[Recipe], 
 
 def gather(record: EnvRecord, catalog: Catalog, env: Mapping[str, str], backup_root: Path) -> EnvInputs:
     recipe, recipe_error = load_recipe(record, catalog)
+    fresh = image.freshness(record)
     lock: Optional[lockfile.Lock] = None
     lock_error: Optional[EnvbuilderError] = None
     if recipe is not None:
@@ -113,6 +114,7 @@ def gather(record: EnvRecord, catalog: Catalog, env: Mapping[str, str], backup_r
         lib_dirs=env_lib_dirs(record),
         lock=lock,
         lock_error=lock_error,
+        image=(fresh.status, fresh.detail),
     )
 
 

@@ -22,7 +22,7 @@ NODE = "node"
 class Finding:
     severity: str
     subject: str  # an env's name, or "node"
-    check: str  # replan, python, libraries, table, nightly, lock, health, purge, record
+    check: str  # replan, python, libraries, table, nightly, lock, health, purge, record, image
     message: str
     fix: str = ""
     gate: str = ""

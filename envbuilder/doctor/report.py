@@ -102,6 +102,23 @@ class EnvInputs:
     lib_dirs: tuple[str, ...]
     lock: Optional[lockfile.Lock] = None
     lock_error: Optional[EnvbuilderError] = None
+    #: Whether its squashfs image still holds the env: (none | ok | stale | missing, detail).
+    image: tuple[str, str] = ("none", "")
+
+
+def image_findings(name: str, image: tuple[str, str]) -> list[Finding]:
+    status, detail = image
+    if status in ("stale", "missing"):
+        return [
+            Finding(
+                WARNING,
+                name,
+                "image",
+                f"its image is {status}: {detail}; --image refuses it",
+                f"envbuilder pack {name}",
+            )
+        ]
+    return [Finding(INFO, name, "image", f"its image is up to date: {detail}")] if status == "ok" else []
 
 
 @dataclass(frozen=True)
@@ -123,6 +140,7 @@ def check_env(inp: EnvInputs, ctx: Context, listdir: Callable[[str], Sequence[st
     record = inp.record
     torch_index = ctx.indexes.get("torch")
     findings = safety_findings(record, inp.health, inp.purge, inp.backups)
+    findings += image_findings(record.name, inp.image)
     findings += replan_findings(
         record, inp.recipe, inp.recipe_error, ctx.facts, ctx.env, index=torch_index, matrix=ctx.matrix
     )

@@ -119,8 +119,11 @@ def _refuse_elsewhere(record: state.EnvRecord, device: str, host: HostFacts, sha
 
 
 def install_wrappers(record: state.EnvRecord) -> None:
-    """The env's own copy of the launch wrappers (the GPU-affinity script), refreshed before every launch."""
-    payloads.into_env(Path(record.prefix))
+    """The env's own copy of the launch wrappers (the GPU-affinity script), refreshed before every launch; an
+    image's read-only mount keeps the copy it was packed with."""
+    prefix = Path(record.prefix)
+    if os.access(prefix, os.W_OK):
+        payloads.into_env(prefix)
 
 
 def command_here(prepared: Prepared) -> list[str]:

@@ -62,6 +62,8 @@ class Options:
     timeout: Optional[float] = None
     #: How long --submit waits for the job to start and finish (None: until it ends).
     wait: Optional[float] = None
+    #: Where the runs' files go (None: the env's envbuilder/validation; an image's read-only mount cannot hold them).
+    runs: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,8 @@ def run(
     prefix = Path(record.prefix)
     activate = record.activation or plan.activation_for(recipe)
     timeout = float(opts.timeout or recipe.validation.timeout or suite.DEFAULT_TIMEOUT_S)
-    run_dir = prefix / "envbuilder" / "validation" / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    runs = Path(opts.runs) if opts.runs else prefix / "envbuilder" / "validation"
+    run_dir = runs / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     payload = suite.Payload(
         checks=checks,
         device=device,
@@ -173,7 +176,7 @@ def run(
         hosts=report.hosts_of(events),
     )
     fsutil.write_atomic(run_dir / "report.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
-    _prune(prefix)
+    _prune(run_dir.parent)
     return result
 
 
@@ -239,8 +242,8 @@ def _make_run_dir(run_dir: Path) -> None:
     payloads.copy_to(run_dir / "payloads")
 
 
-def _prune(prefix: Path) -> None:
-    runs = sorted((prefix / "envbuilder" / "validation").glob("run-*"))
+def _prune(root: Path) -> None:
+    runs = sorted(root.glob("run-*"))
     for old in runs[:-KEEP_RUNS]:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -2,10 +2,12 @@
 (tests/slurm.py's MultiNodeCluster: nodes n1 and n2, each slurmd in a UTS namespace of its own, so every rank
 sees the host name of its node). What is checked: srun starts one torchrun agent per node, the ranks meet at the
 allocation's first host, gloo and DDP run across both nodes, MPI ranks on both nodes talk through srun's PMI,
-the report says where every rank ran, and a node whose step dies is a FAIL naming it, not a hang."""
+the report says where every rank ran, a node whose step dies is a FAIL naming it, not a hang, and a PBS site's
+mpiexec (MPICH's hydra, through a stand-in for PBS's remote start) reaches both hosts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -17,8 +19,10 @@ from contextlib import suppress
 from pathlib import Path
 
 import pytest
-from helpers import REPO, CpuTorchWorld, cli_argv, cli_env, run_cli
+from helpers import DATA, REPO, CpuTorchWorld, cli_argv, cli_env, run_cli
 from slurm import MultiNodeCluster, sbatch_wait
+
+from envbuilder import state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm, pytest.mark.multinode]
 
@@ -267,3 +271,74 @@ def test_run_puts_the_program_on_both_nodes(cpu_torch_world, slurm_nodes, tmp_pa
         local_ranks.setdefault(r[2], []).append(r[3])
     both = ["local=0", "local=1"]
     assert {host: sorted(v) for host, v in local_ranks.items()} == {"host=n1": both, "host=n2": both}, ranks
+
+
+def _pbs_site(world: CpuTorchWorld, recipes: Path) -> str:
+    """The session env recorded again as "vpbsnodes", under a recipe whose scheduler is PBS (as Polaris's is);
+    returns the recipe path that finds it."""
+    text = (DATA / "validate-recipes" / "vcpu.toml").read_text()
+    text = text.replace('name = "vcpu"', 'name = "vpbsnodes"')
+    recipes.mkdir()
+    (recipes / "vpbsnodes.toml").write_text(
+        text.replace('type = "slurm"\nbatch = "sbatch"', 'type = "pbs"\nbatch = "qsub"')
+    )
+    home = Path(world.env["ENVBUILDER_HOME"])
+    state.save(home, dataclasses.replace(state.load(home, "vcpu"), name="vpbsnodes", recipe="vpbsnodes"))
+    return f"{DATA / 'validate-recipes'}:{recipes}"
+
+
+def test_pbs_job_mpiexec_reaches_both_hosts(cpu_torch_world, slurm_nodes, tmp_path) -> None:
+    """A PBS site's validation across two hosts, through the mpiexec argv envbuilder builds for PBS (Polaris's
+    shape: ``mpiexec -n WORLD --ppn RANKS_PER_NODE PROGRAM``). No PBS runs here, so its parts are stood in for:
+    the job is its environment (PBS_JOBID, and a PBS_NODEFILE listing n1 and n2: envbuilder takes the first host
+    for the ranks' rendezvous from it, hydra the hosts), its script runs on the job's first node, n1, and
+    tests/shims/pbs/pbs_tmrsh is the remote start (PBS Pro's pbs_tmrsh; PALS does its own), which here enters a
+    node's UTS and mount namespaces. The mpiexec is MPICH's hydra from the env (the mpich wheel), pointed at
+    pbs_tmrsh through its environment (HYDRA_LAUNCHER=rsh, HYDRA_LAUNCHER_EXEC), as a site whose hydra lacks PBS's
+    TM interface does: the argv is envbuilder's, untouched. Cray PALS's --depth and --cpu-bind have no hydra
+    counterpart (hydra refuses both as unknown options), so this recipe sets neither; their argv is covered
+    by the launcher's exact-argv unit tests. The recipe names torchrun, which reaches one node: envbuilder
+    launches the two nodes through the PBS site's node launcher, mpiexec."""
+    recipe_path = _pbs_site(cpu_torch_world, tmp_path / "recipes")
+    nodes, nodefile = tmp_path / "nodes", tmp_path / "PBS_NODEFILE"
+    nodes.write_text("".join(f"{name} {slurm_nodes.host_pid(name)}\n" for name in NODES))
+    nodefile.write_text("".join(f"{name}\n" for name in NODES))
+    tmrsh = str(REPO / "tests" / "shims" / "pbs" / "pbs_tmrsh")
+    job = {
+        "ENVBUILDER_RECIPE_PATH": recipe_path,
+        "PBS_JOBID": "7.pbs-shim",
+        "PBS_NODEFILE": str(nodefile),
+        "PBS_ENVIRONMENT": "PBS_BATCH",
+        "PBS_O_WORKDIR": str(tmp_path),
+        "NCPUS": "2",
+        "PBS_SHIM_NODES": str(nodes),
+        "HYDRA_LAUNCHER": "rsh",
+        "HYDRA_LAUNCHER_EXEC": tmrsh,
+    }
+    checks = "import,mpi,nccl,ddp"
+    argv = cli_argv("validate", "vpbsnodes", "--nodes", "2", "--cpu", "--json", "--checks", checks)
+    res = subprocess.run(
+        [tmrsh, "n1", *argv],
+        env=cli_env({**cpu_torch_world.env, **job}),
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    data = _data(res)
+    assert data["command"][:5] == ["mpiexec", "-n", "4", "--ppn", "2"], data["command"]
+    for name in checks.split(","):
+        assert data["checks"][name]["status"] == "pass", (name, data["checks"][name])
+    assert (data["nodes"], data["world"]) == (2, 4)
+    assert data["layout"] == {"n1": [0, 1], "n2": [2, 3]}  # hydra's block layout, two per host
+    mpi = data["checks"]["mpi"]["per_rank"]["0"]
+    assert {m["rank"]: m["host"] for m in mpi["mapping"]} == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
+    hellos = _hellos(_run_dir(cpu_torch_world, data))
+    assert {r: h["host"] for r, h in hellos.items()} == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
+    assert all(h["launched_by"] == "mpi" for h in hellos.values())
+    # The ranks meet at the job's first host, which envbuilder read from $PBS_NODEFILE.
+    assert [h["master_addr"] for h in hellos.values()] == ["n1"] * 4
+    for host in NODES:
+        assert sorted(h["local_rank"] for h in hellos.values() if h["host"] == host) == [0, 1]
+    assert data["checks"]["nccl"]["per_rank"]["0"]["world"] == 4

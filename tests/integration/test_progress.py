@@ -1,6 +1,6 @@
 """Progress on long work, as a user sees it. In a batch job's output: a create from a local index throttled to
-2 MB/s shows bytes and rate on stderr while uv downloads, each step line says how long it took, and the build log
-fills as uv works (stderr read line by line from a spawned CLI, each line marked with whether the index was still
+2 MB/s shows bytes and rate on stderr while uv downloads, beside the total uv announced, each step line says how
+long it took, and the build log fills as uv works (stderr read line by line from a spawned CLI, each line marked with whether the index was still
 sending the wheel when it arrived). On a terminal: a live row with bytes and rate, colour only without NO_COLOR.
 And validation shows each check as the ranks finish it."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import json
 import os
 import re
 import struct
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, UserWorld, cli_argv, cli_env, spawn_cli
+from helpers import REPO, UserWorld, cli_argv, cli_env, ok, spawn_cli
 from wheelindex import build_wheel, mirror_env, serve
 
 pytestmark = pytest.mark.integration
@@ -42,8 +43,13 @@ spec = "ebbig==1.0"
 WHEEL = "ebbig-1.0-py3-none-any.whl"
 #: Bytes a second: the ~6 MB wheel takes about three seconds.
 RATE = 2_000_000
-#: A progress line in a log: ``    installing ebbig: 2.1 MB, 1.9 MB/s, 1 s``.
-PROGRESS = re.compile(r"^    installing [^:]+: [\d.]+ [kMG]?B, [\d.]+ [kMG]?B/s, \d+ s$")
+#: A progress line in a log: ``    installing ebbig: 2.1 MB written, 1.9 MB/s, 1 s``, and once uv has announced its
+#: downloads ``; downloads 0 of 1 done (0 bytes of 6.0 MB)``.
+PROGRESS = re.compile(
+    r"^    installing [^:]+: [\d.]+ [kMG]?B written, [\d.]+ [kMG]?B/s, \d+ s(; downloads .+)?$"
+)
+#: The wheel's size as uv announced it (``Downloading ebbig (5.7MiB)``), none of it finished yet.
+TOTAL = re.compile(r"; downloads 0 of 1 done \(0 bytes of [5-7]\.\d MB\)$")
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +108,7 @@ def test_a_slow_install_shows_its_progress_and_fills_its_log_while_it_runs(tmp_p
 
     during = [line for line, sending in seen if sending and PROGRESS.match(line)]
     assert during, err  # bytes and rate on stderr while the download ran, not only after
+    assert any(TOTAL.search(line) for line in during), err  # and the total to read them against
     assert "→ installing" in err  # each step's start, in a log
     took = [float(m.group(1)) for m in re.finditer(r"✓ installing \S.* (\d+\.\d) s", err)]
     assert took and max(took) >= 2.0, err  # the throttled install's duration, not when it started
@@ -113,6 +120,21 @@ def test_a_slow_install_shows_its_progress_and_fills_its_log_while_it_runs(tmp_p
     # The whole uv output was streamed, line by line, with its exit status and time.
     log = next(Path(logs).glob("big-*.log")).read_text()
     assert re.search(r"\(exit 0, \d+\.\d s\)", log), log
+
+
+def test_create_json_keeps_its_progress_on_stderr_and_quiet_silences_it(tmp_path, slow_index):
+    """A batch job's `create --json`: the JSON alone on stdout, the steps and bytes on stderr; -q: nothing."""
+    world = UserWorld(tmp_path, mirror_env(slow_index), ENVBUILDER_PROGRESS_EVERY="0.5")
+    world.write_recipe("big", RECIPE)
+    res = ok(world.cli("create", "big", "--prefix", str(tmp_path / "big"), "--no-validate", "--json"))
+    assert json.loads(res.stdout)["data"]["env"]["name"] == "big"
+    lines = res.stderr.splitlines()
+    assert any(PROGRESS.match(line) for line in lines), res.stderr
+    assert re.search(r"✓ installing ebbig==1\.0  \d+\.\d s", res.stderr), res.stderr
+    quiet = ("create", "big", "--name", "big2", "--prefix", str(tmp_path / "big2"), "--no-validate")
+    res = ok(world.cli(*quiet, "--json", "-q"))
+    assert json.loads(res.stdout)["data"]["env"]["name"] == "big2"
+    assert "✓" not in res.stderr and "→" not in res.stderr and "MB/s" not in res.stderr, res.stderr
 
 
 def test_backup_and_restore_show_the_bytes_each_step_wrote(tmp_path, slow_index):
@@ -165,7 +187,8 @@ def test_on_a_terminal_the_install_is_a_live_row_with_bytes_and_rate(tmp_path, s
     code, shown = _on_a_terminal(("create", "big", "--prefix", str(tmp_path / "big"), "--no-validate"), env)
     assert code == 0, shown
     frames = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown).replace("\r\n", "\n").split("\r")
-    assert any(re.search(r"installing ebbig==1\.0 +[\d.]+ [kM]B, [\d.]+ [kM]B/s", f) for f in frames), shown
+    row = re.compile(r"installing ebbig==1\.0 +[\d.]+ [kM]B written, [\d.]+ [kM]B/s")
+    assert any(row.search(f) for f in frames), shown
     assert re.search(r"✓ installing ebbig==1\.0  \d+\.\d s  [\d.]+ MB\n", "".join(frames)), shown
     assert "→" not in shown  # the live row stands for the start line
     assert bool(COLOUR.search(shown)) is not no_color

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import FACTS, PLAN_ENV, UserWorld, ok, refused, run_cli
+from helpers import FACTS, PLAN_ENV, REPO, UserWorld, ok, refused, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -118,6 +118,17 @@ def test_modulefile_output_makes_the_directory_it_names(world):
     assert (world.root / "t" / "bare-1.0").is_file()
     ok(world.cli("modulefile", "bare", "-o", str(world.root / "l" / "x.lua")))
     assert (world.root / "l" / "x.lua").is_file()
+
+
+def test_modulefile_json_names_the_file_it_wrote(world):
+    ok(world.cli("create", "bare", "--no-validate"))
+    made = world.root / "json-modules"
+    # -o as a user types it: relative (the CLI runs in REPO), a directory not there yet.
+    typed = os.path.relpath(made, REPO)
+    data = world.data("modulefile", "bare", "-o", typed)
+    assert data["path"] == str((made / "bare.lua").resolve()) and Path(data["path"]).is_file()
+    data = world.data("modulefile", "bare", "--format", "tcl", "-o", f"{typed}/tcl/")
+    assert data["path"] == str((made / "tcl" / "bare").resolve()) and Path(data["path"]).is_file()
 
 
 def test_plan_names_the_mirror_torch_comes_from():

@@ -38,6 +38,18 @@ def test_every_command_has_examples_and_hidden_ones_are_hidden():
         assert 2 <= len(helptext.examples(name)) <= 3, name
 
 
+def test_a_mistyped_command_lists_the_public_commands_only():
+    with pytest.raises(cliparser.UsageExit) as raised:
+        cliparser.build_parser().parse_args(["nosuch"])
+    message = str(raised.value)
+    assert "invalid choice: 'nosuch'" in message and "'create'" in message and "'man'" in message
+    assert "__complete" not in message
+    with pytest.raises(cliparser.UsageExit) as raised:
+        cliparser.build_parser().parse_args(["__complet"])
+    assert "__complete" not in str(raised.value) + raised.value.hint  # nor suggested
+    assert cliparser.build_parser().parse_args(["__complete", "envs"]).kind == "envs"  # still there
+
+
 @pytest.mark.parametrize("command", command_names())
 def test_examples_parse_as_the_command_they_illustrate(command):
     for line in helptext.examples(command):

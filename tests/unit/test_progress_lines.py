@@ -45,9 +45,41 @@ def test_off_a_terminal_each_step_has_a_start_line_and_an_end_line_with_its_dura
         "  → creating the env",
         "  ✓ creating the env  0.3 s",
         "  → installing torch==2.13.0",
-        "    installing torch==2.13.0: 24.0 MB, 2.0 MB/s, 12 s",
+        "    installing torch==2.13.0: 24.0 MB written, 2.0 MB/s, 12 s",
         "  ✓ installing torch==2.13.0  12.4 s  24.0 MB",
     ]
+
+
+def test_the_downloads_uv_announces_give_a_total_and_count_only_when_finished():
+    console, sink = _log_console()
+    clock = Clock()
+    with progress.Steps(console, every=1, clock=clock) as steps:
+        steps.start("installing torch==2.13.0")
+        fetched = progress.Downloads(steps.downloading)
+        for line in (
+            "Resolved 3 packages in 0.4s\n",
+            "Downloading torch (2.0GiB)\n",
+            "\x1b[1m\x1b[36mDownloading\x1b[0m numpy \x1b[2m(16.0MiB)\x1b[0m\n",  # coloured (FORCE_COLOR)
+            "Downloading cryptic\n",  # no size known: no part of the total
+            "   Downloading torch-2.5.1-cp311-cp311-manylinux1_x86_64.whl (906.4 MB)\n",  # pip's: not uv's
+        ):
+            fetched.line("stderr", line)
+        clock.now += 2
+        steps.moving(40_000_000)
+        fetched.line("stderr", " Downloaded numpy\n")
+        fetched.line("stderr", " Downloaded cryptic\n")
+        clock.now += 2
+        steps.moving(80_000_000)
+        steps.start("smoke check")
+        clock.now += 2
+        steps.moving(1_000_000)  # a new step starts with nothing announced
+    assert sink.getvalue().splitlines()[1:5] == [
+        "    installing torch==2.13.0: 40.0 MB written, 20.0 MB/s, 2 s; downloads 0 of 2 done (0 bytes of 2.2 GB)",
+        "    installing torch==2.13.0: 80.0 MB written, 20.0 MB/s, 4 s; downloads 1 of 2 done (16.8 MB of 2.2 GB)",
+        "  ✓ installing torch==2.13.0  4.0 s  80.0 MB",
+        "  → smoke check",
+    ]
+    assert "downloads" not in sink.getvalue().splitlines()[5]
 
 
 def test_a_failed_step_ends_with_a_cross_and_quiet_says_nothing():
@@ -97,6 +129,26 @@ def test_the_growth_of_a_directory_is_reported_and_hard_links_count_once(tmp_pat
     clock.now += 5
     growth.watch()
     assert seen == [0, 1000]
+
+
+def test_a_quick_step_is_never_walked_and_a_long_one_is_measured_from_then_on(tmp_path, monkeypatch):
+    walks: list[int] = []
+    real = progress.sum_sizes
+    monkeypatch.setattr(progress, "sum_sizes", lambda roots: walks.append(1) or real(roots))
+    clock = Clock()
+    seen: list[int] = []
+    quick = progress.Growth([tmp_path], seen.append, after=progress.MEASURE_AFTER_S, clock=clock)
+    quick.watch()
+    clock.now += progress.MEASURE_AFTER_S / 2
+    quick.watch()
+    quick.last()
+    assert (walks, seen) == ([], [])  # a warm install is over before any walk of the env and the cache
+    slow = progress.Growth([tmp_path], seen.append, after=progress.MEASURE_AFTER_S, clock=clock)
+    clock.now += progress.MEASURE_AFTER_S
+    slow.watch()  # the base
+    (tmp_path / "wheel").write_bytes(b"z" * 500)
+    slow.last()
+    assert (len(walks), seen) == (2, [0, 500])
 
 
 def _rank_file(ranks: Path, rank: int, *events: dict) -> None:

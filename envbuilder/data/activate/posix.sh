@@ -294,3 +294,23 @@ deactivate() {
 #@section conda_deactivate
 # envbuilder: undo what etc/conda/activate.d/envbuilder.sh did (modules, variables). Generated.
 if type _envbuilder_undo >/dev/null 2>&1; then _envbuilder_undo; unset -f _envbuilder_undo; fi
+
+#@section image
+# envbuilder: activates an env from its image (@how@); written by envbuilder activate --image.
+#% The image is read-only, so this wrapper lives beside the mount: it sources the env's own activate, then wraps
+#% that deactivate (the venv's, with envbuilder's extension) so one call undoes both and unmounts the image.
+. @path@/bin/activate || return 1
+if type deactivate >/dev/null 2>&1; then
+    eval "$(typeset -f deactivate | sed '1s/^deactivate/_envbuilder_image_deactivate/')"
+    deactivate() {
+        _envbuilder_image_deactivate "$@"
+        if [ "${1:-}" != nondestructive ]; then
+            unset -f _envbuilder_image_deactivate
+            @unmount@
+        fi
+    }
+fi
+
+#@section image_unmount
+#% A shell still inside the mount keeps it busy: then it stays, and the message says how to unmount it later.
+@fusermount@ -u @path@ 2>/dev/null || echo "envbuilder: @path_dq@ is still in use; unmount it later: @fusermount_dq@ -u @path_dq@" >&2

@@ -1,0 +1,28 @@
+"""`envbuilder pack ENV [--to DIR]`: the env as one squashfs image, recorded in its record."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from envbuilder import image, settings, state
+from envbuilder.console import Out
+
+
+def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    home = settings.home(os.environ)
+    to = Path(args.to).expanduser().resolve() if args.to else None
+    with state.mutex(home, args.env):
+        record = image.pack(home, state.load(home, args.env), to)
+    made = dict(record.image)
+    if not args.json:
+        out.result.line(
+            f"packed {record.name} into {made['path']} ({made['bytes'] / 2**20:.1f} MiB, {made['compression']})"
+        )
+        out.result.field("sha256", made["sha256"])
+        out.result.field(
+            "use", f"envbuilder activate {record.name} --image (run and validate take --image too)"
+        )
+    return {"name": record.name, **{k: v for k, v in made.items() if k != "packages"}}
