@@ -66,7 +66,7 @@ def prepare(
             hint="name a script or an executable: envbuilder run ENV -- train.py --epochs 3",
         )
     warnings: list[str] = []
-    here = schedulers.locate(env)
+    here = runner.locate(env)
     if batch and here.in_job:
         raise UsageError(
             f"this runs inside {here.scheduler} job {here.job}: a job from here would queue a second allocation",

@@ -86,7 +86,7 @@ def run(
 ) -> report.Report:
     """Validate ``record``'s env. Raises ValidationFailed (with the way forward) when this host cannot run it."""
     warnings: list[str] = []
-    here = schedulers.locate(env)
+    here = locate(env)
     if opts.submit and here.in_job:
         raise UsageError(
             f"this runs inside {here.scheduler} job {here.job}: --submit would queue a second allocation",
@@ -207,6 +207,21 @@ def environment(
         out["PYTHONUSERBASE"] = record.prefix
     out["PATH"] = f"{record.prefix}/bin" + (f":{out['PATH']}" if out.get("PATH") else "")
     return out
+
+
+#: A job's host list is one line per rank slot: a few MB even for the largest jobs.
+NODEFILE_LIMIT = 64 * 1024 * 1024
+
+
+def locate(env: Mapping[str, str]) -> schedulers.Where:
+    """Where this process runs (:func:`schedulers.locate`), with the node count of a PBS job read from its
+    $PBS_NODEFILE (unreadable: unknown, as before)."""
+    text = None
+    path = env.get("PBS_NODEFILE")
+    if path:
+        with contextlib.suppress(OSError, UnicodeDecodeError), Path(path).open(encoding="utf-8") as fh:
+            text = fh.read(NODEFILE_LIMIT)
+    return schedulers.locate(env, nodefile=text)
 
 
 def threads_here(the_launch: suite.Launch, here: schedulers.Where) -> int:

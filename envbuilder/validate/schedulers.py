@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder.validate.launchers import Arg, ShellVar
@@ -191,7 +191,8 @@ class Pbs(Scheduler):
     cpus_var = "NCPUS"
 
     def where(self, env: Mapping[str, str]) -> Where:
-        # PBS tells the node count only through $PBS_NODEFILE (the runner reads it); NCPUS is the first chunk's.
+        # PBS tells the node count only through $PBS_NODEFILE (locate counts it; the runner reads the file).
+        # NCPUS is the first chunk's.
         return Where(
             scheduler=self.name,
             job=env[self.job_id_var],
@@ -227,11 +228,18 @@ class Pbs(Scheduler):
 SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (Slurm(), Pbs())}
 
 
-def locate(env: Mapping[str, str]) -> Where:
-    """Where ``env``'s process runs: inside a job of one of :data:`SCHEDULERS`, else on a login node."""
+def locate(env: Mapping[str, str], nodefile: Optional[str] = None) -> Where:
+    """Where ``env``'s process runs: inside a job of one of :data:`SCHEDULERS`, else on a login node.
+    ``nodefile``: the text of the job's host list ($PBS_NODEFILE, one line per rank slot), where the scheduler
+    gives the node count only that way."""
     for adapter in SCHEDULERS.values():
         if env.get(adapter.job_id_var):
-            return adapter.where(env)
+            where = adapter.where(env)
+            if where.nodes is None and nodefile is not None:
+                where = replace(
+                    where, nodes=len({h.strip() for h in nodefile.splitlines() if h.strip()}) or None
+                )
+            return where
     return Where()
 
 

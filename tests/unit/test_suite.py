@@ -13,7 +13,7 @@ from envbuilder.plan.activation import Activation
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.validate import checks, schedulers, suite
+from envbuilder.validate import checks, runner, schedulers, suite
 
 CATALOG = Catalog.from_env({})
 
@@ -153,6 +153,26 @@ def test_filesystems_named_by_the_recipe_must_exist(tmp_path):
 )
 def test_where_a_command_runs(env, where):
     assert schedulers.locate(env) == where
+
+
+def test_a_pbs_jobs_nodes_are_counted_from_its_nodefile(tmp_path):
+    env = {"PBS_JOBID": "9.pbs", "NCPUS": "64"}
+    # One line per rank slot: two slots on n1, one on n2.
+    assert schedulers.locate(env, nodefile="n1\nn1\nn2\n").nodes == 2
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("x3001\nx3001\nx3002\nx3003\n")
+    assert runner.locate({**env, "PBS_NODEFILE": str(nodefile)}).nodes == 3
+    assert runner.locate({**env, "PBS_NODEFILE": str(tmp_path / "gone")}).nodes is None  # unknown, as before
+    polaris = loader.load("polaris-overlay-conda", CATALOG)
+    target = target_facts(polaris, load_facts("a100-sxm4-x4"), [], [])
+    with pytest.raises(UsageError, match=r"3 nodes asked for inside job 9\.pbs, which holds 2"):
+        suite.shape_for(
+            polaris,
+            target,
+            suite.LaunchRequest(nodes=3, here=schedulers.locate(env, nodefile="n1\nn2\n")),
+            "cuda",
+            [],
+        )
 
 
 def _zurada(here, **request):
