@@ -5,12 +5,15 @@ user-world harness (a throwaway home, $SCRATCH, recipes and envbuilder's records
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Optional
@@ -262,3 +265,35 @@ MODULE_BOOKKEEPING = (
     "LOADEDMODULES",
     "BASH_FUNC_",
 )
+
+
+def on_terminal(
+    args: tuple[str, ...], env: dict[str, str], width: int, stderr_too: bool = False
+) -> tuple[int, str, str]:
+    """The CLI with a terminal of ``width`` columns as its stdin and stdout (stderr piped apart, unless
+    ``stderr_too``): exit code, what the terminal showed (newlines as written, escape codes kept), stderr."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, width, 0, 0))
+    proc = subprocess.Popen(
+        cli_argv(*args),
+        stdin=slave,
+        stdout=slave,
+        stderr=slave if stderr_too else subprocess.PIPE,
+        env=env,
+        cwd=REPO,
+        text=True,
+    )
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child is gone and the terminal closed
+            break
+        if not data:
+            break
+        shown += data
+    os.close(master)
+    _, err = proc.communicate(timeout=120)
+    err = err or ""
+    return proc.returncode, shown.decode().replace("\r\n", "\n"), err

@@ -7,19 +7,15 @@ And validation shows each check as the ranks finish it."""
 from __future__ import annotations
 
 import base64
-import fcntl
 import json
 import os
 import re
-import struct
-import subprocess
-import termios
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, UserWorld, cli_argv, cli_env, ok, spawn_cli
+from helpers import UserWorld, cli_env, ok, on_terminal, spawn_cli
 from wheelindex import build_wheel, mirror_env, serve
 
 pytestmark = pytest.mark.integration
@@ -159,32 +155,15 @@ def test_backup_and_restore_show_the_bytes_each_step_wrote(tmp_path, slow_index)
 COLOUR = re.compile(r"\x1b\[(?:\d+;)*(?:3[0-8]|9[0-7]|4[0-8]|10[0-7])(?:;\d+)*m")
 
 
-def _on_a_terminal(args: tuple[str, ...], env: dict[str, str]) -> tuple[int, str]:
-    """The CLI with a terminal of 100 columns as its stdin, stdout and stderr: exit code, what it showed."""
-    master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 100, 0, 0))
-    child = subprocess.Popen(cli_argv(*args), stdin=slave, stdout=slave, stderr=slave, env=env, cwd=REPO)
-    os.close(slave)
-    shown = b""
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: the child is gone and the terminal closed
-            break
-        if not data:
-            break
-        shown += data
-    os.close(master)
-    return child.wait(timeout=120), shown.decode()
-
-
 @pytest.mark.parametrize("no_color", [False, True])
 def test_on_a_terminal_the_install_is_a_live_row_with_bytes_and_rate(tmp_path, slow_index, no_color):
     world = UserWorld(tmp_path, mirror_env(slow_index))
     world.write_recipe("big", RECIPE)
     env = {k: v for k, v in cli_env(world.env).items() if k != "NO_COLOR"}
     env.update(TERM="xterm-256color", **({"NO_COLOR": "1"} if no_color else {}))
-    code, shown = _on_a_terminal(("create", "big", "--prefix", str(tmp_path / "big"), "--no-validate"), env)
+    code, shown, _ = on_terminal(
+        ("create", "big", "--prefix", str(tmp_path / "big"), "--no-validate"), env, 100, stderr_too=True
+    )
     assert code == 0, shown
     frames = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown).replace("\r\n", "\n").split("\r")
     row = re.compile(r"installing ebbig==1\.0 +[\d.]+ [kM]B written, [\d.]+ [kM]B/s")

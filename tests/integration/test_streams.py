@@ -4,20 +4,15 @@ value a user must type being cut or wrapped (a pty of that size, or a pipe)."""
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import re
 import shlex
-import struct
-import subprocess
 import tempfile
-import termios
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FACTS, PLAN_ENV, REPO, UserWorld, bash, cli_argv, cli_env, ok, run_cli
+from helpers import FACTS, PLAN_ENV, UserWorld, bash, cli_argv, cli_env, ok, on_terminal, run_cli
 from wheelindex import build_wheel, mirror_env, serve
 
 pytestmark = pytest.mark.integration
@@ -27,38 +22,6 @@ CPU = str(FACTS / "cpu-only.json")
 #: Any SGR sequence that sets a colour (30-38, 90-97 foreground; 40-48, 100-107 background).
 COLOUR = re.compile(r"\x1b\[(?:\d+;)*(?:3[0-8]|9[0-7]|4[0-8]|10[0-7])(?:;\d+)*m")
 ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def on_terminal(
-    args: tuple[str, ...], env: dict[str, str], width: int, stderr_too: bool = False
-) -> tuple[int, str, str]:
-    """The CLI with a terminal of ``width`` columns as its stdin and stdout (stderr piped apart, unless
-    ``stderr_too``): exit code, what the terminal showed (newlines as written, escape codes kept), stderr."""
-    master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, width, 0, 0))
-    proc = subprocess.Popen(
-        cli_argv(*args),
-        stdin=slave,
-        stdout=slave,
-        stderr=slave if stderr_too else subprocess.PIPE,
-        env=env,
-        cwd=REPO,
-        text=True,
-    )
-    os.close(slave)
-    shown = b""
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: the child is gone and the terminal closed
-            break
-        if not data:
-            break
-        shown += data
-    os.close(master)
-    _, err = proc.communicate(timeout=120)
-    err = err or ""
-    return proc.returncode, shown.decode().replace("\r\n", "\n"), err
 
 
 def terminal_env(env: dict[str, str], **extra: str) -> dict[str, str]:
