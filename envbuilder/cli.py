@@ -12,7 +12,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from envbuilder.cliparser import Handler, UsageExit, build_parser, unrecognized
+from envbuilder.cliparser import build_parser
+from envbuilder.cliparts import Handler, UsageExit, unrecognized
 from envbuilder.console import Out
 from envbuilder.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EnvbuilderError
 

@@ -4,129 +4,21 @@ command's handler is named here and imported only when it runs, so ``envbuilder 
 from __future__ import annotations
 
 import argparse
-import copy
-import importlib
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
 from envbuilder import __version__, helptext
-from envbuilder.console import Out
-from envbuilder.errors import did_you_mean
-
-Handler = Callable[[argparse.Namespace, Out], Any]
-
-
-class _Command:
-    """A command's handler, imported when the command runs: ``envbuilder --help`` and every other command do not
-    pay for the imports of all of them."""
-
-    def __init__(self, module: str, function: str) -> None:
-        self.module = module
-        self.function = function
-
-    def __call__(self, args: argparse.Namespace, out: Out) -> Any:
-        handler: Handler = getattr(
-            importlib.import_module(f"envbuilder.commands.{self.module}"), self.function
-        )
-        return handler(args, out)
-
-
-def _command(module: str, function: str) -> Handler:
-    return _Command(module, function)
-
-
-class _Choices:
-    """An option's choices, read from their one home when argparse first checks or shows them (the metavar is
-    set, so building the parser does not)."""
-
-    def __init__(self, module: str, name: str) -> None:
-        self.module = module
-        self.name = name
-
-    def _values(self) -> tuple[str, ...]:
-        return tuple(getattr(importlib.import_module(self.module), self.name))
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values())
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._values()
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting, so main() stays the single exit point; a usage error names the
-    help of the command that was typed, and what a mistyped choice was probably meant to be."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageExit(f"{self.prog}: {message}", self.prog)
-
-    def _check_value(self, action: argparse.Action, value: Any) -> None:
-        # argparse's check of a choice (a command, --installer, ...): its own "did you mean" came only in 3.14.
-        if action.choices is not None and value in action.choices:
-            return
-        shown = _public(action)
-        try:
-            super()._check_value(shown, value)
-        except argparse.ArgumentError as exc:
-            close = did_you_mean(str(value), [str(c) for c in shown.choices or ()])
-            raise UsageExit(f"{self.prog}: {exc}", self.prog, close) from None
-
-    def parse_known_args(  # type: ignore[override]
-        self, args: Optional[Sequence[str]] = None, namespace: Optional[argparse.Namespace] = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        parsed, extras = super().parse_known_args(args, namespace)
-        # The innermost command's parser finishes first: main() names its options and its --help for extras.
-        if not hasattr(parsed, "parsed_by"):
-            parsed.parsed_by = self
-        return parsed, extras
-
-
-def _public(action: argparse.Action) -> argparse.Action:
-    """``action`` with only the choices a user is shown: a command list without the hidden commands (those
-    without help, such as the completion scripts' ``__complete``), which argparse would list among the choices of
-    a mistyped command."""
-    # argparse names its subcommand action nowhere public.
-    if not isinstance(action, argparse._SubParsersAction):
-        return action
-    shown = copy.copy(action)
-    shown.choices = {choice.dest: action.choices[choice.dest] for choice in action._get_subactions()}
-    return shown
-
-
-class UsageExit(Exception):
-    """A usage error: main() prints it, with its hint, and exits 2."""
-
-    def __init__(self, message: str, prog: str, close: Optional[str] = None) -> None:
-        super().__init__(message)
-        #: The hint: the close match, if any, and the typed command's help.
-        self.hint = f"{close} See `{prog} --help`" if close else f"see `{prog} --help`"
-
-
-def unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> UsageExit:
-    """Arguments the typed command does not take, with the option each mistyped flag was probably meant to be."""
-    # argparse lists a parser's options nowhere public.
-    options = [s for a in parser._actions for s in a.option_strings]
-    close = [did_you_mean(e.partition("=")[0], options) for e in extras if e.startswith("-")]
-    return UsageExit(
-        f"{parser.prog}: unrecognized arguments: {' '.join(extras)}",
-        parser.prog,
-        " ".join(c for c in close if c) or None,
-    )
-
-
-def _add_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print one versioned JSON object on stdout")
+from envbuilder.cliparts import Choices, Handler, Parser, add_json, command, positive, seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="envbuilder",
         description="Build, validate and keep PyTorch environments on HPC clusters, from tested site recipes.",
     )
     parser.add_argument("--version", action="version", version=f"envbuilder {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show the Python stack on errors")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every command run")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     # In the order `envbuilder --help` lists them.
     for add in (
         _add_plan,
@@ -155,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 if TYPE_CHECKING:
     # argparse's subparsers action has no public name, and is generic only to type checkers.
-    _Sub = argparse._SubParsersAction[_Parser]
+    _Sub = argparse._SubParsersAction[Parser]
 
 
 def _add_plan(sub: _Sub) -> None:
@@ -166,8 +58,8 @@ def _add_plan(sub: _Sub) -> None:
     _add_lock_use(p)
     _add_launch(p)
     _add_index(p)
-    _add_json(p)
-    p.set_defaults(handler=_command("plan", "handle"))
+    add_json(p)
+    p.set_defaults(handler=command("plan", "handle"))
 
 
 def _add_lock(sub: _Sub) -> None:
@@ -188,8 +80,8 @@ def _add_lock(sub: _Sub) -> None:
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     _add_index(p)
-    _add_json(p)
-    p.set_defaults(handler=_command("lock", "handle"))
+    add_json(p)
+    p.set_defaults(handler=command("lock", "handle"))
 
 
 def _add_create(sub: _Sub) -> None:
@@ -198,7 +90,7 @@ def _add_create(sub: _Sub) -> None:
     p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
     p.add_argument(
         "--installer",
-        choices=_Choices("envbuilder.backends.registry", "INSTALLERS"),
+        choices=Choices("envbuilder.backends.registry", "INSTALLERS"),
         metavar="INSTALLER",
         help="override the recipe's installer: %(choices)s",
     )
@@ -215,7 +107,7 @@ def _add_create(sub: _Sub) -> None:
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument(
         "--wait",
-        type=_seconds,
+        type=seconds,
         default=3600.0,
         metavar="SECONDS",
         help="how long to wait for another create of the same env (default 3600; 0 fails at once)",
@@ -223,8 +115,8 @@ def _add_create(sub: _Sub) -> None:
     _add_lock_use(p)
     _add_index(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
-    _add_json(p)
-    p.set_defaults(handler=_command("create", "handle"))
+    add_json(p)
+    p.set_defaults(handler=command("create", "handle"))
 
 
 def _add_validate(sub: _Sub) -> None:
@@ -238,9 +130,9 @@ def _add_validate(sub: _Sub) -> None:
     p.add_argument(
         "--submit", action="store_true", help="submit a batch job, wait for it, collect the report"
     )
-    p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="per check (default 120)")
+    p.add_argument("--timeout", type=seconds, metavar="SECONDS", help="per check (default 120)")
     p.add_argument(
-        "--wait-job", type=_seconds, metavar="SECONDS", help="give up waiting for the job after this"
+        "--wait-job", type=seconds, metavar="SECONDS", help="give up waiting for the job after this"
     )
     p.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML")
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
@@ -253,8 +145,8 @@ def _add_validate(sub: _Sub) -> None:
     p.add_argument(
         "--registry", metavar="DIR", help="the registry to stamp (default: the one the recipe came from)"
     )
-    _add_json(p)
-    p.set_defaults(handler=_command("validate", "handle"))
+    add_json(p)
+    p.set_defaults(handler=command("validate", "handle"))
 
 
 def _add_run(sub: _Sub) -> None:
@@ -278,42 +170,48 @@ def _add_run(sub: _Sub) -> None:
             help="print the exact command (run) or job script (sbatch) instead of starting it",
         )
         if name == "sbatch":
-            _add_json(p)
+            add_json(p)
         else:
             _add_image(p, "run the env from its image (envbuilder pack), mounted on this node")
+        p.add_argument(
+            "--stage",
+            action="store_true",
+            help="first stage the env's image on every node of the job (envbuilder stage), then run from those "
+            "node-local copies",
+        )
         # Everything after `--` is the program's (main splits it off before parsing: argparse would read its
         # options as envbuilder's).
-        p.set_defaults(handler=_command("run", handler), program=())
+        p.set_defaults(handler=command("run", handler), program=())
 
 
 def _add_env_verbs(sub: _Sub) -> None:
     """list, show, activate, remove, modulefile: the verbs on the envs you have built."""
     p = sub.add_parser("list", help="the envs you have built, with their health")
-    _add_json(p)
-    p.set_defaults(handler=_command("envs", "handle_list"))
+    add_json(p)
+    p.set_defaults(handler=command("envs", "handle_list"))
     _env_verb(
-        sub, "show", "one env's record: recipe, packages, tools, last check", _command("envs", "handle_show")
+        sub, "show", "one env's record: recipe, packages, tools, last check", command("envs", "handle_show")
     )
     e = _env_verb(
         sub,
         "activate",
         "print the line that activates an env (source it)",
-        _command("envs", "handle_activate"),
+        command("envs", "handle_activate"),
     )
     e.add_argument(
         "--shell",
-        choices=_Choices("envbuilder.activation", "SHELLS"),
+        choices=Choices("envbuilder.activation", "SHELLS"),
         metavar="SHELL",
         help="%(choices)s: the shell the line is for (default: $SHELL's, bash where that is none of these)",
     )
     _add_image(e, "mount the env's image (envbuilder pack) on this node and activate from it (bash, zsh)")
-    e = _env_verb(sub, "remove", "delete an env and its record", _command("envs", "handle_remove"))
+    e = _env_verb(sub, "remove", "delete an env and its record", command("envs", "handle_remove"))
     e.add_argument("-y", "--yes", action="store_true", help="do not ask")
     e = _env_verb(
         sub,
         "modulefile",
         "write a modulefile (Lmod Lua, or Tcl for Environment Modules) that activates an env",
-        _command("envs", "handle_modulefile"),
+        command("envs", "handle_modulefile"),
     )
     e.add_argument(
         "-o",
@@ -324,7 +222,7 @@ def _add_env_verbs(sub: _Sub) -> None:
     )
     e.add_argument(
         "--format",
-        choices=_Choices("envbuilder.modulefile", "FORMATS"),
+        choices=Choices("envbuilder.modulefile", "FORMATS"),
         default="lua",
         metavar="FORMAT",
         help="%(choices)s: lua for Lmod (default), tcl for Environment Modules sites",
@@ -336,11 +234,23 @@ def _add_pack(sub: _Sub) -> None:
         sub,
         "pack",
         "make a squashfs image of an env, for jobs that import from a node-local mount",
-        _command("pack", "handle"),
+        command("pack", "handle"),
     )
     p.add_argument(
         "--to", metavar="DIR", help="write the image into DIR, e.g. on $WORK (default: beside the env)"
     )
+    _env_verb(
+        sub,
+        "stage",
+        "copy an env's image to every node of this Slurm allocation (sbcast) and unpack it there",
+        command("stage", "handle"),
+    )
+    # The node side of stage, started by its srun steps (no help: not listed).
+    p = sub.add_parser("__stage-node")
+    p.add_argument("step", choices=("prepare", "unpack"))
+    p.add_argument("key")
+    p.add_argument("sha256")
+    p.set_defaults(handler=command("stage", "handle_node"))
 
 
 def _add_image(p: argparse.ArgumentParser, help_text: str) -> None:
@@ -358,29 +268,29 @@ def _add_backup(sub: _Sub) -> None:
     p.add_argument("--to", metavar="DIR", help="backup root (default $WORK/envbuilder/backups)")
     p.add_argument(
         "--mode",
-        choices=_Choices("envbuilder.backup", "MODES"),
+        choices=Choices("envbuilder.backup", "MODES"),
         metavar="MODE",
         help="%(choices)s (default: wheelhouse for venvs, archive otherwise)",
     )
     p.add_argument(
         "--format",
-        choices=_Choices("envbuilder.backup", "FORMATS"),
+        choices=Choices("envbuilder.backup", "FORMATS"),
         default="tar",
         metavar="FORMAT",
         help="archive mode: %(choices)s (default tar, compressed with zstd)",
     )
-    p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
+    p.add_argument("--wait", type=seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
-    _add_json(p)
-    p.set_defaults(handler=_command("backup", "handle_backup"))
+    add_json(p)
+    p.set_defaults(handler=command("backup", "handle_backup"))
 
 
 def _add_backups(sub: _Sub) -> None:
     p = sub.add_parser("backups", help="list backups: id, mode, size, date, verified")
     p.add_argument("env", nargs="?")
     p.add_argument("--from", dest="source", metavar="DIR", help=_ROOT_HELP)
-    _add_json(p)
-    p.set_defaults(handler=_command("backup", "handle_backups"))
+    add_json(p)
+    p.set_defaults(handler=command("backup", "handle_backups"))
 
 
 def _add_restore(sub: _Sub) -> None:
@@ -395,29 +305,29 @@ def _add_restore(sub: _Sub) -> None:
     p.add_argument("--force", action="store_true", help="replace an env that exists at the target")
     p.add_argument("--validate", action="store_true", help="run the full validation suite afterwards")
     p.add_argument("--no-validate", action="store_true", help="skip even the torch import check")
-    p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
+    p.add_argument("--wait", type=seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
-    _add_json(p)
-    p.set_defaults(handler=_command("backup", "handle_restore"))
+    add_json(p)
+    p.set_defaults(handler=command("backup", "handle_restore"))
 
 
 def _add_verify_backup(sub: _Sub) -> None:
     p = sub.add_parser("verify-backup", help="re-hash a backup (ENV for its newest, or an id ENV@STAMP)")
     p.add_argument("backup", metavar="ENV|ID")
     p.add_argument("--from", dest="source", metavar="DIR", help=_ROOT_HELP)
-    _add_json(p)
-    p.set_defaults(handler=_command("backup", "handle_verify"))
+    add_json(p)
+    p.set_defaults(handler=command("backup", "handle_verify"))
 
 
 def _add_prune_backups(sub: _Sub) -> None:
     p = sub.add_parser("prune-backups", help="keep the newest N backups of each env; free unused wheels")
-    p.add_argument("--keep", type=_positive, required=True, metavar="N")
+    p.add_argument("--keep", type=positive, required=True, metavar="N")
     p.add_argument("--env", metavar="NAME", help="prune this env's backups only")
     p.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
     p.add_argument("--from", dest="source", metavar="DIR", help=_ROOT_HELP)
-    p.add_argument("--wait", type=_seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
-    _add_json(p)
-    p.set_defaults(handler=_command("backup", "handle_prune"))
+    p.add_argument("--wait", type=seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
+    add_json(p)
+    p.set_defaults(handler=command("backup", "handle_prune"))
 
 
 def _add_touch(sub: _Sub) -> None:
@@ -425,7 +335,7 @@ def _add_touch(sub: _Sub) -> None:
         sub,
         "touch",
         "refresh an env's access times, only where the site's purge policy allows it",
-        _command("backup", "handle_touch"),
+        command("backup", "handle_touch"),
     )
 
 
@@ -434,22 +344,22 @@ def _add_doctor(sub: _Sub) -> None:
     p.add_argument("env", nargs="*", metavar="ENV", help="envs to check (default: every env you have built)")
     p.add_argument("--facts", metavar="FILE", help="another node's facts as JSON: the report for that node")
     _add_index(p)
-    _add_json(p)
-    p.set_defaults(handler=_command("doctor", "handle"))
+    add_json(p)
+    p.set_defaults(handler=command("doctor", "handle"))
 
 
 def _add_probe(sub: _Sub) -> None:
     p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
-    _add_json(p)
-    p.set_defaults(handler=_command("probe", "handle"))
+    add_json(p)
+    p.set_defaults(handler=command("probe", "handle"))
 
 
 def _add_recipes(sub: _Sub) -> None:
     p = sub.add_parser("recipes", help="list and inspect recipes")
-    rsub = p.add_subparsers(dest="recipes_command", metavar="ACTION", parser_class=_Parser)
+    rsub = p.add_subparsers(dest="recipes_command", metavar="ACTION", parser_class=Parser)
     r = rsub.add_parser("list", help="every recipe on the search path")
-    _add_json(r)
-    r.set_defaults(handler=_command("recipes", "handle_list"))
+    add_json(r)
+    r.set_defaults(handler=command("recipes", "handle_list"))
     r = rsub.add_parser("show", help="a recipe's effective values")
     r.add_argument("recipe")
     r.add_argument(
@@ -458,19 +368,19 @@ def _add_recipes(sub: _Sub) -> None:
         help="show the file each value came from, and the torch facts' source",
     )
     _add_index(r)
-    _add_json(r)
-    r.set_defaults(handler=_command("recipes", "handle_show"))
+    add_json(r)
+    r.set_defaults(handler=command("recipes", "handle_show"))
     r = rsub.add_parser("schema", help="print the recipe JSON schema (for editors)")
-    r.set_defaults(handler=_command("recipes", "handle_schema"), json=False)
+    r.set_defaults(handler=command("recipes", "handle_schema"), json=False)
     r = rsub.add_parser("diff", help="what changed between two published versions of a recipe")
     r.add_argument("recipe")
     r.add_argument("old", metavar="A")
     r.add_argument("new", metavar="B")
-    _add_json(r)
-    r.set_defaults(handler=_command("publish", "handle_diff"))
+    add_json(r)
+    r.set_defaults(handler=command("publish", "handle_diff"))
     r = rsub.add_parser("update", help="the latest published versions, and your envs built from older ones")
-    _add_json(r)
-    r.set_defaults(handler=_command("publish", "handle_update"))
+    add_json(r)
+    r.set_defaults(handler=command("publish", "handle_update"))
     p.set_defaults(handler=None, subparser=p)
 
 
@@ -502,10 +412,10 @@ def _add_publish(sub: _Sub) -> None:
         help="ship this lockfile with its recipe (it must have been made from the recipe as published)",
     )
     p.add_argument(
-        "--wait", type=_seconds, default=60.0, metavar="SECONDS", help="wait for another publish (default 60)"
+        "--wait", type=seconds, default=60.0, metavar="SECONDS", help="wait for another publish (default 60)"
     )
-    _add_json(p)
-    p.set_defaults(handler=_command("publish", "handle_publish"))
+    add_json(p)
+    p.set_defaults(handler=command("publish", "handle_publish"))
 
 
 def _add_docs(sub: _Sub) -> None:
@@ -514,16 +424,16 @@ def _add_docs(sub: _Sub) -> None:
     p.add_argument(
         "shell",
         nargs="?",
-        choices=_Choices("envbuilder.completion", "SHELLS"),
+        choices=Choices("envbuilder.completion", "SHELLS"),
         metavar="SHELL",
         help="%(choices)s (default: the one $SHELL names)",
     )
-    p.set_defaults(handler=_command("docs", "handle_completion"))
+    p.set_defaults(handler=command("docs", "handle_completion"))
     p = sub.add_parser("man", help="print the envbuilder man page (roff)")
-    p.set_defaults(handler=_command("docs", "handle_man"))
+    p.set_defaults(handler=command("docs", "handle_man"))
     p = sub.add_parser("__complete")
-    p.add_argument("kind", choices=_Choices("envbuilder.completion", "KINDS"), metavar="KIND")
-    p.set_defaults(handler=_command("docs", "handle_names"))
+    p.add_argument("kind", choices=Choices("envbuilder.completion", "KINDS"), metavar="KIND")
+    p.set_defaults(handler=command("docs", "handle_names"))
 
 
 def _add_lock_use(p: argparse.ArgumentParser) -> None:
@@ -559,12 +469,12 @@ def _add_launch(
     account, partition."""
     p.add_argument(
         "--launcher",
-        choices=_Choices("envbuilder.validate.launchers", "LAUNCHERS"),
+        choices=Choices("envbuilder.validate.launchers", "LAUNCHERS"),
         metavar="LAUNCHER",
         help="%(choices)s (default: the recipe's)",
     )
-    p.add_argument("--nodes", type=_positive, metavar="N")
-    p.add_argument(per_node, type=_positive, metavar="N", help=per_node_help)
+    p.add_argument("--nodes", type=positive, metavar="N")
+    p.add_argument(per_node, type=positive, metavar="N", help=per_node_help)
     p.add_argument("--account", metavar="NAME", help="allocation account for batch jobs")
     _add_partition(p)
 
@@ -586,26 +496,6 @@ def _env_verb(
     """A verb that acts on one recorded env: ``envbuilder NAME ENV [--json]``."""
     p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
     p.add_argument("env")
-    _add_json(p)
+    add_json(p)
     p.set_defaults(handler=handler)
     return p
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, found {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, found {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, found {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, found {value:g}")
-    return value

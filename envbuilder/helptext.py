@@ -93,6 +93,10 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (*_RECORDS, "TMPDIR", "ENVBUILDER_NO_FUSE"),
     ),
     "pack": (("pack local", "pack local --to $WORK/images"), _RECORDS),
+    "stage": (
+        ("stage local", "stage vista-venv-cu124 --json"),
+        (*_RECORDS, "SLURM_JOB_ID", "TMPDIR"),
+    ),
     "remove": (("remove local", "remove local --yes"), _RECORDS),
     "modulefile": (
         ("modulefile local", "modulefile local -o ~/modulefiles/torch", "modulefile local --format tcl"),

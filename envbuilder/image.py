@@ -183,9 +183,14 @@ def pack(home: Path, record: state.EnvRecord, to: Optional[Path]) -> state.EnvRe
 # Using an image on this node
 
 
+def node_base(env: Mapping[str, str]) -> Path:
+    """Where :func:`node_dir` is, on every node alike (``envbuilder stage`` names it before the nodes make it)."""
+    return Path(env.get("TMPDIR") or "/tmp") / f"envbuilder-{os.getuid()}"  # noqa: S108 - a private 0700 dir
+
+
 def node_dir(env: Mapping[str, str]) -> Path:
     """This user's directory for mounts and unpacked copies on this node: mode 0700, ours, not a link."""
-    base = Path(env.get("TMPDIR") or "/tmp") / f"envbuilder-{os.getuid()}"  # noqa: S108 - a private 0700 dir
+    base = node_base(env)
     with contextlib.suppress(FileExistsError):
         base.mkdir(mode=0o700)
     st = base.lstat()
@@ -277,12 +282,21 @@ def usable(record: state.EnvRecord) -> Path:
     return Path(record.image["path"])
 
 
+def image_key(record: state.EnvRecord) -> str:
+    """The name of the env's image on a node: a new pack gets a new one."""
+    return f"{record.name}-{str(record.image['sha256'])[:16]}"
+
+
+def unpacked_path(base: Path, key: str) -> Path:
+    return base / f"{key}.unpacked"
+
+
 def use(record: state.EnvRecord, env: Mapping[str, str]) -> InUse:
     """Mount the env's image on this node (or reuse its mount), else unpack it there."""
     image = usable(record)
     digest = str(record.image["sha256"])
     base = node_dir(env)
-    key = f"{record.name}-{digest[:16]}"
+    key = image_key(record)
     mount_point = base / key
     # One mount per image and node: the ranks of a job that each start from the image wait for the first.
     with fsutil.Mutex(base / f".{key}.lock", timeout=MOUNT_WAIT_S):
@@ -294,11 +308,16 @@ def use(record: state.EnvRecord, env: Mapping[str, str]) -> InUse:
                 mount_point.mkdir(mode=0o700, exist_ok=True)
                 proc.run([fuse[0], "-o", "ro", str(image), str(mount_point)])
             return InUse(record.name, mount_point, "squashfuse", cleaned)
-        unpacked = base / f"{key}.unpacked"
-        if not (unpacked / UNPACKED_MARK).is_file():
-            _verify(image, digest)
-            _unpack(image, unpacked, digest)
+        unpacked = unpacked_path(base, key)
+        unpack_once(image, unpacked, digest)
         return InUse(record.name, unpacked, "unpacked", cleaned)
+
+
+def unpack_once(image: Path, into: Path, digest: str) -> None:
+    """``image`` unpacked at ``into``, unless a complete copy of it is there already."""
+    if not (into / UNPACKED_MARK).is_file():
+        _verify(image, digest)
+        _unpack(image, into, digest)
 
 
 def _verify(image: Path, digest: str) -> None:

@@ -131,22 +131,25 @@ def _libc_call(name: str, *args: object) -> None:
         raise OSError(code, f"{name}: {os.strerror(code)} ({errno.errorcode.get(code, code)})")
 
 
-def _enter_host(name: str, hosts: str) -> None:
+def _enter_host(name: str, hosts: str, local: tuple[str, ...] = ()) -> None:
     """Makes this process a host of its own: new UTS and mount namespaces, the host name ``name``, and ``hosts``
-    bind-mounted on /etc/hosts. The mounts are made private first, so the bind never reaches the machine's
-    namespace. (Python 3.12 has os.unshare; 3.11 and older need libc.)"""
+    bind-mounted on /etc/hosts; ``local`` (SOURCE, TARGET): SOURCE bind-mounted on TARGET, the node's own local
+    storage at a path every node names alike. The mounts are made private first, so the binds never reach the
+    machine's namespace. (Python 3.12 has os.unshare; 3.11 and older need libc.)"""
     _libc_call("unshare", CLONE_NEWUTS | CLONE_NEWNS)
     socket.sethostname(name)
     _libc_call("mount", b"none", b"/", None, MS_REC | MS_PRIVATE, None)
     _libc_call("mount", os.fsencode(hosts), b"/etc/hosts", None, MS_BIND, None)
+    if local:
+        _libc_call("mount", os.fsencode(local[0]), os.fsencode(local[1]), None, MS_BIND, None)
 
 
-def _supervise(argv: list[str], host: Optional[tuple[str, str]] = None) -> int:
+def _supervise(argv: list[str], host: Optional[tuple[str, ...]] = None) -> int:
     """Runs argv as a child and reaps every process orphaned below it (slurmd double-forks each slurmstepd, and
     PID 1 on a bare VM or container may never wait for them, leaving zombies). SIGTERM/SIGINT/SIGHUP go on to
     the child; once it is gone, leftovers get a few seconds and then SIGKILL. Exits with the child's status.
-    Dies with the test process, so an aborted run leaves no daemon behind. ``host`` (name, hosts file): the
-    child runs as that host (:func:`_enter_host`)."""
+    Dies with the test process, so an aborted run leaves no daemon behind. ``host`` (name, hosts file[, local
+    source, local target]): the child runs as that host (:func:`_enter_host`)."""
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() == 1:  # the test process is already gone
         return 1
@@ -156,7 +159,7 @@ def _supervise(argv: list[str], host: Optional[tuple[str, str]] = None) -> int:
         try:
             _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
             if host is not None:
-                _enter_host(*host)
+                _enter_host(host[0], host[1], host[2:])
             os.execv(argv[0], argv)  # noqa: S606 (an argv list from MiniCluster, no shell)
         except OSError as exc:
             print(f"cannot run {argv[0]}: {exc}", file=sys.stderr, flush=True)
@@ -318,7 +321,11 @@ class MiniCluster:
             self._wait_until(self.munge_socket.exists, "munged to open its socket", began)
             self._spawn("slurmctld", "-D", "-i", "-f", str(self.conf))
             for node in self.nodes:
-                host = ("--host", node.name, str(self.root / "hosts")) if node.own_host else ()
+                host = (
+                    ("--host", node.name, str(self.root / "hosts"), *self._local(node))
+                    if node.own_host
+                    else ()
+                )
                 self._spawn("slurmd", "-D", "-N", node.name, "-f", str(self.conf), key=node.name, host=host)
             self._wait_until(self._all_idle, "every node to be idle", began)
         except BaseException:
@@ -399,6 +406,10 @@ class MiniCluster:
                 if n.gpus
             )
         )
+
+    def _local(self, node: Node) -> tuple[str, ...]:
+        """The supervisor's ``--local SOURCE TARGET`` for ``node`` (none: nodes share this machine's storage)."""
+        return ()
 
     def _spawn(self, name: str, *args: str, key: str = "", host: tuple[str, ...] = ()) -> None:
         """Starts daemon ``name`` under the supervisor. ``key`` tells several of one daemon apart (one slurmd
@@ -506,6 +517,18 @@ class MultiNodeCluster(MiniCluster):
         if not 1 <= nodes <= 254:
             raise ValueError(f"1 to 254 nodes (one address 127.0.1.K each), not {nodes}")
         self.nodes = tuple(Node(f"n{i}", own_host=True, addr=f"127.0.1.{i}") for i in range(1, nodes + 1))
+        #: Each node's own local storage: empty as this machine sees it, node_local(NAME) as node NAME sees it
+        #: (point TMPDIR here for what must land on every node apart, as sbcast's copies).
+        self.local = root / "node-local"
+
+    def node_local(self, name: str) -> Path:
+        """What node ``name`` sees at :attr:`local`."""
+        return self.root / "node-local-of" / name
+
+    def _local(self, node: Node) -> tuple[str, ...]:
+        for path in (self.local, self.node_local(node.name)):
+            path.mkdir(mode=0o755, parents=True, exist_ok=True)
+        return ("--local", str(self.node_local(node.name)), str(self.local))
 
     def job_pids(self, name: str) -> list[int]:
         """The processes jobs run on node ``name``: everything below its slurmd but the slurmd and its
@@ -582,7 +605,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _main(args: list[str]) -> int:
-    """``[--host NAME HOSTS_FILE] EXE ARGS...``: supervise EXE (as host NAME)."""
+    """``[--host NAME HOSTS_FILE [--local SOURCE TARGET]] EXE ARGS...``: supervise EXE (as host NAME)."""
+    if args[:1] == ["--host"] and args[3:4] == ["--local"]:
+        return _supervise(args[6:], host=(args[1], args[2], args[4], args[5]))
     if args[:1] == ["--host"]:
         return _supervise(args[3:], host=(args[1], args[2]))
     return _supervise(args)

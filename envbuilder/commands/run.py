@@ -7,9 +7,9 @@ import argparse
 import os
 from typing import Any
 
-from envbuilder import host, image, modules, proc, settings, state
+from envbuilder import host, image, modules, proc, settings, staging, state
 from envbuilder.console import Out
-from envbuilder.errors import StateError
+from envbuilder.errors import StateError, UsageError
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.validate import program
@@ -31,9 +31,24 @@ def _request(args: argparse.Namespace) -> program.Request:
 
 
 def _prepare(args: argparse.Namespace, out: Out, *, batch: bool) -> tuple[Any, ...]:
+    """The env, the record the program runs from (at a mount or staged copy) and the env's own, its recipe and
+    the launch."""
     env = dict(os.environ)
-    record = state.load(settings.home(env), args.env)
-    if getattr(args, "image", False):
+    record = own = state.load(settings.home(env), args.env)
+    stage: list[str] = []
+    if args.stage and getattr(args, "image", False):
+        raise UsageError("--stage and --image are two ways to use the image: pick one")
+    if args.stage and batch:
+        staged, stage = staging.in_job_script(record, env)
+        record = staging.staged_record(record, staged)
+    elif args.stage:
+        if args.dry_run:
+            staged = staging.planned(record, env)
+        else:
+            staged = staging.stage(record, env)
+            out.line(f"staged {record.name} on {staged.nodes} node(s) at {staged.path}")
+        record = staging.staged_record(record, staged)
+    elif getattr(args, "image", False):
         # From the node-local copy: the env directory itself may even have been purged.
         used = image.use(record, env)
         if used.cleaned:
@@ -45,14 +60,14 @@ def _prepare(args: argparse.Namespace, out: Out, *, batch: bool) -> tuple[Any, .
         )
     version = str(record.plan.get("recipe_version") or "")
     recipe = loader.load(f"{record.recipe}@{version}" if version else record.recipe, Catalog.from_env(env))
-    prepared = program.prepare(record, recipe, host.probe(env), env, _request(args), batch=batch)
+    prepared = program.prepare(record, recipe, host.probe(env), env, _request(args), batch=batch, stage=stage)
     for text in prepared.warnings:
         out.warn(text)
-    return env, record, recipe, prepared
+    return env, record, own, recipe, prepared
 
 
 def handle_run(args: argparse.Namespace, out: Out) -> ProgramStatus:
-    env, record, recipe, prepared = _prepare(args, out, batch=False)
+    env, record, _own, recipe, prepared = _prepare(args, out, batch=False)
     if args.dry_run:
         print(proc.quote(program.command_here(prepared)))
         return ProgramStatus(0)
@@ -61,7 +76,8 @@ def handle_run(args: argparse.Namespace, out: Out) -> ProgramStatus:
 
 
 def handle_sbatch(args: argparse.Namespace, out: Out) -> dict[str, Any]:
-    env, record, _recipe, prepared = _prepare(args, out, batch=True)
+    # The job's files go into the env's own directory, not where its ranks will find it.
+    env, _record, record, _recipe, prepared = _prepare(args, out, batch=True)
     script = prepared.launch.script or ""
     if args.dry_run:
         if not args.json:

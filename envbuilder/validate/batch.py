@@ -179,15 +179,19 @@ def script(
     launch: Sequence[launchers.Arg],
     workdir: str,
     threads: Optional[Threads] = None,
+    stage: Sequence[str] = (),
 ) -> str:
     """The job script: directives, then the modules ``activate`` loads, its conda env, and the variables it sets
-    and unsets (it refused what a script cannot carry when it was made), then the launch in ``workdir``."""
+    and unsets (it refused what a script cannot carry when it was made), then the launch in ``workdir`` (after
+    ``stage``, the command that stages the env's image on the job's nodes, where one is given)."""
     for directive in directives:
         require_carriable(directive, "scheduler (a batch directive)")
     require_carriable(workdir, "validation work directory")
     for arg in launch:
         if isinstance(arg, str):
             require_carriable(arg, "launch command")
+    for arg in stage:
+        require_carriable(arg, "staging command")
     adapter = schedulers.SCHEDULERS[scheduler]
     lines = ["#!/bin/bash", *(f"{adapter.directive} {d}" for d in directives), "", "set -euo pipefail"]
     lines += adapter.setup
@@ -203,5 +207,7 @@ def script(
     if multinode:
         lines += [adapter.first_host, "export MASTER_ADDR"]
     lines.append(f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)}")
+    if stage:
+        lines.append(launchers.render(stage))
     lines.append(launchers.render(launch))
     return "\n".join(lines) + "\n"

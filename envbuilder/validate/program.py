@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -55,8 +55,10 @@ def prepare(
     request: Request,
     *,
     batch: bool,
+    stage: Sequence[str] = (),
 ) -> Prepared:
-    """The launch of ``request.program`` for a run here, or (``batch``) for a job script."""
+    """The launch of ``request.program`` for a run here, or (``batch``) for a job script, which runs ``stage``
+    (the command that stages the env's image on the job's nodes) first where one is given."""
     if not request.program:
         raise UsageError("no program to run", hint="envbuilder run ENV -- PROGRAM [ARGS...]")
     if request.program[0].startswith("-"):
@@ -100,6 +102,7 @@ def prepare(
         warnings=warnings,
         affinity=affinity,
         workdir=str(Path.cwd()),
+        stage=stage,
     )
     return Prepared(the_launch, here, tuple(warnings))
 

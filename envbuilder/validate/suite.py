@@ -240,8 +240,10 @@ def launch_program(
     warnings: list[str],
     affinity: tuple[str, ...] = (),
     workdir: Optional[str] = None,
+    stage: Sequence[str] = (),
 ) -> Launch:
-    """The launch of ``program`` in ``shape`` by the recipe's rules, with the batch script around it."""
+    """The launch of ``program`` in ``shape`` by the recipe's rules, with the batch script around it (``stage``:
+    the script's command that stages the env's image first)."""
     sched, site_launcher = recipe.scheduler, recipe.launcher
     adapter = schedulers.get(sched.type)
     spec = launchers.LaunchSpec(
@@ -282,6 +284,7 @@ def launch_program(
         launch=argv,
         workdir=workdir or f"{env.prefix}/envbuilder/validation",
         threads=batch.Threads(shape.nproc, site_launcher.depth, shape.cores),
+        stage=stage,
     )
     return Launch(
         shape.launcher.name, argv, shape.nodes, shape.nproc, adapter.name, shape.partition, interactive, text

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from envbuilder import cli, cliparser, helptext, manpage
+from envbuilder import cli, cliparser, cliparts, helptext, manpage
 
 
 def commands():
@@ -39,12 +39,12 @@ def test_every_command_has_examples_and_hidden_ones_are_hidden():
 
 
 def test_a_mistyped_command_lists_the_public_commands_only():
-    with pytest.raises(cliparser.UsageExit) as raised:
+    with pytest.raises(cliparts.UsageExit) as raised:
         cliparser.build_parser().parse_args(["nosuch"])
     message = str(raised.value)
     assert "invalid choice: 'nosuch'" in message and "'create'" in message and "'man'" in message
     assert "__complete" not in message
-    with pytest.raises(cliparser.UsageExit) as raised:
+    with pytest.raises(cliparts.UsageExit) as raised:
         cliparser.build_parser().parse_args(["__complet"])
     assert "__complete" not in str(raised.value) + raised.value.hint  # nor suggested
     assert cliparser.build_parser().parse_args(["__complete", "envs"]).kind == "envs"  # still there
