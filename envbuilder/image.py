@@ -12,7 +12,6 @@ on the next use.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import stat
@@ -24,7 +23,7 @@ from typing import Any, Optional
 
 from envbuilder import activate_scripts, fsutil, proc, state
 from envbuilder.backends import registry
-from envbuilder.backup import archive
+from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import StateError
 
 SUFFIX = ".sqfs"
@@ -123,14 +122,6 @@ def image_path(record: state.EnvRecord, to: Optional[Path]) -> Path:
     return where / f"{record.name}{SUFFIX}"
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(archive.CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def pack(home: Path, record: state.EnvRecord, to: Optional[Path]) -> state.EnvRecord:
     """Write the env's image (beside its final name, then renamed in), record it; the updated record."""
     why = refusal(record)
@@ -161,7 +152,7 @@ def pack(home: Path, record: state.EnvRecord, to: Optional[Path]) -> state.EnvRe
         argv += ["-comp", "zstd", "-Xcompression-level", "3"]  # as fast as tar+zstd; level 15 is 20x slower
     try:
         proc.run(argv, timeout=None)
-        digest = sha256(partial)
+        digest = wheelhouse.file_sha256(partial)
         partial.replace(final)
     finally:
         partial.unlink(missing_ok=True)
@@ -321,7 +312,7 @@ def unpack_once(image: Path, into: Path, digest: str) -> None:
 
 
 def _verify(image: Path, digest: str) -> None:
-    if sha256(image) != digest:
+    if wheelhouse.file_sha256(image) != digest:
         raise StateError(
             f"{image} does not match its recorded sha256 {digest[:16]}… (damaged or replaced)",
             hint="envbuilder pack the env again",
