@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from envbuilder import __version__, activation, fsutil, payloads, proc, settings, state, transaction
 from envbuilder.backends import base, installers, registry, torchbuild
-from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
+from envbuilder.backends.buildlog import BuildLog, open_log, world_write_swept
 from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.errors import BackendError, StateError, UsageError
 from envbuilder.modules import EnvDelta, ModuleSystem
@@ -366,22 +366,24 @@ def _record(
 ) -> state.EnvRecord:
     """What was built, written inside the env (the home's copy follows the swap)."""
     job.report.step("recording installed packages")
-    packages = backend.inventory(build)
     backend.move_in(build)
-    record = state.EnvRecord(
-        name=where.name,
-        recipe=job.plan.recipe,
-        recipe_digest=recipe_digest(job.recipe),
-        prefix=str(where.final),
-        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        plan=job.plan.to_json(),
-        facts=dict(job.facts),
-        packages=tuple(packages),
-        tools=backend.tools(build),
-        modules=base.loaded_modules(job.modules.kind, delta),
-    )
-    fsutil.write_atomic(build.partial / "envbuilder" / "record.json", record.dumps())
-    for rel in drop_world_write(build.partial):
+    # The tools' last writes are done: the world-write sweep walks the env while the record is put together (its
+    # reads of the dist-info files, the installer's version, and one file written with its own mode).
+    with world_write_swept(build.partial) as fixed:
+        record = state.EnvRecord(
+            name=where.name,
+            recipe=job.plan.recipe,
+            recipe_digest=recipe_digest(job.recipe),
+            prefix=str(where.final),
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            plan=job.plan.to_json(),
+            facts=dict(job.facts),
+            packages=tuple(backend.inventory(build)),
+            tools=backend.tools(build),
+            modules=base.loaded_modules(job.modules.kind, delta),
+        )
+        fsutil.write_atomic(build.partial / "envbuilder" / "record.json", record.dumps())
+    for rel in fixed:
         build.log.write(f"removed world write permission from {rel}")
     return record
 

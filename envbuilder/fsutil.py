@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -42,6 +43,17 @@ def mkdirs(path: Path) -> None:
         mode = directory.stat().st_mode & 0o777
         if mode & 0o002:
             directory.chmod(mode & ~0o002)
+
+
+def walk(root: Path) -> Iterator[Path]:
+    """Every entry under ``root`` (not following links), parents before children, in a stable order."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        here = Path(dirpath)
+        for name in sorted(dirnames):
+            yield here / name
+        for name in sorted(filenames):
+            yield here / name
 
 
 def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:

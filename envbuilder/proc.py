@@ -204,6 +204,47 @@ def run(
     return result
 
 
+class Background:
+    """A command started now whose result is collected later (:func:`background`), so that it overlaps work
+    this process does meanwhile. Its output is captured whole (meant for short commands with small output)."""
+
+    def __init__(self, child: subprocess.Popen[str], argv: tuple[str, ...]) -> None:
+        self.child = child
+        self.argv = argv
+
+    def result(self, timeout: Optional[float] = None, check: bool = True) -> Result:
+        """Wait for it (CommandFailed 124 and the tree ended on ``timeout``); its Result."""
+        try:
+            out, err = self.child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            end_tree(self.child)
+            self.child.communicate()
+            raise CommandFailed(list(self.argv), 124, f"timed out after {timeout:g} s") from None
+        if check and self.child.returncode != 0:
+            raise CommandFailed(list(self.argv), self.child.returncode, tail(err))
+        return Result(self.argv, self.child.returncode, out, err)
+
+
+@contextlib.contextmanager
+def background(
+    argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, umask: int = -1
+) -> Iterator[Background]:
+    """Start ``argv`` (as :func:`run` does: own session, tied to this process) and hand it back to be collected
+    with ``.result()``; leaving the block any other way (an error, Ctrl-C) ends it and all it started."""
+    argv = tuple(os.fspath(a) for a in argv)
+    log.debug("+ %s &", quote(argv))
+    child, mask = _start(
+        argv, env, umask, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _release_signals(mask)
+        yield Background(child, argv)
+    finally:
+        if child.returncode is None:
+            end_tree(child)
+            child.communicate()
+
+
 #: How often proc.run calls its ``watch``.
 WATCH_S = 0.5
 
@@ -243,10 +284,15 @@ class _Pump:
         if not self.fed:
             self.fed = True
             self._feed(input)
-        self.child.wait(timeout)  # TimeoutExpired, as communicate raises it
-        # Like communicate: the texts are complete once the pipes close (a grandchild may hold them a while).
+        # The texts are complete once the pipes close, which the child's end does (a grandchild may hold them
+        # longer, and counts against the timeout). The readers are joined first: a thread join wakes the moment
+        # they finish, where Popen.wait(timeout) polls with sleeps growing to 50 ms, a delay on every command.
+        deadline = None if timeout is None else time.monotonic() + timeout
         for reader in self.readers:
-            reader.join()
+            reader.join(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.child.args, timeout or 0.0)
+        self.child.wait(None if deadline is None else max(deadline - time.monotonic(), 0.0))
         if self.failed is not None:
             raise self.failed
         return "".join(self.texts["stdout"]), "".join(self.texts["stderr"])

@@ -22,12 +22,14 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from rich import filesize
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 #: Seconds a walk of the measured directories may take before Growth walks the first one only.
 SLOW_WALK_S = 2.0
@@ -198,6 +200,9 @@ class Steps:
 
     def _live(self) -> Progress:
         if self.live is None:
+            # rich's live display only on a terminal: a batch job's or a pipe's create never imports it.
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
             # Started with the first step, not before: the heading printed first stays above it.
             self.live = Progress(
                 TextColumn("  "),

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from rich.cells import cell_len
 from rich.console import Console, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 #: The space rich puts between two columns of a borderless table (one cell of padding on each side).
@@ -91,6 +90,8 @@ def _needed(columns: Sequence[Column], rows: Sequence[Sequence[Text]], shown: li
 def _table_lines(
     console: Console, columns: Sequence[Column], rows: Sequence[Sequence[Text]], shown: list[int]
 ) -> list[Text]:
+    from rich.table import Table  # noqa: PLC0415 - rich's table layout only where a table is shown
+
     table = Table(box=None, pad_edge=False, header_style="bold")
     for i in shown:
         col = columns[i]

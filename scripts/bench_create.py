@@ -120,7 +120,9 @@ def make_ways(base: dict[str, str], uv: str, index: Index) -> dict[str, Way]:
         env = {
             **base,
             "UV_CACHE_DIR": str(cache),
-            "ENVBUILDER_HOME": str(prefix.parent / f"{prefix.name}-home"),
+            # Beside the cache, so the warm run also has what the cold one left in envbuilder's own cache (the
+            # index pages read for the plan), as a user's second create does.
+            "ENVBUILDER_HOME": str(cache.parent / f"{cache.name}-envbuilder-home"),
             "ENVBUILDER_INDEX_MIRROR": mirror_env(index),
             "NO_COLOR": "1",
         }

@@ -17,7 +17,6 @@ import platform
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from email.parser import HeaderParser
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -26,6 +25,7 @@ from packaging.utils import canonicalize_name
 from envbuilder import __version__, activation, progress, settings
 from envbuilder.backends.buildlog import BuildLog, run_logged
 from envbuilder.backends.installers import Installer
+from envbuilder.backends.torchbuild import metadata_name_version
 from envbuilder.errors import BackendError, EnvbuilderError
 from envbuilder.modules import EnvDelta
 from envbuilder.plan import expand
@@ -274,10 +274,10 @@ def inventory(prefix: Path) -> list[dict[str, Any]]:
     the sha256 of the RECORD file (a fingerprint of exactly what was installed) and the bytes RECORD lists."""
     found: dict[str, dict[str, Any]] = {}
     for info in sorted(prefix.glob("lib/python*/site-packages/*.dist-info")):
-        meta = HeaderParser().parsestr(read_text(info / "METADATA"))
-        name = meta.get("Name")
-        if not name:
+        meta = metadata_name_version(info)
+        if not meta or not meta[0]:
             continue
+        name, version = meta
         record = read_text(info / "RECORD")
         size = 0
         for line in record.splitlines():
@@ -285,7 +285,7 @@ def inventory(prefix: Path) -> list[dict[str, Any]]:
             size += int(last) if last.isdigit() else 0
         found[canonicalize_name(name)] = {
             "name": name,
-            "version": meta.get("Version", "?"),
+            "version": version,
             "installer": read_text(info / "INSTALLER").strip() or None,
             "in_env": True,
             "record_sha256": hashlib.sha256(record.encode()).hexdigest() if record else None,

@@ -3,10 +3,11 @@ through proc, under a umask without world write, logged. Nothing a build leaves 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Optional
 
@@ -115,13 +116,24 @@ def run_logged(
 
 
 def drop_world_write(root: Path) -> list[str]:
-    """Remove the world-write bit everywhere under ``root``: children ran under build_umask, and this catches what a
-    tool chmods itself (uv sets its venv ``.lock`` to 0666). ``find`` does the walk: a torch env holds some 17,000
-    files, and find is six times faster than a Python walk."""
-    res = proc.run(["find", str(root), "-perm", "-0002", "!", "-type", "l", "-print0"])
-    fixed = []
-    for name in filter(None, res.stdout.split("\0")):
+    """Remove the world-write bit everywhere under ``root`` (:func:`world_write_swept` with nothing to overlap)."""
+    with world_write_swept(root) as fixed:
+        pass
+    return fixed
+
+
+@contextlib.contextmanager
+def world_write_swept(root: Path) -> Iterator[list[str]]:
+    """Remove the world-write bit everywhere under ``root``, walking the tree while the block runs; the list
+    yielded holds what was fixed (relative paths) once the block is left. Children ran under build_umask, and
+    this catches what a tool chmods itself (uv sets its venv ``.lock`` to 0666). ``find`` does the walk: a torch
+    env holds some 17,000 files, and find is six times faster than a Python walk. The block must not create
+    files without an explicit mode (it may be walked past); its reads overlap the walk."""
+    fixed: list[str] = []
+    with proc.background(["find", str(root), "-perm", "-0002", "!", "-type", "l", "-print0"]) as walk:
+        yield fixed
+        found = walk.result().stdout
+    for name in filter(None, found.split("\0")):
         path = Path(name)
         path.chmod(path.stat().st_mode & 0o7775)
         fixed.append(str(path.relative_to(root)))
-    return fixed

@@ -18,11 +18,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import activation, lockfile, proc, progress, settings
+from envbuilder import activation, lockfile, proc, progress, relocate, settings
 from envbuilder.backends.base import Backend, Build, describe, step_argv, step_env, written_dirs
 from envbuilder.backends.buildlog import run_logged
 from envbuilder.backends.registry import AUTO, CLI_ENGINES, RATTLER
-from envbuilder.backup import archive
 from envbuilder.errors import BackendError, CommandFailed
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import InstallStep
@@ -166,7 +165,7 @@ def move_in(build: Path, final: Path, engine: str) -> list[str]:
     """Rewrite the build path to the final one where a later install wrote it (script headers of pip-installed
     packages, conda's activate.d); refuse an env whose binaries embed the build path (a CLI engine's, which
     cannot build for another prefix). Returns the files rewritten."""
-    moved = archive.relocate(build, str(build), str(final))
+    moved = relocate.relocate(build, str(build), str(final))
     if moved.left:
         shown = ", ".join(moved.left[:4]) + (" …" if len(moved.left) > 4 else "")
         raise BackendError(
@@ -207,7 +206,7 @@ def check_locked(prefix: Path, expected: Mapping[str, str], engine: str) -> None
         )
 
 
-def clone(source: Path, build: Path, final: Path) -> archive.Relocation:
+def clone(source: Path, build: Path, final: Path) -> relocate.Relocation:
     """Copy the env at ``source`` (a site module's conda env or venv) to ``build``, symlinks as links, and point
     the copy's scripts and activate files at ``final``. ``source`` is only read. Files that name ``source`` and
     cannot be rewritten (binaries) are returned in ``left``: they keep reading the site env, which stays."""
@@ -220,4 +219,4 @@ def clone(source: Path, build: Path, final: Path) -> archive.Relocation:
         shutil.copytree(source, build, symlinks=True)
     except (OSError, shutil.Error) as exc:
         raise BackendError(f"cannot clone {source} into {build}: {exc}") from None
-    return archive.relocate(build, str(source), str(final))
+    return relocate.relocate(build, str(source), str(final))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from envbuilder import payloads, proc, state
-from envbuilder.backends.buildlog import BuildLog
+from envbuilder.backends.buildlog import BuildLog, build_umask
 from envbuilder.modules import EnvDelta
 from envbuilder.plan.activation import Activation
 from envbuilder.validate import checks
@@ -33,18 +33,25 @@ def smoke(
     gpus: int,
 ) -> state.EnvRecord:
     """A quick check in the new env (import torch, GPUs visible, arch list) before the full validation, in
-    ``run_env`` (see :func:`activated_env`)."""
+    ``run_env`` (see :func:`activated_env`).
+
+    The check's ``import torch`` also writes the bytecode of every module it loads into an env that holds its
+    own packages (as pip's install does, even where PYTHONDONTWRITEBYTECODE is set): the validation's ranks, and
+    every job after, then load torch's compiled modules instead of each compiling them again. Overlays and user
+    prefixes are left as they are: their torch may be the site's, whose tree is not the env's to write."""
     run_env = dict(run_env)
     python = str(final / "bin" / "python")
     if site_python:  # user-prefix: the site python, with the env as its user base
         python = site_python
         run_env["PYTHONUSERBASE"] = str(final)
+    if writes_bytecode(record, site_python):
+        run_env.pop("PYTHONDONTWRITEBYTECODE", None)
     argv = [python, str(payloads.DIR / "validate.py"), "--checks", ",".join(checks.SMOKE)]
     if gpus:  # the probe saw GPUs on this host: torch must see as many
         argv += ["--expect-gpus", str(gpus)]
     else:
         argv += ["--device", "cpu"]
-    res = proc.run(argv, env=run_env, check=False, timeout=600)
+    res = proc.run(argv, env=run_env, check=False, timeout=600, umask=build_umask())
     log.command(argv, {}, res)
     try:
         result = json.loads(res.stdout.strip().splitlines()[-1])
@@ -55,3 +62,8 @@ def smoke(
     updated = dataclasses.replace(record, validation=result)
     state.save(home, updated)
     return updated
+
+
+def writes_bytecode(record: state.EnvRecord, site_python: Optional[str]) -> bool:
+    """Whether the smoke check may write bytecode: only where every package it imports lies inside the env."""
+    return site_python is None and not (record.plan or {}).get("system_site_packages")

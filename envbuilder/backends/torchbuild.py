@@ -321,7 +321,7 @@ def _site_dirs(env_dir: Path) -> list[Path]:
     return found
 
 
-def _metadata_version(dist_info: Path) -> Optional[tuple[str, str]]:
+def metadata_name_version(dist_info: Path) -> Optional[tuple[str, str]]:
     """(Name, Version) from a dist-info's METADATA headers."""
     try:
         text = (dist_info / "METADATA").read_text(encoding="utf-8", errors="replace")
@@ -365,7 +365,7 @@ def _find_in_env(env_dir: Path) -> Optional[tuple[Path, str, Path]]:
     """(dist-info, version, torch package dir) of the torch installed in ``env_dir`` itself."""
     for site in _site_dirs(env_dir):
         for dist_info in sorted(site.glob("torch-*.dist-info")):
-            meta = _metadata_version(dist_info)
+            meta = metadata_name_version(dist_info)
             if meta is None or meta[0].lower() not in ("torch", ""):
                 continue
             return dist_info, meta[1], site / "torch"

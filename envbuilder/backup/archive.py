@@ -1,27 +1,19 @@
 """An exact copy of an env directory: tar streamed through zstd (or squashfs where mksquashfs exists), with a
 manifest of every entry (type, mode, size, sha256 of each file, link targets), for envs that hold more than
-wheels (conda envs, hand-edited files).
-
-Relocation: restored at another prefix, the old prefix is rewritten where that is known to be safe (script
-headers and activate files in ``bin``, ``pyvenv.cfg``, ``.pth`` files, conda's activate.d/deactivate.d, the
-env's own record); every other file that still names the old prefix is reported, not touched.
+wheels (conda envs, hand-edited files). Restored at another prefix, the copy is relocated (envbuilder.relocate).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import re
-import shlex
 import shutil
 import stat
 import tarfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Optional
 
-from envbuilder import proc
+from envbuilder import fsutil, proc
 from envbuilder.errors import BackupError
 
 CHUNK = 1 << 20
@@ -41,24 +33,13 @@ class _Hashing:
         return data
 
 
-def _walk(root: Path) -> Iterator[Path]:
-    """Every entry under ``root`` (not following links), parents before children, in a stable order."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        here = Path(dirpath)
-        for name in sorted(dirnames):
-            yield here / name
-        for name in sorted(filenames):
-            yield here / name
-
-
 def write_tar(prefix: Path, sink: IO[bytes]) -> list[dict[str, Any]]:
     """Stream ``prefix`` as a tar archive to ``sink``, hashing each file as it is read; the manifest."""
     manifest: list[dict[str, Any]] = []
     with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         # The default 16 KiB reads make a torch env slow to stream.
         tar.copybufsize = CHUNK  # type: ignore[attr-defined]
-        for path in _walk(prefix):
+        for path in fsutil.walk(prefix):
             rel = str(path.relative_to(prefix))
             info = tar.gettarinfo(str(path), arcname=rel)
             entry: dict[str, Any] = {"path": rel, "mode": stat.S_IMODE(info.mode)}
@@ -85,7 +66,7 @@ def hash_tree(prefix: Path) -> list[dict[str, Any]]:
     """The same manifest as write_tar, read straight from the directory (for squashfs)."""
     manifest: list[dict[str, Any]] = []
     seen: dict[tuple[int, int], str] = {}
-    for path in _walk(prefix):
+    for path in fsutil.walk(prefix):
         st = path.lstat()
         rel = str(path.relative_to(prefix))
         entry: dict[str, Any] = {"path": rel, "mode": stat.S_IMODE(st.st_mode)}
@@ -191,60 +172,3 @@ def check_tree(root: Path, manifest: list[dict[str, Any]]) -> list[str]:
                 f"{entry['path']}: link to {path.readlink()}, the manifest says {entry['target']}"
             )
     return problems
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Relocation
-
-
-@dataclass(frozen=True)
-class Relocation:
-    rewritten: tuple[str, ...]
-    left: tuple[str, ...]  # files that still name the old prefix (binaries, data): not touched
-    bytecode: int  # .pyc files naming the old prefix (only their tracebacks show it)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"rewritten": list(self.rewritten), "left": list(self.left), "bytecode": self.bytecode}
-
-
-def _safe_to_rewrite(rel: Path) -> bool:
-    parts = rel.parts
-    if len(parts) == 2 and parts[0] == "bin":
-        return True  # script headers and activate files
-    if rel.name == "pyvenv.cfg" and len(parts) == 1:
-        return True
-    if rel.suffix == ".pth" and "site-packages" in parts:
-        return True
-    if len(parts) >= 4 and parts[:2] == ("etc", "conda") and parts[2] in ("activate.d", "deactivate.d"):
-        return True
-    return parts[0] == "envbuilder" and rel.suffix in (".sh", ".json", ".txt")
-
-
-def relocate(root: Path, old: str, new: str) -> Relocation:
-    """Rewrite ``old`` to ``new`` (as a whole path: ``/a/env`` never matches inside ``/a/env2``) in the files
-    where that is safe; list the rest. A new path that would need shell or JSON quoting is never written into
-    scripts: every file is then listed as left."""
-    plain = shlex.quote(new) == new and '"' not in new and "\\" not in new
-    pattern = re.compile(re.escape(old.encode()) + rb"(?=[/\s\"':;=)\]]|\x00|$)")
-    rewritten: list[str] = []
-    left: list[str] = []
-    bytecode = 0
-    for path in _walk(root):
-        if path.is_symlink() or not path.is_file():
-            continue
-        rel = path.relative_to(root)
-        data = path.read_bytes()
-        if old.encode() not in data:
-            continue
-        if rel.suffix == ".pyc":
-            bytecode += 1
-            continue
-        text = b"\0" not in data[:8192]
-        if text and plain and _safe_to_rewrite(rel):
-            mode = path.stat().st_mode
-            path.write_bytes(pattern.sub(new.encode(), data))
-            path.chmod(stat.S_IMODE(mode))
-            rewritten.append(str(rel))
-        else:
-            left.append(str(rel))
-    return Relocation(tuple(rewritten), tuple(left), bytecode)

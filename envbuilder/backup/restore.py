@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import activation, fsutil, payloads, proc, settings, state, transaction
+from envbuilder import activation, fsutil, payloads, proc, relocate, settings, state, transaction
 from envbuilder.backends import base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
@@ -129,7 +129,7 @@ class _Job:
 
 def _restore(
     job: _Job, home: Path, opts: RestoreOptions, notes: list[str]
-) -> tuple[state.EnvRecord, str, BuildLog, Optional[archive.Relocation]]:
+) -> tuple[state.EnvRecord, str, BuildLog, Optional[relocate.Relocation]]:
     """Check the target, build beside it, rename into place, record (the env's mutex held)."""
     b, name, final, step = job.b, job.name, job.final, job.step
     moving = transaction.claim(home, name, final, opts.force)
@@ -145,7 +145,7 @@ def _restore(
 
     log = open_log(home, name)
     try:
-        relocation: Optional[archive.Relocation] = None
+        relocation: Optional[relocate.Relocation] = None
         with transaction.Transaction(final) as tx:
             if b.mode == "wheelhouse":
                 record = _wheelhouse(job, tx.partial, log)
@@ -384,7 +384,9 @@ def _compare(b: Backup, partial: Path) -> None:
         )
 
 
-def _archive(job: _Job, partial: Path, log: BuildLog) -> tuple[state.EnvRecord, Optional[archive.Relocation]]:
+def _archive(
+    job: _Job, partial: Path, log: BuildLog
+) -> tuple[state.EnvRecord, Optional[relocate.Relocation]]:
     """Extract the archived env at ``partial``, relocated for ``final``; its record."""
     b, old, name, final, step = job.b, job.old, job.name, job.final, job.step
     arc = b.data["archive"]
@@ -397,7 +399,7 @@ def _archive(job: _Job, partial: Path, log: BuildLog) -> tuple[state.EnvRecord, 
         raise BackupError(f"the extracted env differs from the manifest: {problems[0]}")
     if str(final) != old.prefix:
         step(f"relocating {old.prefix} -> {final}")
-        relocation = archive.relocate(partial, old.prefix, str(final))
+        relocation = relocate.relocate(partial, old.prefix, str(final))
         log.write(f"relocated: {len(relocation.rewritten)} rewritten, {len(relocation.left)} left")
     # The env's own files stay exactly as archived (its envbuilder/record.json was relocated with the rest);
     # the pending marker is removed once the record is written.

@@ -9,11 +9,10 @@ import platform
 import re
 from typing import Any, Optional
 
-from envbuilder import activation, backup, host, modules, proc, progress, purge, settings, state
+from envbuilder import activation, host, modules, proc, progress, purge, settings, state
 from envbuilder import create as creator
 from envbuilder import plan as planner
 from envbuilder.commands import plan as plan_cmd
-from envbuilder.commands import validate as validate_cmd
 from envbuilder.console import Out
 from envbuilder.errors import ResolverError, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
@@ -21,7 +20,6 @@ from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver import mirror
-from envbuilder.validate import runner as validator
 
 
 class _Progress:
@@ -95,9 +93,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         _render(result, out, failed)
     if smoke and not failed and result.status != "exists":
         data["validation"] = _validate(result.record, recipe, facts, env, args=args, out=out)
-    hint = backup.advice(
-        result.record, "ok", bool(backup.backups(settings.backup_root(env)[0], result.record.name))
-    )
+    hint = _backup_hint(result.record, env)
     if hint and not args.json:
         days = (purge.policy(result.record) or {}).get("purge_days")
         out.line(f"{the_plan.prefix} is purged after {days} days unread; keep a copy in $WORK: {hint}")
@@ -160,6 +156,9 @@ def _validate(
     out: Out,
 ) -> Optional[dict[str, Any]]:
     """The full suite right after the build, where this host can run it; otherwise say how to."""
+    from envbuilder.commands import validate as validate_cmd  # noqa: PLC0415 - not imported by --no-validate
+    from envbuilder.validate import runner as validator  # noqa: PLC0415
+
     quiet = bool(args.quiet or args.json)
     try:
         result = validate_cmd.execute(
@@ -179,6 +178,16 @@ def _validate(
                 out.line(f"  {exc.hint}")
         return None
     return validate_cmd.finish(result)
+
+
+def _backup_hint(record: state.EnvRecord, env: dict[str, str]) -> Optional[str]:
+    """The backup advice for a new env: only one the scratch purge can take needs a copy, so only then are the
+    backups looked up (and the backup module imported)."""
+    if not purge.policy(record):
+        return None
+    from envbuilder import backup  # noqa: PLC0415
+
+    return backup.advice(record, "ok", bool(backup.backups(settings.backup_root(env)[0], record.name)))
 
 
 def _mib(size: object) -> str:

@@ -3,7 +3,6 @@ uv, without being on it, and find the lock ``create`` should use."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import importlib.util
 import json
@@ -143,6 +142,8 @@ class RattlerLocker:
                 platforms=cast(Any, [subdir, "noarch"]),
                 virtual_packages=packages,
             )
+
+        import asyncio  # noqa: PLC0415 - an event loop only for a rattler solve, not on every create's import
 
         try:
             records = asyncio.run(solve())

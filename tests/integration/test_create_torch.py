@@ -22,6 +22,8 @@ def test_local_recipe_creates_a_working_torch_env(torch_index, tmp_path):
         "NO_COLOR": "1",
         "ENVBUILDER_HOME": str(tmp_path / "envbuilder-home"),
         "ENVBUILDER_INDEX_MIRROR": mirror_env(torch_index),
+        # As on this machine and many sites: the smoke check writes the env's bytecode all the same.
+        "PYTHONDONTWRITEBYTECODE": "1",
     }
     torch_index.requested.clear()
     res = run_cli("create", "local", "--json", env=env, timeout=900)
@@ -35,6 +37,11 @@ def test_local_recipe_creates_a_working_torch_env(torch_index, tmp_path):
     assert versions["torch"] == "2.13.0+cpu"
     assert "numpy" in versions
     assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
+    # The smoke check's import compiled what torch loads, so later imports (ranks, jobs) read bytecode.
+    site = next(prefix.glob("lib/python3*/site-packages"))
+    compiled = list((site / "torch").rglob("*.pyc"))
+    assert (site / "torch" / "__pycache__").is_dir() and len(compiled) > 100, len(compiled)
+    assert not [p for p in compiled if p.stat().st_mode & 0o002]
     # uv's cache went beside the envs on $SCRATCH, and hardlinks were chosen because they share a file system.
     assert any("link mode hardlink" in n for n in data["notes"])
     assert (tmp_path / "scratch" / "envbuilder" / "uv-cache").is_dir()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import backup, purge, settings, state
-from envbuilder.backup import archive, wheelhouse
+from envbuilder import backup, purge, relocate, settings, state
+from envbuilder.backup import wheelhouse
 from envbuilder.errors import BackupError
 
 
@@ -142,12 +142,12 @@ def test_relocation_rewrites_whole_paths_in_safe_files_only(tmp_path):
     (root / "lib" / "python3.11" / "site-packages" / "x.pth").write_text("/old/env/src\n")
     (root / "lib" / "libfoo.so").write_bytes(b"\x7fELF\0\0/old/env/lib\0")
     (root / "notes.txt").write_text("built in /old/env\n")
-    result = archive.relocate(root, "/old/env", "/new/place")
+    result = relocate.relocate(root, "/old/env", "/new/place")
     assert sorted(result.rewritten) == ["bin/tool", "lib/python3.11/site-packages/x.pth", "pyvenv.cfg"]
     assert sorted(result.left) == ["lib/libfoo.so", "notes.txt"]
     assert (root / "bin" / "tool").read_text() == "#!/new/place/bin/python\n# /old/env2 is another env\n"
     # A new prefix that would need quoting in a shell script is written nowhere.
-    again = archive.relocate(root, "/new/place", "/new/it's here")
+    again = relocate.relocate(root, "/new/place", "/new/it's here")
     assert again.rewritten == () and "bin/tool" in again.left
 
 

@@ -15,6 +15,7 @@ import pytest
 from helpers import REPO
 
 from envbuilder import proc
+from envbuilder.errors import CommandFailed
 
 # The SIGINT is sent from a fork callback in the parent, the moment where Python prints a KeyboardInterrupt as
 # "Exception ignored" and drops it. Before the fix, proc.run then waited out the whole child.
@@ -149,3 +150,41 @@ def test_a_failing_line_listener_does_not_block_the_child_and_its_error_is_raise
     code = "import sys\nfor i in range(4000): print('x' * 50)\n"
     with pytest.raises(OSError, match="No space left"):
         proc.run([sys.executable, "-c", code], timeout=60, stop=proc.Stop(on_line=on_line))
+
+
+def test_a_grandchild_holding_the_streamed_pipes_counts_against_the_timeout(tmp_path):
+    """The child ends at once but leaves a grandchild with its stdout: the run is not over until the pipes
+    close, so the timeout ends the grandchild too instead of waiting out its 60 s."""
+    pid_file = tmp_path / "pid"
+    script = f"sleep 60 & echo $! > {pid_file}; echo started"
+    lines: list[str] = []
+    with pytest.raises(CommandFailed) as info:
+        proc.run(["sh", "-c", script], timeout=2, stop=proc.Stop(on_line=lambda s, line: lines.append(line)))
+    assert info.value.returncode == 124
+    assert lines == ["started\n"]
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        if (
+            not Path(f"/proc/{grandchild}").exists()
+            or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]
+        ):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the grandchild {grandchild} still runs")
+
+
+def test_a_background_command_overlaps_and_one_left_uncollected_is_ended(tmp_path):
+    with proc.background(["sh", "-c", "echo out; echo err >&2"]) as job:
+        res = job.result(timeout=30)
+    assert (res.returncode, res.stdout, res.stderr) == (0, "out\n", "err\n")
+    with pytest.raises(CommandFailed) as failed, proc.background(["sh", "-c", "exit 3"]) as job:
+        job.result(timeout=30)
+    assert failed.value.returncode == 3
+    pid_file = tmp_path / "pid"
+    with pytest.raises(RuntimeError), proc.background(["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"]):
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            time.sleep(0.05)
+        raise RuntimeError("the block failed")
+    pid = int(pid_file.read_text())
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
