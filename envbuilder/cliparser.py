@@ -239,17 +239,27 @@ def _add_pack(sub: _Sub) -> None:
     p.add_argument(
         "--to", metavar="DIR", help="write the image into DIR, e.g. on $WORK (default: beside the env)"
     )
-    _env_verb(
+    p = _env_verb(
         sub,
         "stage",
-        "copy an env's image to every node of this Slurm allocation (sbcast) and unpack it there",
+        "copy an env's image to every node of this job (Slurm's sbcast; on PBS each node copies it) and "
+        "unpack it there",
         command("stage", "handle"),
     )
-    # The node side of stage, started by its srun steps (no help: not listed).
+    p.add_argument(
+        "--clean", action="store_true", help="remove the env's staged copies from every node instead"
+    )
+    # The node side of stage, run on each node by its steps (no help: not listed); clean takes the env name as KEY.
     p = sub.add_parser("__stage-node")
-    p.add_argument("step", choices=("prepare", "unpack"))
+    p.add_argument("step", choices=("prepare", "unpack", "fetch", "clean"))
     p.add_argument("key")
-    p.add_argument("sha256")
+    p.add_argument("sha256", nargs="?", default="")
+    p.add_argument(
+        "into",
+        nargs="?",
+        default="",
+        help="unpack: the directory the image was broadcast into; fetch: the image",
+    )
     p.set_defaults(handler=command("stage", "handle_node"))
 
 

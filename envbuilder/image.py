@@ -175,8 +175,16 @@ def pack(home: Path, record: state.EnvRecord, to: Optional[Path]) -> state.EnvRe
 
 
 def node_base(env: Mapping[str, str]) -> Path:
-    """Where :func:`node_dir` is, on every node alike (``envbuilder stage`` names it before the nodes make it)."""
-    return Path(env.get("TMPDIR") or "/tmp") / f"envbuilder-{os.getuid()}"  # noqa: S108 - a private 0700 dir
+    """Where :func:`node_dir` is on this node: under ``$TMPDIR`` where that is a directory here, else under /tmp
+    (a job inherits its submit host's TMPDIR, which a compute node may lack; Python's tempfile falls back alike)."""
+    tmp = env.get("TMPDIR")
+    root = Path(tmp) if tmp and Path(tmp).is_dir() else Path("/tmp")  # noqa: S108 - a private 0700 dir below
+    return root / f"envbuilder-{os.getuid()}"
+
+
+def default_base() -> Path:
+    """The node-local directory every node names alike, whatever its TMPDIR: :func:`node_base` without one."""
+    return node_base({})
 
 
 def node_dir(env: Mapping[str, str]) -> Path:

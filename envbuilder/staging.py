@@ -5,11 +5,17 @@ on each node by a one-task-per-node step, so the job's ranks import from node-lo
 Unpacked, not mounted: a squashfuse started in a step of its own is a process of that step, which Slurm ends
 (proctrack) when the step ends, leaving a dead mount for the next step. An unpacked copy outlives the step that
 made it. It sits where ``--image`` on a node without FUSE looks for its copy (:func:`image.unpacked_path` under
-:func:`image.node_base`), keyed by the image's digest, so a new pack is staged afresh and a repeated stage of the
-same image copies nothing.
+:func:`image.node_base`), keyed by the image's digest, so a new pack is staged afresh (the env's older copies on
+the node are dropped then) and a repeated stage of the same image copies nothing. ``stage --clean`` removes them.
 
-PBS has no broadcast of its own, and a parallel copy through the site's MPI launcher is untested here: ``stage``
-refuses there, saying so.
+Each node resolves its own local directory (its ``$TMPDIR``, else /tmp), when the step runs there. A job script
+is written before any node is known, so its ranks name the copy by its alias in :func:`image.default_base`, the
+directory every node names alike: each node links the alias to its own copy (or holds the copy there).
+
+PBS has no broadcast of its own: in a PBS job each node copies the image from where it was packed (``$WORK``, the
+shared file system) in parallel, started on every node of ``$PBS_NODEFILE`` by the job's own remote start, the
+site's node launcher (``mpiexec``, one task per node), and unpacks it as under Slurm. That is the issue's fallback;
+a site's documented staging tool, where it has one, is the better way there.
 
 The steps run envbuilder's hidden ``__stage-node`` command on each node, with the python envbuilder runs on (the
 env's own may not be on the node yet).
@@ -17,6 +23,9 @@ env's own may not be on the node yet).
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import socket
 import sys
 from collections.abc import Mapping
@@ -26,7 +35,7 @@ from typing import Any
 
 from envbuilder import fsutil, image, proc, state
 from envbuilder.errors import UsageError
-from envbuilder.validate import schedulers
+from envbuilder.validate import launchers, runner, schedulers
 
 #: What the node side prints when the node holds a complete copy already.
 READY = "ready"
@@ -34,8 +43,8 @@ READY = "ready"
 
 @dataclass(frozen=True)
 class Staged:
-    """The env's image unpacked at ``path`` on each of ``nodes`` nodes; ``copied``: sbcast ran (else every node
-    had it already)."""
+    """The env's image unpacked at ``path`` on each of ``nodes`` nodes; ``copied``: some node got a copy (else
+    every node had it already)."""
 
     name: str
     path: Path
@@ -46,15 +55,26 @@ class Staged:
         return {"name": self.name, "path": str(self.path), "nodes": self.nodes, "copied": self.copied}
 
 
+@dataclass(frozen=True)
+class Cleaned:
+    """What ``stage --clean`` removed: per node, the env's staged copies (any digest)."""
+
+    name: str
+    removed: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "nodes": len(self.removed), "removed": self.removed}
+
+
 def _allocation(env: Mapping[str, str]) -> schedulers.Where:
-    here = schedulers.locate(env)
-    if here.scheduler == "pbs":
+    here = runner.locate(env)  # a PBS job's node count read from its $PBS_NODEFILE
+    if here.scheduler == "pbs" and not here.nodes:
         raise UsageError(
-            "envbuilder stage needs Slurm's sbcast; PBS has no broadcast of its own and a parallel copy is "
-            "not supported yet",
-            hint="run from the env directory, or stage by hand with the site's documented copy tool",
+            "envbuilder stage in a PBS job copies the image to the hosts of $PBS_NODEFILE, which is unset or "
+            "unreadable here",
+            hint="run it in the job's own shell or script, where PBS sets PBS_NODEFILE",
         )
-    if here.scheduler != "slurm" or not here.job:
+    if here.scheduler not in ("slurm", "pbs") or not here.job:
         raise UsageError(
             "envbuilder stage copies the image to the nodes of a job: run it inside an allocation",
             hint="salloc --nodes=N envbuilder stage ENV, or envbuilder run ENV --stage in the job",
@@ -78,28 +98,55 @@ def planned(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
 
 
 def stage(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
-    """Copy the env's image to every node of this Slurm allocation and unpack it there."""
+    """Copy the env's image to every node of this allocation and unpack it there."""
     plan = planned(record, env)
     key, digest = image.image_key(record), str(record.image["sha256"])
-    step = [*step_argv(schedulers.locate(env)), sys.executable, "-m", "envbuilder", "__stage-node"]
+    here = runner.locate(env)
+    if here.scheduler == "pbs":
+        return _stage_pbs(record, plan, here, env)
     run_env = proc.scrubbed_env(env)
-    answers = proc.run([*step, "prepare", key, digest], env=run_env).stdout.split()
-    if answers and all(a == READY for a in answers):
+    prepare = proc.run(_on_each_node(here, "prepare", key, digest), env=run_env).stdout
+    answers = [line.split(" ", 1) for line in prepare.splitlines()]
+    if answers and all(a[0] == READY for a in answers):
         return plan
-    copy = _copy(image.node_base(env), key)
-    proc.run(["sbcast", "--force", str(image.usable(record)), str(copy)], env=run_env)
-    proc.run([*step, "unpack", key, digest], env=run_env)
+    # sbcast writes one path on every node: the nodes' own directory where they agree, else the one named alike.
+    bases = {a[1] for a in answers if len(a) == 2}
+    into = Path(bases.pop()) if len(bases) == 1 else image.default_base()
+    proc.run(["sbcast", "--force", str(image.usable(record)), str(_copy(into, key))], env=run_env)
+    proc.run(_on_each_node(here, "unpack", key, digest, str(into)), env=run_env)
     return replace(plan, copied=True)
 
 
-def in_job_script(record: state.EnvRecord, env: Mapping[str, str]) -> tuple[Staged, list[str]]:
+def _stage_pbs(
+    record: state.EnvRecord, plan: Staged, here: schedulers.Where, env: Mapping[str, str]
+) -> Staged:
+    """Each node of the PBS job copies the image from the shared file system and unpacks it, all at once."""
+    key, digest = image.image_key(record), str(record.image["sha256"])
+    fetch = _on_each_node(here, "fetch", key, digest, str(image.usable(record)))
+    lines = proc.run(fetch, env=proc.scrubbed_env(env)).stdout.splitlines()
+    return replace(plan, copied=any(line.split(" ", 1)[0] != READY for line in lines if line))
+
+
+def clean(record: state.EnvRecord, env: Mapping[str, str]) -> Cleaned:
+    """Remove the env's staged copies (every digest) from every node of this allocation."""
+    here = _allocation(env)
+    out = proc.run(_on_each_node(here, "clean", record.name), env=proc.scrubbed_env(env)).stdout
+    removed = {}
+    for line in out.splitlines():
+        host, _, count = line.rpartition(" ")
+        if host and count.isdigit():  # a launcher's own chatter, if any, is not a node's answer
+            removed[host] = int(count)
+    return Cleaned(record.name, removed)
+
+
+def in_job_script(record: state.EnvRecord) -> tuple[Staged, list[str]]:
     """For a job to be submitted: where its ranks will find the env, and the script's command that stages it
-    there first. TMPDIR is pinned to this one's for that command, so the path holds where the job's own TMPDIR
-    differs (the ranks keep the job's)."""
+    there first. Nothing of this host's node-local storage goes in: the job's nodes resolve their own when the
+    command runs, and the ranks use the alias every node names alike."""
     image.usable(record)
-    base = image.node_base(env)
-    argv = ["env", f"TMPDIR={base.parent}", sys.executable, "-m", "envbuilder", "stage", record.name]
-    return Staged(record.name, image.unpacked_path(base, image.image_key(record)), 0, copied=False), argv
+    argv = [sys.executable, "-m", "envbuilder", "stage", record.name]
+    alias = image.unpacked_path(image.default_base(), image.image_key(record))
+    return Staged(record.name, alias, 0, copied=False), argv
 
 
 def staged_record(record: state.EnvRecord, staged: Staged) -> state.EnvRecord:
@@ -111,27 +158,124 @@ def _copy(base: Path, key: str) -> Path:
     return base / f"{key}{image.SUFFIX}"
 
 
+def _on_each_node(here: schedulers.Where, *args: str) -> list[str]:
+    """``__stage-node ARGS`` once on every node of the allocation: a Slurm step, or the PBS job's node launcher
+    (each argument passed as one, never through a shell of ours)."""
+    command = (sys.executable, "-m", "envbuilder", "__stage-node", *args)
+    if here.scheduler == "pbs":
+        spec = launchers.LaunchSpec(python=sys.executable, script=command, nodes=here.nodes or 1, direct=True)
+        return launchers.plain(launchers.build(schedulers.SCHEDULERS["pbs"].node_launcher, spec))
+    return [*step_argv(here), *command]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The node side, one task per node
 
 
+def _bases() -> tuple[Path, Path]:
+    """This node's directory for copies (its TMPDIR's) and the one every node names alike, both made."""
+    here = image.node_dir(proc.scrubbed_env())
+    return here, image.node_dir({})
+
+
+def _complete(path: Path) -> bool:
+    return (path / image.UNPACKED_MARK).is_file()
+
+
 def _prepare(key: str) -> str:
-    """Make this node's directory (sbcast writes only into one that exists); whether the copy is there."""
-    base = image.node_dir(proc.scrubbed_env())
-    return READY if (image.unpacked_path(base, key) / image.UNPACKED_MARK).is_file() else "empty"
+    """Make this node's directories (sbcast writes only into one that exists); whether the copy is there, and
+    where this node keeps it."""
+    base, _ = _bases()
+    if _complete(image.unpacked_path(base, key)):
+        _link_alias(base, key)
+        return f"{READY} {base}"
+    return f"empty {base}"
 
 
-def _unpack(key: str, digest: str) -> str:
-    """Unpack the broadcast image (checked against its digest) and drop the copy: the unpacked files are what
-    the ranks read."""
-    base = image.node_dir(proc.scrubbed_env())
-    copy = _copy(base, key)
+def _unpack(key: str, digest: str, into: Path) -> str:
+    """Unpack the broadcast image at ``into`` (checked against its digest) into this node's directory, drop the
+    copy (the unpacked files are what the ranks read) and the env's older copies."""
+    base, _ = _bases()
+    copy = _copy(into, key)
     with fsutil.Mutex(base / f".{key}.lock", timeout=image.MOUNT_WAIT_S):
         image.unpack_once(copy, image.unpacked_path(base, key), digest)
     copy.unlink(missing_ok=True)
+    _link_alias(base, key)
+    name = key.rsplit("-", 1)[0]
+    for where in {base, image.default_base()}:
+        _remove_copies(where, name, keep=key)
     return f"{socket.gethostname()} {image.unpacked_path(base, key)}"
 
 
-def on_node(step: str, key: str, digest: str) -> str:
-    """One node's part of a staging step (``prepare`` or ``unpack``): the line it reports."""
-    return _prepare(key) if step == "prepare" else _unpack(key, digest)
+def _fetch(key: str, digest: str, source: Path) -> str:
+    """Copy the image from the shared file system onto this node (one read there; the digest check and the
+    unpack then read the local copy), and unpack it as :func:`_unpack` does."""
+    base, _ = _bases()
+    if _complete(image.unpacked_path(base, key)):
+        _link_alias(base, key)
+        return f"{READY} {base}"
+    partial = base / f".{key}{image.SUFFIX}.partial-{os.getpid()}"
+    try:
+        shutil.copyfile(source, partial)
+        partial.replace(_copy(base, key))
+    finally:
+        partial.unlink(missing_ok=True)
+    return f"copied {_unpack(key, digest, base)}"
+
+
+def _link_alias(base: Path, key: str) -> None:
+    """The copy at its alias in the directory every node names alike (a link, unless the copy is there)."""
+    alias_base = image.default_base()
+    alias, target = image.unpacked_path(alias_base, key), image.unpacked_path(base, key)
+    if alias_base == base or _complete(alias):
+        return  # a complete copy of the same digest (another job's, or an --image unpack) serves as well
+    with fsutil.Mutex(alias_base / f".{key}.lock", timeout=image.MOUNT_WAIT_S):
+        if alias.is_dir() and not alias.is_symlink():
+            shutil.rmtree(alias)  # an unmarked copy, or one made before this node's TMPDIR was set
+        link = alias_base / f".{alias.name}.link-{os.getpid()}"
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)
+        link.replace(alias)
+
+
+def _keys_of(name: str, entry: str) -> bool:
+    """Whether ``entry`` (a file name in a node directory) is one of env ``name``'s staged files: a copy, its
+    alias, activate script, broadcast image, or a killed unpack's or link's leftover."""
+    key = re.escape(name) + r"-[0-9a-f]{16}"
+    tail = (
+        r"\.unpacked(\.activate\.sh|\.partial-\d+|\.link-\d+)?|"
+        + re.escape(image.SUFFIX)
+        + r"(\.partial-\d+)?"
+    )
+    return re.fullmatch(rf"\.?{key}({tail})", entry) is not None
+
+
+def _remove_copies(base: Path, name: str, keep: str = "") -> int:
+    """Remove env ``name``'s staged files in ``base`` but those of key ``keep``; how many went."""
+    gone = 0
+    for entry in sorted(base.iterdir()) if base.is_dir() else ():
+        if not _keys_of(name, entry.name) or (keep and entry.name.lstrip(".").startswith(f"{keep}.")):
+            continue
+        copy = entry.is_dir() and not entry.is_symlink()
+        if copy:
+            shutil.rmtree(entry)
+        else:
+            entry.unlink(missing_ok=True)
+        gone += copy and entry.name.endswith(".unpacked")
+    return gone
+
+
+def _clean(name: str) -> str:
+    base, alias_base = _bases()
+    gone = sum(_remove_copies(where, name) for where in {base, alias_base})
+    return f"{socket.gethostname()} {gone}"
+
+
+def on_node(step: str, key: str, digest: str = "", into: str = "") -> str:
+    """One node's part of a staging step (``prepare``, ``unpack``, ``fetch`` from the image at ``into``, or
+    ``clean`` with the env's name as ``key``): the line it reports."""
+    if step == "clean":
+        return _clean(key)
+    if step == "fetch":
+        return _fetch(key, digest, Path(into))
+    return _prepare(key) if step == "prepare" else _unpack(key, digest, Path(into))

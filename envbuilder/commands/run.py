@@ -39,7 +39,7 @@ def _prepare(args: argparse.Namespace, out: Out, *, batch: bool) -> tuple[Any, .
     if args.stage and getattr(args, "image", False):
         raise UsageError("--stage and --image are two ways to use the image: pick one")
     if args.stage and batch:
-        staged, stage = staging.in_job_script(record, env)
+        staged, stage = staging.in_job_script(record)
         record = staging.staged_record(record, staged)
     elif args.stage:
         if args.dry_run:

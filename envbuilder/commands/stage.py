@@ -1,4 +1,5 @@
-"""`envbuilder stage ENV`: the env's image on every node of this Slurm allocation, unpacked node-local."""
+"""`envbuilder stage ENV`: the env's image on every node of this job (Slurm or PBS), unpacked node-local;
+`--clean` removes the nodes' copies."""
 
 from __future__ import annotations
 
@@ -13,13 +14,22 @@ from envbuilder.console import Out
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     env = dict(os.environ)
-    staged = staging.stage(state.load(settings.home(env), args.env), env)
+    record = state.load(settings.home(env), args.env)
+    if args.clean:
+        cleaned = staging.clean(record, env)
+        if not args.json:
+            gone = sum(cleaned.removed.values())
+            out.result.line(
+                f"removed {gone} staged copies of {record.name} from {len(cleaned.removed)} node(s)"
+            )
+        return cleaned.to_json()
+    staged = staging.stage(record, env)
     if not args.json:
-        how = "copied with sbcast and unpacked" if staged.copied else "already there"
+        how = "copied and unpacked" if staged.copied else "already there"
         out.result.line(f"staged {staged.name} on {staged.nodes} node(s): {staged.path} ({how})")
         out.result.field("use", f"envbuilder run {staged.name} --stage -- PROGRAM (in this allocation)")
     return staged.to_json()
 
 
 def handle_node(args: argparse.Namespace, out: Out) -> None:
-    sys.stdout.write(staging.on_node(args.step, args.key, args.sha256) + "\n")
+    sys.stdout.write(staging.on_node(args.step, args.key, args.sha256, args.into) + "\n")

@@ -259,6 +259,20 @@ def test_no_fuse_unpacks_to_the_node(packed):
     assert marker.stat().st_mtime_ns == before
 
 
+def test_a_tmpdir_missing_on_the_node_falls_back_to_tmp(packed):
+    """A job inherits its submit host's TMPDIR, which a compute node may lack: the node's copy goes under /tmp
+    then (as Python's tempfile falls back), not nowhere."""
+    w, _ = packed
+    data = w.data("activate", "small", "--image", ENVBUILDER_NO_FUSE="1", TMPDIR=str(w.root / "login-only"))
+    copy = Path(data["image"]["path"])
+    try:
+        assert copy.parent == Path("/tmp") / f"envbuilder-{os.getuid()}"
+        assert (copy / ".envbuilder-image").is_file() and not (w.root / "login-only").exists()
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+        Path(f"{copy}.activate.sh").unlink(missing_ok=True)
+
+
 def test_conda_and_overlay_envs_are_refused_with_the_reason(packed):
     """Records as pack reads them: kind and installer decide, before any file is touched."""
     w, _ = packed
