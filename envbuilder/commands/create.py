@@ -9,14 +9,13 @@ import platform
 import re
 from typing import Any, Optional
 
-from envbuilder import activation, host, modules, proc, progress, purge, settings, state
+from envbuilder import activation, host, lockfile, modules, proc, progress, purge, settings, state
 from envbuilder import create as creator
 from envbuilder import plan as planner
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Out
 from envbuilder.errors import ResolverError, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
-from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver import mirror
@@ -51,7 +50,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if not args.prefix:  # the recipe's prefix, for this name ({name} in env.prefix)
             opts = dataclasses.replace(opts, prefix=named_prefix(recipe, env, args.name))
     facts = host.load_facts_file(args.facts) if args.facts else host.probe()
-    lock = None if args.no_lock else lockers.find(recipe, catalog, env, args.lock)
+    lock = None if args.no_lock else lockfile.find(recipe, catalog, env, args.lock)
     index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
     the_plan = planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=plan_cmd.table_age())
     same_arch(the_plan, platform.machine())

@@ -8,12 +8,11 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Optional
 
-from envbuilder import host, settings
+from envbuilder import host, lockfile, settings
 from envbuilder import plan as planner
 from envbuilder.console import Out
 from envbuilder.errors import EnvbuilderError
 from envbuilder.facts import HostFacts
-from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver import knowledge, mirror
@@ -64,7 +63,7 @@ def make_plan(
     catalog = Catalog.from_env(env)
     recipe = loader.load(name, catalog)
     facts = facts_for(facts_file)
-    lock = lockers.find(recipe, catalog, env, lock_file) if use_lock else None
+    lock = lockfile.find(recipe, catalog, env, lock_file) if use_lock else None
     index = read_index(recipe, env, refresh, no_network)
     return planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age())
 

@@ -7,11 +7,11 @@ import json
 import os
 from typing import Any, Optional
 
+from envbuilder import lockfile
 from envbuilder import plan as planner
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Cell, Out, plain
 from envbuilder.errors import PublishError, RecipeError
-from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader, schema
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver import knowledge
@@ -90,7 +90,7 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     recipe = loader.load(args.recipe, catalog)
     entry = catalog.lookup(args.recipe)
     published = entry.published.to_json() if entry.published else None
-    lock = lockers.find(recipe, catalog, os.environ)
+    lock = lockfile.find(recipe, catalog, os.environ)
     leaves = recipe.leaves()
     if not args.json:
         out.result.heading(f"{recipe.name}: {' <- '.join(recipe.chain)}")

@@ -13,7 +13,6 @@ from envbuilder.doctor.findings import ACTION, Finding
 from envbuilder.doctor.replan import PythonState
 from envbuilder.doctor.report import EnvInputs
 from envbuilder.errors import CommandFailed, EnvbuilderError, StateError
-from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.recipe.loader import Recipe
@@ -100,7 +99,7 @@ def gather(record: EnvRecord, catalog: Catalog, env: Mapping[str, str], backup_r
     lock_error: Optional[EnvbuilderError] = None
     if recipe is not None:
         try:
-            lock = lockers.find(recipe, catalog, env)
+            lock = lockfile.find(recipe, catalog, env)
         except EnvbuilderError as exc:
             lock_error = exc
     return EnvInputs(

@@ -25,12 +25,16 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from envbuilder import settings
 from envbuilder._toml import TOMLDecodeError, dumps, loads
 from envbuilder.backends.registry import kind_info
 from envbuilder.errors import LockError, did_you_mean
+
+if TYPE_CHECKING:
+    from envbuilder.recipe.catalog import Catalog
+    from envbuilder.recipe.loader import Recipe
 
 LOCK_VERSION = 1
 SUFFIX = ".lock.toml"
@@ -473,3 +477,21 @@ def read(path: Path, origin: str = "") -> Lock:
 def user_path(home: Path, name: str) -> Path:
     """Where ``envbuilder lock NAME`` writes by default (beside the env records: $WORK is not purged)."""
     return settings.lockfiles_dir(home) / f"{name}{SUFFIX}"
+
+
+def find(
+    recipe: Recipe, catalog: Catalog, env: Mapping[str, str], explicit: Optional[str] = None
+) -> Optional[Lock]:
+    """The lock ``create`` uses: ``--lock FILE``, else yours (``envbuilder lock NAME`` wrote it), else the one
+    published with the recipe's registry version (verified like the recipe)."""
+    if explicit:
+        return read(Path(explicit).expanduser(), "--lock")
+    mine = user_path(settings.home(env), recipe.name)
+    if mine.is_file():
+        return read(mine, "yours")
+    entry = catalog.entries.get(recipe.name)
+    if recipe.version:
+        entry = catalog.lookup(f"{recipe.name}@{recipe.version}")
+    if entry is not None and entry.published is not None and entry.layer.registry is not None:
+        return entry.layer.registry.verify_lock(entry.published)
+    return None

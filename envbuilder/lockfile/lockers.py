@@ -14,14 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
-from envbuilder import __version__, fsutil, lockfile, modules, proc, settings
+from envbuilder import __version__, fsutil, lockfile, modules, proc
 from envbuilder import plan as planner
 from envbuilder.backends import conda, torchbuild, uvcache
 from envbuilder.backends.installers import uv_binary
 from envbuilder.backends.registry import AUTO, RATTLER, kind_info
 from envbuilder.errors import CommandFailed, EnvbuilderError, LockError
 from envbuilder.facts import HostFacts
-from envbuilder.recipe.catalog import Catalog
 from envbuilder.recipe.loader import Recipe
 from envbuilder.resolver import mirror
 
@@ -380,21 +379,3 @@ def make(
 def write(lock: lockfile.Lock, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fsutil.write_atomic(path, lock.dumps().encode(), 0o644)
-
-
-def find(
-    recipe: Recipe, catalog: Catalog, env: Mapping[str, str], explicit: Optional[str] = None
-) -> Optional[lockfile.Lock]:
-    """The lock ``create`` uses: ``--lock FILE``, else yours (``envbuilder lock NAME`` wrote it), else the one
-    published with the recipe's registry version (verified like the recipe)."""
-    if explicit:
-        return lockfile.read(Path(explicit).expanduser(), "--lock")
-    mine = lockfile.user_path(settings.home(env), recipe.name)
-    if mine.is_file():
-        return lockfile.read(mine, "yours")
-    entry = catalog.entries.get(recipe.name)
-    if recipe.version:
-        entry = catalog.lookup(f"{recipe.name}@{recipe.version}")
-    if entry is not None and entry.published is not None and entry.layer.registry is not None:
-        return entry.layer.registry.verify_lock(entry.published)
-    return None
