@@ -22,33 +22,25 @@ get an error saying why.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import hashlib
-import http.client
 import json
-import socket
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import __version__, fsutil, settings
+from envbuilder import fsutil, settings
 from envbuilder.errors import UsageError
 from envbuilder.resolver import mirror
 from envbuilder.resolver.indexfacts import (
-    ACCEPT,
-    JSON_TYPE,
     IndexFacts,
     PageRead,
     WheelFile,
     normalize,
     parse_simple_html,
-    parse_simple_json,
     project_wheel,
     wheel_from_json,
 )
@@ -60,11 +52,10 @@ TIMEOUT_S = 10.0
 CACHE_VERSION = 1
 CACHE_FILE_MODE = 0o600
 CACHE_DIR_MODE = 0o700
-MAX_THREADS = 16
 
 
 @dataclass(frozen=True)
-class _Read:
+class Read:
     """One source's answer: the files it lists, when they were read, from the cache or not, or why it failed."""
 
     files: tuple[WheelFile, ...] = ()
@@ -127,7 +118,7 @@ def _page_url(source: str, project: str) -> str:
     return f"{_key(source)}/{normalize(project)}/"
 
 
-def _page(upstream: str, found: Sequence[str], reads: Mapping[str, _Read]) -> PageRead:
+def _page(upstream: str, found: Sequence[str], reads: Mapping[str, Read]) -> PageRead:
     parts = [reads[s] for s in found]
     files = {f.filename: f for r in parts for f in r.files}
     url_parts = [reads[s] for s in found if not _is_dir(s)]
@@ -160,8 +151,8 @@ def _read_urls(
     *,
     refresh: bool,
     why_offline: Optional[str],
-) -> dict[str, _Read]:
-    reads: dict[str, _Read] = {}
+) -> dict[str, Read]:
+    reads: dict[str, Read] = {}
     for url in urls:
         hit = cache.get(_page_url(url, project), project) if why_offline or not refresh else None
         if hit is not None:
@@ -171,88 +162,34 @@ def _read_urls(
         note = f"not read ({why_offline}) and no fresh copy in the cache"
         return {
             **reads,
-            **{u: _Read(read_at=time.time(), error=f"{_page_url(u, project)}: {note}") for u in todo},
+            **{u: Read(read_at=time.time(), error=f"{_page_url(u, project)}: {note}") for u in todo},
         }
     if not todo:
         return reads
-    seconds = timeout(env)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(todo), MAX_THREADS)) as pool:
-        done = pool.map(lambda u: _fetch(_page_url(u, project), project, env, seconds), todo)
-        for url, got in zip(todo, done):
-            reads[url] = got
-            if got.error is None:
-                cache.put(_page_url(url, project), got)
+    # The network parts (urllib, http.client, threads) only when a page is read: a cached plan imports none.
+    from envbuilder.resolver import indexfetch  # noqa: PLC0415
+
+    pages = [_page_url(u, project) for u in todo]
+    for url, page, got in zip(todo, pages, indexfetch.fetch_all(pages, project, env, timeout(env))):
+        reads[url] = got
+        if got.error is None:
+            cache.put(page, got)
     return reads
 
 
-def _fetch(url: str, project: str, env: Mapping[str, str], seconds: float) -> _Read:
-    """GET one project page; every failure becomes an error text."""
-    started = time.time()
-    if not url.startswith(("http://", "https://")):
-        return _Read(read_at=started, error=f"{url}: only http(s) indexes are read")
-    headers = {"Accept": ACCEPT, "User-Agent": f"envbuilder/{__version__}"}
-    request = urllib.request.Request(url, headers=headers)  # noqa: S310 (http(s) only, checked above)
-    try:
-        with _opener(url, env).open(request, timeout=seconds) as response:
-            body, ctype = response.read(), response.headers.get_content_type()
-    except urllib.error.HTTPError as e:
-        if e.code == 404:
-            return _Read(read_at=started)  # the index has no such project
-        return _Read(read_at=started, error=f"{url}: HTTP {e.code} {e.reason}")
-    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
-        return _Read(read_at=started, error=f"{url}: {_why(e, seconds)}")
-    return _parse(url, body, ctype, project, started)
-
-
-def _why(error: Exception, seconds: float) -> str:
-    reason = error.reason if isinstance(error, urllib.error.URLError) else error
-    if isinstance(reason, (socket.timeout, TimeoutError)):
-        return f"no answer within {seconds:g} s ({TIMEOUT_VAR})"
-    if isinstance(reason, OSError) and reason.strerror:
-        return f"cannot connect ({reason.strerror})"
-    return f"cannot read ({reason})"
-
-
-def _parse(url: str, body: bytes, ctype: str, project: str, started: float) -> _Read:
-    if ctype not in (JSON_TYPE, "text/html", "application/vnd.pypi.simple.v1+html"):
-        return _Read(read_at=started, error=f"{url}: not an index page (Content-Type {ctype})")
-    try:
-        files = parse_simple_json(body, project) if ctype == JSON_TYPE else parse_simple_html(body, project)
-    except ValueError as e:  # json's errors are ValueErrors too
-        return _Read(read_at=started, error=f"{url}: not an index page ({e})")
-    return _Read(tuple(files), started)
-
-
-def _opener(url: str, env: Mapping[str, str]) -> urllib.request.OpenerDirector:
-    """An opener that honours the plan environment's proxies (``https_proxy``, ``no_proxy``), not the process's."""
-    host = urllib.parse.urlsplit(url).hostname or ""
-    bypass = [
-        h.strip().lstrip(".") for h in env.get("no_proxy", env.get("NO_PROXY", "")).split(",") if h.strip()
-    ]
-    proxies: dict[str, str] = {}
-    if not any(h in ("*", host) or host.endswith("." + h) for h in bypass):
-        for name, value in env.items():
-            low = name.lower()
-            if low.endswith("_proxy") and low not in ("no_proxy", "all_proxy") and value:
-                proxies[low[: -len("_proxy")]] = value
-    return urllib.request.build_opener(urllib.request.ProxyHandler(proxies))
-
-
-def _read_dir(source: str, project: str) -> _Read:
+def _read_dir(source: str, project: str) -> Read:
     """A wheel directory's ``project`` files (``--find-links``), or a ``file://`` simple index's page."""
-    path = Path(
-        urllib.request.url2pathname(urllib.parse.urlsplit(source).path) if "://" in source else source
-    )
+    path = Path(urllib.parse.unquote(urllib.parse.urlsplit(source).path) if "://" in source else source)
     now = time.time()
     page = path / normalize(project) / "index.html"
     try:
         if page.is_file():
-            return _Read(tuple(parse_simple_html(page.read_bytes(), project)), now)
+            return Read(tuple(parse_simple_html(page.read_bytes(), project)), now)
         names = sorted(p.name for p in path.iterdir())
     except OSError as e:
-        return _Read(read_at=now, error=f"{source}: cannot list ({e.strerror or e})")
+        return Read(read_at=now, error=f"{source}: cannot list ({e.strerror or e})")
     wheels = (project_wheel(n, project) for n in names)
-    return _Read(tuple(w for w in wheels if w is not None), now)
+    return Read(tuple(w for w in wheels if w is not None), now)
 
 
 class _Cache:
@@ -265,7 +202,7 @@ class _Cache:
     def _path(self, url: str) -> Path:
         return self.root / f"{hashlib.sha256(url.encode()).hexdigest()}.json"
 
-    def get(self, url: str, project: str) -> Optional[_Read]:
+    def get(self, url: str, project: str) -> Optional[Read]:
         try:
             data = json.loads(self._path(url).read_bytes())
             read_at = float(data["read_at"])
@@ -277,9 +214,9 @@ class _Cache:
         if not 0 <= time.time() - read_at < self.ttl:
             return None
         files = (wheel_from_json(e, project) for e in entries if isinstance(e, dict))
-        return _Read(tuple(f for f in files if f is not None), read_at, cached=True)
+        return Read(tuple(f for f in files if f is not None), read_at, cached=True)
 
-    def put(self, url: str, got: _Read) -> None:
+    def put(self, url: str, got: Read) -> None:
         data = {
             "version": CACHE_VERSION,
             "url": url,
