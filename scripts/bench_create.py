@@ -38,6 +38,10 @@ from wheelindex import Index, mirror_env, serve  # noqa: E402 - the tests' index
 
 from envbuilder.backends.installers import uv_binary  # noqa: E402
 
+#: The index pages carry PyPI's Cache-Control (max-age=600), so a warm cache answers without asking again, for
+#: every way alike.
+PYPI_MAX_AGE = 600
+
 
 def sh(argv: list[str], env: dict[str, str]) -> None:
     res = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
@@ -71,7 +75,7 @@ def main() -> int:
     base["PIP_CONFIG_FILE"] = os.devnull
     base["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
 
-    with serve(files) as index:
+    with serve(files, max_age=PYPI_MAX_AGE) as index:
         ways = make_ways(base, uv, index)
         if args.skip_pip:
             del ways["pip"]

@@ -98,17 +98,24 @@ class Index:
     """A PEP 503 simple index over a directory of distributions, served at several roots at once
     (``/simple/`` for PyPI, ``/whl/<variant>/`` for download.pytorch.org). ``gate`` holds downloads of the named
     project until it is set, so tests can stop a create in the middle of an install. ``rate`` (bytes a second)
-    throttles the files' downloads, as a slow link would; ``sending`` names the files on their way meanwhile."""
+    throttles the files' downloads, as a slow link would; ``sending`` names the files on their way meanwhile.
+    ``max_age`` (seconds) sends the project pages with the ``Cache-Control`` PyPI sends them with (600 there), so
+    an installer's warm cache uses them without asking again; without it every page is asked for each time."""
 
-    def __init__(self, files: Path, rate: Optional[float] = None) -> None:
+    def __init__(self, files: Path, rate: Optional[float] = None, max_age: Optional[int] = None) -> None:
         self.files = files
         self.url = ""
         self.rate = rate
+        self.max_age = max_age
         self.sending: set[str] = set()
         self.gate: dict[str, threading.Event] = {}
         self.requested: list[str] = []
         self._digests: dict[tuple[str, int], str] = {}
         self._metadata: dict[str, bytes] = {}
+
+    def cache_control(self) -> Optional[str]:
+        """The Cache-Control of a project page (None: the header is not sent)."""
+        return None if self.max_age is None else f"max-age={self.max_age}, public"
 
     def hold(self, project: str) -> threading.Event:
         event = threading.Event()
@@ -161,59 +168,73 @@ def _handler(index: Index) -> type[http.server.BaseHTTPRequestHandler]:
             index.requested.append(f"{'HEAD' if head else 'GET'} {path}")
             if path.startswith("/files/") and path.endswith(".whl.metadata"):
                 f = index.files / Path(path).name[: -len(".metadata")]
-                return self._send(index.metadata(f) if f.is_file() else None, "text/plain", head)
+                return _reply(self, index.metadata(f) if f.is_file() else None, "text/plain", head)
             if path.startswith("/files/"):
-                f = index.files / Path(path).name
-                gate = index.gate.get(_project(f.name))
-                if gate is not None and not head:
-                    gate.wait(60)
-                if index.rate and f.is_file() and not head:
-                    return self._trickle(f, index.rate)
-                return self._send(f.read_bytes() if f.is_file() else None, "application/octet-stream", head)
+                return self._file(index.files / Path(path).name, head)
             parts = [p for p in path.split("/") if p]
             if parts and (parts[0] == "simple" or parts[0] == "whl") and len(parts) >= 2:
                 project = normalize(parts[-1])
-                return self._send(index.page(project), "text/html", head)
-            return self._send(None, "text/plain", head)
+                return _reply(self, index.page(project), "text/html", head, cache=index.cache_control())
+            return _reply(self, None, "text/plain", head)
 
-        def _trickle(self, f: Path, rate: float) -> None:
-            """``f`` sent at ``rate`` bytes a second, in chunks of a tenth of a second each."""
-            body = f.read_bytes()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            chunk = max(int(rate / 10), 1)
-            index.sending.add(f.name)
-            try:
-                with suppress(BrokenPipeError, ConnectionResetError):
-                    for at in range(0, len(body), chunk):
-                        self.wfile.write(body[at : at + chunk])
-                        self.wfile.flush()
-                        time.sleep(0.1)
-            finally:
-                index.sending.discard(f.name)
-
-        def _send(self, body: Optional[bytes], ctype: str, head: bool = False) -> None:
-            if body is None:
-                self.send_response(404)
-                self.end_headers()
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if head:
-                return
-            with suppress(BrokenPipeError, ConnectionResetError):
-                self.wfile.write(body)
+        def _file(self, f: Path, head: bool) -> None:
+            """A distribution's download: held while its project's gate is shut, trickled at ``rate``."""
+            gate = index.gate.get(_project(f.name))
+            if gate is not None and not head:
+                gate.wait(60)
+            if index.rate and f.is_file() and not head:
+                return _trickle(self, index, f)
+            return _reply(self, f.read_bytes() if f.is_file() else None, "application/octet-stream", head)
 
     return Handler
 
 
+def _trickle(h: http.server.BaseHTTPRequestHandler, index: Index, f: Path) -> None:
+    """``f`` sent at ``index.rate`` bytes a second, in chunks of a tenth of a second each."""
+    body = f.read_bytes()
+    h.send_response(200)
+    h.send_header("Content-Type", "application/octet-stream")
+    h.send_header("Content-Length", str(len(body)))
+    h.end_headers()
+    chunk = max(int((index.rate or 0) / 10), 1)
+    index.sending.add(f.name)
+    try:
+        with suppress(BrokenPipeError, ConnectionResetError):
+            for at in range(0, len(body), chunk):
+                h.wfile.write(body[at : at + chunk])
+                h.wfile.flush()
+                time.sleep(0.1)
+    finally:
+        index.sending.discard(f.name)
+
+
+def _reply(
+    h: http.server.BaseHTTPRequestHandler,
+    body: Optional[bytes],
+    ctype: str,
+    head: bool = False,
+    cache: Optional[str] = None,
+) -> None:
+    """``body`` (404 where None) with its headers; ``cache`` as its Cache-Control."""
+    if body is None:
+        h.send_response(404)
+        h.end_headers()
+        return
+    h.send_response(200)
+    h.send_header("Content-Type", ctype)
+    h.send_header("Content-Length", str(len(body)))
+    if cache:
+        h.send_header("Cache-Control", cache)
+    h.end_headers()
+    if head:
+        return
+    with suppress(BrokenPipeError, ConnectionResetError):
+        h.wfile.write(body)
+
+
 @contextmanager
-def serve(files: Path, rate: Optional[float] = None) -> Iterator[Index]:
-    index = Index(files, rate)
+def serve(files: Path, rate: Optional[float] = None, max_age: Optional[int] = None) -> Iterator[Index]:
+    index = Index(files, rate, max_age)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(index))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)

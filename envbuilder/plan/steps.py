@@ -100,6 +100,35 @@ def _create_step(
     return None
 
 
+def one_resolution(installer: str, resolution: Resolution, plain: Sequence[str]) -> bool:
+    """Whether torch and the recipe's plain packages can be installed by one uv run without torch's index coming
+    unpinned: every torch-family pin carries its index's local label (``torch==2.13.0+cpu``), which no other index's
+    file has, so uv's best match across PyPI and torch's index can only take torch from there; and the release is
+    not a nightly (whose ``--pre`` would reach the recipe's packages). pip keeps two runs."""
+    return (
+        installer == "uv"
+        and bool(plain)
+        and resolution.channel != "nightly"
+        and bool(resolution.requirements)
+        and all("+" in pin for pin in resolution.requirements)
+    )
+
+
+def one_resolution_flags(resolution: Resolution) -> list[str]:
+    """The indexes of a one_resolution install: PyPI and torch's, each package from whichever has its best
+    version (the same files where both have it)."""
+    rest = [f for f in resolution.pip_flags if f not in ("--index-url", resolution.index_url)]
+    return [
+        "--index-url",
+        PYPI,
+        "--extra-index-url",
+        resolution.index_url,
+        "--index-strategy",
+        "unsafe-best-match",
+        *rest,
+    ]
+
+
 def locked_flags(resolution: Optional[Resolution], plain_specs: Sequence[str]) -> list[str]:
     """The indexes a lock resolves against and installs from: torch's first, then PyPI for the rest. uv searches
     extra indexes before the main one, so PyPI is the main index and torch's the extra: PyPI's torch build can
@@ -149,6 +178,19 @@ def install_steps(
         steps.append(
             InstallStep(tuple(argv), site_python=site_python, label=f"{len(locked.wheels)} locked packages")
         )
+    elif resolution is not None and locked is None and one_resolution(installer, resolution, plain):
+        # torch and the recipe's packages in one installer run (one resolution, one start): see one_resolution.
+        specs = [*resolution.requirements, *plain]
+        argv = [
+            *_pip(installer, env_python, target_flag),
+            *one_resolution_flags(resolution),
+            "--constraint",
+            f"{prefix}/{CONSTRAINTS}",
+            END_OF_OPTIONS,
+            *specs,
+        ]
+        steps.append(InstallStep(tuple(argv), site_python=site_python, label=" ".join(specs)))
+        plain = []
     elif resolution is not None and locked is None:
         argv = (
             _pip(installer, env_python, target_flag)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from helpers import run_cli
@@ -36,6 +37,10 @@ def test_local_recipe_creates_a_working_torch_env(torch_index, tmp_path):
     versions = {p["name"]: p["version"] for p in data["env"]["packages"] if p["in_env"]}
     assert versions["torch"] == "2.13.0+cpu"
     assert "numpy" in versions
+    # torch's pin carries the index's label, so torch and numpy went in through one uv run over both indexes.
+    installs = [line for line in Path(data["log"]).read_text().splitlines() if " pip install " in line]
+    assert len(installs) == 1 and installs[0].endswith("-- torch==2.13.0+cpu numpy"), installs
+    assert "--index-strategy unsafe-best-match" in installs[0]
     assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
     # The smoke check's import compiled what torch loads, so later imports (ranks, jobs) read bytecode.
     site = next(prefix.glob("lib/python3*/site-packages"))
