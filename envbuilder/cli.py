@@ -15,7 +15,7 @@ from typing import Any, Optional
 from envbuilder.cliparser import build_parser
 from envbuilder.cliparts import Handler, UsageExit, unrecognized
 from envbuilder.console import Out
-from envbuilder.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EnvbuilderError
+from envbuilder.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, EXIT_USAGE, EnvbuilderError
 
 RESULT_VERSION = 1
 
@@ -86,6 +86,10 @@ def _dispatch(handler: Handler, args: argparse.Namespace, out: Out) -> int:
     except KeyboardInterrupt:
         out.error("interrupted")
         return EXIT_INTERRUPTED
+    except (
+        BrokenPipeError
+    ):  # stdout's reader left (`envbuilder list | head`): stop quietly, as pipe writers do
+        return reader_gone()
     except Exception as exc:
         if args.traceback or os.environ.get("ENVBUILDER_TRACEBACK"):
             traceback.print_exc()
@@ -94,6 +98,15 @@ def _dispatch(handler: Handler, args: argparse.Namespace, out: Out) -> int:
     if as_json:
         print(json.dumps(envelope(command, "ok", data), indent=2))
     return EXIT_OK
+
+
+def reader_gone() -> int:
+    """stdout's reader has left: point stdout at /dev/null, so that the flush at exit cannot fail again and print a
+    traceback, and exit as a writer killed by SIGPIPE would."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_PIPE
 
 
 def _errors(exc: EnvbuilderError) -> list[dict[str, Any]]:

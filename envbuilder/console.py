@@ -26,9 +26,18 @@ from envbuilder import tables
 Cell = Union[str, Text, None]
 
 
+class _Console(Console):
+    """rich's console, but a reader that left (``envbuilder list | head``) is the BrokenPipeError the CLI turns into
+    its quiet exit (141), not rich's own exit with status 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def make_console(stream: Optional[TextIO] = None) -> Console:
     # rich honours NO_COLOR itself; a non-tty stream gets plain text.
-    return Console(
+    return _Console(
         file=stream or sys.stderr,
         highlight=False,
         soft_wrap=True,

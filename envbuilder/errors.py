@@ -12,11 +12,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Optional
 
 # Exit codes shared with the CLI. 1 is reserved for unexpected internal errors, 2 for usage errors
-# (argparse's own convention), 130 for Ctrl-C.
+# (argparse's own convention), 130 for Ctrl-C, 141 for output whose reader left (as a shell reports SIGPIPE).
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_PIPE = 141
 
 
 def did_you_mean(word: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.6) -> Optional[str]:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import FACTS, PLAN_ENV, REPO, refused, run_cli
+from helpers import FACTS, PLAN_ENV, REPO, cli_argv, cli_env, refused, run_cli
 
 from envbuilder import errors
 
@@ -163,6 +163,21 @@ def test_readme_exit_code_table_matches_the_error_tree():
         assert table.get(str(family.exit_code)) == family.family, family.__name__
     codes = [f.exit_code for f in errors.FAMILIES]
     assert len(codes) == len(set(codes)), "every family has its own exit code"
+
+
+@pytest.mark.parametrize("args", [("recipes", "list"), ("__complete", "recipes"), ("plan", "local")])
+def test_a_reader_that_leaves_ends_the_command_quietly(args):
+    """`envbuilder recipes list | head -1`: the reader closes the pipe; the command stops with 141 (as a writer
+    killed by SIGPIPE) and says nothing, instead of an internal error or rich's exit 1."""
+    child = subprocess.Popen(
+        cli_argv(*args), env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()  # gone before the first line is written
+    with child.stderr:
+        err = child.stderr.read()
+    assert child.wait(timeout=60) == errors.EXIT_PIPE, err
+    assert err == ""
 
 
 def test_readme_setup_commands_are_the_ones_ci_runs():
