@@ -8,7 +8,7 @@ skipped with a warning. A recipe that is asked for and broken is its file's erro
 of the recipes of the same name in earlier layers (the built-in ``local`` under a user's broken ``local.toml``).
 
 The catalog does the reading (and a registry the verifying) for the loader: it hands over documents ready to merge
-(``loader.Documents``), so that loading itself runs no process and opens no file."""
+(``document.Documents``), so that loading itself runs no process and opens no file."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from envbuilder import settings, textfile
 from envbuilder._toml import TOMLDecodeError, loads
 from envbuilder.console import Out
 from envbuilder.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
-from envbuilder.recipe.loader import Document
+from envbuilder.recipe.document import Document
 from envbuilder.recipe.registry import Published, Registry
 from envbuilder.recipe.trust import Policy, pin_dir
 
