@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 from envbuilder.backends.registry import kind_info
 from envbuilder.errors import RecipeError, did_you_mean
-from envbuilder.recipe import schema, sections
+from envbuilder.recipe import schema, schemacheck, sections
 from envbuilder.recipe.document import Document, Documents
 from envbuilder.resolver.wheels import GATES, TORCH_PACKAGES
 from envbuilder.validate import checks, launchers
@@ -141,7 +141,7 @@ def load(name: str, catalog: Documents, overrides: Optional[Mapping[str, tuple[A
     """Load recipe ``name`` from the documents ``catalog`` supplies. ``overrides`` maps dotted keys to (value,
     source) applied last (CLI flags)."""
     top = catalog.recipe_document(name)
-    schema.validate(top.data, top.label)
+    schemacheck.validate(top.data, top.label)
     # A published recipe extends nothing: its verified bytes are the whole recipe.
     chain = [top] if top.published else _follow_chain(top, catalog)
     merged: dict[str, Any] = {}
@@ -172,7 +172,7 @@ def load(name: str, catalog: Documents, overrides: Optional[Mapping[str, tuple[A
             key="recipe.name",
             hint=f"rename the file to {recipe_name}.toml or set name = {top.path.stem!r}",
         )
-    schema.check_required(
+    schemacheck.check_required(
         {**merged, "schema_version": schema.SCHEMA_VERSION}, lambda key: _table_source(prov, key, top.label)
     )
     _cross_checks(merged, prov, top.label)
@@ -206,7 +206,7 @@ def _follow_chain(top: Document, catalog: Documents) -> list[Document]:
             loop = " -> ".join(other.real_label for other in [*chain, found])
             # Blame the file whose extends closes the loop.
             raise RecipeError(f"extends cycle: {loop}", file=doc.label, key="extends")
-        schema.validate(found.data, found.label)
+        schemacheck.validate(found.data, found.label)
         chain.append(found)
 
 

@@ -49,6 +49,7 @@ PURE = (
     "envbuilder.plan",
     "envbuilder.recipe.loader",  # the catalog reads the files and the registry verifies them; loading only merges
     "envbuilder.recipe.document",  # what the loader is handed
+    "envbuilder.recipe.schemacheck",
     "envbuilder.errors",
     "envbuilder._toml",
     "envbuilder.tables",  # lays rows out; rich renders them
