@@ -2,7 +2,10 @@
 ``deactivate`` undoes. ``envbuilder.activation`` writes them into an env.
 
 The shell code is package data, one template file per shell (``envbuilder/data/activate/posix.sh`` for bash and
-zsh, ``fish.fish``, ``csh.csh`` for csh and tcsh); this module fills in the values, quoted for that shell. The extension is a script of its own
+zsh, ``fish.fish``, ``csh.csh`` for csh and tcsh); this module fills in the values, quoted for that shell. Each
+shell gets every kind of env: a venv's extension, a user-prefix env's and a conda env's activate scripts (conda's
+own activators run ``etc/conda/activate.d/*.sh``, ``*.fish``, ``*.csh`` by shell), and the script that activates
+an env from its image's mount (written beside the mount). The extension is a script of its own
 (``PREFIX/envbuilder/activate.sh``), hooked into ``bin/activate`` by one sentinel-guarded block appended at the
 end, so nothing depends on the wording of the activate template (Cirrus's sed hook broke on CPython 3.11's
 lowercase comment). The script:
@@ -83,6 +86,8 @@ class Shell:
     quote: Callable[[str], str]
     #: Text safe inside the shell's double quotes (messages that name a value).
     dquote: Callable[[str], str]
+    #: How the names of its scripts end.
+    suffix: str
 
 
 def _fish_quote(text: str) -> str:
@@ -106,14 +111,21 @@ def _csh_dq(text: str) -> str:
 
 
 #: bash and zsh, which both run plain POSIX sh.
-POSIX = Shell("posix.sh", shlex.quote, _dq)
-FISH = Shell("fish.fish", _fish_quote, _fish_dq)
+POSIX = Shell("posix.sh", shlex.quote, _dq, "sh")
+FISH = Shell("fish.fish", _fish_quote, _fish_dq, "fish")
 #: csh and tcsh (Lmod's init for both is the same file).
-CSH = Shell("csh.csh", _csh_quote, _csh_dq)
+CSH = Shell("csh.csh", _csh_quote, _csh_dq, "csh")
+#: The shells ``envbuilder activate --shell`` takes, by name.
+BY_NAME = {"bash": POSIX, "zsh": POSIX, "fish": FISH, "tcsh": CSH}
 #: Where each shell's extension lives in the env, and the activate script of the venv it hooks into.
 FISH_SCRIPT_REL = "envbuilder/activate.fish"
 CSH_SCRIPT_REL = "envbuilder/activate.csh"
 CSH_UNDO_REL = "envbuilder/deactivate.csh"
+#: conda's fish and csh activators run the env's activate.d/deactivate.d scripts of their own suffix.
+CONDA_FISH_RELS = ("etc/conda/activate.d/envbuilder.fish", "etc/conda/deactivate.d/envbuilder.fish")
+CONDA_CSH_RELS = ("etc/conda/activate.d/envbuilder.csh", "etc/conda/deactivate.d/envbuilder.csh")
+#: What a user-prefix env's activate saves before it sets them, and gives back on deactivate.
+_USERBASE_VARS = ("PATH", "PYTHONUSERBASE")
 
 
 @cache
@@ -322,31 +334,53 @@ def render_csh(act: Activation, prefix: str, *, constraints: bool = False) -> di
     }
 
 
-def render_user_prefix_activate(prefix: str) -> str:
-    """``bin/activate`` for a user-prefix env (PYTHONUSERBASE style, Cirrus): no venv, the site python, this
-    prefix as its user base. ``deactivate`` gives PATH and PYTHONUSERBASE back; the extension hooks in as for a
-    venv. The prefix is known at build time and quoted here (the file is written before the rename)."""
+def render_user_prefix_activate(prefix: str, shell: Shell = POSIX) -> str:
+    """``bin/activate`` (``.fish``, ``.csh`` for those shells) for a user-prefix env (PYTHONUSERBASE style,
+    Cirrus): no venv, the site python, this prefix as its user base. ``deactivate`` gives PATH and PYTHONUSERBASE
+    back; the extension hooks in as for a venv. The prefix is known at build time and quoted here (the file is
+    written before the rename)."""
     require_carriable(prefix, "env.prefix")
-    names = ("PATH", "PYTHONUSERBASE")
     return _render(
         "user_prefix",
-        saves=_each("save", names),
-        prefix=POSIX.quote(prefix),
-        restores=_each("restore", names),
-        extension=POSIX.quote(prefix + "/" + SCRIPT_REL),
+        shell,
+        saves=_each("save", _USERBASE_VARS, shell),
+        prefix=shell.quote(prefix),
+        restores=_each("restore", _USERBASE_VARS, shell),
+        extension=shell.quote(f"{prefix}/envbuilder/activate.{shell.suffix}"),
+        undo=shell.quote(f"{prefix}/{CSH_UNDO_REL}"),
     )
 
 
-def render_conda_activate(prefix: str) -> str:
-    """``bin/activate`` for a conda env, for shells without ``conda activate`` (the embedded engine needs no conda
-    binary): what conda activate does for one env, then its activate.d scripts; deactivate runs deactivate.d and
-    gives the variables back."""
+def render_user_prefix_shells(act: Activation, prefix: str, *, constraints: bool = False) -> dict[str, str]:
+    """A user-prefix env's fish and csh/tcsh activation, by path in the env: ``bin/activate.fish`` and
+    ``bin/activate.csh``, the extension each sources (``PYTHONUSERBASE`` naming the env), and the csh undo
+    that csh's ``deactivate`` alias sources."""
+    values = _extension(act, CSH, False, constraints, "PYTHONUSERBASE")
+    undo = _fill("undo", CSH, **values)
+    return {
+        "bin/activate.fish": render_user_prefix_activate(prefix, FISH),
+        FISH_SCRIPT_REL: render_script(act, constraints=constraints, env_var="PYTHONUSERBASE", shell=FISH),
+        "bin/activate.csh": render_user_prefix_activate(prefix, CSH),
+        CSH_SCRIPT_REL: _render("extension", CSH, **values),
+        CSH_UNDO_REL: _render(
+            "deactivate_saved", CSH, undo=undo, restores=_each("restore", _USERBASE_VARS, CSH)
+        ),
+    }
+
+
+def render_conda_activate(prefix: str, shell: Shell = POSIX) -> str:
+    """``bin/activate`` (``.fish``, ``.csh``) for a conda env, for shells without ``conda activate`` (the embedded
+    engine needs no conda binary): what conda activate does for one env, then its activate.d scripts for that
+    shell; deactivate runs deactivate.d and gives the variables back."""
     require_carriable(prefix, "env.prefix")
     return _render(
         "conda_activate",
-        saves=_each("save", _CONDA_VARS),
-        prefix=POSIX.quote(prefix),
-        restores=_each("restore", _CONDA_VARS),
+        shell,
+        saves=_each("save", _CONDA_VARS, shell),
+        prefix=shell.quote(prefix),
+        restores=_each("restore", _CONDA_VARS, shell),
+        undo=shell.quote(f"{prefix}/{CSH_UNDO_REL}"),
+        hooks=_fill("conda_hooks", CSH, which="activate") if shell is CSH else [],
     )
 
 
@@ -355,19 +389,49 @@ def render_conda_deactivate() -> str:
     return _render("conda_deactivate")
 
 
-def render_image_activate(path: str, fusermount: Optional[str]) -> str:
-    """The bash/zsh script that activates the env at ``path`` (an image's mount or unpacked copy); with
-    ``fusermount``, its deactivate also unmounts ``path``."""
+def render_conda_shells(act: Activation, prefix: str, *, constraints: bool = False) -> dict[str, str]:
+    """A conda env's fish and csh/tcsh hooks, by path in the env: the activate.d/deactivate.d scripts that
+    conda's fish and csh activators source (``conda activate`` in those shells), and the undo that the deactivate
+    alias of csh's ``bin/activate.csh`` (:func:`render_conda_activate`) sources."""
+    require_carriable(prefix, "env.prefix")
+    values = _extension(act, CSH, True, constraints, None)
+    conda_undo = _fill("conda_hooks", CSH, which="deactivate")
+    return {
+        CONDA_FISH_RELS[0]: render_script(act, conda=True, constraints=constraints, shell=FISH),
+        CONDA_FISH_RELS[1]: _render("conda_deactivate", FISH),
+        CONDA_CSH_RELS[0]: _render("extension", CSH, **values),
+        CONDA_CSH_RELS[1]: _render("conda_deactivate", CSH, undo=_fill("undo", CSH, **values)),
+        CSH_UNDO_REL: _render(
+            "deactivate_saved", CSH, undo=conda_undo, restores=_each("restore", _CONDA_VARS, CSH)
+        ),
+    }
+
+
+def render_image_activate(path: str, fusermount: Optional[str], shell: Shell = POSIX) -> dict[str, str]:
+    """The scripts that activate the env at ``path`` (an image's mount or unpacked copy) in ``shell``, by where
+    they go: beside ``path`` (the image is read-only); the first is the one to source. With ``fusermount``, its
+    deactivate also unmounts ``path``. csh has no function to wrap, so its deactivate alias sources a second
+    script: the env's own deactivate.csh, then the unmount."""
+    require_carriable(path, "the image's mount point")
+    q, dq = shell.quote, shell.dquote
     unmount = (
         _fill(
             "image_unmount",
-            fusermount=POSIX.quote(fusermount),
-            fusermount_dq=_dq(fusermount),
-            path=POSIX.quote(path),
-            path_dq=_dq(path),
+            shell,
+            fusermount=q(fusermount),
+            fusermount_dq=dq(fusermount),
+            path=q(path),
+            path_dq=dq(path),
         )
         if fusermount
         else []
     )
     how = "squashfuse mount" if fusermount else "unpacked copy"
-    return _render("image", path=POSIX.quote(path), how=how, unmount=unmount)
+    script = f"{path}.activate.{shell.suffix}"
+    if shell is not CSH:
+        return {script: _render("image", shell, path=q(path), how=how, unmount=unmount)}
+    undo = f"{path}.deactivate.csh"
+    return {
+        script: _render("image", CSH, how=how, activate=_fill("activate", CSH, prefix=q(path)), undo=q(undo)),
+        undo: _render("image_deactivate", CSH, path=q(path), unmount=unmount),
+    }

@@ -1,11 +1,10 @@
-"""Activate scripts written into an env: the extension and the hook in ``bin/activate`` of a venv, a user-prefix
-env's ``bin/activate``, a conda env's activate.d/deactivate.d hooks. ``envbuilder.activate_scripts`` renders
-them (pure, from the templates in ``envbuilder/data/activate``).
+"""Activate scripts written into an env, for bash/zsh, fish and csh/tcsh: the extension and the hook in
+``bin/activate`` of a venv, a user-prefix env's ``bin/activate``, a conda env's activate.d/deactivate.d hooks.
+``envbuilder.activate_scripts`` renders them (pure, from the templates in ``envbuilder/data/activate``).
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -24,13 +23,8 @@ def _write_extension(prefix: Path, act: Activation, env_var: Optional[str] = Non
     script.write_text(text, encoding="utf-8")
 
 
-#: The shells ``envbuilder activate --shell`` takes: the activate script each sources, and its quoting.
-SHELLS = {
-    "bash": ("activate", shlex.quote),
-    "zsh": ("activate", shlex.quote),
-    "fish": ("activate.fish", activate_scripts.FISH.quote),
-    "tcsh": ("activate.csh", activate_scripts.CSH.quote),
-}
+#: The shells ``envbuilder activate --shell`` takes, and the activate script each sources.
+SHELLS = {"bash": "activate", "zsh": "activate", "fish": "activate.fish", "tcsh": "activate.csh"}
 
 
 def default_shell(environ: Mapping[str, str]) -> str:
@@ -43,15 +37,15 @@ def default_shell(environ: Mapping[str, str]) -> str:
 def activate_line(prefix: str, shell: str) -> str:
     """The line that activates the env at ``prefix`` in ``shell``. Envs built before fish and tcsh got theirs
     have no script for them: that is said, with the way to write it."""
-    script, quote = SHELLS[shell]
+    script = SHELLS[shell]
     path = Path(prefix) / "bin" / script
     if shell in ("fish", "tcsh") and not path.is_file():
         raise StateError(
-            f"{prefix} has no {script}: this env has no {shell} activation",
-            hint="venv envs get it from this release on (envbuilder create --force rebuilds one); "
-            "activate other envs from bash or zsh",
+            f"{prefix} has no {script}: this env has no {shell} activation (it was built before envbuilder "
+            "wrote one)",
+            hint="envbuilder create NAME --force rebuilds it with one; until then activate it from bash or zsh",
         )
-    return f"source {quote(str(path))}"
+    return f"source {activate_scripts.BY_NAME[shell].quote(str(path))}"
 
 
 def has_constraints(prefix: Path) -> bool:
@@ -80,29 +74,47 @@ def install(prefix: Path, act: Activation, final: Optional[str] = None) -> None:
 
 
 def install_user_prefix(build: Path, prefix: str, act: Activation) -> None:
-    """Write the extension and a ``bin/activate`` for a user-prefix env being built in ``build``."""
+    """Write the extensions and ``bin/activate`` (``.fish``, ``.csh``) for a user-prefix env being built in
+    ``build``."""
     _write_extension(build, act, env_var="PYTHONUSERBASE")
     (build / "bin").mkdir(exist_ok=True)
     (build / "bin" / "activate").write_text(
         activate_scripts.render_user_prefix_activate(prefix), encoding="utf-8"
     )
+    shells = activate_scripts.render_user_prefix_shells(act, prefix, constraints=has_constraints(build))
+    _write_all(build, shells)
 
 
 def install_conda(build: Path, prefix: str, act: Activation) -> None:
-    """Write a conda env's activate.d/deactivate.d hooks, and a ``bin/activate`` where the env has none."""
-    for rel, text in (
-        (
-            activate_scripts.CONDA_ACTIVATE_REL,
-            activate_scripts.render_script(act, conda=True, constraints=has_constraints(build)),
+    """Write a conda env's activate.d/deactivate.d hooks for bash/zsh, fish and csh/tcsh, and a
+    ``bin/activate`` (``.fish``, ``.csh``) for each where the env has none of its own."""
+    constraints = has_constraints(build)
+    scripts = {
+        activate_scripts.CONDA_ACTIVATE_REL: activate_scripts.render_script(
+            act, conda=True, constraints=constraints
         ),
-        (activate_scripts.CONDA_DEACTIVATE_REL, activate_scripts.render_conda_deactivate()),
-    ):
-        path = build / rel
+        activate_scripts.CONDA_DEACTIVATE_REL: activate_scripts.render_conda_deactivate(),
+        **activate_scripts.render_conda_shells(act, prefix, constraints=constraints),
+    }
+    _write_all(build, scripts)
+    own = {
+        f"bin/activate{suffix}": activate_scripts.render_conda_activate(prefix, shell)
+        for suffix, shell in (
+            ("", activate_scripts.POSIX),
+            (".fish", activate_scripts.FISH),
+            (".csh", activate_scripts.CSH),
+        )
+    }
+    # A cloned site env may ship its own activate scripts (conda's base env has bin/activate): those stay.
+    _write_all(build, {rel: text for rel, text in own.items() if not (build / rel).exists()})
+
+
+def _write_all(root: Path, scripts: Mapping[str, str]) -> None:
+    """Each script at its path under ``root``."""
+    for rel, text in scripts.items():
+        path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    activate = build / "bin" / "activate"
-    if not activate.exists():
-        activate.write_text(activate_scripts.render_conda_activate(prefix), encoding="utf-8")
 
 
 def from_plan(planned: Activation, module_init: Optional[str], recipe: str) -> Activation:

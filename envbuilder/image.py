@@ -344,15 +344,30 @@ def _unpack(image: Path, into: Path, digest: str) -> None:
             shutil.rmtree(partial)
 
 
-def activate_line(used: InUse, env: Mapping[str, str]) -> str:
-    """The bash/zsh line that activates the env from ``used``; its deactivate also unmounts a squashfuse mount.
-    The script is written beside the mount (the image itself is read-only)."""
+#: What an image's env must hold for each shell's script beside the mount to work from it.
+_NEEDS = {"fish": "bin/activate.fish", "tcsh": activate_scripts.CSH_UNDO_REL}
+
+
+def activate_line(used: InUse, shell: str) -> str:
+    """The line that activates the env from ``used`` in ``shell`` (bash, zsh, fish, tcsh); its deactivate also
+    unmounts a squashfuse mount. The scripts are written beside the mount (the image itself is read-only)."""
+    needs = _NEEDS.get(shell)
+    if needs and not (used.path / needs).is_file():
+        raise StateError(
+            f"the image of {used.name} has no {needs}: it was packed from an env built before envbuilder wrote "
+            f"{shell} activation",
+            hint=f"envbuilder create {used.name} --force, then envbuilder pack {used.name}; or use bash or zsh",
+        )
+    syntax = activate_scripts.BY_NAME[shell]
     unmount = fusermount() if used.how == "squashfuse" else None
-    script = used.path.parent / f"{used.path.name}.activate.sh"
-    text = activate_scripts.render_image_activate(str(used.path), unmount)
-    fsutil.write_atomic(script, text.encode())
+    scripts = activate_scripts.render_image_activate(str(used.path), unmount, syntax)
+    for path, text in scripts.items():
+        fsutil.write_atomic(Path(path), text.encode())
+    line = f"source {syntax.quote(next(iter(scripts)))}"
+    if shell == "tcsh":
+        return line  # an interactive tcsh takes no comments: `#` would be read as words for source
     where = "mounted with squashfuse" if used.how == "squashfuse" else "unpacked (no FUSE on this node)"
-    return f"source {activate_scripts.POSIX.quote(str(script))}  # image {where}"
+    return f"{line}  # image {where}"
 
 
 def runs_dir(used: InUse) -> Path:

@@ -243,7 +243,7 @@ def _keys_of(name: str, entry: str) -> bool:
     alias, activate script, broadcast image, or a killed unpack's or link's leftover."""
     key = re.escape(name) + r"-[0-9a-f]{16}"
     tail = (
-        r"\.unpacked(\.activate\.sh|\.partial-\d+|\.link-\d+)?|"
+        r"\.unpacked(\.activate\.(sh|fish|csh)|\.deactivate\.csh|\.partial-\d+|\.link-\d+)?|"
         + re.escape(image.SUFFIX)
         + r"(\.partial-\d+)?"
     )

@@ -155,18 +155,17 @@ def handle_activate(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 
 def _activate_image(record: state.EnvRecord, shell: str, out: Out, as_json: bool) -> dict[str, Any]:
     """Mount (or unpack) the env's image on this node; the line activates that copy."""
-    if shell not in ("bash", "zsh"):
-        raise UsageError(
-            f"activate --image writes its line for bash or zsh, not {shell}",
-            hint="run it from bash or zsh, or pass --shell bash",
-        )
     used = image.use(record, os.environ)
     if used.cleaned:
         out.line(
             f"unmounted a dead mount of {record.name}'s image (its squashfuse was gone) before mounting it again"
         )
-    line = image.activate_line(used, os.environ)
+    line = image.activate_line(used, shell)
     if not as_json:
+        if shell == "tcsh":  # its line carries no comment saying how the image is used
+            out.line(
+                f"image {'mounted with squashfuse' if used.how == 'squashfuse' else 'unpacked (no FUSE)'}"
+            )
         print(line)
     return {"name": record.name, "command": line, "image": used.to_json()}
 

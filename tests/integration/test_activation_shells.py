@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from test_activation import (
 )
 
 from envbuilder import activate_scripts, activation
+from envbuilder.errors import RecipeError
 from envbuilder.plan.activation import Activation
 
 pytestmark = pytest.mark.integration
@@ -243,6 +245,70 @@ def test_the_line_envbuilder_activate_prints_works_in_that_shell(shell, venv, tm
     assert not list(tmp_path.glob("PWNED*"))
 
 
+#: How create writes each kind's activation into an env (``build``, for ``prefix``), and the variable naming it.
+KINDS = {
+    "user-prefix": (activation.install_user_prefix, "PYTHONUSERBASE"),
+    "conda": (activation.install_conda, "CONDA_PREFIX"),
+}
+#: Another conda package's hooks (conda runs every activate.d script of the shell's suffix), for each shell.
+OTHER_HOOKS = {
+    "fish": ("set -gx OTHER_HOOK 'on'\n", "set -e OTHER_HOOK\n"),
+    "tcsh": ("setenv OTHER_HOOK 'on'\n", "unsetenv OTHER_HOOK\n"),
+}
+
+
+@needs_lmod
+@pytest.mark.parametrize("twice", [False, True], ids=["once", "twice"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("shell", SHELLS)
+def test_user_prefix_and_conda_envs_round_trip(shell, kind, twice, tmp_path):
+    """bin/activate.fish and bin/activate.csh of a user-prefix env and of a conda env (for shells without conda
+    activate; they run the activate.d scripts as conda's fish and csh activators do) at the hostile prefix: the
+    recipe's modules and values on, then exactly the environment from before."""
+    prefix = tmp_path / HOSTILE
+    (prefix / "bin").mkdir(parents=True)
+    install, var = KINDS[kind]
+    install(prefix, str(prefix), ACT)
+    suffix = "fish" if shell == "fish" else "csh"
+    if kind == "conda":
+        for when, text in zip(("activate", "deactivate"), OTHER_HOOKS[shell]):
+            (prefix / "etc" / "conda" / f"{when}.d" / f"zz-other.{suffix}").write_text(text)
+    before, during, after, stderr = run(shell, prefix, tmp_path, twice=twice)
+    assert during[var] == str(prefix)
+    assert during["PATH"].split(":")[0] == str(prefix / "bin")
+    assert during["LOADEDMODULES"] == "gcc/15.1.0:python3/3.11.8:conda/2025-09-25"
+    assert during["TRICKY"] == ACT.env["TRICKY"] and "NCCL_DEBUG" not in during
+    assert during.get("OTHER_HOOK") == ("on" if kind == "conda" else None)
+    assert after == before
+    assert stderr == ""
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_user_prefix_env_imports_from_its_prefix_in_that_shell(shell, tmp_path):
+    """The line `envbuilder activate` prints for a user-prefix env: the site python finds the env's packages
+    through PYTHONUSERBASE, and deactivate gives the user's own PYTHONUSERBASE back."""
+    python = Path(sys.base_prefix) / "bin" / "python3"
+    prefix = tmp_path / HOSTILE
+    site = prefix / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "ebuserdemo.py").write_text("")
+    (prefix / "bin").mkdir()
+    activation.install_user_prefix(prefix, str(prefix), Activation(env={"TRICKY": ACT.env["TRICKY"]}))
+    line = activation.activate_line(str(prefix), shell)
+    script = tmp_path / "line"
+    script.write_text(
+        f"{line}\n{python} -c 'import ebuserdemo; print(ebuserdemo.__file__)'\nprintenv TRICKY\ndeactivate\n"
+        "printenv PYTHONUSERBASE\n"
+    )
+    res = subprocess.run(
+        shell_argv(shell, script), env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONUSERBASE": "/mine"},
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [str(site / "ebuserdemo.py"), ACT.env["TRICKY"], "/mine"]
+    assert not list(tmp_path.glob("PWNED*"))
+
+
 def test_an_env_without_the_shells_script_says_so(tmp_path):
     (tmp_path / "bin").mkdir()
     with pytest.raises(activation.StateError, match=r"no activate\.fish"):
@@ -254,3 +320,14 @@ def test_the_hook_in_activate_fish_is_idempotent():
     once = activate_scripts.with_hook("function deactivate\nend\n", activate_scripts.FISH)
     assert activate_scripts.with_hook(once, activate_scripts.FISH) == once
     assert once.count(activate_scripts.BEGIN) == 1 and activate_scripts.FISH_SCRIPT_REL in once
+
+
+@pytest.mark.parametrize("bad", ["1\n/tmp/evil.sh", "a\x00b"], ids=["LF", "NUL"])
+def test_the_fish_and_csh_renderers_refuse_what_they_cannot_carry(bad):
+    with pytest.raises(RecipeError):
+        activate_scripts.render_user_prefix_shells(Activation(), "/p" + bad)
+    with pytest.raises(RecipeError):
+        activate_scripts.render_conda_shells(Activation(), "/p" + bad)
+    for shell in (activate_scripts.FISH, activate_scripts.CSH):
+        with pytest.raises(RecipeError):
+            activate_scripts.render_image_activate("/node" + bad, "/usr/bin/fusermount3", shell)

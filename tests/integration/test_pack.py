@@ -333,3 +333,62 @@ def test_torch_env_imports_torch_from_its_image(cpu_torch_world, tmp_path):
     finally:
         if mount_point in _mounts():
             subprocess.run(["fusermount3", "-u", "-z", mount_point], check=False)
+
+
+#: A node-local directory with what shells treat specially in its name: the mount and the scripts beside it live
+#: under it, so every path the generated scripts name holds these characters.
+HOSTILE_TMP = "node $HOME; `id` 'sq' \"dq\""
+#: Each shell run reading no rc file, and how it tells that `python3` is the system's again.
+OTHER_SHELLS = {
+    "fish": (["fish", "--no-config", "-c"], "command -q python3; and echo deactivated\n"),
+    "tcsh": (["tcsh", "-f", "-c"], "which python3 >/dev/null && echo deactivated\n"),
+}
+
+
+@pytest.mark.parametrize("shell", sorted(OTHER_SHELLS))
+def test_fish_and_tcsh_activate_the_image_and_deactivate_unmounts(packed, shell):
+    """The line `activate --image --shell fish|tcsh` prints, sourced in that shell (twice, as a user may): python
+    runs from the mount, one deactivate unmounts it; the mount's path holds spaces, quotes, `$`, `;` and
+    backquotes."""
+    if not shutil.which(shell):
+        pytest.skip(f"{shell} is not installed (.ci/run installs it)")
+    w, _ = packed
+    node = w.root / HOSTILE_TMP
+    node.mkdir()
+    data = w.data("activate", "small", "--image", "--shell", shell, TMPDIR=str(node))
+    mount_point = data["image"]["path"]
+    assert data["image"]["how"] == "squashfuse" and mount_point.startswith(str(node) + "/")
+    assert mount_point in [p.replace("\\040", " ") for p in _mounts()]
+    argv, deactivated = OTHER_SHELLS[shell]
+    script = (
+        f"{data['command']}\n{data['command']}\n"
+        "python -c 'import ebdemo, sys; print(ebdemo.__file__); print(sys.prefix)'\n"
+        "deactivate\n" + deactivated
+    )
+    res = subprocess.run(
+        [*argv, script], env={**w.env, "PATH": "/usr/bin:/bin"}, cwd=w.root,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    imported, prefix, done = res.stdout.splitlines()
+    assert imported.startswith(mount_point + "/") and prefix == mount_point
+    assert done == "deactivated"
+    assert mount_point not in [p.replace("\\040", " ") for p in _mounts()]
+    assert not list(w.root.glob("PWNED*")) and res.stderr == ""
+
+
+@pytest.mark.parametrize("shell", sorted(OTHER_SHELLS))
+def test_fish_and_tcsh_use_an_unpacked_copy_where_there_is_no_fuse(packed, shell):
+    if not shutil.which(shell):
+        pytest.skip(f"{shell} is not installed (.ci/run installs it)")
+    w, _ = packed
+    data = w.data("activate", "small", "--image", "--shell", shell, ENVBUILDER_NO_FUSE="1")
+    copy = data["image"]["path"]
+    argv, _ = OTHER_SHELLS[shell]
+    script = f"{data['command']}\npython -c 'import sys; print(sys.prefix)'\ndeactivate\n"
+    res = subprocess.run(
+        [*argv, script], env={**w.env, "PATH": "/usr/bin:/bin"}, cwd=w.root,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == copy and Path(copy, "bin", "python").exists()

@@ -231,3 +231,85 @@ unset _envbuilder_value
 
 #@section venv_deactivate
 #% None: bin/activate.csh is envbuilder's own, and its deactivate alias sources envbuilder/deactivate.csh.
+
+#@section user_prefix
+# envbuilder activate for a user-prefix env: source it from csh or tcsh; deactivate undoes it.
+if ( $?_ENVBUILDER_CSH_ACTIVE ) then
+    deactivate nondestructive
+endif
+set _ENVBUILDER_CSH_ACTIVE = 1
+@saves@
+setenv PYTHONUSERBASE @prefix@
+setenv PATH "${PYTHONUSERBASE:q}/bin:${PATH:q}"
+set _ENVBUILDER_CSH_UNDO = @undo@
+alias deactivate 'set _envbuilder_how = ( \!* ); source "${_ENVBUILDER_CSH_UNDO:q}"'
+if ( -f @extension@ ) source @extension@
+rehash
+
+#@section conda_activate
+# envbuilder activate for a conda env: source it from csh or tcsh (conda activate works as well).
+#% What conda activate does for one env, then the env's activate.d/*.csh, as conda's csh activator sources them.
+if ( $?_ENVBUILDER_CSH_ACTIVE ) then
+    deactivate nondestructive
+endif
+set _ENVBUILDER_CSH_ACTIVE = 1
+@saves@
+setenv CONDA_PREFIX @prefix@
+setenv CONDA_DEFAULT_ENV @prefix@
+setenv PATH "${CONDA_PREFIX:q}/bin:${PATH:q}"
+set _ENVBUILDER_CSH_UNDO = @undo@
+alias deactivate 'set _envbuilder_how = ( \!* ); source "${_ENVBUILDER_CSH_UNDO:q}"'
+@hooks@
+rehash
+
+#@section conda_hooks
+#% `nonomatch`: a glob that matches nothing stays as it is (and is no file) instead of stopping the script.
+if ( $?nonomatch ) then
+    set _envbuilder_nonomatch = 1
+else
+    set _envbuilder_nonomatch = 0
+    set nonomatch
+endif
+foreach _envbuilder_hook ( "${CONDA_PREFIX:q}"/etc/conda/@which@.d/*.csh )
+    if ( -f "${_envbuilder_hook:q}" ) source "${_envbuilder_hook:q}"
+end
+if ( $_envbuilder_nonomatch == 0 ) unset nonomatch
+unset _envbuilder_nonomatch _envbuilder_hook
+
+#@section conda_deactivate
+# envbuilder: undo what etc/conda/activate.d/envbuilder.csh did (modules, variables). Generated.
+@undo@
+
+#@section deactivate_saved
+# envbuilder deactivate for csh and tcsh: the `deactivate` alias sources this. Generated.
+@undo@
+@restores@
+unset _ENVBUILDER_CSH_ACTIVE
+if ( "$_envbuilder_how" != nondestructive ) then
+    unalias deactivate
+    unset _ENVBUILDER_CSH_UNDO
+endif
+unset _envbuilder_how
+rehash
+
+#@section image
+# envbuilder: activates an env from its image (@how@); written by envbuilder activate --image.
+#% The env's own bin/activate.csh names the directory the env was built in, so this is that script for the
+#% mount. Its deactivate alias sources the script beside this one: the env's deactivate.csh, then the unmount.
+@activate@
+set _ENVBUILDER_IMAGE_UNDO = @undo@
+alias deactivate 'set _envbuilder_how = ( \!* ); source "${_ENVBUILDER_IMAGE_UNDO:q}"'
+
+#@section image_deactivate
+# envbuilder: deactivates an env activated from its image, then unmounts the image. Generated.
+set _envbuilder_image_how = "$_envbuilder_how"
+source @path@/envbuilder/deactivate.csh
+if ( "$_envbuilder_image_how" != nondestructive ) then
+    unset _ENVBUILDER_IMAGE_UNDO
+    @unmount@
+endif
+unset _envbuilder_image_how
+
+#@section image_unmount
+#% A shell still inside the mount keeps it busy: then it stays, and the message says how to unmount it later.
+@fusermount@ -u @path@ >& /dev/null || echo "envbuilder: @path_dq@ is still in use; unmount it later: @fusermount_dq@ -u @path_dq@" > /dev/stderr

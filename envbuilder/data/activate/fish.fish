@@ -169,3 +169,67 @@ end
 # Loads the recipe's modules and variables; deactivate undoes them. Rewritten by envbuilder create.
 if test -f "$VIRTUAL_ENV/@extension@"; source "$VIRTUAL_ENV/@extension@"; end
 @end@
+
+#@section user_prefix
+# envbuilder activate for a user-prefix env: source it from fish; deactivate undoes it.
+if set -q _ENVBUILDER_USERBASE_ACTIVE; and functions -q deactivate; deactivate; end
+set -g _ENVBUILDER_USERBASE_ACTIVE 1
+@saves@
+set -gx PYTHONUSERBASE @prefix@
+set -gx PATH "$PYTHONUSERBASE/bin" $PATH
+function deactivate -d 'Undo the user-prefix env activation'
+    @restores@
+    set -e _ENVBUILDER_USERBASE_ACTIVE
+    if test "$argv[1]" != nondestructive; functions -e deactivate; end
+end
+#% The extension wraps this deactivate, as it wraps a venv's.
+if test -f @extension@; source @extension@; end
+
+#@section conda_activate
+# envbuilder activate for a conda env: source it from fish (conda activate works as well).
+#% What conda activate does for one env, then the env's activate.d/*.fish, as conda's fish activator runs them.
+if set -q _ENVBUILDER_CONDA_ACTIVE; and functions -q deactivate; deactivate; end
+set -g _ENVBUILDER_CONDA_ACTIVE 1
+@saves@
+set -gx CONDA_PREFIX @prefix@
+set -gx CONDA_DEFAULT_ENV @prefix@
+set -gx PATH "$CONDA_PREFIX/bin" $PATH
+#% A glob matching nothing gives a for loop no items (no error).
+for _envbuilder_hook in "$CONDA_PREFIX"/etc/conda/activate.d/*.fish
+    source $_envbuilder_hook
+end
+set -e _envbuilder_hook
+function deactivate -d 'Undo the conda env activation'
+    for _envbuilder_hook in "$CONDA_PREFIX"/etc/conda/deactivate.d/*.fish
+        source $_envbuilder_hook
+    end
+    set -e _envbuilder_hook
+    @restores@
+    set -e _ENVBUILDER_CONDA_ACTIVE
+    if test "$argv[1]" != nondestructive; functions -e deactivate; end
+end
+
+#@section conda_deactivate
+# envbuilder: undo what etc/conda/activate.d/envbuilder.fish did (modules, variables). Generated.
+if functions -q _envbuilder_undo; _envbuilder_undo; functions -e _envbuilder_undo; end
+
+#@section image
+# envbuilder: activates an env from its image (@how@); written by envbuilder activate --image.
+#% As posix.sh: the env's own activate.fish (relocatable: it finds the mount itself), its deactivate wrapped so
+#% one call undoes both and unmounts the image.
+source @path@/bin/activate.fish; or return 1
+if functions -q deactivate
+    functions -e _envbuilder_image_deactivate
+    functions -c deactivate _envbuilder_image_deactivate
+    function deactivate -d 'Undo the activation, then unmount the image'
+        _envbuilder_image_deactivate $argv
+        if test "$argv[1]" != nondestructive
+            functions -e _envbuilder_image_deactivate
+            @unmount@
+        end
+    end
+end
+
+#@section image_unmount
+#% A shell still inside the mount keeps it busy: then it stays, and the message says how to unmount it later.
+@fusermount@ -u @path@ 2>/dev/null; or echo "envbuilder: @path_dq@ is still in use; unmount it later: @fusermount_dq@ -u @path_dq@" >&2
