@@ -4,8 +4,10 @@
 For a recorded env (``envbuilder create`` made it): the whole suite through ``envbuilder validate`` (its wall
 time, and the busbw its bandwidth sweep reports at its largest message), and a bare torch.distributed
 all_reduce loop (scripts/raw_allreduce.py) launched with torchrun on the same ranks and message size. Reports
-the ratio of the two busbw figures (target >= 0.95) and the suite's wall time (target <= 15 s, on 2 GPUs or 2
-gloo CPU ranks).
+the ratio of the two busbw figures (target >= 0.95), the suite's wall time (target <= 10 s, on 2 GPUs or 2 gloo
+CPU ranks) and its ratio to the bare loop's wall time (torchrun's start, one `import torch` per rank, the loop).
+Also says what the figures depend on: the 1-minute load average before and after, and whether the env holds
+bytecode for torch and for what DDP imports (torch._dynamo); without it every rank compiles them from source.
 
     python scripts/bench_validate.py ENV [--runs 3] [--cpu] [-- extra validate args]
 """
@@ -48,6 +50,7 @@ def main() -> int:
     prefix = Path(json.loads(shown.stdout)["data"]["prefix"])
     python = str(prefix / "bin" / "python")
 
+    load_before = round(os.getloadavg()[0], 2)
     suite_walls, suite_busbw, reports = [], [], []
     for _ in range(args.runs):
         t0 = time.perf_counter()
@@ -63,9 +66,10 @@ def main() -> int:
     world, device = reports[0]["world"], reports[0]["device"]
     nbytes = reports[0]["checks"]["nccl"]["figures"]["busbw"]["bytes"]
 
-    raw_busbw = []
+    raw_busbw, raw_walls = [], []
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     for _ in range(args.runs):
+        t0 = time.perf_counter()
         res = subprocess.run(
             [
                 python,
@@ -84,6 +88,7 @@ def main() -> int:
             env=env,
             check=False,
         )
+        raw_walls.append(time.perf_counter() - t0)
         line = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
         if not line:
             sys.exit(f"raw loop failed (rc {res.returncode}): {res.stderr[-2000:]}")
@@ -96,10 +101,14 @@ def main() -> int:
         "world": world,
         "bytes": nbytes,
         "runs": args.runs,
+        "load_1min": {"before": load_before, "after": round(os.getloadavg()[0], 2)},
+        "bytecode": bytecode(prefix),
         "suite_wall_s": [round(x, 2) for x in suite_walls],
         "suite_wall_median_s": round(statistics.median(suite_walls), 2),
         "suite_busbw_GBps": suite_busbw,
         "raw_busbw_GBps": [round(x, 2) for x in raw_busbw],
+        "raw_wall_s": [round(x, 2) for x in raw_walls],
+        "suite_over_raw_wall_median": round(statistics.median(suite_walls) / statistics.median(raw_walls), 2),
         # One rank moves nothing between ranks (busbw 0): no ratio then.
         "busbw_ratio_median": round(statistics.median(suite_busbw) / statistics.median(raw_busbw), 3)
         if statistics.median(raw_busbw)
@@ -110,6 +119,15 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 0
+
+
+def bytecode(prefix: Path) -> dict[str, bool]:
+    """Whether the env holds compiled modules of torch, and of what DDP's constructor imports."""
+    site = "lib/python*/site-packages"
+    return {
+        pkg.replace("/", "."): any(prefix.glob(f"{site}/{pkg}/__pycache__/__init__.*.pyc"))
+        for pkg in ("torch", "torch/_dynamo")
+    }
 
 
 def _per_check(data: dict) -> dict:

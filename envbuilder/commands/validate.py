@@ -42,7 +42,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     home = settings.home(env)
     record = state.load(home, args.env)
     used = _image(record, args, env, out)
-    if used is None and state.health(record).status == "gone":
+    # Only a missing prefix stops the run here; a full health walk would stat every installed file first.
+    if used is None and not Path(record.prefix).is_dir():
         raise StateError(
             f"{record.name} is gone from {record.prefix}", hint=f"envbuilder create {record.recipe}"
         )
