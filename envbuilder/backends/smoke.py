@@ -15,6 +15,10 @@ from envbuilder.modules import EnvDelta
 from envbuilder.plan.activation import Activation
 from envbuilder.validate import checks
 
+#: Imported by the smoke check after its checks, for their bytecode: what the suite's DDP check (and any DDP
+#: program) loads beyond ``import torch``, some seconds of compiling per rank per run otherwise.
+WARM = ("torch._dynamo",)
+
 
 def activated_env(base_env: Mapping[str, str], delta: EnvDelta, act: Activation) -> dict[str, str]:
     """What a process in the activated env sees: ``base_env`` with the modules' ``delta``, then activate's
@@ -35,22 +39,26 @@ def smoke(
     """A quick check in the new env (import torch, GPUs visible, arch list) before the full validation, in
     ``run_env`` (see :func:`activated_env`).
 
-    The check's ``import torch`` also writes the bytecode of every module it loads into an env that holds its
-    own packages (as pip's install does, even where PYTHONDONTWRITEBYTECODE is set): the validation's ranks, and
-    every job after, then load torch's compiled modules instead of each compiling them again. Overlays and user
+    The check's ``import torch`` (and, after the checks, of :data:`WARM`) also writes the bytecode of every module
+    it loads into an env that holds its own packages (as pip's install does, even where PYTHONDONTWRITEBYTECODE is
+    set): the validation's ranks, and every job after, then load torch's compiled modules instead of each compiling
+    them again. Overlays and user
     prefixes are left as they are: their torch may be the site's, whose tree is not the env's to write."""
     run_env = dict(run_env)
     python = str(final / "bin" / "python")
     if site_python:  # user-prefix: the site python, with the env as its user base
         python = site_python
         run_env["PYTHONUSERBASE"] = str(final)
-    if writes_bytecode(record, site_python):
+    warm = writes_bytecode(record, site_python)
+    if warm:
         run_env.pop("PYTHONDONTWRITEBYTECODE", None)
     argv = [python, str(payloads.DIR / "validate.py"), "--checks", ",".join(checks.SMOKE)]
     if gpus:  # the probe saw GPUs on this host: torch must see as many
         argv += ["--expect-gpus", str(gpus)]
     else:
         argv += ["--device", "cpu"]
+    for module in WARM if warm else ():
+        argv += ["--warm", module]
     res = proc.run(argv, env=run_env, check=False, timeout=600, umask=build_umask())
     log.command(argv, {}, res)
     try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -288,6 +289,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--matmul-n", type=int, default=4096)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument(
+        "--warm",
+        action="append",
+        default=[],
+        help="a module imported after the checks only so that its bytecode is written (errors ignored)",
+    )
+    parser.add_argument(
         "--horovod-gpu-ops",
         help="the tensor operations the recipe builds Horovod with (HOROVOD_GPU_OPERATIONS)",
     )
@@ -337,7 +344,18 @@ def main(argv: list[str]) -> None:
         # The results are recorded; a failing teardown must not change them.
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+    if ok:
+        _warm(args.warm)
     _finish(log, ok)
+
+
+def _warm(modules: list[str]) -> None:
+    """Import what later runs of the env will (DDP's constructor imports torch._dynamo), after every check and
+    outside any timing, so that its bytecode is written once now instead of compiled by each rank of each run. A
+    module that fails to import here is not this run's finding."""
+    for name in modules:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
 
 
 def _run_one(suite: Suite, check: str, rank: Rank) -> dict[str, Any]:

@@ -46,6 +46,8 @@ def test_local_recipe_creates_a_working_torch_env(torch_index, tmp_path):
     site = next(prefix.glob("lib/python3*/site-packages"))
     compiled = list((site / "torch").rglob("*.pyc"))
     assert (site / "torch" / "__pycache__").is_dir() and len(compiled) > 100, len(compiled)
+    # And what DDP's constructor imports beyond torch (the smoke check's warm-up, after its checks).
+    assert list((site / "torch" / "_dynamo" / "__pycache__").glob("eval_frame.*.pyc"))
     assert not [p for p in compiled if p.stat().st_mode & 0o002]
     # uv's cache went beside the envs on $SCRATCH, and hardlinks were chosen because they share a file system.
     assert any("link mode hardlink" in n for n in data["notes"])
