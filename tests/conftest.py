@@ -6,12 +6,46 @@ import fcntl
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import ENVMODULES_INIT_DIR, CpuTorchWorld
+from backupworld import backup_files
+from condaworld import build_channel, wheel_files
+from helpers import ENVMODULES_INIT_DIR, TRAIN, CpuTorchWorld, ValidateWorld
 from slurm import MiniCluster, MultiNodeCluster, available, multinode_available
 from wheelindex import serve
+
+TESTS = Path(__file__).resolve().parent
+
+#: The test files that keep a worker longest (40 s or more each, alone on the 2-core machine), longest first. xdist
+#: hands out whole files in collection order (--dist loadfile, --no-loadscope-reorder in pyproject.toml), and these
+#: go first: its own order, by number of tests, sent these few-test long files last, so the suite ended with one
+#: worker running one of them while the others sat idle.
+LONGEST_FIRST = (
+    "integration/test_multinode.py",
+    "integration/test_backup_torch.py",
+    "integration/test_conda_torch.py",
+    "integration/test_validate.py",
+    "integration/test_validate_kill.py",
+    "integration/test_stage.py",
+    "integration/test_run_slurm.py",
+    "integration/test_create.py",
+    "integration/test_launch_contexts.py",
+    "integration/test_backup.py",
+    "integration/test_run.py",
+    "integration/test_lock.py",
+    "integration/test_validate_submit.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of LONGEST_FIRST first, in its order; the rest after them as collected (a stable sort)."""
+    gone = [name for name in LONGEST_FIRST if not (TESTS / name).is_file()]
+    if gone:  # a renamed file would quietly lose its place
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names no file at: {', '.join(gone)}")
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS).as_posix(), len(rank)))
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -118,3 +152,46 @@ def cpu_torch_world(torch_index, torch_uv_cache, tmp_path_factory) -> CpuTorchWo
     suite's recipe, tests/data/validate-recipes/vcpu.toml), at ``world.prefix``. Tests only use it (validate,
     show); a test that changes an env builds its own CpuTorchWorld."""
     return CpuTorchWorld(tmp_path_factory.mktemp("cpu-torch"), torch_index, torch_uv_cache)
+
+
+@pytest.fixture
+def validate_world(cpu_torch_world: CpuTorchWorld) -> Iterator[ValidateWorld]:
+    """The session's CPU torch env, validated in its user's world; the variants a test recorded are dropped after
+    it."""
+    world = ValidateWorld(cpu_torch_world)
+    yield world
+    world.forget_variants()
+
+
+@pytest.fixture(scope="module")
+def backup_index(tmp_path_factory, torch_files):
+    """The backup tests' index (tests/backupworld.py): the torch files and small test wheels, served per module."""
+    with serve(backup_files(tmp_path_factory.mktemp("backup-files"), torch_files)) as index:
+        yield index
+
+
+@pytest.fixture(scope="module")
+def conda_channel(tmp_path_factory) -> Path:
+    """The conda tests' channel (tests/condaworld.py), built per module."""
+    return build_channel(tmp_path_factory.mktemp("conda-channel"))
+
+
+@pytest.fixture(scope="module")
+def conda_wheels(tmp_path_factory, torch_files):
+    """The conda tests' wheel index (the torch files and condademo), served per module."""
+    with serve(wheel_files(tmp_path_factory.mktemp("conda-wheels"), torch_files)) as index:
+        yield index
+
+
+@pytest.fixture(scope="module")
+def conda_uv_cache(tmp_path_factory) -> Path:
+    """uv's cache for a conda module's envs: torch, from the module's one index, is unpacked once, not per test."""
+    return tmp_path_factory.mktemp("conda-uv-cache")
+
+
+@pytest.fixture
+def train(tmp_path: Path) -> Path:
+    """helpers.TRAIN at tmp_path/train.py."""
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN)
+    return path

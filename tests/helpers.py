@@ -5,6 +5,7 @@ user-world harness (a throwaway home, $SCRATCH, recipes and envbuilder's records
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -16,11 +17,12 @@ import tempfile
 import termios
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import IO, Any, Callable, Optional
 
+import pytest
 from wheelindex import mirror_env
 
-from envbuilder import cli
+from envbuilder import cli, state
 from envbuilder.facts import HostFacts, facts_from_json
 from envbuilder.resolver import mirror
 
@@ -241,6 +243,27 @@ class UserWorld:
         return spawn_cli(*args, env={**self.env, **(extra or {})}, **popen)
 
 
+#: What CpuTorchWorld runs once in its env so that its bytecode is written: the imports of a validation's agent
+#: and ranks, and the DDP check's steps in a world of one rank (its store the file named by argv[1]).
+WARM_UP = """
+import sys
+import mpi4py, numpy, torch, torch.distributed as dist, torch.distributed.run
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+data = TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in DataLoader(data, batch_size=4, sampler=DistributedSampler(data)):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
 class CpuTorchWorld(UserWorld):
     """A user's world under ``root`` with the validation suite's recipes, and its vcpu env (CPU torch 2.13.0,
     numpy, mpi4py, MPICH from ``index``) created in it, at ``prefix``."""
@@ -251,6 +274,114 @@ class CpuTorchWorld(UserWorld):
         self.prefix = self.scratch / "envbuilder" / "envs" / "vcpu"
         res = self.cli("create", "vcpu", "--no-validate", "--json")
         assert res.returncode == 0, res.stderr
+        self._write_bytecode()
+
+    def _write_bytecode(self) -> None:
+        """The bytecode of what a validation's processes load, written once here by a one-rank run of the same
+        steps (torchrun's agent module, a gloo group, DDP with SGD over a DataLoader, numpy, mpi4py). The worlds
+        leave PYTHONDONTWRITEBYTECODE unset, so the env's first run would write it too, but in all its processes
+        side by side: torchrun's agent and every rank (six across two nodes) each compiled torch, sympy and dynamo,
+        which cost the first two-node run about 35 s of CPU more than the next one."""
+        env = {"PATH": self.env["PATH"], "HOME": self.env["HOME"]}  # no PYTHONDONTWRITEBYTECODE
+        res = subprocess.run(
+            [str(self.prefix / "bin" / "python"), "-c", WARM_UP, str(self.root / "warm-up-store")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert res.returncode == 0, res.stderr
+
+
+#: A small DDP program for the `envbuilder run` tests (train.py): gloo on CPU, each rank adds rank + 1 and prints
+#: "rank R/WORLD sum=S omp=THREADS"; exits with its first argument, if given.
+TRAIN = """\
+import os, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+line = f"rank {dist.get_rank()}/{dist.get_world_size()} sum={t.item():g} omp={os.environ['OMP_NUM_THREADS']}"
+sys.stdout.write(line + "\\n")  # one write: the ranks share the pipe
+sys.stdout.flush()
+dist.barrier()  # no rank tears gloo down while another still talks to it
+dist.destroy_process_group()
+sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+
+
+def run_in(
+    world: UserWorld,
+    argv: list[str],
+    *,
+    cwd: Path,
+    extra: Optional[dict[str, str]] = None,
+    timeout: float = 240,
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` (the CLI, or a Slurm command wrapping it) in ``world``'s environment, run from ``cwd``."""
+    return subprocess.run(
+        argv,
+        env=cli_env({**world.env, **(extra or {})}),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+def rank_lines(stdout: str) -> list[str]:
+    """The lines TRAIN's ranks printed, sorted."""
+    return sorted(line for line in stdout.splitlines() if line.startswith("rank "))
+
+
+class ValidateWorld:
+    """The session's CPU torch env (``cpu_torch_world``), validated in its user's world (test_validate*.py)."""
+
+    def __init__(self, base: CpuTorchWorld) -> None:
+        self.root = base.root
+        self.env = base.env
+        self.prefix = base.prefix
+        self.variants: list[str] = []
+
+    def cli(
+        self, *args: str, extra: Optional[dict[str, str]] = None, timeout: float = 600
+    ) -> subprocess.CompletedProcess[str]:
+        return run_cli(*args, env={**self.env, **(extra or {})}, timeout=timeout)
+
+    def validate(
+        self, *args: str, extra: Optional[dict[str, str]] = None, timeout: float = 600
+    ) -> tuple[subprocess.CompletedProcess[str], Any]:
+        """``validate vcpu --json ARGS``: the result and its JSON envelope."""
+        res = self.cli("validate", "vcpu", "--json", *args, extra=extra, timeout=timeout)
+        try:
+            envelope = json.loads(res.stdout)
+        except ValueError:
+            pytest.fail(f"no JSON (rc {res.returncode}): {res.stderr[-2000:]}")
+        return res, envelope
+
+    def variant(self, name: str, edit: Callable[[str], str]) -> str:
+        """The vcpu env recorded again under ``name``, with a recipe that ``edit`` derives from vcpu's; returns
+        the recipe path to use."""
+        home = Path(self.env["ENVBUILDER_HOME"])
+        recipes = self.root / f"{name}-recipes"
+        recipes.mkdir(exist_ok=True)
+        text = (
+            (DATA / "validate-recipes" / "vcpu.toml").read_text().replace('name = "vcpu"', f'name = "{name}"')
+        )
+        (recipes / f"{name}.toml").write_text(edit(text))
+        record = state.load(home, "vcpu")
+        state.save(home, dataclasses.replace(record, name=name, recipe=name))
+        self.variants.append(name)
+        return f"{DATA / 'validate-recipes'}:{recipes}"
+
+    def forget_variants(self) -> None:
+        """Drop the variants' records: the session's env is vcpu's alone again (a later `create vcpu` finds no
+        other env recorded at its prefix)."""
+        home = Path(self.env["ENVBUILDER_HOME"])
+        for name in self.variants:
+            state.record_path(home, name).unlink(missing_ok=True)
 
 
 #: The module systems' own bookkeeping, which unload rewrites rather than removes (Tcl Environment Modules leave

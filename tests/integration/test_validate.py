@@ -3,15 +3,13 @@ gloo, real mpiexec (MPICH's Hydra), the ibrun stand-in over it, and faults injec
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import shutil
 import time
 import xml.etree.ElementTree as ET  # parses the report this test had written
 from pathlib import Path
 
 import pytest
-from helpers import DATA, FACTS, REPO, CpuTorchWorld, run_cli
+from helpers import FACTS, REPO
 
 from envbuilder import state
 
@@ -20,63 +18,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.mpi]
 SHIMS = REPO / "tests" / "shims"
 
 
-class World:
-    """The session's CPU torch env (``cpu_torch_world``), validated in its user's world."""
-
-    def __init__(self, base: CpuTorchWorld) -> None:
-        self.root = base.root
-        self.env = base.env
-        self.prefix = base.prefix
-        self.variants: list[str] = []
-
-    def cli(self, *args: str, extra: dict[str, str] | None = None, timeout: float = 600):
-        return run_cli(*args, env={**self.env, **(extra or {})}, timeout=timeout)
-
-    def validate(self, *args: str, extra: dict[str, str] | None = None, timeout: float = 600):
-        res = self.cli("validate", "vcpu", "--json", *args, extra=extra, timeout=timeout)
-        try:
-            envelope = json.loads(res.stdout)
-        except ValueError:
-            pytest.fail(f"no JSON (rc {res.returncode}): {res.stderr[-2000:]}")
-        return res, envelope
-
-    def variant(self, name: str, edit) -> str:
-        """The vcpu env recorded again under ``name``, with a recipe that ``edit`` derives from vcpu's; returns
-        the recipe path to use."""
-        home = Path(self.env["ENVBUILDER_HOME"])
-        recipes = self.root / f"{name}-recipes"
-        recipes.mkdir(exist_ok=True)
-        text = (
-            (DATA / "validate-recipes" / "vcpu.toml").read_text().replace('name = "vcpu"', f'name = "{name}"')
-        )
-        (recipes / f"{name}.toml").write_text(edit(text))
-        record = state.load(home, "vcpu")
-        state.save(home, dataclasses.replace(record, name=name, recipe=name))
-        self.variants.append(name)
-        return f"{DATA / 'validate-recipes'}:{recipes}"
-
-    def forget_variants(self) -> None:
-        """Drop the variants' records: the session's env is vcpu's alone again (a later `create vcpu` finds no
-        other env recorded at its prefix)."""
-        home = Path(self.env["ENVBUILDER_HOME"])
-        for name in self.variants:
-            state.record_path(home, name).unlink(missing_ok=True)
-
-
-@pytest.fixture
-def world(cpu_torch_world):
-    w = World(cpu_torch_world)
-    yield w
-    w.forget_variants()
-
-
 def _checks(envelope):
     return envelope["data"]["checks"]
 
 
-def test_torchrun_gloo_cpu_suite_passes(world, tmp_path):
+def test_torchrun_gloo_cpu_suite_passes(validate_world, tmp_path):
     junit = tmp_path / "report.xml"
-    res, env = world.validate("--junit", str(junit))
+    res, env = validate_world.validate("--junit", str(junit))
     assert res.returncode == 0, res.stderr
     data = env["data"]
     assert data["launcher"] == "torchrun" and data["device"] == "cpu" and data["world"] == 2
@@ -97,8 +45,8 @@ def test_torchrun_gloo_cpu_suite_passes(world, tmp_path):
     losses = checks["ddp"]["per_rank"]["0"]["losses"]
     assert losses[-1] < losses[0] and checks["ddp"]["per_rank"]["1"]["param_spread"] == 0.0
     # The file system check wrote under $SCRATCH and left nothing behind.
-    assert checks["filesystem"]["per_rank"]["0"]["dirs"][0]["dir"] == world.env["SCRATCH"]
-    assert not list(Path(world.env["SCRATCH"]).glob(".envbuilder-fscheck*"))
+    assert checks["filesystem"]["per_rank"]["0"]["dirs"][0]["dir"] == validate_world.env["SCRATCH"]
+    assert not list(Path(validate_world.env["SCRATCH"]).glob(".envbuilder-fscheck*"))
     # The any-partition reference was evaluated (and held); the refcheck one did not apply here.
     refs = checks["import"]["references"]
     assert [r["verdict"] for r in refs] == ["ok"]
@@ -110,14 +58,14 @@ def test_torchrun_gloo_cpu_suite_passes(world, tmp_path):
     assert cases["gpu"].find("skipped") is not None
     assert "busbw" in cases["nccl"].find("system-out").text
     # The report is kept in the env's record, and `show` prints it.
-    record = state.load(Path(world.env["ENVBUILDER_HOME"]), "vcpu")
+    record = state.load(Path(validate_world.env["ENVBUILDER_HOME"]), "vcpu")
     assert record.validation["kind"] == "suite" and record.validation["ok"] is True
-    shown = world.cli("show", "vcpu")
+    shown = validate_world.cli("show", "vcpu")
     assert "ddp: pass" in shown.stdout
 
 
-def test_mpiexec_runs_the_mpi_check(world):
-    res, env = world.validate("--launcher", "mpiexec", "--checks", "import,mpi,nccl,filesystem")
+def test_mpiexec_runs_the_mpi_check(validate_world):
+    res, env = validate_world.validate("--launcher", "mpiexec", "--checks", "import,mpi,nccl,filesystem")
     assert res.returncode == 0, res.stderr
     checks = _checks(env)
     mpi = checks["mpi"]
@@ -130,17 +78,17 @@ def test_mpiexec_runs_the_mpi_check(world):
     assert env["data"]["command"][:4] == ["mpiexec", "-n", "2", "--ppn"]
 
 
-def test_ibrun_stand_in_runs_the_ranks(world):
-    path = f"{SHIMS / 'tacc'}:{world.env['PATH']}"
-    res, env = world.validate("--launcher", "ibrun", "--checks", "import,mpi", extra={"PATH": path})
+def test_ibrun_stand_in_runs_the_ranks(validate_world):
+    path = f"{SHIMS / 'tacc'}:{validate_world.env['PATH']}"
+    res, env = validate_world.validate("--launcher", "ibrun", "--checks", "import,mpi", extra={"PATH": path})
     assert res.returncode == 0, res.stderr
     assert env["data"]["command"][:3] == ["ibrun", "-n", "2"]
     assert _checks(env)["mpi"]["status"] == "pass"
 
 
-def test_a_rank_that_exits_fails_its_check_and_names_it(world):
+def test_a_rank_that_exits_fails_its_check_and_names_it(validate_world):
     t0 = time.monotonic()
-    res, env = world.validate(
+    res, env = validate_world.validate(
         "--checks", "import,nccl,ddp", extra={"ENVBUILDER_VALIDATE_FAULT": "1:nccl:exit"}
     )
     assert res.returncode == 8, res.stderr
@@ -153,8 +101,8 @@ def test_a_rank_that_exits_fails_its_check_and_names_it(world):
     assert time.monotonic() - t0 < 300  # bounded by the per-check timeout, not a hang
 
 
-def test_a_hung_rank_is_a_fail_within_the_timeout(world):
-    res, env = world.validate(
+def test_a_hung_rank_is_a_fail_within_the_timeout(validate_world):
+    res, env = validate_world.validate(
         "--checks",
         "import,ddp",
         "--timeout",
@@ -171,31 +119,31 @@ def test_a_hung_rank_is_a_fail_within_the_timeout(world):
     assert "rank 0" not in ddp["cause"] or "rank 0: waited for rank 1 until it timed out" in ddp["cause"]
 
 
-def test_ld_library_path_shadowing_a_wheel_library_is_caught(world, tmp_path):
+def test_ld_library_path_shadowing_a_wheel_library_is_caught(validate_world, tmp_path):
     other = tmp_path / "othercopy"
     other.mkdir()
-    site = next(world.prefix.glob("lib/python*/site-packages"))
+    site = next(validate_world.prefix.glob("lib/python*/site-packages"))
     shutil.copy(site / "torch" / "lib" / "libgomp.so.1", other / "libgomp.so.1")
-    res, env = world.validate("--checks", "import,libraries", extra={"LD_LIBRARY_PATH": str(other)})
+    res, env = validate_world.validate("--checks", "import,libraries", extra={"LD_LIBRARY_PATH": str(other)})
     assert res.returncode == 8, res.stderr
     lib = _checks(env)["libraries"]
     assert lib["status"] == "fail"
     assert f"libgomp from {other}/libgomp.so.1 (through LD_LIBRARY_PATH)" in lib["cause"]
 
 
-def test_wrong_gpu_count_names_the_cause(world):
+def test_wrong_gpu_count_names_the_cause(validate_world):
     # This host, described as a 1x H100 node: the env's torch is the CPU build, so torch sees no GPU.
-    res, env = world.validate("--checks", "import,gpu,arch", "--facts", str(FACTS / "h100.json"))
+    res, env = validate_world.validate("--checks", "import,gpu,arch", "--facts", str(FACTS / "h100.json"))
     assert res.returncode == 8, res.stderr
     gpu = _checks(env)["gpu"]
     assert gpu["status"] == "fail"
     assert "promises 2 GPU(s)" in gpu["cause"] and "CPU build" in gpu["cause"]
 
 
-def test_a_reference_out_of_bounds_fails_and_shows_the_reference(world):
+def test_a_reference_out_of_bounds_fails_and_shows_the_reference(validate_world):
     # As inside a job on the partition "refcheck" (a job sets both variables).
     job = {"SLURM_JOB_ID": "4242", "SLURM_JOB_PARTITION": "refcheck"}
-    res, env = world.validate("--checks", "import,nccl", extra=job)
+    res, env = validate_world.validate("--checks", "import,nccl", extra=job)
     assert res.returncode == 8, res.stderr
     nccl = _checks(env)["nccl"]
     assert nccl["status"] == "fail"
@@ -204,13 +152,13 @@ def test_a_reference_out_of_bounds_fails_and_shows_the_reference(world):
     assert nccl["references"][0]["verdict"] == "out"
 
 
-def test_gpu_env_on_a_host_without_gpus_says_where_to_run(world):
+def test_gpu_env_on_a_host_without_gpus_says_where_to_run(validate_world):
     # The same env described as one for GPUs (a recipe whose compute partition has them).
-    path = world.variant(
+    path = validate_world.variant(
         "vgpu",
         lambda t: t + '\n[compute]\ngpus_per_node = 2\ngpu = "NVIDIA H100"\ncompute_capability = "9.0"\n',
     )
-    res = world.cli(
+    res = validate_world.cli(
         "validate", "vgpu", "--facts", str(FACTS / "cpu-only.json"), extra={"ENVBUILDER_RECIPE_PATH": path}
     )
     assert res.returncode == 8, res.stderr
@@ -220,14 +168,14 @@ def test_gpu_env_on_a_host_without_gpus_says_where_to_run(world):
     assert "Traceback" not in res.stderr
 
 
-def test_unknown_check_is_a_usage_error(world):
-    res = world.cli("validate", "vcpu", "--checks", "import,ncl")
+def test_unknown_check_is_a_usage_error(validate_world):
+    res = validate_world.cli("validate", "vcpu", "--checks", "import,ncl")
     assert res.returncode == 2
     assert "unknown check(s): ncl" in res.stderr
 
 
-def test_human_report_names_gloo_and_its_figures_in_words(world):
-    res = world.cli("validate", "vcpu", "--cpu", "--checks", "import,nccl")
+def test_human_report_names_gloo_and_its_figures_in_words(validate_world):
+    res = validate_world.cli("validate", "vcpu", "--cpu", "--checks", "import,nccl")
     assert res.returncode == 0, res.stderr
     said = res.stdout + res.stderr
     row = next(line for line in said.splitlines() if line.startswith("gloo "))
@@ -235,100 +183,13 @@ def test_human_report_names_gloo_and_its_figures_in_words(world):
     assert "busbw" not in said and "latency_small_us" not in said
     assert not any(line.startswith("nccl ") for line in said.splitlines())
     # --json keeps the keys: they are an interface.
-    _, env = world.validate("--cpu", "--checks", "import,nccl")
+    _, env = validate_world.validate("--cpu", "--checks", "import,nccl")
     assert {"busbw", "busbw_peak", "latency_small_us"} <= set(_checks(env)["nccl"]["figures"])
 
 
-def test_a_second_create_reports_the_torch_the_env_holds(world):
-    res = world.cli("create", "vcpu")
+def test_a_second_create_reports_the_torch_the_env_holds(validate_world):
+    res = validate_world.cli("create", "vcpu")
     assert res.returncode == 0, res.stderr
     said = res.stdout + res.stderr
     assert "nothing to do" in said
     assert "torch: 2.13.0" in said and "None" not in said
-
-
-@pytest.mark.slurm
-def test_submit_runs_the_suite_as_a_slurm_job_and_collects_the_report(world, slurm_cluster):
-    res, env = world.validate(
-        "--submit", "--checks", "import,libraries,nccl,ddp,filesystem", extra=slurm_cluster.env
-    )
-    assert res.returncode == 0, res.stderr
-    data = env["data"]
-    assert data["where"].isdigit()  # the job id
-    assert all(
-        _checks(env)[c]["status"] == "pass" for c in ("import", "libraries", "nccl", "ddp", "filesystem")
-    )
-    assert data["partition"] == "debug"
-    run_dir = next(
-        p for p in (world.prefix / "envbuilder" / "validation").glob("run-*") if (p / "job.sh").exists()
-    )
-    script = (run_dir / "job.sh").read_text()
-    assert "#SBATCH --partition=debug\n" in script and "#SBATCH --ntasks-per-node=1\n" in script
-    assert "--gres" not in script and "--gpus" not in script  # a CPU env asks for no GPUs
-    assert f"cd {run_dir}" in script
-    assert (run_dir / "job.out").exists()
-
-
-@pytest.mark.slurm
-def test_submitted_job_with_a_dead_rank_reports_it(world, slurm_cluster):
-    res, env = world.validate(
-        "--submit",
-        "--checks",
-        "import,nccl",
-        extra={**slurm_cluster.env, "ENVBUILDER_VALIDATE_FAULT": "0:nccl:exit"},
-    )
-    assert res.returncode == 8, res.stderr
-    assert env["data"]["exit_code"] not in (None, 0)
-    assert "rank 0 died during this check" in _checks(env)["nccl"]["cause"]
-
-
-@pytest.mark.slurm
-def test_submit_through_srun_starts_one_torchrun_agent_per_node(world, slurm_cluster):
-    res, env = world.validate(
-        "--submit", "--launcher", "srun", "--checks", "import,nccl", extra=slurm_cluster.env
-    )
-    assert res.returncode == 0, res.stderr
-    data = env["data"]
-    assert data["command"][:7] == [
-        "srun",
-        "--nodes=1",
-        "--ntasks-per-node=1",
-        "--ntasks=1",
-        # The agent gets every CPU the job holds on its node (a step gets one per task unless told).
-        "--cpus-per-task",
-        "$SLURM_CPUS_ON_NODE",
-        str(world.prefix / "bin" / "python"),
-    ]
-    # One agent, two workers: a single world of 2, not two worlds of 2 (the Zurada seed's double launch).
-    assert data["world"] == 2
-    hellos = _checks(env)["nccl"]["per_rank"]
-    assert sorted(hellos) == ["0", "1"] and all(r["world"] == 2 for r in hellos.values())
-
-
-def test_submit_to_pbs_through_the_qsub_stand_in(world, tmp_path):
-    # PBS cannot run here: qsub/qstat stand-ins (tests/shims/pbs) run the job script in the background as a
-    # one-node job would. The env is the same; its recipe's scheduler is PBS (as Polaris's is).
-    path = world.variant(
-        "vpbs", lambda t: t.replace('type = "slurm"\nbatch = "sbatch"', 'type = "pbs"\nbatch = "qsub"')
-    )
-    res = world.cli(
-        "validate",
-        "vpbs",
-        "--submit",
-        "--checks",
-        "import,nccl",
-        "--json",
-        extra={
-            "ENVBUILDER_RECIPE_PATH": path,
-            "PATH": f"{SHIMS / 'pbs'}:{world.env['PATH']}",
-            "PBS_SHIM_SPOOL": str(tmp_path / "spool"),
-        },
-    )
-    assert res.returncode == 0, res.stderr
-    data = json.loads(res.stdout)["data"]
-    assert data["where"].endswith(".pbs-shim")
-    assert data["checks"]["nccl"]["status"] == "pass"
-    scripts = [p.read_text() for p in world.prefix.glob("envbuilder/validation/run-*/job.sh")]
-    script = next(t for t in scripts if "#PBS" in t)
-    assert "#PBS -l select=1\n" in script and "#PBS -q debug\n" in script
-    assert 'cd "${PBS_O_WORKDIR:-$PWD}"' in script
