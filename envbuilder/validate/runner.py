@@ -257,10 +257,27 @@ def _make_run_dir(run_dir: Path) -> None:
     payloads.copy_to(run_dir / "payloads")
 
 
+#: A run directory without its report is a validation still at work (another process's), or one killed before it
+#: wrote its report: removed only once it is this old.
+STALE_RUN_S = 86400.0
+
+
 def _prune(root: Path) -> None:
+    """Keep the KEEP_RUNS newest finished runs (those with their report). A run without one is left alone, unless
+    it is a day old: two validations of one env at once must not remove each other's directory mid-run."""
     runs = sorted(root.glob("run-*"))
-    for old in runs[:-KEEP_RUNS]:
+    finished = [r for r in runs if (r / "report.json").is_file()]
+    now = time.time()
+    doomed = finished[:-KEEP_RUNS] + [r for r in runs if r not in finished and _age(r, now) > STALE_RUN_S]
+    for old in doomed:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _age(path: Path, now: float) -> float:
+    try:
+        return now - path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _read_events(ranks: Path) -> dict[int, list[dict[str, object]]]:
