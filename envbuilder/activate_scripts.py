@@ -126,6 +126,9 @@ CONDA_FISH_RELS = ("etc/conda/activate.d/envbuilder.fish", "etc/conda/deactivate
 CONDA_CSH_RELS = ("etc/conda/activate.d/envbuilder.csh", "etc/conda/deactivate.d/envbuilder.csh")
 #: What a user-prefix env's activate saves before it sets them, and gives back on deactivate.
 _USERBASE_VARS = ("PATH", "PYTHONUSERBASE")
+#: The scripts written beside an image's mount or unpacked copy (``render_image_activate``), by how their names
+#: end after the copy's: each shell's activate script, and csh's deactivate script.
+IMAGE_SCRIPT_TAILS = (*(f".activate.{s.suffix}" for s in (POSIX, FISH, CSH)), ".deactivate.csh")
 
 
 @cache
@@ -430,7 +433,7 @@ def render_image_activate(path: str, fusermount: Optional[str], shell: Shell = P
     script = f"{path}.activate.{shell.suffix}"
     if shell is not CSH:
         return {script: _render("image", shell, path=q(path), how=how, unmount=unmount)}
-    undo = f"{path}.deactivate.csh"
+    undo = f"{path}{IMAGE_SCRIPT_TAILS[-1]}"
     return {
         script: _render("image", CSH, how=how, activate=_fill("activate", CSH, prefix=q(path)), undo=q(undo)),
         undo: _render("image_deactivate", CSH, path=q(path), unmount=unmount),

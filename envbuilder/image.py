@@ -366,8 +366,14 @@ def activate_line(used: InUse, shell: str) -> str:
     line = f"source {syntax.quote(next(iter(scripts)))}"
     if shell == "tcsh":
         return line  # an interactive tcsh takes no comments: `#` would be read as words for source
-    where = "mounted with squashfuse" if used.how == "squashfuse" else "unpacked (no FUSE on this node)"
-    return f"{line}  # image {where}"
+    return f"{line}  # {described(used)}"
+
+
+def described(used: InUse) -> str:
+    """How the image is used, in words (the activate line's comment, or a message where it takes none)."""
+    return "image " + (
+        "mounted with squashfuse" if used.how == "squashfuse" else "unpacked (no FUSE on this node)"
+    )
 
 
 def runs_dir(used: InUse) -> Path:

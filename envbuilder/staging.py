@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from envbuilder import fsutil, image, proc, state
+from envbuilder import activate_scripts, fsutil, image, proc, state
 from envbuilder.errors import UsageError
 from envbuilder.validate import launchers, runner, schedulers
 
@@ -242,11 +242,8 @@ def _keys_of(name: str, entry: str) -> bool:
     """Whether ``entry`` (a file name in a node directory) is one of env ``name``'s staged files: a copy, its
     alias, activate script, broadcast image, or a killed unpack's or link's leftover."""
     key = re.escape(name) + r"-[0-9a-f]{16}"
-    tail = (
-        r"\.unpacked(\.activate\.(sh|fish|csh)|\.deactivate\.csh|\.partial-\d+|\.link-\d+)?|"
-        + re.escape(image.SUFFIX)
-        + r"(\.partial-\d+)?"
-    )
+    scripts = "|".join(re.escape(t) for t in activate_scripts.IMAGE_SCRIPT_TAILS)
+    tail = rf"\.unpacked({scripts}|\.partial-\d+|\.link-\d+)?|{re.escape(image.SUFFIX)}(\.partial-\d+)?"
     return re.fullmatch(rf"\.?{key}({tail})", entry) is not None
 
 

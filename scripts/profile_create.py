@@ -26,15 +26,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from bench_create import PYPI_MAX_AGE, make_ways  # noqa: E402 - scripts/ is sys.path[0]: its raw uv way, its index
 from wheelindex import mirror_env, serve  # noqa: E402 - the tests' index server, found through sys.path
-
-#: The index pages carry PyPI's Cache-Control (max-age=600), so a warm cache answers without asking again, for
-#: every way alike.
-PYPI_MAX_AGE = 600
 
 #: (label, module, function): what the child wraps, in the order a create reaches them. A name the tree lacks is
 #: skipped.
@@ -130,14 +128,15 @@ def main() -> int:
     base["PYTHONPATH"] = str(args.tree.resolve())
     with serve(files, max_age=PYPI_MAX_AGE) as index:
         base["ENVBUILDER_INDEX_MIRROR"] = mirror_env(index)
-        results = profile(args, base, work, uv, f"{index.url}/simple/")
+        raw_uv = make_ways(base, uv, index)["uv"]  # the manual way exactly as bench_create times it
+        results = profile(args, base, work, lambda prefix: raw_uv(prefix, work / "cache"))
     shutil.rmtree(work, ignore_errors=True)
     report(results, args)
     return 0
 
 
 def profile(
-    args: argparse.Namespace, env: dict[str, str], work: Path, uv: str, simple: str
+    args: argparse.Namespace, env: dict[str, str], work: Path, raw_uv: Callable[[Path], None]
 ) -> dict[str, list[float]]:
     phases = json.dumps(PHASES)
     out: dict[str, list[float]] = {}
@@ -155,22 +154,7 @@ def profile(
     def raw(n: str) -> float:
         prefix = work / n
         t0 = time.perf_counter()
-        run([uv, "venv", "-q", "--python", sys.executable, str(prefix)], env)
-        run(
-            [
-                uv,
-                "pip",
-                "install",
-                "-q",
-                "--python",
-                str(prefix / "bin" / "python"),
-                "--index-url",
-                simple,
-                "torch==2.13.0",
-                "numpy",
-            ],
-            env,
-        )
+        raw_uv(prefix)
         wall = time.perf_counter() - t0
         shutil.rmtree(prefix, ignore_errors=True)
         return wall

@@ -163,9 +163,7 @@ def _activate_image(record: state.EnvRecord, shell: str, out: Out, as_json: bool
     line = image.activate_line(used, shell)
     if not as_json:
         if shell == "tcsh":  # its line carries no comment saying how the image is used
-            out.line(
-                f"image {'mounted with squashfuse' if used.how == 'squashfuse' else 'unpacked (no FUSE)'}"
-            )
+            out.line(image.described(used))
         print(line)
     return {"name": record.name, "command": line, "image": used.to_json()}
 

@@ -117,27 +117,22 @@ def one_resolution(installer: str, resolution: Resolution, plain: Sequence[str])
 def one_resolution_flags(resolution: Resolution) -> list[str]:
     """The indexes of a one_resolution install: PyPI and torch's, each package from whichever has its best
     version (the same files where both have it)."""
+    return [*_pypi_and_torch(resolution), "--index-strategy", "unsafe-best-match"]
+
+
+def _pypi_and_torch(resolution: Resolution) -> list[str]:
+    """The resolution's flags with PyPI as the main index and torch's as the extra one."""
     rest = [f for f in resolution.pip_flags if f not in ("--index-url", resolution.index_url)]
-    return [
-        "--index-url",
-        PYPI,
-        "--extra-index-url",
-        resolution.index_url,
-        "--index-strategy",
-        "unsafe-best-match",
-        *rest,
-    ]
+    return ["--index-url", PYPI, "--extra-index-url", resolution.index_url, *rest]
 
 
 def locked_flags(resolution: Optional[Resolution], plain_specs: Sequence[str]) -> list[str]:
     """The indexes a lock resolves against and installs from: torch's first, then PyPI for the rest. uv searches
     extra indexes before the main one, so PyPI is the main index and torch's the extra: PyPI's torch build can
     never stand in for the planned one."""
-    flags = list(resolution.pip_flags) if resolution else []
     if resolution and plain_specs:
-        rest = [f for f in flags if f not in ("--index-url", resolution.index_url)]
-        flags = ["--index-url", PYPI, "--extra-index-url", resolution.index_url, *rest]
-    return flags
+        return _pypi_and_torch(resolution)
+    return list(resolution.pip_flags) if resolution else []
 
 
 def install_steps(
