@@ -25,6 +25,7 @@ VARIABLES = {
     "ENVBUILDER_CONDA_PKGS": "the conda package cache (default $SCRATCH/envbuilder/conda-pkgs)",
     "ENVBUILDER_BACKUP_ROOT": "where backups go (default $WORK/envbuilder/backups)",
     "SLURM_JOB_ID": "inside a Slurm (or PBS) job, checks and programs use its allocation",
+    "PBS_NODEFILE": "inside a PBS job, its hosts: stage copies the image to each",
     "NO_COLOR": "set to any value: no colour, even on a terminal",
     "ENVBUILDER_PROGRESS_EVERY": "seconds between progress lines when stderr is not a terminal (default 10)",
     "ENVBUILDER_TRACEBACK": "set to any value: show the Python stack on internal errors",
@@ -94,8 +95,8 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "pack": (("pack local", "pack local --to $WORK/images"), _RECORDS),
     "stage": (
-        ("stage local", "stage vista-venv-cu124 --json"),
-        (*_RECORDS, "SLURM_JOB_ID", "TMPDIR"),
+        ("stage local", "stage vista-venv-cu124 --json", "stage local --clean"),
+        (*_RECORDS, "SLURM_JOB_ID", "PBS_NODEFILE", "TMPDIR"),
     ),
     "remove": (("remove local", "remove local --yes"), _RECORDS),
     "modulefile": (
