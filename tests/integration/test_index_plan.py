@@ -14,6 +14,7 @@ import pytest
 from helpers import ok, refused, run_cli, user_env
 from torchindex import NEWEST, pytorch_like, serve, torch_mirror
 
+from envbuilder.commands.plan import table_age
 from envbuilder.resolver.matrix import load_matrix
 
 pytestmark = pytest.mark.integration
@@ -87,7 +88,8 @@ def test_offline_and_an_unreachable_index_fall_back_to_the_table_and_say_so(serv
     assert data["torch"]["torch"] == newest_in_table
     assert data["torch"]["requirements"] == [f"torch=={newest_in_table}"]
     assert "--offline" in data["torch"]["facts_source"][0]
-    assert "days old" in data["torch"]["facts_source"][0]
+    # The table's age in words, as of today (the table's as_of moves with every refresh of the facts).
+    assert f"(as of {load_matrix().as_of}, {table_age()})" in data["torch"]["facts_source"][0]
 
     dead = user_env(
         tmp_path,
