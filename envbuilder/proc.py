@@ -83,7 +83,7 @@ def _start(
             env=dict(scrubbed_env() if env is None else env),
             start_new_session=True,
             # async-signal-safe: sigmask and prctl calls
-            preexec_fn=functools.partial(_die_with_parent, int(parent_death)),  # noqa: PLW1509
+            preexec_fn=functools.partial(_die_with_parent, int(parent_death), os.getpid()),  # noqa: PLW1509
             umask=umask,
             **popen,
         )
@@ -93,7 +93,7 @@ def _start(
     return child, mask
 
 
-def _die_with_parent(parent_death: int) -> None:
+def _die_with_parent(parent_death: int, parent: int) -> None:
     """In the child, before exec: take Ctrl-C and SIGTERM again (the parent held them for the fork), and get
     ``parent_death`` when envbuilder dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG). Otherwise an
     installer in its own session would go on writing into a build directory that the next run has already
@@ -102,6 +102,11 @@ def _die_with_parent(parent_death: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, parent_death, 0, 0, 0)
+        # The parent may have died between the fork and the prctl (a SIGKILL cannot be held): the child is then
+        # already an orphan that no death signal will reach, and would install into a partial that the next run is
+        # clearing (seen on CI: a create killed right after `uv venv` left its partial behind the rerun).
+        if os.getppid() != parent:
+            os.kill(os.getpid(), parent_death)
 
 
 def _find_prctl() -> Optional[Callable[..., int]]:

@@ -188,3 +188,27 @@ def test_a_background_command_overlaps_and_one_left_uncollected_is_ended(tmp_pat
         raise RuntimeError("the block failed")
     pid = int(pid_file.read_text())
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+# envbuilder dies by SIGKILL after forking a child and before that child has asked for its parent-death signal: the
+# child's fork hook holds it back 0.5 s, and the parent kills itself the moment the fork returns. The child's command
+# would write MARKER a second later.
+ORPHAN = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from envbuilder import proc
+    os.register_at_fork(after_in_child=lambda: time.sleep(0.5))
+    os.register_at_fork(after_in_parent=lambda: os.kill(os.getpid(), signal.SIGKILL))
+    proc.run(["sh", "-c", 'sleep 1; echo survived > "$0"', sys.argv[1]])
+    """
+)
+
+
+def test_a_child_whose_parent_died_during_the_fork_ends_instead_of_running_on(tmp_path):
+    """Seen on CI: a create SIGKILLed right after `uv venv` left its partial behind the rerun, because the next
+    installer, forked in that instant, never got its parent-death signal and went on installing into it."""
+    marker = tmp_path / "marker"
+    res = subprocess.run([sys.executable, "-c", ORPHAN, str(marker)], cwd=REPO, capture_output=True, timeout=60)
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    time.sleep(2.5)  # the child's command would have written the marker 1.5 s after the fork
+    assert not marker.exists()
