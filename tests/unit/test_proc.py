@@ -208,7 +208,9 @@ def test_a_child_whose_parent_died_during_the_fork_ends_instead_of_running_on(tm
     """Seen on CI: a create SIGKILLed right after `uv venv` left its partial behind the rerun, because the next
     installer, forked in that instant, never got its parent-death signal and went on installing into it."""
     marker = tmp_path / "marker"
-    res = subprocess.run([sys.executable, "-c", ORPHAN, str(marker)], cwd=REPO, capture_output=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-c", ORPHAN, str(marker)], cwd=REPO, capture_output=True, timeout=60
+    )
     assert res.returncode == -signal.SIGKILL, res.stderr
     time.sleep(2.5)  # the child's command would have written the marker 1.5 s after the fork
     assert not marker.exists()
