@@ -4,6 +4,9 @@ command's handler is named here and imported only when it runs, so ``envbuilder 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder import __version__, helptext
@@ -11,6 +14,24 @@ from envbuilder.cliparts import Choices, Handler, Parser, add_json, command, pos
 
 
 def build_parser() -> argparse.ArgumentParser:
+    with _translations_remembered():
+        return _build()
+
+
+@contextlib.contextmanager
+def _translations_remembered() -> Iterator[None]:
+    """argparse asks gettext for each of its own words (``usage:``, ``show this help message and exit``) at every
+    argument added, and gettext looks for a catalog file on disk at each ask: about 400 ``stat`` calls and 8 ms of
+    each start, for the same few answers. While the parser is built, each answer is looked up once."""
+    ask = argparse._  # type: ignore[attr-defined]  # argparse's own alias of gettext.gettext
+    argparse._ = functools.lru_cache(maxsize=None)(ask)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        argparse._ = ask  # type: ignore[attr-defined]
+
+
+def _build() -> argparse.ArgumentParser:
     parser = Parser(
         prog="envbuilder",
         description="Build, validate and keep PyTorch environments on HPC clusters, from tested site recipes.",

@@ -43,6 +43,11 @@ def index_cache_dir(home: Path) -> Path:
     return home / "cache" / "index"
 
 
+def catalog_cache(home: Path) -> Path:
+    """What the recipe catalog's scans learned from each file, so unchanged files are not parsed again."""
+    return home / "cache" / "catalog.json"
+
+
 def trust_dir(home: Path) -> Path:
     """Registries' trust settings, pinned on first use (outside any registry, so its writers cannot change them)."""
     return home / "trust"

@@ -26,6 +26,7 @@ from envbuilder.console import Out
 from envbuilder.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
 from envbuilder.recipe.document import Document
 from envbuilder.recipe.registry import Published, Registry
+from envbuilder.recipe.scancache import FIELDS, ScanCache, file_key
 from envbuilder.recipe.trust import Policy, pin_dir
 
 REGISTRY_KEYS = ("path", "require_signatures", "allowed_signers")
@@ -163,7 +164,8 @@ def resolved(path: Path) -> Path:
 class Catalog:
     """All recipes on the search path, by name. Scanning parses files but validates nothing."""
 
-    def __init__(self, search: list[Layer]) -> None:
+    def __init__(self, search: list[Layer], cache: Optional[Path] = None) -> None:
+        """Scan ``search``; ``cache``: where the scan keeps what it learned from each file (scancache)."""
         self.layers = search
         self.entries: dict[str, Entry] = {}
         #: Files that do not parse, by path: whether they are recipes cannot be known, so they are not entries.
@@ -177,6 +179,7 @@ class Catalog:
         self._skipped: list[tuple[Optional[str], str]] = []
         #: Where the lines go when the catalog is first used (``from_env`` sets it).
         self._warn: Optional[Callable[[str], None]] = None
+        self._seen = ScanCache(cache)
         for layer in search:
             if layer.registry is not None:
                 if layer.root.is_dir():
@@ -185,6 +188,7 @@ class Catalog:
             if self._listable_root(layer):
                 for path in self._recipe_files(layer):
                     self._add(path, layer)
+        self._seen.save()
 
     def _listable_root(self, layer: Layer) -> bool:
         try:
@@ -377,12 +381,35 @@ class Catalog:
         cls, env: Optional[Mapping[str, str]] = None, warn: Optional[Callable[[str], None]] = None
     ) -> Catalog:
         """The user's catalog; what it skipped goes to ``warn`` (stderr by default) when it is first used."""
-        catalog = cls(layers(env))
+        env = os.environ if env is None else env
+        catalog = cls(layers(env), settings.catalog_cache(settings.home(env)))
         catalog._warn = warn or Out().warn
         return catalog
 
     def _add(self, path: Path, layer: Layer) -> None:
         self.stems[path.stem] = path
+        key = file_key(path)  # before the read: a change during it is a new key next time
+        summary = self._seen.get(path, key)
+        if summary is None:
+            summary = self._summary(path, layer)
+            if summary is None:
+                return
+            self._seen.put(path, key, summary)
+        if not summary["recipe"]:
+            return  # a base file (site.toml, center.toml): reachable only through extends
+        self._put(
+            Entry(
+                name=summary["name"],
+                path=path,
+                layer=layer,
+                description=summary["description"],
+                site=summary["site"],
+                status=summary["status"],
+            )
+        )
+
+    def _summary(self, path: Path, layer: Layer) -> Optional[dict[str, Any]]:
+        """What the scan needs from the file at ``path``, parsed; None for a broken file (it is recorded)."""
         try:
             doc = read_toml(path, display_path(path, layer))
         except RecipeError as exc:
@@ -394,23 +421,19 @@ class Catalog:
             self._skipped.append((path.stem, line))
             # A plain file's recipe name is its stem (load checks it), so the broken file holds that name.
             self._unusable(path.stem, layer, exc)
-            return
+            return None
         recipe = doc.get("recipe")
         if not isinstance(recipe, dict):
-            return  # a base file (site.toml, center.toml): reachable only through extends
+            return {"recipe": False, **dict.fromkeys(FIELDS, "")}
         raw_name = recipe.get("name")
-        name = raw_name if isinstance(raw_name, str) else path.stem
         site = doc.get("site", {}) if isinstance(doc.get("site"), dict) else {}
-        self._put(
-            Entry(
-                name=str(name),
-                path=path,
-                layer=layer,
-                description=str(recipe.get("description", "")),
-                site=str(site.get("name", "")),
-                status=str(site.get("status", "")),
-            )
-        )
+        return {
+            "recipe": True,
+            "name": raw_name if isinstance(raw_name, str) else path.stem,
+            "description": str(recipe.get("description", "")),
+            "site": str(site.get("name", "")),
+            "status": str(site.get("status", "")),
+        }
 
     def _unusable(self, name: str, layer: Layer, exc: RecipeError) -> None:
         self.unusable[name] = (layer, exc)
