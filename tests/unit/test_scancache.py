@@ -59,7 +59,9 @@ def test_a_broken_file_is_never_kept_and_stays_its_own_error(recipes, tmp_path):
     assert str(recipes / "bad.toml") not in json.loads(cache.read_text())["files"]
 
 
-@pytest.mark.parametrize("text", ["not json", '{"version": 99, "files": {}}', '{"version": 1, "files": {"x": 1}}'])
+@pytest.mark.parametrize(
+    "text", ["not json", '{"version": 99, "files": {}}', '{"version": 1, "files": {"x": 1}}']
+)
 def test_a_malformed_cache_is_ignored_and_replaced(recipes, tmp_path, text):
     cache = tmp_path / "catalog.json"
     cache.write_text(text)
