@@ -17,6 +17,12 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if ! command -v mksquashfs > /dev/null && [ -x "$sqfs/usr/bin/mksquashfs" ]; then
   export PATH=$sqfs/usr/bin:$PATH LD_LIBRARY_PATH=$sqfs/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+# squashfuse too, where $SQFS carries it (`dpkg -x` of squashfuse, libsquashfuse0, libfuse3-3 and fuse3): the image
+# is then mounted (as root, /dev/fuse) instead of unpacked.
+if ! command -v fusermount3 > /dev/null && [ -x "$sqfs/usr/bin/squashfuse" ] && [ -x "$sqfs/bin/fusermount3" ]; then
+  export PATH=$sqfs/usr/bin:$sqfs/bin:$PATH
+  export LD_LIBRARY_PATH=$sqfs/usr/lib/x86_64-linux-gnu:$sqfs/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 step() {
   local name=$1 s=$EPOCHREALTIME
   shift
@@ -56,6 +62,8 @@ echo "torch .pyc files after create: $(find "$env_dir/lib" -path '*torch*' -name
 step pack python3 -m envbuilder pack gpu-image --json
 step validate-dir python3 -m envbuilder validate gpu-image --json
 step validate-image python3 -m envbuilder validate gpu-image --image --json
+# How the image was used (mounted with squashfuse, or unpacked), and that nothing stayed mounted after the run.
+{ grep -i -E "mount|unpack|image" "$out/validate-image.err" | head -5; echo "squashfuse mounts left: $(grep -c squashfuse /proc/mounts)"; } > "$out/image-use.txt"
 step validate-unpacked env ENVBUILDER_NO_FUSE=1 python3 -m envbuilder validate gpu-image --image --json
 # The first import of torch in a fresh process: from the env directory, and from the image's copy.
 for i in 1 2 3; do
