@@ -70,6 +70,11 @@ def sh(argv: list[str], env: dict[str, str]) -> None:
 
 
 def timed(fn, prefix: Path, cache: Path) -> float:
+    # Untimed: what earlier runs left dirty (a cold run writes about 1.5 GB) is written out first, so no run pays for
+    # the write-back of the run before it. Without it a warm run right after its own cold run was slowed by that
+    # run's write-back, more for a way whose cold run ends without an fsync (raw uv) than for envbuilder (whose
+    # record's fsyncs flush as it ends).
+    os.sync()
     t0 = time.perf_counter()
     fn(prefix, cache)
     return time.perf_counter() - t0
