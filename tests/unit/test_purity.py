@@ -58,7 +58,9 @@ PURE = (
 #: Third-party imports of a banned module, allowed by name of the importer only. packaging.specifiers and
 #: packaging.utils (which every version and specifier check uses) import packaging.tags, which imports subprocess at
 #: import time to ask macOS its version; nothing here calls it. packaging < 22 did the same from _musllinux.
-ALLOWED_IMPORTERS = {"subprocess": ("packaging.tags", "packaging._musllinux")}
+#: Python 3.9's own platform module imports subprocess at import time too (3.10 moved it into the functions that
+#: start a process); the pure modules call only platform.machine() and friends, which start none.
+ALLOWED_IMPORTERS = {"subprocess": ("packaging.tags", "packaging._musllinux", "platform")}
 
 _CHILD = textwrap.dedent(
     """
