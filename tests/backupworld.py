@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from helpers import UserWorld
-from wheelindex import build_wheel, mirror_env
+from wheelindex import build_wheel, demo_wheels, mirror_env
 
 from envbuilder.backup import wheelhouse
 
@@ -71,16 +71,8 @@ def backup_files(d: Path, torch_files: Path) -> Path:
     """The index's files in ``d``: links to ``torch_files`` and the small test wheels."""
     for f in torch_files.iterdir():
         (d / f.name).symlink_to(f)
-    build_wheel(d, "ebdemo", "1.0", {"ebdemo/__init__.py": "VERSION = '1.0'\n"}, requires=["ebdep"])
+    demo_wheels(d)
     build_wheel(d, "ebdemo", "2.0", {"ebdemo/__init__.py": "VERSION = '2.0'\n"}, requires=["ebdep"])
-    build_wheel(d, "ebdep", "2.0", {"ebdep/__init__.py": "WHO = 'dep'\n"})
-    build_wheel(
-        d,
-        "ebtool",
-        "1.0",
-        {"ebtool/__init__.py": "def main():\n    import sys\n    print('ebtool from', sys.prefix)\n"},
-        scripts={"ebtool": "ebtool:main"},
-    )
     build_wheel(
         d,
         "ebdata",

@@ -68,6 +68,21 @@ def build_wheel(
     return path
 
 
+def demo_wheels(out: Path, *, tool: bool = True) -> None:
+    """The small wheels several test indexes share, built in ``out``: ebdemo 1.0 (which needs ebdep), ebdep 2.0 and,
+    with ``tool``, ebtool 1.0, whose console script prints the prefix it runs from."""
+    build_wheel(out, "ebdemo", "1.0", {"ebdemo/__init__.py": "VERSION = '1.0'\n"}, requires=["ebdep"])
+    build_wheel(out, "ebdep", "2.0", {"ebdep/__init__.py": "WHO = 'dep'\n"})
+    if tool:
+        build_wheel(
+            out,
+            "ebtool",
+            "1.0",
+            {"ebtool/__init__.py": "def main():\n    import sys\n    print('ebtool from', sys.prefix)\n"},
+            scripts={"ebtool": "ebtool:main"},
+        )
+
+
 def build_sdist(out: Path, name: str, version: str, setup_py: str) -> Path:
     """A setuptools sdist whose setup.py is ``setup_py`` (used to see the build environment)."""
     dist = f"{name}-{version}"

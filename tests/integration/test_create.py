@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DATA, REPO, UserWorld, bash, lmod_vars, ok
-from wheelindex import build_sdist, build_wheel, mirror_env, serve
+from wheelindex import build_sdist, build_wheel, demo_wheels, mirror_env, serve
 
 from envbuilder import transaction
 from envbuilder.backends import installers
@@ -55,15 +55,7 @@ setup(name="ebprobe", version="1.0", packages=["ebprobe"])
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory, setuptools_wheel):
     d = tmp_path_factory.mktemp("files")
-    build_wheel(d, "ebdemo", "1.0", {"ebdemo/__init__.py": "VERSION = '1.0'\n"}, requires=["ebdep"])
-    build_wheel(d, "ebdep", "2.0", {"ebdep/__init__.py": "WHO = 'dep'\n"})
-    build_wheel(
-        d,
-        "ebtool",
-        "1.0",
-        {"ebtool/__init__.py": "def main():\n    import sys\n    print('ebtool from', sys.prefix)\n"},
-        scripts={"ebtool": "ebtool:main"},
-    )
+    demo_wheels(d)
     build_wheel(d, "ebslow", "1.0", {"ebslow/__init__.py": ""})
     build_sdist(d, "ebprobe", "1.0", SETUP_PY)
     (d / setuptools_wheel.name).write_bytes(setuptools_wheel.read_bytes())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers import UserWorld, bash, ok, refused
-from wheelindex import build_wheel, mirror_env, serve
+from wheelindex import build_wheel, demo_wheels, mirror_env, serve
 
 pytestmark = [
     pytest.mark.integration,
@@ -46,8 +46,7 @@ spec = "ebdemo==1.0"
 @pytest.fixture(scope="module")
 def index(tmp_path_factory):
     d = tmp_path_factory.mktemp("pack-files")
-    build_wheel(d, "ebdemo", "1.0", {"ebdemo/__init__.py": "VERSION = '1.0'\n"}, requires=["ebdep"])
-    build_wheel(d, "ebdep", "2.0", {"ebdep/__init__.py": "WHO = 'dep'\n"})
+    demo_wheels(d, tool=False)
     build_wheel(d, "ebextra", "1.0", {"ebextra/__init__.py": ""})
     with serve(d) as idx:
         yield idx
