@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from backupworld import backup_files
@@ -90,22 +92,7 @@ def torch_files(tmp_path_factory):
     the torch file; the rest comes from PyPI). Fetched once per run: xdist's workers share the directory."""
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the machine image's torch file is for CPython 3.11")
-    d = shared_dir(tmp_path_factory, "torch-files")
-    with open(d.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker fetches, the others wait and then find the files
-        done = d.with_suffix(".complete")
-        if not done.exists():
-            _fetch_torch_files(d)
-            done.touch()
-    return d
-
-
-def shared_dir(factory: pytest.TempPathFactory, name: str) -> Path:
-    """A directory shared by every xdist worker of this run (the run's own basetemp without xdist)."""
-    base = factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    (root / name).mkdir(exist_ok=True)
-    return root / name
+    return made_once(shared_dir(tmp_path_factory, "torch-files"), _fetch_torch_files)
 
 
 def _fetch_torch_files(d: Path) -> None:
@@ -131,27 +118,73 @@ def _fetch_torch_files(d: Path) -> None:
         pytest.skip(f"the CPU torch 2.13.0 file is not on this machine (pip find-links): {res.stderr[-300:]}")
 
 
+#: Where the controlling pytest process tells its xdist workers the address of the session's torch index.
+TORCH_INDEX_URL = "ENVBUILDER_TEST_TORCH_INDEX"
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own configure has made the temporary-directory factory
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's torch index, served by the controlling process (the only one without xdist) for as long as
+    the session runs, so every worker reaches the same address: uv's cache keys what it unpacked by index, and one
+    address lets ``torch_uv_cache`` hold torch once for the session. It serves ``torch_files``' directory, which
+    the first worker to need it fills."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    files = config._tmp_path_factory.getbasetemp() / "torch-files"  # shared_dir's "torch-files"
+    files.mkdir(exist_ok=True)
+    served = contextlib.ExitStack()
+    os.environ[TORCH_INDEX_URL] = served.enter_context(serve(files)).url
+    config.add_cleanup(served.close)
+
+
+def shared_dir(factory: pytest.TempPathFactory, name: str) -> Path:
+    """A directory shared by every xdist worker of this run (the run's own basetemp without xdist)."""
+    base = factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    (root / name).mkdir(exist_ok=True)
+    return root / name
+
+
+def made_once(d: Path, make: Callable[[Path], object]) -> Path:
+    """``d`` (a ``shared_dir``) after ``make(d)`` ran in it once for the run: the first worker to get here makes
+    it, the others wait for it and then find it made."""
+    with open(d.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = d.with_suffix(".complete")
+        if not done.exists():
+            make(d)
+            done.touch()
+    return d
+
+
 @pytest.fixture(scope="session")
-def torch_index(torch_files):
-    """``torch_files`` served on 127.0.0.1 for the whole session. One address for every torch env built here, so
-    uv's cache (whose entries are keyed by index) fills once: the first env downloads and unpacks torch, later
-    ones link it from ``torch_uv_cache``. Tests that watch its requests clear them first."""
-    with serve(torch_files) as index:
-        yield index
+def torch_index(torch_files) -> SimpleNamespace:
+    """``torch_files`` served on 127.0.0.1 for the whole session, at one address for every worker (see
+    ``pytest_configure``). A test that watches an index's requests serves its own."""
+    return SimpleNamespace(url=os.environ[TORCH_INDEX_URL])
 
 
 @pytest.fixture(scope="session")
 def torch_uv_cache(tmp_path_factory) -> Path:
-    """uv's cache shared by the torch envs of the session (see ``torch_index``)."""
-    return tmp_path_factory.mktemp("torch-uv-cache")
+    """uv's cache shared by the torch envs of the session, across workers (uv locks its cache for concurrent
+    use): the first env unpacks torch from ``torch_index``, later ones link it."""
+    return shared_dir(tmp_path_factory, "torch-uv-cache")
 
 
 @pytest.fixture(scope="session")
-def cpu_torch_world(torch_index, torch_uv_cache, tmp_path_factory) -> CpuTorchWorld:
-    """One real env, built once for the session: torch 2.13.0 CPU, numpy, mpi4py and MPICH (the validation
-    suite's recipe, tests/data/validate-recipes/vcpu.toml), at ``world.prefix``. Tests only use it (validate,
-    show); a test that changes an env builds its own CpuTorchWorld."""
-    return CpuTorchWorld(tmp_path_factory.mktemp("cpu-torch"), torch_index, torch_uv_cache)
+def cpu_torch_template(torch_index, torch_uv_cache, tmp_path_factory) -> Path:
+    """The world of one real env, built once for the run: torch 2.13.0 CPU, numpy, mpi4py and MPICH (the
+    validation suite's recipe, tests/data/validate-recipes/vcpu.toml). No test uses it; they use copies."""
+    template = shared_dir(tmp_path_factory, "cpu-torch-template")
+    return made_once(template, lambda d: CpuTorchWorld(d, torch_index, torch_uv_cache))
+
+
+@pytest.fixture(scope="session")
+def cpu_torch_world(cpu_torch_template, torch_index, torch_uv_cache, tmp_path_factory) -> CpuTorchWorld:
+    """This worker's copy of the session's CPU torch env and its world (``CpuTorchWorld.copy_of``), the env at
+    ``world.prefix``. Tests only use it (validate, show); a test that changes an env makes its own."""
+    root = tmp_path_factory.mktemp("cpu-torch")
+    return CpuTorchWorld.copy_of(cpu_torch_template, root, torch_index, torch_uv_cache)
 
 
 @pytest.fixture

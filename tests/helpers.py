@@ -9,6 +9,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -268,13 +269,29 @@ class CpuTorchWorld(UserWorld):
     """A user's world under ``root`` with the validation suite's recipes, and its vcpu env (CPU torch 2.13.0,
     numpy, mpi4py, MPICH from ``index``) created in it, at ``prefix``."""
 
-    def __init__(self, root: Path, index: Any, uv_cache: Path) -> None:
+    def __init__(self, root: Path, index: Any, uv_cache: Path, *, build: bool = True) -> None:
         recipes = str(DATA / "validate-recipes")
         super().__init__(root, mirror_env(index), recipes, USER="u1", UV_CACHE_DIR=str(uv_cache))
         self.prefix = self.scratch / "envbuilder" / "envs" / "vcpu"
-        res = self.cli("create", "vcpu", "--no-validate", "--json")
-        assert res.returncode == 0, res.stderr
-        self._write_bytecode()
+        if build:
+            res = self.cli("create", "vcpu", "--no-validate", "--json")
+            assert res.returncode == 0, res.stderr
+            self._write_bytecode()
+
+    @classmethod
+    def copy_of(cls, template: Path, root: Path, index: Any, uv_cache: Path) -> CpuTorchWorld:
+        """A world of its own at ``root`` holding what the world built at ``template`` holds, as if built there:
+        its $SCRATCH (the env, bytecode included) and envbuilder home copied as hard links, then every text file
+        that names ``template`` given a rewritten file of its own (the record, activate.csh, the build log), so
+        nothing written through one world reaches the other. Tests only read an env's installed files; a file
+        they add (a hook, a validation run) is the copy's alone. Costs a second where a build costs ~22 s of
+        CPU: the session builds the env once, not once per xdist worker."""
+        world = cls(root, index, uv_cache, build=False)
+        root.mkdir(parents=True, exist_ok=True)
+        for part in ("scratch", "eb-home"):
+            subprocess.run(["cp", "-a", "--link", str(template / part), str(root / part)], check=True)
+        _repoint([root / "scratch", root / "eb-home"], str(template), str(root))
+        return world
 
     def _write_bytecode(self) -> None:
         """The bytecode of what a validation's processes load, written once here by a one-rank run of the same
@@ -291,6 +308,24 @@ class CpuTorchWorld(UserWorld):
             timeout=600,
         )
         assert res.returncode == 0, res.stderr
+
+
+def _repoint(dirs: list[Path], old: str, new: str) -> None:
+    """``old`` replaced by ``new`` in the text files under ``dirs`` that name it, each written as a new file
+    (a hard link to the original is left as it was). Bytecode is left: only its tracebacks name a path."""
+    found = subprocess.run(
+        ["grep", "-rlF", "--exclude=*.pyc", "--", old, *map(str, dirs)], capture_output=True, text=True
+    )
+    assert found.returncode in (0, 1), found.stderr  # 1: no file names it
+    for name in found.stdout.splitlines():
+        path = Path(name)
+        data = path.read_bytes()
+        if b"\0" in data:
+            continue  # not text
+        fresh = path.with_name(path.name + ".repoint")
+        fresh.write_bytes(data.replace(old.encode(), new.encode()))
+        shutil.copymode(path, fresh)
+        os.replace(fresh, path)
 
 
 #: A small DDP program for the `envbuilder run` tests (train.py): gloo on CPU, each rank adds rank + 1 and prints

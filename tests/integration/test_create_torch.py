@@ -10,9 +10,16 @@ from pathlib import Path
 
 import pytest
 from helpers import run_cli
-from wheelindex import mirror_env
+from wheelindex import mirror_env, serve
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def torch_index(torch_files):
+    """The torch files on an index of this test's own: it reads the index's requests."""
+    with serve(torch_files) as index:
+        yield index
 
 
 def test_local_recipe_creates_a_working_torch_env(torch_index, tmp_path):

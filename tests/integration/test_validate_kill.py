@@ -62,10 +62,10 @@ _hang()
 
 
 @pytest.fixture(scope="module")
-def world(torch_index, torch_uv_cache, tmp_path_factory):
-    """An env of its own (the hook below goes into it), built as the session's CPU torch env is: uv links torch
-    from the session's cache."""
-    w = CpuTorchWorld(tmp_path_factory.mktemp("validate-kill"), torch_index, torch_uv_cache)
+def world(cpu_torch_template, torch_index, torch_uv_cache, tmp_path_factory):
+    """An env of its own (the hook below goes into it): a copy of the session's CPU torch env."""
+    root = tmp_path_factory.mktemp("validate-kill")
+    w = CpuTorchWorld.copy_of(cpu_torch_template, root, torch_index, torch_uv_cache)
     site = next(w.prefix.glob("lib/python*/site-packages"))
     (site / "eb_killtest_hook.py").write_text(HOOK)
     (site / "eb_killtest_hook.pth").write_text("import eb_killtest_hook\n")
