@@ -39,7 +39,6 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from typing import Callable, Optional, Union
@@ -47,6 +46,7 @@ from typing import Callable, Optional, Union
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS
 from envbuilder.recipe.values import require_carriable
+from envbuilder.structs import dataclass
 
 BEGIN = "# >>> envbuilder activate extension >>>"
 END = "# <<< envbuilder activate extension <<<"

@@ -21,7 +21,7 @@ import hashlib
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -35,6 +35,7 @@ from envbuilder.plan import Plan
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
 from envbuilder.recipe.loader import Recipe
+from envbuilder.structs import dataclass
 
 
 @dataclass(frozen=True)

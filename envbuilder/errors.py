@@ -6,7 +6,6 @@ The exit codes are part of the public contract and are listed in the README.
 
 from __future__ import annotations
 
-import difflib
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Optional
@@ -22,6 +21,8 @@ EXIT_PIPE = 141
 
 def did_you_mean(word: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.6) -> Optional[str]:
     """The "did you mean" hint every error family uses, or None when nothing is close."""
+    import difflib  # noqa: PLC0415 - only a slip needs it, not every start
+
     close = difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
     return "did you mean " + " or ".join(repr(c) for c in close) + "?" if close else None
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any, Optional
 
 from envbuilder.errors import HostProbeError, did_you_mean
+from envbuilder.structs import dataclass
 
 FACTS_VERSION = 1
 

@@ -19,11 +19,12 @@ import shutil
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
 from envbuilder.errors import StateError
+from envbuilder.structs import dataclass
 
 STALE_AFTER_S = 24 * 3600
 FILE_MODE = 0o644
@@ -54,6 +55,21 @@ def walk(root: Path) -> Iterator[Path]:
             yield here / name
         for name in sorted(filenames):
             yield here / name
+
+
+#: A file's identity and times (see :func:`file_key`).
+Key = list[int]
+
+
+def file_key(path: Path) -> Optional[Key]:
+    """The identity and times of the file at ``path`` (followed through symlinks): device, inode, size, mtime,
+    ctime, mode. A cache keyed on it is stale once the file is replaced or written. None where it cannot be
+    stat'ed."""
+    try:
+        st = path.stat()
+    except (OSError, ValueError):
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode]
 
 
 def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:

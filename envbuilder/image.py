@@ -17,7 +17,7 @@ import shutil
 import stat
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +25,7 @@ from envbuilder import activate_scripts, fsutil, proc, state
 from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import StateError
+from envbuilder.structs import dataclass
 
 SUFFIX = ".sqfs"
 #: Set to 1: use the unpacked copy even where squashfuse and /dev/fuse exist (a node without FUSE, in tests).

@@ -20,13 +20,14 @@ modulefile leaves the step out and says so on load (and ``envbuilder modulefile`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional
 
 from envbuilder.activate_scripts import CONSTRAINT_VARS
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS
 from envbuilder.recipe.values import require_carriable
+from envbuilder.structs import dataclass
 
 
 def lua_string(text: str) -> str:

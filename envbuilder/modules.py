@@ -19,13 +19,14 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Optional
 
 from envbuilder import proc
 from envbuilder.errors import CommandFailed, ModuleSystemError
 from envbuilder.recipe import values
+from envbuilder.structs import dataclass
 from envbuilder.validate import batch
 
 #: Variables a child shell changes by itself; never part of a module delta. Exported shell functions

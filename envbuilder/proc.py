@@ -19,11 +19,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Optional, cast
 
 from envbuilder.errors import CommandFailed
+from envbuilder.structs import dataclass
 
 log = logging.getLogger("envbuilder.proc")
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder.errors import UsageError
 from envbuilder.state import EnvRecord
+from envbuilder.structs import dataclass
 
 DAY = 86400.0
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 import shlex
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from envbuilder import fsutil
+from envbuilder.structs import dataclass
 
 
 @dataclass(frozen=True)

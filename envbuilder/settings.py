@@ -43,6 +43,11 @@ def index_cache_dir(home: Path) -> Path:
     return home / "cache" / "index"
 
 
+def tool_versions_cache(home: Path) -> Path:
+    """The installer versions learned from their programs (backends/toolversion.py)."""
+    return home / "cache" / "tools.json"
+
+
 def catalog_cache(home: Path) -> Path:
     """What the recipe catalog's scans learned from each file, so unchanged files are not parsed again."""
     return home / "cache" / "catalog.json"

@@ -29,12 +29,13 @@ import shutil
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from envbuilder import activate_scripts, fsutil, image, proc, state
 from envbuilder.errors import UsageError
+from envbuilder.structs import dataclass
 from envbuilder.validate import launchers, runner, schedulers
 
 #: What the node side prints when the node holds a complete copy already.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -15,6 +15,7 @@ from envbuilder import settings
 from envbuilder.backends import registry
 from envbuilder.errors import EnvNotFound, StateError, did_you_mean
 from envbuilder.fsutil import Mutex, Owner, write_atomic
+from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:  # only types: importing the planner would load the resolver for every record read
     from envbuilder.plan import RecordedPlan

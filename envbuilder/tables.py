@@ -11,11 +11,12 @@ wrapped. ``--json`` always has every column.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from rich.cells import cell_len
 from rich.console import Console, RenderableType
 from rich.text import Text
+
+from envbuilder.structs import dataclass
 
 #: The space rich puts between two columns of a borderless table (one cell of padding on each side).
 _GAP = 2

@@ -26,13 +26,13 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable, Optional
 
 from envbuilder import fsutil, state
 from envbuilder.errors import StateError
+from envbuilder.structs import dataclass
 
 PARTIAL = ".partial-"
 OLD = ".old-"

@@ -9,28 +9,29 @@ recorded create command and ``install_files`` for the wheels it stored.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import platform
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from packaging.utils import canonicalize_name
 
 from envbuilder import __version__, activation, progress, settings
+from envbuilder.backends import toolversion
 from envbuilder.backends.buildlog import BuildLog, run_logged
 from envbuilder.backends.installers import Installer
 from envbuilder.backends.torchbuild import metadata_name_version
-from envbuilder.errors import BackendError, EnvbuilderError
+from envbuilder.errors import BackendError
 from envbuilder.modules import EnvDelta
 from envbuilder.plan import expand
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import InstallStep
+from envbuilder.structs import dataclass
 
 
 def _silent(text: str) -> None:
@@ -140,8 +141,9 @@ class Backend:
             "host_python": platform.python_version(),
         }
         if build.installer.records_version and build.program:
-            with contextlib.suppress(EnvbuilderError, IndexError):
-                version = run_logged([*build.program, "--version"], build.env, build.log).stdout.split()[1]
+            cache = settings.tool_versions_cache(settings.home(build.base_env))
+            version = toolversion.version(build.program, build.env, build.log, cache)
+            if version is not None:
                 tools[build.installer.name] = version
         return tools
 

@@ -14,10 +14,10 @@ Importing this module runs nothing and imports no backend (they run tools): ``ba
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from envbuilder.backends.installers import INSTALLERS
+from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:
     from envbuilder.backends.base import Backend

@@ -18,7 +18,6 @@ import json
 import re
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -32,6 +31,7 @@ from envbuilder.lockfile import PlatformLock
 from envbuilder.plan.steps import InstallStep
 from envbuilder.resolver.matrix import gpu_capability, minor_tuple
 from envbuilder.resolver.mirror import PYPI, VAR
+from envbuilder.structs import dataclass
 
 PAYLOAD = payloads.DIR / "torch_build.py"
 ARCH_TIMEOUT_S = 300.0

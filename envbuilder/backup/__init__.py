@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -35,6 +35,7 @@ from envbuilder import __version__, fsutil, purge, state, transaction
 from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import BackupError, CommandFailed, EnvbuilderError, UsageError
+from envbuilder.structs import dataclass
 
 BACKUP_VERSION = 1
 MODES = ("wheelhouse", "archive")

@@ -9,12 +9,12 @@ import hashlib
 import shutil
 import stat
 import tarfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Optional
 
 from envbuilder import fsutil, proc
 from envbuilder.errors import BackupError
+from envbuilder.structs import dataclass
 
 CHUNK = 1 << 20
 ZSTD_PACK = ("-T0", "-3", "-q", "-f")

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -32,6 +32,7 @@ from envbuilder.modules import EnvDelta, ModuleSystem
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS, InstallStep
 from envbuilder.resolver import mirror
+from envbuilder.structs import dataclass
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from email.parser import HeaderParser
 from pathlib import Path
 from typing import IO, Any, Optional, cast
@@ -36,6 +36,7 @@ from packaging.utils import canonicalize_name
 
 from envbuilder import proc, transaction
 from envbuilder.errors import BackupError, CommandFailed
+from envbuilder.structs import dataclass
 
 #: dist-info files the installer writes (not part of the wheel).
 GENERATED = frozenset({"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json"})

@@ -8,8 +8,9 @@ A finding is ``action`` (the env is broken here or is about to be), ``warning`` 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
+
+from envbuilder.structs import dataclass
 
 ACTION = "action"
 WARNING = "warning"

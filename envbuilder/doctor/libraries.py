@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -16,6 +15,7 @@ from packaging.version import InvalidVersion, Version
 
 from envbuilder.doctor.findings import ACTION, INFO, NODE, WARNING, Finding
 from envbuilder.state import EnvRecord
+from envbuilder.structs import dataclass
 
 #: The CUDA libraries torch loads by soname, whose copies outside the env most often break it.
 CUDA_LIBRARIES = ("libcudart", "libnccl", "libcublas", "libcudnn")

@@ -4,7 +4,7 @@ on. Pure: the env's python is run by :mod:`envbuilder.doctor.collect`, which han
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Optional
 
 from envbuilder import plan as planner
@@ -16,6 +16,7 @@ from envbuilder.resolver.indexfacts import IndexFacts
 from envbuilder.resolver.matrix import Matrix
 from envbuilder.resolver.wheels import Resolution, TorchRequest, resolve
 from envbuilder.state import EnvRecord
+from envbuilder.structs import dataclass
 
 # ---------------------------------------------------------------------------------------------------------------
 # The env re-planned against this node's facts

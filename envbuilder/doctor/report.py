@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Callable, Optional
 
 from envbuilder import lockfile
@@ -28,6 +28,7 @@ from envbuilder.recipe.loader import Recipe
 from envbuilder.resolver.indexfacts import IndexFacts
 from envbuilder.resolver.matrix import Matrix
 from envbuilder.state import EnvRecord, Health
+from envbuilder.structs import dataclass
 
 #: Days before the purge at which an env without a backup needs action (half the purge period where that is
 #: shorter: a fresh env on a 10-day purge is not yet urgent).

@@ -23,7 +23,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
@@ -31,6 +31,7 @@ from envbuilder import settings
 from envbuilder._toml import TOMLDecodeError, dumps, loads
 from envbuilder.backends.registry import kind_info
 from envbuilder.errors import LockError, did_you_mean
+from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:
     from envbuilder.recipe.catalog import Catalog

@@ -4,7 +4,6 @@ still matches the recipe."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder import lockfile
@@ -12,6 +11,7 @@ from envbuilder.backends.registry import kind_info
 from envbuilder.errors import LockError
 from envbuilder.plan.steps import conda_env_specs, locked_flags
 from envbuilder.resolver.wheels import Resolution
+from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
     from envbuilder.recipe.loader import Recipe

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, fields, replace
 from typing import TYPE_CHECKING, Any, Optional, TypedDict
 
 from envbuilder import lockfile
@@ -23,6 +23,7 @@ from envbuilder.plan.target import target_facts
 from envbuilder.recipe import sections
 from envbuilder.resolver import gates, mirror
 from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, resolve
+from envbuilder.structs import dataclass
 from envbuilder.validate import batch, launchers, suite
 
 if TYPE_CHECKING:

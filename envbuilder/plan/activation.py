@@ -4,7 +4,7 @@ activate scripts and modulefiles by ``envbuilder.activation``."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Optional, TypedDict
 
 from envbuilder.errors import RecipeError
@@ -15,6 +15,7 @@ from envbuilder.recipe.values import (
     require_path_entry,
     require_var_name,
 )
+from envbuilder.structs import dataclass
 
 #: Directories put into colon-separated list variables, by variable, in the order they appear there.
 Paths = Mapping[str, tuple[str, ...]]

@@ -4,13 +4,14 @@ recipe's packages under torch's constraints. Each is an InstallStep: argv plus i
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder.backends.registry import AUTO, INSTALLERS, RATTLER, kind_info
 from envbuilder.lockfile import PlatformLock
 from envbuilder.resolver.mirror import PYPI
 from envbuilder.resolver.wheels import Resolution
+from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
     from envbuilder.recipe.loader import Recipe

@@ -16,7 +16,7 @@ import errno
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional
 
@@ -24,10 +24,12 @@ from envbuilder import settings, textfile
 from envbuilder._toml import TOMLDecodeError, loads
 from envbuilder.console import Out
 from envbuilder.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
+from envbuilder.fsutil import file_key
 from envbuilder.recipe.document import Document
 from envbuilder.recipe.registry import Published, Registry
-from envbuilder.recipe.scancache import FIELDS, ScanCache, file_key
+from envbuilder.recipe.scancache import FIELDS, ScanCache
 from envbuilder.recipe.trust import Policy, pin_dir
+from envbuilder.structs import dataclass
 
 REGISTRY_KEYS = ("path", "require_signatures", "allowed_signers")
 #: The largest recipe file read (the biggest shipped one is under 10 KiB).

@@ -5,9 +5,10 @@ names) does not import the schema and everything the loader checks against."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from envbuilder.structs import dataclass
 
 
 @dataclass(frozen=True)

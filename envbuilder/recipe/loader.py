@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -25,6 +24,7 @@ from envbuilder.errors import RecipeError, did_you_mean
 from envbuilder.recipe import schema, schemacheck, sections
 from envbuilder.recipe.document import Document, Documents
 from envbuilder.resolver.wheels import GATES, TORCH_PACKAGES
+from envbuilder.structs import dataclass
 from envbuilder.validate import checks, launchers
 
 DEFAULTS_SOURCE = "<defaults>"

@@ -29,7 +29,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -50,6 +50,7 @@ from envbuilder.recipe.trust import (
     stat_of,
     verify_signature,
 )
+from envbuilder.structs import dataclass
 
 INDEX = "index.json"
 LOG = "publish.log"

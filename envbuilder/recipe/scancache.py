@@ -17,21 +17,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder import fsutil
+from envbuilder.fsutil import Key
 
 VERSION = 1
 #: What a summary holds besides its key: ``recipe`` (a bool: False for a base file) and these strings.
 FIELDS = ("name", "description", "site", "status")
-
-Key = list[int]
-
-
-def file_key(path: Path) -> Optional[Key]:
-    """The identity and times of the file at ``path`` (followed through symlinks); None where it cannot be stat'ed."""
-    try:
-        st = path.stat()
-    except (OSError, ValueError):
-        return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode]
 
 
 class ScanCache:

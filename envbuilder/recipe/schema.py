@@ -8,10 +8,8 @@ The same spec renders the JSON schema shipped for editors (``envbuilder recipes 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from envbuilder.backends import registry as backends
@@ -32,6 +30,7 @@ from envbuilder.recipe.values import (
     Rule,
     found,
 )
+from envbuilder.structs import dataclass
 from envbuilder.validate import launchers, schedulers
 
 SCHEMA_VERSION = 1
@@ -49,6 +48,8 @@ def _package_problem(item: Mapping[str, Any]) -> Optional[tuple[str, str, Option
     name, spec = item.get("name"), item.get("spec")
     if not isinstance(name, str) or not isinstance(spec, str):
         return None
+    from packaging.requirements import Requirement  # noqa: PLC0415 - see values.requirement_problem
+
     declared = Requirement(spec).name  # the field rules have parsed it already
     if canonicalize_name(declared) == canonicalize_name(name):
         return None

@@ -11,10 +11,11 @@ views and the schema in step.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from typing import Any, ClassVar, Optional, Protocol, TypeVar
 
 from envbuilder.backends.registry import AUTO
+from envbuilder.structs import dataclass
 from envbuilder.validate.checks import DEFAULTS as DEFAULT_CHECKS
 
 _SEED = "seed"

@@ -18,13 +18,13 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder import fsutil, proc, settings
 from envbuilder._toml import TOMLDecodeError, dumps, loads
 from envbuilder.errors import PublishError
+from envbuilder.structs import dataclass
 
 NAMESPACE = "envbuilder-recipe"
 #: Bounds on what a reader takes from a registry: no file there makes it read without end.

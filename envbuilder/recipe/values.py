@@ -5,12 +5,10 @@ that come from elsewhere (a state record, the command line). Pure; the schema at
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from envbuilder.errors import RecipeError
+from envbuilder.structs import dataclass
 
 NAME_RE = r"[a-z0-9][a-z0-9._-]*"
 #: Upper ends of counts: far above any machine (16 GPUs, 10,000s of nodes, 1,000s of cores), far below values
@@ -127,6 +125,10 @@ def requirement_problem(spec: str) -> Optional[Problem]:
             f"a requirement cannot start with '-' (the installer would read it as an option), found {found(spec)}",
             "name an index in packages.index; no_build_isolation and no_binary are keys of their own",
         )
+    # Imported here: packaging's requirement grammar costs ~6 ms of every start, and only a recipe's packages
+    # need it.
+    from packaging.requirements import InvalidRequirement, Requirement  # noqa: PLC0415
+
     try:
         req = Requirement(spec)
     except InvalidRequirement:

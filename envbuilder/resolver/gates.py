@@ -7,7 +7,6 @@ recipe allows the gate, a warning."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder.errors import ResolverError, ResolverErrors
@@ -21,6 +20,7 @@ from envbuilder.resolver.matrix import (
     gpu_capability,
     minor_tuple,
 )
+from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
     from envbuilder.recipe.loader import Recipe

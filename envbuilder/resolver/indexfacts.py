@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import datetime
 import functools
-import html.parser
 import json
 import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Optional, Union
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from envbuilder.structs import dataclass
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 #: What a reader asks for: PEP 691 JSON first, HTML where the index offers nothing else.
@@ -230,27 +231,35 @@ def parse_simple_json(body: Union[bytes, str], project: str) -> list[WheelFile]:
     return out
 
 
-class _Anchors(html.parser.HTMLParser):
-    """Collects (file name, attributes) of every <a>; attribute values arrive with their entities decoded."""
+@functools.lru_cache(maxsize=1)
+def _anchors_parser() -> type[Any]:
+    """The HTML parser class for simple pages, made on first use: html.parser costs ~4 ms of every start, and a
+    JSON index page (or a cached one) needs none."""
+    import html.parser  # noqa: PLC0415
 
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.links: list[tuple[str, dict[str, Optional[str]]]] = []
-        self._open: Optional[dict[str, Optional[str]]] = None
-        self._text: list[str] = []
+    class Anchors(html.parser.HTMLParser):
+        """Collects (file name, attributes) of every <a>; attribute values arrive with their entities decoded."""
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, Optional[str]]]) -> None:
-        if tag == "a":
-            self._open, self._text = dict(attrs), []
+        def __init__(self) -> None:
+            super().__init__(convert_charrefs=True)
+            self.links: list[tuple[str, dict[str, Optional[str]]]] = []
+            self._open: Optional[dict[str, Optional[str]]] = None
+            self._text: list[str] = []
 
-    def handle_data(self, data: str) -> None:
-        if self._open is not None:
-            self._text.append(data)
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, Optional[str]]]) -> None:
+            if tag == "a":
+                self._open, self._text = dict(attrs), []
 
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "a" and self._open is not None:
-            self.links.append(("".join(self._text).strip(), self._open))
-            self._open = None
+        def handle_data(self, data: str) -> None:
+            if self._open is not None:
+                self._text.append(data)
+
+        def handle_endtag(self, tag: str) -> None:
+            if tag == "a" and self._open is not None:
+                self.links.append(("".join(self._text).strip(), self._open))
+                self._open = None
+
+    return Anchors
 
 
 def _href_name(href: str) -> str:
@@ -262,7 +271,7 @@ def parse_simple_html(body: Union[bytes, str], project: str) -> list[WheelFile]:
     """The ``project`` wheels a PEP 503 HTML page lists (the file name is the href's last path segment, else the
     anchor's text); ``data-requires-python`` and ``data-yanked`` come from the anchors."""
     text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
-    parser = _Anchors()
+    parser = _anchors_parser()()
     parser.feed(text)
     parser.close()
     out = []

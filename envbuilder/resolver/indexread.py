@@ -28,7 +28,6 @@ import json
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -44,6 +43,7 @@ from envbuilder.resolver.indexfacts import (
     project_wheel,
     wheel_from_json,
 )
+from envbuilder.structs import dataclass
 
 OFFLINE_VAR = "ENVBUILDER_OFFLINE"
 TIMEOUT_VAR = "ENVBUILDER_INDEX_TIMEOUT"

@@ -12,7 +12,7 @@ No I/O: ``envbuilder.resolver.indexread`` reads the pages and hands an :class:`I
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
 
 from packaging.specifiers import SpecifierSet
@@ -20,6 +20,7 @@ from packaging.version import InvalidVersion, Version
 
 from envbuilder.resolver.gates import TorchRequest
 from envbuilder.resolver.matrix import ArchList, Matrix, Release, minor_tuple
+from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:  # the pure parts only name these types; indexfacts is read at plan time
     from envbuilder.resolver.indexfacts import IndexFacts, PageRead, WheelFile

@@ -7,7 +7,7 @@ that plan output and ``doctor`` can say how old a fact is."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import date
 from functools import lru_cache
 from importlib.resources import files
@@ -18,6 +18,7 @@ from packaging.version import Version
 
 from envbuilder._toml import loads
 from envbuilder.facts import Gpu
+from envbuilder.structs import dataclass
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Optional
 
 from envbuilder.errors import UsageError
+from envbuilder.structs import dataclass
 
 VAR = "ENVBUILDER_INDEX_MIRROR"
 PYPI = "https://pypi.org/simple"

@@ -7,7 +7,7 @@ error with a suggested fix unless the recipe lists the gate's name in ``torch.al
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from packaging.version import InvalidVersion, Version
@@ -27,6 +27,7 @@ from envbuilder.resolver.gates import (
     quick_findings,
 )
 from envbuilder.resolver.matrix import Matrix, Release, covers, gpu_capability, load_matrix, minor_tuple
+from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:  # the pure parts only name these types; indexfacts is read at plan time
     from envbuilder.resolver.indexfacts import IndexFacts

@@ -15,9 +15,10 @@ more (torchrun's unbound workers), are left to the kernel's scheduler.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Optional
+
+from envbuilder.structs import dataclass
 
 Record = Mapping[str, Any]
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder.errors import RecipeError, UsageError
 from envbuilder.recipe.values import control_problem, require_carriable, require_module_name
+from envbuilder.structs import dataclass
 from envbuilder.validate import launchers, schedulers
 
 if TYPE_CHECKING:  # only a type here: the activation is planned (plan imports batch)

@@ -7,7 +7,7 @@ loader, the suite and the recipe defaults read them from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from envbuilder.structs import dataclass
 
 
 @dataclass(frozen=True)

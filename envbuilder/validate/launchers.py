@@ -16,10 +16,10 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Optional, Union
 
 from envbuilder.errors import UsageError
+from envbuilder.structs import dataclass
 
 
 class ShellVar(str):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -24,6 +23,7 @@ from envbuilder.facts import HostFacts
 from envbuilder.modules import ModuleSystem
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
+from envbuilder.structs import dataclass
 from envbuilder.validate import runner, schedulers, suite
 
 

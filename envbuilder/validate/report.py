@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, Optional
 
+from envbuilder.structs import dataclass
 from envbuilder.validate import affinity
 from envbuilder.validate.checks import FIRST
 

@@ -21,7 +21,7 @@ import signal
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -33,6 +33,7 @@ from envbuilder.modules import ModuleSystem
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
+from envbuilder.structs import dataclass
 from envbuilder.validate import launchers, report, schedulers, suite
 
 KEEP_RUNS = 5
@@ -74,6 +75,10 @@ class Status:
     note: Callable[[str], None] = lambda text: None
 
 
+#: No live line (a frozen value: one is shared by every call that passes none).
+QUIET = Status()
+
+
 def run(
     record: state.EnvRecord,
     recipe: Recipe,
@@ -82,7 +87,7 @@ def run(
     modules: ModuleSystem,
     *,
     opts: Options,
-    live: Status = Status(),
+    live: Status = QUIET,
 ) -> report.Report:
     """Validate ``record``'s env. Raises ValidationFailed (with the way forward) when this host cannot run it."""
     warnings: list[str] = []

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
 
+from envbuilder.structs import dataclass
 from envbuilder.validate.launchers import Arg, ShellVar
 
 if TYPE_CHECKING:  # only a type here: batch builds the job shape (and imports this module)

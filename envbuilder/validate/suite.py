@@ -8,7 +8,7 @@ merging. ``plan`` uses :func:`launch` to show the same command a real run uses.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
 
 from packaging.utils import canonicalize_name
@@ -16,6 +16,7 @@ from packaging.utils import canonicalize_name
 from envbuilder.errors import RecipeError, UsageError, did_you_mean
 from envbuilder.facts import HostFacts
 from envbuilder.recipe import sections
+from envbuilder.structs import dataclass
 from envbuilder.validate import batch, checks, launchers, schedulers
 
 if TYPE_CHECKING:  # only types here: the recipe arrives loaded, the activation planned (plan imports suite)

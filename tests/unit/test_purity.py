@@ -53,6 +53,7 @@ PURE = (
     "envbuilder.errors",
     "envbuilder._toml",
     "envbuilder.tables",  # lays rows out; rich renders them
+    "envbuilder.structs",
 )
 
 #: Third-party imports of a banned module, allowed by name of the importer only. packaging.specifiers and
