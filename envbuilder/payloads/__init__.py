@@ -13,7 +13,9 @@ def copy_to(dest: Path) -> Path:
     dest.mkdir(mode=0o755, parents=True, exist_ok=True)
     for src in DIR.iterdir():
         if src.suffix in (".py", ".sh") and not src.name.startswith("__"):
-            shutil.copy2(src, dest / src.name)
+            # A new file with its own times (not copy2's): the scratch purge removes files by access time, and
+            # the installed payload's may be a day old (relatime), which made a new env's oldest file a day old.
+            shutil.copyfile(src, dest / src.name)
             (dest / src.name).chmod(0o755 if src.suffix == ".sh" else 0o644)
     return dest
 
