@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from envbuilder.errors import StateError
 from envbuilder.structs import dataclass
@@ -70,6 +70,28 @@ def file_key(path: Path) -> Optional[Key]:
     except (OSError, ValueError):
         return None
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode]
+
+
+def read_cache(path: Path, version: int, section: str) -> dict[str, Any]:
+    """The ``section`` mapping of a JSON cache file ``{"version": version, section: {...}}``; empty where the file
+    is missing, unreadable, malformed or of another version: a cache only ever saves time."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if (
+        not isinstance(data, dict)
+        or data.get("version") != version
+        or not isinstance(data.get(section), dict)
+    ):
+        return {}
+    return dict(data[section])
+
+
+def write_cache(path: Path, version: int, section: str, entries: dict[str, Any]) -> None:
+    """Write a cache file :func:`read_cache` reads; one that cannot be written is left as it was."""
+    with contextlib.suppress(OSError):
+        write_atomic(path, json.dumps({"version": version, section: entries}, sort_keys=True).encode())
 
 
 def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:

@@ -9,11 +9,9 @@ cannot be written is left as it was: it only ever saves time.
 
 from __future__ import annotations
 
-import contextlib
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from envbuilder import fsutil
 from envbuilder.backends.buildlog import BuildLog, run_logged
@@ -26,7 +24,7 @@ def version(program: Sequence[str], env: Mapping[str, str], log: BuildLog, cache
     """What ``program --version`` says (its second word), from ``cache`` while the program file is unchanged;
     None where the program cannot say."""
     key = fsutil.file_key(Path(program[0])) if len(program) == 1 else None
-    kept = _read(cache)
+    kept = fsutil.read_cache(cache, VERSION, "tools")
     entry = kept.get(program[0]) if key is not None else None
     if isinstance(entry, dict) and entry.get("key") == key and isinstance(entry.get("version"), str):
         log.write(f"{program[0]} --version: {entry['version']} (remembered: the program is unchanged)")
@@ -37,22 +35,5 @@ def version(program: Sequence[str], env: Mapping[str, str], log: BuildLog, cache
         return None
     if key is not None:
         kept[program[0]] = {"key": key, "version": said}
-        with contextlib.suppress(OSError):
-            fsutil.write_atomic(
-                cache, json.dumps({"version": VERSION, "tools": kept}, sort_keys=True).encode()
-            )
+        fsutil.write_cache(cache, VERSION, "tools", kept)
     return said
-
-
-def _read(cache: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(cache.read_bytes())
-    except (OSError, ValueError):
-        return {}
-    if (
-        not isinstance(data, dict)
-        or data.get("version") != VERSION
-        or not isinstance(data.get("tools"), dict)
-    ):
-        return {}
-    return dict(data["tools"])

@@ -11,8 +11,6 @@ or malformed cache is ignored, and a cache that cannot be written is left as it 
 
 from __future__ import annotations
 
-import contextlib
-import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -50,26 +48,11 @@ class ScanCache:
         """Write what this scan saw (files no longer on the path drop out), unless nothing changed."""
         if self.path is None or self._new == self._old:
             return
-        data = json.dumps({"version": VERSION, "files": self._new}, sort_keys=True).encode()
-        with contextlib.suppress(OSError):
-            fsutil.write_atomic(self.path, data)
+        fsutil.write_cache(self.path, VERSION, "files", self._new)
 
 
 def _read(path: Optional[Path]) -> dict[str, dict[str, Any]]:
-    if path is None:
-        return {}
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return {}
-    if (
-        not isinstance(data, dict)
-        or data.get("version") != VERSION
-        or not isinstance(data.get("files"), dict)
-    ):
-        return {}
-    files: dict[str, dict[str, Any]] = data["files"]
-    return files
+    return {} if path is None else fsutil.read_cache(path, VERSION, "files")
 
 
 def _valid(kept: Any) -> bool:
