@@ -312,7 +312,9 @@ class CpuTorchWorld(UserWorld):
 
 def _repoint(dirs: list[Path], old: str, new: str) -> None:
     """``old`` replaced by ``new`` in the text files under ``dirs`` that name it, each written as a new file
-    (a hard link to the original is left as it was). Bytecode is left: only its tracebacks name a path."""
+    (a hard link to the original is left as it was). Bytecode is left: only its tracebacks name a path. Not
+    envbuilder.relocate: it rewrites in place, which would reach the template through the hard links, and only the
+    files an env's move needs (not the home's records and logs)."""
     found = subprocess.run(
         ["grep", "-rlF", "--exclude=*.pyc", "--", old, *map(str, dirs)], capture_output=True, text=True
     )

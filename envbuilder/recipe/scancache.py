@@ -27,7 +27,9 @@ class ScanCache:
 
     def __init__(self, path: Optional[Path]) -> None:
         self.path = path
-        self._old = _read(path)
+        self._old: dict[str, dict[str, Any]] = (
+            {} if path is None else fsutil.read_cache(path, VERSION, "files")
+        )
         self._new: dict[str, dict[str, Any]] = {}
 
     def get(self, path: Path, key: Optional[Key]) -> Optional[dict[str, Any]]:
@@ -49,10 +51,6 @@ class ScanCache:
         if self.path is None or self._new == self._old:
             return
         fsutil.write_cache(self.path, VERSION, "files", self._new)
-
-
-def _read(path: Optional[Path]) -> dict[str, dict[str, Any]]:
-    return {} if path is None else fsutil.read_cache(path, VERSION, "files")
 
 
 def _valid(kept: Any) -> bool:
