@@ -1,0 +1,95 @@
+"""File systems as a cluster's are: another user's directories, full and read-only mounts.
+
+Real parts only: a second Unix user made with ``useradd`` (``ebother``, no home, no login), and ``tmpfs`` mounts
+with ``size=`` for a full disk and ``ro`` for a read-only one. Both need root, which the tests and CI have; where
+they cannot be had (an unprivileged run, a container without mount rights) the fixture skips and says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import pytest
+
+OTHER_USER = "ebother"
+
+
+class User(NamedTuple):
+    name: str
+    uid: int
+    gid: int
+
+
+def other_user() -> User:
+    """The second Unix user (made on first use), or a skip that says why it cannot be had."""
+    if os.geteuid() != 0:
+        pytest.skip("a second Unix user needs root to make and to chown to (useradd, chown)")
+    try:
+        entry = pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+        res = subprocess.run(
+            [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+            capture_output=True,
+            text=True,
+        )
+        # Another xdist worker may have made it in the meantime: that is fine.
+        if res.returncode not in (0, 9):
+            pytest.fail(f"useradd {OTHER_USER} failed: {res.stderr.strip()}")
+        entry = pwd.getpwnam(OTHER_USER)
+    return User(entry.pw_name, entry.pw_uid, entry.pw_gid)
+
+
+def give_to(path: Path, user: User, mode: Optional[int] = None) -> Path:
+    """Make ``path`` (a file or directory that exists) ``user``'s, with ``mode`` if given."""
+    os.chown(path, user.uid, user.gid, follow_symlinks=False)
+    if mode is not None:
+        path.chmod(mode)
+    return path
+
+
+def _mount(argv: list[str]) -> None:
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if res.returncode != 0:
+        if os.geteuid() != 0:
+            pytest.skip(f"tmpfs mounts need root ({' '.join(argv)})")
+        pytest.fail(f"{' '.join(argv)} failed: {res.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, *, size: str = "4m", read_only: bool = False, options: str = "") -> Iterator[Path]:
+    """A tmpfs of ``size`` at ``path`` (made if absent), unmounted afterwards. ``read_only`` mounts it read-only
+    (after ``path`` was filled, if the caller wants files in it: see ``read_only_again``)."""
+    if os.geteuid() != 0:
+        pytest.skip("tmpfs mounts need root (mount -t tmpfs)")
+    path.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size},mode=0755" + (f",{options}" if options else "") + (",ro" if read_only else "")
+    _mount(["mount", "-t", "tmpfs", "-o", opts, "envbuilder-test", str(path)])
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def remount(path: Path, *, read_only: bool) -> None:
+    """Turn a tmpfs made by ``tmpfs`` read-only (or writable again) with its files kept."""
+    _mount(["mount", "-o", "remount," + ("ro" if read_only else "rw"), str(path)])
+
+
+def fill(path: Path, leave: int = 0) -> None:
+    """Fill the file system holding the directory ``path`` until fewer than ``leave`` bytes are free."""
+    block = b"\0" * (64 * 1024)
+    with (path / ".filler").open("wb") as f, contextlib.suppress(OSError):
+        while True:
+            st = os.statvfs(path)
+            if st.f_bavail * st.f_frsize <= leave:
+                break
+            f.write(block)
+            f.flush()
