@@ -157,6 +157,20 @@ class EnvNotFound(StateError):
     """No env of that name is recorded."""
 
 
+class UnsafePath(StateError):
+    """A directory envbuilder would use, create under, or tell a user to source from can be written by someone
+    else (another user's, or group- or world-writable without the sticky bit): ssh's StrictModes, for envs."""
+
+    def __init__(self, message: str, *, path: str, hint: Optional[str] = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        data["path"] = self.path
+        return data
+
+
 class PublishError(EnvbuilderError):
     """Publishing or verifying a registry recipe failed."""
 
@@ -183,6 +197,26 @@ class DoctorFindings(EnvbuilderError):
 
     exit_code = 14
     family = "doctor"
+
+
+class DiskError(EnvbuilderError):
+    """The file system said no: read-only, full, over quota, missing, or not permitted. Carries the path, the
+    errno in words and what to do (another ``--to``, ``ENVBUILDER_HOME``, ``ENVBUILDER_BACKUP_ROOT``, free space)."""
+
+    exit_code = 15
+    family = "disk"
+
+    def __init__(
+        self, message: str, *, path: str, errno: Optional[int] = None, hint: Optional[str] = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
+        self.errno = errno
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        data.update(path=self.path, errno=self.errno)
+        return data
 
 
 class CommandFailed(EnvbuilderError):
@@ -229,4 +263,5 @@ FAMILIES: tuple[type[EnvbuilderError], ...] = (
     BackupError,
     LockError,
     DoctorFindings,
+    DiskError,
 )
