@@ -25,7 +25,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, activation, fsutil, payloads, proc, settings, state, transaction
+from envbuilder import __version__, activation, fsutil, payloads, proc, removal, settings, state, transaction
 from envbuilder.backends import base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, open_log, world_write_swept
 from envbuilder.backends.smoke import activated_env, smoke
@@ -119,7 +119,7 @@ def create(
             return CreateResult(
                 "exists", existing, None, [*notes, f"{final} exists; left alone (--force rebuilds)"]
             )
-        if final.exists() and not transaction.is_env(final):
+        if final.exists() and not removal.is_env(final):
             raise StateError(
                 f"{final} exists and is not an environment; refusing to touch it",
                 hint="choose another --prefix",

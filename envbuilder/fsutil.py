@@ -15,7 +15,6 @@ import errno
 import glob
 import json
 import os
-import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from envbuilder import removal
 from envbuilder.errors import StateError
 from envbuilder.structs import dataclass
 
@@ -197,7 +197,7 @@ class Mutex:
                 raise
         finally:
             if new.exists():
-                shutil.rmtree(new, ignore_errors=True)
+                removal.remove_tree(new, ignore_errors=True)
         self.owner = me
         return True
 
@@ -260,7 +260,7 @@ class Mutex:
             except FileNotFoundError:
                 continue
             if _gone(int(pid), host, since, STALE_AFTER_S):
-                shutil.rmtree(left, ignore_errors=True)
+                removal.remove_tree(left, ignore_errors=True)
 
     def acquire(self) -> None:
         deadline = time.monotonic() + self.timeout
@@ -357,7 +357,7 @@ def _gone(pid: int, host: str, since: float, after: float) -> bool:
 def _remove(tomb: Path) -> None:
     """Remove a mutex moved out of the way; a breaker that opened it before the move may still add its symlink."""
     for _ in range(5):
-        shutil.rmtree(tomb, ignore_errors=True)
+        removal.remove_tree(tomb, ignore_errors=True)
         if not os.path.lexists(tomb):
             return
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import activate_scripts, fsutil, proc, state
+from envbuilder import activate_scripts, fsutil, proc, removal, state
 from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import StateError
@@ -333,16 +333,16 @@ def _unpack(image: Path, into: Path, digest: str) -> None:
     tools = archive.Tools.find()
     partial = into.parent / f".{into.name}.partial-{os.getpid()}"
     if partial.exists():
-        shutil.rmtree(partial)
+        removal.remove_tree(partial)
     if into.exists():
-        shutil.rmtree(into)  # an unmarked copy: a killed unpack's
+        removal.remove_tree(into)  # an unmarked copy: a killed unpack's
     try:
         archive.unpack(image, partial, tools)
         (partial / UNPACKED_MARK).write_text(digest + "\n", encoding="utf-8")
         partial.replace(into)
     finally:
         if partial.exists():
-            shutil.rmtree(partial)
+            removal.remove_tree(partial)
 
 
 #: What an image's env must hold for each shell's script beside the mount to work from it.

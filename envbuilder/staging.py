@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from envbuilder import activate_scripts, fsutil, image, proc, state
+from envbuilder import activate_scripts, fsutil, image, proc, removal, state
 from envbuilder.errors import UsageError
 from envbuilder.structs import dataclass
 from envbuilder.validate import launchers, runner, schedulers
@@ -232,7 +232,7 @@ def _link_alias(base: Path, key: str) -> None:
         return  # a complete copy of the same digest (another job's, or an --image unpack) serves as well
     with fsutil.Mutex(alias_base / f".{key}.lock", timeout=image.MOUNT_WAIT_S):
         if alias.is_dir() and not alias.is_symlink():
-            shutil.rmtree(alias)  # an unmarked copy, or one made before this node's TMPDIR was set
+            removal.remove_tree(alias)  # an unmarked copy, or one made before this node's TMPDIR was set
         link = alias_base / f".{alias.name}.link-{os.getpid()}"
         link.unlink(missing_ok=True)
         link.symlink_to(target)
@@ -256,7 +256,7 @@ def _remove_copies(base: Path, name: str, keep: str = "") -> int:
             continue
         copy = entry.is_dir() and not entry.is_symlink()
         if copy:
-            shutil.rmtree(entry)
+            removal.remove_tree(entry)
         else:
             entry.unlink(missing_ok=True)
         gone += copy and entry.name.endswith(".unpacked")

@@ -22,7 +22,6 @@ import contextlib
 import glob
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -30,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable, Optional
 
-from envbuilder import fsutil, state
+from envbuilder import fsutil, removal, state
 from envbuilder.errors import StateError
 from envbuilder.structs import dataclass
 
@@ -63,19 +62,17 @@ def _siblings(final: Path, what: str) -> list[Path]:
 
 def delete(path: Path) -> None:
     """Remove what a transaction left: a directory tree, or a file (a symlink itself, never what it points to)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+    removal.remove_tree(path, ignore_errors=True)
 
 
 def discard(path: Path, aside: Optional[Path] = None, ignore_errors: bool = False) -> None:
     """Remove the directory ``path``: out of the way in one rename (to ``aside``, by default ``.NAME.removing-PID``),
-    then deleted, so an interrupt never leaves half of it under its own name; ``recover`` removes the rest."""
+    then deleted, so an interrupt never leaves half of it under its own name; ``recover`` removes the rest. A
+    symlink at ``path`` is refused (UnsafePath): the caller meant a directory, never what a link points to."""
+    removal.refuse_link(path)
     doomed = aside or _beside(path, REMOVING)
     path.rename(doomed)
-    shutil.rmtree(doomed, ignore_errors=ignore_errors)
+    removal.remove_tree(doomed, ignore_errors=ignore_errors)
 
 
 def recover(final: Path) -> list[str]:
@@ -141,7 +138,7 @@ class Transaction:
         self.swapped = True
         fsutil.fsync_dir(self.final.parent)
         if self._old is not None:
-            shutil.rmtree(self._old, ignore_errors=True)
+            removal.remove_tree(self._old, ignore_errors=True)
 
     def finish(self, env: Mapping[str, str], complete: Callable[[], list[str]]) -> list[str]:
         """After the swap: ``complete`` does what the marker said is pending, then the marker goes."""
@@ -168,16 +165,6 @@ def _pause(env: Mapping[str, str], point: str) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Envs: the window between the rename and the record
-
-
-def is_env(path: Path) -> bool:
-    """Whether ``path`` holds an environment (a venv, a conda env, or an env envbuilder recorded inside it, as a
-    user prefix is): only those are replaced or removed, never another directory."""
-    return (
-        (path / "pyvenv.cfg").is_file()
-        or (path / "conda-meta").is_dir()
-        or (path / "envbuilder" / "record.json").is_file()
-    )
 
 
 @dataclass(frozen=True)
@@ -295,8 +282,8 @@ def _remove_moved(home: Path, name: str, old: Path, new: Path) -> list[str]:
     """Remove the env a move left at ``old``, unless it is no longer that env."""
     if old == new or not old.exists():
         return []
-    if not is_env(old):
-        return [f"left {old} alone: it is no longer an environment"]
+    if not removal.is_env(old):
+        return [f"left {old} alone: it is no longer an environment (or a symlink to one)"]
     for other in state.names(home):
         with contextlib.suppress(StateError):
             if other != name and Path(state.load(home, other).prefix) == old:

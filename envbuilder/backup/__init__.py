@@ -31,7 +31,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, fsutil, purge, state, transaction
+from envbuilder import __version__, fsutil, purge, removal, state, transaction
 from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import BackupError, CommandFailed, EnvbuilderError, UsageError
@@ -182,7 +182,7 @@ def writer_mutex(
     with fsutil.Mutex(root / "locks" / "backups.lock", timeout=timeout, on_wait=on_wait):
         partials = sorted((root / "envs").glob(f"*/{transaction.PARTIAL}*"))
         for left in [*partials, *sorted((root / "store").glob("*/.*.tmp-*"))]:
-            transaction.delete(left)
+            removal.remove_below(root, left, dirs=True)  # never through a link, nor a link itself
         yield
 
 
@@ -460,14 +460,22 @@ class PruneResult:
     removed: list[str]
     blobs: int
     freed: int
+    #: What was in the way and left, in words: a symlink (or another entry envbuilder did not write) in the root.
+    left: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"removed": self.removed, "blobs_removed": self.blobs, "bytes_freed": self.freed}
+        return {
+            "removed": self.removed,
+            "blobs_removed": self.blobs,
+            "bytes_freed": self.freed,
+            "left": self.left,
+        }
 
 
 def prune(root: Path, keep: int, env: Optional[str] = None, dry_run: bool = False) -> PruneResult:
     """Keep the newest ``keep`` backups of each env (of ``env`` only, if given); then remove the stored wheels
-    no remaining backup uses. Call with writer_mutex held."""
+    no remaining backup uses. Only what envbuilder wrote goes: an entry reached through a symlink, or one that
+    is a symlink, is left and named in ``left``. Call with writer_mutex held."""
     if keep < 1:
         raise UsageError("--keep must be 1 or more (remove backups by hand to drop every one)")
     by_env: dict[str, list[Backup]] = {}
@@ -477,23 +485,44 @@ def prune(root: Path, keep: int, env: Optional[str] = None, dry_run: bool = Fals
     for name, mine in by_env.items():
         if env is None or name == env:
             doomed += mine[: max(0, len(mine) - keep)]
-    freed = 0
+    result = PruneResult([], 0, 0)
+    gone = []
     for b in doomed:
-        freed += sum(p.stat().st_size for p in b.path.iterdir() if p.is_file())
-        if not dry_run:
-            # Out of the listing first (one rename), then delete; named so that writer_mutex clears what an
-            # interrupted prune left.
-            transaction.discard(b.path, b.path.parent / f"{transaction.PARTIAL}pruned-{b.stamp}")
-    keep_paths = {w["path"] for b in backups(root) if b not in doomed for w in b.data.get("wheels", ())}
-    store = wheelhouse.Store(root)
-    blobs = 0
-    for blob in list(store.blobs()):
-        if str(blob.relative_to(root)) not in keep_paths:
-            blobs += 1
-            freed += blob.stat().st_size
-            if not dry_run:
-                blob.unlink()
-    return PruneResult([b.id for b in doomed], blobs, freed)
+        size = _files_size(b.path)
+        # Out of the listing first (one rename), then deleted; named so that writer_mutex clears what an
+        # interrupted prune left.
+        aside = f"{transaction.PARTIAL}pruned-{b.stamp}"
+        why = removal.remove_below(root, b.path, aside=aside, dirs=True, dry_run=dry_run)
+        if why:
+            result.left.append(why)
+            continue
+        gone.append(b)
+        result.removed.append(b.id)
+        result.freed += size
+    keep_paths = {w["path"] for b in backups(root) if b not in gone for w in b.data.get("wheels", ())}
+    for blob in list(wheelhouse.Store(root).blobs()):
+        if str(blob.relative_to(root)) in keep_paths:
+            continue
+        size = 0
+        with contextlib.suppress(OSError):
+            size = blob.lstat().st_size
+        why = removal.remove_below(root, blob, dry_run=dry_run)
+        if why:
+            result.left.append(why)
+            continue
+        result.blobs += 1
+        result.freed += size
+    return result
+
+
+def _files_size(path: Path) -> int:
+    """The bytes of the regular files directly in ``path`` (none followed through a link)."""
+    total = 0
+    with contextlib.suppress(OSError), os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total
 
 
 def make_all(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ from dataclasses import field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import activation, fsutil, payloads, proc, relocate, settings, state, transaction
+from envbuilder import activation, fsutil, payloads, proc, relocate, removal, settings, state, transaction
 from envbuilder.backends import base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
@@ -140,7 +139,7 @@ def _restore(
             f"{final} exists ({_describe(home, name, final)}); restore never overwrites an env by itself",
             hint="pass --force to replace it, or --prefix DIR to restore beside it",
         )
-    if replacing and not transaction.is_env(final):
+    if replacing and not removal.is_env(final):
         raise StateError(f"{final} exists and is not an environment; refusing to touch it")
     status = "moved" if moving else "replaced" if replacing else "restored"
 
@@ -281,7 +280,7 @@ def _cache_first(job: _Job, backend: base.Backend, build: base.Build, first: Ins
     if problems:
         raise _unverified(b, problems)
     if not cached:
-        shutil.rmtree(build.partial)
+        removal.remove_tree(build.partial)
     return cached
 
 
@@ -317,7 +316,7 @@ def _from_wheelhouse(
         step("installing the wheels (offline)")
         backend.install_files(build, files)
     finally:
-        shutil.rmtree(wheels_dir, ignore_errors=True)
+        removal.remove_tree(wheels_dir, ignore_errors=True)
 
 
 def _index_flags(commands: list[list[str]]) -> list[str]:

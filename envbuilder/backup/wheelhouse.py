@@ -515,11 +515,17 @@ class Store:
         return out
 
     def blobs(self) -> Iterator[Path]:
+        """The store's entries (``store/ab/DIGEST.whl.zst``), listed without following a link: a symlink where
+        the store or one of its directories should be is listed itself, never what it points to."""
         base = self.root / "store"
-        if base.is_dir():
-            for sub in sorted(base.iterdir()):
-                if sub.is_dir():
-                    yield from sorted(p for p in sub.iterdir() if not p.name.startswith("."))
+        if base.is_symlink():
+            yield base
+            return
+        for sub in sorted(base.iterdir()) if base.is_dir() else ():
+            if sub.is_symlink():
+                yield sub
+            elif sub.is_dir():
+                yield from sorted(p for p in sub.iterdir() if not p.name.startswith("."))
 
 
 def stored_paths(blobs: Sequence[dict[str, Any]]) -> set[str]:

@@ -161,6 +161,8 @@ def handle_prune(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     root, _ = _root(args.source)
     with backup.writer_mutex(root, args.wait, _waiting(out)):
         result = backup.prune(root, args.keep, args.env, args.dry_run)
+    for why in result.left:
+        out.warn(why)
     if not args.json:
         verb = "would remove" if args.dry_run else "removed"
         out.result.line(

@@ -8,7 +8,18 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import activation, backup, fsutil, image, modulefile, purge, settings, state, transaction
+from envbuilder import (
+    activation,
+    backup,
+    fsutil,
+    image,
+    modulefile,
+    purge,
+    removal,
+    settings,
+    state,
+    transaction,
+)
 from envbuilder.console import Cell, Out
 from envbuilder.errors import EnvbuilderError, EnvNotFound, StateError, UsageError
 from envbuilder.plan.activation import Activation
@@ -175,21 +186,42 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     if not args.yes:
         if not sys.stdin.isatty():
             raise UsageError(f"remove {record.name} ({prefix}) needs confirmation", hint="pass --yes")
-        answer = input(f"remove {record.name} and delete {prefix}? [y/N] ")
+        asked = (
+            f"drop the record of {record.name} ({prefix} stays)"
+            if _not_its_env(record)
+            else f"remove {record.name} and delete {prefix}"
+        )
+        answer = input(f"{asked}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             # Declining is an answer, not an error.
             if not args.json:
                 out.result.line(f"kept {record.name} ({prefix})")
             return {"name": record.name, "prefix": str(prefix), "removed": False}
     with state.mutex(home, record.name):
-        if prefix.exists():
+        left = _not_its_env(record)
+        if left is None and prefix.is_dir():
             # An interrupted remove never leaves half an env under the env's own name (the next create or
             # restore there removes the rest); the record goes only once the env has.
             transaction.discard(prefix)
         state.record_path(home, record.name).unlink()
+    if left is not None:
+        out.warn(f"left {prefix} in place: {left}; only the record of {record.name} was removed")
     if not args.json:
-        out.result.line(f"removed {record.name} ({prefix})")
-    return {"name": record.name, "prefix": str(prefix), "removed": True}
+        out.result.line(
+            f"removed the record of {record.name}; {prefix} is left"
+            if left
+            else f"removed {record.name} ({prefix})"
+        )
+    return {"name": record.name, "prefix": str(prefix), "removed": True, "prefix_left": left}
+
+
+def _not_its_env(record: state.EnvRecord) -> Optional[str]:
+    """Why the record's prefix is not its env (then only the record goes); None when it is, or is gone."""
+    if not os.path.lexists(record.prefix):
+        return None
+    source = str(record.origin.get("backup") or "")
+    origin = (source.split("@", 1)[0], str(record.origin.get("from_prefix"))) if "@" in source else None
+    return removal.env_problem(Path(record.prefix), record.name, origin)
 
 
 def _is_dir_target(output: str, fmt: str) -> bool:

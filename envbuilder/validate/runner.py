@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import time
@@ -25,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from envbuilder import fsutil, payloads, plan, proc, state
+from envbuilder import fsutil, payloads, plan, proc, removal, state
 from envbuilder.backends import registry
 from envbuilder.errors import CommandFailed, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
@@ -275,7 +274,7 @@ def _prune(root: Path) -> None:
     now = time.time()
     doomed = finished[:-KEEP_RUNS] + [r for r in runs if r not in finished and _age(r, now) > STALE_RUN_S]
     for old in doomed:
-        shutil.rmtree(old, ignore_errors=True)
+        removal.remove_tree(old, ignore_errors=True)
 
 
 def _age(path: Path, now: float) -> float:

@@ -38,8 +38,8 @@ def _beside(final: Path) -> list[str]:
 # removed), pending (in place with its marker, before what follows is done).
 CHILD = textwrap.dedent(
     """
-    import os, pathlib, shutil, signal, sys
-    from envbuilder import transaction
+    import os, pathlib, signal, sys
+    from envbuilder import removal, transaction
 
     final, point = pathlib.Path(sys.argv[1]), sys.argv[2]
     die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
@@ -47,7 +47,7 @@ CHILD = textwrap.dedent(
         replace = pathlib.Path.replace
         pathlib.Path.replace = lambda p, t: die() if ".partial-" in p.name else replace(p, t)
     if point == "swapped":
-        shutil.rmtree = die
+        removal.remove_tree = die
     with transaction.Transaction(final) as tx:
         (tx.partial / "bin").mkdir(parents=True)
         (tx.partial / "pyvenv.cfg").write_text("home = /usr/bin\\n")
