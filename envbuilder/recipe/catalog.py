@@ -300,7 +300,7 @@ class Catalog:
             # A published recipe is used only once its bytes match the registry's index, its signature and the name
             # and version in it check; those very bytes are used (no second read that a registry writer could swap),
             # and it extends nothing.
-            data = entry.layer.registry.load(entry.published)
+            data = entry.layer.registry.load(entry.published, latest="@" not in ref)
             return replace(
                 self._locate(entry.path), data=data, name=entry.name, version=entry.version, published=True
             )
