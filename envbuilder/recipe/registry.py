@@ -114,6 +114,8 @@ class Registry:
         self._owners: Optional[frozenset[int]] = None
         #: Who signed each version's file, as its signature check found: (name, version) -> principal.
         self._signers: dict[tuple[str, str], str] = {}
+        #: Version lists whose signature checked, by their text (one check per list, not per file read).
+        self._lists: dict[str, versionlist.VersionList] = {}
 
     @staticmethod
     def looks_like(path: Path) -> bool:
@@ -364,9 +366,7 @@ class Registry:
         if text is None or sig is None:
             self._unlisted(where, text is None, seen, memory, real)
             return
-        what = f"the version list in {where}"
-        self._check_signature(what, text.encode(), sig.encode(), self.trust(), versionlist.NAMESPACE)
-        listed = versionlist.parse(text, where)
+        listed = self._signed_list(text, sig, where)
         # The version used as it was read, and (when it was chosen as the newest) every version of its recipe
         # as the index stands: a version hidden from the index is one the list still names.
         versionlist.compare(listed, pub.name, {pub.name: {pub.version: _entry(pub)}}, where, only=pub.version)
@@ -383,6 +383,14 @@ class Registry:
                 hint=f"ask its admins why {pub.name}@{top} is gone; to use the older one on purpose, ask for "
                 f"{pub.name}@{pub.version}",
             )
+
+    def _signed_list(self, text: str, sig: str, where: str) -> versionlist.VersionList:
+        key = f"{sig}\n{text}"
+        if key not in self._lists:
+            what = f"the version list in {where}"
+            self._check_signature(what, text.encode(), sig.encode(), self.trust(), versionlist.NAMESPACE)
+            self._lists[key] = versionlist.parse(text, where)
+        return self._lists[key]
 
     def _unlisted(
         self, where: str, missing: bool, seen: Optional[Mapping[str, Any]], memory: Optional[Path], real: str

@@ -727,3 +727,20 @@ def test_attaching_a_report_keeps_the_signed_list(signed):
     assert after["signed_versions"] == before
     assert after["recipes"]["roll"]["2"]["validations"][0]["status"] == "passed"
     assert signed.user_data("plan", "roll")["recipe_version"] == "2"
+
+
+@needs_ssh
+def test_a_publish_without_the_key_cannot_leave_a_signed_list_unsigned(site, tmp_path):
+    """A registry that does not require signatures but whose list was signed: an unsigned publish would drop the
+    list's signature (and lock out every user who saw it), so it is refused before anything is written."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    key, pub = keypair(keys, "admin")
+    allowed = keys / "allowed_signers"
+    allowed.write_text(f"admin@site {pub}\n")
+    site.write("opt")
+    ok(site.publish("opt", "--sign-key", str(key), "--allowed-signers", str(allowed)))
+    site.write("opt", demo="2.0")
+    refused(site.publish("opt"), 10, "signs its list of versions, so every publish must sign it anew")
+    assert sorted(p.name for p in (site.registry / "recipes" / "opt").iterdir()) == ["1.toml", "1.toml.sig"]
+    assert site.user_data("plan", "opt")["recipe_version"] == "1"
