@@ -357,11 +357,13 @@ class Registry:
     def _check_listed(self, pub: Published, latest: bool) -> None:
         """``pub`` and the index's other versions of its recipe are those of the registry's signed version list,
         that list is not older than one the user has seen, and (``latest``) neither is ``pub``'s version."""
+        if self.site_policy.pins is None:
+            return  # the admins' view (publishing): their next publish signs the list anew, with today's key
         doc = self.document()
         text, sig = versionlist.stored(doc)
         real = str(self.root.resolve())
-        memory = versionlist.memory_file(self.site_policy.pins, real) if self.site_policy.pins else None
-        seen = versionlist.recall(memory) if memory is not None else None
+        memory = versionlist.memory_file(self.site_policy.pins, real)
+        seen = versionlist.recall(memory)
         where = str(self.root / INDEX)
         if text is None or sig is None:
             self._unlisted(where, text is None, seen, memory, real)
@@ -372,8 +374,6 @@ class Registry:
         versionlist.compare(listed, pub.name, {pub.name: {pub.version: _entry(pub)}}, where, only=pub.version)
         if latest:
             versionlist.compare(listed, pub.name, listing(self.index(doc)), where)
-        if memory is None:
-            return
         top = versionlist.remember(memory, real, listed, seen).get(pub.name)
         if latest and top is not None and version_key(pub.version) < version_key(top):
             raise PublishError(
@@ -393,12 +393,12 @@ class Registry:
         return self._lists[key]
 
     def _unlisted(
-        self, where: str, missing: bool, seen: Optional[Mapping[str, Any]], memory: Optional[Path], real: str
+        self, where: str, missing: bool, seen: Optional[Mapping[str, Any]], memory: Path, real: str
     ) -> None:
         """An index without a signed version list: refused where one was seen, or where signatures are
         required (a registry published by an envbuilder before the lists: its admins republish it)."""
         why = "its index carries no version list" if missing else "its version list is not signed"
-        if seen is not None and memory is not None:
+        if seen is not None:
             raise versionlist.refuse_gone(real, memory, why)
         if self.trust().require_signatures:
             raise PublishError(
