@@ -13,7 +13,7 @@ from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Cell, Out, plain
 from envbuilder.errors import PublishError, RecipeError
 from envbuilder.recipe import loader, schema
-from envbuilder.recipe.catalog import Catalog
+from envbuilder.recipe.catalog import Catalog, Entry
 from envbuilder.resolver import knowledge
 from envbuilder.resolver.matrix import load_matrix
 from envbuilder.tables import Column
@@ -42,11 +42,18 @@ def list_recipes(catalog: Catalog) -> list[dict[str, Any]]:
             torch=recipe.torch.version if recipe.torch.install else "from site",
             variant=recipe.torch.variant if recipe.torch.install else None,
             version=entry.version or recipe.recipe.version,
-            published=entry.published.to_json() if entry.published else None,
+            published=_published(entry),
             description=recipe.recipe.description,
         )
         rows.append(row)
     return rows
+
+
+def _published(entry: Entry) -> Optional[dict[str, Any]]:
+    """A published recipe's entry for users, once loaded: its signer is the one the signature check found."""
+    if entry.published is None or entry.layer.registry is None:
+        return None
+    return entry.layer.registry.describe(entry.published)
 
 
 def handle_list(args: argparse.Namespace, out: Out) -> dict[str, Any]:
@@ -89,7 +96,7 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     catalog = Catalog.from_env()
     recipe = loader.load(args.recipe, catalog)
     entry = catalog.lookup(args.recipe)
-    published = entry.published.to_json() if entry.published else None
+    published = _published(entry)
     lock = lockfile.find(recipe, catalog, os.environ)
     leaves = recipe.leaves()
     if not args.json:
@@ -99,9 +106,10 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             out.result.line(f"  lock: {lock.path} ({lock.origin}), made {lock.created}: {arches}")
         if entry.published is not None:
             p = entry.published
+            signer = published["signer"] if published else None
             out.result.line(
                 f"  published {recipe.name}@{p.version} in {entry.layer.root} on {p.published} by {p.by}; "
-                + (f"signed by {p.signer}" if p.signer else "unsigned")
+                + (f"signed by {signer}" if signer else "unsigned")
             )
             if p.validations:
                 last = p.validations[-1]

@@ -13,6 +13,7 @@ The catalog does the reading (and a registry the verifying) for the loader: it h
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional
 
 from envbuilder import settings, textfile
-from envbuilder._toml import TOMLDecodeError, loads
+from envbuilder._toml import TOMLDecodeError, TOMLLimitError, loads
 from envbuilder.console import Out
 from envbuilder.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
 from envbuilder.fsutil import file_key
@@ -34,6 +35,8 @@ from envbuilder.structs import dataclass
 REGISTRY_KEYS = ("path", "require_signatures", "allowed_signers")
 #: The largest recipe file read (the biggest shipped one is under 10 KiB).
 MAX_RECIPE_BYTES = 1024 * 1024
+#: The most files and directories one directory of the path is searched through (a site ships a few dozen).
+MAX_SCANNED = 10_000
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,8 @@ def read_toml(path: Path, shown: Optional[str] = None) -> dict[str, Any]:
         raise RecipeError(exc.reason, file=shown or str(path)) from None
     try:
         return loads(text)
+    except TOMLLimitError as exc:
+        raise RecipeError(str(exc), file=shown or str(path), key=exc.key) from None
     except TOMLDecodeError as exc:
         raise RecipeError(f"not valid TOML: {exc}", file=shown or str(path)) from None
 
@@ -211,14 +216,25 @@ class Catalog:
         not), so no link can loop the walk; a directory that cannot be listed is a warning."""
         files: list[Path] = []
         todo = [layer.root]
+        seen = 0
         while todo:
             directory = todo.pop()
             try:
                 with os.scandir(directory) as listing:
-                    items = list(listing)
+                    items = list(itertools.islice(listing, MAX_SCANNED + 1 - seen))
             except OSError as exc:
                 self._skipped.append((None, f"skipped {directory}: cannot list it ({exc.strerror or exc})"))
                 continue
+            seen += len(items)
+            if seen > MAX_SCANNED:
+                self._skipped.append(
+                    (
+                        None,
+                        f"skipped the rest of {layer.root} on the recipe path: more than {MAX_SCANNED} files "
+                        f"and directories under it; the limit is {MAX_SCANNED}",
+                    )
+                )
+                break
             for item in items:
                 try:
                     is_dir = item.is_dir(follow_symlinks=False)
@@ -284,7 +300,7 @@ class Catalog:
             # A published recipe is used only once its bytes match the registry's index, its signature and the name
             # and version in it check; those very bytes are used (no second read that a registry writer could swap),
             # and it extends nothing.
-            data = entry.layer.registry.load(entry.published)
+            data = entry.layer.registry.load(entry.published, latest="@" not in ref)
             return replace(
                 self._locate(entry.path), data=data, name=entry.name, version=entry.version, published=True
             )

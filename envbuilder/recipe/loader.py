@@ -28,6 +28,8 @@ from envbuilder.structs import dataclass
 from envbuilder.validate import checks, launchers
 
 DEFAULTS_SOURCE = "<defaults>"
+#: Files one recipe may reach through ``extends`` (the shipped ones reach 3): no chain on the path grows without end.
+MAX_EXTENDS = 16
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,14 @@ def _follow_chain(top: Document, catalog: Documents) -> list[Document]:
                 file=doc.label,
                 key="extends",
                 hint="name a parent file (site.toml) or remove the key",
+            )
+        if len(chain) >= MAX_EXTENDS:
+            raise RecipeError(
+                f"extends reaches more than {MAX_EXTENDS} files ({' -> '.join(d.label for d in chain[:3])} -> ...); "
+                f"the limit is {MAX_EXTENDS}",
+                file=doc.label,
+                key="extends",
+                hint="merge some of the files the chain runs through",
             )
         found = catalog.parent_document(doc, parent)
         if any(other.real == found.real for other in chain):

@@ -22,8 +22,18 @@ from typing import Any, Optional
 from envbuilder import fsutil, lockfile, proc, transaction
 from envbuilder._toml import dumps, loads
 from envbuilder.errors import CommandFailed, PublishError
-from envbuilder.recipe.registry import CONFIG, INDEX, LOG, Published, Registry, check_name, version_key
+from envbuilder.recipe import versionlist
+from envbuilder.recipe.registry import (
+    CONFIG,
+    INDEX,
+    LOG,
+    Published,
+    Registry,
+    check_name,
+    listing,
+)
 from envbuilder.recipe.trust import NAMESPACE, verify_signature
+from envbuilder.recipe.versionlist import version_key
 
 INDEX_VERSION = 1
 FILE_MODE = 0o444  # published files never change; the registry's owner can still remove a directory
@@ -48,7 +58,7 @@ def publish(
     if reg.require_signatures() and sign_key is None:
         raise PublishError(f"{reg.root} requires signed recipes", hint="pass --sign-key KEY")
     with fsutil.Mutex(reg.root / "locks" / "publish.lock", timeout=wait):
-        index = reg.index()
+        index = _index_to_extend(reg, sign_key)
         versions = sorted(index.get(name, {}).values(), key=lambda p: version_key(p.version))
         declared = (doc.get("recipe") or {}).get("version")
         previous = versions[-1] if versions else None
@@ -71,6 +81,8 @@ def publish(
         if same is not None:
             kept = _same_lock(reg, same, lock)
             if kept is not None:
+                # Where the list is not signed yet (published before the lists), it is signed now.
+                _save_index(reg, index, sign_key)
                 return same, kept, []
             if same.lock_file is None and lock is not None:
                 return _add_lock(reg, index, same, lock, sign_key), "lock added", []
@@ -87,7 +99,7 @@ def publish(
         if lock is not None:
             pub = _with_lock(reg, pub, lock, sign_key)
         index.setdefault(name, {})[version] = pub
-        _save_index(reg, index)
+        _save_index(reg, index, sign_key)
         _log(
             reg,
             {
@@ -102,6 +114,17 @@ def publish(
             },
         )
     return pub, "published", changed
+
+
+def _index_to_extend(reg: Registry, sign_key: Optional[Path]) -> dict[str, dict[str, Published]]:
+    """The index a publish adds to (the mutex held); refused without a key where its version list is signed."""
+    doc = reg.document()
+    if sign_key is None and versionlist.stored(doc)[1] is not None:
+        raise PublishError(
+            f"{reg.root} signs its list of versions, so every publish must sign it anew",
+            hint="pass --sign-key KEY",
+        )
+    return reg.index(doc)
 
 
 def _same_lock(reg: Registry, pub: Published, lock: Optional[lockfile.Lock]) -> Optional[str]:
@@ -123,7 +146,7 @@ def _add_lock(
 ) -> Published:
     updated = _with_lock(reg, pub, lock, key)
     index[pub.name][pub.version] = updated
-    _save_index(reg, index)
+    _save_index(reg, index, key)
     _log(
         reg, {"action": "lock", "name": pub.name, "version": pub.version, "lock_sha256": updated.lock_sha256}
     )
@@ -154,7 +177,7 @@ def attach_validation(
             raise PublishError(f"{name}@{version} is not published in {reg.root}")
         updated = replace(pub, validations=(*pub.validations, dict(report)))
         index[name][version] = updated
-        _save_index(reg, index)
+        _save_index(reg, index, None)  # the versions and their files are unchanged: so is their signed list
         _log(reg, {"action": "validation", "name": name, "version": version, "report": dict(report)})
     return updated
 
@@ -250,12 +273,62 @@ def _sign(reg: Registry, path: Path, key: Path, what: str) -> str:
     )
 
 
-def _save_index(reg: Registry, index: Mapping[str, Mapping[str, Published]]) -> None:
+def _save_index(
+    reg: Registry, index: Mapping[str, Mapping[str, Published]], sign_key: Optional[Path]
+) -> None:
+    """Write ``index.json`` with the list of its versions, signed with ``sign_key`` (see versionlist): a list
+    whose versions did not change is kept as it is (serial and signature); a new one gets the next serial."""
+    old = reg.document()
+    text, sig = versionlist.stored(old)
+    versions = listing(index)
+    serial = 1
+    if text is not None:
+        prior = versionlist.parse(text, str(reg.root / INDEX))
+        serial = prior.serial + 1
+        if prior.recipes == versions and (sig is not None or sign_key is None):
+            serial = 0  # unchanged
+    part: dict[str, Any] = dict(old.get(versionlist.KEY) or {})
+    if serial:
+        text = versionlist.build(versions, serial)
+        part = {"list": text}
+        if sign_key is not None:
+            part["signature"] = _sign_list(reg, text, sign_key)
     doc = {
         "version": INDEX_VERSION,
         "recipes": {n: {v: p.to_json() for v, p in sorted(vs.items())} for n, vs in sorted(index.items())},
+        versionlist.KEY: part,
     }
-    fsutil.write_atomic(reg.root / INDEX, (json.dumps(doc, indent=1) + "\n").encode(), 0o644)
+    if doc != old:
+        fsutil.write_atomic(reg.root / INDEX, (json.dumps(doc, indent=1) + "\n").encode(), 0o644)
+
+
+def _sign_list(reg: Registry, text: str, key: Path) -> str:
+    """ssh-keygen's signature over the list's text (read from stdin), checked against the registry's signers."""
+    if not key.is_file():
+        raise PublishError(f"signing key {key} does not exist")
+    try:
+        res = proc.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", versionlist.NAMESPACE],
+                       input_text=text)  # fmt: skip
+    except CommandFailed as exc:
+        raise PublishError(
+            f"ssh-keygen could not sign the version list with {key}: {exc.stderr_tail.strip()}"
+        ) from None
+    trust = reg.trust()
+    if trust.signers is None:
+        raise PublishError(
+            f"{reg.root} has no allowed-signers file, so users could not check the signature",
+            hint="publish once with --allowed-signers FILE (lines: PRINCIPAL KEYTYPE KEY)",
+        )
+    what = f"the version list of {reg.root}"
+    verify_signature(
+        text.encode(),
+        res.stdout.encode(),
+        trust.signers,
+        what,
+        trust.signers_from,
+        namespace=versionlist.NAMESPACE,
+    )
+    return res.stdout
 
 
 def _log(reg: Registry, entry: dict[str, Any]) -> None:

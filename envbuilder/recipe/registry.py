@@ -5,7 +5,8 @@ holds the settings its signatures are checked against.
 Layout of a registry directory (shared, read-only to users)::
 
     registry.toml                 the registry's own policy: require_signatures, allowed_signers (a file in it)
-    index.json                    name -> version -> file, sha256, signer, when, who, validations
+    index.json                    name -> version -> file, sha256, signer (a claim, never shown), when, who,
+                                  validations; and the signed list of every version (versionlist)
     publish.log                   one JSON line per publish: who, when, what changed
     recipes/NAME/VERSION.toml     the recipe, flattened (its extends chain merged): one file says everything,
                                   [recipe] name and version included, so the signature covers both
@@ -17,7 +18,10 @@ A published file is used only once (1) no registry part on the way (the director
 allowed-signers file, recipes/NAME/, the file, its signature) can be written by anyone but its owner, (2) the
 file sits at recipes/NAME/VERSION.* for the name and version the index lists, is a regular file and its bytes
 match the index's sha256, (3) where signatures are required, or a signature is there, an allowed signer signed
-exactly those bytes, and (4) the name and version inside the file are the index's. The bytes checked are the
+exactly those bytes, (4) the name and version inside the file are the index's, and (5) where the index carries
+a signed version list (always, where signatures are required) the version is in it with the same sha256, the
+index hides none of its recipe's versions when the newest is asked for, and neither the list nor that version
+is older than the user has seen (versionlist). The bytes checked are the
 bytes used: readers get them from here, never by opening the file again.
 """
 
@@ -33,13 +37,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from packaging.version import InvalidVersion, Version
-
 from envbuilder import lockfile
 from envbuilder._toml import TOMLDecodeError, loads
 from envbuilder.errors import LockError, PublishError
+from envbuilder.recipe import versionlist
 from envbuilder.recipe.trust import (
     MAX_FILE,
+    NAMESPACE,
     REPUBLISH,
     OwnSettings,
     Policy,
@@ -50,6 +54,7 @@ from envbuilder.recipe.trust import (
     stat_of,
     verify_signature,
 )
+from envbuilder.recipe.versionlist import version_key
 from envbuilder.structs import dataclass
 
 INDEX = "index.json"
@@ -70,20 +75,14 @@ def check_name(what: str, value: str) -> str:
     return value
 
 
-def version_key(v: str) -> tuple[int, Any]:
-    """Sorts versions oldest first: release numbers by their value, after any other names."""
-    try:
-        return (1, Version(v))
-    except InvalidVersion:
-        return (0, v)
-
-
 @dataclass(frozen=True)
 class Published:
     name: str
     version: str
     file: str  # relative to the registry root
     sha256: str
+    #: Who the index says signed it: kept in the index for its readers, never shown (``Registry.describe``
+    #: shows the signer the signature check found).
     signer: Optional[str]
     published: str
     by: str
@@ -113,6 +112,10 @@ class Registry:
         self.site_policy = policy if policy is not None else Policy()
         self._trust: Optional[Trust] = None
         self._owners: Optional[frozenset[int]] = None
+        #: Who signed each version's file, as its signature check found: (name, version) -> principal.
+        self._signers: dict[tuple[str, str], str] = {}
+        #: Version lists whose signature checked, by their text (one check per list, not per file read).
+        self._lists: dict[str, versionlist.VersionList] = {}
 
     @staticmethod
     def looks_like(path: Path) -> bool:
@@ -202,13 +205,27 @@ class Registry:
 
     # -- reading --------------------------------------------------------------------------------------------
 
-    def index(self) -> dict[str, dict[str, Published]]:
+    def document(self) -> dict[str, Any]:
+        """``index.json`` as it stands (empty where there is none), read once: its entries and its signed version
+        list always come from one read."""
         path = self.root / INDEX
         if not path.is_file():
             return {}
         try:
             # Not guarded here (listing names harms nobody); every use of an entry goes through _verified.
             doc = json.loads(read_guarded(path, "the registry's index", MAX_INDEX, None).decode("utf-8"))
+        except ValueError as exc:
+            raise PublishError(f"{path} is not a valid registry index: {exc}") from None
+        if not isinstance(doc, dict):
+            raise PublishError(f"{path} is not a valid registry index: not a JSON object")
+        return doc
+
+    def index(self, doc: Optional[Mapping[str, Any]] = None) -> dict[str, dict[str, Published]]:
+        """The index's entries (of ``doc``, else of ``document()``)."""
+        doc = self.document() if doc is None else doc
+        if not doc:
+            return {}
+        try:
             out: dict[str, dict[str, Published]] = {}
             for name, versions in doc["recipes"].items():
                 out[name] = {
@@ -227,7 +244,7 @@ class Registry:
                     for v, e in versions.items()
                 }
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise PublishError(f"{path} is not a valid registry index: {exc}") from None
+            raise PublishError(f"{self.root / INDEX} is not a valid registry index: {exc}") from None
         return out
 
     def versions(self, name: str) -> list[Published]:
@@ -250,8 +267,10 @@ class Registry:
         publishing compares a new version with)."""
         return self._read(pub.file, f"{pub.name}@{pub.version}").decode("utf-8")
 
-    def load(self, pub: Published) -> dict[str, Any]:
-        """The published recipe, parsed from the bytes that were verified (see the module's docstring)."""
+    def load(self, pub: Published, latest: bool = False) -> dict[str, Any]:
+        """The published recipe, parsed from the bytes that were verified (see the module's docstring).
+        ``latest``: ``pub`` was chosen as the newest version (no version asked for), so it must be no older than
+        the newest the user has seen."""
         what = f"{pub.name}@{pub.version}"
         path, data = self._verified(pub, pub.file, pub.sha256, what, ".toml")
         try:
@@ -266,6 +285,7 @@ class Registry:
             raise PublishError(
                 f"{what}: {path} extends another file; a published recipe never does", hint=REPUBLISH
             )
+        self._check_listed(pub, latest)
         return doc
 
     def verify_lock(self, pub: Published) -> Optional[lockfile.Lock]:
@@ -281,6 +301,7 @@ class Registry:
         except LockError as exc:
             raise PublishError(f"{what}: its published lock is unreadable: {exc.message}") from None
         _bound(what, path, pub, kind="the lock of ", name=lock.recipe, version=lock.recipe_version)
+        self._check_listed(pub, latest=False)
         return replace(lock, origin="published")
 
     def _verified(self, pub: Published, rel: str, sha256: str, what: str, suffix: str) -> tuple[Path, bytes]:
@@ -311,16 +332,90 @@ class Registry:
                 raise PublishError(
                     f"{what} is not signed, and {self.root} requires signatures; it is not used"
                 )
-            self._check_signature(what, data, self._read(sig, f"the signature of {what}"), trust)
+            signer = self._check_signature(what, data, self._read(sig, f"the signature of {what}"), trust)
+            if suffix == ".toml":
+                self._signers[(pub.name, pub.version)] = signer
         return path, data
 
-    def _check_signature(self, what: str, data: bytes, sig: bytes, trust: Trust) -> str:
+    def _check_signature(
+        self, what: str, data: bytes, sig: bytes, trust: Trust, namespace: str = NAMESPACE
+    ) -> str:
         if trust.signers is None:
             raise PublishError(
                 f"{what} is signed but there is no allowed-signers file to check it against",
                 hint=f"set allowed_signers in {self.root / CONFIG} or in the site config",
             )
-        return verify_signature(data, sig, trust.signers, what, trust.signers_from)
+        return verify_signature(data, sig, trust.signers, what, trust.signers_from, namespace=namespace)
+
+    def describe(self, pub: Published) -> dict[str, Any]:
+        """``pub`` for users: its signer is the one its signature check found (None before one, or unsigned),
+        never the index's claim."""
+        return {**pub.to_json(), "signer": self._signers.get((pub.name, pub.version))}
+
+    # -- the signed version list (see versionlist) ----------------------------------------------------------
+
+    def _check_listed(self, pub: Published, latest: bool) -> None:
+        """``pub`` and the index's other versions of its recipe are those of the registry's signed version list,
+        that list is not older than one the user has seen, and (``latest``) neither is ``pub``'s version."""
+        if self.site_policy.pins is None:
+            return  # the admins' view (publishing): their next publish signs the list anew, with today's key
+        doc = self.document()
+        text, sig = versionlist.stored(doc)
+        real = str(self.root.resolve())
+        memory = versionlist.memory_file(self.site_policy.pins, real)
+        seen = versionlist.recall(memory)
+        where = str(self.root / INDEX)
+        if text is None or sig is None:
+            self._unlisted(where, text is None, seen, memory, real)
+            return
+        listed = self._signed_list(text, sig, where)
+        # The version used as it was read, and (when it was chosen as the newest) every version of its recipe
+        # as the index stands: a version hidden from the index is one the list still names.
+        versionlist.compare(listed, pub.name, {pub.name: {pub.version: _entry(pub)}}, where, only=pub.version)
+        if latest:
+            versionlist.compare(listed, pub.name, listing(self.index(doc)), where)
+        top = versionlist.remember(memory, real, listed, seen).get(pub.name)
+        if latest and top is not None and version_key(pub.version) < version_key(top):
+            raise PublishError(
+                f"{pub.name}: the newest version {self.root} lists now is {pub.version}, but you have seen "
+                f"{pub.name}@{top} there; a registry goes back only when someone undoes what was published, so "
+                "it is not used",
+                hint=f"ask its admins why {pub.name}@{top} is gone; to use the older one on purpose, ask for "
+                f"{pub.name}@{pub.version}",
+            )
+
+    def _signed_list(self, text: str, sig: str, where: str) -> versionlist.VersionList:
+        key = f"{sig}\n{text}"
+        if key not in self._lists:
+            what = f"the version list in {where}"
+            self._check_signature(what, text.encode(), sig.encode(), self.trust(), versionlist.NAMESPACE)
+            self._lists[key] = versionlist.parse(text, where)
+        return self._lists[key]
+
+    def _unlisted(
+        self, where: str, missing: bool, seen: Optional[Mapping[str, Any]], memory: Path, real: str
+    ) -> None:
+        """An index without a signed version list: refused where one was seen, or where signatures are
+        required (a registry published by an envbuilder before the lists: its admins republish it)."""
+        why = "its index carries no version list" if missing else "its version list is not signed"
+        if seen is not None:
+            raise versionlist.refuse_gone(real, memory, why)
+        if self.trust().require_signatures:
+            raise PublishError(
+                f"{where}: {why} (a registry published by an envbuilder before 2026-11, or one whose list was "
+                "removed): where signatures are required, an unsigned list could hide versions, so it is not used",
+                hint=versionlist.REPUBLISH,
+            )
+
+
+def _entry(pub: Published) -> dict[str, Optional[str]]:
+    """What a version list says of one version."""
+    return {"sha256": pub.sha256, "lock_sha256": pub.lock_sha256}
+
+
+def listing(index: Mapping[str, Mapping[str, Published]]) -> dict[str, dict[str, dict[str, Optional[str]]]]:
+    """The index's entries as a version list names them."""
+    return {n: {v: _entry(p) for v, p in vs.items()} for n, vs in index.items()}
 
 
 def _bound(what: str, path: Path, pub: Published, *, kind: str, name: Any, version: Any) -> None:

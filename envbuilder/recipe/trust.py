@@ -144,7 +144,9 @@ def _pin(root: Path, pins: Path, require: bool, signers: Optional[bytes], site_r
         ) from None
 
 
-def verify_signature(data: bytes, sig: bytes, signers: bytes, what: str, signers_from: str) -> str:
+def verify_signature(
+    data: bytes, sig: bytes, signers: bytes, what: str, signers_from: str, *, namespace: str = NAMESPACE
+) -> str:
     """The principal whose key made ``sig`` over ``data``; PublishError if none of the allowed signers did.
     ssh-keygen reads private copies of the signature and the signers, and the data on stdin: what it checks is
     what the caller holds, whatever happens to the registry's files meanwhile."""
@@ -169,7 +171,7 @@ def verify_signature(data: bytes, sig: bytes, signers: bytes, what: str, signers
             raise PublishError(
                 f"{what}: the signature is not from any key in {signers_from} (unknown signer); it is not used"
             )
-        argv = [ssh_keygen, "-Y", "verify", "-f", str(signers_file), "-I", principals[0], "-n", NAMESPACE]
+        argv = [ssh_keygen, "-Y", "verify", "-f", str(signers_file), "-I", principals[0], "-n", namespace]
         res = proc.run([*argv, "-s", str(sig_file)], check=False, input_text=text)
     if res.returncode != 0:
         raise PublishError(f"{what}: bad signature ({(res.stderr or res.stdout).strip()}); it is not used")

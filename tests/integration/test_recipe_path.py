@@ -128,7 +128,7 @@ def test_deep_nesting_is_a_clear_error(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     warned(plan("local", tmp_path), deep, "nested more than 32 levels deep (at line 5, column 41)")
-    refused(plan("deep", tmp_path), 3, f"error: {deep}: not valid TOML: nested more than 32 levels deep")
+    refused(plan("deep", tmp_path), 3, f"error: {deep}: site.notes: nested more than 32 levels deep")
 
 
 def test_deep_dotted_keys_are_a_clear_error(tmp_path: Path) -> None:
@@ -137,7 +137,9 @@ def test_deep_dotted_keys_are_a_clear_error(tmp_path: Path) -> None:
         'schema_version = 1\n[recipe]\nname = "dotted"\n' + ".".join(["a"] * 5000) + " = 1\n",
         encoding="utf-8",
     )
-    refused(plan("dotted", tmp_path), 3, f"error: {deep}: not valid TOML: nested more than 32 levels deep")
+    res = plan("dotted", tmp_path)
+    refused(res, 3, f"error: {deep}: recipe.a.a.a.a.a.a.a.a.a.a.a.a.a.a")
+    assert "a dotted key of more than 32 parts (at line 4, column 1); the limit is 32" in res.stderr
 
 
 def test_symlink_loops_are_skipped(tmp_path: Path) -> None:
@@ -347,3 +349,30 @@ def test_a_fifo_as_facts_is_refused_not_read(tmp_path: Path) -> None:
     fifo = tmp_path / "facts.json"
     os.mkfifo(fifo)
     refused(run_cli("plan", "local", "--facts", str(fifo), timeout=30), 5, "not a regular file (a FIFO)")
+
+
+def test_a_400kb_dotted_key_is_refused_by_its_limit_and_stops_no_other_recipe(tmp_path: Path) -> None:
+    """One dotted key of 200,000 parts, under the 1 MiB limit: the parser's work on it grew with the square of
+    its parts, so every plan on the path ran for minutes. Now the scan stops at the 33rd part."""
+    bad = tmp_path / "huge.toml"
+    bad.write_text(
+        'schema_version = 1\n[recipe]\nname = "huge"\n[site]\n' + ".".join(["k"] * 200_000) + " = 1\n",
+        encoding="utf-8",
+    )
+    assert 390_000 < bad.stat().st_size < 1024 * 1024
+    # The timeout turns the old minutes-long parse into a failure; it is no measure of speed.
+    res = plan("local", tmp_path, timeout=30)
+    warned(res, bad, "a dotted key of more than 32 parts (at line 5, column 1); the limit is 32")
+    res = plan("huge", tmp_path, timeout=30)
+    refused(res, 3, f"error: {bad}: site" + ".k" * 26 + "...: a dotted key of more than 32 parts")
+
+
+def test_a_path_directory_with_too_many_files_is_searched_up_to_the_limit(tmp_path: Path) -> None:
+    from envbuilder.recipe.catalog import MAX_SCANNED
+
+    crowd = tmp_path / "crowd"
+    crowd.mkdir()
+    for i in range(MAX_SCANNED + 5):
+        (crowd / f"f{i}.txt").touch()
+    res = plan("local", crowd, timeout=60)
+    warned(res, crowd, f"more than {MAX_SCANNED} files and directories under it; the limit is {MAX_SCANNED}")

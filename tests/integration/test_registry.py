@@ -559,7 +559,8 @@ def test_a_published_lock_is_bound_to_its_version(signed, tmp_path):
     index = json.loads((signed.registry / "index.json").read_text())
     edit_index(signed, "roll", "4", lock_sha256=index["recipes"]["roll"]["3"]["lock_sha256"])
     res = signed.user("create", "roll", "--locked", "--no-validate")
-    refused(res, 10, "holds the lock of roll@3, not the lock of roll@4")
+    # The signed version list names each version's lock: the swap is refused there, before the lock is read.
+    refused(res, 10, "the index's sha256 of the lock of roll@4 is not the signed version list's")
     nothing_created(signed)
     ok(signed.user("plan", "roll@3", "--locked"))
 
@@ -591,3 +592,155 @@ def test_a_site_that_requires_signatures_keeps_the_registrys_signers_pinned(site
     edit_index(site, "held", "1", sha256=hashlib.sha256(evil).hexdigest())
     refused(site.user("create", "held", "--no-validate", **env), 10, "the allowed-signers file changed")
     nothing_created(site)
+
+
+# -- signed means current: the signed version list, and what each user has seen of it --------------------------
+
+
+def drop(site: Site, name: str, version: str) -> None:
+    """What a registry writer without the key does to hide a version: remove it from index.json."""
+    path = site.registry / "index.json"
+    doc = json.loads(path.read_text())
+    del doc["recipes"][name][version]
+    overwrite(path, json.dumps(doc, indent=1).encode())
+
+
+def memory(site: Site) -> Path:
+    """Where the user's envbuilder keeps the newest version list it saw of the registry."""
+    (found,) = (site.root / "eb-home" / "trust").glob("*.versions.json")
+    return found
+
+
+@needs_ssh
+def test_a_version_dropped_from_the_index_is_refused_not_silently_older(signed, tmp_path):
+    """roll@2 removed from index.json (no key needed): the latest request used to get roll@1 without a word."""
+    drop(signed, "roll", "2")
+    res = signed.user("create", "roll", "--no-validate")
+    refused(res, 10, "roll@2 is in the signed version list but not in the index (removed from it)")
+    assert "hint: its admins: publish any recipe again" in res.stderr
+    nothing_created(signed)
+    # Asking for the older version by name is allowed, and the registry's other recipes are untouched.
+    assert signed.user_data("plan", "roll@1")["recipe_version"] == "1"
+    assert signed.user_data("plan", "other")["recipe_version"] == "1"
+    # The same with the signers pinned in the site config.
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[[registries]]\npath = "{signed.registry}"\nrequire_signatures = true\n'
+        f'allowed_signers = "{signed.allowed}"\n'
+    )
+    site_env = {"ENVBUILDER_RECIPE_PATH": "", "ENVBUILDER_CONFIG": str(config)}
+    refused(signed.user("plan", "roll", **site_env), 10, "roll@2 is in the signed version list but not")
+
+
+@needs_ssh
+def test_an_older_signed_index_put_back_is_refused(signed):
+    """index.json as it was before roll@3, replayed after the user saw roll@3: a genuine, signed, older list."""
+    before = (signed.registry / "index.json").read_bytes()
+    signed.write("roll", demo="1.0", description="third")
+    ok(signed.publish("roll", "--sign-key", str(signed.key)))
+    assert signed.user_data("plan", "roll")["recipe_version"] == "3"
+    overwrite(signed.registry / "index.json", before)
+    res = signed.user("create", "roll", "--no-validate")
+    refused(res, 10, "its signed version list (serial 3, made ")
+    assert "is older than one you have seen (serial 4, made " in res.stderr
+    assert f"remove {memory(signed)}" in res.stderr
+    nothing_created(signed)
+    # The whole replayed list is refused, a pinned version's too: none of it is the registry as it stands.
+    refused(signed.user("plan", "roll@1"), 10, "is older than one you have seen")
+
+
+@needs_ssh
+def test_a_latest_request_never_resolves_lower_than_a_version_seen(signed):
+    """Its admin, with the key, drops roll@2 and signs a list without it: the latest request is refused (the
+    user saw roll@2), an explicit roll@1 still plans."""
+    drop(signed, "roll", "2")
+    signed.write("other", description="another recipe, again")
+    ok(signed.publish("other", "--sign-key", str(signed.key)))
+    res = signed.user("plan", "roll")
+    refused(res, 10, "roll: the newest version")
+    assert "lists now is 1, but you have seen roll@2 there" in res.stderr
+    assert (
+        "hint: ask its admins why roll@2 is gone; to use the older one on purpose, ask for roll@1"
+        in res.stderr
+    )
+    assert signed.user_data("plan", "roll@1")["recipe_version"] == "1"
+    assert json.loads(memory(signed).read_text())["recipes"]["roll"] == "2"
+
+
+@needs_ssh
+def test_an_index_without_its_signed_list_is_refused_and_republishing_migrates_it(signed):
+    """The list stripped from index.json: refused where the user saw a signed one; for a user who never did
+    (a registry published by an older envbuilder), refused because signatures are required, until republished."""
+    path = signed.registry / "index.json"
+    doc = json.loads(path.read_text())
+    assert doc["signed_versions"]["signature"].startswith("-----BEGIN SSH SIGNATURE-----")
+    del doc["signed_versions"]
+    overwrite(path, json.dumps(doc, indent=1).encode())
+    refused(
+        signed.user("plan", "roll"), 10, "its index carries no version list, but you have seen a signed one"
+    )
+    memory(signed).unlink()
+    res = signed.user("plan", "roll")
+    refused(res, 10, "its index carries no version list (a registry published by an envbuilder before")
+    assert "hint: its admins: publish any recipe again with `envbuilder publish NAME" in res.stderr
+    # Publishing an unchanged recipe with the key signs the list anew.
+    signed.write("other", description="another recipe")
+    assert "unchanged" in ok(signed.publish("other", "--sign-key", str(signed.key))).stdout
+    assert "signature" in json.loads(path.read_text())["signed_versions"]
+    assert signed.user_data("plan", "roll")["recipe_version"] == "2"
+
+
+@needs_ssh
+def test_the_signer_shown_is_the_one_the_signature_names(signed, tmp_path):
+    """index.json claims mallory signed roll@2 (the index is not signed): show and list name the real signer."""
+    edit_index(signed, "roll", "2", signer="mallory@evil")
+    shown = signed.user_data("recipes", "show", "roll")
+    assert shown["published"]["signer"] == "admin@site"
+    out = ok(signed.user("recipes", "show", "roll")).stdout
+    assert "signed by admin@site" in out and "mallory" not in out
+    rows = {r["name"]: r for r in signed.user_data("recipes", "list")["recipes"]}
+    assert rows["roll"]["published"]["signer"] == "admin@site"
+    # A forged signature is no signer at all: refused, whatever the index claims.
+    copy = tmp_path / "2.toml"
+    shutil.copy(signed.registry / "recipes" / "roll" / "2.toml", copy)
+    overwrite(signed.registry / "recipes" / "roll" / "2.toml.sig", sign_as(signed.rogue, copy))
+    refused(signed.user("recipes", "show", "roll"), 10, "unknown signer")
+
+
+def test_an_unsigned_version_is_shown_unsigned_whatever_the_index_claims(site):
+    site.write("plain")
+    ok(site.publish("plain"))
+    edit_index(site, "plain", "1", signer="admin@site")
+    assert site.user_data("recipes", "show", "plain")["published"]["signer"] is None
+    assert "; unsigned" in ok(site.user("recipes", "show", "plain")).stdout
+
+
+@needs_ssh
+def test_attaching_a_report_keeps_the_signed_list(signed):
+    """A validation report changes the index but no version: its signed list (serial and signature) stays."""
+    from envbuilder.recipe import publish
+    from envbuilder.recipe.registry import Registry
+
+    before = json.loads((signed.registry / "index.json").read_text())["signed_versions"]
+    publish.attach_validation(Registry(signed.registry), "roll", "2", {"status": "passed", "date": "today"})
+    after = json.loads((signed.registry / "index.json").read_text())
+    assert after["signed_versions"] == before
+    assert after["recipes"]["roll"]["2"]["validations"][0]["status"] == "passed"
+    assert signed.user_data("plan", "roll")["recipe_version"] == "2"
+
+
+@needs_ssh
+def test_a_publish_without_the_key_cannot_leave_a_signed_list_unsigned(site, tmp_path):
+    """A registry that does not require signatures but whose list was signed: an unsigned publish would drop the
+    list's signature (and lock out every user who saw it), so it is refused before anything is written."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    key, pub = keypair(keys, "admin")
+    allowed = keys / "allowed_signers"
+    allowed.write_text(f"admin@site {pub}\n")
+    site.write("opt")
+    ok(site.publish("opt", "--sign-key", str(key), "--allowed-signers", str(allowed)))
+    site.write("opt", demo="2.0")
+    refused(site.publish("opt"), 10, "signs its list of versions, so every publish must sign it anew")
+    assert sorted(p.name for p in (site.registry / "recipes" / "opt").iterdir()) == ["1.toml", "1.toml.sig"]
+    assert site.user_data("plan", "opt")["recipe_version"] == "1"

@@ -407,3 +407,43 @@ def test_nesting_past_the_limit_is_an_error_with_a_position(text):
 
 def test_crlf_and_a_byte_order_mark_read_as_plain_text():
     assert loads("\ufeffa = 1\r\nb = [\r\n  2,\r\n]\r\n") == {"a": 1, "b": [2]}
+
+
+def test_a_long_dotted_key_is_refused_by_the_scan_naming_the_key_and_the_limit():
+    """200,000 parts (400 KB): the scan refuses the 33rd, before the parser (whose work on a key grows with the
+    square of its parts) sees the text."""
+    from envbuilder._toml import MAX_KEY_PARTS, TOMLLimitError
+
+    text = "[site]\n" + ".".join(["k"] * 200_000) + " = 1\n"
+    with pytest.raises(TOMLLimitError) as info:
+        loads(text)
+    assert info.value.limit == MAX_KEY_PARTS
+    assert info.value.key == "site." + ".".join(["k"] * 26) + "..."
+    assert f"a dotted key of more than {MAX_KEY_PARTS} parts (at line 2, column 1)" in str(info.value)
+    # A key of exactly the limit is fine, and dots in values (floats, times, strings) are no key parts.
+    ok = (
+        "a = [1.5, 2.5]\nt = 07:32:00.999\ns = '"
+        + "x." * 100
+        + "'\n"
+        + ".".join(["k"] * MAX_KEY_PARTS)
+        + " = 1\n"
+    )
+    assert loads(ok)["s"] == "x." * 100
+
+
+def test_an_array_past_the_limit_names_its_key():
+    from envbuilder._toml import MAX_ARRAY, TOMLLimitError
+
+    with pytest.raises(TOMLLimitError, match=rf"an array of {MAX_ARRAY + 1} items; the limit is {MAX_ARRAY}"):
+        loads("[site]\nnotes = [" + "1," * (MAX_ARRAY + 1) + "]\n")
+
+
+def test_an_extends_chain_past_the_limit_names_the_file_and_key(tmp_path):
+    for i in range(loader.MAX_EXTENDS + 2):
+        parent = f'extends = "b{i + 1}.toml"\n' if i < loader.MAX_EXTENDS + 1 else ""
+        write(tmp_path, f"b{i}.toml", f"schema_version = 1\n{parent}")
+    write(tmp_path, "long.toml", 'schema_version = 1\nextends = "b0.toml"\n[recipe]\nname = "long"\n')
+    with pytest.raises(RecipeError, match=rf"extends reaches more than {loader.MAX_EXTENDS} files") as info:
+        loader.load("long", Catalog([Layer("test", tmp_path)]))
+    assert info.value.key == "extends" and info.value.file and info.value.file.endswith(".toml")
+    assert f"the limit is {loader.MAX_EXTENDS}" in info.value.message
