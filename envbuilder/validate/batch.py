@@ -40,12 +40,13 @@ class JobShape:
 
     def __post_init__(self) -> None:
         """Refuse what no directive or argument may carry: the account comes from --account (a usage error);
-        the partition, walltime and job name were checked where they came from and are checked again here."""
+        the partition, walltime and job name were checked where they came from and are checked again here (the
+        partition may come from the env's record or the job's environment, which no loader read)."""
         bad = values.ACCOUNT.problem(self.account) if self.account else None
         if bad is not None:
             raise UsageError(f"--account: {bad[0]}", hint=bad[1])
         if self.partition:
-            values.require(values.PARTITION, self.partition, "scheduler.partition")
+            values.require(values.PARTITION, self.partition, "partition")
         values.require(values.TIME, self.time, "scheduler.time")
         values.require(values.JOB_NAME, self.name, "job name")
 

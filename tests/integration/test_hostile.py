@@ -502,7 +502,8 @@ def test_a_tampered_records_partition_never_reaches_a_job(world, slurm_cluster, 
     record["plan"]["partition"] = f"{slurm_cluster.partition} --error={stolen}"
     record_file.write_text(json.dumps(record))
     res = world.cli("sbatch", "demo", *JOB_PROGRAM, **slurm_cluster.env)
-    refused(res, 3, "scheduler.partition: a partition name cannot hold whitespace")
+    refused(res, 3, "partition: a partition name cannot hold whitespace")
+    assert "scheduler.partition" not in res.stderr  # the value is the record's, not the recipe's
     nothing_submitted(world, slurm_cluster)
     # The control: the clean record's job runs on the real Slurm, its stderr in its own output file.
     record_file.write_text(clean)

@@ -243,7 +243,7 @@ def job(**kw: Any) -> batch.JobShape:
 @pytest.mark.parametrize("value", HOSTILE.values(), ids=HOSTILE.keys())
 def test_job_shape_refuses_a_hostile_partition_time_or_name(value):
     for field, key in (
-        ("partition", "scheduler.partition"),
+        ("partition", "partition"),
         ("time", "scheduler.time"),
         ("name", "job name"),
     ):
