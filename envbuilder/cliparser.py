@@ -10,7 +10,16 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder import __version__, helptext
-from envbuilder.cliparts import Choices, Handler, Parser, add_json, command, positive, seconds
+from envbuilder.cliparts import (
+    Choices,
+    Handler,
+    Parser,
+    SchedulerValue,
+    add_json,
+    command,
+    positive,
+    seconds,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -506,13 +515,16 @@ def _add_launch(
     )
     p.add_argument("--nodes", type=positive, metavar="N")
     p.add_argument(per_node, type=positive, metavar="N", help=per_node_help)
-    p.add_argument("--account", metavar="NAME", help="allocation account for batch jobs")
+    p.add_argument(
+        "--account", type=SchedulerValue("ACCOUNT"), metavar="NAME", help="allocation account for batch jobs"
+    )
     _add_partition(p)
 
 
 def _add_partition(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--partition",
+        type=SchedulerValue("PARTITION"),
         metavar="NAME",
         help="the partition (PBS: queue) to plan, build or run for: its GPUs and cores (default: the recipe's)",
     )

@@ -136,3 +136,21 @@ def seconds(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected 0 or more, found {value:g}")
     return value
+
+
+class SchedulerValue:
+    """The type of an option whose value lands in a job script or a scheduler's argv (--partition, --account):
+    a value of the kind :mod:`envbuilder.recipe.values` names ``word`` (PARTITION, ACCOUNT), read when the option
+    is given, so a value that would be an option of its own, or split into one, is a usage error naming the
+    option."""
+
+    def __init__(self, word: str) -> None:
+        self.word = word
+
+    def __call__(self, text: str) -> str:
+        from envbuilder.recipe import values  # noqa: PLC0415 - only a command that takes the option pays for it
+
+        problem = getattr(values, self.word).problem(text)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"{problem[0]}; {problem[1]}")
+        return text

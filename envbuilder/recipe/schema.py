@@ -16,15 +16,22 @@ from envbuilder.backends import registry as backends
 from envbuilder.errors import did_you_mean
 from envbuilder.recipe.values import (
     CONDA_ENV,
+    CPU_BIND,
+    DIRECTIVE,
     DIST_NAME,
+    FLAG,
     MAX_CORES_PER_NODE,
     MAX_GPUS_PER_NODE,
     MAX_NODES,
     MODULE_NAME,
+    MPI_PLUGIN,
     NAME_RE,
     NOT_AN_OPTION,
+    PARTITION,
     PATH_ENTRY,
     REQUIREMENT,
+    SCHED_NAME_RE,
+    TIME,
     VAR_NAME,
     VAR_RE,
     Rule,
@@ -280,27 +287,30 @@ SCHEMA = Table(
                 ),
                 "batch": Field(str, "batch submit command (sbatch, qsub)"),
                 "gpu_request": Field(str, "how a job asks for GPUs", choices=GPU_REQUEST_STYLES),
-                "forbidden_flags": Field(list, "flags the site rejects", items=str),
-                "allowed_flags": Field(list, "if set, the only flags a batch script may carry", items=str),
-                "required_flags": Field(list, "flags every job must carry", items=str),
-                "partition": Field(str, "default partition/queue for validation jobs"),
-                "exclusive_nodes": Field(bool, "jobs get whole nodes (no --cpus-per-task needed)"),
-                "time": Field(
-                    str, "default walltime (HH:MM:SS)", pattern=r"\d+:\d{2}:\d{2}", example="01:30:00"
+                "forbidden_flags": Field(
+                    list, "flags the site rejects, in any job text", items=str, rule=FLAG
                 ),
+                "allowed_flags": Field(
+                    list, "if set, the only flags directives may carry", items=str, rule=FLAG
+                ),
+                "required_flags": Field(list, "flags every job must carry", items=str, rule=DIRECTIVE),
+                "partition": Field(str, "default partition/queue for validation jobs", rule=PARTITION.rule),
+                "exclusive_nodes": Field(bool, "jobs get whole nodes (no --cpus-per-task needed)"),
+                "time": Field(str, "default walltime", rule=TIME.rule),
                 "account_required": Field(bool),
                 "partitions": MapOf(
                     Table(
                         {
                             "gpus_per_node": Field(int, minimum=0, maximum=MAX_GPUS_PER_NODE),
                             "max_nodes": Field(int, minimum=1, maximum=MAX_NODES),
-                            "max_time": Field(str, pattern=r"\d+:\d{2}:\d{2}", example="01:30:00"),
+                            "max_time": Field(str, rule=TIME.rule),
                             "dev": Field(bool, "a short-turnaround debug queue"),
                             "gpu": Field(str),
                             "cores_per_node": Field(int, minimum=1, maximum=MAX_CORES_PER_NODE),
                             "notes": Field(str, prose=True),
                         }
-                    )
+                    ),
+                    key_pattern=SCHED_NAME_RE,
                 ),
             }
         ),
@@ -369,8 +379,8 @@ SCHEMA = Table(
         "launcher": Table(
             {
                 "default": Field(str, choices=tuple(launchers.LAUNCHERS)),
-                "mpi": Field(str, "srun --mpi plugin (pmi2, pmix)"),
-                "cpu_bind": Field(str, "mpiexec --cpu-bind value"),
+                "mpi": Field(str, "srun --mpi plugin (pmi2, pmix)", rule=MPI_PLUGIN.rule),
+                "cpu_bind": Field(str, "mpiexec --cpu-bind value", rule=CPU_BIND.rule),
                 "depth": Field(
                     int, "mpiexec --depth (cores per rank)", minimum=1, maximum=MAX_CORES_PER_NODE
                 ),
@@ -490,8 +500,8 @@ SCHEMA = Table(
                 "nproc_per_node": Field(
                     int, "ranks per node (default: GPUs per node)", minimum=1, maximum=MAX_CORES_PER_NODE
                 ),
-                "partition": Field(str),
-                "time": Field(str, pattern=r"\d+:\d{2}:\d{2}", example="01:30:00"),
+                "partition": Field(str, rule=PARTITION.rule),
+                "time": Field(str, rule=TIME.rule),
                 "launcher": Field(str, choices=tuple(launchers.LAUNCHERS)),
                 "timeout": Field(
                     int,
@@ -516,7 +526,9 @@ SCHEMA = Table(
                             "lower": Field((int, float), "allowed fraction below value (-0.1 = 10 % below)"),
                             "upper": Field((int, float), "allowed fraction above value; unset = unbounded"),
                             "unit": Field(str),
-                            "partition": Field(str, "the partition it was measured on (unset: any)"),
+                            "partition": Field(
+                                str, "the partition it was measured on (unset: any)", rule=PARTITION.rule
+                            ),
                             "ranks": Field(
                                 int, "the rank count it holds for (unset: any)", minimum=1, maximum=2**31 - 1
                             ),
@@ -564,8 +576,11 @@ def _json(spec: Spec, in_array: bool = False) -> dict[str, Any]:
         out = {"type": "array", "items": _json(spec.item, in_array=True)}
     else:
         out = _json_field(spec)
-    if spec.doc:
-        out["description"] = spec.doc
+    doc = spec.doc
+    if isinstance(spec, Field) and spec.rule and spec.rule.doc:
+        doc = f"{doc}: {spec.rule.doc}" if doc else spec.rule.doc
+    if doc:
+        out["description"] = doc
     return out
 
 

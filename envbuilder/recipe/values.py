@@ -186,10 +186,179 @@ def require_path_entry(entry: str, key: str) -> None:
 @dataclass(frozen=True)
 class Rule:
     """A check on a string value, or on each string of an array: a :data:`Problem` or None. ``pattern`` is the
-    same rule for the JSON schema, where one exists."""
+    same rule for the JSON schema, where one exists, and ``doc`` what it allows, in words (the JSON schema adds
+    it to the field's description)."""
 
     check: Callable[[str], Optional[Problem]]
     pattern: Optional[str] = None
+    doc: str = ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scheduler and launcher values. Each lands in a job script directive (``#SBATCH --partition=VALUE``) or an argv
+# (``salloc -p VALUE``, ``mpiexec --cpu-bind VALUE``). sbatch and qsub split a directive line at whitespace, and a
+# command reads an argument that starts with '-' as an option: so none may start with '-' or hold whitespace, and
+# each kind holds only the characters the schedulers' own names and forms use.
+
+#: A Slurm partition (or a comma list of them), account, QOS or reservation; a PBS queue (``queue@server``) or
+#: account: gpu-a100, gh-dev, normal, ABC23001, debug@polaris-pbs.
+SCHED_NAME_RE = r"[A-Za-z0-9_][A-Za-z0-9_.:+@%,-]*"
+#: A walltime in one of Slurm's forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (:func:`walltime` turns it
+#: into the HH:MM:SS every scheduler and ``idev`` read alike).
+TIME_RE = r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}"
+#: A Slurm node-feature expression: features joined by & and |, counts (*4), brackets and parentheses:
+#: a100&ib, [rack1|rack2], [rack1*2&rack2*4], (knl&snc4)*4&haswell.
+CONSTRAINT_RE = r"[A-Za-z0-9_(\[][A-Za-z0-9_.:=+@%,&|()\[\]*-]*"
+#: A job name (``envbuilder-<recipe>``), within what Slurm and PBS both take.
+JOB_NAME_RE = r"[A-Za-z0-9_][A-Za-z0-9_.+-]*"
+#: A launcher setting handed to one option: srun --mpi (pmi2, pmix_v4, cray_shasta), mpiexec --cpu-bind (depth,
+#: core, list:0-7:8-15, verbose,numa).
+LAUNCH_WORD_RE = r"[A-Za-z0-9_][A-Za-z0-9_.:,=+-]*"
+#: One option as scheduler.forbidden_flags and allowed_flags name it: -e, --gres.
+FLAG_RE = r"-[A-Za-z0-9]|--[A-Za-z0-9][A-Za-z0-9_-]*"
+#: One directive of scheduler.required_flags: --exclusive, --qos=gpu, -l filesystems=home:eagle. A long option's
+#: value follows '=', a short option's one space (and cannot start with '-').
+DIRECTIVE_RE = r"--[A-Za-z0-9][A-Za-z0-9_-]*(=\S+)?|-[A-Za-z0-9]( [^\s-]\S*)?"
+
+_NAME_CHARS = "letters, digits and _ . : + @ % , - only, not starting with '-'"
+
+
+@dataclass(frozen=True)
+class Word:
+    """One kind of scheduler or launcher value: what it is called, its pattern, and what it may hold in words."""
+
+    what: str
+    pattern: str
+    hint: str
+    #: A rule beyond the pattern, on a value that matches it.
+    more: Optional[Callable[[str], Optional[Problem]]] = None
+
+    def problem(self, value: str) -> Optional[Problem]:
+        bad = control_problem(value)
+        if bad is not None:
+            return f"{bad[0]} is not allowed in {self.what}, found {found(value)}", bad[1]
+        if value.startswith("-"):
+            why = "a command would read it as an option"
+            return f"{self.what} cannot start with '-' ({why}), found {found(value)}", self.hint
+        if re.search(r"\s", value):
+            why = "a scheduler would read what follows as another option"
+            return f"{self.what} cannot hold whitespace ({why}), found {found(value)}", self.hint
+        if not re.fullmatch(self.pattern, value):
+            return f"not {self.what}: {found(value)}", self.hint
+        return self.more(value) if self.more else None
+
+    @property
+    def rule(self) -> Rule:
+        return Rule(self.problem, self.pattern, self.hint)
+
+
+PARTITION = Word(
+    "a partition name", SCHED_NAME_RE, f"a partition (PBS: queue) name: {_NAME_CHARS}; gpu-a100, gh"
+)
+ACCOUNT = Word("an account name", SCHED_NAME_RE, f"an allocation account: {_NAME_CHARS}; ABC23001")
+QOS = Word("a QOS name", SCHED_NAME_RE, f"a quality of service: {_NAME_CHARS}; normal")
+RESERVATION = Word("a reservation name", SCHED_NAME_RE, f"a reservation: {_NAME_CHARS}; maint_2026")
+
+
+def _no_time_problem(text: str) -> Optional[Problem]:
+    if time_seconds(text):
+        return None
+    return f"a walltime of 0, found {found(text)}", "Slurm reads 0 as no limit at all: ask for a time"
+
+
+TIME = Word(
+    "a walltime",
+    TIME_RE,
+    "a walltime in one of Slurm's forms: minutes (30), MM:SS, HH:MM:SS (2:00:00), D-HH, D-HH:MM or D-HH:MM:SS "
+    "(1-00:00:00)",
+    _no_time_problem,
+)
+CONSTRAINT = Word(
+    "a node-feature constraint",
+    CONSTRAINT_RE,
+    "node features (letters, digits, _ . : = + @ % , -) joined by & and |, with counts (*4), [ ] and ( ): "
+    "a100&ib, [rack1|rack2]",
+)
+JOB_NAME = Word("a job name", JOB_NAME_RE, "letters, digits and _ . + - only, not starting with '-'")
+MPI_PLUGIN = Word(
+    "an srun MPI plugin", LAUNCH_WORD_RE, "a plugin srun --mpi=list names: pmi2, pmix, pmix_v4, cray_shasta"
+)
+CPU_BIND = Word(
+    "an mpiexec CPU binding",
+    LAUNCH_WORD_RE,
+    "letters, digits and _ . : , = + - only, not starting with '-': depth, core, numa, list:0-7:8-15",
+)
+
+#: The values required_flags may give known options, by their Slurm (long and short) and PBS spellings.
+_OPTION_VALUES = {
+    "--partition": PARTITION,
+    "-p": PARTITION,
+    "--account": ACCOUNT,
+    "-A": ACCOUNT,
+    "--qos": QOS,
+    "-q": QOS,
+    "--reservation": RESERVATION,
+    "--constraint": CONSTRAINT,
+    "-C": CONSTRAINT,
+    "--time": TIME,
+    "-t": TIME,
+    "--job-name": JOB_NAME,
+    "-J": JOB_NAME,
+}
+
+
+def time_seconds(text: str) -> Optional[int]:
+    """The seconds a walltime in Slurm's forms (:data:`TIME_RE`) stands for; None when it is none of them. Without
+    days, one number is minutes, two are minutes and seconds; after ``D-``, hours come first."""
+    if not re.fullmatch(TIME_RE, text):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:
+        hours, mins, secs = (*parts, 0, 0)[:3]
+    else:
+        hours, mins, secs = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
+    return int(days or 0) * 86400 + hours * 3600 + mins * 60 + secs
+
+
+def walltime(text: str, key: str) -> str:
+    """``text`` (a walltime in Slurm's forms) as HH:MM:SS, which sbatch, qsub and idev all read the same way
+    (qsub would read a bare 30 as seconds, and D-HH:MM:SS not at all)."""
+    require(TIME, text, key)
+    total = time_seconds(text) or 0
+    return f"{total // 3600:02d}:{total % 3600 // 60:02d}:{total % 60:02d}"
+
+
+def flag_problem(flag: str) -> Optional[Problem]:
+    if re.fullmatch(FLAG_RE, flag):
+        return None
+    return (
+        f"not a scheduler option: {found(flag)}",
+        "one option as the scheduler spells it, without a value: -e, --gres, --gpus-per-task",
+    )
+
+
+def directive_problem(directive: str) -> Optional[Problem]:
+    """One directive a site requires of every job: an option and its value, nothing a scheduler would split
+    into a second option, and the value of a known option (--qos, --constraint, -A) of its kind."""
+    if not re.fullmatch(DIRECTIVE_RE, directive):
+        return (
+            f"not one scheduler directive: {found(directive)}",
+            "one option and its value: --exclusive, --qos=gpu, --constraint=a100&ib, -l filesystems=home:eagle "
+            "(a long option's value after '=', a short option's after one space)",
+        )
+    option, _, value = directive.partition("=" if directive.startswith("--") else " ")
+    word = _OPTION_VALUES.get(option)
+    problem = word.problem(value) if word and value else None
+    return (f"{option}: {problem[0]}", problem[1]) if problem else None
+
+
+def require(word: Word, value: str, key: str) -> None:
+    """For renderers (job scripts, launcher argv): refuse a value of ``word``'s kind that the loader or the
+    command line would refuse, when it comes from elsewhere (a state record, the job's environment, a caller)."""
+    problem = word.problem(value)
+    if problem is not None:
+        raise RecipeError(problem[0], key=key, hint=problem[1])
 
 
 MODULE_NAME = Rule(module_name_problem, MODULE_RE)
@@ -199,6 +368,12 @@ DIST_NAME = Rule(_dist_name_problem, DIST_NAME_RE)
 REQUIREMENT = Rule(requirement_problem, r"(?!\s*-)[\s\S]*")
 PATH_ENTRY = Rule(path_entry_problem, r"[^:]+")
 CONDA_ENV = Rule(conda_env_problem, CONDA_ENV_RE)
+FLAG = Rule(flag_problem, FLAG_RE, "one option, without a value: -e, --gres")
+DIRECTIVE = Rule(
+    directive_problem,
+    DIRECTIVE_RE,
+    "one option and its value: --exclusive, --qos=gpu, -l filesystems=home:eagle (no second option inside)",
+)
 
 
 def found(value: Any) -> str:

@@ -4,18 +4,22 @@ the directives of a :mod:`schedulers` adapter).
 Scheduler dialects come from the recipe (Vista rejects --gres/--gpus-per-task/--mem; Cirrus needs --gres and
 --qos; Polaris is PBS with -l filesystems=). Every recipe value that lands in a script is shell-quoted, and none
 may hold a line break or a NUL: a directive line (``#SBATCH --partition=...``) cannot be quoted, so a line break
-there would start a line of shell code. The loader refuses such values at plan time; the renderers here refuse
-them again for values that come from elsewhere (``--account``, a state record).
+there would start a line of shell code, and sbatch and qsub split it at whitespace, so a partition, account,
+walltime or job name holds none and never starts with '-' (each has its pattern in :mod:`recipe.values`). The
+loader refuses such values at plan time and the command line at parse time; the renderers here refuse them again
+for values that come from elsewhere (a state record, the job's environment), and a forbidden flag anywhere in a
+directive or a command envbuilder builds for the scheduler.
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder.errors import RecipeError, UsageError
-from envbuilder.recipe.values import control_problem, require_carriable, require_module_name
+from envbuilder.recipe import values
+from envbuilder.recipe.values import require_carriable, require_module_name
 from envbuilder.structs import dataclass
 from envbuilder.validate import launchers, schedulers
 
@@ -35,17 +39,26 @@ class JobShape:
     name: str
 
     def __post_init__(self) -> None:
-        """Refuse an account name no directive line can carry (it comes from --account, not the recipe)."""
-        bad = control_problem(self.account or "")
+        """Refuse what no directive or argument may carry: the account comes from --account (a usage error);
+        the partition, walltime and job name were checked where they came from and are checked again here (the
+        partition may come from the env's record or the job's environment, which no loader read)."""
+        bad = values.ACCOUNT.problem(self.account) if self.account else None
         if bad is not None:
-            raise UsageError(
-                f"--account {self.account!r}: {bad[0]} is not allowed in an account name", hint=bad[1]
-            )
+            raise UsageError(f"--account: {bad[0]}", hint=bad[1])
+        if self.partition:
+            values.require(values.PARTITION, self.partition, "partition")
+        values.require(values.TIME, self.time, "scheduler.time")
+        values.require(values.JOB_NAME, self.name, "job name")
+
+    @property
+    def walltime(self) -> str:
+        """The walltime as HH:MM:SS, the form every scheduler and wrapper reads alike."""
+        return values.walltime(self.time, "scheduler.time")
 
 
-def minutes(hhmmss: str) -> int:
-    h, m, s = (int(x) for x in hhmmss.split(":"))
-    return h * 60 + m + (1 if s else 0)
+def minutes(time: str) -> int:
+    """A walltime in Slurm's forms in whole minutes, rounded up."""
+    return -(-(values.time_seconds(time) or 0) // 60)
 
 
 @dataclass(frozen=True)
@@ -75,7 +88,7 @@ def interactive_argv(template: Sequence[str], job: JobShape) -> list[str]:
         "partition": job.partition or "",
         "nodes": str(job.nodes),
         "tasks": str(job.nodes * job.tasks_per_node),
-        "time": job.time,
+        "time": job.walltime,
         "minutes": str(minutes(job.time)),
         "gpus": str(job.gpus_per_node),
         "account": job.account or "",
@@ -99,25 +112,73 @@ def interactive_argv(template: Sequence[str], job: JobShape) -> list[str]:
     return out
 
 
+def options(words: Sequence[str], aliases: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The options among ``words``, as (spelled, name): ``--error=F`` is --error, ``-eF`` is -e; ``name`` is the
+    long spelling of a short option where ``aliases`` (the scheduler's) has one, so -e and --error are one."""
+    found = []
+    for word in words:
+        if word.startswith("--") and len(word) > 2:
+            spelled = word.split("=", 1)[0]
+        elif word.startswith("-") and len(word) > 1 and word[1] != "-":
+            spelled = word[:2]
+        else:
+            continue
+        found.append((spelled, aliases.get(spelled, spelled)))
+    return found
+
+
 def check_dialect(
-    directives: Sequence[str], forbidden: Sequence[str], allowed: Sequence[str], recipe_file: str
+    directives: Sequence[str],
+    forbidden: Sequence[str],
+    allowed: Sequence[str],
+    recipe_file: str,
+    aliases: Optional[Mapping[str, str]] = None,
 ) -> None:
-    """Every directive must pass the site's dialect: none forbidden, and only allowed ones where a list exists."""
-    for flag in directives:
-        head = flag.split("=", 1)[0].split(" ", 1)[0]
-        if head in forbidden:
+    """Every directive must pass the site's dialect: no forbidden option anywhere in it (sbatch and qsub split a
+    directive line at whitespace, so a value that held one would pass it), and only allowed ones where a list
+    exists."""
+    aliases = aliases or {}
+    banned = {aliases.get(f, f) for f in forbidden}
+    permitted = {aliases.get(f, f) for f in allowed}
+    for directive in directives:
+        for i, (spelled, name) in enumerate(options(directive.split(), aliases)):
+            shown = spelled if spelled == name else f"{spelled} ({name})"
+            inside = f"it is inside the directive {directive!r}: a value there holds an option"
+            if name in banned:
+                raise RecipeError(
+                    f"the batch script would pass {shown}, which this site rejects",
+                    file=recipe_file,
+                    key="scheduler.forbidden_flags",
+                    hint=inside if i else "change scheduler.gpu_request or scheduler.required_flags",
+                )
+            if permitted and name not in permitted:
+                raise RecipeError(
+                    f"the batch script would pass {shown}, which is not in this site's allowed flags",
+                    file=recipe_file,
+                    key="scheduler.allowed_flags",
+                    hint=inside if i else f"allowed: {', '.join(allowed)}",
+                )
+
+
+def check_command(
+    argv: Sequence[str],
+    forbidden: Sequence[str],
+    what: str,
+    recipe_file: str,
+    aliases: Optional[Mapping[str, str]] = None,
+) -> None:
+    """No forbidden option in ``argv``, a command envbuilder builds for the scheduler (``what`` says which: the
+    interactive allocation, the srun step, the submit command)."""
+    aliases = aliases or {}
+    banned = {aliases.get(f, f) for f in forbidden}
+    for spelled, name in options(argv, aliases):
+        if name in banned:
+            shown = spelled if spelled == name else f"{spelled} ({name})"
             raise RecipeError(
-                f"the batch script would pass {head}, which this site rejects",
+                f"the {what} would pass {shown}, which this site rejects",
                 file=recipe_file,
                 key="scheduler.forbidden_flags",
-                hint="change scheduler.gpu_request or scheduler.required_flags",
-            )
-        if allowed and head not in allowed:
-            raise RecipeError(
-                f"the batch script would pass {head}, which is not in this site's allowed flags",
-                file=recipe_file,
-                key="scheduler.allowed_flags",
-                hint=f"allowed: {', '.join(allowed)}",
+                hint="this site's scheduler refuses it: take it out of forbidden_flags only if the site allows it",
             )
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Optional, Union
 
 from envbuilder.errors import UsageError
+from envbuilder.recipe import values
 from envbuilder.structs import dataclass
 
 
@@ -62,6 +63,13 @@ class LaunchSpec:
     overlap: bool = False
     #: ``script`` is an executable, not a python script: MPI launchers start it without the env's python.
     direct: bool = False
+
+    def __post_init__(self) -> None:
+        """The recipe's launcher settings, each one option's value, checked again (the loader refused them)."""
+        if self.mpi is not None:
+            values.require(values.MPI_PLUGIN, self.mpi, "launcher.mpi")
+        if self.cpu_bind is not None:
+            values.require(values.CPU_BIND, self.cpu_bind, "launcher.cpu_bind")
 
     @property
     def world(self) -> int:
@@ -220,6 +228,18 @@ def get(name: str) -> Launcher:
 def build(name: str, spec: LaunchSpec) -> list[Arg]:
     """The validation launch argv for launcher ``name``."""
     return get(name).argv(spec)
+
+
+def own_options(argv: Sequence[Arg], spec: LaunchSpec) -> list[str]:
+    """The launcher's own arguments in ``argv`` (srun's, mpiexec's): those before the program, torchrun or the
+    GPU-affinity wrapper starts; none where ``argv`` starts with one of them (local, torchrun)."""
+    starts = {spec.python, *spec.torchrun[:1], *spec.affinity_wrapper[:1], *spec.program[:1]}
+    own: list[str] = []
+    for arg in argv:
+        if arg in starts:
+            break
+        own.append(str(arg))
+    return own[1:]
 
 
 def render(argv: Sequence[Arg]) -> str:

@@ -11,6 +11,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder.structs import dataclass
@@ -63,6 +64,8 @@ class Scheduler(ABC):
 
     #: The script expression for the CPUs the job holds on this node.
     cpus_var: str
+    #: One-letter options and the long option each is (forbidden_flags = ["--error"] also forbids -e).
+    short_options: Mapping[str, str] = MappingProxyType({})
 
     @abstractmethod
     def where(self, env: Mapping[str, str]) -> Where:
@@ -112,6 +115,31 @@ class Slurm(Scheduler):
     rdzv_id = ShellVar("SLURM_JOB_ID")
     first_host = 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
     cpus_var = "SLURM_CPUS_ON_NODE"
+    #: Those sbatch, salloc and srun agree on.
+    short_options = MappingProxyType(
+        {
+            "-A": "--account",
+            "-C": "--constraint",
+            "-c": "--cpus-per-task",
+            "-D": "--chdir",
+            "-d": "--dependency",
+            "-e": "--error",
+            "-G": "--gpus",
+            "-i": "--input",
+            "-J": "--job-name",
+            "-L": "--licenses",
+            "-M": "--clusters",
+            "-m": "--distribution",
+            "-N": "--nodes",
+            "-n": "--ntasks",
+            "-o": "--output",
+            "-p": "--partition",
+            "-q": "--qos",
+            "-t": "--time",
+            "-w": "--nodelist",
+            "-x": "--exclude",
+        }
+    )
 
     def where(self, env: Mapping[str, str]) -> Where:
         # A batch script and a step know their node's CPUs; an salloc shell (on the login node) only the
@@ -134,7 +162,7 @@ class Slurm(Scheduler):
             f"--nodes={job.nodes}",
             f"--ntasks={job.nodes * job.tasks_per_node}",
             f"--ntasks-per-node={job.tasks_per_node}",
-            f"--time={job.time}",
+            f"--time={job.walltime}",
         ]
         if job.partition:
             flags.append(f"--partition={job.partition}")
@@ -202,7 +230,7 @@ class Pbs(Scheduler):
         )
 
     def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
-        flags = [f"-N {job.name}", f"-l select={job.nodes}", f"-l walltime={job.time}"]
+        flags = [f"-N {job.name}", f"-l select={job.nodes}", f"-l walltime={job.walltime}"]
         if job.partition:
             flags.append(f"-q {job.partition}")
         if job.account:

@@ -275,8 +275,9 @@ def launch_program(
     if sched.account_required and not shape.account:
         warnings.append("this site needs an allocation account for every job: pass --account")
     directives = adapter.directives(job, sched.gpu_request, sched.required_flags)
-    batch.check_dialect(directives, sched.forbidden_flags, sched.allowed_flags, recipe.chain[0])
     interactive = tuple(batch.interactive_argv(sched.interactive, job)) if sched.interactive else None
+    step = launchers.own_options(argv, spec)
+    _check_dialect(recipe, adapter, directives, interactive=interactive, step=step, launcher=shape.launcher)
     text = batch.script(
         scheduler=adapter.name,
         directives=directives,
@@ -290,6 +291,29 @@ def launch_program(
     return Launch(
         shape.launcher.name, argv, shape.nodes, shape.nproc, adapter.name, shape.partition, interactive, text
     )
+
+
+def _check_dialect(
+    recipe: Recipe,
+    adapter: schedulers.Scheduler,
+    directives: Sequence[str],
+    *,
+    interactive: Optional[Sequence[str]],
+    step: Sequence[str],
+    launcher: launchers.Launcher,
+) -> None:
+    """The site's forbidden (and allowed) flags, held against every text envbuilder hands the scheduler: the
+    script's directives, the interactive allocation, the step that starts the ranks (srun under Slurm, the
+    node launcher) and the submit command."""
+    sched, where, aliases = recipe.scheduler, recipe.chain[0], adapter.short_options
+    batch.check_dialect(directives, sched.forbidden_flags, sched.allowed_flags, where, aliases)
+    if interactive:
+        what = "interactive command (scheduler.interactive)"
+        batch.check_command(interactive[1:], sched.forbidden_flags, what, where, aliases)
+    if launcher.scheduler == adapter.name or launcher.name == adapter.node_launcher:
+        batch.check_command(step, sched.forbidden_flags, f"{launcher.name} step", where, aliases)
+    submit = adapter.submit("job.sh", "job.out")
+    batch.check_command(submit[1:-1], sched.forbidden_flags, f"{submit[0]} command", where, aliases)
 
 
 def _cpus_per_task(shape: Shape, adapter: Optional[schedulers.Scheduler]) -> Optional[launchers.Arg]:

@@ -1,4 +1,4 @@
-"""Hostile recipe values against the real tools they would reach: Lmod, uv, pip, bash, rich.
+"""Hostile recipe values against the real tools they would reach: Lmod, uv, pip, bash, rich, Slurm.
 
 Each case first shows the hazard with the tool itself (a marker file the injected command creates, a file
 written outside the env), then shows that envbuilder refuses the value at plan time (exit 3, naming file and key)
@@ -14,10 +14,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from helpers import DATA, PLAN_ENV, REPO, UserWorld, bash, lmod_vars, ok, refused, run_cli
+from slurm import ENDED, job_record, sbatch_wait
 from wheelindex import build_wheel, mirror_env, serve
 
 from envbuilder import activate_scripts, modulefile, modules
@@ -424,3 +426,90 @@ def test_a_prefix_with_a_line_break_is_refused_before_anything_is_built(tmp_path
     refused(run_cli("plan", "local", env=env), 2, "env.prefix (expanded)")
     assert not (tmp_path / "pwned").exists()
     assert not scratch.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scheduler values, with the tests' real Slurm
+
+SLURM_SITE = '\n[scheduler]\ntype = "slurm"\n{scheduler}\n[launcher]\ndefault = "local"\n'
+#: What the job runs: a line on its stderr, which would go wherever a smuggled --error sends it.
+JOB_PROGRAM = ("--", "/bin/sh", "-c", "echo from-the-job >&2")
+
+
+def job_ended(cluster, job_id: str, limit: float = 120) -> dict[str, str]:
+    deadline = time.monotonic() + limit
+    while (record := job_record(job_id, cluster.environ())).get("JobState") not in ENDED:
+        assert time.monotonic() < deadline, f"job {job_id} has not ended: {record}\n{cluster.log_tails()}"
+        time.sleep(0.2)
+    return record
+
+
+def nothing_submitted(world, cluster) -> None:
+    """No job script was written for the env and no job of it is in the queue."""
+    assert not (world.envs / "demo" / "envbuilder" / "jobs").exists()
+    queue = cluster.client("squeue", "-h", "--name", "envbuilder-demo", "-o", "%i")
+    assert queue.returncode == 0 and queue.stdout.strip() == "", queue.stdout + queue.stderr
+
+
+@pytest.mark.slurm
+def test_sbatch_itself_reads_a_second_option_inside_a_directive(slurm_cluster, tmp_path):
+    # The hazard: sbatch splits a directive line at whitespace, so a value can carry an option of its own.
+    stolen = tmp_path / "stolen.err"
+    script = tmp_path / "job.sh"
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH --partition={slurm_cluster.partition} --error={stolen}\necho from-the-job >&2\n"
+    )
+    res = sbatch_wait(
+        [f"--output={tmp_path / 'job.out'}", str(script)],
+        env=slurm_cluster.environ(),
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    assert stolen.read_text() == "from-the-job\n"
+
+
+@pytest.mark.slurm
+def test_a_partition_that_holds_an_option_is_refused_before_anything_is_submitted(
+    world, slurm_cluster, tmp_path
+):
+    stolen = tmp_path / "stolen.err"
+    world.recipe(SLURM_SITE.format(scheduler=""))
+    ok(world.create(world.envs / "demo"))
+    hostile = f'partition = "{slurm_cluster.partition} --error={stolen}"\nforbidden_flags = ["--error"]\n'
+    path = world.recipe(SLURM_SITE.format(scheduler=hostile))
+    says = f"{path}: scheduler.partition: a partition name cannot hold whitespace"
+    refused(world.cli("plan", "demo"), 3, says)
+    refused(world.cli("sbatch", "demo", *JOB_PROGRAM, **slurm_cluster.env), 3, says)
+    nothing_submitted(world, slurm_cluster)
+    assert not stolen.exists()
+
+
+@pytest.mark.slurm
+def test_a_tampered_records_partition_never_reaches_a_job(world, slurm_cluster, tmp_path):
+    """A state record is not read through the loader: the job script's renderer refuses its partition itself."""
+    stolen = tmp_path / "stolen.err"
+    world.recipe(SLURM_SITE.format(scheduler=""))
+    ok(
+        world.cli(
+            "create", "demo", "--prefix", str(world.envs / "demo"), "--partition", slurm_cluster.partition
+        )
+    )
+    record_file = world.home / "envs" / "demo.json"
+    clean = record_file.read_text()
+    record = json.loads(clean)
+    assert record["plan"]["partition"] == slurm_cluster.partition
+    record["plan"]["partition"] = f"{slurm_cluster.partition} --error={stolen}"
+    record_file.write_text(json.dumps(record))
+    res = world.cli("sbatch", "demo", *JOB_PROGRAM, **slurm_cluster.env)
+    refused(res, 3, "partition: a partition name cannot hold whitespace")
+    assert "scheduler.partition" not in res.stderr  # the value is the record's, not the recipe's
+    nothing_submitted(world, slurm_cluster)
+    # The control: the clean record's job runs on the real Slurm, its stderr in its own output file.
+    record_file.write_text(clean)
+    data = json.loads(ok(world.cli("sbatch", "demo", "--json", *JOB_PROGRAM, **slurm_cluster.env)).stdout)[
+        "data"
+    ]
+    assert job_ended(slurm_cluster, data["job"])["JobState"] == "COMPLETED"
+    assert "from-the-job" in Path(data["output"]).read_text()
+    assert not stolen.exists()
