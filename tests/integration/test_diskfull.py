@@ -1,0 +1,249 @@
+"""Broken disks in words (issue 32, finding 7): a read-only envbuilder home, a read-only or full backup root, a
+full or read-only $SCRATCH, each a real tmpfs mount (``tests/sharedfs.py``). Every command that writes there ends
+in a disk error (exit 15, family "disk") that names the path, says the cause in words and gives the way out of that
+place (ENVBUILDER_HOME, --to / ENVBUILDER_BACKUP_ROOT, --prefix, -o), with no "internal error", no traceback, and
+no temporary or partial file left where it wrote."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from helpers import UserWorld, ok
+from sharedfs import fill, remount, tmpfs
+from wheelindex import demo_wheels, mirror_env, serve
+
+pytestmark = pytest.mark.integration
+
+RECIPE = """
+schema_version = 1
+[recipe]
+name = "{name}"
+[env]
+kind = "venv"
+installer = "uv"
+prefix = "${{SCRATCH}}/envs/{{name}}"
+[python]
+command = "python3"
+[torch]
+install = false
+[[packages]]
+name = "ebdemo"
+spec = "ebdemo==1.0"
+"""
+
+#: The words of each cause, as the error says them.
+READ_ONLY = "read-only (EROFS)"
+FULL = "no space left on the device (ENOSPC)"
+
+#: What the temporary and partial names of envbuilder's writers hold.
+LEFTOVER_MARKS = (".tmp-", ".partial-", ".new-", ".broken-")
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    files = tmp_path_factory.mktemp("disk-files")
+    demo_wheels(files)
+    with serve(files) as idx:
+        yield idx
+
+
+class World(UserWorld):
+    """A user's world whose envbuilder home, backup root and $SCRATCH are each a tmpfs of their own, with env
+    ``a`` built and backed up while they were all writable."""
+
+    def __init__(self, root: Path, index) -> None:
+        self.backups = root / "backups"
+        super().__init__(root, mirror_env(index), ENVBUILDER_BACKUP_ROOT=str(self.backups))
+        self.to = root / "elsewhere"
+        self.out = self.scratch / "out"
+        for name in ("a", "b"):
+            self.write_recipe(name, RECIPE.format(name=name))
+
+    def place(self, name: str) -> Path:
+        return {"home": self.home, "backups": self.backups, "scratch": self.scratch, "to": self.to}[name]
+
+
+@pytest.fixture
+def world(tmp_path, index) -> Iterator[World]:
+    w = World(tmp_path, index)
+    with contextlib.ExitStack() as mounts:
+        for path, size in ((w.home, "8m"), (w.backups, "16m"), (w.scratch, "32m"), (w.to, "4m")):
+            mounts.enter_context(tmpfs(path, size=size))
+        ok(w.cli("create", "a", "--no-validate"))
+        ok(w.cli("backup", "a"))
+        # 512 KiB that do not compress: an archive of ``a`` cannot fit where a mutex still does.
+        (w.scratch / "envs" / "a" / "blob.bin").write_bytes(os.urandom(512 * 1024))
+        w.out.mkdir()
+        yield w
+
+
+class Case(NamedTuple):
+    #: The place broken: home, backups, scratch, or to (a --to DIR of its own).
+    place: str
+    #: read-only, full (nothing left), or nearly-full (room for a mutex, not for a backup).
+    how: str
+    argv: tuple[str, ...]
+    #: The path the error names, relative to the place.
+    path: str
+    words: str
+    hint: str
+
+
+CASES = {
+    # A read-only envbuilder home ($WORK mounted read-only on this node): its mutexes, records and lockfiles.
+    "create, home read-only": Case(
+        "home", "read-only", ("create", "b", "--no-validate"), "locks", READ_ONLY, "ENVBUILDER_HOME"
+    ),
+    "restore, home read-only": Case(
+        "home", "read-only", ("restore", "a", "--force"), "locks", READ_ONLY, "ENVBUILDER_HOME"
+    ),
+    "pack, home read-only": Case("home", "read-only", ("pack", "a"), "locks", READ_ONLY, "ENVBUILDER_HOME"),
+    "remove, home read-only": Case(
+        "home", "read-only", ("remove", "a", "--yes"), "locks", READ_ONLY, "ENVBUILDER_HOME"
+    ),
+    "lock, home read-only": Case("home", "read-only", ("lock", "b"), "lockfiles", READ_ONLY, "-o FILE"),
+    "validate, home read-only": Case(
+        "home", "read-only", ("validate", "a", "--cpu"), "envs", READ_ONLY, "ENVBUILDER_HOME"
+    ),
+    "lock, home full": Case("home", "full", ("lock", "b"), "lockfiles/b.lock.toml", FULL, "-o FILE"),
+    "create, home full": Case(
+        "home", "full", ("create", "b", "--no-validate"), "locks", FULL, "ENVBUILDER_HOME"
+    ),
+    # A read-only or full backup root (ENVBUILDER_BACKUP_ROOT), and a read-only --to.
+    "backup, root read-only": Case(
+        "backups", "read-only", ("backup", "a"), "locks", READ_ONLY, "ENVBUILDER_BACKUP_ROOT"
+    ),
+    "backup --all, root read-only": Case(
+        "backups", "read-only", ("backup", "--all"), "locks", READ_ONLY, "--to DIR"
+    ),
+    "prune-backups, root read-only": Case(
+        "backups", "read-only", ("prune-backups", "--keep", "1"), "locks", READ_ONLY, "--to DIR"
+    ),
+    "backup, root full": Case("backups", "full", ("backup", "a"), "locks", FULL, "--to DIR"),
+    "backup --all, root full": Case("backups", "full", ("backup", "--all"), "locks", FULL, "--to DIR"),
+    "prune-backups, root full": Case(
+        "backups", "full", ("prune-backups", "--keep", "1"), "locks", FULL, "--to DIR"
+    ),
+    "archive backup, root nearly full": Case(
+        "backups",
+        "nearly-full",
+        ("backup", "a", "--mode", "archive"),
+        "",
+        "(ENOSPC); earlier backups are intact",
+        "--to DIR",
+    ),
+    "backup --to read-only": Case(
+        "to", "read-only", ("backup", "a", "--to", "{to}"), "locks", READ_ONLY, "--to DIR"
+    ),
+    # A full or read-only $SCRATCH: the env prefix, an image beside it, a validation's run, -o files there.
+    "create, scratch full": Case(
+        "scratch", "full", ("create", "b", "--no-validate"), "envs", FULL, "--prefix DIR"
+    ),
+    "restore, scratch full": Case(
+        "scratch", "full", ("restore", "a", "--force"), "envs", FULL, "--prefix DIR"
+    ),
+    "pack, scratch full": Case("scratch", "full", ("pack", "a"), "envs", FULL, "--to DIR"),
+    "validate, scratch full": Case(
+        "scratch", "full", ("validate", "a", "--cpu"), "envs/a/envbuilder/validation", FULL, "inside the env"
+    ),
+    "modulefile -o, scratch full": Case(
+        "scratch", "full", ("modulefile", "a", "-o", "{out}"), "out/a.lua", FULL, "-o PATH"
+    ),
+    "lock -o, scratch full": Case(
+        "scratch", "full", ("lock", "b", "-o", "{out}/b.lock.toml"), "out/b.lock.toml", FULL, "-o FILE"
+    ),
+    "create, scratch read-only": Case(
+        "scratch", "read-only", ("create", "b", "--no-validate"), "envs", READ_ONLY, "--prefix DIR"
+    ),
+    "restore, scratch read-only": Case(
+        "scratch", "read-only", ("restore", "a", "--force"), "envs", READ_ONLY, "--prefix DIR"
+    ),
+    "pack, scratch read-only": Case("scratch", "read-only", ("pack", "a"), "envs", READ_ONLY, "--to DIR"),
+    "modulefile -o, scratch read-only": Case(
+        "scratch", "read-only", ("modulefile", "a", "-o", "{out}"), "out", READ_ONLY, "-o PATH"
+    ),
+}
+
+
+def _leftovers(root: Path) -> list[str]:
+    return sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if any(mark in p.name for mark in LEFTOVER_MARKS) and p.name.startswith(".")
+    )
+
+
+def _break(w: World, case: Case) -> Path:
+    place = w.place(case.place)
+    if case.how == "read-only":
+        remount(place, read_only=True)
+    else:
+        fill(place, leave=128 * 1024 if case.how == "nearly-full" else 0)
+    return place
+
+
+@pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
+def test_a_broken_disk_is_a_disk_error_in_words(world, case):
+    w = world
+    place = _break(w, case)
+    argv = [a.format(to=w.to, out=w.out) for a in case.argv]
+    res = w.cli(*argv, "--json")
+    err = res.stderr
+    assert res.returncode == 15, f"exit {res.returncode}\n{err}"
+    assert "internal error" not in err and "Traceback" not in err, err
+    path = str(place / case.path) if case.path else str(place)
+    assert f"error: {path}" in err or f"written to {path}" in err, err
+    assert case.words in err and case.hint in err, err
+    envelope = json.loads(res.stdout)
+    assert envelope["status"] == "error"
+    (problem,) = envelope["errors"]
+    assert problem["family"] == "disk" and problem["exit_code"] == 15 and problem["path"].startswith(path)
+    # Nothing half-written stays behind where it wrote: no temporary or partial name, no half-made validation run.
+    assert _leftovers(place) == [], _leftovers(place)
+    assert list(place.glob("envs/a/envbuilder/validation/run-*")) == []
+    if argv[0] == "restore":
+        ok(w.cli("show", "a"))  # the env restore --force would have replaced is still there
+        assert (w.scratch / "envs" / "a" / "bin" / "python").exists()
+
+
+def test_an_over_quota_disk_is_a_disk_error_in_words(world):
+    """EDQUOT from a real user quota: tmpfs's ``usrquota`` (Linux 6.6+, CONFIG_TMPFS_QUOTA), with the command run
+    without CAP_SYS_RESOURCE, which would let root pass any quota."""
+    w = world
+    quota = w.root / "quota"
+    quota.mkdir()
+    opts = "size=16m,usrquota,usrquota_block_hardlimit=65536,mode=0755"
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", opts, "quota", str(quota)], capture_output=True, text=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"this kernel's tmpfs has no user quotas (CONFIG_TMPFS_QUOTA): {res.stderr.strip()}")
+    try:
+        setpriv = [
+            "setpriv",
+            "--inh-caps=-sys_resource",
+            "--ambient-caps=-sys_resource",
+            "--bounding-set=-sys_resource",
+        ]
+        env = {**w.env, "ENVBUILDER_BACKUP_ROOT": str(quota)}
+        run = subprocess.run(
+            [*setpriv, "envbuilder", "backup", "a", "--mode", "archive", "--json"],
+            capture_output=True,
+            text=True,
+            env={**env, "PATH": os.environ["PATH"]},
+            timeout=300,
+        )
+        assert run.returncode == 15, run.stderr
+        assert "(EDQUOT)" in run.stderr and str(quota) in run.stderr and "--to DIR" in run.stderr
+        assert "internal error" not in run.stderr and "Traceback" not in run.stderr
+        assert json.loads(run.stdout)["errors"][0]["family"] == "disk"
+        assert _leftovers(quota) == []
+    finally:
+        subprocess.run(["umount", "-l", str(quota)], capture_output=True)
