@@ -207,8 +207,29 @@ def read_cache(path: Path, version: int, section: str) -> dict[str, Any]:
 
 def write_cache(path: Path, version: int, section: str, entries: dict[str, Any]) -> None:
     """Write a cache file :func:`read_cache` reads; one that cannot be written is left as it was."""
-    with contextlib.suppress(OSError):
+    try:
         write_atomic(path, json.dumps({"version": version, section: entries}, sort_keys=True).encode())
+    except OSError as exc:
+        cache_unwritable(path.parent, exc)
+
+
+#: The cache directories this process has warned about (a plan writes dozens of cache files: one warning).
+_UNWRITABLE: set[str] = set()
+
+
+def cache_unwritable(directory: Path, exc: OSError) -> None:
+    """Say once that a cache cannot be written (a read-only or full home) and go on: a cache only saves time,
+    and a command that only reads (plan, list) must not fail for it."""
+    if str(directory) in _UNWRITABLE:
+        return
+    _UNWRITABLE.add(str(directory))
+    from envbuilder.console import Out  # noqa: PLC0415 - only an unwritable cache needs it
+
+    words = DISK_ERRNOS.get(exc.errno or 0) or exc.strerror or str(exc)
+    Out().warn(f"the cache {directory} cannot be written ({words}); going on without it ({_CACHE_WAY_OUT})")
+
+
+_CACHE_WAY_OUT = "set ENVBUILDER_HOME to a writable directory to keep it"
 
 
 def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:

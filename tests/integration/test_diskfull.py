@@ -7,17 +7,21 @@ no temporary or partial file left where it wrote."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers import UserWorld, ok
+from helpers import UserWorld, ok, run_cli_process
 from sharedfs import fill, remount, tmpfs
 from wheelindex import demo_wheels, mirror_env, serve
+
+from envbuilder import fsutil, settings
 
 pytestmark = pytest.mark.integration
 
@@ -247,3 +251,57 @@ def test_an_over_quota_disk_is_a_disk_error_in_words(world):
         assert _leftovers(quota) == []
     finally:
         subprocess.run(["umount", "-l", str(quota)], capture_output=True)
+
+
+def test_a_read_only_home_warns_once_and_plan_goes_on(tmp_path, index):
+    """plan and recipes list only read: a cache they cannot write (a read-only home) is one warning, not a
+    failure, and nothing is written."""
+    w = World(tmp_path, index)
+    with tmpfs(w.home, size="1m", read_only=True):
+        for argv in (("plan", "a"), ("recipes", "list")):
+            res = ok(run_cli_process(*argv, env=w.env))  # a process of its own: "once" is once a process
+            warned = [line for line in res.stderr.splitlines() if "cannot be written" in line]
+            assert len(warned) == 1, res.stderr
+            assert (
+                str(w.home / "cache") in warned[0]
+                and "read-only" in warned[0]
+                and "ENVBUILDER_HOME" in warned[0]
+            )
+            assert list(w.home.iterdir()) == []
+
+
+@pytest.mark.parametrize("number", sorted(fsutil.DISK_ERRNOS), ids=lambda n: errno.errorcode[n])
+def test_every_disk_errno_is_in_words_with_the_way_out_of_its_place(tmp_path, number):
+    """Each errno of the family, as the kernel reports it for a file under a place (this one can be had for real
+    here only where the kernel has quotas: EDQUOT is shown by the quota test above where it can)."""
+    home = tmp_path / "eb-home"
+    exc = OSError(number, os.strerror(number), str(home / "locks" / ".x.lock.new-host-1-2" / "owner.json"))
+    places = settings.disk_places({"ENVBUILDER_HOME": str(home), "SCRATCH": str(tmp_path / "scratch")})
+    err = fsutil.disk_error(exc, places)
+    assert err is not None and err.exit_code == 15 and err.family == "disk"
+    assert err.path == str(home / "locks")  # the directory the user knows, not a temporary name in it
+    assert err.message == f"{home / 'locks'}: {fsutil.DISK_ERRNOS[number]} ({errno.errorcode[number]})"
+    assert err.hint and err.hint.endswith(settings.HOME_WAY_OUT)
+    assert err.to_json()["errno"] == number
+
+
+def test_a_killed_writers_temporary_file_is_swept_by_the_next_write(tmp_path, index):
+    """A writer killed between its temporary file and the rename leaves ``.NAME.tmp-PID-NS``: the next write of
+    NAME removes it once its process is gone (and it is an hour old: another node's pid cannot be checked); a
+    live writer's is left alone."""
+    w = World(tmp_path, index)
+    ok(w.cli("create", "a", "--no-validate"))
+    out = tmp_path / "modulefiles"
+    out.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    killed = out / f".a.lua.tmp-{gone.pid}-1"
+    recent = out / f".a.lua.tmp-{gone.pid}-2"
+    alive = out / f".a.lua.tmp-{os.getpid()}-3"
+    for f in (killed, recent, alive):
+        f.write_bytes(b"half a modulefile")
+    hour_ago = time.time() - 7200
+    for f in (killed, alive):
+        os.utime(f, (hour_ago, hour_ago))
+    ok(w.cli("modulefile", "a", "-o", str(out)))
+    assert sorted(p.name for p in out.iterdir()) == sorted(["a.lua", recent.name, alive.name])
