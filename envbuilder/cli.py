@@ -105,9 +105,10 @@ def _failed(exc: EnvbuilderError, command: str, as_json: bool, args: argparse.Na
 def _disk_error(exc: OSError) -> Optional[EnvbuilderError]:
     """The last resort for a file system that said no where no command expected it (read-only, full, over quota,
     missing, not permitted): a disk error that names the path, never an "internal error"."""
-    from envbuilder import fsutil, settings  # noqa: PLC0415 - only a failure needs them
+    from envbuilder import fsutil, image, settings  # noqa: PLC0415 - only a failure needs them
 
-    return fsutil.disk_error(exc, settings.disk_places(os.environ))
+    node = (image.node_base(os.environ), image.NODE_WAY_OUT)
+    return fsutil.disk_error(exc, (*settings.disk_places(os.environ), node))
 
 
 def _internal(exc: BaseException, args: argparse.Namespace, out: Out) -> int:

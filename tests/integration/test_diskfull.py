@@ -66,19 +66,23 @@ class World(UserWorld):
         self.backups = root / "backups"
         super().__init__(root, mirror_env(index), ENVBUILDER_BACKUP_ROOT=str(self.backups))
         self.to = root / "elsewhere"
+        self.registry = root / "registry"
+        self.tmp = root / "node-tmp"
         self.out = self.scratch / "out"
         for name in ("a", "b"):
             self.write_recipe(name, RECIPE.format(name=name))
 
     def place(self, name: str) -> Path:
-        return {"home": self.home, "backups": self.backups, "scratch": self.scratch, "to": self.to}[name]
+        places = {"home": self.home, "backups": self.backups, "scratch": self.scratch, "to": self.to}
+        return {**places, "registry": self.registry, "tmp": self.tmp}[name]
 
 
 @pytest.fixture
 def world(tmp_path, index) -> Iterator[World]:
     w = World(tmp_path, index)
     with contextlib.ExitStack() as mounts:
-        for path, size in ((w.home, "8m"), (w.backups, "16m"), (w.scratch, "32m"), (w.to, "4m")):
+        sizes = ((w.home, "8m"), (w.backups, "16m"), (w.scratch, "32m"), (w.to, "4m"), (w.registry, "4m"))
+        for path, size in (*sizes, (w.tmp, "4m")):
             mounts.enter_context(tmpfs(path, size=size))
         ok(w.cli("create", "a", "--no-validate"))
         ok(w.cli("backup", "a"))
@@ -98,6 +102,12 @@ class Case(NamedTuple):
     path: str
     words: str
     hint: str
+    #: What runs before the place is broken.
+    before: tuple[str, ...] = ()
+
+
+#: This node's directory for image mounts and unpacked images, under $TMPDIR.
+NODE_DIR = f"envbuilder-{os.getuid()}"
 
 
 CASES = {
@@ -170,6 +180,27 @@ CASES = {
         "scratch", "read-only", ("restore", "a", "--force"), "envs", READ_ONLY, "--prefix DIR"
     ),
     "pack, scratch read-only": Case("scratch", "read-only", ("pack", "a"), "envs", READ_ONLY, "--to DIR"),
+    "remove, scratch read-only": Case(
+        "scratch", "read-only", ("remove", "a", "--yes"), "envs", READ_ONLY, "mounted read-only here"
+    ),
+    # A registry publish cannot write, and a node whose $TMPDIR cannot take an image's mount or unpacked copy.
+    "publish, registry read-only": Case(
+        "registry",
+        "read-only",
+        ("publish", "b", "--registry", "{registry}"),
+        "recipes",
+        READ_ONLY,
+        "--registry DIR",
+    ),
+    "publish, registry full": Case(
+        "registry", "full", ("publish", "b", "--registry", "{registry}"), "locks", FULL, "--registry DIR"
+    ),
+    "activate --image, TMPDIR read-only": Case(
+        "tmp", "read-only", ("activate", "a", "--image"), NODE_DIR, READ_ONLY, "set TMPDIR", ("pack", "a")
+    ),
+    "activate --image, TMPDIR full": Case(
+        "tmp", "full", ("activate", "a", "--image"), NODE_DIR, FULL, "set TMPDIR", ("pack", "a")
+    ),
     "modulefile -o, scratch read-only": Case(
         "scratch", "read-only", ("modulefile", "a", "-o", "{out}"), "out", READ_ONLY, "-o PATH"
     ),
@@ -196,9 +227,11 @@ def _break(w: World, case: Case) -> Path:
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 def test_a_broken_disk_is_a_disk_error_in_words(world, case):
     w = world
+    if case.before:
+        ok(w.cli(*case.before))
     place = _break(w, case)
-    argv = [a.format(to=w.to, out=w.out) for a in case.argv]
-    res = w.cli(*argv, "--json")
+    argv = [a.format(to=w.to, out=w.out, registry=w.registry) for a in case.argv]
+    res = w.cli(*argv, "--json", **({"TMPDIR": str(w.tmp)} if case.place == "tmp" else {}))
     err = res.stderr
     assert res.returncode == 15, f"exit {res.returncode}\n{err}"
     assert "internal error" not in err and "Traceback" not in err, err
