@@ -101,7 +101,8 @@ def command_disk_error(exc: CommandFailed, place: Place) -> Optional[DiskError]:
 _WRITING = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 #: What the temporary names of envbuilder's writers hold (``.NAME.tmp-PID-NS``, a mutex's ``.NAME.new-...``, a
-#: build's ``.NAME.partial-PID``, a removal's ``.NAME.removing-PID``): an error names the directory they were made in, which the user knows.
+#: build's ``.NAME.partial-PID``, a removal's ``.NAME.removing-PID``): an error names the directory they were made
+#: in, which the user knows.
 _TEMP_MARKS = (".tmp-", ".new-", ".partial-", ".broken-", ".removing-")
 
 
