@@ -77,12 +77,7 @@ def _dispatch(handler: Handler, args: argparse.Namespace, out: Out) -> int:
         if isinstance(data, int):  # a program's exit status (envbuilder run), passed on as it is
             return int(data)
     except EnvbuilderError as exc:
-        if args.traceback:
-            traceback.print_exc()
-        out.error(exc.message, exc.hint)
-        if as_json:
-            print(json.dumps(envelope(command, "error", exc.data, _errors(exc)), indent=2))
-        return exc.exit_code
+        return _failed(exc, command, as_json, args, out)
     except KeyboardInterrupt:
         out.error("interrupted")
         return EXIT_INTERRUPTED
@@ -91,13 +86,36 @@ def _dispatch(handler: Handler, args: argparse.Namespace, out: Out) -> int:
     ):  # stdout's reader left (`envbuilder list | head`): stop quietly, as pipe writers do
         return reader_gone()
     except Exception as exc:
-        if args.traceback or os.environ.get("ENVBUILDER_TRACEBACK"):
-            traceback.print_exc()
-        out.error(f"internal error: {type(exc).__name__}: {exc}", hint="rerun with --traceback and report it")
-        return EXIT_INTERNAL
+        disk = _disk_error(exc) if isinstance(exc, OSError) else None
+        return _internal(exc, args, out) if disk is None else _failed(disk, command, as_json, args, out)
     if as_json:
         print(json.dumps(envelope(command, "ok", data), indent=2))
     return EXIT_OK
+
+
+def _failed(exc: EnvbuilderError, command: str, as_json: bool, args: argparse.Namespace, out: Out) -> int:
+    if args.traceback:
+        traceback.print_exc()
+    out.error(exc.message, exc.hint)
+    if as_json:
+        print(json.dumps(envelope(command, "error", exc.data, _errors(exc)), indent=2))
+    return exc.exit_code
+
+
+def _disk_error(exc: OSError) -> Optional[EnvbuilderError]:
+    """The last resort for a file system that said no where no command expected it (read-only, full, over quota,
+    missing, not permitted): a disk error that names the path, never an "internal error"."""
+    from envbuilder import fsutil, image, settings  # noqa: PLC0415 - only a failure needs them
+
+    node = (image.node_base(os.environ), image.NODE_WAY_OUT)
+    return fsutil.disk_error(exc, (*settings.disk_places(os.environ), node))
+
+
+def _internal(exc: BaseException, args: argparse.Namespace, out: Out) -> int:
+    if args.traceback or os.environ.get("ENVBUILDER_TRACEBACK"):
+        traceback.print_exc()
+    out.error(f"internal error: {type(exc).__name__}: {exc}", hint="rerun with --traceback and report it")
+    return EXIT_INTERNAL
 
 
 def reader_gone() -> int:

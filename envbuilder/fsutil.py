@@ -23,12 +23,130 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder import removal
-from envbuilder.errors import StateError
+from envbuilder.errors import CommandFailed, DiskError, StateError
 from envbuilder.structs import dataclass
 
 STALE_AFTER_S = 24 * 3600
 FILE_MODE = 0o644
 DIR_MODE = 0o755
+
+
+#: The errnos of a file system that says no, in words: one error family (``DiskError``) for all of them.
+DISK_ERRNOS = {
+    errno.EROFS: "the file system is read-only",
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EFBIG: "the file size limit was reached",
+    errno.ENOENT: "no such file or directory",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+#: Where a disk error happened and the way out there: a root directory and what to do instead of writing under
+#: it ("set ENVBUILDER_HOME to a writable directory"). The first place that holds the failing path gives the hint.
+Place = tuple[Path, str]
+
+
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """Let an OSError from writing ``path`` name it: a failed ``write`` or ``fsync`` (a full disk, a quota) says
+    only "No space left on device", and the user needs to know where."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
+def disk_error(exc: OSError, places: tuple[Place, ...] = (), *, anywhere: bool = True) -> Optional[DiskError]:
+    """``exc`` as a DiskError (the path, the cause in words, a hint from the place that holds the path), or None
+    where it is no disk error (another errno, or no path). With ``anywhere`` false, only a path in one of
+    ``places`` is converted: an outer handler, with places of its own, gets the rest."""
+    if exc.errno not in DISK_ERRNOS or exc.filename is None:
+        return None
+    # A copy's or a rename's second name is where it wrote: a full or read-only target, not the source.
+    name = exc.filename2 if exc.filename2 is not None and exc.errno in _WRITING else exc.filename
+    return _disk(exc.errno, _shown(os.fsdecode(name)), places, anywhere)
+
+
+def _disk(
+    number: int, path: str, places: tuple[Place, ...], anywhere: bool, said: str = ""
+) -> Optional[DiskError]:
+    way_out = next((hint for root, hint in places if _under(path, root)), None)
+    if way_out is None and not anywhere:
+        return None
+    code = errno.errorcode.get(number, str(number))
+    return DiskError(
+        f"{path}: {DISK_ERRNOS[number]} ({code}){said}", path=path, errno=number, hint=_hint(number, way_out)
+    )
+
+
+#: What a program says on its stderr for each disk errno (strerror, as C's perror and Rust's io::Error print it).
+_SAID = {number: os.strerror(number) for number in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)}
+
+
+def command_disk_error(exc: CommandFailed, place: Place) -> Optional[DiskError]:
+    """A program (uv, mksquashfs, a compressor) that failed because the file system it wrote to under ``place``
+    said no, as a DiskError with the place's hint; None where its stderr names no disk error."""
+    tail = exc.stderr_tail
+    for number, text in _SAID.items():
+        if text.lower() in tail.lower():
+            line = next(ln.strip() for ln in tail.splitlines() if text.lower() in ln.lower())
+            return _disk(number, str(place[0]), (place,), True, f", as {Path(exc.argv[0]).name} said: {line}")
+    return None
+
+
+_WRITING = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+
+#: What the temporary names of envbuilder's writers hold (``.NAME.tmp-PID-NS``, a mutex's ``.NAME.new-...``, a
+#: build's ``.NAME.partial-PID``, a removal's ``.NAME.removing-PID``): an error names the directory they were made
+#: in, which the user knows.
+_TEMP_MARKS = (".tmp-", ".new-", ".partial-", ".broken-", ".removing-")
+
+
+def _shown(path: str) -> str:
+    parts = path.split("/")
+    for i, name in enumerate(parts):
+        if i and name.startswith(".") and any(mark in name for mark in _TEMP_MARKS):
+            return "/".join(parts[:i]) or "/"
+    return path
+
+
+def _under(path: str, root: Path) -> bool:
+    return path == str(root) or path.startswith(str(root).rstrip("/") + "/")
+
+
+def _hint(number: Optional[int], way_out: Optional[str]) -> str:
+    if number in _FULL:
+        first = "free space or quota on that file system (df -h, quota -s)"
+    elif number == errno.ENOENT:
+        first = "check that it exists (a purge, or a file system not mounted on this node?)"
+    elif number == errno.EROFS:
+        first = "that file system is mounted read-only here (some nodes mount $WORK so)"
+    else:
+        first = "check its owner and mode (ls -ld)"
+    return f"{first}; or {way_out}" if way_out else first
+
+
+@contextlib.contextmanager
+def disk_errors(*places: Place) -> Iterator[None]:
+    """Turn an OSError of a path under one of ``places`` into a DiskError with that place's hint, and a program
+    that failed on a full or read-only file system into one of the first place; any other error passes on (the
+    CLI's last resort converts the OSErrors left with a hint of its own)."""
+    try:
+        yield
+    except OSError as exc:
+        converted = disk_error(exc, places, anywhere=False)
+        if converted is None:
+            raise
+        raise converted from exc
+    except CommandFailed as exc:
+        said = command_disk_error(exc, places[0]) if places else None
+        if said is None:
+            raise
+        raise said from exc
 
 
 def mkdirs(path: Path) -> None:
@@ -90,17 +208,38 @@ def read_cache(path: Path, version: int, section: str) -> dict[str, Any]:
 
 def write_cache(path: Path, version: int, section: str, entries: dict[str, Any]) -> None:
     """Write a cache file :func:`read_cache` reads; one that cannot be written is left as it was."""
-    with contextlib.suppress(OSError):
+    try:
         write_atomic(path, json.dumps({"version": version, section: entries}, sort_keys=True).encode())
+    except OSError as exc:
+        cache_unwritable(path.parent, exc)
+
+
+#: The cache directories this process has warned about (a plan writes dozens of cache files: one warning).
+_UNWRITABLE: set[str] = set()
+
+
+def cache_unwritable(directory: Path, exc: OSError) -> None:
+    """Say once that a cache cannot be written (a read-only or full home) and go on: a cache only saves time,
+    and a command that only reads (plan, list) must not fail for it."""
+    if str(directory) in _UNWRITABLE:
+        return
+    _UNWRITABLE.add(str(directory))
+    from envbuilder.console import Out  # noqa: PLC0415 - only an unwritable cache needs it
+
+    words = DISK_ERRNOS.get(exc.errno or 0) or exc.strerror or str(exc)
+    Out().warn(f"the cache {directory} cannot be written ({words}); going on without it ({_CACHE_WAY_OUT})")
+
+
+_CACHE_WAY_OUT = "set ENVBUILDER_HOME to a writable directory to keep it"
 
 
 def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
     """Replace ``path`` with ``data`` so readers see the old or the new file, never a part."""
     mkdirs(path.parent)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+    tmp = path.with_name(f"{_tmp_prefix(path)}{os.getpid()}-{time.monotonic_ns()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with naming(path), os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -110,6 +249,31 @@ def write_atomic(path: Path, data: bytes, mode: int = FILE_MODE) -> None:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+    sweep_tmp(path)
+
+
+def _tmp_prefix(path: Path) -> str:
+    return f".{path.name}.tmp-"
+
+
+def sweep_tmp(path: Path) -> None:
+    """Remove the temporary files of ``path`` that writers on this host left when they were killed (their
+    process is gone): a write that cannot finish leaves nothing, not even after a kill."""
+    prefix = _tmp_prefix(path)
+    with contextlib.suppress(OSError):
+        for left in path.parent.glob(glob.escape(prefix) + "*"):
+            pid, _, _ns = left.name[len(prefix) :].partition("-")
+            # Only this host's pids can be checked; an hour-old temporary file of a small write is no one's.
+            old = time.time() - left.lstat().st_mtime > 3600
+            if (
+                pid.isdigit()
+                and old
+                and not _pid_alive(int(pid))
+                and left.is_file()
+                and not left.is_symlink()
+            ):
+                with contextlib.suppress(OSError):
+                    left.unlink()
 
 
 def fsync_dir(path: Path) -> None:

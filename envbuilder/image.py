@@ -183,6 +183,10 @@ def node_base(env: Mapping[str, str]) -> Path:
     return root / f"envbuilder-{os.getuid()}"
 
 
+#: The way out when this node's directory for images (:func:`node_base`) cannot be written.
+NODE_WAY_OUT = "set TMPDIR to a node-local directory of yours with space (image mounts and unpacked images)"
+
+
 def default_base() -> Path:
     """The node-local directory every node names alike, whatever its TMPDIR: :func:`node_base` without one."""
     return node_base({})

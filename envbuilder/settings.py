@@ -105,3 +105,22 @@ def conda_cache(env: Mapping[str, str]) -> Path:
     if env.get("SCRATCH"):
         return Path(env["SCRATCH"]) / "envbuilder" / "conda-pkgs"
     return Path(env.get("HOME") or Path.home()) / ".cache" / "envbuilder" / "conda-pkgs"
+
+
+#: What to do instead when the file system of each place says no (the hints of ``disk_places``).
+BACKUP_WAY_OUT = f"back up elsewhere with --to DIR, or set {BACKUP_ROOT_VAR}"
+HOME_WAY_OUT = "set ENVBUILDER_HOME to a writable directory with space (records, locks, caches)"
+PREFIX_WAY_OUT = "build elsewhere with --prefix DIR"
+
+
+def disk_places(env: Mapping[str, str]) -> tuple[tuple[Path, str], ...]:
+    """Where envbuilder writes by default, each with the way out when its file system says no (read-only, full,
+    over quota): the hint of a disk error under it (``fsutil.disk_error``)."""
+    backups, _why = backup_root(env)
+    places = [
+        (backups, BACKUP_WAY_OUT),
+        (home(env), HOME_WAY_OUT),
+    ]
+    if env.get("SCRATCH"):
+        places.append((Path(env["SCRATCH"]), PREFIX_WAY_OUT))
+    return tuple(places)

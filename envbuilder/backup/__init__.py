@@ -31,10 +31,10 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, fsutil, purge, removal, state, transaction
+from envbuilder import __version__, fsutil, purge, removal, settings, state, transaction
 from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
-from envbuilder.errors import BackupError, CommandFailed, EnvbuilderError, UsageError
+from envbuilder.errors import BackupError, CommandFailed, DiskError, EnvbuilderError, UsageError
 from envbuilder.structs import dataclass
 
 BACKUP_VERSION = 1
@@ -179,7 +179,11 @@ def writer_mutex(
 ) -> Iterator[None]:
     """One writer at a time on a backup root; what an interrupted writer left is cleared first: its partial
     backup (or a pruned one half removed) and its temporary blobs."""
-    with fsutil.Mutex(root / "locks" / "backups.lock", timeout=timeout, on_wait=on_wait):
+    # A read-only, full or over-quota root is a disk error with the way out (--to) wherever it shows.
+    with (
+        fsutil.disk_errors((root, settings.BACKUP_WAY_OUT)),
+        fsutil.Mutex(root / "locks" / "backups.lock", timeout=timeout, on_wait=on_wait),
+    ):
         partials = sorted((root / "envs").glob(f"*/{transaction.PARTIAL}*"))
         for left in [*partials, *sorted((root / "store").glob("*/.*.tmp-*"))]:
             removal.remove_below(root, left, dirs=True)  # never through a link, nor a link itself
@@ -269,21 +273,25 @@ def make(
             tx.swap()
     except OSError as exc:
         if exc.errno in _NO_SPACE:
-            raise _no_space(root, exc.strerror or str(exc)) from None
+            raise _no_space(root, exc.errno, exc.strerror or str(exc)) from None
         raise
     except CommandFailed as exc:
         if exc.returncode == -signal.SIGXFSZ:  # the compressor passed the file size limit (ulimit -f)
-            raise _no_space(root, "the file size limit (ulimit -f) was reached") from None
-        if any(w in exc.stderr_tail.lower() for w in ("space", "quota", "too large")):
-            raise _no_space(root, exc.stderr_tail.strip().splitlines()[-1]) from None
+            raise _no_space(root, errno.EFBIG, "the file size limit (ulimit -f) was reached") from None
+        for number, words in ((errno.EDQUOT, "quota"), (errno.ENOSPC, "space"), (errno.EFBIG, "too large")):
+            if words in exc.stderr_tail.lower():
+                raise _no_space(root, number, exc.stderr_tail.strip().splitlines()[-1]) from None
         raise
     return BackupResult(_load(root, tx.final), notes)
 
 
-def _no_space(root: Path, why: str) -> BackupError:
-    return BackupError(
-        f"the backup could not be written to {root}: {why}; earlier backups are intact",
-        hint="free space or quota there (envbuilder prune-backups --keep 1), or back up elsewhere with --to DIR",
+def _no_space(root: Path, number: int, why: str) -> DiskError:
+    return DiskError(
+        f"the backup could not be written to {root}: {why} ({errno.errorcode[number]}); earlier backups are intact",
+        path=str(root),
+        errno=number,
+        hint="free space or quota there (envbuilder prune-backups --keep 1), or back up elsewhere with --to DIR "
+        f"or {settings.BACKUP_ROOT_VAR}",
     )
 
 

@@ -191,7 +191,13 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         wait=args.wait,
     )
     final = Path(args.prefix or b.data["prefix"]).expanduser().resolve()
-    with proc.sigterm_as_interrupt(), steps, steps.watching([transaction.partial_of(final)]):
+    where = (final.parent, "restore elsewhere with --prefix DIR (and --name NAME)")
+    with (
+        proc.sigterm_as_interrupt(),
+        steps,
+        steps.watching([transaction.partial_of(final)]),
+        fsutil.disk_errors(where),
+    ):
         result = restorer.restore(b, env, modules.detect(env), opts, steps.start)
     data = result.to_json()
     rec = result.record

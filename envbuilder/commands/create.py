@@ -7,9 +7,10 @@ import dataclasses
 import os
 import platform
 import re
+from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import activation, host, lockfile, modules, proc, progress, purge, settings, state
+from envbuilder import activation, fsutil, host, lockfile, modules, proc, progress, purge, settings, state
 from envbuilder import create as creator
 from envbuilder import plan as planner
 from envbuilder.commands import plan as plan_cmd
@@ -81,7 +82,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         wait=args.wait,
         installer_source="--installer" if args.installer else "recipe",
     )
-    with proc.sigterm_as_interrupt(), steps:
+    where = (Path(the_plan.prefix).parent, "build elsewhere with --prefix DIR")
+    with proc.sigterm_as_interrupt(), steps, fsutil.disk_errors(where):
         result = creator.create(
             the_plan, recipe, env, modules.detect(env), copts, report=report, facts=facts.to_json()
         )

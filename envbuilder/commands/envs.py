@@ -253,7 +253,8 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if _is_dir_target(args.output, args.format):
             # Lmod reads NAME.lua; Environment Modules takes a modulefile's name as it is.
             target = target / (f"{record.name}.lua" if args.format == "lua" else record.name)
-        fsutil.write_atomic(target, text.encode())
+        with fsutil.disk_errors((target.parent, "write it elsewhere with -o PATH")):
+            fsutil.write_atomic(target, text.encode())
         written = str(target.resolve())  # the file itself, wherever -o was relative to or a directory
         if not args.json:
             loaded = target.name[: -len(".lua")] if target.name.endswith(".lua") else target.name

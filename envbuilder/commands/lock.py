@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envbuilder import host, lockfile, settings
+from envbuilder import fsutil, host, lockfile, settings
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Out
 from envbuilder.lockfile import lockers
@@ -30,7 +30,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     path = (
         Path(args.output).expanduser() if args.output else lockfile.user_path(settings.home(env), recipe.name)
     )
-    lockers.write(lock, path)
+    with fsutil.disk_errors((path.parent, "write the lockfile elsewhere with -o FILE")):
+        lockers.write(lock, path)
     if not quiet:
         for p in lock.platforms:
             top = ", ".join(f"{k.name} {k.version}" for k in p.packages[:4])

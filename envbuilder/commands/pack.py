@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envbuilder import image, settings, state
+from envbuilder import fsutil, image, settings, state
 from envbuilder.console import Out
 
 
@@ -15,7 +15,11 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     home = settings.home(os.environ)
     to = Path(args.to).expanduser().resolve() if args.to else None
     with state.mutex(home, args.env):
-        record = image.pack(home, state.load(home, args.env), to)
+        record = state.load(home, args.env)
+        with fsutil.disk_errors(
+            (to or Path(record.prefix).parent, "write the image elsewhere with --to DIR")
+        ):
+            record = image.pack(home, record, to)
     made = dict(record.image)
     if not args.json:
         out.result.line(

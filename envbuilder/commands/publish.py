@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envbuilder import host, lockfile, settings, state
+from envbuilder import fsutil, host, lockfile, settings, state
 from envbuilder import plan as planner
 from envbuilder.console import Out
 from envbuilder.errors import EnvbuilderError, LockError, PublishError
@@ -38,9 +38,18 @@ def _catalog_for(refs: list[str]) -> tuple[Catalog, list[str]]:
     return Catalog([*base.layers, *(Layer(str(r), r) for r in sorted(seen))]), names
 
 
+#: The way out when the registry's file system says no (read-only, full, over quota).
+REGISTRY_WAY_OUT = "publish to a registry you can write, with --registry DIR"
+
+
 def handle_publish(args: argparse.Namespace, out: Out) -> dict[str, Any]:
-    catalog, names = _catalog_for(args.recipes)
     reg = registry.Registry(Path(args.registry).expanduser())
+    with fsutil.disk_errors((reg.root, REGISTRY_WAY_OUT)):
+        return _publish(args, out, reg)
+
+
+def _publish(args: argparse.Namespace, out: Out, reg: registry.Registry) -> dict[str, Any]:
+    catalog, names = _catalog_for(args.recipes)
     key = Path(args.sign_key).expanduser() if args.sign_key else None
     if args.allowed_signers or args.require_signatures:
         signers = Path(args.allowed_signers).expanduser() if args.allowed_signers else None

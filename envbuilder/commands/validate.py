@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import __version__, host, image, modules, proc, settings, state
+from envbuilder import __version__, fsutil, host, image, modules, proc, settings, state
 from envbuilder.console import Cell, Out, plain
 from envbuilder.errors import PublishError, StateError, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
@@ -18,6 +18,9 @@ from envbuilder.recipe.catalog import Catalog
 from envbuilder.tables import Column
 from envbuilder.validate import report
 from envbuilder.validate import runner as validator
+
+#: The way out when a validation's run directory (inside the env) cannot be written.
+RUNS_HINT = "the checks write their run directory inside the env (envbuilder/validation): it must be writable"
 
 _STYLE = {"pass": "green", "warn": "bold yellow", "fail": "bold red", "skip": "yellow"}
 
@@ -150,7 +153,8 @@ def execute(
     )
     # SIGTERM (a batch job's time limit, scancel, kill) unwinds like Ctrl-C: the launcher and every rank it
     # started are ended, a submitted job is cancelled, and the CLI exits 130.
-    with status_ctx or contextlib.nullcontext(), proc.sigterm_as_interrupt():
+    runs = (Path(opts.runs) if opts.runs else Path(record.prefix), RUNS_HINT)
+    with status_ctx or contextlib.nullcontext(), proc.sigterm_as_interrupt(), fsutil.disk_errors(runs):
         result = validator.run(record, recipe, facts, env, modules.detect(env), opts=opts, live=live)
     if home is not None:
         validator.store(home, record, result)

@@ -212,6 +212,8 @@ def _init(reg: Registry) -> None:
         for sub in ("recipes", "locks"):
             (reg.root / sub).mkdir(mode=DIR_MODE, exist_ok=True)
     except OSError as exc:
+        if exc.errno in fsutil.DISK_ERRNOS:
+            raise  # a disk error with the path and the way out (the command's fsutil.disk_errors)
         raise PublishError(f"cannot create the registry at {reg.root}: {exc.strerror}") from None
     # Refuse to publish into a registry its users would refuse to read.
     reg.guard_parts(INDEX, CONFIG, "recipes", "locks")

@@ -22,7 +22,6 @@ get an error saying why.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import time
@@ -223,7 +222,9 @@ class _Cache:
             "read_at": got.read_at,
             "files": [f.to_json() for f in got.files],
         }
-        with contextlib.suppress(OSError):  # the cache only saves time; a read-only home must not fail a plan
+        try:  # the cache only saves time; a read-only home must not fail a plan
             self.root.mkdir(parents=True, exist_ok=True, mode=CACHE_DIR_MODE)
             self.root.chmod(CACHE_DIR_MODE)
             fsutil.write_atomic(self._path(url), json.dumps(data).encode(), mode=CACHE_FILE_MODE)
+        except OSError as exc:
+            fsutil.cache_unwritable(self.root, exc)

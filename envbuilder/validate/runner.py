@@ -257,8 +257,12 @@ def _make_run_dir(run_dir: Path) -> None:
     """The run's directory, with its rank directory and a copy of the payload."""
     run_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     run_dir.mkdir(mode=0o755)
-    (run_dir / "ranks").mkdir(mode=0o755)
-    payloads.copy_to(run_dir / "payloads")
+    try:
+        (run_dir / "ranks").mkdir(mode=0o755)
+        payloads.copy_to(run_dir / "payloads")
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)  # a full disk leaves no half-made run behind
+        raise
 
 
 #: A run directory without its report is a validation still at work (another process's), or one killed before it
