@@ -261,7 +261,7 @@ def _make_run_dir(run_dir: Path) -> None:
         (run_dir / "ranks").mkdir(mode=0o755)
         payloads.copy_to(run_dir / "payloads")
     except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)  # a full disk leaves no half-made run behind
+        removal.remove_tree(run_dir, ignore_errors=True)  # a full disk leaves no half-made run behind
         raise
 
 
