@@ -8,6 +8,7 @@ they cannot be had (an unprivileged run, a container without mount rights) the f
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pwd
 import shutil
@@ -93,3 +94,53 @@ def fill(path: Path, leave: int = 0) -> None:
                 break
             f.write(block)
             f.flush()
+
+
+@contextlib.contextmanager
+def quota_dir(
+    image: Path, mountpoint: Path, *, limit: str = "1M", size: str = "300M", full: bool = False
+) -> Iterator[Path]:
+    """A directory under a real quota: a btrfs file system in ``image`` (a sparse file on a loop device) mounted
+    at ``mountpoint``, with quotas on and a qgroup limit of ``limit`` on the subvolume returned. Writing past it
+    fails with EDQUOT, for root too (btrfs qgroups need no kernel CONFIG_QUOTA). ``full``: a file ``filler`` in it
+    takes all of the quota first."""
+    if os.geteuid() != 0:
+        pytest.skip("a quota'd file system needs root (losetup, mount)")
+    for tool in ("mkfs.btrfs", "btrfs"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is missing: .ci/run installs btrfs-progs")
+    with image.open("wb") as f:
+        f.truncate(_bytes(size))
+    _mount(["mkfs.btrfs", "-q", str(image)])
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    _mount(["mount", "-o", "loop", str(image), str(mountpoint)])
+    try:
+        sub = mountpoint / "quota"
+        _mount(["btrfs", "quota", "enable", str(mountpoint)])
+        _mount(["btrfs", "subvolume", "create", str(sub)])
+        _mount(["btrfs", "qgroup", "limit", limit, str(sub)])
+        if full:
+            _fill_quota(sub / "filler")
+        yield sub
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
+        image.unlink(missing_ok=True)
+
+
+def _fill_quota(filler: Path) -> None:
+    block = b"\0" * (64 * 1024)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            os.write(fd, block)
+            os.fsync(fd)  # qgroups count what reached the disk
+    except OSError as exc:
+        if exc.errno != errno.EDQUOT:
+            raise
+    finally:
+        os.close(fd)
+
+
+def _bytes(size: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
