@@ -181,6 +181,7 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             if not args.json:
                 out.result.line(f"kept {record.name} ({prefix})")
             return {"name": record.name, "prefix": str(prefix), "removed": False}
+    # The mutex backup, restore and pack of this env hold too: a remove never pulls the env from under them.
     with state.mutex(home, record.name):
         if prefix.exists():
             # An interrupted remove never leaves half an env under the env's own name (the next create or

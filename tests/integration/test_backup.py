@@ -4,6 +4,7 @@ test_backup_torch.py, apart so that xdist can run the two files on different wor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -169,6 +170,36 @@ def test_concurrent_backups_of_one_env_are_serialized(world):
     assert len(listed) == 2 and len({b["id"] for b in listed}) == 2
     for b in listed:
         ok(w.cli("verify-backup", b["id"]))
+
+
+def test_remove_during_a_backup_is_refused_and_nothing_is_lost(world):
+    """remove and backup of one env take the same mutex: a remove while the backup reads the env refuses, naming
+    the process that holds it; the backup completes and the env is still there. The backup is stopped (SIGSTOP)
+    while its partial exists, so the remove runs inside it whatever the machine's speed."""
+    w = world
+    ok(w.cli("create", w.small("busy", "ebdemo==1.0", "ebbig==1.0"), "--no-validate"))
+    proc = w.spawn("backup", "busy", "--mode", "archive", start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(w.backups.glob("envs/busy/.partial-*")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the backup never started writing"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        res = w.cli("remove", "busy", "--yes")
+        os.killpg(proc.pid, signal.SIGCONT)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+    assert res.returncode == 9, res.stderr
+    assert f"locked by process {proc.pid}" in res.stderr and "busy.lock" in res.stderr
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert (w.prefix("busy") / "pyvenv.cfg").is_file() and (w.home / "envs" / "busy.json").is_file()
+    ok(w.cli("verify-backup", "busy"))
+    # Once the backup is done, remove takes the mutex and removes the env.
+    ok(w.cli("remove", "busy", "--yes"))
+    assert not w.prefix("busy").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------
