@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from backupworld import SMALL_RECIPE, World, packages
@@ -170,6 +171,45 @@ def test_concurrent_backups_of_one_env_are_serialized(world):
     assert len(listed) == 2 and len({b["id"] for b in listed}) == 2
     for b in listed:
         ok(w.cli("verify-backup", b["id"]))
+
+
+def _kill_when(proc: subprocess.Popen[str], point: Any) -> None:
+    deadline = time.monotonic() + 120
+    while not point():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the kill point was never reached"
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    time.sleep(0.5)  # its tar/zstd get their parent-death signal
+
+
+def test_killed_archive_backup_and_restore_leave_the_previous_state_and_no_partial(world):
+    """SIGKILL in the middle of an archive backup and of its restore (64 MiB that does not compress, so each
+    lasts): the earlier backups and the target are as they were; the next run, which breaks the dead process's
+    mutexes (the backup root's and the env's), leaves no partial file."""
+    w = world
+    ok(w.cli("create", w.small("kb", "ebdemo==1.0"), "--no-validate"))
+    ok(w.cli("backup", "kb", "--mode", "archive"))
+    before = [b["id"] for b in w.data("backups", "kb")]
+    site = next(w.prefix("kb").glob("lib/python*/site-packages"))
+    (site / "ebdemo" / "ballast.bin").write_bytes(os.urandom(64 * 2**20))
+    proc = w.spawn("backup", "kb", "--mode", "archive")
+    _kill_when(proc, lambda: any(p.is_dir() for p in w.backups.glob("envs/kb/.partial-*")))
+    assert [b["id"] for b in w.data("backups", "kb")] == before
+    made = w.data("backup", "kb", "--mode", "archive", "--wait", "0")
+    _no_partials(w)
+
+    target = w.root / "elsewhere" / "kb"
+    partial = lambda: list(target.parent.glob(".kb.*"))  # noqa: E731
+    proc = w.spawn("restore", made["id"], "--prefix", str(target), "--name", "kb2", "--no-validate")
+    _kill_when(proc, lambda: any((p / "pyvenv.cfg").exists() for p in partial()))
+    assert not target.exists() and partial()
+    ok(w.cli("restore", made["id"], "--prefix", str(target), "--name", "kb2", "--no-validate", "--wait", "0"))
+    assert partial() == [] and (target / "pyvenv.cfg").is_file()
+    assert (
+        next(target.glob("lib/python*/site-packages")) / "ebdemo" / "ballast.bin"
+    ).stat().st_size == 64 * 2**20
 
 
 def test_remove_during_a_backup_is_refused_and_nothing_is_lost(world):
