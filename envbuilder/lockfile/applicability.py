@@ -137,19 +137,36 @@ def target_environment(arch: str, python: str) -> dict[str, str]:
     }
 
 
+#: The micro versions a lock's python (MAJOR.MINOR) may be at: uv writes ``python_full_version >= '3.10'``
+#: markers, which decide for the minor when they hold for every micro.
+_MICROS = range(40)
+
+
 def _applies(pkg: lockfile.LockedPackage, environment: Mapping[str, str], where: str) -> bool:
-    """Whether ``pkg``'s marker holds for the target; a LockError naming it where the marker reads a value the
-    target's platform does not fix (a kernel release, a micro version)."""
+    """Whether ``pkg``'s marker holds for the target (for every micro version of its python, where the marker
+    reads the full version); a LockError naming it where that is not decided by what the lock's platform fixes
+    (a kernel release, a micro version, an unknown python)."""
     used = set(_VARIABLE.findall(_QUOTED.sub("", pkg.marker)))
-    unknown = sorted(v for v in used if not environment.get(v, "") and v != "extra")
-    if unknown:
+    python = environment["python_version"]
+    pythons = ("python_version", "python_full_version", "implementation_version")
+    unknown = sorted(
+        v for v in used if v in ("platform_release", "platform_version") or (v in pythons and not python)
+    )
+    answers = set()
+    if not unknown:
+        for micro in _MICROS if used & {"python_full_version", "implementation_version"} else (0,):
+            full = f"{python}.{micro}"
+            answers.add(Marker(pkg.marker).evaluate({**environment, "python_full_version": full,
+                                                     "implementation_version": full}))  # fmt: skip
+    if unknown or len(answers) != 1:
+        reads = ", ".join(unknown) or "the micro version of python"
         raise LockError(
-            f"{where}: {pkg.name} {pkg.version} is locked for `{pkg.marker}`, which reads {', '.join(unknown)}: "
-            f"not known for the target ({environment['platform_machine']}, python "
-            f"{environment['python_version'] or 'unknown'}), so whether it belongs there cannot be decided",
-            hint="lock for a python version (python.version in the recipe) and regenerate the lock",
+            f"{where}: {pkg.name} {pkg.version} is locked for `{pkg.marker}`, which reads {reads}: not fixed for "
+            f"the target ({environment['platform_machine']}, python {python or 'unknown'}), so whether it "
+            "belongs there cannot be decided",
+            hint="regenerate the lock with `envbuilder lock`",
         )
-    return Marker(pkg.marker).evaluate(dict(environment))
+    return answers.pop()
 
 
 def for_target(

@@ -200,9 +200,20 @@ def _site(prefix: Path) -> set[str]:
 def test_locked_markers_are_evaluated_for_the_target_and_exactly_what_applies_is_installed(world):
     """A lock entry with an environment marker: evaluated for the lock's target (x86_64 Linux, its python), as
     uv and pip would there; what applies is installed, every one of it, and what does not is left out and said."""
-    world.recipe()
+    build_wheel(world.files, "newpy", "1.0", {"newpy/__init__.py": ""})
+    build_wheel(
+        world.files,
+        "needsnew",
+        "1.0",
+        {"needsnew/__init__.py": ""},
+        requires=['newpy; python_version >= "3.10"'],
+    )
+    world.recipe(specs=("helper==2.0", "needsnew==1.0"))
     ok(world.cli("lock", "demo"))
     path = world.home / "lockfiles" / "demo.lock.toml"
+    # uv keeps the marker of a dependency that holds for the python it locked for, as a full-version one.
+    markers = {p.name: p.marker for p in lockfile.read(path).for_arch("x86_64").packages}
+    assert markers["newpy"] == "python_full_version >= '3.10'"
     winonly = build_wheel(world.files, "winonly", "1.0", {"winonly/__init__.py": ""})
     oldpy = build_wheel(world.files, "oldpy", "1.0", {"oldpy/__init__.py": ""})
 
@@ -224,7 +235,8 @@ def test_locked_markers_are_evaluated_for_the_target_and_exactly_what_applies_is
     assert 'oldpy 1.0 is only for `python_version < "3.0"`' in notes
     ok(world.cli("create", "demo", "--locked", "--no-validate"))
     assert world.x() == "x86 1.1"
-    assert _site(world.scratch / "envs" / "demo") == {"fastmath-1.1.dist-info", "helper-2.0.dist-info"}
+    installed = {"fastmath-1.1", "helper-2.0", "needsnew-1.0", "newpy-1.0"}
+    assert _site(world.scratch / "envs" / "demo") == {f"{d}.dist-info" for d in installed}
 
 
 def test_a_marker_smuggled_into_a_locked_version_is_refused_not_skipped(world):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -191,6 +192,14 @@ wheels = [{{ url = "http://i/colorama-0.4.6-py3-none-any.whl", hashes = {{ sha25
     lock = lockfile.Lock("demo", "", "0" * 64, "venv", "uv", "", "", (platform,))
     assert lockfile.parse(lock.dumps(), "x").platforms[0].packages == pkgs
     # Without the target's python, a marker on the python version cannot be decided: an error naming it.
+    full = [
+        replace(pkgs[0], marker=m) for m in ("python_full_version >= '3.10'", "python_full_version >= '3.12'")
+    ]
+    kept, left = applicability.for_target(replace(platform, packages=tuple(full)), "x.lock.toml")
+    assert [p.marker for p in kept.packages] == ["python_full_version >= '3.10'"] and left == [full[1]]
+    micro = replace(platform, packages=(replace(pkgs[0], marker="python_full_version == '3.11.4'"),))
+    with pytest.raises(LockError, match="which reads the micro version of python"):
+        applicability.for_target(micro, "x.lock.toml")
     unknown = lockfile.PlatformLock("aarch64", "t", {"python": ""}, pkgs)
     with pytest.raises(LockError, match=r"armonly 1\.0 is locked for .* which reads python_version"):
         applicability.for_target(unknown, "x.lock.toml")
