@@ -324,7 +324,7 @@ def _install(job: _Job, backend: base.Backend, build: base.Build) -> None:
 def _check_locked(locked: lockfile.PlatformLock, build: base.Build) -> None:
     """--locked never installs less than the lock: every locked wheel for this target is in the env, at its
     version (an installer that skipped one, by a marker or as already satisfied, exits 0)."""
-    installed = {}
+    installed: dict[str, str] = {}
     for info in build.partial.glob("lib*/python*/site-packages/*.dist-info"):
         name, _, version = info.name[: -len(".dist-info")].partition("-")
         installed[canonicalize_name(name)] = version

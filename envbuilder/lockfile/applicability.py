@@ -175,7 +175,8 @@ def for_target(
     """The platform's packages that belong on its target (their markers evaluated for it), and those that do not
     (an exact lock installs the first, every one of them, and never the second)."""
     environment = target_environment(platform.arch, str(platform.inputs.get("python", "")))
-    keep, skip = [], []
+    keep: list[lockfile.LockedPackage] = []
+    skip: list[lockfile.LockedPackage] = []
     for pkg in platform.packages:
         (keep if not pkg.marker or _applies(pkg, environment, where) else skip).append(pkg)
     return replace(platform, packages=tuple(keep)), skip
