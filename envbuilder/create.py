@@ -333,7 +333,8 @@ def _check_locked(locked: lockfile.PlatformLock, build: base.Build) -> None:
         raise LockError(
             f"the installer left out {len(lacking)} locked package(s): {', '.join(lacking)}; the env was not put "
             "in place",
-            hint="check the lock (envbuilder lock NAME regenerates it) and the build log",
+            hint="the build log says why; pip counts a package the base python already has "
+            "(env.system_site_packages) as installed",
         )
     build.log.write(f"installed packages match the lock ({len(locked.wheels)})")
 

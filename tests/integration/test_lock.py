@@ -268,6 +268,48 @@ def test_a_marker_smuggled_into_a_locked_version_is_refused_not_skipped(world):
     assert not (world.scratch / "envs" / "demo").exists()
 
 
+OVERLAY = """
+schema_version = 1
+[recipe]
+name = "demo"
+[env]
+kind = "venv"
+installer = "pip"
+system_site_packages = true
+prefix = "${{SCRATCH}}/envs/{{name}}"
+[python]
+command = "{python}"
+version = "3.11"
+[torch]
+install = false
+[[packages]]
+name = "helper"
+spec = "helper==2.0"
+"""
+
+
+@pytest.mark.skipif(UV is None, reason="uv is not installed")
+def test_a_locked_package_the_installer_leaves_out_fails_the_create_naming_it(world):
+    """An env that sees its parent python's packages, where the locked fastmath 1.1 is installed already: pip
+    takes it as satisfied and installs only helper, exiting 0, so the env would hold less than the lock (and a
+    fastmath whose hash nothing checked). The create fails naming it, and no env is put in place."""
+    base = world.root / "base"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base)], check=True)
+    subprocess.run([str(UV), "pip", "install", "--python", str(base / "bin" / "python"), "--index-url",
+                    f"{world.index.url}/simple/", "fastmath==1.1"], check=True, capture_output=True,
+                   env={**world.env, "UV_NO_CONFIG": "1"})  # fmt: skip
+    world.write_recipe("demo", OVERLAY.format(python=base / "bin" / "python"))
+    ok(world.cli("lock", "demo"))
+    assert lockfile.read(world.home / "lockfiles" / "demo.lock.toml").for_arch("x86_64").versions() == {
+        "fastmath": "1.1",
+        "helper": "2.0",
+    }
+    res = world.cli("create", "demo", "--locked", "--no-validate")
+    refused(res, 13, "the installer left out 1 locked package(s): fastmath==1.1")
+    assert not (world.scratch / "envs" / "demo").exists()
+    assert not list((world.scratch / "envs").glob(".demo*"))
+
+
 def test_unresolvable_platform_and_unknown_platform(world):
     world.recipe(specs=("x86only==1.0",))
     res = world.cli("lock", "demo", "--platform", "x86_64", "--platform", "aarch64")
