@@ -491,7 +491,7 @@ def _package(pkg: LockedPackage, where: str) -> LockedPackage:
     smuggled into a name or version would reach the installer's requirement line, which then skips the package
     (or does what the option says) and exits 0."""
     fix = "regenerate it with `envbuilder lock`"
-    if not _NAME.match(pkg.name):
+    if not (_CONDA_WORD if pkg.is_conda else _NAME).match(pkg.name):  # conda names may start with _
         raise LockError(f"{where}: name {pkg.name!r} is not a package name", hint=fix)
     if pkg.is_conda:
         if not _CONDA_WORD.match(pkg.version) or (pkg.build and not _CONDA_WORD.match(pkg.build)):
