@@ -336,10 +336,8 @@ def _unpack(image: Path, into: Path, digest: str) -> None:
     # The image's mutex on this node is held: every partial here is a killed unpack's, not a running one's.
     transaction.recover(into)
     partial = transaction.partial_of(into)
-    if os.path.lexists(into):
-        transaction.delete(
-            into
-        )  # an unmarked copy (an older envbuilder's killed unpack), or a dangling alias
+    if os.path.lexists(into):  # an unmarked copy (an older envbuilder's killed unpack), or a dangling alias
+        transaction.delete(into)
     try:
         archive.unpack(image, partial, tools)
         (partial / UNPACKED_MARK).write_text(digest + "\n", encoding="utf-8")
