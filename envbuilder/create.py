@@ -25,11 +25,25 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, activation, fsutil, payloads, proc, removal, settings, state, transaction
+from packaging.utils import canonicalize_name
+
+from envbuilder import (
+    __version__,
+    activation,
+    fsutil,
+    lockfile,
+    payloads,
+    proc,
+    removal,
+    settings,
+    state,
+    transaction,
+)
 from envbuilder.backends import base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, open_log, world_write_swept
 from envbuilder.backends.smoke import activated_env, smoke
-from envbuilder.errors import BackendError, StateError, UsageError
+from envbuilder.errors import BackendError, LockError, StateError, UsageError
+from envbuilder.lockfile import applicability
 from envbuilder.modules import EnvDelta, ModuleSystem
 from envbuilder.plan import Plan
 from envbuilder.plan.activation import Activation
@@ -313,6 +327,27 @@ def _install(job: _Job, backend: base.Backend, build: base.Build) -> None:
     _write_pins(job.plan, build.partial)
     for step in steps[1 if first else 0 :]:
         backend.install(build, step, _step_env(job, build, step))
+    # An overlay env's installer counts the site python's packages as installed (pip --user skips them).
+    if job.plan.locked is not None and registry.kind_info(job.plan.kind).own_python:
+        _check_locked(job.plan.locked, build)
+
+
+def _check_locked(locked: lockfile.PlatformLock, build: base.Build) -> None:
+    """--locked never installs less than the lock: every locked wheel for this target is in the env, at its
+    version (an installer that skipped one, by a marker or as already satisfied, exits 0)."""
+    installed: dict[str, str] = {}
+    for info in build.partial.glob("lib*/python*/site-packages/*.dist-info"):
+        name, _, version = info.name[: -len(".dist-info")].partition("-")
+        installed[canonicalize_name(name)] = version
+    lacking = applicability.missing(locked, installed)
+    if lacking:
+        raise LockError(
+            f"the installer left out {len(lacking)} locked package(s): {', '.join(lacking)}; the env was not put "
+            "in place",
+            hint="the build log says why; pip counts a package the base python already has "
+            "(env.system_site_packages) as installed",
+        )
+    build.log.write(f"installed packages match the lock ({len(locked.wheels)})")
 
 
 def _step_env(job: _Job, build: base.Build, step: Optional[InstallStep]) -> Mapping[str, str]:

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import activate_scripts, fsutil, proc, removal, state
+from envbuilder import activate_scripts, fsutil, proc, state, transaction
 from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import StateError
@@ -145,7 +145,9 @@ def pack(home: Path, record: state.EnvRecord, to: Optional[Path]) -> state.EnvRe
         )
     final = image_path(record, to)
     final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.parent / f".{final.name}.partial-{os.getpid()}"
+    # What a killed pack of this env left here (the env's mutex is held): its full-size partial image.
+    transaction.recover(final)
+    partial = transaction.partial_of(final)
     packages, newest = inventory(prefix), stamp(prefix)
     argv = [mksquashfs, str(prefix), str(partial), "-noappend", "-quiet", "-no-progress"]
     compression = "zstd" if archive.squashfs_zstd(mksquashfs) else "gzip"
@@ -156,7 +158,7 @@ def pack(home: Path, record: state.EnvRecord, to: Optional[Path]) -> state.EnvRe
         digest = wheelhouse.file_sha256(partial)
         partial.replace(final)
     finally:
-        partial.unlink(missing_ok=True)
+        transaction.delete(partial)
     image = {
         "path": str(final),
         "sha256": digest,
@@ -335,18 +337,17 @@ def _verify(image: Path, digest: str) -> None:
 def _unpack(image: Path, into: Path, digest: str) -> None:
     """unsquashfs beside ``into``, marked complete, renamed in (a killed unpack leaves only a partial)."""
     tools = archive.Tools.find()
-    partial = into.parent / f".{into.name}.partial-{os.getpid()}"
-    if partial.exists():
-        removal.remove_tree(partial)
-    if into.exists():
-        removal.remove_tree(into)  # an unmarked copy: a killed unpack's
+    # The image's mutex on this node is held: every partial here is a killed unpack's, not a running one's.
+    transaction.recover(into)
+    partial = transaction.partial_of(into)
+    if os.path.lexists(into):  # an unmarked copy (an older envbuilder's killed unpack), or a dangling alias
+        transaction.delete(into)
     try:
         archive.unpack(image, partial, tools)
         (partial / UNPACKED_MARK).write_text(digest + "\n", encoding="utf-8")
         partial.replace(into)
     finally:
-        if partial.exists():
-            removal.remove_tree(partial)
+        transaction.delete(partial)
 
 
 #: What an image's env must hold for each shell's script beside the mount to work from it.

@@ -23,6 +23,7 @@ env's own may not be on the node yet).
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -33,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from envbuilder import activate_scripts, fsutil, image, proc, removal, state
+from envbuilder import activate_scripts, fsutil, image, proc, removal, state, transaction
 from envbuilder.errors import UsageError
 from envbuilder.structs import dataclass
 from envbuilder.validate import launchers, runner, schedulers
@@ -215,12 +216,16 @@ def _fetch(key: str, digest: str, source: Path) -> str:
     if _complete(image.unpacked_path(base, key)):
         _link_alias(base, key)
         return f"{READY} {base}"
-    partial = base / f".{key}{image.SUFFIX}.partial-{os.getpid()}"
-    try:
-        shutil.copyfile(source, partial)
-        partial.replace(_copy(base, key))
-    finally:
-        partial.unlink(missing_ok=True)
+    copy = _copy(base, key)
+    # Under the image's mutex on this node, as its unpack: a partial copy here is a killed fetch's.
+    with fsutil.Mutex(base / f".{key}.lock", timeout=image.MOUNT_WAIT_S):
+        transaction.recover(copy)
+        partial = transaction.partial_of(copy)
+        try:
+            shutil.copyfile(source, partial)
+            partial.replace(copy)
+        finally:
+            transaction.delete(partial)
     return f"copied {_unpack(key, digest, base)}"
 
 
@@ -233,8 +238,9 @@ def _link_alias(base: Path, key: str) -> None:
     with fsutil.Mutex(alias_base / f".{key}.lock", timeout=image.MOUNT_WAIT_S):
         if alias.is_dir() and not alias.is_symlink():
             removal.remove_tree(alias)  # an unmarked copy, or one made before this node's TMPDIR was set
+        for left in alias_base.glob(f".{glob.escape(alias.name)}.link-*"):
+            transaction.delete(left)  # a killed stage's link, never renamed in
         link = alias_base / f".{alias.name}.link-{os.getpid()}"
-        link.unlink(missing_ok=True)
         link.symlink_to(target)
         link.replace(alias)
 

@@ -218,7 +218,7 @@ def make(
     fmt: str = "tar",
     step: Callable[[str], None] = lambda text: None,
 ) -> BackupResult:
-    """Back ``record``'s env up under ``root`` (call with writer_mutex held)."""
+    """Back ``record``'s env up under ``root`` (call with writer_mutex and the env's mutex held)."""
     prefix = Path(record.prefix)
     if not prefix.is_dir():
         raise BackupError(
@@ -534,14 +534,21 @@ def _files_size(path: Path) -> int:
 
 
 def make_all(
-    records: Sequence[state.EnvRecord], root: Path, mode: Optional[str], step: Callable[[str], None]
+    records: Sequence[state.EnvRecord],
+    root: Path,
+    mode: Optional[str],
+    step: Callable[[str], None],
+    *,
+    home: Path,
 ) -> tuple[list[BackupResult], list[tuple[str, EnvbuilderError]]]:
-    """Back every env up (wheelhouse for venvs, archive otherwise, unless ``mode`` says); failures are
-    collected, not fatal, so one broken env does not stop the rest."""
+    """Back every env up (wheelhouse for venvs, archive otherwise, unless ``mode`` says), each under its env's
+    mutex (an env another envbuilder is changing is a failure, not a wait); failures are collected, not fatal,
+    so one broken env does not stop the rest."""
     done, failed = [], []
     for record in records:
         try:
-            done.append(make(record, root, mode or default_mode(record), step=step))
+            with state.mutex(home, record.name):
+                done.append(make(record, root, mode or default_mode(record), step=step))
         except EnvbuilderError as exc:
             failed.append((record.name, exc))
     return done, failed

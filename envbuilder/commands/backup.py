@@ -51,6 +51,13 @@ def _waiting(out: Out) -> Any:
     return on_wait
 
 
+def _env_waiting(out: Out, name: str) -> Any:
+    def on_wait(owner: fsutil.Owner) -> None:
+        out.warn(f"another envbuilder (pid {owner.pid} on {owner.host}) is changing {name}; waiting")
+
+    return on_wait
+
+
 def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     home = settings.home(os.environ)
     root = Path(args.to).expanduser().resolve() if args.to else settings.backup_root(os.environ)[0]
@@ -66,11 +73,13 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     mutex = backup.writer_mutex(root, args.wait, _waiting(out))
     with proc.sigterm_as_interrupt(), mutex, steps, steps.watching([root]):
         if not args.all:
-            record = state.load(home, args.env)
-            mode = args.mode or backup.default_mode(record)
-            if not quiet:
-                out.heading(f"Backing up {record.name} ({mode}) to {root}")
-            result = backup.make(record, root, mode, args.format, step)
+            # The env's own mutex too: remove, restore and pack of this env wait for the backup (or it for them).
+            with state.mutex(home, args.env, timeout=args.wait, on_wait=_env_waiting(out, args.env)):
+                record = state.load(home, args.env)
+                mode = args.mode or backup.default_mode(record)
+                if not quiet:
+                    out.heading(f"Backing up {record.name} ({mode}) to {root}")
+                result = backup.make(record, root, mode, args.format, step)
             steps.stop()
             if not quiet:
                 _render_one(result, out)
@@ -81,7 +90,7 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 records.append(state.load(home, name))
             except EnvbuilderError as exc:
                 out.warn(f"{name}: {exc.message}")
-        done, failed = backup.make_all(records, root, args.mode, step)
+        done, failed = backup.make_all(records, root, args.mode, step, home=home)
     if not quiet:
         for r in done:
             _render_one(r, out)

@@ -197,6 +197,7 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             if not args.json:
                 out.result.line(f"kept {record.name} ({prefix})")
             return {"name": record.name, "prefix": str(prefix), "removed": False}
+    # The mutex backup, restore and pack of this env hold too: a remove never pulls the env from under them.
     with state.mutex(home, record.name):
         left = _not_its_env(record)
         if left is None and prefix.is_dir():

@@ -27,6 +27,9 @@ from dataclasses import field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
+from packaging.markers import InvalidMarker, Marker
+from packaging.version import InvalidVersion, Version
+
 from envbuilder import settings
 from envbuilder._toml import TOMLDecodeError, dumps, loads
 from envbuilder.backends.registry import kind_info
@@ -70,6 +73,9 @@ class LockedPackage:
     files: tuple[LockedFile, ...]
     #: conda packages: the build string (the same name and version can have several builds).
     build: str = ""
+    #: A PEP 508 environment marker the resolver attached (the package is only for targets where it holds):
+    #: evaluated for the target when a plan takes the lock (``applicability.for_target``), never by the installer.
+    marker: str = ""
 
     @property
     def is_conda(self) -> bool:
@@ -155,6 +161,7 @@ class Lock:
                             "name": k.name,
                             "version": k.version,
                             **({"build": k.build} if k.build else {}),
+                            **({"marker": k.marker} if k.marker else {}),
                             "source": k.source,
                             "files": [{"url": f.url, "sha256": f.sha256} for f in k.files],
                         }
@@ -322,7 +329,13 @@ def from_pylock(text: str, where: str) -> tuple[LockedPackage, ...]:
                 f"{where}: {pkg.get('name')} {pkg.get('version')} has no file with a sha256",
                 hint="a package from a local path or VCS URL cannot be locked; publish it as a wheel",
             )
-        out.append(LockedPackage(str(pkg["name"]), str(pkg["version"]), source, tuple(files)))
+        marker = str(pkg.get("marker", ""))
+        out.append(
+            _package(
+                LockedPackage(str(pkg["name"]), str(pkg["version"]), source, tuple(files), marker=marker),
+                where,
+            )
+        )
     return tuple(out)
 
 
@@ -393,7 +406,10 @@ _TOP = (
     "created_by",
 )
 _PLATFORM = ("arch", "tag", "inputs", "package")
-_PACKAGE = ("name", "version", "build", "source", "files")
+_PACKAGE = ("name", "version", "build", "marker", "source", "files")
+_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
+#: A conda version or build string: no spaces, no requirement or marker syntax.
+_CONDA_WORD = re.compile(r"^[A-Za-z0-9_.+!*-]+$")
 
 
 def parse(text: str, where: str) -> Lock:
@@ -437,12 +453,16 @@ def parse(text: str, where: str) -> Lock:
             if source not in SOURCES:
                 raise LockError(f"{where}: {ptable}.source {source!r} is not one of {', '.join(SOURCES)}")
             packages.append(
-                LockedPackage(
-                    _need(pkg, "name", str, where, ptable),
-                    _need(pkg, "version", str, where, ptable),
-                    source,
-                    tuple(files),
-                    str(pkg.get("build", "")),
+                _package(
+                    LockedPackage(
+                        _need(pkg, "name", str, where, ptable),
+                        _need(pkg, "version", str, where, ptable),
+                        source,
+                        tuple(files),
+                        str(pkg.get("build", "")),
+                        str(pkg.get("marker", "")),
+                    ),
+                    f"{where}: {ptable}",
                 )
             )
         platforms.append(
@@ -464,6 +484,37 @@ def parse(text: str, where: str) -> Lock:
         platforms=tuple(platforms),
         path=where,
     )
+
+
+def _package(pkg: LockedPackage, where: str) -> LockedPackage:
+    """``pkg`` as parsed, when its name, version and marker are each what the key says: a marker or an option
+    smuggled into a name or version would reach the installer's requirement line, which then skips the package
+    (or does what the option says) and exits 0."""
+    fix = "regenerate it with `envbuilder lock`"
+    if not (_CONDA_WORD if pkg.is_conda else _NAME).match(pkg.name):  # conda names may start with _
+        raise LockError(f"{where}: name {pkg.name!r} is not a package name", hint=fix)
+    if pkg.is_conda:
+        if not _CONDA_WORD.match(pkg.version) or (pkg.build and not _CONDA_WORD.match(pkg.build)):
+            raise LockError(
+                f"{where}: {pkg.name} {pkg.version!r} {pkg.build!r} is not a conda version", hint=fix
+            )
+    else:
+        try:
+            Version(pkg.version)
+        except InvalidVersion:
+            raise LockError(
+                f"{where}: {pkg.name}'s version {pkg.version!r} is not a version (expected an exact PEP 440 "
+                "version; an environment marker goes in `marker`)",
+                hint=fix,
+            ) from None
+    if pkg.marker:
+        try:
+            Marker(pkg.marker)
+        except InvalidMarker as exc:
+            raise LockError(
+                f"{where}: {pkg.name}'s marker {pkg.marker!r} is not a PEP 508 marker ({exc})"
+            ) from None
+    return pkg
 
 
 def read(path: Path, origin: str = "") -> Lock:

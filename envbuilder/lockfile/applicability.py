@@ -3,8 +3,14 @@ still matches the recipe."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
+
+from packaging.markers import Marker
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from envbuilder import lockfile
 from envbuilder.backends.registry import kind_info
@@ -96,9 +102,92 @@ def applicable_lock(
         problem = (
             f"{lock.path} is stale for {name} on {arch}: the recipe now resolves differently ({changes})"
         )
-    if not problem:
-        return platform, LockStatus(lock.summary(), arch, applies=True)
+    if not problem and platform is not None:
+        return for_target(platform, str(lock.path))[0], LockStatus(lock.summary(), arch, applies=True)
     if locked:
         raise LockError(problem, hint=f"regenerate it: {fix}")
     warnings.append(f"{problem}; building without the lock")
     return None, LockStatus(lock.summary(), arch, applies=False, reason=problem)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Markers, for the target
+
+
+#: Marker variables whose value a lock's platform fixes: Linux nodes of its arch, CPython of its python.
+_KNOWN = ("os_name", "sys_platform", "platform_system", "platform_machine", "platform_python_implementation",
+          "implementation_name", "python_version", "extra")  # fmt: skip
+_VARIABLE = re.compile(r"\b(" + "|".join(("python_full_version", "implementation_version", "platform_release",
+                                          "platform_version", *_KNOWN)) + r")\b")  # fmt: skip
+_QUOTED = re.compile(r"\"[^\"]*\"|'[^']*'")
+
+
+def target_environment(arch: str, python: str) -> dict[str, str]:
+    """The marker environment of ``arch`` Linux nodes running CPython ``python`` (MAJOR.MINOR; "" unknown):
+    what uv's ``--python-platform`` and pip's ``--platform`` evaluate markers against, not this host."""
+    return {
+        "os_name": "posix",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": arch,
+        "platform_python_implementation": "CPython",
+        "implementation_name": "cpython",
+        "python_version": python,
+        "extra": "",
+    }
+
+
+#: The micro versions a lock's python (MAJOR.MINOR) may be at: uv writes ``python_full_version >= '3.10'``
+#: markers, which decide for the minor when they hold for every micro.
+_MICROS = range(40)
+
+
+def _applies(pkg: lockfile.LockedPackage, environment: Mapping[str, str], where: str) -> bool:
+    """Whether ``pkg``'s marker holds for the target (for every micro version of its python, where the marker
+    reads the full version); a LockError naming it where that is not decided by what the lock's platform fixes
+    (a kernel release, a micro version, an unknown python)."""
+    used = set(_VARIABLE.findall(_QUOTED.sub("", pkg.marker)))
+    python = environment["python_version"]
+    pythons = ("python_version", "python_full_version", "implementation_version")
+    unknown = sorted(
+        v for v in used if v in ("platform_release", "platform_version") or (v in pythons and not python)
+    )
+    answers = set()
+    if not unknown:
+        for micro in _MICROS if used & {"python_full_version", "implementation_version"} else (0,):
+            full = f"{python}.{micro}"
+            answers.add(Marker(pkg.marker).evaluate({**environment, "python_full_version": full,
+                                                     "implementation_version": full}))  # fmt: skip
+    if unknown or len(answers) != 1:
+        reads = ", ".join(unknown) or "the micro version of python"
+        raise LockError(
+            f"{where}: {pkg.name} {pkg.version} is locked for `{pkg.marker}`, which reads {reads}: not fixed for "
+            f"the target ({environment['platform_machine']}, python {python or 'unknown'}), so whether it "
+            "belongs there cannot be decided",
+            hint="regenerate the lock with `envbuilder lock`",
+        )
+    return answers.pop()
+
+
+def for_target(
+    platform: lockfile.PlatformLock, where: str
+) -> tuple[lockfile.PlatformLock, list[lockfile.LockedPackage]]:
+    """The platform's packages that belong on its target (their markers evaluated for it), and those that do not
+    (an exact lock installs the first, every one of them, and never the second)."""
+    environment = target_environment(platform.arch, str(platform.inputs.get("python", "")))
+    keep: list[lockfile.LockedPackage] = []
+    skip: list[lockfile.LockedPackage] = []
+    for pkg in platform.packages:
+        (keep if not pkg.marker or _applies(pkg, environment, where) else skip).append(pkg)
+    return replace(platform, packages=tuple(keep)), skip
+
+
+def missing(platform: lockfile.PlatformLock, installed: Mapping[str, str]) -> list[str]:
+    """The locked wheels (``name==version``) that ``installed`` (canonical name -> version) lacks or has at
+    another version."""
+    out = []
+    for pkg in platform.wheels:
+        have = installed.get(canonicalize_name(pkg.name))
+        if have is None or Version(have) != Version(pkg.version):
+            out.append(f"{pkg.name}=={pkg.version}" + (f" (found {have})" if have else ""))
+    return out

@@ -148,6 +148,9 @@ class Plan:
     lock_pins: str = ""
     #: conda packages of the lock in use, name -> sha256, checked against the env once it is created.
     lock_conda: dict[str, str] = field(default_factory=dict)
+    #: The lock's platform as it applies to the target (its markers evaluated): what --locked installs, every
+    #: wheel of it checked against the env once installed.
+    locked: Optional[lockfile.PlatformLock] = None
     #: The partition planned for (``--partition``); None for the site's default one.
     partition: Optional[str] = None
 
@@ -357,6 +360,7 @@ def build(
         lock_requirements=locked.requirements_txt() if locked else "",
         lock_pins=locked.pins() if locked else "",
         lock_conda={p.name: p.files[0].sha256 for p in locked.conda} if locked else {},
+        locked=locked,
         partition=opts.partition,
     )
 
@@ -411,6 +415,12 @@ def _lock_remarks(
         f"locked: {len(locked.packages)} packages for {locked.arch} from {lock.path} ({lock.origin}), "
         "installed by version and sha256"
     )
+    whole = lock.for_arch(locked.arch)
+    for pkg in whole.packages if whole else ():
+        if pkg not in locked.packages:
+            notes.append(
+                f"locked: {pkg.name} {pkg.version} is only for `{pkg.marker}`, not this target: left out"
+            )
     if lock.nightly():
         warnings.append(lockfile.nightly_warning(name))
 

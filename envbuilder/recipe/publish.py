@@ -58,6 +58,7 @@ def publish(
     if reg.require_signatures() and sign_key is None:
         raise PublishError(f"{reg.root} requires signed recipes", hint="pass --sign-key KEY")
     with fsutil.Mutex(reg.root / "locks" / "publish.lock", timeout=wait):
+        _sweep(reg)
         index = _index_to_extend(reg, sign_key)
         versions = sorted(index.get(name, {}).values(), key=lambda p: version_key(p.version))
         declared = (doc.get("recipe") or {}).get("version")
@@ -171,6 +172,7 @@ def attach_validation(
             hint="ask them to run `envbuilder validate ENV --publish-report` on their copy of the env",
         )
     with fsutil.Mutex(reg.root / "locks" / "publish.lock", timeout=wait):
+        _sweep(reg)
         index = reg.index()
         pub = index.get(name, {}).get(version)
         if pub is None:
@@ -219,6 +221,21 @@ def _init(reg: Registry) -> None:
     reg.guard_parts(INDEX, CONFIG, "recipes", "locks")
 
 
+def _sweep(reg: Registry) -> None:
+    """Remove what a publish killed mid-way left (the publish mutex held, so no writer is at work): partial
+    recipe, lock and signature files of any recipe, and index.json's temporary copy. The index never named them,
+    so the registry is as it was before that publish; a recipe directory that is a symbolic link is not entered."""
+    recipes = reg.root / "recipes"
+    folders = (
+        [d for d in sorted(recipes.iterdir()) if d.is_dir() and not d.is_symlink()]
+        if recipes.is_dir()
+        else []
+    )
+    left = [p for d in folders for p in d.glob(f".*{transaction.PARTIAL}*")]
+    for path in [*left, *reg.root.glob(f".{INDEX}.tmp-*")]:
+        transaction.delete(path)
+
+
 def _write(reg: Registry, name: str, version: str, text: str, sign_key: Optional[Path]) -> Published:
     folder = reg.root / "recipes" / name
     folder.mkdir(mode=DIR_MODE, exist_ok=True)
@@ -240,7 +257,6 @@ def _put_file(reg: Registry, final: Path, data: bytes, sign_key: Optional[Path],
     """Write ``final`` read-only, and its signature before it, each built beside and swapped in (the publish
     mutex held). ssh-keygen writes the signature beside the file it signs: ``.NAME.partial-PID.sig``, which
     the signature's transaction swaps in as ``NAME.sig``."""
-    transaction.recover(final)  # what a publish killed here left (both partials match)
     signer = None
     with transaction.Transaction(final) as tx:
         tx.partial.write_bytes(data)

@@ -4,6 +4,7 @@ test_backup_torch.py, apart so that xdist can run the two files on different wor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from backupworld import SMALL_RECIPE, World, packages
@@ -169,6 +171,75 @@ def test_concurrent_backups_of_one_env_are_serialized(world):
     assert len(listed) == 2 and len({b["id"] for b in listed}) == 2
     for b in listed:
         ok(w.cli("verify-backup", b["id"]))
+
+
+def _kill_when(proc: subprocess.Popen[str], point: Any) -> None:
+    deadline = time.monotonic() + 120
+    while not point():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the kill point was never reached"
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    time.sleep(0.5)  # its tar/zstd get their parent-death signal
+
+
+def test_killed_archive_backup_and_restore_leave_the_previous_state_and_no_partial(world):
+    """SIGKILL in the middle of an archive backup and of its restore (64 MiB that does not compress, so each
+    lasts): the earlier backups and the target are as they were; the next run, which breaks the dead process's
+    mutexes (the backup root's and the env's), leaves no partial file."""
+    w = world
+    ok(w.cli("create", w.small("kb", "ebdemo==1.0"), "--no-validate"))
+    ok(w.cli("backup", "kb", "--mode", "archive"))
+    before = [b["id"] for b in w.data("backups", "kb")]
+    site = next(w.prefix("kb").glob("lib/python*/site-packages"))
+    (site / "ebdemo" / "ballast.bin").write_bytes(os.urandom(64 * 2**20))
+    proc = w.spawn("backup", "kb", "--mode", "archive")
+    _kill_when(proc, lambda: any(p.is_dir() for p in w.backups.glob("envs/kb/.partial-*")))
+    assert [b["id"] for b in w.data("backups", "kb")] == before
+    made = w.data("backup", "kb", "--mode", "archive", "--wait", "0")
+    _no_partials(w)
+
+    target = w.root / "elsewhere" / "kb"
+    partial = lambda: list(target.parent.glob(".kb.*"))  # noqa: E731
+    proc = w.spawn("restore", made["id"], "--prefix", str(target), "--name", "kb2", "--no-validate")
+    _kill_when(proc, lambda: any((p / "pyvenv.cfg").exists() for p in partial()))
+    assert not target.exists() and partial()
+    ok(w.cli("restore", made["id"], "--prefix", str(target), "--name", "kb2", "--no-validate", "--wait", "0"))
+    assert partial() == [] and (target / "pyvenv.cfg").is_file()
+    assert (
+        next(target.glob("lib/python*/site-packages")) / "ebdemo" / "ballast.bin"
+    ).stat().st_size == 64 * 2**20
+
+
+def test_remove_during_a_backup_is_refused_and_nothing_is_lost(world):
+    """remove and backup of one env take the same mutex: a remove while the backup reads the env refuses, naming
+    the process that holds it; the backup completes and the env is still there. The backup is stopped (SIGSTOP)
+    while its partial exists, so the remove runs inside it whatever the machine's speed."""
+    w = world
+    ok(w.cli("create", w.small("busy", "ebdemo==1.0", "ebbig==1.0"), "--no-validate"))
+    proc = w.spawn("backup", "busy", "--mode", "archive", start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(w.backups.glob("envs/busy/.partial-*")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the backup never started writing"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        res = w.cli("remove", "busy", "--yes")
+        os.killpg(proc.pid, signal.SIGCONT)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+    assert res.returncode == 9, res.stderr
+    assert f"locked by process {proc.pid}" in res.stderr and "busy.lock" in res.stderr
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert (w.prefix("busy") / "pyvenv.cfg").is_file() and (w.home / "envs" / "busy.json").is_file()
+    ok(w.cli("verify-backup", "busy"))
+    # Once the backup is done, remove takes the mutex and removes the env.
+    ok(w.cli("remove", "busy", "--yes"))
+    assert not w.prefix("busy").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from packaging.utils import canonicalize_name
 from wheelindex import build_wheel, mirror_env, serve
 
 from envbuilder import lockfile
+from envbuilder._toml import dumps
 
 pytestmark = pytest.mark.integration
 UV = shutil.which("uv")
@@ -183,6 +184,130 @@ def test_stale_missing_and_tampered_locks(world):
     # A hand-broken lock names the file and the key.
     path.write_text(path.read_text().replace("engine = ", "engin = "))
     refused(world.cli("plan", "demo"), 13, "unknown key 'engin'")
+
+
+def _edit_lock(path: Path, edit: Any) -> None:
+    """Rewrite the lock at ``path`` after ``edit`` (called with the x86_64 platform's package tables)."""
+    data = lockfile.read(path).to_data()
+    edit(next(p for p in data["platform"] if p["arch"] == "x86_64")["package"])
+    path.write_text(dumps(data))
+
+
+def _site(prefix: Path) -> set[str]:
+    return {p.name for p in prefix.glob("lib/python*/site-packages/*.dist-info")}
+
+
+def test_locked_markers_are_evaluated_for_the_target_and_exactly_what_applies_is_installed(world):
+    """A lock entry with an environment marker: evaluated for the lock's target (x86_64 Linux, its python), as
+    uv and pip would there; what applies is installed, every one of it, and what does not is left out and said."""
+    build_wheel(world.files, "newpy", "1.0", {"newpy/__init__.py": ""})
+    build_wheel(
+        world.files,
+        "needsnew",
+        "1.0",
+        {"needsnew/__init__.py": ""},
+        requires=['newpy; python_version >= "3.10"'],
+    )
+    world.recipe(specs=("helper==2.0", "needsnew==1.0"))
+    ok(world.cli("lock", "demo"))
+    path = world.home / "lockfiles" / "demo.lock.toml"
+    # uv keeps the marker of a dependency that holds for the python it locked for, as a full-version one.
+    markers = {p.name: p.marker for p in lockfile.read(path).for_arch("x86_64").packages}
+    assert markers["newpy"] == "python_full_version >= '3.10'"
+    winonly = build_wheel(world.files, "winonly", "1.0", {"winonly/__init__.py": ""})
+    oldpy = build_wheel(world.files, "oldpy", "1.0", {"oldpy/__init__.py": ""})
+
+    def edit(packages: list[dict[str, Any]]) -> None:
+        for pkg in packages:
+            if pkg["name"] == "fastmath":
+                pkg["marker"] = 'platform_machine == "x86_64" and sys_platform == "linux"'
+        for wheel, marker in ((winonly, 'sys_platform == "win32"'), (oldpy, 'python_version < "3.0"')):
+            name = wheel.name.split("-")[0]
+            url = f"{world.index.url}/files/{wheel.name}"
+            packages.append({"name": name, "version": "1.0", "marker": marker, "source": "wheel",
+                             "files": [{"url": url, "sha256": sha(wheel)}]})  # fmt: skip
+
+    _edit_lock(path, edit)
+    plan = world.data("plan", "demo")
+    assert plan["lock"]["status"] == "applies"
+    notes = "\n".join(plan["notes"])
+    assert 'winonly 1.0 is only for `sys_platform == "win32"`, not this target: left out' in notes
+    assert 'oldpy 1.0 is only for `python_version < "3.0"`' in notes
+    ok(world.cli("create", "demo", "--locked", "--no-validate"))
+    assert world.x() == "x86 1.1"
+    installed = {"fastmath-1.1", "helper-2.0", "needsnew-1.0", "newpy-1.0"}
+    assert _site(world.scratch / "envs" / "demo") == {f"{d}.dist-info" for d in installed}
+
+
+def test_a_marker_smuggled_into_a_locked_version_is_refused_not_skipped(world):
+    """The probe of issue 32: ``version = "1.1 ; python_version < '3.0'"`` became the requirement line
+    ``fastmath==1.1 ; python_version < '3.0' --hash=...``, which the installer skipped, exiting 0 with fastmath
+    missing. The lock is refused now, naming the package; and a marker that reads what the target does not fix
+    (a kernel release) is an error naming it, not a guess from this host."""
+    world.recipe()
+    ok(world.cli("lock", "demo"))
+    path = world.home / "lockfiles" / "demo.lock.toml"
+    clean = path.read_text()
+
+    def smuggle(packages: list[dict[str, Any]]) -> None:
+        next(p for p in packages if p["name"] == "fastmath")["version"] = '1.1 ; python_version < "3.0"'
+
+    _edit_lock(path, smuggle)
+    res = world.cli("create", "demo", "--locked", "--no-validate")
+    refused(res, 13, "fastmath's version '1.1 ; python_version < \"3.0\"' is not a version")
+    assert not (world.scratch / "envs" / "demo").exists()
+
+    path.write_text(clean)
+
+    def kernel(packages: list[dict[str, Any]]) -> None:
+        next(p for p in packages if p["name"] == "fastmath")["marker"] = 'platform_release >= "5"'
+
+    _edit_lock(path, kernel)
+    res = world.cli("create", "demo", "--locked", "--no-validate")
+    refused(res, 13, 'fastmath 1.1 is locked for `platform_release >= "5"`, which reads platform_release')
+    assert not (world.scratch / "envs" / "demo").exists()
+
+
+OVERLAY = """
+schema_version = 1
+[recipe]
+name = "demo"
+[env]
+kind = "venv"
+installer = "pip"
+system_site_packages = true
+prefix = "${{SCRATCH}}/envs/{{name}}"
+[python]
+command = "{python}"
+version = "3.11"
+[torch]
+install = false
+[[packages]]
+name = "helper"
+spec = "helper==2.0"
+"""
+
+
+@pytest.mark.skipif(UV is None, reason="uv is not installed")
+def test_a_locked_package_the_installer_leaves_out_fails_the_create_naming_it(world):
+    """An env that sees its parent python's packages, where the locked fastmath 1.1 is installed already: pip
+    takes it as satisfied and installs only helper, exiting 0, so the env would hold less than the lock (and a
+    fastmath whose hash nothing checked). The create fails naming it, and no env is put in place."""
+    base = world.root / "base"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base)], check=True)
+    subprocess.run([str(UV), "pip", "install", "--python", str(base / "bin" / "python"), "--index-url",
+                    f"{world.index.url}/simple/", "fastmath==1.1"], check=True, capture_output=True,
+                   env={**world.env, "UV_NO_CONFIG": "1"})  # fmt: skip
+    world.write_recipe("demo", OVERLAY.format(python=base / "bin" / "python"))
+    ok(world.cli("lock", "demo"))
+    assert lockfile.read(world.home / "lockfiles" / "demo.lock.toml").for_arch("x86_64").versions() == {
+        "fastmath": "1.1",
+        "helper": "2.0",
+    }
+    res = world.cli("create", "demo", "--locked", "--no-validate")
+    refused(res, 13, "the installer left out 1 locked package(s): fastmath==1.1")
+    assert not (world.scratch / "envs" / "demo").exists()
+    assert not list((world.scratch / "envs").glob(".demo*"))
 
 
 def test_unresolvable_platform_and_unknown_platform(world):

@@ -11,7 +11,9 @@ import shutil
 import signal
 import stat
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import UserWorld, bash, ok, refused
@@ -270,6 +272,80 @@ def test_a_tmpdir_missing_on_the_node_falls_back_to_tmp(packed):
     finally:
         shutil.rmtree(copy, ignore_errors=True)
         Path(f"{copy}.activate.sh").unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Killed mid-way: the previous state stays, and the next run leaves no partial file
+
+
+def _weigh(w: World, mib: int = 96) -> None:
+    """Bytes that do not compress in the env, so that packing and unpacking it last long enough to be killed."""
+    site = next(w.prefix("small").glob("lib/python*/site-packages"))
+    with (site / "ebdemo" / "ballast.bin").open("wb") as fh:
+        for _ in range(mib):
+            fh.write(os.urandom(2**20))
+
+
+def _kill_when(proc: subprocess.Popen[str], point: Any, what: str) -> None:
+    """SIGKILL ``proc`` as soon as ``point()`` holds (its children die with it: PR_SET_PDEATHSIG)."""
+    deadline = time.monotonic() + 120
+    while not point():
+        if proc.poll() is not None:
+            pytest.fail(f"it ended (exit {proc.returncode}) before {what}: {proc.communicate()[1]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"{what} never happened")
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    time.sleep(0.5)  # the orphaned mksquashfs/unsquashfs gets its parent-death signal
+
+
+def test_a_killed_pack_keeps_the_previous_image_and_the_next_pack_leaves_no_partial(packed):
+    w, made = packed
+    image = Path(made["path"])
+    before = image.read_bytes()
+    _weigh(w)
+    partials = lambda: list(image.parent.glob(".small.sqfs.partial-*"))  # noqa: E731
+    proc = w.spawn("pack", "small")
+    _kill_when(proc, lambda: any(p.stat().st_size > 0 for p in partials()), "mksquashfs wrote its partial")
+    assert image.read_bytes() == before and w.data("show", "small")["image"]["sha256"] == made["sha256"]
+    again = w.data("pack", "small")
+    assert again["sha256"] != made["sha256"] and partials() == []
+
+
+def test_a_killed_unpack_leaves_no_copy_and_the_next_use_no_partial(packed):
+    """A node without FUSE unpacks the image: killed in unsquashfs, no copy is there to be used half-made, and
+    the next use unpacks it whole and removes what the killed one left."""
+    w, _ = packed
+    _weigh(w)
+    made = w.data("pack", "small")
+    key = f"small-{made['sha256'][:16]}"
+    partials = lambda: list(w.node().glob(f".{key}.unpacked.partial-*"))  # noqa: E731
+    proc = w.spawn("activate", "small", "--image", extra={"ENVBUILDER_NO_FUSE": "1"})
+    _kill_when(proc, partials, "unsquashfs began")
+    assert partials() and not (w.node() / f"{key}.unpacked").exists()
+    data = w.data("activate", "small", "--image", ENVBUILDER_NO_FUSE="1")
+    copy = Path(data["image"]["path"])
+    assert (copy / ".envbuilder-image").is_file() and partials() == []
+    assert (next(copy.glob("lib/python*/site-packages/ebdemo")) / "ballast.bin").stat().st_size == 96 * 2**20
+
+
+def test_a_killed_stage_on_a_node_leaves_no_partial_after_the_next(packed):
+    """stage's node side (``__stage-node fetch``, what each node of a PBS job runs) killed while unpacking the
+    image it copied: the next stage on that node completes and leaves no partial copy or unpack there."""
+    w, _ = packed
+    _weigh(w)
+    made = w.data("pack", "small")
+    key, digest = f"small-{made['sha256'][:16]}", made["sha256"]
+    node = lambda: [p.name for p in w.node().glob(f".{key}*") if not p.name.endswith(".lock")]  # noqa: E731
+    proc = w.spawn("__stage-node", "fetch", key, digest, made["path"])
+    _kill_when(proc, lambda: any(".partial-" in n for n in node()), "a partial copy or unpack appeared")
+    assert not (w.node() / f"{key}.unpacked").exists()
+    res = ok(w.cli("__stage-node", "fetch", key, digest, made["path"]))
+    assert res.stdout.startswith("copied ") and str(w.node() / f"{key}.unpacked") in res.stdout
+    assert (w.node() / f"{key}.unpacked" / ".envbuilder-image").is_file()
+    assert node() == [] and not (w.node() / f"{key}.sqfs").exists()
 
 
 def test_conda_and_overlay_envs_are_refused_with_the_reason(packed):

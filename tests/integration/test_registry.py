@@ -4,12 +4,15 @@ published by several processes at once."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +285,52 @@ def test_concurrent_publishes_are_serialized(site):
     assert len(descriptions) == 4  # each writer's content, none lost or overwritten
     assert len((site.registry / "publish.log").read_text().splitlines()) == 4
     assert not list((site.registry / "locks").iterdir())
+
+
+@needs_ssh
+def test_a_killed_publish_leaves_the_registry_as_it_was_and_the_next_publish_no_partial(site, tmp_path):
+    """A publish killed while ssh-keygen asks for the signing key's passphrase (an askpass program that never
+    answers, so the kill lands with the recipe's partial file written): the index is as before, and the next
+    publish, of another recipe, removes what the killed one left."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    key, pub = keypair(keys, "admin")
+    slow = keys / "slow"
+    subprocess.run([str(SSH_KEYGEN), "-q", "-t", "ed25519", "-N", "secret", "-f", str(slow)], check=True)
+    allowed = keys / "allowed_signers"
+    allowed.write_text(f"admin@site {pub}\nslow@site {(keys / 'slow.pub').read_text().strip()}\n")
+    site.write("roll")
+    ok(site.publish("roll", "--sign-key", str(key), "--allowed-signers", str(allowed)))
+    before = (site.registry / "index.json").read_bytes()
+    asked = tmp_path / "asked"
+    askpass = tmp_path / "askpass"
+    askpass.write_text(f"#!/bin/sh\necho $$ > {asked}.tmp && mv {asked}.tmp {asked}\nexec sleep 600\n")
+    askpass.chmod(0o755)
+    site.write("other", description="another recipe")
+    proc = site.spawn(
+        "publish", "other", "--sign-key", str(slow), "--registry", str(site.registry),
+        extra={"ENVBUILDER_RECIPE_PATH": str(site.source), "SSH_ASKPASS": str(askpass),
+               "SSH_ASKPASS_REQUIRE": "force"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not asked.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "ssh-keygen never asked for the passphrase"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(asked.read_text()), signal.SIGKILL)
+    partials = lambda: sorted(site.registry.rglob(".*.partial-*")) + sorted(site.registry.glob(".*.tmp-*"))  # noqa: E731
+    assert [p.name for p in partials()] and all(p.parent.name == "other" for p in partials())
+    assert (site.registry / "index.json").read_bytes() == before
+    refused(site.user("plan", "other"), 3, "other")
+    site.write("roll", demo="2.0")
+    ok(site.publish("roll", "--sign-key", str(key)))
+    assert partials() == []
+    assert sorted(json.loads((site.registry / "index.json").read_text())["recipes"]["roll"]) == ["1", "2"]
 
 
 def test_publish_checks_every_recipe_before_writing_any(site):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from envbuilder import lockfile, plan
 from envbuilder.errors import LockError
 from envbuilder.facts import Gpu, HostFacts
-from envbuilder.lockfile import lockers
+from envbuilder.lockfile import applicability, lockers
 from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
 from envbuilder.recipe.loader import load
 
@@ -161,6 +162,58 @@ sdist = {{ url = "http://i/srconly-3.tar.gz", hashes = {{ sha256 = "{SHA_B}" }} 
     ]
     with pytest.raises(LockError, match="local 1 has no file with a sha256"):
         lockfile.from_pylock('[[packages]]\nname = "local"\nversion = "1"\ndirectory = { path = "." }\n', "x")
+
+
+def test_a_pylock_marker_is_kept_and_evaluated_for_the_target_not_this_host():
+    """uv writes a marker on a package that belongs only where it holds: kept in the lock, and evaluated for the
+    lock's platform (aarch64, python 3.11) whatever this host is."""
+    text = f"""
+lock-version = "1.0"
+[[packages]]
+name = "armonly"
+version = "1.0"
+marker = "platform_machine == 'aarch64' and python_version >= '3.10'"
+wheels = [{{ url = "http://i/armonly-1.0-py3-none-any.whl", hashes = {{ sha256 = "{SHA_A}" }} }}]
+[[packages]]
+name = "colorama"
+version = "0.4.6"
+marker = "sys_platform == 'win32'"
+wheels = [{{ url = "http://i/colorama-0.4.6-py3-none-any.whl", hashes = {{ sha256 = "{SHA_B}" }} }}]
+"""
+    pkgs = lockfile.from_pylock(text, "aarch64")
+    assert [p.marker for p in pkgs] == [
+        "platform_machine == 'aarch64' and python_version >= '3.10'",
+        "sys_platform == 'win32'",
+    ]
+    platform = lockfile.PlatformLock("aarch64", "aarch64-manylinux_2_28", {"python": "3.11"}, pkgs)
+    kept, left = applicability.for_target(platform, "x.lock.toml")
+    assert [p.name for p in kept.packages] == ["armonly"] and [p.name for p in left] == ["colorama"]
+    # Round trip: the marker is written and read back.
+    lock = lockfile.Lock("demo", "", "0" * 64, "venv", "uv", "", "", (platform,))
+    assert lockfile.parse(lock.dumps(), "x").platforms[0].packages == pkgs
+    # Without the target's python, a marker on the python version cannot be decided: an error naming it.
+    full = [
+        replace(pkgs[0], marker=m) for m in ("python_full_version >= '3.10'", "python_full_version >= '3.12'")
+    ]
+    kept, left = applicability.for_target(replace(platform, packages=tuple(full)), "x.lock.toml")
+    assert [p.marker for p in kept.packages] == ["python_full_version >= '3.10'"] and left == [full[1]]
+    micro = replace(platform, packages=(replace(pkgs[0], marker="python_full_version == '3.11.4'"),))
+    with pytest.raises(LockError, match="which reads the micro version of python"):
+        applicability.for_target(micro, "x.lock.toml")
+    unknown = lockfile.PlatformLock("aarch64", "t", {"python": ""}, pkgs)
+    with pytest.raises(LockError, match=r"armonly 1\.0 is locked for .* which reads python_version"):
+        applicability.for_target(unknown, "x.lock.toml")
+
+
+def test_missing_names_each_locked_wheel_the_env_lacks_or_has_at_another_version():
+    pkgs = tuple(
+        lockfile.LockedPackage(n, v, "wheel", (lockfile.LockedFile("u", SHA_A),))
+        for n, v in (("Fast_Math", "1.1"), ("helper", "2.0"), ("gone", "3"))
+    )
+    platform = lockfile.PlatformLock("x86_64", "t", {}, pkgs)
+    installed = {"fast-math": "1.1", "helper": "2.0.1"}
+    assert applicability.missing(platform, installed) == ["gone==3", "helper==2.0 (found 2.0.1)"]
+    assert applicability.missing(platform, {**installed, "helper": "2.0", "gone": "3.0"}) == []
 
 
 def test_recipe_digest_ignores_only_the_published_version():
