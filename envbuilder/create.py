@@ -25,7 +25,17 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, activation, fsutil, payloads, proc, settings, state, transaction
+from envbuilder import (
+    __version__,
+    activation,
+    fsutil,
+    payloads,
+    proc,
+    settings,
+    state,
+    strictmodes,
+    transaction,
+)
 from envbuilder.backends import base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, open_log, world_write_swept
 from envbuilder.backends.smoke import activated_env, smoke
@@ -100,6 +110,8 @@ def create(
     final = Path(plan.prefix).expanduser().resolve()
     home = settings.home(env)
     name = opts.name or plan.recipe
+    # Before anything is made, read or removed there (a partial left beside it, the env itself).
+    strictmodes.env_prefix(final)
 
     def waiting(owner: fsutil.Owner) -> None:
         report.wait(f"another envbuilder (pid {owner.pid} on {owner.host}) is working on {name}; waiting")
@@ -278,6 +290,7 @@ def _prepare(
     log.write(f"python: {python}")
     # Before the installer's settings: uv's compare the prefix's file system with the cache's.
     fsutil.mkdirs(final.parent)
+    strictmodes.env_prefix(final)  # again: what mkdirs found made by someone else in the meantime
     # The installer's and the backend's own settings, laid over whatever environment the modules give each step.
     tool_env, reasons = choice.installer.settings(final, job.env)
     for reason in reasons:
