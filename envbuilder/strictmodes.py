@@ -3,8 +3,11 @@ user to source a script from it, no one else may be able to replace what is ther
 
 What is checked is the directory (or script) itself, everything between it and the managed root it lies in (an
 env prefix below its envs root, a record below the home), and the root's parents up to the first directory the user
-owns (above that, the user's own directory stands between envbuilder and the rest). A path that does not exist yet
-is checked from its nearest existing parent: that is what it would be created under. Each is a stat, no more.
+owns and on through the user's own ones ($SCRATCH itself, say). Above those (/scratch, a project's directory), the
+user's own directory stands between envbuilder and the rest, as ssh stops at the home directory: only one that
+everyone can write (no sticky bit) is refused there. A path that does
+not exist yet is checked from its nearest existing parent: that is what it would be created under. Each is a stat,
+no more; the site config is read only where a backup root's group or owner needs it.
 
 Refused: a directory or file owned by another user (root is trusted, as it must be), or one that others can write:
 a file writable by its group or everyone; a directory writable by its group or everyone without the sticky bit
@@ -53,17 +56,19 @@ def check(
 ) -> None:
     """Refuse ``target`` (a directory or file, which may not exist yet) unless only the user (or root) can change
     it: ``target``, each directory between it and ``root`` (default: ``target`` itself), and ``root``'s parents up
-    to the first one the user owns. ``what`` names the path for the message ("the env prefix"), ``elsewhere`` says
+    to the user's own directories and through them (a directory above those that is not the user's, such as
+    /scratch or a project's directory, is not looked at). ``what`` names the path for the message ("the env prefix"), ``elsewhere`` says
     where else to go ("choose another --prefix"). ``owners``: other users trusted like the user (a registry's
     publisher). ``site``: the environment whose site config may name group-shared roots (backup roots only)."""
     euid = os.geteuid()
     trusted = frozenset({0, euid, *owners})
-    stops = trusted - {0}
+    stops = frozenset({euid, *owners})
     real = Path(os.path.realpath(target))
     top = Path(os.path.realpath(root if root is not None else target))
     if top != real and top not in real.parents:  # a link out of the root: its target stands alone
         top = real
-    shared: Optional[list[SharedRoot]] = None
+    shared = _Shared(site)
+    own = False  # whether the walk, at or above the root, is in the user's own directories
     here: Optional[Path] = real
     while here is not None:
         try:
@@ -73,18 +78,37 @@ def check(
             continue
         except OSError:
             return  # cannot be looked at (no search permission): nothing there can be used either
-        problem = _problem(st, trusted)
-        in_shared: Optional[SharedRoot] = None
-        if problem and site is not None and problem[0] in ("owner", "group"):
-            shared = _shared_roots(site) if shared is None else shared
-            in_shared = _shared_for(here, st, shared)
-            problem = None if in_shared is not None else problem
-        if problem:
-            raise _refusal(target, here, st, problem[1], what=what, elsewhere=elsewhere)
         at_or_above = here == top or here in top.parents
-        if at_or_above and (st.st_uid in stops or (in_shared is not None and str(here) == in_shared.path)):
+        if at_or_above and own and st.st_uid not in stops:
+            # Above the user's own directories (/scratch, a project's directory): whoever owns it and its group
+            # are the site's business; one open to everyone is not.
+            problem = _problem(st, frozenset({st.st_uid}))
+            if problem and problem[0] == "world":
+                raise _refusal(target, here, st, problem[1], what=what, elsewhere=elsewhere)
             return
+        problem = _problem(st, trusted)
+        in_shared = shared.holding(here, st) if problem and problem[0] in ("owner", "group") else None
+        if problem and in_shared is None:
+            raise _refusal(target, here, st, problem[1], what=what, elsewhere=elsewhere)
+        if in_shared is not None and str(here) == in_shared.path:
+            return  # the root the site names: what is above it is the site's
+        own = own or (at_or_above and st.st_uid in stops)
         here = _parent(here)
+
+
+class _Shared:
+    """The site's group-shared roots for a check that may use them, read the first time one is needed."""
+
+    def __init__(self, site: Optional[Mapping[str, str]]) -> None:
+        self.site = site
+        self.roots: Optional[list[SharedRoot]] = None
+
+    def holding(self, path: Path, st: os.stat_result) -> Optional[SharedRoot]:
+        if self.site is None:
+            return None
+        if self.roots is None:
+            self.roots = _shared_roots(self.site)
+        return _shared_for(path, st, self.roots)
 
 
 def home(path: Path, sub: str = "") -> None:

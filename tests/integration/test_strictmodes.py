@@ -112,6 +112,10 @@ def test_activate_refuses_a_prefix_or_script_others_can_write(world):
     refused(res, EXIT_STATE, str(prefix))
     assert res.stdout == ""  # no line to source
     refused(world.cli("modulefile", "demo"), EXIT_STATE, str(prefix))
+    # Nor does envbuilder run the env's python from it.
+    ran = world.cli("run", "demo", "--", "python", "-c", "pass")
+    refused(ran, EXIT_STATE, str(prefix))
+    assert "writable by everyone" in ran.stderr
     shown = ok(world.cli("show", "demo"))  # show still shows the env, and why there is no line for it
     assert "refused" in shown.stdout and "source " not in shown.stdout
     prefix.chmod(0o755)
