@@ -91,14 +91,14 @@ def record_path(root: Path, name: str) -> Path:
 
 def save(root: Path, record: EnvRecord) -> Path:
     path = record_path(root, record.name)
-    strictmodes.home(root, "envs")
+    strictmodes.home(root)
     write_atomic(path, record.dumps())
     return path
 
 
 def load(root: Path, name: str) -> EnvRecord:
     path = record_path(root, name)
-    strictmodes.home(root, "envs")
+    strictmodes.home(root)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -138,7 +138,7 @@ def mutex(
 ) -> Iterator[Mutex]:
     """Hold the mutex of the env ``name`` (waiting up to ``timeout`` seconds for another envbuilder)."""
     record_path(root, name)  # validates the name
-    strictmodes.home(root, "locks")
+    strictmodes.home(root)
     with Mutex(settings.mutex_dir(root) / f"{name}.lock", timeout=timeout, on_wait=on_wait) as held:
         yield held
 

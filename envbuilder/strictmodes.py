@@ -53,20 +53,22 @@ def check(
     root: Optional[Path] = None,
     owners: Iterable[int] = (),
     site: Optional[Mapping[str, str]] = None,
+    above: bool = True,
 ) -> None:
     """Refuse ``target`` (a directory or file, which may not exist yet) unless only the user (or root) can change
     it: ``target``, each directory between it and ``root`` (default: ``target`` itself), and ``root``'s parents up
     to the user's own directories and through them (a directory above those that is not the user's, such as
     /scratch or a project's directory, is not looked at). ``what`` names the path for the message ("the env prefix"), ``elsewhere`` says
     where else to go ("choose another --prefix"). ``owners``: other users trusted like the user (a registry's
-    publisher). ``site``: the environment whose site config may name group-shared roots (backup roots only)."""
+    publisher). ``site``: the environment whose site config may name group-shared roots (backup roots only).
+    ``above=False``: not ``root``'s parents (a check of them was just made)."""
     euid = os.geteuid()
     trusted = frozenset({0, euid, *owners})
     stops = frozenset({euid, *owners})
     real = Path(os.path.realpath(target))
     top = Path(os.path.realpath(root if root is not None else target))
     if top != real and top not in real.parents:  # a link out of the root: its target stands alone
-        top = real
+        top, above = real, True
     shared = _Shared(site)
     own = False  # whether the walk, at or above the root, is in the user's own directories
     here: Optional[Path] = real
@@ -92,6 +94,8 @@ def check(
             raise _refusal(target, here, st, problem[1], what=what, elsewhere=elsewhere)
         if in_shared is not None and str(here) == in_shared.path:
             return  # the root the site names: what is above it is the site's
+        if here == top and not above:
+            return
         own = own or (at_or_above and st.st_uid in stops)
         here = _parent(here)
 
@@ -111,14 +115,20 @@ class _Shared:
         return _shared_for(path, st, self.roots)
 
 
-def home(path: Path, sub: str = "") -> None:
-    """The envbuilder home (records, mutexes, logs, trust pins), and ``sub`` in it when given."""
-    check(
-        path / sub if sub else path,
-        root=path,
-        what="the envbuilder home" if not sub else f"the envbuilder home's {sub}",
-        elsewhere="set ENVBUILDER_HOME to a directory of your own",
-    )
+#: The directories of the envbuilder home (settings.py names them): records, mutexes, logs, locks, caches, pins.
+HOME_PARTS = ("envs", "locks", "logs", "lockfiles", "cache", "trust")
+
+
+def home(path: Path) -> None:
+    """The envbuilder home, its parents, and the directories in it (a stat each)."""
+    for part in ("", *HOME_PARTS):
+        check(
+            path / part,
+            root=path,
+            what="the envbuilder home" if not part else f"the envbuilder home's {part}/",
+            elsewhere="set ENVBUILDER_HOME to a directory of your own",
+            above=not part,
+        )
 
 
 def env_prefix(prefix: Path) -> None:
@@ -139,6 +149,7 @@ def env_scripts(prefix: Path, scripts: Iterable[str]) -> None:
                 root=prefix,
                 what=f"the env's {rel}",
                 elsewhere="rebuild the env where only you can write (envbuilder create NAME --force)",
+                above=False,
             )
 
 
@@ -148,14 +159,15 @@ BACKUP_PARTS = ("envs", "store", "locks")
 
 def backup_root(root: Path, env: Mapping[str, str], sub: str = "") -> None:
     """A backup root, its parts, and ``sub`` in it (one backup): group-shared only where the site config says."""
-    for part in (sub, *BACKUP_PARTS) if sub else ("", *BACKUP_PARTS):
+    for part in ("", *BACKUP_PARTS, *((sub,) if sub else ())):
         check(
-            root / part if part else root,
+            root / part,
             root=root,
             what="the backup root",
             elsewhere="pass --to DIR (or set ENVBUILDER_BACKUP_ROOT) to a directory of your own; a root a "
             "group shares needs [[shared_roots]] in the site config",
             site=env,
+            above=not part,
         )
 
 

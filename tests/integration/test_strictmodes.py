@@ -185,8 +185,13 @@ def test_a_group_writable_backup_root_needs_the_site_to_say_so(world):
         )
     )
     refused(
-        world.cli("restore", "demo", "--from", str(root), "--force", "--no-validate"), EXIT_STATE, str(made)
+        world.cli("restore", "demo", "--from", str(root), "--force", "--no-validate"), EXIT_STATE, str(root)
     )
+    # Only that group's: the colleague's directory with another group is theirs alone.
+    os.chown(made, other.uid, 0)
+    restore = ("restore", "demo", "--from", str(root), "--force", "--no-validate")
+    refused(world.cli(*restore, ENVBUILDER_CONFIG=str(config)), EXIT_STATE, str(made))
+    os.chown(made, other.uid, other.gid)
 
     # Never a root everyone can write, whatever the site says; nor a site config someone else could edit.
     root.chmod(0o2777)
