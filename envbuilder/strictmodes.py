@@ -57,11 +57,13 @@ def check(
 ) -> None:
     """Refuse ``target`` (a directory or file, which may not exist yet) unless only the user (or root) can change
     it: ``target``, each directory between it and ``root`` (default: ``target`` itself), and ``root``'s parents up
-    to the user's own directories and through them (a directory above those that is not the user's, such as
-    /scratch or a project's directory, is not looked at). ``what`` names the path for the message ("the env prefix"), ``elsewhere`` says
-    where else to go ("choose another --prefix"). ``owners``: other users trusted like the user (a registry's
-    publisher). ``site``: the environment whose site config may name group-shared roots (backup roots only).
-    ``above=False``: not ``root``'s parents (a check of them was just made)."""
+    to the user's own directories and through them; of the first directory above those that is not the user's
+    (/scratch, a project's directory), only that everyone can write it is refused.
+
+    ``what`` names the path for the message ("the env prefix"), ``elsewhere`` says where else to go ("choose
+    another --prefix"). ``owners``: other users trusted like the user (a registry's publisher). ``site``: the
+    environment whose site config may name group-shared roots (backup roots only). ``above=False``: not
+    ``root``'s parents (a check of them was just made)."""
     euid = os.geteuid()
     trusted = frozenset({0, euid, *owners})
     stops = frozenset({euid, *owners})
@@ -84,9 +86,8 @@ def check(
         if at_or_above and own and st.st_uid not in stops:
             # Above the user's own directories (/scratch, a project's directory): whoever owns it and its group
             # are the site's business; one open to everyone is not.
-            problem = _problem(st, frozenset({st.st_uid}))
-            if problem and problem[0] == "world":
-                raise _refusal(target, here, st, problem[1], what=what, elsewhere=elsewhere)
+            if _open_to_all(st):
+                raise _refusal(target, here, st, _OPEN.format(mode=_mode(st)), what=what, elsewhere=elsewhere)
             return
         problem = _problem(st, trusted)
         in_shared = shared.holding(here, st) if problem and problem[0] in ("owner", "group") else None
@@ -175,16 +176,30 @@ def _parent(path: Path) -> Optional[Path]:
     return None if path.parent == path else path.parent
 
 
+_OPEN = "is writable by everyone (mode {mode:o}, no sticky bit)"
+
+
+def _mode(st: os.stat_result) -> int:
+    return stat.S_IMODE(st.st_mode)
+
+
+def _sticky(st: os.stat_result) -> bool:
+    """A directory with the sticky bit: others may add entries to it, but not rename or remove the user's."""
+    return stat.S_ISDIR(st.st_mode) and bool(st.st_mode & stat.S_ISVTX)
+
+
+def _open_to_all(st: os.stat_result) -> bool:
+    return bool(st.st_mode & 0o002) and not _sticky(st)
+
+
 def _problem(st: os.stat_result, trusted: frozenset[int]) -> Optional[tuple[str, str]]:
     """(kind, words) of what makes ``st`` unsafe, or None."""
     if st.st_uid not in trusted:
         return "owner", f"is owned by {_user(st.st_uid)}, who is neither you nor root"
-    mode = stat.S_IMODE(st.st_mode)
-    sticky = stat.S_ISDIR(st.st_mode) and bool(mode & stat.S_ISVTX)
-    if mode & 0o002 and not sticky:
-        return "world", f"is writable by everyone (mode {mode:o}, no sticky bit)"
-    if mode & 0o020 and not sticky and not _private_group(st.st_gid):
-        return "group", f"is writable by its group {_group(st.st_gid)} (mode {mode:o}, no sticky bit)"
+    if _open_to_all(st):
+        return "world", _OPEN.format(mode=_mode(st))
+    if st.st_mode & 0o020 and not _sticky(st) and not _private_group(st.st_gid):
+        return "group", f"is writable by its group {_group(st.st_gid)} (mode {_mode(st):o}, no sticky bit)"
     return None
 
 
@@ -279,7 +294,7 @@ def _shared_root(item: Mapping[str, object], key: str, file: str) -> SharedRoot:
 
 def _shared_for(path: Path, st: os.stat_result, roots: list[SharedRoot]) -> Optional[SharedRoot]:
     """The shared root ``path`` is (or lies below) whose group owns it; never a directory everyone can write."""
-    if stat.S_IMODE(st.st_mode) & 0o002:
+    if st.st_mode & 0o002:
         return None
     for shared in roots:
         if st.st_gid == shared.gid and (str(path) == shared.path or str(path).startswith(shared.path + "/")):
