@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import activate_scripts
+from envbuilder import activate_scripts, strictmodes
 from envbuilder.errors import StateError
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS
@@ -25,6 +25,13 @@ def _write_extension(prefix: Path, act: Activation, env_var: Optional[str] = Non
 
 #: The shells ``envbuilder activate --shell`` takes, and the activate script each sources.
 SHELLS = {"bash": "activate", "zsh": "activate", "fish": "activate.fish", "tcsh": "activate.csh"}
+#: What each shell's activate script sources in turn (a venv's hook, a conda env's activate.d), where it exists.
+SOURCED = {
+    "bash": (activate_scripts.SCRIPT_REL, activate_scripts.CONDA_ACTIVATE_REL),
+    "zsh": (activate_scripts.SCRIPT_REL, activate_scripts.CONDA_ACTIVATE_REL),
+    "fish": (activate_scripts.FISH_SCRIPT_REL, activate_scripts.CONDA_FISH_RELS[0]),
+    "tcsh": (activate_scripts.CSH_SCRIPT_REL, activate_scripts.CONDA_CSH_RELS[0]),
+}
 
 
 def default_shell(environ: Mapping[str, str]) -> str:
@@ -45,6 +52,8 @@ def activate_line(prefix: str, shell: str) -> str:
             "wrote one)",
             hint="envbuilder create NAME --force rebuilds it with one; until then activate it from bash or zsh",
         )
+    # Only a line that sources what no one else could have written (StrictModes, for activation).
+    strictmodes.env_scripts(Path(prefix), [f"bin/{script}", *SOURCED[shell]])
     return f"source {activate_scripts.BY_NAME[shell].quote(str(path))}"
 
 

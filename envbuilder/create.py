@@ -37,6 +37,7 @@ from envbuilder import (
     removal,
     settings,
     state,
+    strictmodes,
     transaction,
 )
 from envbuilder.backends import base, installers, registry, torchbuild
@@ -114,6 +115,8 @@ def create(
     final = Path(plan.prefix).expanduser().resolve()
     home = settings.home(env)
     name = opts.name or plan.recipe
+    # Before anything is made, read or removed there (a partial left beside it, the env itself).
+    strictmodes.env_prefix(final)
 
     def waiting(owner: fsutil.Owner) -> None:
         report.wait(f"another envbuilder (pid {owner.pid} on {owner.host}) is working on {name}; waiting")
@@ -292,6 +295,7 @@ def _prepare(
     log.write(f"python: {python}")
     # Before the installer's settings: uv's compare the prefix's file system with the cache's.
     fsutil.mkdirs(final.parent)
+    strictmodes.env_prefix(final)  # again: what mkdirs found made by someone else in the meantime
     # The installer's and the backend's own settings, laid over whatever environment the modules give each step.
     tool_env, reasons = choice.installer.settings(final, job.env)
     for reason in reasons:

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import activate_scripts, fsutil, proc, state, transaction
+from envbuilder import activate_scripts, fsutil, proc, state, strictmodes, transaction
 from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import StateError
@@ -207,6 +207,10 @@ def node_dir(env: Mapping[str, str]) -> Path:
         )
     if stat.S_IMODE(st.st_mode) != 0o700:
         base.chmod(0o700)
+    # Its parents too ($TMPDIR, /tmp): another user's or an open one could swap this directory for theirs.
+    strictmodes.check(
+        base, what="the node-local image directory", elsewhere="set TMPDIR to a node-local directory of yours"
+    )
     return base
 
 

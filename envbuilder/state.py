@@ -11,7 +11,7 @@ from dataclasses import asdict, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from envbuilder import settings
+from envbuilder import settings, strictmodes
 from envbuilder.backends import registry
 from envbuilder.errors import EnvNotFound, StateError, did_you_mean
 from envbuilder.fsutil import Mutex, Owner, write_atomic
@@ -91,12 +91,14 @@ def record_path(root: Path, name: str) -> Path:
 
 def save(root: Path, record: EnvRecord) -> Path:
     path = record_path(root, record.name)
+    strictmodes.home(root)
     write_atomic(path, record.dumps())
     return path
 
 
 def load(root: Path, name: str) -> EnvRecord:
     path = record_path(root, name)
+    strictmodes.home(root)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -136,6 +138,7 @@ def mutex(
 ) -> Iterator[Mutex]:
     """Hold the mutex of the env ``name`` (waiting up to ``timeout`` seconds for another envbuilder)."""
     record_path(root, name)  # validates the name
+    strictmodes.home(root)
     with Mutex(settings.mutex_dir(root) / f"{name}.lock", timeout=timeout, on_wait=on_wait) as held:
         yield held
 

@@ -21,7 +21,18 @@ from dataclasses import field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import activation, fsutil, payloads, proc, relocate, removal, settings, state, transaction
+from envbuilder import (
+    activation,
+    fsutil,
+    payloads,
+    proc,
+    relocate,
+    removal,
+    settings,
+    state,
+    strictmodes,
+    transaction,
+)
 from envbuilder.backends import base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
@@ -71,6 +82,9 @@ def restore(
     opts: RestoreOptions,
     step: Callable[[str], None] = lambda text: None,
 ) -> RestoreResult:
+    # What is restored is what another user could have put there, unless only this user (or the group the site
+    # names for a shared root) can write the backup.
+    strictmodes.backup_root(b.root, env, str(b.path.relative_to(b.root)))
     step(f"verifying {b.id}")
     # A wheelhouse's wheels are hashed as they are decompressed (one read, not two), all before any is installed.
     problems = verify(b, record_result=b.mode != "wheelhouse", hash_wheels=b.mode != "wheelhouse")
@@ -80,6 +94,7 @@ def restore(
     name = opts.name or old.name
     final = Path(opts.prefix or old.prefix).expanduser().resolve()
     home = settings.home(env)
+    strictmodes.env_prefix(final)
     with state.mutex(home, name, timeout=opts.wait):
         notes = transaction.recover(final)
         healed, more = transaction.heal(home, name, final)

@@ -18,6 +18,7 @@ from envbuilder import (
     purge,
     settings,
     state,
+    strictmodes,
     transaction,
 )
 from envbuilder.backup import restore as restorer
@@ -70,6 +71,7 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     steps = progress.Steps(out.console, quiet=args.quiet, every=progress.every_from_env(os.environ))
     step = steps.start
 
+    strictmodes.backup_root(root, os.environ)
     mutex = backup.writer_mutex(root, args.wait, _waiting(out))
     with proc.sigterm_as_interrupt(), mutex, steps, steps.watching([root]):
         if not args.all:
@@ -168,6 +170,7 @@ def handle_verify(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 
 def handle_prune(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     root, _ = _root(args.source)
+    strictmodes.backup_root(root, os.environ)
     with backup.writer_mutex(root, args.wait, _waiting(out)):
         result = backup.prune(root, args.keep, args.env, args.dry_run)
     for why in result.left:

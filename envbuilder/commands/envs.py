@@ -18,10 +18,11 @@ from envbuilder import (
     removal,
     settings,
     state,
+    strictmodes,
     transaction,
 )
 from envbuilder.console import Cell, Out
-from envbuilder.errors import EnvbuilderError, EnvNotFound, StateError, UsageError
+from envbuilder.errors import EnvbuilderError, EnvNotFound, StateError, UnsafePath, UsageError
 from envbuilder.plan.activation import Activation
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.tables import Column
@@ -147,10 +148,18 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if record.validation:
             checks = record.validation.get("checks", {})
             out.result.field("last check", ", ".join(f"{k}: {v.get('status')}" for k, v in checks.items()))
-        out.result.field("activate", activation.activate_line(record.prefix, "bash"))
+        out.result.field("activate", _activate_field(record))
         if fresh.status != "none":
             out.result.field("image", f"{fresh.status}: {fresh.detail}")
     return data
+
+
+def _activate_field(record: state.EnvRecord) -> str:
+    """The line to source, or (where the env is not safe to source) why not: show still shows the rest."""
+    try:
+        return activation.activate_line(record.prefix, "bash")
+    except UnsafePath as exc:
+        return f"refused: {exc.message}"
 
 
 def handle_activate(args: argparse.Namespace, out: Out) -> dict[str, Any]:
@@ -236,6 +245,8 @@ def _is_dir_target(output: str, fmt: str) -> bool:
 
 def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     record = state.load(_home(), args.env)
+    # `module load` puts the env's bin first on PATH: no one else may be able to write there.
+    strictmodes.env_scripts(Path(record.prefix), ["bin"])
     activate = record.activation or Activation()
     text = modulefile.render(
         name=record.name,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import Any
 
-from envbuilder import host, image, modules, proc, settings, staging, state
+from envbuilder import host, image, modules, proc, settings, staging, state, strictmodes
 from envbuilder.console import Out
 from envbuilder.errors import StateError, UsageError
 from envbuilder.recipe import loader
@@ -58,6 +59,9 @@ def _prepare(args: argparse.Namespace, out: Out, *, batch: bool) -> tuple[Any, .
         raise StateError(
             f"{record.name} is gone from {record.prefix}", hint=f"envbuilder create {record.recipe}"
         )
+    else:
+        # The program runs the env's python, from its bin: no one else may be able to put theirs there.
+        strictmodes.env_scripts(Path(record.prefix), ["bin"])
     version = str(record.plan.get("recipe_version") or "")
     recipe = loader.load(f"{record.recipe}@{version}" if version else record.recipe, Catalog.from_env(env))
     prepared = program.prepare(record, recipe, host.probe(env), env, _request(args), batch=batch, stage=stage)

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import __version__, fsutil, host, image, modules, proc, settings, state
+from envbuilder import __version__, fsutil, host, image, modules, proc, settings, state, strictmodes
 from envbuilder.console import Cell, Out, plain
 from envbuilder.errors import PublishError, StateError, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
@@ -50,6 +50,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         raise StateError(
             f"{record.name} is gone from {record.prefix}", hint=f"envbuilder create {record.recipe}"
         )
+    if used is None:  # the checks run the env's python, from its bin
+        strictmodes.env_scripts(Path(record.prefix), ["bin"])
     catalog = Catalog.from_env(env)
     version = str(record.plan.get("recipe_version") or "")
     ref = f"{record.recipe}@{version}" if version else record.recipe

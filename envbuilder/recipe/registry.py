@@ -37,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import lockfile
+from envbuilder import lockfile, strictmodes
 from envbuilder._toml import TOMLDecodeError, loads
 from envbuilder.errors import LockError, PublishError
 from envbuilder.recipe import versionlist
@@ -145,7 +145,14 @@ class Registry:
             )
 
     def guard_parts(self, *rels: str) -> None:
-        """The registry directory and the named parts of it that exist."""
+        """The registry directory and the named parts of it that exist, once its parents are safe (someone who
+        could rename the registry could put another in its place)."""
+        strictmodes.check(
+            self.root.parent,
+            what=f"the registry {self.root}: its directory",
+            elsewhere="ask the registry's admins to keep it where only they can write",
+            owners=self.owners(),
+        )
         self._guard(self.root, owners=frozenset())
         for rel in rels:
             path = self.root / rel
