@@ -214,8 +214,10 @@ def test_killed_archive_backup_and_restore_leave_the_previous_state_and_no_parti
 
 def test_remove_during_a_backup_is_refused_and_nothing_is_lost(world):
     """remove and backup of one env take the same mutex: a remove while the backup reads the env refuses, naming
-    the process that holds it; the backup completes and the env is still there. The backup is stopped (SIGSTOP)
-    while its partial exists, so the remove runs inside it whatever the machine's speed."""
+    the process that holds it; the backup completes and the env is still there. The backup's own process is stopped
+    (SIGSTOP) while its partial exists, so the remove runs inside it whatever the machine's speed. Only that
+    process: a stop sent to its group can catch a child between its fork and its setsid, which the group's
+    SIGCONT then never reaches (the backup waited on it for ever in a loaded full run)."""
     w = world
     ok(w.cli("create", w.small("busy", "ebdemo==1.0", "ebbig==1.0"), "--no-validate"))
     proc = w.spawn("backup", "busy", "--mode", "archive", start_new_session=True)
