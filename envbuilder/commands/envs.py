@@ -208,6 +208,7 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             return {"name": record.name, "prefix": str(prefix), "removed": False}
     # The mutex backup, restore and pack of this env hold too: a remove never pulls the env from under them.
     with state.mutex(home, record.name):
+        _unchanged_since_asked(home, record)
         left = _not_its_env(record)
         if left is None and prefix.is_dir():
             # An interrupted remove never leaves half an env under the env's own name (the next create or
@@ -223,6 +224,20 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             else f"removed {record.name} ({prefix})"
         )
     return {"name": record.name, "prefix": str(prefix), "removed": True, "prefix_left": left}
+
+
+def _unchanged_since_asked(home: Path, record: state.EnvRecord) -> None:
+    """The record read before the question (and before the mutex) must still be the env's: a create --force or
+    restore that moved it meanwhile would otherwise lose its record to a remove the user agreed to for the old."""
+    try:
+        now = state.load(home, record.name)
+    except EnvNotFound:
+        raise StateError(f"{record.name} was removed by another envbuilder meanwhile") from None
+    if now.prefix != record.prefix:
+        raise StateError(
+            f"{record.name} moved from {record.prefix} to {now.prefix} while remove waited; nothing was removed",
+            hint=f"envbuilder remove {record.name} again, if you still want it gone",
+        )
 
 
 def _not_its_env(record: state.EnvRecord) -> Optional[str]:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -218,3 +221,36 @@ def test_create_force_still_refuses_a_directory_that_is_not_an_env(world):
     w.user_data(str(prefix.relative_to(w.root)))
     refused(w.cli("create", "c", "--force", "--no-validate"), 9, "is not an environment")
     intact(prefix)
+
+
+def test_remove_refuses_when_the_record_moved_while_it_asked(world):
+    """The record is read before the question; a create --force or restore that re-points it before the answer
+    must not have its env's record dropped (or its new prefix judged by the old): remove re-reads it under the
+    env's mutex and stops (exit 9) with both directories and the record in place."""
+    w = world
+    old = w.build("m")
+    moved = w.root / "elsewhere" / "m"
+    shutil.copytree(old, moved, symlinks=True)
+    # The question is asked on a terminal only: a pty stands in for the user's (the prompt goes to stdout).
+    controller, terminal = pty.openpty()
+    try:
+        proc = w.spawn("remove", "m", stdin=terminal)
+        assert proc.stdout is not None
+        asked = b""
+        while b"[y/N]" not in asked:
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, (asked, proc.poll())
+            asked += os.read(proc.stdout.fileno(), 4096)
+        record = w.home / "envs" / "m.json"
+        data = json.loads(record.read_text())
+        data["prefix"] = str(moved)
+        record.write_text(json.dumps(data))
+        os.write(controller, b"y\n")
+        _, err = proc.communicate(timeout=120)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert proc.returncode == 9, err
+    assert f"m moved from {old} to {moved} while remove waited; nothing was removed" in err
+    assert (old / "envbuilder" / "record.json").is_file() and (moved / "envbuilder" / "record.json").is_file()
+    assert json.loads(record.read_text())["prefix"] == str(moved)
