@@ -34,7 +34,7 @@ from typing import IO, Any, Optional, cast
 
 from packaging.utils import canonicalize_name
 
-from envbuilder import proc, transaction
+from envbuilder import proc, removal, transaction
 from envbuilder.errors import BackupError, CommandFailed
 from envbuilder.structs import dataclass
 
@@ -385,9 +385,13 @@ def _stored_problem(path: Path, known: dict[str, Any], cancel: Optional[threadin
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as fh:
-        _copy_hashing(fh, None, h)
+        return fh_sha256(fh)
+
+
+def fh_sha256(fh: IO[bytes]) -> str:
+    h = hashlib.sha256()
+    _copy_hashing(fh, None, h)
     return h.hexdigest()
 
 
@@ -487,7 +491,7 @@ class Store:
         digest = hashlib.sha256()
         what = blob.get("name", src.name)
         try:
-            with src.open("rb") as fh:
+            with removal.open_below(self.root, str(blob["path"])) as fh:  # never a link planted in the store
                 size = 0
                 try:
                     if blob["compression"] == "zstd":
