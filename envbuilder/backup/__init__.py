@@ -282,6 +282,8 @@ def make(
     file_mode, dir_mode = _modes(prefix)
     stamp = _stamp()
     env_dir = root / "envs" / record.name
+    for where in (root / "envs", env_dir, root / "store"):  # a backup is never written through a planted link
+        removal.refuse_link(where, "a directory of backups envbuilder wrote")
     while (env_dir / stamp).exists():  # two backups within a second
         time.sleep(1)
         stamp = _stamp()
