@@ -182,3 +182,49 @@ def test_an_archive_with_a_device_file_is_refused(world):
     dev.devmajor, dev.devminor = 1, 3
     _forge(made, [(dev, b"")])
     _restore_refused(w, made, "member 'bin/null' is a device file or a fifo")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+EXIT_STATE = 9
+
+
+def test_a_backup_is_never_written_through_a_symlinked_env_or_store_directory(world):
+    w = world
+    first = w.data("backup", "p")
+    mine = _mine(w)
+    blob_dir = next((w.backups / "store").iterdir())
+    # The env's directory of backups a link to the user's: refused, nothing written there.
+    env_dir = w.backups / "envs" / "p"
+    env_dir.rename(w.root / "p-backups")
+    env_dir.symlink_to(mine)
+    refused(w.cli("backup", "p"), EXIT_STATE, f"{env_dir} is a symlink (to {mine})")
+    env_dir.unlink()
+    (w.root / "p-backups").rename(env_dir)
+    # A directory of the store a link to the user's: the wheel stored there is not written through it.
+    shutil.rmtree(blob_dir)
+    blob_dir.symlink_to(mine)
+    refused(w.cli("backup", "p"), EXIT_STATE, f"{blob_dir} is a symlink (to {mine})")
+    assert [p.name for p in mine.iterdir()] == ["thesis.tex"]
+    assert _ids(w) == [first["id"]]
+
+
+def test_a_stored_wheel_that_is_a_symlink_is_stored_again_and_what_it_points_to_is_left(world):
+    w = world
+    w.data("backup", "p")
+    mine = _mine(w)
+    blobs = sorted(p for p in (w.backups / "store").glob("*/*") if p.is_file())
+    for blob in blobs:  # the same bytes, kept private by their owner, reached through a link
+        moved = mine / blob.name
+        shutil.move(str(blob), moved)
+        moved.chmod(0o600)
+        blob.symlink_to(moved)
+    (w.prefix("p")).chmod(0o755)  # the env is readable by all: its backup's files would be made so too
+    made = w.data("backup", "p")
+    assert all(not b.is_symlink() and b.is_file() for b in blobs)  # links replaced by stored wheels
+    assert all(
+        (mine / b.name).stat().st_mode & 0o777 == 0o600 for b in blobs
+    )  # never chmod'ed through a link
+    assert w.data("verify-backup", made["id"])["ok"]
