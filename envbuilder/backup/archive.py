@@ -6,7 +6,6 @@ wheels (conda envs, hand-edited files). Restored at another prefix, the copy is 
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import stat
 import tarfile
@@ -137,8 +136,8 @@ def squashfs_zstd(mksquashfs: str) -> bool:
 
 def unpack(archive: Path, into: Path, tools: Tools, root: Optional[Path] = None) -> None:
     """Extract ``archive`` so that ``into`` (which must not exist) becomes the env directory, never writing
-    outside it (``extract``). With ``root``, the archive is a file of that tree, read only if no symlink leads
-    to it (else only the archive itself must not be one)."""
+    outside it (``extract``). With ``root`` (a backup root), the archive is a file of that tree, read only if
+    no symlink leads to it."""
     if archive.name.endswith(".sqfs"):
         if not tools.unsquashfs:
             raise BackupError(
@@ -162,7 +161,7 @@ def _open(archive: Path, root: Optional[Path]) -> BinaryIO:
     try:
         if root is not None:
             return removal.open_below(root, archive.relative_to(root).as_posix())
-        return os.fdopen(os.open(archive, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)), "rb")
+        return archive.open("rb")  # an image at the path its record names (the user may have linked it there)
     except OSError as exc:
         raise BackupError(f"cannot read {archive}: {exc.strerror}") from None
 

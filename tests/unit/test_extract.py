@@ -175,12 +175,13 @@ def test_what_an_env_holds_is_extracted_exactly_links_to_the_base_interpreter_in
     (into / "share").chmod(0o755)
 
 
-def test_an_archive_that_is_a_symlink_is_not_read(tmp_path, user):
+def test_an_archive_in_a_backup_root_that_is_a_symlink_is_not_read(tmp_path, user):
     real = _archive(user / "planted.tar", [("x", FILE, {})])
-    link = tmp_path / "env.tar"
+    link = tmp_path / "root" / "envs" / "p" / "20260101T000000Z" / "env.tar"
+    link.parent.mkdir(parents=True)
     link.symlink_to(real)
-    with pytest.raises(BackupError, match="cannot read"):
-        _unpack(tmp_path, link)
+    with pytest.raises(BackupError, match=r"cannot read .*a symlink, not a file envbuilder wrote"):
+        archive.unpack(link, tmp_path / "env", archive.Tools.find(), root=tmp_path / "root")
     assert not (tmp_path / "env").exists()
 
 
