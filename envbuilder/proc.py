@@ -500,10 +500,13 @@ def reading(
     argv = [os.fspath(a) for a in argv]
     log.debug("+ %s <", quote(argv))
     with tempfile.TemporaryFile() as err:
-        child, mask = _start(argv, env, -1, stdin=stdin, stdout=subprocess.PIPE, stderr=err)
+        # Read through a 1 MiB buffer from a 1 MiB pipe: tarfile's stream reads 10 KiB at a time.
+        child, mask = _start(argv, env, -1, stdin=stdin, stdout=subprocess.PIPE, stderr=err, bufsize=1 << 20)
         stdout = cast(IO[bytes], child.stdout)  # stdout=PIPE always gives one
         try:
             _release_signals(mask)
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(stdout.fileno(), _F_SETPIPE_SZ, 1 << 20)
             yield stdout
             while stdout.read(1 << 20):  # what the block left (a tar's padding): no SIGPIPE for the command
                 pass
