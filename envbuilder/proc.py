@@ -491,6 +491,38 @@ def feeding(
 
 
 @contextlib.contextmanager
+def reading(
+    argv: Sequence[str], stdin: IO[bytes], *, env: Optional[Mapping[str, str]] = None
+) -> Iterator[IO[bytes]]:
+    """Run ``argv`` on ``stdin`` with its stdout a pipe the block reads (a decompressor's stream). On leaving the
+    block the rest of the output is read and the command waited for; a non-zero exit raises CommandFailed. If the
+    block fails, the command's process group is killed first."""
+    argv = [os.fspath(a) for a in argv]
+    log.debug("+ %s <", quote(argv))
+    with tempfile.TemporaryFile() as err:
+        # Read through a 1 MiB buffer from a 1 MiB pipe: tarfile's stream reads 10 KiB at a time.
+        child, mask = _start(argv, env, -1, stdin=stdin, stdout=subprocess.PIPE, stderr=err, bufsize=1 << 20)
+        stdout = cast(IO[bytes], child.stdout)  # stdout=PIPE always gives one
+        try:
+            _release_signals(mask)
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(stdout.fileno(), _F_SETPIPE_SZ, 1 << 20)
+            yield stdout
+            while stdout.read(1 << 20):  # what the block left (a tar's padding): no SIGPIPE for the command
+                pass
+        except BaseException:
+            end_tree(child)
+            stdout.close()
+            child.wait()
+            raise
+        stdout.close()
+        code = child.wait()
+        if code != 0:
+            err.seek(0)
+            raise CommandFailed(argv, code, tail(err.read().decode(errors="replace")))
+
+
+@contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """A batch scheduler's SIGTERM (time limit, scancel) unwinds like Ctrl-C: the partial build is removed."""
 

@@ -25,13 +25,15 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Optional
 
 from envbuilder.errors import UnsafePath
 
 #: The record envbuilder writes inside every env it builds or restores (relative to the prefix).
 MARKER = ("envbuilder", "record.json")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+#: A file opened for reading: never through a link, and never blocking on a fifo planted in its place.
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 #: What opening a name with O_NOFOLLOW | O_DIRECTORY says of a symlink (ELOOP) or of anything not a directory.
 _NOT_A_DIR = (errno.ELOOP, errno.ENOTDIR)
 
@@ -217,6 +219,34 @@ def _open_below(root: Path, parts: tuple[str, ...]) -> int:
             os.close(fd)
         fd = sub
     return fd
+
+
+def open_below(root: Path, rel: str) -> BinaryIO:
+    """``root/rel`` opened for reading, reached from ``root`` without passing a symlink and not one itself (a
+    file envbuilder wrote in a tree it keeps, never what a link planted there points to). ``rel`` comes from a
+    file others may have written: an absolute path or a ``..`` in it is refused. Raises OSError (``ELOOP`` for a
+    link on the way or at the end, with the path and why in its message; ENOENT when it is gone)."""
+    path = root / rel
+    parts = tuple(rel.split("/"))
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise OSError(errno.EINVAL, "not a path inside the tree envbuilder keeps", str(path))
+    try:
+        parent = _open_below(root, parts[:-1])
+    except _Left as left:
+        raise OSError(errno.ELOOP if left.why else errno.ENOENT, left.why or "missing", str(path)) from None
+    try:
+        fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a symlink, not a file envbuilder wrote", str(path)) from None
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    finally:
+        os.close(parent)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise OSError(errno.EISDIR if stat.S_ISDIR(info.st_mode) else errno.EINVAL, "not a file", str(path))
+    return os.fdopen(fd, "rb")
 
 
 def _not_ours(path: Path, info: os.stat_result, dirs: bool) -> Optional[str]:

@@ -109,12 +109,15 @@ class Backup:
 
 
 def _load(root: Path, path: Path) -> Backup:
+    rel = path.relative_to(root).as_posix()
     verified = None
     with contextlib.suppress(OSError, ValueError):
-        verified = json.loads((path / "verify.json").read_text(encoding="utf-8"))
+        verified = json.loads(_read(root, f"{rel}/verify.json"))
     try:
-        data = json.loads((path / "backup.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = json.loads(_read(root, f"{rel}/backup.json"))
+    except OSError as exc:
+        return Backup(root, path, {}, verified, f"backup.json is unreadable: {exc.strerror}")
+    except ValueError as exc:
         return Backup(root, path, {}, verified, f"backup.json is unreadable: {exc}")
     if not isinstance(data, dict) or data.get("version") != BACKUP_VERSION:
         return Backup(root, path, {}, verified, f"backup.json has format {data.get('version')!r}")
@@ -125,22 +128,64 @@ def _load(root: Path, path: Path) -> Backup:
     return Backup(root, path, data, verified)
 
 
+def _read(root: Path, rel: str) -> bytes:
+    """A file of the backup root, read only if envbuilder could have written it (no symlink on the way)."""
+    with removal.open_below(root, rel) as fh:
+        return fh.read()
+
+
 def backups(root: Path, env: Optional[str] = None) -> list[Backup]:
     """Complete backups, oldest first (partial ones, named with a leading dot, are not backups)."""
-    base = root / "envs"
-    if not base.is_dir():
+    return listing(root, env)[0]
+
+
+def listing(root: Path, env: Optional[str] = None) -> tuple[list[Backup], list[str]]:
+    """Complete backups, oldest first, and what was skipped, in words: a symlink where the ``envs`` directory, an
+    env's directory or a backup should be (the root itself may be a link: the user's choice). Nothing a link
+    planted in the root points to is listed or read."""
+    skipped: list[str] = []
+    found = []
+    for env_dir in _directories(
+        root / "envs", "a directory of backups envbuilder wrote", skipped, env, top=True
+    ):
+        for path in _directories(env_dir, "a backup envbuilder wrote", skipped):
+            if os.path.lexists(path / "backup.json"):
+                found.append(_load(root, path))
+    return sorted(found, key=lambda b: (b.stamp, b.env)), skipped
+
+
+def _directories(
+    base: Path, what: str, skipped: list[str], only: Optional[str] = None, top: bool = False
+) -> list[Path]:
+    """The directories in ``base`` (none named with a leading dot; ``only`` that one if given), sorted, none
+    followed through a symlink: a link is named in ``skipped``. With ``top``, ``base`` itself is checked too."""
+    if top and base.is_symlink():
+        skipped.append(_skip(base, what))
+        return []
+    try:
+        with os.scandir(base) as listed:
+            entries = sorted(listed, key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
         return []
     found = []
-    for env_dir in sorted(base.iterdir()):
-        if env is not None and env_dir.name != env:
+    for entry in entries:
+        if entry.name.startswith(".") or only not in (None, entry.name):
             continue
-        if not env_dir.is_dir() or env_dir.name.startswith("."):
-            continue
-        for path in sorted(env_dir.iterdir()):
-            if path.name.startswith(".") or not (path / "backup.json").is_file():
-                continue
-            found.append(_load(root, path))
-    return sorted(found, key=lambda b: (b.stamp, b.env))
+        if entry.is_symlink():
+            skipped.append(_skip(Path(entry.path), what))
+        elif entry.is_dir(follow_symlinks=False):
+            found.append(Path(entry.path))
+    return found
+
+
+def _skip(path: Path, what: str) -> str:
+    with contextlib.suppress(OSError):
+        return f"{path} is a symlink (to {path.readlink()}), not {what}; skipped it"
+    return f"{path} is a symlink, not {what}; skipped it"
+
+
+def _because(skipped: Sequence[str]) -> str:
+    return f" ({'; '.join(skipped)})" if skipped else ""
 
 
 def find(root: Path, what: str, backup_id: Optional[str] = None) -> Backup:
@@ -148,14 +193,14 @@ def find(root: Path, what: str, backup_id: Optional[str] = None) -> Backup:
     if "@" in what and backup_id is None:
         what, backup_id = what.split("@", 1)
     state.record_path(root, what)  # validates the name
-    mine = backups(root, what)
+    mine, skipped = listing(root, what)
     if backup_id is not None:
         stamp = backup_id.split("@", 1)[1] if "@" in backup_id else backup_id
         for b in mine:
             if b.stamp == stamp:
                 return b
         raise BackupError(
-            f"no backup {what}@{stamp} in {root}",
+            f"no backup {what}@{stamp} in {root}" + _because(skipped),
             hint=f"envbuilder backups {what}" if mine else "envbuilder backups",
         )
     if not mine:
@@ -163,7 +208,7 @@ def find(root: Path, what: str, backup_id: Optional[str] = None) -> Backup:
         from envbuilder.errors import did_you_mean  # noqa: PLC0415 - only on this error path
 
         raise BackupError(
-            f"no backup of {what!r} in {root}",
+            f"no backup of {what!r} in {root}" + _because(skipped),
             hint=did_you_mean(what, others) or f"envbuilder backup {what} makes one",
         )
     return mine[-1]
@@ -220,27 +265,12 @@ def make(
 ) -> BackupResult:
     """Back ``record``'s env up under ``root`` (call with writer_mutex and the env's mutex held)."""
     prefix = Path(record.prefix)
-    if not prefix.is_dir():
-        raise BackupError(
-            f"{record.name} is gone ({prefix} does not exist); there is nothing to back up",
-            hint=f"envbuilder restore {record.name}",
-        )
-    # A wheelhouse backup finds missing files itself while reading RECORDs (one pass instead of two).
-    health = state.health(record) if mode == "archive" else state.Health("ok", "")
-    if health.status == "damaged":
-        raise BackupError(
-            f"{record.name} is damaged ({health.detail}): a backup of it would not restore",
-            hint=f"envbuilder restore {record.name} --force (from an earlier backup) or "
-            f"envbuilder create {record.name} --force",
-        )
-    if mode == "wheelhouse" and not registry.kind_info(record.kind).venv:
-        raise BackupError(
-            f"{record.name} is a {record.kind} env: a wheelhouse backup holds venvs (their wheels)",
-            hint=f"envbuilder backup {record.name} --mode archive",
-        )
+    _refuse_unbackable(record, prefix, mode)
     file_mode, dir_mode = _modes(prefix)
     stamp = _stamp()
     env_dir = root / "envs" / record.name
+    for where in (root / "envs", env_dir, root / "store"):  # a backup is never written through a planted link
+        removal.refuse_link(where, "a directory of backups envbuilder wrote")
     while (env_dir / stamp).exists():  # two backups within a second
         time.sleep(1)
         stamp = _stamp()
@@ -283,6 +313,28 @@ def make(
                 raise _no_space(root, number, exc.stderr_tail.strip().splitlines()[-1]) from None
         raise
     return BackupResult(_load(root, tx.final), notes)
+
+
+def _refuse_unbackable(record: state.EnvRecord, prefix: Path, mode: str) -> None:
+    """A BackupError where this env cannot be backed up this way: gone, damaged, or a wheelhouse of a non-venv."""
+    if not prefix.is_dir():
+        raise BackupError(
+            f"{record.name} is gone ({prefix} does not exist); there is nothing to back up",
+            hint=f"envbuilder restore {record.name}",
+        )
+    # A wheelhouse backup finds missing files itself while reading RECORDs (one pass instead of two).
+    health = state.health(record) if mode == "archive" else state.Health("ok", "")
+    if health.status == "damaged":
+        raise BackupError(
+            f"{record.name} is damaged ({health.detail}): a backup of it would not restore",
+            hint=f"envbuilder restore {record.name} --force (from an earlier backup) or "
+            f"envbuilder create {record.name} --force",
+        )
+    if mode == "wheelhouse" and not registry.kind_info(record.kind).venv:
+        raise BackupError(
+            f"{record.name} is a {record.kind} env: a wheelhouse backup holds venvs (their wheels)",
+            hint=f"envbuilder backup {record.name} --mode archive",
+        )
 
 
 def _no_space(root: Path, number: int, why: str) -> DiskError:
@@ -426,7 +478,7 @@ def verify(
                         []
                         if cancel is not None and cancel.is_set()
                         else _check_file(
-                            b.root / w["path"], w["size"], w["sha256"] if hash_wheels else None, w["name"]
+                            b.root, w["path"], w["size"], w["sha256"] if hash_wheels else None, w["name"]
                         )
                     ),
                     wheels,
@@ -435,10 +487,10 @@ def verify(
                     problems += more
         else:
             arc = b.data.get("archive", {})
-            problems += _check_file(b.path / arc["file"], arc["size"], arc["sha256"], "the archive")
-            manifest = b.path / "manifest.json"
+            rel = b.path.relative_to(b.root).as_posix()
+            problems += _check_file(b.root, f"{rel}/{arc['file']}", arc["size"], arc["sha256"], "the archive")
             try:
-                digest = hashlib.sha256(manifest.read_bytes()).hexdigest()
+                digest = hashlib.sha256(_read(b.root, f"{rel}/manifest.json")).hexdigest()
             except OSError:
                 digest = "missing"
             if digest != arc.get("manifest_sha256"):
@@ -451,15 +503,20 @@ def verify(
     return problems
 
 
-def _check_file(path: Path, size: int, digest: Optional[str], what: str) -> list[str]:
+def _check_file(root: Path, rel: str, size: int, digest: Optional[str], what: str) -> list[str]:
+    """Problems with the file ``rel`` of the backup root, read without following a symlink."""
+    path = root / rel
     try:
-        actual_size = path.stat().st_size
-    except OSError:
+        with removal.open_below(root, rel) as fh:
+            actual_size = os.fstat(fh.fileno()).st_size
+            if actual_size != size:
+                return [f"{what}: {path} has {actual_size} bytes, {size} were written"]
+            if digest is not None and wheelhouse.fh_sha256(fh) != digest:
+                return [f"{what}: {path} does not match its sha256 (a changed or damaged byte)"]
+    except FileNotFoundError:
         return [f"{what}: {path} is missing"]
-    if actual_size != size:
-        return [f"{what}: {path} has {actual_size} bytes, {size} were written"]
-    if digest is not None and wheelhouse.file_sha256(path) != digest:
-        return [f"{what}: {path} does not match its sha256 (a changed or damaged byte)"]
+    except OSError as exc:
+        return [f"{what}: {path} is unreadable: {exc.strerror}"]
     return []
 
 
@@ -487,13 +544,14 @@ def prune(root: Path, keep: int, env: Optional[str] = None, dry_run: bool = Fals
     if keep < 1:
         raise UsageError("--keep must be 1 or more (remove backups by hand to drop every one)")
     by_env: dict[str, list[Backup]] = {}
-    for b in backups(root):
+    found, skipped = listing(root)
+    for b in found:
         by_env.setdefault(b.env, []).append(b)
     doomed = []
     for name, mine in by_env.items():
         if env is None or name == env:
             doomed += mine[: max(0, len(mine) - keep)]
-    result = PruneResult([], 0, 0)
+    result = PruneResult([], 0, 0, left=skipped)
     gone = []
     for b in doomed:
         size = _files_size(b.path)

@@ -10,9 +10,10 @@ import shutil
 import stat
 import tarfile
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import IO, Any, BinaryIO, Optional
 
-from envbuilder import fsutil, proc
+from envbuilder import fsutil, proc, removal
+from envbuilder.backup import extract
 from envbuilder.errors import BackupError
 from envbuilder.structs import dataclass
 
@@ -133,26 +134,36 @@ def squashfs_zstd(mksquashfs: str) -> bool:
     return "zstd" in res.stdout + res.stderr
 
 
-def unpack(archive: Path, into: Path, tools: Tools) -> None:
-    """Extract ``archive`` so that ``into`` (which must not exist) becomes the env directory."""
+def unpack(archive: Path, into: Path, tools: Tools, root: Optional[Path] = None) -> None:
+    """Extract ``archive`` so that ``into`` (which must not exist) becomes the env directory, never writing
+    outside it (``extract``). With ``root`` (a backup root), the archive is a file of that tree, read only if
+    no symlink leads to it."""
     if archive.name.endswith(".sqfs"):
         if not tools.unsquashfs:
             raise BackupError(
                 f"{archive} is a squashfs image and unsquashfs is not on PATH", hint="install squashfs-tools"
             )
+        _open(archive, root).close()
         proc.run([tools.unsquashfs, "-no-progress", "-q", "-d", str(into), str(archive)], timeout=None)
+        extract.tidy(into, archive)
         return
-    if not tools.tar:
-        raise BackupError("restoring an archive needs tar, which is not on PATH")
-    into.mkdir(mode=0o700)
-    argv = [tools.tar, "--no-same-owner", "-x", "-f", str(archive), "-C", str(into)]
-    if archive.name.endswith(".zst"):
-        if not tools.zstd:
-            raise BackupError(
-                f"{archive} is zstd-compressed and zstd is not on PATH", hint="load a zstd module"
-            )
-        argv[1:1] = ["--use-compress-program", tools.zstd]
-    proc.run(argv)
+    if archive.name.endswith(".zst") and not tools.zstd:
+        raise BackupError(f"{archive} is zstd-compressed and zstd is not on PATH", hint="load a zstd module")
+    with _open(archive, root) as fh:
+        if archive.name.endswith(".zst"):
+            with proc.reading([str(tools.zstd), "-d", "-q", "-c"], fh) as stream:
+                extract.untar(stream, into, archive)
+        else:
+            extract.untar(fh, into, archive)
+
+
+def _open(archive: Path, root: Optional[Path]) -> BinaryIO:
+    try:
+        if root is not None:
+            return removal.open_below(root, archive.relative_to(root).as_posix())
+        return archive.open("rb")  # an image at the path its record names (the user may have linked it there)
+    except OSError as exc:
+        raise BackupError(f"cannot read {archive}: {exc.strerror}") from None
 
 
 def check_tree(root: Path, manifest: list[dict[str, Any]]) -> list[str]:

@@ -405,10 +405,15 @@ def _archive(
     """Extract the archived env at ``partial``, relocated for ``final``; its record."""
     b, old, name, final, step = job.b, job.old, job.name, job.final, job.step
     arc = b.data["archive"]
-    manifest = json.loads((b.path / "manifest.json").read_text(encoding="utf-8"))
+    rel = b.path.relative_to(b.root).as_posix()
+    try:  # read as verify read it: never through a symlink planted in the backup root
+        with removal.open_below(b.root, f"{rel}/manifest.json") as fh:
+            manifest = json.loads(fh.read())
+    except OSError as exc:
+        raise BackupError(f"cannot read {b.path / 'manifest.json'}: {exc.strerror}") from None
     relocation = None
     step(f"extracting {arc['file']}")
-    archive.unpack(b.path / arc["file"], partial, archive.Tools.find())
+    archive.unpack(b.path / arc["file"], partial, archive.Tools.find(), root=b.root)
     problems = archive.check_tree(partial, manifest)
     if problems:
         raise BackupError(f"the extracted env differs from the manifest: {problems[0]}")

@@ -34,7 +34,7 @@ from typing import IO, Any, Optional, cast
 
 from packaging.utils import canonicalize_name
 
-from envbuilder import proc, transaction
+from envbuilder import proc, removal, transaction
 from envbuilder.errors import BackupError, CommandFailed
 from envbuilder.structs import dataclass
 
@@ -364,14 +364,17 @@ def _copy_hashing(src: IO[bytes], sink: Optional[IO[bytes]], digest: Any) -> int
     return size
 
 
-def _stored_problem(path: Path, known: dict[str, Any], cancel: Optional[threading.Event]) -> Optional[str]:
-    """What is wrong with a stored blob, against the size and sha256 its backup recorded (None: nothing)."""
+def _stored_problem(
+    root: Path, rel: str, known: dict[str, Any], cancel: Optional[threading.Event]
+) -> Optional[str]:
+    """What is wrong with a stored blob, against the size and sha256 its backup recorded (None: nothing); one
+    reached through a symlink is not the store's (it is stored again, the link replaced)."""
     try:
-        size = path.stat().st_size
-        if size != known.get("size"):
-            return f"{size} bytes, {known.get('size')} were written"
-        h = hashlib.sha256()
-        with path.open("rb") as fh:
+        with removal.open_below(root, rel) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size != known.get("size"):
+                return f"{size} bytes, {known.get('size')} were written"
+            h = hashlib.sha256()
             for chunk in iter(lambda: fh.read(CHUNK), b""):
                 _check_cancel(cancel)
                 h.update(chunk)
@@ -385,9 +388,13 @@ def _stored_problem(path: Path, known: dict[str, Any], cancel: Optional[threadin
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as fh:
-        _copy_hashing(fh, None, h)
+        return fh_sha256(fh)
+
+
+def fh_sha256(fh: IO[bytes]) -> str:
+    h = hashlib.sha256()
+    _copy_hashing(fh, None, h)
     return h.hexdigest()
 
 
@@ -427,7 +434,7 @@ class Store:
             rel, compression = found
             check_unchanged(dist, cancel)
             path = self.root / rel
-            damaged = _stored_problem(path, known, cancel)
+            damaged = _stored_problem(self.root, rel, known, cancel)
             if damaged is None:
                 self._widen(path)
                 return Blob(
@@ -444,6 +451,8 @@ class Store:
         final = self.root / rel
         # Named .NAME.tmp-PID-NS: threads pack blobs at once, and writer_mutex sweeps store/*/.*.tmp-*.
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+        # Never written through a link planted where a directory of the store should be.
+        removal.refuse_link(final.parent, "a directory of the store envbuilder wrote")
         with transaction.Transaction(final, tmp) as tx:
             if self.zstd:
                 with proc.feeding([self.zstd, *ZSTD_PACK, "-o", str(tmp)]) as pipe:
@@ -487,7 +496,7 @@ class Store:
         digest = hashlib.sha256()
         what = blob.get("name", src.name)
         try:
-            with src.open("rb") as fh:
+            with removal.open_below(self.root, str(blob["path"])) as fh:  # never a link planted in the store
                 size = 0
                 try:
                     if blob["compression"] == "zstd":

@@ -121,7 +121,10 @@ def _render_one(result: backup.BackupResult, out: Out) -> None:
 
 def handle_backups(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
     root, _ = _root(args.source)
-    rows = [b.summary() for b in backup.backups(root, args.env)]
+    found, skipped = backup.listing(root, args.env)
+    for why in skipped:
+        out.warn(why)
+    rows = [b.summary() for b in found]
     if not args.json:
         if not rows:
             out.line(f"no backups in {root}" + (f" for {args.env}" if args.env else ""))
