@@ -168,7 +168,8 @@ def site_python(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
         reason = sitepython.why_not(version)
         if reason is not None:
             pytest.skip(f"no site-built python {version}: {reason}")
-        d = shared_dir(tmp_path_factory, f"site-python-{version}")
+        # No dot in the name: made_once's lock and mark replace what follows the last one.
+        d = shared_dir(tmp_path_factory, f"site-python-{version.replace('.', '')}")
         failed = d.with_suffix(".failed")
         if not failed.exists():
             made_once(d, lambda d: _lay_out(version, d / "tree", failed))

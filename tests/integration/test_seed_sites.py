@@ -509,6 +509,33 @@ def test_a_new_shell_runs_the_python_of_an_env_built_on_gcc_and_python3(world, s
     assert shown["loads"] == ["gcc/15.1.0", "python3/3.9.2"]
 
 
+@needs_lmod
+def test_a_record_from_before_activation_loaded_the_build_modules_keeps_working(world, soft, site_python):
+    """An env recorded before activation loaded ``[modules] load`` (its activation holds only what
+    ``activate.modules`` named, and no ``from_build``): show says which of the build's modules its activation
+    leaves out and how to get them, its modulefile loads what it did, and validation, whose job loads the
+    build's modules, still runs its python."""
+    needs_python(soft, FRONTERA_CU124, site_python)
+    world.data("create", FRONTERA_CU124.recipe)
+    path = world.home / "envs" / f"{FRONTERA_CU124.recipe}.json"
+    record = json.loads(path.read_text())
+    assert record["plan"]["activate"]["from_build"] == [FRONTERA_CU124.module]
+    del record["plan"]["activate"]["from_build"]
+    record["plan"]["activate"]["modules"] = []
+    path.write_text(json.dumps(record))
+
+    shown = world.data("show", FRONTERA_CU124.recipe)["activation"]
+    assert shown["loads"] == []
+    assert shown["said"] == (
+        f"loads no module; not loaded: {FRONTERA_CU124.module}, which the env was built with (recorded before "
+        "activation loaded the build's modules; `envbuilder create NAME --force` rewrites it)"
+    )
+    said = ok(world.cli("show", FRONTERA_CU124.recipe)).stdout
+    assert f"built with: {FRONTERA_CU124.module}" in " ".join(said.split())
+    assert "depends_on" not in world.data("modulefile", FRONTERA_CU124.recipe)["modulefile"]
+    assert validated_import(world, FRONTERA_CU124.recipe)["python"].startswith("3.9.")
+
+
 def cirrus_layer(world: World) -> None:
     """cirrus-venv-cu121-horovod as shipped but for two things: its prefix under the user's $WORK (the shipped
     /work/<project>/... is this machine's real /work), and Horovod from the index: the shipped spec is a commit
