@@ -484,7 +484,10 @@ SCHEMA = Table(
         "activate": Table(
             {
                 "modules": Field(
-                    list, "modules loaded on activate, unloaded on deactivate", items=str, rule=MODULE_NAME
+                    list,
+                    "modules activate loads after the build's (modules.load), unloaded on deactivate",
+                    items=str,
+                    rule=MODULE_NAME,
                 ),
                 "env": MapOf(Field(str), key_pattern=VAR_RE),
                 "profiles": Field(list, "env_profiles applied on activate", items=str),
