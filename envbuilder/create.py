@@ -46,7 +46,7 @@ from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.errors import BackendError, LockError, StateError, UsageError
 from envbuilder.lockfile import applicability
 from envbuilder.modules import EnvDelta, ModuleSystem
-from envbuilder.plan import Plan
+from envbuilder.plan import Plan, build_loads
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
 from envbuilder.recipe.loader import Recipe
@@ -200,7 +200,9 @@ def smoke_recorded(
     plan = record.plan or {}
     base_env = proc.scrubbed_env(env)
     delta = modules.apply(
-        plan.get("module_use", []), [*plan.get("modules", []), *plan.get("build_modules", [])], base_env
+        plan.get("module_use", []),
+        build_loads(plan.get("modules", []), plan.get("build_modules", [])),
+        base_env,
     )
     act = activation.from_plan(record.activation or Activation(), modules.init_dir, record.recipe)
     site_python = None if registry.kind_info(record.kind).own_python else record.tools.get("python_path")
@@ -286,7 +288,7 @@ def _prepare(
         f"loading modules ({job.modules.kind})" if plan.modules or plan.module_use else "no modules to load"
     )
     base_env = proc.scrubbed_env(job.env)
-    delta = job.modules.apply(plan.module_use, [*plan.modules, *plan.build_modules], base_env)
+    delta = job.modules.apply(plan.module_use, build_loads(plan.modules, plan.build_modules), base_env)
     build_env = delta.apply(base_env)
     log.write(f"module delta: {len(delta.set)} set, {len(delta.unset)} unset")
     python = backend.python(plan.python["command"] or "python3", build_env, final)

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import sitepython
 from backupworld import backup_files
 from condaworld import build_channel, wheel_files
 from helpers import ENVMODULES_INIT_DIR, TRAIN, CpuTorchWorld, ValidateWorld
@@ -155,6 +156,36 @@ def made_once(d: Path, make: Callable[[Path], object]) -> Path:
             make(d)
             done.touch()
     return d
+
+
+@pytest.fixture(scope="session")
+def site_python(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The site-built CPython of a version ("3.9") that tests/sitepython.py lays out, once per run (xdist's
+    workers share it): its tree, which starts only with ``tree/lib`` on LD_LIBRARY_PATH. Skips, saying why, where
+    it cannot be made here."""
+
+    def get(version: str) -> Path:
+        reason = sitepython.why_not(version)
+        if reason is not None:
+            pytest.skip(f"no site-built python {version}: {reason}")
+        # No dot in the name: made_once's lock and mark replace what follows the last one.
+        d = shared_dir(tmp_path_factory, f"site-python-{version.replace('.', '')}")
+        failed = d.with_suffix(".failed")
+        if not failed.exists():
+            made_once(d, lambda d: _lay_out(version, d / "tree", failed))
+        if failed.exists():
+            pytest.skip(f"no site-built python {version}: {failed.read_text()}")
+        return d / "tree"
+
+    return get
+
+
+def _lay_out(version: str, tree: Path, failed: Path) -> None:
+    """sitepython.lay_out, or why it could not be done in ``failed`` (read by every worker after)."""
+    try:
+        sitepython.lay_out(version, tree)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        failed.write_text(str(exc))
 
 
 @pytest.fixture(scope="session")

@@ -132,6 +132,12 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     data["health"] = state.health(record).to_json()
     fresh = image.freshness(record)
     data["image_status"] = fresh.to_json()
+    plan = record.plan or {}
+    act = record.activation or Activation()
+    data["activation"] = {
+        "loads": list(act.modules),
+        "said": act.modules_said(plan.get("modules") or (), plan.get("build_modules") or ()),
+    }
     if not args.json:
         out.result.heading(f"{record.name} (recipe {record.recipe})")
         out.result.field("prefix", record.prefix)
@@ -142,9 +148,10 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         )
         in_env = [p for p in record.packages if p.get("in_env")]
         out.result.field("packages", ", ".join(f"{p['name']}=={p['version']}" for p in in_env))
-        modules = record.plan.get("modules") if record.plan else None
-        if modules:
-            out.result.field("modules", " ".join(modules))
+        if plan.get("modules"):
+            out.result.field("built with", " ".join(plan["modules"]))
+        if act.modules or plan.get("modules") or plan.get("build_modules"):
+            out.result.field("activation", data["activation"]["said"])
         if record.validation:
             checks = record.validation.get("checks", {})
             out.result.field("last check", ", ".join(f"{k}: {v.get('status')}" for k, v in checks.items()))

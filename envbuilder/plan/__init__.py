@@ -478,9 +478,23 @@ def _filesystem(
     return PrefixFilesystem(name, fs)
 
 
+def activated_build_modules(modules: sections.Modules) -> tuple[str, ...]:
+    """The build modules activation loads too: ``[modules] load`` in its order, but those ``build_only`` marks.
+    The env's python, its MPI and their libraries come from them (a site-built python finds its libpython
+    only through its module's LD_LIBRARY_PATH)."""
+    return tuple(m for m in modules.load if m not in modules.build_only)
+
+
+def build_loads(modules: Sequence[str], build_only: Sequence[str]) -> list[str]:
+    """What the build loads, in order: the build modules, then the build-only ones not among them (a
+    ``build_only`` entry may name one of ``load`` only to keep it out of activation)."""
+    return list(dict.fromkeys([*modules, *build_only]))
+
+
 def activation_for(recipe: Recipe) -> Activation:
-    """What activating an env of ``recipe`` loads and sets (modules, variables, unsets, list entries). Profiles
-    adding to the same list variable add in the order ``activate.profiles`` names them."""
+    """What activating an env of ``recipe`` loads and sets: the build's modules (but the build-only ones), then
+    those ``activate.modules`` adds, once each; variables, unsets, list entries. Profiles adding to the same list
+    variable add in the order ``activate.profiles`` names them."""
     env: dict[str, str] = {}
     unset: list[str] = []
     prepend: dict[str, tuple[str, ...]] = {}
@@ -494,9 +508,11 @@ def activation_for(recipe: Recipe) -> Activation:
         for var, entries in profile.append.items():
             append[var] = (*append.get(var, ()), *entries)
     env.update(recipe.activate.env)
+    from_build = activated_build_modules(recipe.modules)
     return Activation(
         module_use=recipe.modules.use,
-        modules=recipe.activate.modules,
+        modules=(*from_build, *(m for m in recipe.activate.modules if m not in from_build)),
+        from_build=from_build,
         env=env,
         unset=tuple(unset),
         prepend=prepend,
@@ -552,7 +568,8 @@ def _steps(
     if mods.load:
         loads[-1] += f"  ({mods.system})"
     steps += loads
-    steps += [f"{line}  (build only)" for line in batch.module_lines((), mods.build_only)]
+    extra = [m for m in mods.build_only if m not in mods.load]
+    steps += [f"{line}  (build only)" for line in batch.module_lines((), extra)]
     steps.append(
         f"build the {recipe.env.kind} env in a temporary sibling of {prefix}; move it into place once complete"
     )
@@ -579,5 +596,7 @@ def _steps(
                 ]
             )
         )
+    if activate.modules or mods.build_only:
+        steps.append(f"activation {activate.modules_said(mods.load, mods.build_only)}")
     steps.append(f"validate through {launcher_name}")
     return steps

@@ -3,7 +3,7 @@ activate scripts and modulefiles by ``envbuilder.activation``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import Optional, TypedDict
 
@@ -32,11 +32,14 @@ class RecordedActivate(TypedDict, total=False):
     append: dict[str, list[str]]
     profiles: list[str]
     conda_env: Optional[str]
+    #: The modules of ``modules`` that are the env's build modules (absent in records made before activation
+    #: loaded them: those load only what ``activate.modules`` named).
+    from_build: list[str]
 
 
 @dataclass(frozen=True)
 class Activation:
-    """The modules and ``module use`` paths activate loads, the variables it sets and unsets, the directories it
+    """The modules (in the order they load) and ``module use`` paths activate loads, the variables it sets and unsets, the directories it
     puts first (``prepend``) or last (``append``) in colon-separated list variables, and (for the renderer) the
     module system's init directory and the recipe's name. Values from a state record come here too, so it
     refuses what no script can carry, whatever the loader checked.
@@ -58,6 +61,10 @@ class Activation:
     profiles: tuple[str, ...] = ()
     #: The conda env ``conda activate`` is run on after the modules load (a name or an absolute prefix).
     conda_env: Optional[str] = None
+    #: Which of ``modules`` are the env's build modules (``[modules] load`` but those marked build-only), the rest
+    #: being ``activate.modules``' additions; None where a record from before activation loaded the build's
+    #: modules holds only those additions in ``modules``.
+    from_build: Optional[tuple[str, ...]] = None
     #: The module system's init directory (holding bash, zsh, ...), used when the user's shell has no ``module``.
     module_init: Optional[str] = None
     recipe: str = ""
@@ -88,6 +95,10 @@ class Activation:
                 )
         for i, name in enumerate(self.modules):
             require_module_name(name, f"activate.modules[{i}]")
+        if any(name not in self.modules for name in self.from_build or ()):
+            raise RecipeError(
+                "activation's build modules must be among the modules it loads", key="from_build"
+            )
         if self.conda_env is not None:
             require_conda_env(self.conda_env, "activate.conda_env")
         for key, value in (("module system init", self.module_init or ""), ("recipe.name", self.recipe)):
@@ -103,6 +114,7 @@ class Activation:
             "append": {k: list(v) for k, v in self.append.items()},
             "profiles": list(self.profiles),
             "conda_env": self.conda_env,
+            **({"from_build": list(self.from_build)} if self.from_build is not None else {}),
         }
 
     @classmethod
@@ -116,7 +128,32 @@ class Activation:
             append={k: tuple(v) for k, v in (data.get("append") or {}).items()},
             profiles=tuple(data.get("profiles") or ()),
             conda_env=data.get("conda_env"),
+            from_build=tuple(data["from_build"]) if data.get("from_build") is not None else None,
         )
+
+    def modules_said(self, built_with: Sequence[str] = (), build_only: Sequence[str] = ()) -> str:
+        """Which modules activation loads and deactivate unloads, and why each, in words for the plan, ``show``
+        and the modulefile. ``built_with``: the env's build modules (``[modules] load``); ``build_only``: those
+        the build loads that activation leaves out."""
+        added = [m for m in self.modules if m not in (self.from_build or ())]
+        parts = []
+        if self.from_build:
+            parts.append(f"{' '.join(self.from_build)} (the build's, [modules] load)")
+        if added:
+            parts.append(f"{' '.join(added)} ([activate] modules)")
+        said = f"loads {', then '.join(parts)}" if parts else "loads no module"
+        if self.modules:
+            said += "; deactivate unloads those of them (and what they loaded) that were not loaded before"
+        left = [m for m in build_only if m not in self.modules]
+        if left:
+            said += f"; not loaded: {' '.join(left)} (build only)"
+        missed = [m for m in built_with if m not in self.modules and m not in build_only]
+        if self.from_build is None and missed:
+            said += (
+                f"; not loaded: {' '.join(missed)}, which the env was built with (recorded before activation "
+                "loaded the build's modules; `envbuilder create NAME --force` rewrites it)"
+            )
+        return said
 
     def apply(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` with the variables set and unset, then the directories put first and last (no empty entry:

@@ -318,9 +318,18 @@ SCHEMA = Table(
             {
                 "system": Field(str, choices=MODULE_SYSTEMS),
                 "use": Field(list, "paths for `module use`, in order", items=str, rule=NOT_AN_OPTION),
-                "load": Field(list, "modules loaded for the build, in order", items=str, rule=MODULE_NAME),
+                "load": Field(
+                    list,
+                    "modules loaded for the build, in order; activation loads them too",
+                    items=str,
+                    rule=MODULE_NAME,
+                ),
                 "build_only": Field(
-                    list, "modules loaded only while building (cmake)", items=str, rule=MODULE_NAME
+                    list,
+                    "modules for the build only: loaded after `load` (cmake), or naming modules of `load` "
+                    "that activation leaves out",
+                    items=str,
+                    rule=MODULE_NAME,
                 ),
             }
         ),
@@ -475,7 +484,10 @@ SCHEMA = Table(
         "activate": Table(
             {
                 "modules": Field(
-                    list, "modules loaded on activate, unloaded on deactivate", items=str, rule=MODULE_NAME
+                    list,
+                    "modules activate loads after the build's (modules.load), unloaded on deactivate",
+                    items=str,
+                    rule=MODULE_NAME,
                 ),
                 "env": MapOf(Field(str), key_pattern=VAR_RE),
                 "profiles": Field(list, "env_profiles applied on activate", items=str),

@@ -348,8 +348,9 @@ def _job_shape(recipe: Recipe, shape: Shape) -> batch.JobShape:
 
 
 def job_modules(recipe: Recipe, activate: Activation) -> list[str]:
-    """The modules a validation job loads: the recipe's build modules, then those activate adds."""
-    load = list(recipe.modules.load)
+    """The modules a validation job loads: the recipe's build modules but the build-only ones, then those
+    activate adds (what activation loads; also for an env recorded before activation loaded the build's)."""
+    load = [m for m in recipe.modules.load if m not in recipe.modules.build_only]
     return load + [m for m in activate.modules if m not in load]
 
 

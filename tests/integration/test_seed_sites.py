@@ -1,8 +1,8 @@
 """Every shipped seed recipe built for real on its emulated site (Zurada and Polaris are in test_conda.py).
 
 A site here is: its module names in the fixture tree (tests/data/modules/site), whose python modules put a REAL
-CPython of the module's version on PATH (this machine's, laid out under ENVBUILDER_TEST_SOFT as the site's
-software tree); download.pytorch.org and PyPI as a local index (tests/torchindex.py) serving STAND-IN torch,
+CPython of the module's version on PATH (laid out under ENVBUILDER_TEST_SOFT as the site's software tree; TACC's
+are site-built, their libpython found only through the module's LD_LIBRARY_PATH: tests/sitepython.py); download.pytorch.org and PyPI as a local index (tests/torchindex.py) serving STAND-IN torch,
 torchvision and torchaudio wheels named as the real ones, with the recipe's build label, for the module's Python,
 so the torch build guard checks them as the planned build; Cirrus's packages, among them a stand-in Horovod
 source package whose build backend checks the variables it is built with. The TACC recipes are created as
@@ -21,7 +21,7 @@ import platform
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -287,25 +287,30 @@ def cpython(version: str) -> Optional[Path]:
 
 @pytest.fixture(scope="module")
 def soft(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The emulated sites' software tree (ENVBUILDER_TEST_SOFT): each python module's directory with this
-    machine's CPython of that version as python3, python and pythonX.Y, where the machine has it."""
-    root = tmp_path_factory.mktemp("soft")
-    for site in SITES:
-        bin_dir = root / site.soft / "bin"
-        real = cpython(site.python)
-        if real is None or bin_dir.exists():  # not here, or laid out for another recipe of the site
-            continue
-        bin_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("python3", "python", f"python{site.python}"):
-            (bin_dir / name).symlink_to(real)
-    return root
+    """The emulated sites' software tree (ENVBUILDER_TEST_SOFT), filled by ``needs_python`` as tests need it."""
+    return tmp_path_factory.mktemp("soft")
 
 
-def needs_python(soft: Path, site: Site) -> None:
-    if not (soft / site.soft / "bin" / "python3").exists():
+def needs_python(soft: Path, site: Site, site_python: Optional[Callable[[str], Path]] = None) -> None:
+    """The site's python module's directory under ``soft``: for TACC's modules a site-built CPython of the
+    module's version (tests/sitepython.py: its libpython found only through the module's LD_LIBRARY_PATH, as
+    TACC builds theirs); for Cirrus's Miniconda python, whose libraries its own RUNPATH finds, this machine's
+    CPython as python3, python and pythonX.Y. Skips where this machine has no such python."""
+    home = soft / site.soft
+    if home.exists():  # laid out for another recipe of the site
+        return
+    if site is not CIRRUS:
+        assert site_python is not None, "TACC's modules need the site_python fixture"
+        home.symlink_to(site_python(site.python))
+        return
+    real = cpython(site.python)
+    if real is None:
         pytest.skip(
             f"no CPython {site.python} on this machine (python{site.python} or pyenv's) for {site.module}"
         )
+    (home / "bin").mkdir(parents=True)
+    for name in ("python3", "python", f"python{site.python}"):
+        (home / "bin" / name).symlink_to(real)
 
 
 class World(UserWorld):
@@ -338,7 +343,7 @@ class World(UserWorld):
             '. "$1/bin/activate"\n'
             'dump "$2/during"\n'
             "python -c 'import json, sys, torch; print(json.dumps([sys.executable, "
-            '"%d.%d" % sys.version_info[:2], torch.__version__, torch.version.cuda]))\'\n'
+            '"%d.%d" % sys.version_info[:2], torch.__version__, torch.version.cuda]))\' || exit 3\n'
             "deactivate\n"
             'dump "$2/after"\n'
         )
@@ -381,14 +386,14 @@ def validated_import(world: World, name: str, **extra: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     "site", [FRONTERA_CU124, FRONTERA_CU126, LONESTAR6, STAMPEDE3, VISTA], ids=lambda s: s.recipe
 )
-def test_tacc_recipe_builds_as_shipped_on_its_emulated_site(world, soft, site):
+def test_tacc_recipe_builds_as_shipped_on_its_emulated_site(world, soft, site, site_python):
     if site.arch != HERE:
         pytest.skip(
             f"{site.recipe} is for {site.arch} nodes and this machine is {HERE}: create builds with the node's "
             f"own python and installs {site.arch} wheels, so it refuses here "
             "(test_vista_recipes_are_refused_on_this_machine checks that refusal)"
         )
-    needs_python(soft, site)
+    needs_python(soft, site, site_python)
     plan = world.data("plan", site.recipe)
     assert plan["modules"][-1] == site.module  # Vista loads gcc/15.1.0 first
     assert plan["python"] == {"command": "python3", "version": site.python}
@@ -422,6 +427,113 @@ def test_tacc_recipe_builds_as_shipped_on_its_emulated_site(world, soft, site):
         CUDA[site.variant],
         smoke_python,
     )
+
+
+#: A new shell of each kind that sources the env's activate, runs its python and deactivates: $1 the env, $2
+#: where the environments before, during and after go. The shell has the site's module system, as a login shell
+#: there does, and no module loaded (a job script's shell, a new terminal).
+NEW_SHELLS = {
+    "bash": (["bash", "--noprofile", "--norc", "-c"], "sh"),
+    "zsh": (["zsh", "-f", "-c"], "sh"),
+    "fish": (["fish", "--no-config", "-c"], "fish"),
+    "tcsh": (["tcsh", "-f", "-c"], "csh"),
+}
+NEW_SHELL_SCRIPTS = {
+    "sh": """. "$EB_TEST_LMOD/init/$(basename "$0")"
+env -0 > "$2/before"
+. "$1/bin/activate"
+env -0 > "$2/during"
+python -c 'import sys; print(sys.prefix)' || exit 3
+deactivate
+env -0 > "$2/after"
+""",
+    "fish": """source $EB_TEST_LMOD/init/fish
+env -0 > $argv[2]/before
+source $argv[1]/bin/activate.fish
+env -0 > $argv[2]/during
+python -c 'import sys; print(sys.prefix)'; or exit 3
+deactivate
+env -0 > $argv[2]/after
+""",
+    "csh": """source "$EB_TEST_LMOD/init/tcsh"
+env -0 > "$argv[2]/before"
+source "$argv[1]/bin/activate.csh"
+env -0 > "$argv[2]/during"
+python -c 'import sys; print(sys.prefix)' || exit 3
+deactivate
+env -0 > "$argv[2]/after"
+""",
+}
+
+
+@needs_lmod
+@pytest.mark.parametrize("shell", list(NEW_SHELLS))
+def test_a_new_shell_runs_the_python_of_an_env_built_on_gcc_and_python3(world, soft, site_python, shell):
+    """Vista's shape (``module load gcc python3``, then a venv) over a site-built python, whose libpython only
+    its module's LD_LIBRARY_PATH finds: activation in a fresh shell must load the build's modules, or python
+    cannot start there ("error while loading shared libraries")."""
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed (.ci/run installs bash, zsh, fish and tcsh)")
+    needs_python(soft, FRONTERA_CU124, site_python)
+    shipped = builtin_dir() / "tacc" / "frontera" / f"{FRONTERA_CU124.recipe}.toml"
+    world.write_recipe(
+        "tacc-gcc-python3",
+        f'schema_version = 1\nextends = "{os.path.relpath(shipped, world.recipes)}"\n'
+        'replace = ["modules.load"]\n[recipe]\nname = "tacc-gcc-python3"\n'
+        '[modules]\nload = ["gcc/15.1.0", "python3/3.9.2"]\n',
+    )
+    prefix = Path(world.data("create", "tacc-gcc-python3")["env"]["prefix"])
+
+    work = world.root / f"new-{shell}"
+    work.mkdir()
+    argv, dialect = NEW_SHELLS[shell]
+    # fish's and tcsh's -c take the words after the script as $argv; bash's and zsh's as $0, $1, ...
+    args = [shell] if dialect == "sh" else []
+    res = subprocess.run([*argv, NEW_SHELL_SCRIPTS[dialect], *args, str(prefix), str(work)],
+                         env={**world.env, "EB_TEST_LMOD": str(LMOD_INIT.parent.parent)}, cwd=work,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "libpython" not in res.stderr, res.stderr
+    ok(res)
+    assert res.stdout.strip().splitlines()[-1] == str(prefix)
+    before, during, after = (read_env(work / n) for n in ("before", "during", "after"))
+    assert during["LOADEDMODULES"] == "gcc/15.1.0:python3/3.9.2"
+    assert during["LD_LIBRARY_PATH"].split(":")[0] == f"{soft}/python-3.9.2/lib"
+    assert users(after) == users(before)
+    # What the plan and show say activation loads.
+    plan = world.data("plan", "tacc-gcc-python3")
+    assert plan["activate"]["modules"] == ["gcc/15.1.0", "python3/3.9.2"]
+    assert "activation loads gcc/15.1.0 python3/3.9.2 (the build's, [modules] load)" in "\n".join(
+        plan["steps"]
+    )
+    shown = world.data("show", "tacc-gcc-python3")["activation"]
+    assert shown["loads"] == ["gcc/15.1.0", "python3/3.9.2"]
+
+
+@needs_lmod
+def test_a_record_from_before_activation_loaded_the_build_modules_keeps_working(world, soft, site_python):
+    """An env recorded before activation loaded ``[modules] load`` (its activation holds only what
+    ``activate.modules`` named, and no ``from_build``): show says which of the build's modules its activation
+    leaves out and how to get them, its modulefile loads what it did, and validation, whose job loads the
+    build's modules, still runs its python."""
+    needs_python(soft, FRONTERA_CU124, site_python)
+    world.data("create", FRONTERA_CU124.recipe)
+    path = world.home / "envs" / f"{FRONTERA_CU124.recipe}.json"
+    record = json.loads(path.read_text())
+    assert record["plan"]["activate"]["from_build"] == [FRONTERA_CU124.module]
+    del record["plan"]["activate"]["from_build"]
+    record["plan"]["activate"]["modules"] = []
+    path.write_text(json.dumps(record))
+
+    shown = world.data("show", FRONTERA_CU124.recipe)["activation"]
+    assert shown["loads"] == []
+    assert shown["said"] == (
+        f"loads no module; not loaded: {FRONTERA_CU124.module}, which the env was built with (recorded before "
+        "activation loaded the build's modules; `envbuilder create NAME --force` rewrites it)"
+    )
+    said = ok(world.cli("show", FRONTERA_CU124.recipe)).stdout
+    assert f"built with: {FRONTERA_CU124.module}" in " ".join(said.split())
+    assert "depends_on" not in world.data("modulefile", FRONTERA_CU124.recipe)["modulefile"]
+    assert validated_import(world, FRONTERA_CU124.recipe)["python"].startswith("3.9.")
 
 
 def cirrus_layer(world: World) -> None:
