@@ -150,6 +150,8 @@ def test_sbatch_dry_run_refuses_a_recipe_without_scheduler_as_sbatch_does(cpu_to
         home, dataclasses.replace(state.load(home, "vcpu"), name="vnosched", recipe="vnosched")
     )
     extra = {"ENVBUILDER_RECIPE_PATH": f"{DATA / 'validate-recipes'}:{recipes}"}
+    jobs = cpu_torch_world.prefix / "envbuilder" / "jobs"
+    before = sorted(jobs.glob("*"))
     try:
         real, dry = (
             run_in(
@@ -164,9 +166,7 @@ def test_sbatch_dry_run_refuses_a_recipe_without_scheduler_as_sbatch_does(cpu_to
         record.unlink()  # the session env is vcpu's alone again
     assert real.returncode == 2 and "names no scheduler, so there is nothing to submit to" in real.stderr
     assert (dry.returncode, dry.stdout, dry.stderr) == (real.returncode, real.stdout, real.stderr)
-    assert not (cpu_torch_world.prefix / "envbuilder" / "jobs").exists() or not any(
-        (cpu_torch_world.prefix / "envbuilder" / "jobs").iterdir()
-    )
+    assert sorted(jobs.glob("*")) == before  # neither wrote a job directory
 
 
 def test_a_gpu_env_on_a_login_node_is_sent_to_a_job(cpu_torch_world, train, tmp_path):
