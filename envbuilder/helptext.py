@@ -84,7 +84,10 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (*_RECORDS, "SLURM_JOB_ID", "TMPDIR", "ENVBUILDER_NO_FUSE"),
     ),
     "sbatch": (
-        ("sbatch vista-venv-cu124 --nodes 4 -- python train.py", "sbatch local --dry-run -- python train.py"),
+        (
+            "sbatch vista-venv-cu124 --nodes 4 -- python train.py",
+            "sbatch zurada-conda-cu126 --dry-run -- python train.py",
+        ),
         _RECORDS,
     ),
     "list": (("list", "list --json"), (*_RECORDS, "ENVBUILDER_BACKUP_ROOT")),

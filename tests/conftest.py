@@ -16,7 +16,7 @@ import sitepython
 from backupworld import backup_files
 from condaworld import build_channel, wheel_files
 from helpers import ENVMODULES_INIT_DIR, TRAIN, CpuTorchWorld, ValidateWorld
-from slurm import MiniCluster, MultiNodeCluster, available, multinode_available
+from slurm import ConfinedCluster, MiniCluster, MultiNodeCluster, available, multinode_available
 from wheelindex import serve
 
 TESTS = Path(__file__).resolve().parent
@@ -65,6 +65,18 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory):
     if reason is not None:
         pytest.skip(f"no test Slurm cluster: {reason}")
     with MiniCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_confined(tmp_path_factory: pytest.TempPathFactory):
+    """A real single-node Slurm cluster whose steps run only on the CPUs they were allocated, as sites run
+    Slurm (tests/slurm.py ConfinedCluster: cgroups where this machine allows, else CPU binding; its
+    ``confinement`` says which); skips where no Slurm can run."""
+    reason = available()
+    if reason is not None:
+        pytest.skip(f"no test Slurm cluster: {reason}")
+    with ConfinedCluster(tmp_path_factory.mktemp("slurm-confined")) as cluster:
         yield cluster
 
 

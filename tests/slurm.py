@@ -12,7 +12,12 @@ loopback address 127.0.1.K. Distinct addresses make names and addresses agree bo
 tells its workers the address it finds for itself by reverse lookup, which would be "localhost" were every node
 127.0.0.1. Every daemon stays on the loopback network (one network namespace: the addresses are names, not
 isolation), each slurmd on a port of its own. Each node claims every CPU of the machine (Slurm does not know
-they are shared), so two ranks per node fit on a 2-core machine."""
+they are shared), so two ranks per node fit on a 2-core machine.
+
+:class:`ConfinedCluster` is a MiniCluster run as sites run Slurm: every step confined to the CPUs it was
+allocated, by cgroups (``TaskPlugin=task/cgroup,task/affinity``, ``ProctrackType=proctrack/cgroup``,
+``ConstrainCores=yes``) where this machine's cgroup v1 cpuset hierarchy can be written, else by CPU binding alone
+(``task/affinity``), so what a step's ranks may run on is real."""
 
 from __future__ import annotations
 
@@ -374,8 +379,7 @@ class MiniCluster:
                     f"SlurmdLogFile={self.logs / 'slurmd-%n.log'}",
                     f"SlurmctldPort={ctld_port}",
                     f"SlurmdPort={slurmd_ports[0]}",
-                    "ProctrackType=proctrack/linuxproc",
-                    "TaskPlugin=task/none",
+                    *self._task_lines(),
                     "JobAcctGatherType=jobacct_gather/none",
                     "AccountingStorageType=accounting_storage/none",
                     "SelectType=select/cons_tres",
@@ -410,6 +414,11 @@ class MiniCluster:
     def _local(self, node: Node) -> tuple[str, ...]:
         """The supervisor's ``--local SOURCE TARGET`` for ``node`` (none: nodes share this machine's storage)."""
         return ()
+
+    def _task_lines(self) -> list[str]:
+        """How slurmd tracks and places a step's processes: by process tree, unconfined (every step may run on
+        every CPU of the machine, whatever it was allocated)."""
+        return ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none"]
 
     def _spawn(self, name: str, *args: str, key: str = "", host: tuple[str, ...] = ()) -> None:
         """Starts daemon ``name`` under the supervisor. ``key`` tells several of one daemon apart (one slurmd
@@ -545,6 +554,76 @@ class MultiNodeCluster(MiniCluster):
             if _comm(pid) == "slurmd" and _parent(pid) == supervisor:
                 return pid
         raise ClusterError(f"the slurmd of {name} is not running")
+
+
+#: The cgroup v1 controllers Slurm's cgroup plugins use here: cpuset confines cores, freezer tracks processes.
+CGROUP_V1 = Path("/sys/fs/cgroup")
+CGROUP_CONTROLLERS = ("cpuset", "freezer")
+
+
+def cgroup_confinement_available() -> Optional[str]:
+    """None where Slurm 22.05's cgroup/v1 plugin can confine steps here, otherwise why not: it needs the cpuset
+    and freezer controllers mounted as cgroup v1 hierarchies under /sys/fs/cgroup, and to make groups in them
+    (root, and a container that lets it write there). On a cgroup v2-only host Slurm 22.05's cgroup/v2 plugin
+    needs systemd to hand slurmd a delegated scope, which a test's slurmd does not have."""
+    for name in CGROUP_CONTROLLERS:
+        root = CGROUP_V1 / name
+        if not (root / "cgroup.procs").is_file() or (root / "cgroup.subtree_control").exists():
+            return f"no cgroup v1 {name} hierarchy at {root} (Slurm 22.05 confines by cgroup v1 here)"
+        probe = root / f"envbuilder-probe-{os.getpid()}"
+        try:
+            probe.mkdir()
+            probe.rmdir()
+        except OSError as exc:
+            return f"cannot make a cgroup in {root}: {exc.strerror}"
+    return None
+
+
+class ConfinedCluster(MiniCluster):
+    """A MiniCluster whose steps run only on the CPUs they were allocated (module docstring): by cgroups where
+    :func:`cgroup_confinement_available` says they can be had (``confinement`` is then "cgroup"), else by
+    binding each task to its CPUs ("affinity"). Its node has a name of its own, so its slurmd's groups
+    (``slurm_NODE/uid_U/job_J`` in each controller) never meet another test cluster's jobs of the same id; they
+    are removed at stop."""
+
+    def __init__(self, root: Path, *, timeout: float = 30.0) -> None:
+        super().__init__(root, timeout=timeout)
+        self.node = f"eb{secrets.token_hex(4)}"
+        self.nodes = (Node(self.node, gpus=self.gpus),)
+        self.cgroup_problem = cgroup_confinement_available()
+        self.confinement = "affinity" if self.cgroup_problem else "cgroup"
+
+    def _task_lines(self) -> list[str]:
+        if self.confinement == "affinity":
+            return ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/affinity"]
+        # slurmd reads cgroup.conf from the directory slurm.conf is in.
+        (self.root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nConstrainCores=yes\n")
+        return ["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup,task/affinity"]
+
+    def _write_files(self) -> None:
+        super()._write_files()
+        # The node answers at this machine's loopback address under its own name.
+        text = self.conf.read_text()
+        self.conf.write_text(text.replace(f"NodeHostname={self.node} ", "NodeHostname=localhost "))
+
+    def stop(self, drain_timeout: float = 30.0) -> None:
+        try:
+            super().stop(drain_timeout)
+        finally:
+            if self.confinement == "cgroup":
+                for name in CGROUP_CONTROLLERS:
+                    _remove_cgroups(CGROUP_V1 / name / f"slurm_{self.node}")
+
+
+def _remove_cgroups(top: Path) -> None:
+    """rmdir every group below ``top`` and ``top`` itself, deepest first (a group's files go with it; a group
+    that still holds a process stays)."""
+    if not top.is_dir():
+        return
+    groups = sorted((Path(d) for d, _, _ in os.walk(top)), key=lambda p: len(p.parts), reverse=True)
+    for group in groups:
+        with suppress(OSError):
+            group.rmdir()
 
 
 #: Job states after which a job never runs again.

@@ -27,6 +27,19 @@ from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import InstallStep
 
 
+def _create_hint(step: InstallStep) -> str:
+    """What to check when the engine could not make the env: the channels, the packages, and the python the plan
+    asks them for (the plan's Python for the env, which ``plan`` shows with where it came from)."""
+    python = next((a for a in step.argv if a.startswith("python=")), None)
+    if python is None:
+        return "check conda.channels and conda.packages (envbuilder plan NAME shows the command)"
+    return (
+        f"check conda.channels and conda.packages, and that the channels have {python} (the env's Python, "
+        "from the recipe's [python] version or envbuilder's default: set [python] version to choose another; "
+        "envbuilder plan NAME shows the command)"
+    )
+
+
 class CondaBackend(Backend):
     """A conda env its engine makes (with python and pip), the installer fills, and move_in relocates."""
 
@@ -52,8 +65,7 @@ class CondaBackend(Backend):
         except CommandFailed as exc:
             detail = exc.stderr_tail.rstrip() or f"(no message; {proc.describe_status(exc.returncode)})"
             raise BackendError(
-                f"{build.engine} could not create the conda env:\n{detail}",
-                hint="check conda.channels and conda.packages (envbuilder plan NAME shows the command)",
+                f"{build.engine} could not create the conda env:\n{detail}", hint=_create_hint(step)
             ) from None
         if self.locked:
             check_locked(build.partial, self.locked, build.engine)

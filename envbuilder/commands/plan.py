@@ -129,6 +129,8 @@ def _render_target(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:
         f"{t.driver_version or '?'}, GPUs {gpus}",
     )
     out.result.field("env", f"{p.kind} at {p.prefix}")
+    if p.python.get("source"):
+        out.result.field("python", f"{p.python.get('version') or '?'} ({p.python['source']})")
     if p.resolution:
         r = p.resolution
         label = f" (+{r.local} builds only)" if r.local else ""

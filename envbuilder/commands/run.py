@@ -82,7 +82,7 @@ def handle_run(args: argparse.Namespace, out: Out) -> ProgramStatus:
 def handle_sbatch(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     # The job's files go into the env's own directory, not where its ranks will find it.
     env, _record, record, _recipe, prepared = _prepare(args, out, batch=True)
-    script = prepared.launch.script or ""
+    _adapter, script = program.job_script(record, prepared)
     if args.dry_run:
         if not args.json:
             print(script, end="")

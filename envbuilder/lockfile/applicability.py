@@ -64,9 +64,8 @@ def lock_inputs(
     channel = resolution.channel if resolution else ""
     specs: list[str] = []
     if kind_info(kind).conda:
-        # The env's own python (the recipe's, as the create step asks for it) is the one pip installs for.
-        python = recipe.python.conda_version
-        specs = conda_env_specs(recipe)
+        # ``python`` is the env's own (the plan's, as the create step asks for it), the one pip installs for.
+        specs = conda_env_specs(recipe, python)
     return lockfile.inputs(
         kind,
         _python_minor(python),

@@ -19,7 +19,7 @@ from envbuilder.facts import HostFacts
 from envbuilder.lockfile import applicability
 from envbuilder.plan.activation import Activation, RecordedActivate
 from envbuilder.plan.steps import InstallStep, NewEnv, install_steps
-from envbuilder.plan.target import target_facts
+from envbuilder.plan.target import env_python, target_facts
 from envbuilder.recipe import sections
 from envbuilder.resolver import gates, mirror
 from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, resolve
@@ -66,6 +66,8 @@ class PrefixFilesystem:
 class RecordedPython(TypedDict, total=False):
     command: str
     version: Optional[str]
+    #: Where the version came from (target.env_python); records written before issue 33 lack it.
+    source: str
 
 
 class RecordedPlan(TypedDict, total=False):
@@ -289,8 +291,12 @@ def build(
     fs = _filesystem(recipe, prefix, env, warnings)
 
     python_cmd = recipe.python.command
-    python: RecordedPython = {"command": python_cmd, "version": target.python}
-    env_python = f"{prefix}/bin/python" if kind_info(kind).own_python else python_cmd
+    python: RecordedPython = {
+        "command": python_cmd,
+        "version": target.python,
+        "source": env_python(recipe, host)[1],
+    }
+    launch_python = f"{prefix}/bin/python" if kind_info(kind).own_python else python_cmd
 
     if kind_info(kind).conda:  # the recipe's own channel mistake first: it holds whatever the index says
         gates.conda_pytorch_gate(recipe)
@@ -307,7 +313,7 @@ def build(
         _lock_remarks(recipe.name, lock, locked, warnings, notes)
     channels = _conda_channels(recipe, env, notes)
     steps_, extra_indexes = install_steps(
-        NewEnv(kind, installer, python_cmd, prefix),
+        NewEnv(kind, installer, python_cmd, prefix, target.python),
         recipe,
         resolution,
         packages,
@@ -320,7 +326,7 @@ def build(
     activate = activation_for(recipe)
 
     launcher_name, launch, interactive, script = _launch(
-        recipe, target, suite.LaunchedEnv(prefix, env_python, activate), opts=opts, warnings=warnings
+        recipe, target, suite.LaunchedEnv(prefix, launch_python, activate), opts=opts, warnings=warnings
     )
     steps = _steps(recipe, prefix, [s.display() for s in steps_], activate, launcher_name)
     return Plan(

@@ -58,10 +58,10 @@ def _pip(installer: str, python: str, target_flag: Sequence[str] = ()) -> list[s
     return INSTALLERS[installer].pip(python, target_flag)
 
 
-def conda_env_specs(recipe: Recipe) -> list[str]:
-    """python and pip inside the env (without them pip is the base env's: the Zurada seed's mistake), then the
-    recipe's conda packages."""
-    return [f"python={recipe.python.conda_version}", "pip", *recipe.conda.packages]
+def conda_env_specs(recipe: Recipe, python: Optional[str]) -> list[str]:
+    """python (the plan's: ``target.env_python``) and pip inside the env (without them pip is the base env's: the
+    Zurada seed's mistake), then the recipe's conda packages."""
+    return [f"python={python or recipe.python.conda_version}", "pip", *recipe.conda.packages]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ class NewEnv:
     installer: str
     python: str
     prefix: str
+    #: The Python version the plan decided (``target.env_python``): a conda env's engine is asked for it.
+    python_version: Optional[str] = None
 
 
 def _create_step(
@@ -96,7 +98,7 @@ def _create_step(
         if locked is not None:
             cmd += [p.conda_spec() for p in locked.conda]  # exactly the locked builds
         else:
-            cmd += conda_env_specs(recipe)
+            cmd += conda_env_specs(recipe, new.python_version)
         return InstallStep(tuple(cmd), creates_env=True, engine=engine, label="the conda env")
     return None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
 
+from envbuilder.backends.registry import kind_info
 from envbuilder.facts import Gpu, HostFacts
 from envbuilder.recipe import sections
 from envbuilder.resolver.wheels import gpu_capability
@@ -29,7 +30,7 @@ def target_facts(
     ``arch_override`` plans for nodes of another architecture (a lock for them), whatever this host is;
     ``partition`` for the nodes of that partition."""
     compute = partition_compute(recipe, partition, warnings)
-    python = recipe.python.version or host.python
+    python = env_python(recipe, host)[0]
     if arch_override:
         host = replace(host, arch=arch_override, glibc=None if host.arch != arch_override else host.glibc)
         if compute.arch and compute.arch != arch_override:
@@ -81,6 +82,21 @@ def target_facts(
         filesystems=host.filesystems,
         source=f"site compute facts + {host.source}",
     )
+
+
+def env_python(recipe: Recipe, host: HostFacts) -> tuple[Optional[str], str]:
+    """The Python the env runs, decided once for the resolver (torch's wheels), the build (a conda env's
+    ``python=X.Y``) and the lock, and where it came from: the recipe's ``[python] version``; else, for a conda
+    env, the one its engine is asked for (the env brings its own python: the planning host's is not it); else
+    the python this host runs."""
+    if recipe.python.version:
+        return recipe.python.version, "the recipe's [python] version"
+    if kind_info(recipe.env.kind).conda:
+        return (
+            recipe.python.conda_version,
+            "envbuilder's default for a conda env (the recipe sets no [python] version)",
+        )
+    return host.python, f"this host's {recipe.python.command} (the recipe sets no [python] version)"
 
 
 def partition_compute(recipe: Recipe, partition: Optional[str], warnings: list[str]) -> sections.Compute:

@@ -14,6 +14,7 @@ directive or a command envbuilder builds for the scheduler.
 from __future__ import annotations
 
 import shlex
+import string
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Optional
 
@@ -82,12 +83,20 @@ class Threads:
         ]
 
 
+#: The placeholders of an interactive template (scheduler.interactive), as the recipe's errors list them.
+PLACEHOLDERS = ("partition", "nodes", "tasks", "cpus", "time", "minutes", "gpus", "account")
+
+
 def interactive_argv(template: Sequence[str], job: JobShape) -> list[str]:
-    """Fill the site's interactive template ({partition} {nodes} {tasks} {time} {minutes} {gpus})."""
+    """Fill the site's interactive template ({partition} {nodes} {tasks} {cpus} {time} {minutes} {gpus}
+    {account}; {cpus} is the CPUs per task the launch uses, which a step asks for or gets one). A word whose
+    placeholder has no value (no --account given, whole nodes that need no CPU count) is left out, and with it
+    the option before it where the value is a word of its own: never ``-A ''`` or ``--cpus-per-task=``."""
     values = {
         "partition": job.partition or "",
         "nodes": str(job.nodes),
         "tasks": str(job.nodes * job.tasks_per_node),
+        "cpus": str(job.cpus_per_task) if job.cpus_per_task else "",
         "time": job.walltime,
         "minutes": str(minutes(job.time)),
         "gpus": str(job.gpus_per_node),
@@ -97,15 +106,17 @@ def interactive_argv(template: Sequence[str], job: JobShape) -> list[str]:
     for part in template:
         try:
             filled = part.format(**values)
+            empty = any(
+                name is not None and not values[name] for _, name, _, _ in string.Formatter().parse(part)
+            )
         except (KeyError, IndexError, ValueError):
             raise RecipeError(
                 f"unknown placeholder in {part!r}",
                 key="scheduler.interactive",
-                hint="placeholders: {partition} {nodes} {tasks} {time} {minutes} {gpus} {account}",
+                hint="placeholders: " + " ".join(f"{{{name}}}" for name in PLACEHOLDERS),
             ) from None
-        if not filled and "{" in part:
-            # An option whose value is unknown (no --account given): leave the pair out rather than emit "-A ''".
-            if out and out[-1].startswith("-"):
+        if empty:
+            if filled == "" and out and out[-1].startswith("-"):
                 out.pop()
             continue
         out.append(filled)

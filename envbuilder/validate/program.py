@@ -163,8 +163,9 @@ class Submitted:
     output: str
 
 
-def submit(record: state.EnvRecord, prepared: Prepared, env: Mapping[str, str]) -> Submitted:
-    """Write the job script into the env's job directory and submit it; the scheduler's job id."""
+def job_script(record: state.EnvRecord, prepared: Prepared) -> tuple[schedulers.Scheduler, str]:
+    """The scheduler a job goes to and its script: every check ``sbatch`` makes before it writes or submits
+    anything (``sbatch --dry-run`` makes the same ones, so a dry run fails where the real one would)."""
     the_launch = prepared.launch
     adapter = schedulers.get(the_launch.scheduler)
     if adapter is None or not the_launch.script:
@@ -172,13 +173,19 @@ def submit(record: state.EnvRecord, prepared: Prepared, env: Mapping[str, str]) 
             f"{record.recipe} names no scheduler, so there is nothing to submit to",
             hint=f"run it on a node: envbuilder run {record.name} -- ...",
         )
+    return adapter, the_launch.script
+
+
+def submit(record: state.EnvRecord, prepared: Prepared, env: Mapping[str, str]) -> Submitted:
+    """Write the job script into the env's job directory and submit it; the scheduler's job id."""
+    adapter, text = job_script(record, prepared)
     install_wrappers(record)
     job_dir = (
         Path(record.prefix) / "envbuilder" / "jobs" / f"job-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     )
     job_dir.mkdir(mode=0o755, parents=True)
     script = job_dir / "job.sh"
-    script.write_text(the_launch.script, encoding="utf-8")
+    script.write_text(text, encoding="utf-8")
     script.chmod(0o755)
     output = job_dir / "job.out"
     argv = adapter.submit(str(script), str(output))

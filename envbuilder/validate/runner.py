@@ -225,7 +225,8 @@ def locate(env: Mapping[str, str]) -> schedulers.Where:
     if path:
         with contextlib.suppress(OSError, UnicodeDecodeError), Path(path).open(encoding="utf-8") as fh:
             text = fh.read(NODEFILE_LIMIT)
-    return schedulers.locate(env, nodefile=text)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return schedulers.locate(env, nodefile=text, usable_cpus=usable)
 
 
 def threads_here(the_launch: suite.Launch, here: schedulers.Where) -> int:

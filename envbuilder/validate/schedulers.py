@@ -71,6 +71,11 @@ class Scheduler(ABC):
     def where(self, env: Mapping[str, str]) -> Where:
         """Where ``env`` (which holds ``job_id_var``) runs inside this scheduler's job."""
 
+    def on_node(self, env: Mapping[str, str]) -> bool:
+        """Whether ``env``'s process runs on a node of its job (not in a shell the job's allocation left on a
+        login node)."""
+        return True
+
     @abstractmethod
     def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
         """The directives for ``job`` (without the prefix), asking for GPUs in the site's ``gpu_request`` style,
@@ -155,6 +160,10 @@ class Slurm(Scheduler):
             cpus_per_node=cpus,
             partition=env.get(self.partition_var) or None,
         )
+
+    def on_node(self, env: Mapping[str, str]) -> bool:
+        # Slurm sets it in a batch script and a step, on the node; an salloc shell lacks it.
+        return "SLURM_CPUS_ON_NODE" in env
 
     def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
         flags = [
@@ -257,10 +266,14 @@ class Pbs(Scheduler):
 SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (Slurm(), Pbs())}
 
 
-def locate(env: Mapping[str, str], nodefile: Optional[str] = None) -> Where:
+def locate(
+    env: Mapping[str, str], nodefile: Optional[str] = None, usable_cpus: Optional[int] = None
+) -> Where:
     """Where ``env``'s process runs: inside a job of one of :data:`SCHEDULERS`, else on a login node.
     ``nodefile``: the text of the job's host list ($PBS_NODEFILE, one line per rank slot), where the scheduler
-    gives the node count only that way."""
+    gives the node count only that way. ``usable_cpus``: the CPUs this process may run on; on a job's node
+    (a step, a batch script) no launch from here can have more, whatever the job holds (a cgroup or a CPU
+    binding confines the step: an interactive step that asked for none has one)."""
     for adapter in SCHEDULERS.values():
         if env.get(adapter.job_id_var):
             where = adapter.where(env)
@@ -268,6 +281,8 @@ def locate(env: Mapping[str, str], nodefile: Optional[str] = None) -> Where:
                 where = replace(
                     where, nodes=len({h.strip() for h in nodefile.splitlines() if h.strip()}) or None
                 )
+            if usable_cpus and where.cpus_per_node and adapter.on_node(env):
+                where = replace(where, cpus_per_node=min(where.cpus_per_node, usable_cpus))
             return where
     return Where()
 

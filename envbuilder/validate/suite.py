@@ -218,6 +218,11 @@ def shape_for(
             f"{nodes} nodes asked for inside job {here.job}, which holds {here.nodes}",
             hint="ask for fewer nodes, or leave the job and pass --submit",
         )
+    if here and here.in_step and here.cpus_per_node and here.cpus_per_node < nproc:
+        warnings.append(
+            f"this step holds {here.cpus_per_node} CPU(s) on the node for {nproc} ranks, which share them: "
+            "start the interactive step with the CPUs the launch uses (srun --cpus-per-task)"
+        )
     cores = (here.cpus_per_node if here and here.in_job else None) or part.cores_per_node
     return Shape(
         launcher=chosen,
@@ -276,6 +281,8 @@ def launch_program(
         warnings.append("this site needs an allocation account for every job: pass --account")
     directives = adapter.directives(job, sched.gpu_request, sched.required_flags)
     interactive = tuple(batch.interactive_argv(sched.interactive, job)) if sched.interactive else None
+    if interactive and adapter.name == "slurm" and (job.cpus_per_task or 0) > 1:
+        _cpu_request(interactive, job.cpus_per_task or 0, adapter, warnings)
     step = launchers.own_options(argv, spec)
     _check_dialect(recipe, adapter, directives, interactive=interactive, step=step, launcher=shape.launcher)
     text = batch.script(
@@ -314,6 +321,20 @@ def _check_dialect(
         batch.check_command(step, sched.forbidden_flags, f"{launcher.name} step", where, aliases)
     submit = adapter.submit("job.sh", "job.out")
     batch.check_command(submit[1:-1], sched.forbidden_flags, f"{submit[0]} command", where, aliases)
+
+
+def _cpu_request(
+    interactive: Sequence[str], cpus: int, adapter: schedulers.Scheduler, warnings: list[str]
+) -> None:
+    """A Slurm step (``srun --pty``) gets one CPU unless it asks for more: the launch inside it would run every
+    rank on that one core. Warn where the site's template asks for none."""
+    asked = {name for _, name in batch.options(interactive[1:], adapter.short_options)}
+    if asked & {"--cpus-per-task", "--cpus-per-gpu", "--exclusive", "--mincpus"}:
+        return
+    warnings.append(
+        f"the interactive command ({interactive[0]} ...) asks for no CPUs, so its step gets one and every "
+        f"rank would share it; add --cpus-per-task={{cpus}} to scheduler.interactive ({cpus} per task here)"
+    )
 
 
 def _cpus_per_task(shape: Shape, adapter: Optional[schedulers.Scheduler]) -> Optional[launchers.Arg]:

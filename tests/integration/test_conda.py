@@ -7,6 +7,7 @@ two files on different workers."""
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -14,12 +15,15 @@ from pathlib import Path
 
 import pytest
 from condachannel import Package, build_package, conda_shim, index
-from condaworld import PY, PYTHON_VERSION, World, conda_meta, hpc_lib, needs_lmod, sh
+from condaworld import PY, PYTHON_VERSION, RECIPE, World, conda_meta, hpc_lib, needs_lmod, sh
 from helpers import ok
 
 from envbuilder import lockfile
+from envbuilder.recipe.sections import CONDA_PYTHON
 
 pytestmark = pytest.mark.integration
+#: Where a conda env's python comes from when the recipe names none.
+DEFAULT = "envbuilder's default for a conda env (the recipe sets no [python] version)"
 rattler = pytest.importorskip("rattler", reason="py-rattler (the embedded conda engine) is not installed")
 
 
@@ -68,6 +72,28 @@ def test_embedded_engine_builds_a_conda_env_with_python_and_pip_inside(world):
     out = sh(f"source '{prefix}/bin/activate' && echo \"$CDEMO|$CONDA_PREFIX\" && deactivate && "
              'echo "${CDEMO-unset}|${CONDA_PREFIX-unset}"', world.env)  # fmt: skip
     assert out.splitlines() == [f"it's set|{prefix}", "unset|unset"]
+
+
+def test_a_conda_env_without_python_version_is_planned_and_built_for_one_python(world):
+    # Without [python] version the plan resolved for the planning host's python while the engine was asked for
+    # python=3.12; the build then failed blaming conda.channels and conda.packages alone.
+    text = RECIPE.format(name="cnover", conda=json.dumps(["hpc-hello"]), py=PY)
+    world.write_recipe("cnover", text.replace(f'version = "{PY}"\n', ""))
+    plan = world.data("plan", "cnover")
+    assert plan["python"] == {"command": "python", "version": CONDA_PYTHON, "source": DEFAULT}
+    assert (
+        plan["target"]["python"] == plan["lock_inputs"]["python"] == CONDA_PYTHON
+    )  # what torch resolves for
+    assert plan["install_commands"][0][8:] == [f"python={CONDA_PYTHON}", "pip", "hpc-hello"]
+    res = world.cli("create", "cnover", "--no-validate")
+    prefix = world.scratch / "envs" / "cnover"
+    if PY == CONDA_PYTHON:  # the tests' channel has a python of this interpreter's version only
+        assert res.returncode == 0, res.stderr
+        assert conda_meta(prefix)["python"].startswith(f"{CONDA_PYTHON}.")
+        return
+    assert res.returncode == 7, res.stderr
+    assert f"python={CONDA_PYTHON}" in res.stderr and "set [python] version" in res.stderr
+    assert not prefix.exists()
 
 
 def test_an_unsatisfiable_request_is_a_solver_error_and_leaves_nothing(world):

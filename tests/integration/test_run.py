@@ -137,6 +137,38 @@ def test_sbatch_on_a_pbs_site_submits_a_pbs_job(cpu_torch_world, train, tmp_path
     assert refused.returncode == 2 and f"inside pbs job {data['job']}" in refused.stderr, refused.stderr
 
 
+def test_sbatch_dry_run_refuses_a_recipe_without_scheduler_as_sbatch_does(cpu_torch_world, train, tmp_path):
+    # The session env recorded again under a recipe that names no scheduler (a workstation's, as `local`): there
+    # is no job to submit, so a dry run has no script to show and says so as the real submission does.
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    text = (DATA / "validate-recipes" / "vcpu.toml").read_text().replace('name = "vcpu"', 'name = "vnosched"')
+    start, end = text.index("[scheduler]"), text.index("[env]")
+    (recipes / "vnosched.toml").write_text(text[:start] + text[end:])
+    home = Path(cpu_torch_world.env["ENVBUILDER_HOME"])
+    record = state.save(
+        home, dataclasses.replace(state.load(home, "vcpu"), name="vnosched", recipe="vnosched")
+    )
+    extra = {"ENVBUILDER_RECIPE_PATH": f"{DATA / 'validate-recipes'}:{recipes}"}
+    jobs = cpu_torch_world.prefix / "envbuilder" / "jobs"
+    before = sorted(jobs.glob("*"))
+    try:
+        real, dry = (
+            run_in(
+                cpu_torch_world,
+                cli_argv("sbatch", "vnosched", *flags, "--", "train.py"),
+                cwd=train.parent,
+                extra=extra,
+            )
+            for flags in ((), ("--dry-run",))
+        )
+    finally:
+        record.unlink()  # the session env is vcpu's alone again
+    assert real.returncode == 2 and "names no scheduler, so there is nothing to submit to" in real.stderr
+    assert (dry.returncode, dry.stdout, dry.stderr) == (real.returncode, real.stdout, real.stderr)
+    assert sorted(jobs.glob("*")) == before  # neither wrote a job directory
+
+
 def test_a_gpu_env_on_a_login_node_is_sent_to_a_job(cpu_torch_world, train, tmp_path):
     # The session env recorded again under a recipe whose compute nodes have GPUs; this host has none and is in
     # no job, so its program cannot run here.

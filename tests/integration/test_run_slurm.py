@@ -4,15 +4,19 @@ inside ``salloc``, inside a batch job and as a submitted job."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import shlex
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from helpers import cli_argv, cli_env, rank_lines, run_in
+from helpers import DATA, REPO, cli_argv, cli_env, rank_lines, run_in
 from slurm import sbatch_wait
+
+from envbuilder import state
 
 pytestmark = [pytest.mark.integration]
 
@@ -92,3 +96,53 @@ def test_sbatch_dry_run_and_refusal_inside_a_job(cpu_torch_world, slurm_cluster,
         extra=slurm_cluster.env,
     )
     assert inside.returncode == 2 and "second allocation" in inside.stderr, inside.stderr
+
+
+#: Each rank says which CPUs it may run on and its OpenMP threads.
+WHERE_RANKS_RUN = """import json, os
+print("cpus " + json.dumps({"rank": int(os.environ["RANK"]), "cpus": sorted(os.sched_getaffinity(0)),
+                            "omp": os.environ.get("OMP_NUM_THREADS")}), flush=True)
+"""
+
+
+@pytest.mark.slurm
+def test_ranks_in_the_interactive_step_run_on_the_cpus_the_launch_asked_for(
+    cpu_torch_world, slurm_confined, tmp_path
+):
+    # Zurada as sites run Slurm: the interactive step of the recipe's plan, whose ranks may run only on the CPUs
+    # the step was allocated. Asking for none, it got one CPU, and both ranks (started by validate and run inside
+    # it) shared that core.
+    cores = slurm_confined.cpus
+    if cores < 2:
+        pytest.skip("one CPU here: two ranks cannot be told apart from two ranks sharing a core")
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    zurada = (REPO / "recipes" / "zurada" / "site.toml").read_text()
+    template = next(line for line in zurada.splitlines() if line.startswith("interactive = "))
+    text = (DATA / "validate-recipes" / "vcpu.toml").read_text().replace('name = "vcpu"', 'name = "vzurada"')
+    text = re.sub(r"(?m)^interactive = .*$", lambda _: template, text)
+    text = text.replace('default = "torchrun"', 'default = "srun"')
+    text = text.replace('time = "00:10:00"', 'time = "00:10:00"\nexclusive_nodes = false')
+    (recipes / "vzurada.toml").write_text(text + f"\n[compute]\ncores_per_node = {cores}\n")
+    home = Path(cpu_torch_world.env["ENVBUILDER_HOME"])
+    record = state.save(home, dataclasses.replace(state.load(home, "vcpu"), name="vzurada", recipe="vzurada"))
+    extra = {"ENVBUILDER_RECIPE_PATH": f"{DATA / 'validate-recipes'}:{recipes}", **slurm_confined.env}
+    program = tmp_path / "where.py"
+    program.write_text(WHERE_RANKS_RUN)
+    try:
+        planned = run_in(cpu_torch_world, cli_argv("plan", "vzurada", "--json"), cwd=tmp_path, extra=extra)
+        assert planned.returncode == 0, planned.stderr
+        step = json.loads(planned.stdout)["data"]["interactive_command"]
+        assert step[-3:] == ["--pty", "/bin/bash", "-i"]
+        # The step as the plan gives it (a shell started by hand in it runs the same command).
+        inside = cli_argv("run", "vzurada", "--gpus-per-node", "2", "--", program.name)
+        res = run_in(cpu_torch_world, [*step[:-3], *inside], cwd=tmp_path, extra=extra)
+    finally:
+        record.unlink()  # the session env is vcpu's alone again
+    assert res.returncode == 0, res.stderr
+    ranks = sorted((json.loads(found) for found in re.findall(r"cpus (\{[^}]*\})", res.stdout)),
+                   key=lambda r: r["rank"])  # fmt: skip
+    assert [r["rank"] for r in ranks] == [0, 1], res.stdout
+    # The step holds the node's cores; the two ranks together may run on all of them, each on its share.
+    assert len({cpu for r in ranks for cpu in r["cpus"]}) == cores, (slurm_confined.confinement, ranks)
+    assert [r["omp"] for r in ranks] == [str(cores // 2)] * 2

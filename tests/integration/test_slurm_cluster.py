@@ -4,11 +4,12 @@ comes from scontrol while the controller still remembers the job."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from slurm import ENDED, MiniCluster, job_record
+from slurm import CGROUP_CONTROLLERS, CGROUP_V1, ENDED, ConfinedCluster, MiniCluster, available, job_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -73,3 +74,30 @@ def test_failing_job_ends_failed_with_its_exit_code(slurm_cluster: MiniCluster, 
     assert job["JobState"] == "FAILED", job
     assert job["Reason"] == "NonZeroExitCode"
     assert job["ExitCode"] == "3:0"
+
+
+AFFINITY = "import os; print(os.environ['SLURM_CPUS_ON_NODE'], len(os.sched_getaffinity(0)))"
+
+
+@pytest.mark.parametrize("confinement", ["cgroup", "affinity"])
+def test_a_confined_clusters_steps_run_only_on_their_cpus(tmp_path: Path, confinement: str) -> None:
+    # As sites run Slurm: a step may run on the CPUs it was allocated, no more (by cgroups, else by binding).
+    # The unconfined MiniCluster lets every step run on every CPU of the machine.
+    reason = available()
+    if reason is not None:
+        pytest.skip(f"no test Slurm cluster: {reason}")
+    cluster = ConfinedCluster(tmp_path / "c")
+    if cluster.cpus < 2:
+        pytest.skip("one CPU here: a one-CPU step cannot be told from the whole machine")
+    if confinement == "cgroup" and cluster.cgroup_problem:
+        pytest.skip(f"no cgroup confinement here: {cluster.cgroup_problem}")
+    cluster.confinement = confinement
+    with cluster:
+        one = cluster.client("srun", "--ntasks=1", sys.executable, "-c", AFFINITY)
+        every = cluster.client(
+            "srun", "--ntasks=1", f"--cpus-per-task={cluster.cpus}", sys.executable, "-c", AFFINITY
+        )
+    assert (one.returncode, one.stdout.split()) == (0, ["1", "1"]), one.stderr
+    assert (every.returncode, every.stdout.split()) == (0, [str(cluster.cpus)] * 2), every.stderr
+    for name in CGROUP_CONTROLLERS:  # its groups are gone with it
+        assert not (CGROUP_V1 / name / f"slurm_{cluster.node}").exists()

@@ -60,6 +60,17 @@ def test_examples_parse_as_the_command_they_illustrate(command):
         assert command == "" or args.handler is not None
 
 
+def test_sbatch_examples_name_an_env_whose_recipe_has_a_scheduler():
+    # `sbatch local --dry-run` was an example: local names no scheduler, so sbatch refuses it (exit 2).
+    from envbuilder.recipe import loader
+    from envbuilder.recipe.catalog import Catalog
+
+    catalog = Catalog.from_env({})
+    for line in helptext.examples("sbatch"):
+        args = cliparser.build_parser().parse_args(example_argv(line))
+        assert loader.load(args.env, catalog).scheduler.type != "none", line
+
+
 @pytest.mark.parametrize("command", command_names())
 def test_help_ends_with_examples_and_variables_in_80_columns(command, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import stat
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,29 @@ def test_the_create_step_puts_python_and_pip_in_the_env(tmp_path):
     # torch then comes from the wheel index, with the env's own pip (uv) into the env's python.
     assert p.install_steps[1].argv[:5] == ("uv", "pip", "install", "--python", "/scratch/u/envs/c/bin/python")
     assert any("else the embedded py-rattler" in n for n in p.notes)
+
+
+def test_without_python_version_torch_and_the_env_get_one_python_and_the_plan_says_whose(tmp_path):
+    # torch 2.5.1 has wheels for 3.9-3.13: planned for the env's 3.12 it passes, where the planning host's 3.14
+    # failed the gate for a python the env never runs (and a 3.11 host planned cp311 wheels for a 3.12 env).
+    (tmp_path / "c.toml").write_text(
+        RECIPE.format(
+            channels='["conda-forge"]', packages="[]", engine="auto", install="true", version="2.5.1"
+        ).replace('version = "3.12"\n', "")
+    )
+    p = plan.build(load("c", Catalog([Layer("t", tmp_path)])), replace(HOST, python="3.14.0"), ENV)
+    assert p.target.python == "3.12" == p.lock_inputs["python"]
+    assert "python=3.12" in p.install_steps[0].argv
+    assert p.python["source"] == "envbuilder's default for a conda env (the recipe sets no [python] version)"
+    venv = RECIPE.replace('kind = "conda"', 'kind = "venv"').replace('version = "3.12"\n', "")
+    (tmp_path / "c.toml").write_text(
+        venv.format(channels="[]", packages="[]", engine="auto", install="false", version="2.5.1")
+    )
+    v = plan.build(load("c", Catalog([Layer("t", tmp_path)])), HOST, ENV)
+    assert (v.target.python, v.python["source"]) == (
+        "3.11.7",
+        "this host's python (the recipe sets no [python] version)",
+    )
 
 
 def test_channels_go_through_the_mirror_rules(tmp_path):

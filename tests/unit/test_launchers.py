@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 
 import pytest
@@ -175,6 +176,22 @@ def test_interactive_template_fills_and_drops_unknown_options():
         ["qsub", "-I", "-l", "select={nodes}", "-q", "{partition}", "-A", "{account}"], JOB
     )
     assert argv == ["qsub", "-I", "-l", "select=2", "-q", "gpu"]
+
+
+def test_interactive_template_asks_for_the_cpus_per_task_or_leaves_the_option_out():
+    template = ["srun", "--ntasks-per-node=1", "--cpus-per-task={cpus}", "-c", "{cpus}", "--pty", "bash"]
+    assert batch.interactive_argv(template, JOB) == [
+        "srun",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=32",
+        "-c",
+        "32",
+        "--pty",
+        "bash",
+    ]
+    whole_nodes = dataclasses.replace(JOB, cpus_per_task=None, partition=None)
+    template = ["srun", "--partition={partition}", "--cpus-per-task={cpus}", "-c", "{cpus}", "--pty", "bash"]
+    assert batch.interactive_argv(template, whole_nodes) == ["srun", "--pty", "bash"]
 
 
 def test_interactive_template_minutes():

@@ -111,6 +111,24 @@ def test_the_interactive_command_gets_the_walltime_and_its_minutes(tmp_path):
     assert list(built.interactive_command or ()) == ["idev", "-p", "gh-dev", "-t", "24:00:30", "-m", "1441"]
 
 
+def test_a_slurm_step_that_asks_for_no_cpus_is_warned_about(tmp_path):
+    template = ["srun", "--partition={partition}", "--ntasks-per-node=1", "--pty", "/bin/bash", "-i"]
+    site = {"partition": "p", "exclusive_nodes": False, "interactive": template}
+    write_recipe(tmp_path, {"scheduler": site, "compute": {"cores_per_node": 8}})
+    warned = [w for w in plan.build(load(tmp_path), HOST, ENV).warnings if "asks for no CPUs" in w]
+    assert warned and "--cpus-per-task={cpus}" in warned[0] and "(8 per task here)" in warned[0]
+    write_recipe(
+        tmp_path,
+        {
+            "scheduler": {**site, "interactive": [*template[:3], "-c", "{cpus}", *template[3:]]},
+            "compute": {"cores_per_node": 8},
+        },
+    )
+    built = plan.build(load(tmp_path), HOST, ENV)
+    assert not [w for w in built.warnings if "asks for no CPUs" in w]
+    assert list(built.interactive_command or ())[3:5] == ["-c", "8"]
+
+
 @pytest.mark.parametrize(
     "flag",
     [

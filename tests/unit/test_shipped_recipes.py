@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -208,7 +209,7 @@ def test_stampede3_plans_the_python_of_taccs_module_not_the_planning_hosts():
     login = dataclasses.replace(load_facts("cpu-only"), python="3.13.0")
     p = plan.build(loader.load("stampede3-venv-cu126", CATALOG), login, PLAN_ENV, OPTS)
     assert p.modules == ("python/3.9.18",)
-    assert p.python == {"command": "python3", "version": "3.9"}
+    assert p.python == {"command": "python3", "version": "3.9", "source": "the recipe's [python] version"}
     assert p.target.python == "3.9"
 
 
@@ -293,6 +294,26 @@ def test_vista_batch_script_avoids_forbidden_flags():
         assert flag not in script
     assert "#SBATCH --nodes=2\n" in script
     assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in script
+
+
+@pytest.mark.parametrize(("name", "facts_name"), [c[:2] for c in CASES], ids=[c[0] for c in CASES])
+def test_the_interactive_step_asks_for_the_cpus_its_launch_uses(name, facts_name):
+    # A Slurm step gets one CPU unless it asks for more: Zurada's `srun --pty` asked for none, so the two ranks
+    # that validate and run start inside it (and their 16 OpenMP threads each) shared one core.
+    p = make(name, facts_name)
+    per_task = re.search(r"^#SBATCH --cpus-per-task=(\d+)$", p.batch_script or "", re.M)
+    if p.interactive_command is None or per_task is None or int(per_task.group(1)) < 2:
+        return  # no interactive template, or whole nodes (the site hands the job every CPU)
+    argv = list(p.interactive_command)
+    asked = [w.split("=", 1)[1] for w in argv if w.startswith("--cpus-per-task=")]
+    asked += [argv[i + 1] for i, w in enumerate(argv[:-1]) if w in ("-c", "--cpus-per-task")]
+    assert asked == [per_task.group(1)], argv
+    assert not [w for w in p.warnings if "asks for no CPUs" in w]
+
+
+def test_zurada_interactive_step_holds_the_node_for_its_agent():
+    p = make("zurada-conda-cu126", "h100")
+    assert "--cpus-per-task=32" in p.interactive_command and "--ntasks-per-node=1" in p.interactive_command
 
 
 def test_vista_interactive_uses_idev():

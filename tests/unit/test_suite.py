@@ -155,6 +155,23 @@ def test_where_a_command_runs(env, where):
     assert schedulers.locate(env) == where
 
 
+@pytest.mark.parametrize(
+    ("env", "cpus"),
+    [
+        # An srun --pty step that asked for no CPUs: Slurm says the job's 32 here, the step may run on one.
+        ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_CPUS_ON_NODE": "32"}, 1),
+        # A batch script: the same cap (its batch step is confined to the job's CPUs on the node).
+        ({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "32"}, 1),
+        # An salloc shell runs on the login node: its own CPUs say nothing of the job's.
+        ({"SLURM_JOB_ID": "8", "SLURM_JOB_CPUS_PER_NODE": "16(x2)"}, 16),
+        ({"PBS_JOBID": "9.pbs", "NCPUS": "64"}, 1),
+    ],
+)
+def test_a_launch_on_a_jobs_node_has_the_cpus_this_process_may_run_on(env, cpus):
+    assert schedulers.locate(env, usable_cpus=1).cpus_per_node == cpus
+    assert schedulers.locate(env, usable_cpus=1000).cpus_per_node == schedulers.locate(env).cpus_per_node
+
+
 def test_a_pbs_jobs_nodes_are_counted_from_its_nodefile(tmp_path):
     env = {"PBS_JOBID": "9.pbs", "NCPUS": "64"}
     # One line per rank slot: two slots on n1, one on n2.
