@@ -84,3 +84,12 @@ def test_create_says_up_front_that_the_plan_could_not_read_the_index(tmp_path):
     # Said before the build started, and again in the error.
     assert "could not reach https://download.pytorch.org/whl/" in rest, err
     assert "ENVBUILDER_INDEX_MIRROR" in rest, err
+
+
+def test_lock_without_network_names_the_url_and_the_way_out(tmp_path):
+    world = UserWorld(tmp_path)
+    world.write_recipe("offline", SMALL)
+    res = run_offline(cli_argv("lock", "offline"), world.env)
+    assert res.returncode == 11, res.stderr
+    assert "uv could not reach https://pypi.org/simple" in res.stderr, res.stderr
+    assert "ENVBUILDER_INDEX_MIRROR" in res.stderr, res.stderr
