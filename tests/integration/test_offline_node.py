@@ -51,6 +51,8 @@ def test_create_without_network_names_the_url_the_cause_and_the_way_out(tmp_path
     assert "does not resolve here" in err or "no network route" in err, err
     assert "ENVBUILDER_INDEX_MIRROR" in err and "wheelhouse" in err and "envbuilder restore" in err, err
     assert "Traceback" not in err
+    envs = world.scratch / "envbuilder" / "envs"
+    assert not envs.exists() or list(envs.iterdir()) == [], "a failed create left something behind"
 
 
 def test_create_without_network_in_json_names_the_url(tmp_path):
