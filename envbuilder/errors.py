@@ -248,6 +248,37 @@ class CommandFailed(EnvbuilderError):
         return data
 
 
+class NetworkError(CommandFailed):
+    """An installer (uv, pip, conda) could not reach an index or channel: the URL, the cause in words, and the way
+    out (a mirror or wheelhouse through ENVBUILDER_INDEX_MIRROR, a backup) in the hint. Exit 11, as any command that
+    failed; its stderr tail stays in the record and the build log."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        returncode: int,
+        stderr_tail: str,
+        *,
+        url: str,
+        cause: str,
+        said: str = "",
+        hint: Optional[str] = None,
+    ) -> None:
+        super().__init__(argv, returncode, stderr_tail, hint=hint)
+        program = argv[0].rsplit("/", 1)[-1] if argv else "the installer"
+        self.message = f"{program} could not reach {url}: {cause}" + (
+            f" ({program} said: {said})" if said else ""
+        )
+        self.args = (self.message,)
+        self.url = url
+        self.cause = cause
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        data.update(url=self.url, cause=self.cause)
+        return data
+
+
 #: Every family, for the README table and its test.
 FAMILIES: tuple[type[EnvbuilderError], ...] = (
     UsageError,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO, Optional
 
 from envbuilder import proc, settings
+from envbuilder.backends import network
 from envbuilder.errors import BackendError, CommandFailed
 
 #: How the log marks a command's output lines, by stream.
@@ -111,7 +112,8 @@ def run_logged(
         raise
     log.ended(result.returncode, time.monotonic() - began)
     if result.returncode != 0:
-        raise CommandFailed(list(argv), result.returncode, proc.tail(result.stderr))
+        failed = CommandFailed(list(argv), result.returncode, proc.tail(result.stderr))
+        raise network.network_error(failed) or failed
     return result
 
 

@@ -22,7 +22,7 @@ from envbuilder import activation, lockfile, proc, progress, relocate, settings
 from envbuilder.backends.base import Backend, Build, describe, step_argv, step_env, written_dirs
 from envbuilder.backends.buildlog import run_logged
 from envbuilder.backends.registry import AUTO, CLI_ENGINES, RATTLER
-from envbuilder.errors import BackendError, CommandFailed
+from envbuilder.errors import BackendError, CommandFailed, NetworkError
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import InstallStep
 
@@ -62,6 +62,8 @@ class CondaBackend(Backend):
         try:
             run_logged(argv, full, build.log, own, watch=growth.watch)
             growth.last()
+        except NetworkError:
+            raise  # its own words, URL and way out: not a channel or package mistake
         except CommandFailed as exc:
             detail = exc.stderr_tail.rstrip() or f"(no message; {proc.describe_status(exc.returncode)})"
             raise BackendError(

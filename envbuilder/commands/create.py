@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import platform
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder import activation, fsutil, host, lockfile, modules, proc, progress, purge, settings, state
 from envbuilder import create as creator
 from envbuilder import plan as planner
+from envbuilder.backends import network
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Out
-from envbuilder.errors import ResolverError, UsageError, ValidationFailed
+from envbuilder.errors import NetworkError, ResolverError, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
@@ -53,6 +56,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     facts = host.load_facts_file(args.facts) if args.facts else host.probe()
     lock = None if args.no_lock else lockfile.find(recipe, catalog, env, args.lock)
     index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
+    unread = [p.error for p in index.pages.values() if p.error] if index else []  # create meets them too
     the_plan = planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=plan_cmd.table_age())
     same_arch(the_plan, platform.machine())
     # --json keeps stdout for the JSON; the steps and their progress stay on stderr, or a batch job's output
@@ -71,6 +75,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             out.field("lock", f"{lk.path} ({lk.origin}): {lk.platforms[arch or '']} packages for {arch}")
         for w in the_plan.warnings:
             out.warn(w)
+        if unread:  # before minutes of building: the install reads the same indexes
+            out.warn(network.plan_saw(unread))
     steps = talk.steps
     report = creator.Reporter(
         step=steps.start, note=talk.note, wait=talk.wait, moving=steps.moving, downloads=steps.downloading
@@ -83,7 +89,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         installer_source="--installer" if args.installer else "recipe",
     )
     where = (Path(the_plan.prefix).parent, "build elsewhere with --prefix DIR")
-    with proc.sigterm_as_interrupt(), steps, fsutil.disk_errors(where):
+    with proc.sigterm_as_interrupt(), steps, fsutil.disk_errors(where), _saw(unread):
         result = creator.create(
             the_plan, recipe, env, modules.detect(env), copts, report=report, facts=facts.to_json()
         )
@@ -193,6 +199,15 @@ def _backup_hint(record: state.EnvRecord, env: dict[str, str]) -> Optional[str]:
 
 def _mib(size: object) -> str:
     return f"{int(size or 0) / 2**20:.0f} MiB" if isinstance(size, (int, str)) else "?"
+
+
+@contextlib.contextmanager
+def _saw(unread: list[str]) -> Iterator[None]:
+    """An installer that could not reach its index says that the plan could not read it either."""
+    try:
+        yield
+    except NetworkError as exc:
+        raise network.with_plan(exc, unread) from None
 
 
 def _render(result: creator.CreateResult, out: Out, failed: list[str]) -> None:

@@ -123,11 +123,15 @@ def _render_target(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:
     out.result.field("recipe files", " <- ".join(p.chain))
     t = p.target
     gpus = "none" if t.gpus == () else ("unknown" if t.gpus is None else f"{len(t.gpus)}× {t.gpus[0].name}")
+    host = {f.name for f in p.target_facts if f.from_host}
+    mark = {name: " (from this host)" if name in host else "" for name in ("glibc", "python")}
     out.result.field(
         "target",
-        f"{t.arch or '?'}, glibc {t.glibc or '?'}, Python {t.python or '?'}, driver "
-        f"{t.driver_version or '?'}, GPUs {gpus}",
+        f"{t.arch or '?'}, glibc {t.glibc or '?'}{mark['glibc']}, Python {t.python or '?'}{mark['python']}, "
+        f"driver {t.driver_version or '?'}, GPUs {gpus}",
     )
+    for fact in p.target_facts:
+        out.result.field(f"compute {fact.name}", f"{fact.value or 'unknown'}, {fact.detail}")
     out.result.field("env", f"{p.kind} at {p.prefix}")
     if p.python.get("source"):
         out.result.field("python", f"{p.python.get('version') or '?'} ({p.python['source']})")

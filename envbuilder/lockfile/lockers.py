@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from envbuilder import __version__, fsutil, lockfile, modules, proc
 from envbuilder import plan as planner
-from envbuilder.backends import conda, torchbuild, uvcache
+from envbuilder.backends import conda, network, torchbuild, uvcache
 from envbuilder.backends.installers import uv_binary
 from envbuilder.backends.registry import AUTO, RATTLER, kind_info
 from envbuilder.errors import CommandFailed, EnvbuilderError, LockError
@@ -72,7 +72,7 @@ class UvLocker:
             try:
                 proc.run(argv, env=env, timeout=LOCK_TIMEOUT_S)
             except CommandFailed as exc:
-                raise LockError(
+                raise network.network_error(exc) or LockError(
                     f"uv could not resolve the recipe for {arch} ({tag}, Python {inputs['python']}):\n"
                     + exc.stderr_tail.rstrip(),
                     hint="every package needs a wheel (or sdist) for that platform on the recipe's indexes",

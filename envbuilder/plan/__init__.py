@@ -19,7 +19,7 @@ from envbuilder.facts import HostFacts
 from envbuilder.lockfile import applicability
 from envbuilder.plan.activation import Activation, RecordedActivate
 from envbuilder.plan.steps import InstallStep, NewEnv, install_steps
-from envbuilder.plan.target import env_python, target_facts
+from envbuilder.plan.target import TargetFact, env_python, fact_origins, host_fact_warnings, target_facts
 from envbuilder.recipe import sections
 from envbuilder.resolver import gates, mirror
 from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, resolve
@@ -98,6 +98,7 @@ class RecordedPlan(TypedDict, total=False):
     interactive_command: Optional[list[str]]
     batch_script: Optional[str]
     target: dict[str, Any]  # HostFacts.to_json
+    target_facts: list[dict[str, Any]]  # TargetFact.to_json: where os, glibc and python came from
     filesystem: Optional[dict[str, Any]]  # PrefixFilesystem.to_json
     corrections: list[dict[str, str]]
     steps: list[str]
@@ -155,6 +156,8 @@ class Plan:
     locked: Optional[lockfile.PlatformLock] = None
     #: The partition planned for (``--partition``); None for the site's default one.
     partition: Optional[str] = None
+    #: Where the target's os, glibc and python came from (the site, the recipe, this host); () without a site.
+    target_facts: tuple[TargetFact, ...] = ()
 
     @property
     def install_commands(self) -> tuple[tuple[str, ...], ...]:
@@ -187,6 +190,7 @@ class Plan:
             "interactive_command": list(self.interactive_command) if self.interactive_command else None,
             "batch_script": self.batch_script,
             "target": self.target.to_json(),
+            "target_facts": [f.to_json() for f in self.target_facts],
             "filesystem": self.filesystem.to_json() if self.filesystem else None,
             "corrections": [c.to_json() for c in self.corrections],
             "steps": list(self.steps),
@@ -303,6 +307,8 @@ def build(
     resolution = _resolve_torch(
         recipe, target, warnings, notes, matrix=matrix, index=index, table_age=table_age
     )
+    origins = fact_origins(recipe, host, target)
+    warnings.extend(host_fact_warnings(origins, resolution is not None))
     packages = recipe.packages
     requirements = [*(resolution.requirements if resolution else ()), *(p.requirement for p in packages)]
     lock_inputs = applicability.lock_inputs(kind, target.python, resolution, packages, recipe)
@@ -368,6 +374,7 @@ def build(
         lock_conda={p.name: p.files[0].sha256 for p in locked.conda} if locked else {},
         locked=locked,
         partition=opts.partition,
+        target_facts=origins,
     )
 
 

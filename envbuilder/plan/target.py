@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder.backends.registry import kind_info
 from envbuilder.facts import Gpu, HostFacts
 from envbuilder.recipe import sections
+from envbuilder.recipe.schema import SOURCED_FACTS, UNKNOWN
 from envbuilder.resolver.wheels import gpu_capability
+from envbuilder.structs import dataclass
 
 if (
     TYPE_CHECKING
@@ -30,7 +32,7 @@ def target_facts(
     ``arch_override`` plans for nodes of another architecture (a lock for them), whatever this host is;
     ``partition`` for the nodes of that partition."""
     compute = partition_compute(recipe, partition, warnings)
-    python = env_python(recipe, host)[0]
+    python = env_python(recipe, host, compute)[0]
     if arch_override:
         host = replace(host, arch=arch_override, glibc=None if host.arch != arch_override else host.glibc)
         if compute.arch and compute.arch != arch_override:
@@ -70,7 +72,7 @@ def target_facts(
     same_os = not host.arch or host.arch == arch
     return HostFacts(
         arch=arch,
-        glibc=compute.glibc or (host.glibc if same_os else None),
+        glibc=stated(compute.glibc) or (host.glibc if same_os else None),
         python=python,
         driver_version=driver,
         max_cuda=max_cuda,
@@ -84,11 +86,13 @@ def target_facts(
     )
 
 
-def env_python(recipe: Recipe, host: HostFacts) -> tuple[Optional[str], str]:
+def env_python(
+    recipe: Recipe, host: HostFacts, compute: Optional[sections.Compute] = None
+) -> tuple[Optional[str], str]:
     """The Python the env runs, decided once for the resolver (torch's wheels), the build (a conda env's
     ``python=X.Y``) and the lock, and where it came from: the recipe's ``[python] version``; else, for a conda
     env, the one its engine is asked for (the env brings its own python: the planning host's is not it); else
-    the python this host runs."""
+    the compute nodes' python the site states; else the python this host runs."""
     if recipe.python.version:
         return recipe.python.version, "the recipe's [python] version"
     if kind_info(recipe.env.kind).conda:
@@ -96,6 +100,9 @@ def env_python(recipe: Recipe, host: HostFacts) -> tuple[Optional[str], str]:
             recipe.python.conda_version,
             "envbuilder's default for a conda env (the recipe sets no [python] version)",
         )
+    said = stated((compute or recipe.compute).python)
+    if said:
+        return said, "the site's compute.python (the recipe sets no [python] version)"
     return host.python, f"this host's {recipe.python.command} (the recipe sets no [python] version)"
 
 
@@ -119,3 +126,101 @@ def partition_compute(recipe: Recipe, partition: Optional[str], warnings: list[s
         gpu=part.gpu or compute.gpu,
         cores_per_node=part.cores_per_node or compute.cores_per_node,
     )
+
+
+def stated(value: Optional[str]) -> Optional[str]:
+    """A compute fact the site states: None where it is unset or "unknown"."""
+    return None if value == UNKNOWN else value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Where each of the target's OS facts came from: the site, the recipe, or the host that plans
+
+
+@dataclass(frozen=True)
+class TargetFact:
+    """One of the target's facts (os, glibc, python), its value and where it came from: ``origin`` is "site",
+    "recipe", "host" (the machine that plans, which may not be a compute node), "node" (this host, inside a job:
+    a compute node), "facts" (a ``--facts`` file) or "unknown"; ``detail`` says it in words."""
+
+    name: str
+    value: Optional[str]
+    origin: str
+    detail: str
+
+    @property
+    def from_host(self) -> bool:
+        return self.origin == "host"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value, "origin": self.origin, "detail": self.detail}
+
+
+def fact_origins(recipe: Recipe, host: HostFacts, target: HostFacts) -> tuple[TargetFact, ...]:
+    """Where the target's os, glibc and python came from; nothing where the recipe names no site (this host is
+    the target then, and says so)."""
+    compute = recipe.compute
+    if compute == sections.Compute():
+        return ()
+    values = {"os": None, "glibc": target.glibc, "python": target.python}
+    return tuple(_origin(fact, values[fact], recipe, host) for fact in SOURCED_FACTS)
+
+
+def _origin(fact: str, value: Optional[str], recipe: Recipe, host: HostFacts) -> TargetFact:
+    compute = recipe.compute
+    said: Optional[str] = getattr(compute, fact)
+    src = compute.sources.get(fact)
+    chosen = _recipe_python(value, recipe) if fact == "python" else None
+    if chosen:
+        return chosen
+    if stated(said) and (fact == "os" or value == said):
+        cited = f"{src.source}, checked {src.checked}" if src else "no source given"
+        return TargetFact(fact, said, "site", f"the site's ({cited})")
+    why = (
+        f"the site does not know it: {src.note}" if said == UNKNOWN and src else "the site does not state it"
+    )
+    if value is None:
+        return TargetFact(fact, None, "unknown", why)
+    if host.source != "probe":
+        return TargetFact(fact, value, "facts", f"from the facts file {host.source}; {why}")
+    if host.allocation:
+        return TargetFact(fact, value, "node", f"this node's, inside a job; {why}")
+    return TargetFact(fact, value, "host", f"from this host, which may not be a compute node; {why}")
+
+
+def _recipe_python(value: Optional[str], recipe: Recipe) -> Optional[TargetFact]:
+    """The python fact where the recipe decides it: its [python] version, or a conda env's own default."""
+    if recipe.python.version:
+        return TargetFact(
+            "python", value, "recipe", f"python.version in {recipe.source_of('python.version')}"
+        )
+    if kind_info(recipe.env.kind).conda:
+        return TargetFact(
+            "python", value, "recipe", "envbuilder's default for a conda env (no [python] version)"
+        )
+    return None
+
+
+#: What a gate decides with each fact, for its warning.
+_GATES = {
+    "glibc": (
+        "the glibc gate (manylinux wheels)",
+        "run `ldd --version` on a compute node and set compute.glibc in the site file",
+    ),
+    "python": (
+        "the Python gate (which torch releases have wheels for it)",
+        "set python.version in the recipe, or compute.python in the site file",
+    ),
+}
+
+
+def host_fact_warnings(origins: tuple[TargetFact, ...], resolved: bool) -> list[str]:
+    """A warning for each gate of the torch resolution (``resolved``) decided on a fact of the planning host."""
+    if not resolved:
+        return []
+    return [
+        f"{_GATES[o.name][0]} was decided on this host's {o.name} {o.value}: the site does not state its compute "
+        f"nodes' {o.name}, and this host may not be one; {_GATES[o.name][1]}"
+        for o in origins
+        if o.from_host and o.name in _GATES
+    ]

@@ -67,6 +67,25 @@ def _package_problem(item: Mapping[str, Any]) -> Optional[tuple[str, str, Option
     )
 
 
+#: The compute facts a site states with their source; "unknown" is a value too, with a note saying why.
+SOURCED_FACTS = ("os", "glibc", "python")
+UNKNOWN = "unknown"
+DATE = r"\d{4}-\d{2}-\d{2}"
+
+
+def _unknown_problem(compute: Mapping[str, Any]) -> Optional[tuple[str, str, Optional[str]]]:
+    """(key, message, hint) where [compute] calls a fact unknown without a note saying why."""
+    sources = compute.get("sources") or {}
+    for fact in SOURCED_FACTS:
+        if compute.get(fact) == UNKNOWN and not (sources.get(fact) or {}).get("note"):
+            return (
+                fact,
+                f'{fact} = "unknown" needs a note saying why',
+                f"add [compute.sources.{fact}] with source, checked and note (what was looked at, how to check)",
+            )
+    return None
+
+
 @dataclass(frozen=True)
 class Field:
     types: Union[type, tuple[type, ...]]
@@ -272,12 +291,39 @@ SCHEMA = Table(
                 "max_cuda": Field(
                     str, "highest CUDA the driver supports", pattern=r"\d+\.\d+", example="12.9"
                 ),
-                "glibc": Field(str, pattern=r"\d+\.\d+", example="2.28"),
+                "os": Field(
+                    str, 'the compute nodes\' operating system, or "unknown" (say why in sources.os)'
+                ),
+                "glibc": Field(str, 'or "unknown"', pattern=r"\d+\.\d+|unknown", example="2.28"),
+                "python": Field(
+                    str,
+                    "the Python 3 the compute nodes give an env (the site's documented python module's, else the system python3), or \"unknown\"",
+                    pattern=r"3\.\d+(\.\d+)?|unknown",
+                    example="3.11.8",
+                ),
+                "sources": MapOf(
+                    Table(
+                        {
+                            "source": Field(str, "where the fact was read", required=True, prose=True),
+                            "checked": Field(
+                                str,
+                                "the day it was checked",
+                                required=True,
+                                pattern=DATE,
+                                example="2026-11-27",
+                            ),
+                            "note": Field(str, "why it is unknown, or how to check it on a node", prose=True),
+                        }
+                    ),
+                    "where each compute fact (os, glibc, python) comes from",
+                    key_pattern="|".join(SOURCED_FACTS),
+                ),
                 "cores_per_node": Field(int, minimum=1, maximum=MAX_CORES_PER_NODE),
                 "memory_gb": Field(int, minimum=1, maximum=1024 * 1024),
                 "interconnect": Field(str),
             },
             "facts of the compute partition the env is built for (not of the login node)",
+            check=_unknown_problem,
         ),
         "scheduler": Table(
             {

@@ -107,8 +107,18 @@ class Site:
 
 
 @dataclass(frozen=True)
+class FactSource:
+    """[compute.sources.FACT]: where a compute fact was read, the day it was checked, and a note."""
+
+    source: str = ""
+    checked: str = ""
+    note: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class Compute:
-    """Facts of the compute partition the env is built for; unset where the site file does not say."""
+    """Facts of the compute partition the env is built for; unset where the site file does not say. ``os``,
+    ``glibc`` and ``python`` may be "unknown": the site says it does not know (``sources`` says why)."""
 
     arch: Optional[str] = None
     gpus_per_node: Optional[int] = None
@@ -116,7 +126,10 @@ class Compute:
     compute_capability: Optional[str] = None
     driver_version: Optional[str] = None
     max_cuda: Optional[str] = None
+    os: Optional[str] = None
     glibc: Optional[str] = None
+    python: Optional[str] = None
+    sources: Mapping[str, FactSource] = _table(FactSource)
     cores_per_node: Optional[int] = None
     memory_gb: Optional[int] = None
     interconnect: Optional[str] = None

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from helpers import DATA, MODULE_BOOKKEEPING, UserWorld, ok, refused
+from helpers import DATA, MODULE_BOOKKEEPING, UserWorld, ok, refused, run_cli
 from torchindex import TorchIndex, build_torch_wheel, serve
 from wheelindex import build_wheel
 from wheelindex import serve as serve_files
@@ -396,7 +396,11 @@ def test_tacc_recipe_builds_as_shipped_on_its_emulated_site(world, soft, site, s
     needs_python(soft, site, site_python)
     plan = world.data("plan", site.recipe)
     assert plan["modules"][-1] == site.module  # Vista loads gcc/15.1.0 first
-    assert plan["python"] == {"command": "python3", "version": site.python}
+    assert plan["python"] == {
+        "command": "python3",
+        "version": site.python,
+        "source": "the recipe's [python] version",
+    }
     assert plan["torch"]["requirements"] == site.requirements
 
     data = world.data("create", site.recipe)
@@ -578,7 +582,11 @@ def test_cirrus_recipe_builds_horovod_with_its_build_environment(tmp_path, mirro
     plan = world.data("plan", CIRRUS.recipe)
     assert plan["module_system"] == "environment-modules"
     assert (plan["modules"], plan["build_modules"]) == ([CIRRUS.module], ["cmake/3.25.2"])
-    assert plan["python"] == {"command": "python", "version": CIRRUS.python}
+    assert plan["python"] == {
+        "command": "python",
+        "version": CIRRUS.python,
+        "source": "the recipe's [python] version",
+    }
 
     data = world.data("create", CIRRUS.recipe)
     env = data["env"]
@@ -617,3 +625,22 @@ def test_cirrus_recipe_builds_horovod_with_its_build_environment(tmp_path, mirro
 def test_vista_recipes_are_refused_on_this_machine(world, recipe):
     refused(world.cli("create", recipe), 4, f"{recipe} is for aarch64 nodes, and this machine is x86_64")
     assert not (world.scratch / "envbuilder" / "envs" / recipe).exists()
+
+
+@pytest.mark.parametrize("recipe", ["frontera-venv-cu124", "lonestar6-venv-cu128"])
+def test_plan_on_a_login_node_marks_the_facts_it_took_from_this_host(recipe):
+    """This machine plays the login node: its glibc is not the compute nodes', whose TACC does not publish."""
+    res = ok(run_cli("plan", recipe))
+    glibc = os.confstr("CS_GNU_LIBC_VERSION").split()[1]
+    assert f"glibc {glibc} (from this host)" in res.stdout, res.stdout
+    assert "compute os: unknown, the site does not know it: TACC's" in res.stdout, res.stdout
+    assert "compute python: 3.9, python.version in builtin:tacc/" in res.stdout, res.stdout
+    assert f"the glibc gate (manylinux wheels) was decided on this host's glibc {glibc}" in res.stderr
+
+
+def test_plan_json_says_where_each_target_fact_came_from():
+    """Cirrus is gone: its glibc can no longer be read, and the plan says so beside the host's it used."""
+    res = ok(run_cli("plan", "cirrus-venv-cu121-horovod", "--json"))
+    facts = {f["name"]: f for f in json.loads(res.stdout)["data"]["target_facts"]}
+    assert facts["python"]["origin"] == "recipe"
+    assert facts["glibc"]["origin"] == "host" and "switched off on 2025-12-08" in facts["glibc"]["detail"]

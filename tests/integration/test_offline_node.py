@@ -1,0 +1,97 @@
+"""A compute node without a network (a network namespace with loopback only, tests/offline_node.py): create
+against an upstream index stops with envbuilder's own error, naming the URL, the cause and the way out; against a
+mirror on the node's loopback it works."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import UserWorld, cli_argv
+from offline_node import run_offline, why_not
+from wheelindex import demo_wheels
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(why_not() is not None, reason=f"no network namespace: {why_not()}"),
+]
+
+SMALL = """
+schema_version = 1
+[recipe]
+name = "offline"
+[env]
+kind = "venv"
+installer = "uv"
+[python]
+command = "python3"
+[torch]
+install = false
+[[packages]]
+name = "ebdemo"
+spec = "ebdemo==1.0"
+"""
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("files")
+    demo_wheels(d, tool=False)
+    return d
+
+
+def test_create_without_network_names_the_url_the_cause_and_the_way_out(tmp_path):
+    world = UserWorld(tmp_path)  # no mirror: PyPI itself, which nothing in the namespace reaches
+    world.write_recipe("offline", SMALL)
+    res = run_offline(cli_argv("create", "offline", "--no-validate"), world.env)
+    assert res.returncode == 11, res.stderr
+    err = res.stderr
+    assert "could not reach https://pypi.org/simple" in err, err
+    assert "does not resolve here" in err or "no network route" in err, err
+    assert "ENVBUILDER_INDEX_MIRROR" in err and "wheelhouse" in err and "envbuilder restore" in err, err
+    assert "Traceback" not in err
+    envs = world.scratch / "envbuilder" / "envs"
+    assert not envs.exists() or list(envs.iterdir()) == [], "a failed create left something behind"
+
+
+def test_create_without_network_in_json_names_the_url(tmp_path):
+    world = UserWorld(tmp_path)
+    world.write_recipe("offline", SMALL)
+    res = run_offline(cli_argv("create", "offline", "--no-validate", "--json"), world.env)
+    assert res.returncode == 11, res.stderr
+    error = json.loads(res.stdout)["errors"][0]
+    assert error["type"] == "NetworkError" and error["family"] == "command", error
+    assert error["url"].startswith("https://pypi.org/simple"), error
+    assert error["argv"][0].endswith("uv"), error
+
+
+def test_create_without_network_works_from_a_mirror_on_the_node(tmp_path, wheels):
+    world = UserWorld(tmp_path)
+    world.write_recipe("offline", SMALL)
+    res = run_offline(cli_argv("create", "offline", "--no-validate"), world.env, serve=wheels)
+    assert res.returncode == 0, res.stderr
+    assert list((world.scratch / "envbuilder" / "envs").glob("offline/lib/python*/site-packages/ebdemo"))
+
+
+def test_create_says_up_front_that_the_plan_could_not_read_the_index(tmp_path):
+    world = UserWorld(tmp_path)
+    env = {k: v for k, v in world.env.items() if k != "ENVBUILDER_OFFLINE"}  # let the plan read the index
+    res = run_offline(cli_argv("create", "local", "--no-validate"), env)
+    assert res.returncode == 11, res.stderr
+    err = res.stderr
+    _, _, rest = err.partition("the plan could not read the wheel index")
+    assert rest, err
+    assert "download.pytorch.org" in rest.splitlines()[0], err
+    # Said before the build started, and again in the error.
+    assert "could not reach https://download.pytorch.org/whl/" in rest, err
+    assert "ENVBUILDER_INDEX_MIRROR" in rest, err
+
+
+def test_lock_without_network_names_the_url_and_the_way_out(tmp_path):
+    world = UserWorld(tmp_path)
+    world.write_recipe("offline", SMALL)
+    res = run_offline(cli_argv("lock", "offline"), world.env)
+    assert res.returncode == 11, res.stderr
+    assert "uv could not reach https://pypi.org/simple" in res.stderr, res.stderr
+    assert "ENVBUILDER_INDEX_MIRROR" in res.stderr, res.stderr
