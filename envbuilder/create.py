@@ -46,8 +46,8 @@ from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.errors import BackendError, LockError, StateError, UsageError
 from envbuilder.lockfile import applicability
 from envbuilder.modules import EnvDelta, ModuleSystem
-from envbuilder.plan import Plan, build_loads
-from envbuilder.plan.activation import Activation
+from envbuilder.plan import Plan
+from envbuilder.plan.activation import Activation, build_loads
 from envbuilder.plan.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
 from envbuilder.recipe.loader import Recipe
 from envbuilder.structs import dataclass

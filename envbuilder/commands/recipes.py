@@ -12,7 +12,7 @@ from envbuilder import plan as planner
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Cell, Out, plain
 from envbuilder.errors import PublishError, RecipeError
-from envbuilder.recipe import loader, schema
+from envbuilder.recipe import loader, schemajson
 from envbuilder.recipe.catalog import Catalog, Entry
 from envbuilder.resolver import knowledge
 from envbuilder.resolver.matrix import load_matrix
@@ -156,4 +156,4 @@ def _torch_facts(recipe: loader.Recipe, args: argparse.Namespace) -> Optional[li
 
 
 def handle_schema(args: argparse.Namespace, out: Out) -> None:
-    print(json.dumps(schema.json_schema(), indent=2))
+    print(json.dumps(schemajson.json_schema(), indent=2))

@@ -1,7 +1,8 @@
 """Resolve first, then apply: turn a loaded recipe and host facts into a frozen Plan of every step ``create`` takes.
 
 Pure: the caller passes the host facts (probe or --facts), the environment mapping used for ${VAR} expansion,
-and options. Nothing here reads the file system or starts a process.
+and options. Nothing here reads the file system or starts a process. What a plan is and how it is recorded is
+``record``'s; the install commands are ``steps``', the activation ``activation``'s, the target machine ``target``'s.
 """
 
 from __future__ import annotations
@@ -9,18 +10,18 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import field, fields, replace
-from typing import TYPE_CHECKING, Any, Optional, TypedDict
+from dataclasses import replace
+from typing import TYPE_CHECKING, Optional
 
 from envbuilder import lockfile
 from envbuilder.backends.registry import AUTO, CLI_ENGINES, kind_info
 from envbuilder.errors import UsageError
 from envbuilder.facts import HostFacts
 from envbuilder.lockfile import applicability
-from envbuilder.plan.activation import Activation, RecordedActivate
+from envbuilder.plan.activation import Activation, activation_for
+from envbuilder.plan.record import Plan, PrefixFilesystem, RecordedPlan, RecordedPython
 from envbuilder.plan.steps import InstallStep, NewEnv, install_steps
-from envbuilder.plan.target import TargetFact, env_python, fact_origins, host_fact_warnings, target_facts
-from envbuilder.recipe import sections
+from envbuilder.plan.target import env_python, fact_origins, host_fact_warnings, target_facts
 from envbuilder.resolver import gates, mirror
 from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, resolve
 from envbuilder.structs import dataclass
@@ -31,6 +32,18 @@ if TYPE_CHECKING:
     # named: it reaches the registry (ssh-keygen), which a pure module must not import.
     from envbuilder.recipe.loader import Recipe
     from envbuilder.resolver.indexfacts import IndexFacts
+
+__all__ = [
+    "FALLBACK_ROOT",
+    "Options",
+    "Plan",
+    "PrefixFilesystem",
+    "RecordedPlan",
+    "RecordedPython",
+    "build",
+    "expand",
+    "torch_request",
+]
 
 FALLBACK_ROOT = "${HOME}/.local/share/envbuilder/envs/{name}"
 
@@ -49,157 +62,6 @@ class Options:
     locked: bool = False
     #: Plan for this partition's nodes (its GPUs and cores) instead of the site's default one.
     partition: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class PrefixFilesystem:
-    """The [filesystems] entry the env's prefix lives on, and its name."""
-
-    name: str
-    spec: sections.Filesystem
-
-    def to_json(self) -> dict[str, Any]:
-        values = ((f.name, getattr(self.spec, f.name)) for f in fields(self.spec))
-        return {"name": self.name, **{key: value for key, value in values if value is not None}}
-
-
-class RecordedPython(TypedDict, total=False):
-    command: str
-    version: Optional[str]
-    #: Where the version came from (target.env_python); records written before issue 33 lack it.
-    source: str
-
-
-class RecordedPlan(TypedDict, total=False):
-    """A Plan as JSON (``plan --json``, and what an env's record keeps). Records written by older releases, or
-    by hand, may lack keys: readers use ``.get``."""
-
-    recipe: str
-    recipe_version: str
-    site: Optional[str]
-    status: str
-    files: list[str]
-    kind: str
-    installer: str
-    prefix: str
-    python: RecordedPython
-    module_system: str
-    module_use: list[str]
-    modules: list[str]
-    build_modules: list[str]
-    torch: Optional[dict[str, Any]]  # Resolution.to_json
-    index_url: Optional[str]
-    extra_index_urls: list[str]
-    requirements: list[str]
-    install_commands: list[list[str]]
-    activate: RecordedActivate
-    launcher: str
-    launch_command: list[str]
-    interactive_command: Optional[list[str]]
-    batch_script: Optional[str]
-    target: dict[str, Any]  # HostFacts.to_json
-    target_facts: list[dict[str, Any]]  # TargetFact.to_json: where os, glibc and python came from
-    filesystem: Optional[dict[str, Any]]  # PrefixFilesystem.to_json
-    corrections: list[dict[str, str]]
-    steps: list[str]
-    lock: Optional[dict[str, Any]]  # applicability.LockStatus.to_json
-    lock_inputs: dict[str, Any]
-    warnings: list[str]
-    notes: list[str]
-    partition: Optional[str]
-
-
-@dataclass(frozen=True)
-class Plan:
-    recipe: str
-    site: Optional[str]
-    status: str
-    kind: str
-    prefix: str
-    python: RecordedPython
-    module_system: str
-    module_use: tuple[str, ...]
-    modules: tuple[str, ...]
-    build_modules: tuple[str, ...]
-    resolution: Optional[Resolution]
-    extra_index_urls: tuple[str, ...]
-    requirements: tuple[str, ...]
-    install_steps: tuple[InstallStep, ...]
-    activate: Activation
-    launcher: str
-    launch_command: tuple[str, ...]
-    interactive_command: Optional[tuple[str, ...]]
-    batch_script: Optional[str]
-    target: HostFacts
-    warnings: tuple[str, ...]
-    notes: tuple[str, ...]
-    corrections: tuple[sections.Correction, ...]
-    filesystem: Optional[PrefixFilesystem]
-    chain: tuple[str, ...]
-    steps: tuple[str, ...] = field(default_factory=tuple)
-    installer: str = "uv"
-    system_site_packages: bool = False
-    prefix_missing: tuple[str, ...] = ()
-    #: A published recipe's registry version ("" for a plain recipe file).
-    recipe_version: str = ""
-    #: What a lock for this target must have been resolved from (see lockfile.inputs).
-    lock_inputs: dict[str, Any] = field(default_factory=dict)
-    #: The lock found for the recipe, and whether it applies; None where there is none.
-    lock: Optional[applicability.LockStatus] = None
-    #: The locked packages as hashed requirements, and as constraints, written into the env before installing.
-    lock_requirements: str = ""
-    lock_pins: str = ""
-    #: conda packages of the lock in use, name -> sha256, checked against the env once it is created.
-    lock_conda: dict[str, str] = field(default_factory=dict)
-    #: The lock's platform as it applies to the target (its markers evaluated): what --locked installs, every
-    #: wheel of it checked against the env once installed.
-    locked: Optional[lockfile.PlatformLock] = None
-    #: The partition planned for (``--partition``); None for the site's default one.
-    partition: Optional[str] = None
-    #: Where the target's os, glibc and python came from (the site, the recipe, this host); () without a site.
-    target_facts: tuple[TargetFact, ...] = ()
-
-    @property
-    def install_commands(self) -> tuple[tuple[str, ...], ...]:
-        return tuple(s.display() for s in self.install_steps)
-
-    def to_json(self) -> RecordedPlan:
-        res = self.resolution
-        return {
-            "recipe": self.recipe,
-            "recipe_version": self.recipe_version,
-            "site": self.site,
-            "status": self.status,
-            "files": list(self.chain),
-            "kind": self.kind,
-            "installer": self.installer,
-            "prefix": self.prefix,
-            "python": self.python,
-            "module_system": self.module_system,
-            "module_use": list(self.module_use),
-            "modules": list(self.modules),
-            "build_modules": list(self.build_modules),
-            "torch": res.to_json() if res else None,
-            "index_url": res.index_url if res else None,
-            "extra_index_urls": list(self.extra_index_urls),
-            "requirements": list(self.requirements),
-            "install_commands": [list(c) for c in self.install_commands],
-            "activate": self.activate.to_json(),
-            "launcher": self.launcher,
-            "launch_command": list(self.launch_command),
-            "interactive_command": list(self.interactive_command) if self.interactive_command else None,
-            "batch_script": self.batch_script,
-            "target": self.target.to_json(),
-            "target_facts": [f.to_json() for f in self.target_facts],
-            "filesystem": self.filesystem.to_json() if self.filesystem else None,
-            "corrections": [c.to_json() for c in self.corrections],
-            "steps": list(self.steps),
-            "lock": self.lock.to_json() if self.lock else None,
-            "lock_inputs": self.lock_inputs,
-            "warnings": list(self.warnings),
-            "notes": list(self.notes),
-            "partition": self.partition,
-        }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -489,58 +351,6 @@ def _filesystem(
     if fs.visible_on_compute is False:
         warnings.append(f"{name} is not visible on compute nodes: jobs cannot use an env there")
     return PrefixFilesystem(name, fs)
-
-
-def activated_build_modules(modules: sections.Modules) -> tuple[str, ...]:
-    """The build modules activation loads too: ``[modules] load`` in its order, but those ``build_only`` marks.
-    The env's python, its MPI and their libraries come from them (a site-built python finds its libpython
-    only through its module's LD_LIBRARY_PATH)."""
-    return tuple(m for m in modules.load if m not in modules.build_only)
-
-
-def build_loads(modules: Sequence[str], build_only: Sequence[str]) -> list[str]:
-    """What the build loads, in order: the build modules, then the build-only ones not among them (a
-    ``build_only`` entry may name one of ``load`` only to keep it out of activation)."""
-    return list(dict.fromkeys([*modules, *build_only]))
-
-
-def activation_for(recipe: Recipe) -> Activation:
-    """What activating an env of ``recipe`` loads and sets: the build's modules (but the build-only ones), then
-    those ``activate.modules`` adds, once each; variables, unsets, list entries. Profiles adding to the same list
-    variable add in the order ``activate.profiles`` names them."""
-    env: dict[str, str] = {}
-    unset: list[str] = []
-    prepend: dict[str, tuple[str, ...]] = {}
-    append: dict[str, tuple[str, ...]] = {}
-    for name in recipe.activate.profiles:
-        profile = recipe.env_profiles[name]
-        env.update(profile.set)
-        unset.extend(profile.unset)
-        for var, entries in profile.prepend.items():
-            prepend[var] = (*prepend.get(var, ()), *entries)
-        for var, entries in profile.append.items():
-            append[var] = (*append.get(var, ()), *entries)
-    env.update(recipe.activate.env)
-    from_build = activated_build_modules(recipe.modules)
-    return Activation(
-        module_use=recipe.modules.use,
-        modules=(*from_build, *(m for m in recipe.activate.modules if m not in from_build)),
-        from_build=from_build,
-        env=env,
-        unset=tuple(unset),
-        prepend=prepend,
-        append=append,
-        profiles=recipe.activate.profiles,
-        conda_env=None if _is_a_conda_env(recipe) else recipe.activate.conda_env,
-        recipe=recipe.name,
-    )
-
-
-def _is_a_conda_env(recipe: Recipe) -> bool:
-    """A conda env (or a clone of the site's): activating it takes the place of the conda env the recipe's
-    ``activate.conda_env`` names, as ``conda activate`` of one env leaves the one before."""
-    kind = kind_info(recipe.env.kind)
-    return kind.conda or (kind.overlay and recipe.env.overlay == "clone")
 
 
 def _launch(

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import field
-from typing import Optional, TypedDict
+from typing import TYPE_CHECKING, Optional, TypedDict
 
+from envbuilder.backends.registry import kind_info
 from envbuilder.errors import RecipeError
 from envbuilder.recipe.values import (
     require_carriable,
@@ -16,6 +17,11 @@ from envbuilder.recipe.values import (
     require_var_name,
 )
 from envbuilder.structs import dataclass
+
+if TYPE_CHECKING:
+    # Only named: the loader reaches the registry (ssh-keygen), which a pure module must not import.
+    from envbuilder.recipe import sections
+    from envbuilder.recipe.loader import Recipe
 
 #: Directories put into colon-separated list variables, by variable, in the order they appear there.
 Paths = Mapping[str, tuple[str, ...]]
@@ -166,3 +172,55 @@ class Activation:
         for var, entries in self.append.items():
             out[var] = ":".join([*([out[var]] if out.get(var) else []), *entries])
         return out
+
+
+def activated_build_modules(modules: sections.Modules) -> tuple[str, ...]:
+    """The build modules activation loads too: ``[modules] load`` in its order, but those ``build_only`` marks.
+    The env's python, its MPI and their libraries come from them (a site-built python finds its libpython
+    only through its module's LD_LIBRARY_PATH)."""
+    return tuple(m for m in modules.load if m not in modules.build_only)
+
+
+def build_loads(modules: Sequence[str], build_only: Sequence[str]) -> list[str]:
+    """What the build loads, in order: the build modules, then the build-only ones not among them (a
+    ``build_only`` entry may name one of ``load`` only to keep it out of activation)."""
+    return list(dict.fromkeys([*modules, *build_only]))
+
+
+def activation_for(recipe: Recipe) -> Activation:
+    """What activating an env of ``recipe`` loads and sets: the build's modules (but the build-only ones), then
+    those ``activate.modules`` adds, once each; variables, unsets, list entries. Profiles adding to the same list
+    variable add in the order ``activate.profiles`` names them."""
+    env: dict[str, str] = {}
+    unset: list[str] = []
+    prepend: dict[str, tuple[str, ...]] = {}
+    append: dict[str, tuple[str, ...]] = {}
+    for name in recipe.activate.profiles:
+        profile = recipe.env_profiles[name]
+        env.update(profile.set)
+        unset.extend(profile.unset)
+        for var, entries in profile.prepend.items():
+            prepend[var] = (*prepend.get(var, ()), *entries)
+        for var, entries in profile.append.items():
+            append[var] = (*append.get(var, ()), *entries)
+    env.update(recipe.activate.env)
+    from_build = activated_build_modules(recipe.modules)
+    return Activation(
+        module_use=recipe.modules.use,
+        modules=(*from_build, *(m for m in recipe.activate.modules if m not in from_build)),
+        from_build=from_build,
+        env=env,
+        unset=tuple(unset),
+        prepend=prepend,
+        append=append,
+        profiles=recipe.activate.profiles,
+        conda_env=None if _is_a_conda_env(recipe) else recipe.activate.conda_env,
+        recipe=recipe.name,
+    )
+
+
+def _is_a_conda_env(recipe: Recipe) -> bool:
+    """A conda env (or a clone of the site's): activating it takes the place of the conda env the recipe's
+    ``activate.conda_env`` names, as ``conda activate`` of one env leaves the one before."""
+    kind = kind_info(recipe.env.kind)
+    return kind.conda or (kind.overlay and recipe.env.overlay == "clone")

@@ -23,6 +23,7 @@ from envbuilder.backends.registry import kind_info
 from envbuilder.errors import RecipeError, did_you_mean
 from envbuilder.recipe import schema, schemacheck, sections
 from envbuilder.recipe.document import Document, Documents
+from envbuilder.recipe.spec import ArrayOf, Field
 from envbuilder.resolver.wheels import GATES, TORCH_PACKAGES
 from envbuilder.structs import dataclass
 from envbuilder.validate import checks, launchers
@@ -258,7 +259,7 @@ def _merge(
 def _merge_list(old: Any, new: list[Any], source: _Source, prov: dict[str, str], dotted: str) -> list[Any]:
     """``new`` after the inherited items of ``old`` (see the module's docstring); records each item's file."""
     spec = schema.spec_at(dotted)
-    whole = isinstance(spec, schema.Field) and spec.whole
+    whole = isinstance(spec, Field) and spec.whole
     inherits = (
         isinstance(old, list)
         and prov.get(dotted, DEFAULTS_SOURCE) != DEFAULTS_SOURCE
@@ -270,7 +271,7 @@ def _merge_list(old: Any, new: list[Any], source: _Source, prov: dict[str, str],
         if inherits
         else []
     )
-    key = spec.key if isinstance(spec, schema.ArrayOf) else _same
+    key = spec.key if isinstance(spec, ArrayOf) else _same
     at = {key(item): i for i, (item, _) in enumerate(items)} if key else {}
     for item in new:
         i = at.get(key(item)) if key else None

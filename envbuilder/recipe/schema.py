@@ -2,18 +2,20 @@
 
 One schema for every recipe file: a site file usually fills ``site``/``compute``/``scheduler``/``filesystems``,
 a variant fills ``recipe``/``env``/``torch``; either may set anything, and ``extends`` merges them.
-The same spec renders the JSON schema shipped for editors (``envbuilder recipes schema``).
+Its building blocks (``Field``, ``Table``, ``MapOf``, ``ArrayOf``) are recipe.spec's; recipe.schemajson renders it as the
+JSON schema shipped for editors (``envbuilder recipes schema``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
-from typing import Any, Callable, Optional, Union
+from collections.abc import Mapping
+from typing import Any, Optional
 
 from packaging.utils import canonicalize_name
 
 from envbuilder.backends import registry as backends
 from envbuilder.errors import did_you_mean
+from envbuilder.recipe.spec import ArrayOf, Field, MapOf, Spec, Table, join_key, type_name
 from envbuilder.recipe.values import (
     CONDA_ENV,
     CPU_BIND,
@@ -34,10 +36,8 @@ from envbuilder.recipe.values import (
     TIME,
     VAR_NAME,
     VAR_RE,
-    Rule,
     found,
 )
-from envbuilder.structs import dataclass
 from envbuilder.validate import launchers, schedulers
 
 SCHEMA_VERSION = 1
@@ -84,79 +84,6 @@ def _unknown_problem(compute: Mapping[str, Any]) -> Optional[tuple[str, str, Opt
                 f"add [compute.sources.{fact}] with source, checked and note (what was looked at, how to check)",
             )
     return None
-
-
-@dataclass(frozen=True)
-class Field:
-    types: Union[type, tuple[type, ...]]
-    doc: str = ""
-    choices: tuple[str, ...] = ()
-    pattern: Optional[str] = None
-    items: Optional[type] = None  # for lists: the element type
-    required: bool = False
-    example: str = ""  # shown when a value does not match ``pattern``
-    rule: Optional[Rule] = None  # for a string, or for each string of an array
-    prose: bool = False  # free text for people (descriptions, notes): may span lines
-    #: For integers: the allowed range, both ends included. No machine has a negative GPU count or 2**63 nodes.
-    minimum: Optional[int] = None
-    maximum: Optional[int] = None
-    #: For a list that is one value (an argv template), not a list of items: under ``extends`` a child's
-    #: replaces its parent's instead of adding to it.
-    whole: bool = False
-
-
-@dataclass(frozen=True)
-class Table:
-    fields: Mapping[str, Union[Field, Table, MapOf, ArrayOf]]
-    doc: str = ""
-    required: bool = False
-    #: A rule across the table's keys: (key, message, hint) of the first problem, or None.
-    check: Optional[Callable[[Mapping[str, Any]], Optional[tuple[str, str, Optional[str]]]]] = None
-
-
-@dataclass(frozen=True)
-class MapOf:
-    """A table whose keys are free-form names (partitions, file systems, profiles) and whose values share a spec."""
-
-    value: Union[Field, Table]
-    doc: str = ""
-    key_pattern: Optional[str] = None
-    required: bool = False
-
-
-@dataclass(frozen=True)
-class ArrayOf:
-    """An array of tables ([[packages]])."""
-
-    item: Table
-    doc: str = ""
-    required: bool = False
-    #: What names an entry: under ``extends`` a child's entry with a parent's key takes that entry's place
-    #: (None: entries only add up).
-    key: Optional[Callable[[Mapping[str, Any]], Hashable]] = None
-
-
-Spec = Union[Field, Table, MapOf, ArrayOf]
-
-
-_TYPE_NAMES = {
-    str: "a string",
-    int: "an integer",
-    bool: "a boolean",
-    float: "a number",
-    list: "an array",
-    dict: "a table",
-}
-
-
-def type_name(t: Union[type, tuple[type, ...]]) -> str:
-    if isinstance(t, tuple):
-        return " or ".join(_TYPE_NAMES.get(x, x.__name__) for x in t)
-    return _TYPE_NAMES.get(t, t.__name__)
-
-
-def join_key(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
 
 
 def spec_at(dotted: str) -> Optional[Spec]:
@@ -601,66 +528,3 @@ SCHEMA = Table(
     },
     check=_replace_problem,
 )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# JSON schema for editors
-
-
-def json_schema() -> dict[str, Any]:
-    out = _json(SCHEMA)
-    out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    out["title"] = "envbuilder recipe"
-    out["required"] = ["schema_version"]
-    return out
-
-
-def _json(spec: Spec, in_array: bool = False) -> dict[str, Any]:
-    # Like validate(): one file may hold part of a table its parent started, so only array items require keys.
-    if isinstance(spec, Table):
-        out: dict[str, Any] = {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {k: _json(v) for k, v in spec.fields.items()},
-        }
-        required = [k for k, v in spec.fields.items() if getattr(v, "required", False)]
-        if required and in_array:
-            out["required"] = required
-    elif isinstance(spec, MapOf):
-        out = {"type": "object", "additionalProperties": _json(spec.value)}
-        if spec.key_pattern:
-            out["propertyNames"] = {"pattern": f"^({spec.key_pattern})$"}
-    elif isinstance(spec, ArrayOf):
-        out = {"type": "array", "items": _json(spec.item, in_array=True)}
-    else:
-        out = _json_field(spec)
-    doc = spec.doc
-    if isinstance(spec, Field) and spec.rule and spec.rule.doc:
-        doc = f"{doc}: {spec.rule.doc}" if doc else spec.rule.doc
-    if doc:
-        out["description"] = doc
-    return out
-
-
-_JSON_TYPES = {str: "string", int: "integer", bool: "boolean", float: "number", list: "array", dict: "object"}
-
-
-def _json_field(spec: Field) -> dict[str, Any]:
-    types = spec.types if isinstance(spec.types, tuple) else (spec.types,)
-    names = [_JSON_TYPES[t] for t in types]
-    out: dict[str, Any] = {"type": names[0] if len(names) == 1 else names}
-    if spec.items is not None:
-        out["items"] = {"type": _JSON_TYPES[spec.items]}
-        if spec.rule and spec.rule.pattern:
-            out["items"]["pattern"] = f"^({spec.rule.pattern})$"
-    elif spec.rule and spec.rule.pattern and not spec.pattern:
-        out["pattern"] = f"^({spec.rule.pattern})$"
-    if spec.choices:
-        out["enum"] = list(spec.choices)
-    if spec.pattern:
-        out["pattern"] = f"^({spec.pattern})$"
-    if spec.minimum is not None:
-        out["minimum"] = spec.minimum
-    if spec.maximum is not None:
-        out["maximum"] = spec.maximum
-    return out

@@ -9,9 +9,8 @@ from collections.abc import Mapping
 from typing import Any, Callable, Optional, Union
 
 from envbuilder.errors import RecipeError, did_you_mean
-from envbuilder.recipe.schema import (
-    SCHEMA,
-    SCHEMA_VERSION,
+from envbuilder.recipe.schema import SCHEMA, SCHEMA_VERSION
+from envbuilder.recipe.spec import (
     ArrayOf,
     Field,
     MapOf,

@@ -16,11 +16,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import payloads, plan, proc, state
+from envbuilder import payloads, proc, state
 from envbuilder.backends import registry
 from envbuilder.errors import UsageError
 from envbuilder.facts import HostFacts
 from envbuilder.modules import ModuleSystem
+from envbuilder.plan.activation import activation_for
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
 from envbuilder.structs import dataclass
@@ -97,7 +98,7 @@ def prepare(
     the_launch = suite.launch_program(
         recipe,
         shape,
-        suite.LaunchedEnv(str(prefix), python, record.activation or plan.activation_for(recipe)),
+        suite.LaunchedEnv(str(prefix), python, record.activation or activation_for(recipe)),
         program,
         warnings=warnings,
         affinity=affinity,
@@ -143,7 +144,7 @@ def run_here(
 ) -> int:
     """Start the program here with the activated env's variables; its exit status."""
     install_wrappers(record)
-    activate = record.activation or plan.activation_for(recipe)
+    activate = record.activation or activation_for(recipe)
     run_env = runner.environment(record, recipe, activate, env, modules)
     run_env.setdefault("OMP_NUM_THREADS", str(runner.threads_here(prepared.launch, prepared.here)))
     argv, run_env = runner.bind_here(prepared.launch, run_env)

@@ -29,7 +29,7 @@ from envbuilder.backends import registry
 from envbuilder.errors import CommandFailed, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
 from envbuilder.modules import ModuleSystem
-from envbuilder.plan.activation import Activation
+from envbuilder.plan.activation import Activation, activation_for
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
 from envbuilder.structs import dataclass
@@ -104,7 +104,7 @@ def run(
     reason = suite.where(device, host, target, opts.submit)
     checks = suite.checks_for(recipe, opts.checks)
     prefix = Path(record.prefix)
-    activate = record.activation or plan.activation_for(recipe)
+    activate = record.activation or activation_for(recipe)
     timeout = float(opts.timeout or recipe.validation.timeout or suite.DEFAULT_TIMEOUT_S)
     runs = Path(opts.runs) if opts.runs else prefix / "envbuilder" / "validation"
     run_dir = runs / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

@@ -8,7 +8,7 @@ from helpers import PLAN_ENV, load_facts
 from test_shipped_recipes import CASES, make
 
 from envbuilder import activate_scripts, modulefile, plan
-from envbuilder.plan.activation import Activation
+from envbuilder.plan.activation import Activation, build_loads
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.validate import suite
@@ -73,7 +73,7 @@ def test_build_only_keeps_a_module_of_load_out_of_activation_and_the_build_loads
     p = plan.build(recipe, load_facts("cpu-only"), PLAN_ENV, plan.Options())
     assert p.activate.modules == ("gcc/15.1.0", "python3/3.11.8", "cuda/12.6")
     assert p.activate.from_build == ("gcc/15.1.0", "python3/3.11.8")
-    assert plan.build_loads(p.modules, p.build_modules) == [
+    assert build_loads(p.modules, p.build_modules) == [
         "gcc/15.1.0",
         "cmake/3.25.2",
         "python3/3.11.8",

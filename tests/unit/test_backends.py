@@ -14,7 +14,7 @@ from envbuilder import cli, cliparser, proc, settings
 from envbuilder.backends import base, buildlog, conda, installers, registry, venv
 from envbuilder.errors import EXIT_USAGE
 from envbuilder.plan.steps import InstallStep
-from envbuilder.recipe import schema
+from envbuilder.recipe import schemajson
 
 PLANNED = "/scratch/u1/envs/t"  # the prefix the plan's commands name; the build happens elsewhere
 
@@ -33,7 +33,7 @@ def test_every_kind_and_overlay_way_has_its_backend():
 
 
 def test_the_schema_and_the_cli_offer_the_registrys_names(capsys):
-    props = schema.json_schema()["properties"]
+    props = schemajson.json_schema()["properties"]
     assert props["env"]["properties"]["kind"]["enum"] == list(registry.KINDS)
     assert props["env"]["properties"]["installer"]["enum"] == list(registry.INSTALLERS)
     assert props["env"]["properties"]["overlay"]["enum"] == list(registry.OVERLAYS)

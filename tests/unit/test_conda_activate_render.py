@@ -12,7 +12,7 @@ from helpers import PLAN_ENV, REPO, load_facts
 
 from envbuilder import activate_scripts, modulefile, plan
 from envbuilder.errors import RecipeError
-from envbuilder.plan.activation import Activation
+from envbuilder.plan.activation import Activation, activation_for
 from envbuilder.recipe import loader, values
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.validate import batch, suite
@@ -123,7 +123,7 @@ def test_polaris_plans_the_conda_step_but_a_clone_of_the_site_env_needs_none():
     )
     recipe = loader.load("polaris-overlay-conda", CATALOG)
     clone = replace(recipe, data={**recipe.data, "env": {**recipe.data["env"], "overlay": "clone"}})
-    assert plan.activation_for(clone).conda_env is None  # activating the clone takes the place of base
+    assert activation_for(clone).conda_env is None  # activating the clone takes the place of base
 
 
 def test_cirrus_hands_its_horovod_gpu_operations_to_the_payload():

@@ -13,6 +13,7 @@ from envbuilder._toml import _toml as toml_parser  # tomllib, or tomli before 3.
 from envbuilder.errors import RecipeError
 from envbuilder.recipe import loader, schema, sections
 from envbuilder.recipe.catalog import Catalog, Layer, layers
+from envbuilder.recipe.spec import Field, Table
 
 
 def write(root: Path, rel: str, text: str) -> Path:
@@ -220,18 +221,18 @@ def _views() -> dict[str, type]:
     }
 
 
-def _table(dotted: str) -> schema.Table:
+def _table(dotted: str) -> Table:
     spec: object = schema.SCHEMA
     for part in dotted.split("."):
-        assert isinstance(spec, schema.Table)
+        assert isinstance(spec, Table)
         spec = spec.fields[part]
         spec = getattr(spec, "item", None) or getattr(spec, "value", None) or spec
-    assert isinstance(spec, schema.Table)
+    assert isinstance(spec, Table)
     return spec
 
 
 def test_every_schema_table_has_a_view_with_its_keys():
-    tables = {k for k, v in schema.SCHEMA.fields.items() if not isinstance(v, schema.Field)}
+    tables = {k for k, v in schema.SCHEMA.fields.items() if not isinstance(v, Field)}
     assert tables == {k for k in _views() if "." not in k}
     for dotted, view in _views().items():
         # Sets: a view lists its seeded defaults in the order show has always listed them.

@@ -37,8 +37,12 @@ PURE = (
     "envbuilder.validate.suite",
     "envbuilder.plan.steps",
     "envbuilder.plan.target",
+    "envbuilder.plan.activation",
+    "envbuilder.plan.record",
     "envbuilder.validate.batch",
     "envbuilder.recipe.schema",
+    "envbuilder.recipe.spec",
+    "envbuilder.recipe.schemajson",
     "envbuilder.recipe.values",
     "envbuilder.modulefile",
     "envbuilder.activate_scripts",  # reads its templates from package data

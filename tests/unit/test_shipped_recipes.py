@@ -16,7 +16,7 @@ from helpers import PLAN_ENV, REPO, load_facts
 
 from envbuilder import plan
 from envbuilder._toml import loads
-from envbuilder.recipe import loader, schema
+from envbuilder.recipe import loader, schemajson
 from envbuilder.recipe.catalog import Catalog
 
 CATALOG = Catalog.from_env({})
@@ -171,7 +171,7 @@ def test_seven_seed_systems_are_covered():
     "path", sorted((REPO / "recipes").rglob("*.toml")), ids=lambda p: str(p.relative_to(REPO))
 )
 def test_recipe_files_match_the_json_schema(path):
-    jsonschema.validate(loads(path.read_text()), schema.json_schema())
+    jsonschema.validate(loads(path.read_text()), schemajson.json_schema())
 
 
 def test_site_recipes_carry_corrections_with_sources():

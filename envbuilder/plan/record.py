@@ -1,0 +1,168 @@
+"""What a plan is (``Plan``, frozen) and how it is recorded (``RecordedPlan``: ``plan --json`` and an env's record);
+``envbuilder.plan.build`` makes one. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import field, fields
+from typing import Any, Optional, TypedDict
+
+from envbuilder import lockfile
+from envbuilder.facts import HostFacts
+from envbuilder.lockfile import applicability
+from envbuilder.plan.activation import Activation, RecordedActivate
+from envbuilder.plan.steps import InstallStep
+from envbuilder.plan.target import TargetFact
+from envbuilder.recipe import sections
+from envbuilder.resolver.wheels import Resolution
+from envbuilder.structs import dataclass
+
+
+@dataclass(frozen=True)
+class PrefixFilesystem:
+    """The [filesystems] entry the env's prefix lives on, and its name."""
+
+    name: str
+    spec: sections.Filesystem
+
+    def to_json(self) -> dict[str, Any]:
+        values = ((f.name, getattr(self.spec, f.name)) for f in fields(self.spec))
+        return {"name": self.name, **{key: value for key, value in values if value is not None}}
+
+
+class RecordedPython(TypedDict, total=False):
+    command: str
+    version: Optional[str]
+    #: Where the version came from (target.env_python); records written before issue 33 lack it.
+    source: str
+
+
+class RecordedPlan(TypedDict, total=False):
+    """A Plan as JSON (``plan --json``, and what an env's record keeps). Records written by older releases, or
+    by hand, may lack keys: readers use ``.get``."""
+
+    recipe: str
+    recipe_version: str
+    site: Optional[str]
+    status: str
+    files: list[str]
+    kind: str
+    installer: str
+    prefix: str
+    python: RecordedPython
+    module_system: str
+    module_use: list[str]
+    modules: list[str]
+    build_modules: list[str]
+    torch: Optional[dict[str, Any]]  # Resolution.to_json
+    index_url: Optional[str]
+    extra_index_urls: list[str]
+    requirements: list[str]
+    install_commands: list[list[str]]
+    activate: RecordedActivate
+    launcher: str
+    launch_command: list[str]
+    interactive_command: Optional[list[str]]
+    batch_script: Optional[str]
+    target: dict[str, Any]  # HostFacts.to_json
+    target_facts: list[dict[str, Any]]  # TargetFact.to_json: where os, glibc and python came from
+    filesystem: Optional[dict[str, Any]]  # PrefixFilesystem.to_json
+    corrections: list[dict[str, str]]
+    steps: list[str]
+    lock: Optional[dict[str, Any]]  # applicability.LockStatus.to_json
+    lock_inputs: dict[str, Any]
+    warnings: list[str]
+    notes: list[str]
+    partition: Optional[str]
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe: str
+    site: Optional[str]
+    status: str
+    kind: str
+    prefix: str
+    python: RecordedPython
+    module_system: str
+    module_use: tuple[str, ...]
+    modules: tuple[str, ...]
+    build_modules: tuple[str, ...]
+    resolution: Optional[Resolution]
+    extra_index_urls: tuple[str, ...]
+    requirements: tuple[str, ...]
+    install_steps: tuple[InstallStep, ...]
+    activate: Activation
+    launcher: str
+    launch_command: tuple[str, ...]
+    interactive_command: Optional[tuple[str, ...]]
+    batch_script: Optional[str]
+    target: HostFacts
+    warnings: tuple[str, ...]
+    notes: tuple[str, ...]
+    corrections: tuple[sections.Correction, ...]
+    filesystem: Optional[PrefixFilesystem]
+    chain: tuple[str, ...]
+    steps: tuple[str, ...] = field(default_factory=tuple)
+    installer: str = "uv"
+    system_site_packages: bool = False
+    prefix_missing: tuple[str, ...] = ()
+    #: A published recipe's registry version ("" for a plain recipe file).
+    recipe_version: str = ""
+    #: What a lock for this target must have been resolved from (see lockfile.inputs).
+    lock_inputs: dict[str, Any] = field(default_factory=dict)
+    #: The lock found for the recipe, and whether it applies; None where there is none.
+    lock: Optional[applicability.LockStatus] = None
+    #: The locked packages as hashed requirements, and as constraints, written into the env before installing.
+    lock_requirements: str = ""
+    lock_pins: str = ""
+    #: conda packages of the lock in use, name -> sha256, checked against the env once it is created.
+    lock_conda: dict[str, str] = field(default_factory=dict)
+    #: The lock's platform as it applies to the target (its markers evaluated): what --locked installs, every
+    #: wheel of it checked against the env once installed.
+    locked: Optional[lockfile.PlatformLock] = None
+    #: The partition planned for (``--partition``); None for the site's default one.
+    partition: Optional[str] = None
+    #: Where the target's os, glibc and python came from (the site, the recipe, this host); () without a site.
+    target_facts: tuple[TargetFact, ...] = ()
+
+    @property
+    def install_commands(self) -> tuple[tuple[str, ...], ...]:
+        return tuple(s.display() for s in self.install_steps)
+
+    def to_json(self) -> RecordedPlan:
+        res = self.resolution
+        return {
+            "recipe": self.recipe,
+            "recipe_version": self.recipe_version,
+            "site": self.site,
+            "status": self.status,
+            "files": list(self.chain),
+            "kind": self.kind,
+            "installer": self.installer,
+            "prefix": self.prefix,
+            "python": self.python,
+            "module_system": self.module_system,
+            "module_use": list(self.module_use),
+            "modules": list(self.modules),
+            "build_modules": list(self.build_modules),
+            "torch": res.to_json() if res else None,
+            "index_url": res.index_url if res else None,
+            "extra_index_urls": list(self.extra_index_urls),
+            "requirements": list(self.requirements),
+            "install_commands": [list(c) for c in self.install_commands],
+            "activate": self.activate.to_json(),
+            "launcher": self.launcher,
+            "launch_command": list(self.launch_command),
+            "interactive_command": list(self.interactive_command) if self.interactive_command else None,
+            "batch_script": self.batch_script,
+            "target": self.target.to_json(),
+            "target_facts": [f.to_json() for f in self.target_facts],
+            "filesystem": self.filesystem.to_json() if self.filesystem else None,
+            "corrections": [c.to_json() for c in self.corrections],
+            "steps": list(self.steps),
+            "lock": self.lock.to_json() if self.lock else None,
+            "lock_inputs": self.lock_inputs,
+            "warnings": list(self.warnings),
+            "notes": list(self.notes),
+            "partition": self.partition,
+        }
