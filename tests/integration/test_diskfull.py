@@ -272,6 +272,49 @@ def test_an_over_quota_disk_is_a_disk_error_in_words(world):
         assert _leftovers(quota) == []
 
 
+#: Root as a user is: permission checks apply (setpriv drops the capabilities that let root pass them).
+AS_A_USER = (
+    "setpriv",
+    "--inh-caps=-dac_override,-dac_read_search",
+    "--ambient-caps=-dac_override,-dac_read_search",
+    "--bounding-set=-dac_override,-dac_read_search",
+)
+
+
+@pytest.mark.parametrize(
+    ("place", "argv", "way_out"),
+    [
+        ("home", ("create", "b", "--no-validate"), "ENVBUILDER_HOME"),
+        ("backups", ("backup", "a"), "--to DIR"),
+    ],
+)
+def test_a_directory_without_write_permission_is_a_disk_error_in_words(world, place, argv, way_out):
+    """EACCES for real: the place and every directory in it are the user's own but not writable (mode 0555, as a
+    frozen project directory is), and the command runs without the capabilities that let root write anyway."""
+    w = world
+    where = w.place(place)
+    dirs = [where, *(d for d in where.rglob("*") if d.is_dir() and not d.is_symlink())]
+    for d in dirs:
+        d.chmod(0o555)
+    try:
+        res = subprocess.run(
+            [*AS_A_USER, "envbuilder", *argv, "--json"],
+            capture_output=True,
+            text=True,
+            env={**w.env, "PATH": os.environ["PATH"]},
+            timeout=300,
+        )
+    finally:
+        for d in dirs:
+            d.chmod(0o755)
+    assert res.returncode == 15, res.stderr
+    assert "permission denied (EACCES)" in res.stderr and str(where) in res.stderr and way_out in res.stderr
+    assert "internal error" not in res.stderr and "Traceback" not in res.stderr
+    problem = json.loads(res.stdout)["errors"][0]
+    assert problem["family"] == "disk" and problem["errno"] == errno.EACCES
+    assert _leftovers(where) == []
+
+
 def test_a_read_only_home_warns_once_and_plan_goes_on(tmp_path, index):
     """plan and recipes list only read: a cache they cannot write (a read-only home) is one warning, not a
     failure, and nothing is written."""
