@@ -358,7 +358,7 @@ def use(record: state.EnvRecord, env: Mapping[str, str]) -> InUse:
         fuse = _fuse(env)
         if fuse is not None:
             if not mounted(mount_point):
-                _verify(image, digest)
+                verify(image, digest)
                 mount_point.mkdir(mode=0o700, exist_ok=True)
                 proc.run([fuse[0], "-o", "ro", str(image), str(mount_point)])
             return InUse(record.name, mount_point, "squashfuse", cleaned)
@@ -367,14 +367,16 @@ def use(record: state.EnvRecord, env: Mapping[str, str]) -> InUse:
         return InUse(record.name, unpacked, "unpacked", cleaned)
 
 
-def unpack_once(image: Path, into: Path, digest: str) -> None:
-    """``image`` unpacked at ``into``, unless a complete copy of it is there already."""
+def unpack_once(image: Path, into: Path, digest: str, checked: bool = False) -> None:
+    """``image`` unpacked at ``into``, unless a complete copy of it is there already. ``checked``: the caller
+    has compared it with ``digest`` already (an image is read once for that)."""
     if not (into / UNPACKED_MARK).is_file():
-        _verify(image, digest)
+        if not checked:
+            verify(image, digest)
         _unpack(image, into, digest)
 
 
-def _verify(image: Path, digest: str) -> None:
+def verify(image: Path, digest: str) -> None:
     if wheelhouse.file_sha256(image) != digest:
         raise StateError(
             f"{image} does not match its recorded sha256 {digest[:16]}… (damaged or replaced)",
