@@ -142,12 +142,7 @@ def pack(home: Path, record: state.EnvRecord, to: Optional[Path]) -> state.EnvRe
             f"{record.name} is gone from {record.prefix}: there is nothing to pack",
             hint=f"envbuilder restore {record.name}, or envbuilder create {record.recipe}",
         )
-    mksquashfs = archive.Tools.find().mksquashfs
-    if not mksquashfs:
-        raise StateError(
-            "envbuilder pack needs mksquashfs, which is not on PATH",
-            hint="install squashfs-tools or load its module",
-        )
+    mksquashfs = _mksquashfs()
     final = image_path(record, to)
     final.parent.mkdir(parents=True, exist_ok=True)
     # What a killed pack of this env left (the env's mutex is held): a renaming to finish, its partial image.
@@ -155,13 +150,9 @@ def pack(home: Path, record: state.EnvRecord, to: Optional[Path]) -> state.EnvRe
     transaction.recover(final)
     partial = transaction.partial_of(final)
     packages, newest = inventory(prefix), stamp(prefix)
-    argv = [mksquashfs, str(prefix), str(partial), "-noappend", "-quiet", "-no-progress"]
-    compression = "zstd" if archive.squashfs_zstd(mksquashfs) else "gzip"
-    if compression == "zstd":
-        argv += ["-comp", "zstd", "-Xcompression-level", "3"]  # as fast as tar+zstd; level 15 is 20x slower
     recorded = False
     try:
-        proc.run(argv, timeout=None)
+        compression = _squash(mksquashfs, prefix, partial)
         image = {
             "path": str(final),
             "sha256": wheelhouse.file_sha256(partial),
@@ -184,6 +175,26 @@ def pack(home: Path, record: state.EnvRecord, to: Optional[Path]) -> state.EnvRe
     updated = replace(record, image=image)
     state.save(home, updated)
     return updated
+
+
+def _mksquashfs() -> str:
+    mksquashfs = archive.Tools.find().mksquashfs
+    if not mksquashfs:
+        raise StateError(
+            "envbuilder pack needs mksquashfs, which is not on PATH",
+            hint="install squashfs-tools or load its module",
+        )
+    return mksquashfs
+
+
+def _squash(mksquashfs: str, prefix: Path, into: Path) -> str:
+    """``prefix`` squashed into the image ``into``; its compression."""
+    argv = [mksquashfs, str(prefix), str(into), "-noappend", "-quiet", "-no-progress"]
+    compression = "zstd" if archive.squashfs_zstd(mksquashfs) else "gzip"
+    if compression == "zstd":
+        argv += ["-comp", "zstd", "-Xcompression-level", "3"]  # as fast as tar+zstd; level 15 is 20x slower
+    proc.run(argv, timeout=None)
+    return compression
 
 
 def finish(home: Path, record: state.EnvRecord) -> state.EnvRecord:
