@@ -288,7 +288,7 @@ def _add_pack(sub: _Sub) -> None:
         "into",
         nargs="?",
         default="",
-        help="unpack: the directory the image was broadcast into; fetch: the image",
+        help="unpack: the image as sbcast wrote it on the node; fetch: the image",
     )
     p.set_defaults(handler=command("stage", "handle_node"))
 

@@ -4,7 +4,9 @@ calls against the node, not the shared file system: one image file is all the jo
 
 The image is built beside its final name and renamed into place, its sha256 and what it was built from (the
 env's package inventory and its newest package-directory mtime) kept in the env's record: an image older than
-its env (a later ``pip install``) is stale, reported and refused. Mount points live in a directory of this
+its env (a later ``pip install``) is stale, reported and refused. The record is written before the rename and
+names the complete image still beside its place (``pending``): a pack killed between the two is finished by
+the next command that uses or packs the image, so the record and the image at its path always go together. Mount points live in a directory of this
 user's own (mode 0700) under ``$TMPDIR`` or ``/tmp``; a mount whose squashfuse died (a killed job) is unmounted
 on the next use.
 """
@@ -21,13 +23,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import activate_scripts, fsutil, proc, state, strictmodes, transaction
+from envbuilder import activate_scripts, fsutil, proc, settings, state, strictmodes, transaction
 from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import StateError
 from envbuilder.structs import dataclass
 
 SUFFIX = ".sqfs"
+#: In a record's image: the partial image (its name, beside the final one) that pack recorded and has yet to
+#: rename into place. A kill in between leaves it for :func:`finish`.
+PENDING = "pending"
 #: Set to 1: use the unpacked copy even where squashfuse and /dev/fuse exist (a node without FUSE, in tests).
 NO_FUSE_VAR = "ENVBUILDER_NO_FUSE"
 #: Inside an unpacked copy: the digest of the image it came from, written last (its presence means complete).
@@ -137,40 +142,89 @@ def pack(home: Path, record: state.EnvRecord, to: Optional[Path]) -> state.EnvRe
             f"{record.name} is gone from {record.prefix}: there is nothing to pack",
             hint=f"envbuilder restore {record.name}, or envbuilder create {record.recipe}",
         )
+    mksquashfs = _mksquashfs()
+    final = image_path(record, to)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # What a killed pack of this env left (the env's mutex is held): a renaming to finish, its partial image.
+    record = finish(home, record)
+    transaction.recover(final)
+    partial = transaction.partial_of(final)
+    packages, newest = inventory(prefix), stamp(prefix)
+    recorded = False
+    try:
+        compression = _squash(mksquashfs, prefix, partial)
+        image = {
+            "path": str(final),
+            "sha256": wheelhouse.file_sha256(partial),
+            "bytes": partial.stat().st_size,
+            "compression": compression,
+            "packed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "packages": packages,
+            "stamp": newest,
+        }
+        # The record first, naming the complete partial: from here on the next command finishes the rename.
+        state.save(home, replace(record, image={**image, PENDING: partial.name}))
+        recorded = True
+        transaction.pause(os.environ, "pack-recorded")
+        partial.replace(final)
+    finally:
+        if not recorded:
+            transaction.delete(partial)
+    fsutil.fsync_dir(final.parent)
+    transaction.pause(os.environ, "after-rename")
+    updated = replace(record, image=image)
+    state.save(home, updated)
+    return updated
+
+
+def _mksquashfs() -> str:
     mksquashfs = archive.Tools.find().mksquashfs
     if not mksquashfs:
         raise StateError(
             "envbuilder pack needs mksquashfs, which is not on PATH",
             hint="install squashfs-tools or load its module",
         )
-    final = image_path(record, to)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    # What a killed pack of this env left here (the env's mutex is held): its full-size partial image.
-    transaction.recover(final)
-    partial = transaction.partial_of(final)
-    packages, newest = inventory(prefix), stamp(prefix)
-    argv = [mksquashfs, str(prefix), str(partial), "-noappend", "-quiet", "-no-progress"]
+    return mksquashfs
+
+
+def _squash(mksquashfs: str, prefix: Path, into: Path) -> str:
+    """``prefix`` squashed into the image ``into``; its compression."""
+    argv = [mksquashfs, str(prefix), str(into), "-noappend", "-quiet", "-no-progress"]
     compression = "zstd" if archive.squashfs_zstd(mksquashfs) else "gzip"
     if compression == "zstd":
         argv += ["-comp", "zstd", "-Xcompression-level", "3"]  # as fast as tar+zstd; level 15 is 20x slower
-    try:
-        proc.run(argv, timeout=None)
-        digest = wheelhouse.file_sha256(partial)
-        partial.replace(final)
-    finally:
-        transaction.delete(partial)
-    image = {
-        "path": str(final),
-        "sha256": digest,
-        "bytes": final.stat().st_size,
-        "compression": compression,
-        "packed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "packages": packages,
-        "stamp": newest,
-    }
-    updated = replace(record, image=image)
-    state.save(home, updated)
-    return updated
+    proc.run(argv, timeout=None)
+    return compression
+
+
+def finish(home: Path, record: state.EnvRecord) -> state.EnvRecord:
+    """Finish the pack a kill stopped after it recorded its image (call with the env's mutex held): the image it
+    made, complete beside its final name, is renamed in, and the record no longer says that is pending. The
+    record as it stands now."""
+    pending = record.image.get(PENDING)
+    if not pending:
+        return record
+    final = Path(record.image["path"])
+    made = final.parent / str(pending)
+    with contextlib.suppress(FileNotFoundError):  # renamed in already, by the pack the kill stopped
+        st = made.lstat()
+        ours = made.name.startswith(f".{final.name}{transaction.PARTIAL}") and made.parent == final.parent
+        if ours and stat.S_ISREG(st.st_mode) and st.st_size == record.image.get("bytes"):
+            made.replace(final)
+            fsutil.fsync_dir(final.parent)
+    done = replace(record, image={k: v for k, v in record.image.items() if k != PENDING})
+    state.save(home, done)
+    return done
+
+
+def settled(record: state.EnvRecord, env: Mapping[str, str]) -> state.EnvRecord:
+    """The record, with a pack a kill stopped half-way finished first (under the env's mutex, which a running
+    pack holds until it is done): the image it names is then the one at its path."""
+    if not record.image.get(PENDING):
+        return record
+    home = settings.home(env)
+    with state.mutex(home, record.name, timeout=MOUNT_WAIT_S):
+        return finish(home, state.load(home, record.name))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -303,6 +357,7 @@ def unpacked_path(base: Path, key: str) -> Path:
 
 def use(record: state.EnvRecord, env: Mapping[str, str]) -> InUse:
     """Mount the env's image on this node (or reuse its mount), else unpack it there."""
+    record = settled(record, env)
     image = usable(record)
     digest = str(record.image["sha256"])
     base = node_dir(env)
@@ -314,7 +369,7 @@ def use(record: state.EnvRecord, env: Mapping[str, str]) -> InUse:
         fuse = _fuse(env)
         if fuse is not None:
             if not mounted(mount_point):
-                _verify(image, digest)
+                verify(image, digest)
                 mount_point.mkdir(mode=0o700, exist_ok=True)
                 proc.run([fuse[0], "-o", "ro", str(image), str(mount_point)])
             return InUse(record.name, mount_point, "squashfuse", cleaned)
@@ -323,14 +378,16 @@ def use(record: state.EnvRecord, env: Mapping[str, str]) -> InUse:
         return InUse(record.name, unpacked, "unpacked", cleaned)
 
 
-def unpack_once(image: Path, into: Path, digest: str) -> None:
-    """``image`` unpacked at ``into``, unless a complete copy of it is there already."""
+def unpack_once(image: Path, into: Path, digest: str, checked: bool = False) -> None:
+    """``image`` unpacked at ``into``, unless a complete copy of it is there already. ``checked``: the caller
+    has compared it with ``digest`` already (an image is read once for that)."""
     if not (into / UNPACKED_MARK).is_file():
-        _verify(image, digest)
+        if not checked:
+            verify(image, digest)
         _unpack(image, into, digest)
 
 
-def _verify(image: Path, digest: str) -> None:
+def verify(image: Path, digest: str) -> None:
     if wheelhouse.file_sha256(image) != digest:
         raise StateError(
             f"{image} does not match its recorded sha256 {digest[:16]}… (damaged or replaced)",

@@ -32,7 +32,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from envbuilder import activate_scripts, fsutil, image, proc, removal, state, transaction
 from envbuilder.errors import UsageError
@@ -101,6 +101,7 @@ def planned(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
 
 def stage(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
     """Copy the env's image to every node of this allocation and unpack it there."""
+    record = image.settled(record, env)
     plan = planned(record, env)
     key, digest = image.image_key(record), str(record.image["sha256"])
     here = runner.locate(env)
@@ -112,10 +113,13 @@ def stage(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
     if answers and all(a[0] == READY for a in answers):
         return plan
     # sbcast writes one path on every node: the nodes' own directory where they agree, else the one named alike.
+    # A temporary name there, which the node step unpacks and removes: a killed sbcast leaves no image under
+    # the copy's own name, and the next stage on the node removes what it left.
     bases = {a[1] for a in answers if len(a) == 2}
     into = Path(bases.pop()) if len(bases) == 1 else image.default_base()
-    proc.run(["sbcast", "--force", str(image.usable(record)), str(_copy(into, key))], env=run_env)
-    proc.run(_on_each_node(here, "unpack", key, digest, str(into)), env=run_env)
+    sent = _sent(into, key, str(here.job))
+    proc.run(["sbcast", "--force", str(image.usable(record)), str(sent)], env=run_env)
+    proc.run(_on_each_node(here, "unpack", key, digest, str(sent)), env=run_env)
     return replace(plan, copied=True)
 
 
@@ -160,6 +164,18 @@ def _copy(base: Path, key: str) -> Path:
     return base / f"{key}{image.SUFFIX}"
 
 
+#: How the image broadcast to a node is named until its unpack there: ``.KEY.sqfs.partial-JOB``.
+_SENT = re.compile(r"\.(?P<key>.+)" + re.escape(image.SUFFIX + transaction.PARTIAL) + r"\d+")
+
+
+def _sent(base: Path, key: str, job: str) -> Path:
+    """Where sbcast writes the image on each node for job ``job``: beside the copy's name, never at it."""
+    name = f".{key}{image.SUFFIX}{transaction.PARTIAL}{job}"
+    if not _SENT.fullmatch(name):
+        raise UsageError(f"job id {job!r} is not a Slurm job id (expected digits)")
+    return base / name
+
+
 def _on_each_node(here: schedulers.Where, *args: str) -> list[str]:
     """``__stage-node ARGS`` once on every node of the allocation: a Slurm step, or the PBS job's node launcher
     (each argument passed as one, never through a shell of ours)."""
@@ -189,24 +205,56 @@ def _prepare(key: str) -> str:
     where this node keeps it."""
     base, _ = _bases()
     if _complete(image.unpacked_path(base, key)):
+        with fsutil.Mutex(base / f".{key}.lock", timeout=image.MOUNT_WAIT_S):
+            _drop_sent(key)  # a stage killed after its unpack, before it removed the image it was sent
         _link_alias(base, key)
         return f"{READY} {base}"
     return f"empty {base}"
 
 
-def _unpack(key: str, digest: str, into: Path) -> str:
-    """Unpack the broadcast image at ``into`` (checked against its digest) into this node's directory, drop the
-    copy (the unpacked files are what the ranks read) and the env's older copies."""
+def _unpack(key: str, digest: str, sent: Path) -> str:
+    """Unpack the image broadcast to ``sent`` (checked against its digest) into this node's directory, drop it
+    (the unpacked files are what the ranks read) with what killed stages left beside it, and the env's older
+    copies."""
+    base, alias_base = _bases()
+    match = _SENT.fullmatch(sent.name)
+    if not match or match["key"] != key or sent.parent not in (base, alias_base):
+        raise UsageError(
+            f"{sent} is not where stage broadcasts the image {key} (.{key}.sqfs.partial-JOB here)"
+        )
+    return _unpacked(key, digest, _copy(sent.parent, key), sent)
+
+
+def _unpacked(key: str, digest: str, copy: Path, sent: Optional[Path] = None) -> str:
+    """Unpack ``copy`` (or the image broadcast to ``sent``, renamed to ``copy`` once checked) as
+    :func:`_unpack` says; this node's line."""
     base, _ = _bases()
-    copy = _copy(into, key)
+    into = image.unpacked_path(base, key)
     with fsutil.Mutex(base / f".{key}.lock", timeout=image.MOUNT_WAIT_S):
-        image.unpack_once(copy, image.unpacked_path(base, key), digest)
-    copy.unlink(missing_ok=True)
+        checked = False
+        if sent is not None and not _complete(into):
+            image.verify(sent, digest)
+            sent.replace(copy)  # checked whole: only now under the copy's own name
+            checked = True
+        image.unpack_once(copy, into, digest, checked=checked)
+        copy.unlink(missing_ok=True)
+        _drop_sent(key)
     _link_alias(base, key)
     name = key.rsplit("-", 1)[0]
     for where in {base, image.default_base()}:
         _remove_copies(where, name, keep=key)
-    return f"{socket.gethostname()} {image.unpacked_path(base, key)}"
+    return f"{socket.gethostname()} {into}"
+
+
+def _drop_sent(key: str) -> None:
+    """With the image's mutex on this node held and its copy complete: what broadcasts of it left here (a killed
+    stage's partial image, or the copy an older envbuilder's sbcast wrote under its own name). A stage of it
+    still on its way finds the copy complete and needs none of it."""
+    for where in set(_bases()):
+        for entry in where.glob(f".{glob.escape(key + image.SUFFIX + transaction.PARTIAL)}*"):
+            if _SENT.fullmatch(entry.name):
+                transaction.delete(entry)
+        transaction.delete(_copy(where, key))
 
 
 def _fetch(key: str, digest: str, source: Path) -> str:
@@ -226,7 +274,7 @@ def _fetch(key: str, digest: str, source: Path) -> str:
             partial.replace(copy)
         finally:
             transaction.delete(partial)
-    return f"copied {_unpack(key, digest, base)}"
+    return f"copied {_unpacked(key, digest, copy)}"
 
 
 def _link_alias(base: Path, key: str) -> None:
@@ -277,7 +325,8 @@ def _clean(name: str) -> str:
 
 def on_node(step: str, key: str, digest: str = "", into: str = "") -> str:
     """One node's part of a staging step (``prepare``, ``unpack``, ``fetch`` from the image at ``into``, or
-    ``clean`` with the env's name as ``key``): the line it reports."""
+    ``clean`` with the env's name as ``key``; ``into``: for ``unpack`` the image sbcast wrote): the line it
+    reports."""
     if step == "clean":
         return _clean(key)
     if step == "fetch":

@@ -39,8 +39,9 @@ REMOVING = ".removing-"
 #: Written inside a directory before its swap, removed once what follows the swap is done: "this is complete, and
 #: what follows its swap (an env's record) may not have happened yet".
 PENDING = "envbuilder/pending.json"
-#: Test hook, read in one place (``_pause``): ``after-rename`` stops a transaction for an hour right after its
-#: swap and before what follows it (create's and restore's record), so tests can kill it in that window.
+#: Test hook, read in one place (``pause``): ``after-rename`` stops a transaction for an hour right after its
+#: swap and before what follows it (create's, restore's and pack's record), ``pack-recorded`` a pack between
+#: its record and its rename, so tests can kill them in that window.
 PAUSE_VAR = "ENVBUILDER_TEST_PAUSE"
 
 
@@ -142,7 +143,7 @@ class Transaction:
 
     def finish(self, env: Mapping[str, str], complete: Callable[[], list[str]]) -> list[str]:
         """After the swap: ``complete`` does what the marker said is pending, then the marker goes."""
-        _pause(env, "after-rename")
+        pause(env, "after-rename")
         return settle(self.final, complete)
 
 
@@ -156,7 +157,7 @@ def settle(final: Path, complete: Callable[[], list[str]]) -> list[str]:
     return notes
 
 
-def _pause(env: Mapping[str, str], point: str) -> None:
+def pause(env: Mapping[str, str], point: str) -> None:
     """The test hook (PAUSE_VAR): the only place it is read."""
     if env.get(PAUSE_VAR) == point:
         print(f"{PAUSE_VAR}: paused {point} (pid {os.getpid()})", file=sys.stderr, flush=True)

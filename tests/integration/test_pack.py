@@ -19,6 +19,8 @@ import pytest
 from helpers import UserWorld, bash, ok, refused
 from wheelindex import build_wheel, demo_wheels, mirror_env, serve
 
+from envbuilder import transaction
+
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(
@@ -72,6 +74,9 @@ class World(UserWorld):
 
     def node(self) -> Path:
         return Path(self.env["TMPDIR"]) / f"envbuilder-{os.getuid()}"
+
+    def record(self, name: str) -> dict[str, Any]:
+        return json.loads((self.home / "envs" / f"{name}.json").read_text())
 
     def shell(self, script: str) -> subprocess.CompletedProcess[str]:
         return bash(script, {**self.env, "PATH": "/usr/bin:/bin"})
@@ -312,6 +317,33 @@ def test_a_killed_pack_keeps_the_previous_image_and_the_next_pack_leaves_no_part
     assert image.read_bytes() == before and w.data("show", "small")["image"]["sha256"] == made["sha256"]
     again = w.data("pack", "small")
     assert again["sha256"] != made["sha256"] and partials() == []
+
+
+@pytest.mark.parametrize("point", ["pack-recorded", "after-rename"])
+def test_a_pack_killed_between_its_image_and_its_record_leaves_the_two_together(packed, point):
+    """pack killed after it wrote the record of its new image but before renaming that image in
+    (``pack-recorded``), or after the rename but before its record was final (``after-rename``): the next
+    ``activate --image`` finds under the image's name the image its record names, uses it, and no partial stays.
+    (Killed between the rename and the record, an envbuilder that wrote the record last left the new image
+    under the old image's record: activate refused it, and the image the record described was gone.)"""
+    w, made = packed
+    image = Path(made["path"])
+    _weigh(w, mib=1)  # an env that packs to another image
+    partials = lambda: list(image.parent.glob(".small.sqfs.partial-*"))  # noqa: E731
+    before = image.stat().st_ino
+    reached = {
+        "pack-recorded": lambda: "pending" in w.record("small")["image"],
+        "after-rename": lambda: image.stat().st_ino != before and not partials(),
+    }[point]
+    proc = w.spawn("pack", "small", extra={transaction.PAUSE_VAR: point})
+    _kill_when(proc, reached, f"the pack reached {point}")
+    assert proc.returncode == -signal.SIGKILL
+    recorded = w.data("activate", "small", "--image")
+    mount = Path(recorded["image"]["path"])
+    assert (next(mount.glob("lib/python*/site-packages/ebdemo")) / "ballast.bin").stat().st_size == 2**20
+    record = w.record("small")["image"]
+    assert "pending" not in record and partials() == []
+    assert hashlib.sha256(image.read_bytes()).hexdigest() == record["sha256"] != made["sha256"]
 
 
 def test_a_killed_unpack_leaves_no_copy_and_the_next_use_no_partial(packed):

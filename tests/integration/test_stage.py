@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -304,3 +305,46 @@ def test_stage_in_a_pbs_job_copies_the_image_on_each_node_at_once(
     assert in_job("stage", "vcpu")["copied"] is False
     assert in_job("stage", "vcpu", "--clean")["removed"] == dict.fromkeys(NODES, 1)
     assert not any(copy.exists() for copy in _on_nodes(slurm_nodes, f"{key}.unpacked"))
+
+
+def _stage_process(salloc: subprocess.Popen[str]) -> int:
+    """The pid of the envbuilder that ``salloc`` runs (its child)."""
+    for task in Path(f"/proc/{salloc.pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            if b"envbuilder" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return int(pid)
+    raise AssertionError(f"salloc (pid {salloc.pid}) runs no envbuilder")
+
+
+def test_a_stage_killed_while_sbcast_writes_leaves_nothing_under_the_copy_s_name(
+    packed: Packed, slurm_nodes: MultiNodeCluster
+) -> None:
+    """sbcast writes the image on each node under a name of its own (``.KEY.sqfs.partial-JOB``), which the node
+    step unpacks and removes: a stage killed while sbcast writes leaves no file under the image copy's name for
+    anything to take as whole, and the next stage copies the image whole and removes what the killed one left.
+    (sbcast used to write ``KEY.sqfs`` itself, which stayed there, partial, until the next stage.)"""
+    ok(_salloc(packed.env, "stage", "vcpu", "--clean", cwd=packed.root))  # no node has it: stage copies
+    key = packed.key()
+    dirs = _on_nodes(slurm_nodes, "")
+    sent = lambda: [p for d in dirs if d.is_dir() for p in d.glob(f"*{key}{image.SUFFIX}*")]  # noqa: E731
+    argv = ["salloc", "--nodes=2", "--ntasks-per-node=1", *cli_argv("stage", "vcpu")]
+    salloc = subprocess.Popen(argv, env=packed.env, cwd=packed.root, text=True, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + BOUND_S
+        while not any(p.stat().st_size > 0 for p in sent() if p.exists()):
+            assert salloc.poll() is None, f"stage ended before sbcast wrote: {salloc.communicate()[1]}"
+            assert time.monotonic() < deadline, "sbcast never wrote the image on a node"
+            time.sleep(0.002)
+        os.kill(_stage_process(salloc), signal.SIGKILL)  # its sbcast dies with it (parent-death signal)
+        salloc.communicate(timeout=BOUND_S)
+    finally:
+        if salloc.poll() is None:
+            salloc.kill()
+            salloc.communicate()
+    left = [p.name for p in sent()]
+    assert left and all(n.startswith(f".{key}{image.SUFFIX}.partial-") for n in left), left
+    staged = json.loads(ok(_salloc(packed.env, "stage", "vcpu", "--json", cwd=packed.root)).stdout)["data"]
+    assert staged["copied"] is True, staged
+    for node, where in zip(NODES, dirs):
+        assert (where / f"{key}.unpacked" / image.UNPACKED_MARK).is_file(), node
+    assert sent() == []
