@@ -53,7 +53,7 @@ class Payload:
             argv += ["--out", self.out, "--timeout", f"{self.timeout:g}"]
             argv += ["--sweep-max", str(self.sweep_max or SWEEP_MAX[self.device])]
         for directory in self.fs:
-            argv += ["--fs", directory]
+            argv.append(f"--fs={directory}")  # one word: a directory starting with - stays a value
         return argv
 
 

@@ -9,6 +9,7 @@ from helpers import PLAN_ENV, REPO, load_facts
 
 from envbuilder import plan
 from envbuilder.errors import RecipeError, UsageError
+from envbuilder.payloads import validate as payload_validate
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe import loader
@@ -64,10 +65,16 @@ def test_payload_args_for_a_run():
         "30",
         "--sweep-max",
         str(16 << 20),
-        "--fs",
-        "/scratch/u1",
+        "--fs=/scratch/u1",
     ]
     assert suite.Payload(("import",), "cuda", out="/r").args()[-1] == str(1 << 30)
+
+
+def test_a_file_system_directory_that_starts_with_a_dash_stays_a_value():
+    """validation.filesystems reaches the payload's own argparse: `--fs DIR` would read a DIR of "-x" as an
+    option; one word keeps it the value (the payload's parser is the real one, run here)."""
+    argv = suite.Payload(("import", "filesystem"), "cpu", fs=("-x", "/scratch/u1")).args()
+    assert payload_validate._parser().parse_args(argv).fs == ["-x", "/scratch/u1"]
 
 
 def _launch(name, facts_name, payload, workdir=None):
