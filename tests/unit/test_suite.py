@@ -9,7 +9,6 @@ from helpers import PLAN_ENV, REPO, load_facts
 
 from envbuilder import plan
 from envbuilder.errors import RecipeError, UsageError
-from envbuilder.payloads import validate as payload_validate
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe import loader
@@ -73,6 +72,8 @@ def test_payload_args_for_a_run():
 def test_a_file_system_directory_that_starts_with_a_dash_stays_a_value():
     """validation.filesystems reaches the payload's own argparse: `--fs DIR` would read a DIR of "-x" as an
     option; one word keeps it the value (the payload's parser is the real one, run here)."""
+    from envbuilder.payloads import validate as payload_validate  # its checks module beside it, on first use
+
     argv = suite.Payload(("import", "filesystem"), "cpu", fs=("-x", "/scratch/u1")).args()
     assert payload_validate._parser().parse_args(argv).fs == ["-x", "/scratch/u1"]
 
