@@ -386,7 +386,8 @@ def test_tacc_recipe_builds_as_shipped_on_its_emulated_site(world, soft, site):
         pytest.skip(
             f"{site.recipe} is for {site.arch} nodes and this machine is {HERE}: create builds with the node's "
             f"own python and installs {site.arch} wheels, so it refuses here "
-            "(test_vista_recipes_are_refused_on_this_machine checks that refusal)"
+            "(test_vista_recipes_are_refused_on_this_machine checks that refusal; test_aarch64_node.py builds "
+            "Vista on the emulated aarch64 node)"
         )
     needs_python(soft, site)
     plan = world.data("plan", site.recipe)
