@@ -24,6 +24,8 @@ from typing import Optional
 CACHE = Path(os.environ.get("ENVBUILDER_TEST_CACHE", "/var/cache/envbuilder-tests"))
 ROOT = CACHE / "arm64-root"
 WHEELS = CACHE / "arm64-wheels"
+#: uv's cache for the node's builds (mpi4py from source takes minutes under qemu): kept, as a site keeps its own.
+UV_CACHE = CACHE / "arm64-uv-cache"
 #: The arm64 root's Debian packages: the node's python (3.11, as Vista's python3/3.11.8), Lmod, Open MPI with
 #: its mpicc (the recipe builds mpi4py from source), and what builds a C extension.
 PACKAGES = (

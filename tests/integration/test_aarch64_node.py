@@ -26,6 +26,7 @@ import armtwin
 import pytest
 from helpers import FACTS, UserWorld
 from torchindex import TorchIndex, serve, torch_mirror
+from wheelindex import serve as serve_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.aarch64]
 
@@ -76,12 +77,14 @@ class Node(UserWorld):
             WORK=str(root / "work"),
         )
         self.timings: dict[str, float] = {}
+        #: What the node sees at its own path besides the world: the world's root, and what a test adds.
+        self.binds = [root]
 
     def on_node(self, *args: str, timeout: float = 1500) -> tuple[int, dict[str, Any]]:
         """``envbuilder ARGS --json`` on the node: its exit code and envelope (the time it took in ``timings``)."""
         started = time.monotonic()
         argv = [f"{armtwin.DEPS}/bin/python", "-m", "envbuilder", *args, "--json"]
-        res = armtwin.enter(argv, self.env, [self.root], timeout=timeout)
+        res = armtwin.enter(argv, self.env, self.binds, timeout=timeout)
         self.timings[args[0]] = round(time.monotonic() - started, 1)
         try:
             envelope: dict[str, Any] = json.loads(res.stdout)
@@ -186,3 +189,62 @@ def test_vista_venv_is_created_and_validated_on_an_aarch64_node(arm_node):
     assert checks["ddp"]["status"] == "pass" and checks["ddp"]["ranks"] == [0, 1], checks["ddp"]
     losses = checks["ddp"]["per_rank"]["0"]["losses"]
     assert losses[-1] < losses[0] and checks["ddp"]["per_rank"]["1"]["param_spread"] == 0.0
+
+
+MPI_LAYER = "vista-venv-mpi-cu126-cpu-twin"
+#: Vista's MPI module names on the node, for the root's own Open MPI (Debian's 4.1, under Vista's 5.0.5 name: the
+#: fixture tree's modules point at /opt/fake) and its python; the twin runs as root, which Open MPI refuses
+#: unless told.
+NODE_MODULES = {
+    "openmpi/5.0.5.lua": 'conflict("mvapich2")\nsetenv("MPI_FLAVOR", "openmpi")\nsetenv("MPICC", "/usr/bin/mpicc")\n'
+    'setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")\nsetenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")\n',
+    "python3_mpi/3.11.8.lua": 'prereq("gcc", "openmpi")\nsetenv("TACC_PYTHON_VER", "3.11.8")\n'
+    'prepend_path("PATH", pathJoin(os.getenv("ENVBUILDER_TEST_SOFT"), "python-3.11.8/bin"))\n',
+}
+
+
+@pytest.fixture(scope="module")
+def mpi_mirror(node: None) -> Iterator[str]:
+    """whl/cpu as for the single-node env; PyPI (mpi4py's source and its build's wheels) from a loopback index
+    over the cached files."""
+    index = TorchIndex()
+    for wheel in sorted(armtwin.WHEELS.glob("*.whl")):
+        index.add("whl/cpu", wheel)
+    with serve(index) as torch_index, serve_files(armtwin.WHEELS) as pypi:
+        yield f"https://download.pytorch.org/whl/={torch_index.url}/whl/ pypi={pypi.url}/simple/"
+
+
+def test_vista_mpi_venv_builds_mpi4py_against_the_nodes_mpi_and_validates(tmp_path, mpi_mirror):
+    """vista-venv-mpi-cu126 on the node: mpi4py built from source (no_binary) with the node's mpicc under Vista's
+    module names, then mpi4py's send/recv and allreduce through the node's mpirun, and gloo DDP, over two ranks."""
+    world = Node(tmp_path, mpi_mirror)
+    modules = tmp_path / "node-modules"
+    for rel, text in NODE_MODULES.items():
+        (modules / rel).parent.mkdir(parents=True, exist_ok=True)
+        (modules / rel).write_text(text)
+    world.env["MODULEPATH"] = f"{modules}:{world.env['MODULEPATH']}"
+    # mpi4py's build under qemu takes minutes: uv's cache is kept per machine, as a site's would be.
+    armtwin.UV_CACHE.mkdir(exist_ok=True)
+    world.env["UV_CACHE_DIR"] = str(armtwin.UV_CACHE)
+    world.binds.append(armtwin.UV_CACHE)
+    world.write_recipe(
+        MPI_LAYER,
+        f'schema_version = 1\nextends = "{armtwin.SRC}/recipes/tacc/vista/vista-venv-mpi-cu126.toml"\n'
+        f'[recipe]\nname = "{MPI_LAYER}"\n[torch]\nvariant = "cpu"\n',
+    )
+    code, envelope = world.on_node("create", MPI_LAYER, "--facts", GH200, timeout=3000)
+    assert code == 8, json.dumps(envelope, indent=1)[-6000:]  # the GPU check, as above
+    env = envelope["data"]["env"]
+    assert env["modules"]["delta_set"]["LOADEDMODULES"] == "gcc/13.2.0:openmpi/5.0.5:python3_mpi/3.11.8"
+    versions = {p["name"]: p["version"] for p in env["packages"] if p["in_env"]}
+    assert (versions["torch"], versions["mpi4py"]) == ("2.10.0", "4.1.2")
+
+    found = world.ok(
+        "validate", MPI_LAYER, "--cpu", "--checks", "import,mpi,ddp", "--launcher", "mpirun",
+        "--nodes", "1", "--nproc-per-node", "2",
+    )  # fmt: skip
+    print("timings on the node (s):", world.timings)
+    assert (found["device"], found["world"]) == ("cpu", 2)
+    checks = found["checks"]
+    assert checks["mpi"]["status"] == "pass" and checks["mpi"]["ranks"] == [0, 1], checks["mpi"]
+    assert checks["ddp"]["status"] == "pass" and checks["ddp"]["ranks"] == [0, 1], checks["ddp"]
