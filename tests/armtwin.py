@@ -135,7 +135,7 @@ def _download(dest: Path, specs: Sequence[str], binary: bool = True) -> None:
     """PyPI's files for CPython 3.11 on aarch64 (the root's python), exactly ``specs``, with pip's own client."""
     only = ["--only-binary=:all:"] if binary else ["--no-binary=:all:"]
     platforms = [a for p in PLATFORMS for a in ("--platform", p)] if binary else []
-    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--python-version", "3.11",
+    argv = [sys.executable, "-m", "pip", "download", "-qq", "--no-deps", "--python-version", "3.11",
             *platforms, *only, "--dest", str(dest), *specs]  # fmt: skip
     subprocess.run(argv, check=True)
 
