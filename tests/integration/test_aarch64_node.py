@@ -17,10 +17,11 @@ GPU and says this torch is a CPU build (create exits 8, the env in place); the C
 
 vista-venv-mpi-cu126 builds mpi4py from source (no_binary) with the node's Open MPI, under Vista's module
 names (node-local modulefiles: the fixture tree's point at /opt/fake), unoptimised (CFLAGS=-O0) and with uv's
-cache kept per machine: the first build takes about 4 minutes under qemu, later ones reuse it.
+cache kept per machine: the first build takes about 4 minutes under qemu, later ones reuse it. Its indexes are
+the cached files as a wheelhouse (so that cache keys them by a path that does not change between runs).
 
 Times on this 2-core machine, shared: the plan test ~3 s; create ~35 s and validate (torchrun, 2 ranks) ~45 s;
-the MPI env ~4.5 min cold (mpi4py's build), less warm. The root file system and the wheels (tests/armtwin.py,
+the MPI env ~4.5-6 min cold (mpi4py's build), ~1 min warm. The root file system and the wheels (tests/armtwin.py,
 run by .ci/run) take ~4 minutes once per machine."""
 
 from __future__ import annotations
@@ -212,15 +213,11 @@ NODE_MODULES = {
 
 
 @pytest.fixture(scope="module")
-def mpi_mirror(node: None) -> Iterator[str]:
-    """whl/cpu from the loopback index, as for the single-node env; PyPI (mpi4py's source and its build's wheels)
-    as a wheelhouse, the cached files seen in the node at /wheels: uv keeps the wheel it builds from a local
-    source by its path, the same on every run, where a loopback index's address changes from run to run."""
-    index = TorchIndex()
-    for wheel in sorted(armtwin.WHEELS.glob("*.whl")):
-        index.add("whl/cpu", wheel)
-    with serve(index) as torch_index:
-        yield f"https://download.pytorch.org/whl/={torch_index.url}/whl/ pypi=/wheels"
+def mpi_mirror(node: None) -> str:
+    """download.pytorch.org and PyPI as a wheelhouse: the cached files, seen in the node at /wheels. uv's cache,
+    kept per machine for mpi4py's build, keys what it holds by where it came from: a local path is the same on
+    every run, where a loopback index's address changes (and torch would be cached once more each run)."""
+    return "https://download.pytorch.org/whl/=/wheels pypi=/wheels"
 
 
 def test_vista_mpi_venv_builds_mpi4py_against_the_nodes_mpi_and_validates(tmp_path, mpi_mirror):
