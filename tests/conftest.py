@@ -27,6 +27,7 @@ TESTS = Path(__file__).resolve().parent
 #: worker running one of them while the others sat idle.
 LONGEST_FIRST = (
     "integration/test_multinode.py",
+    "integration/test_aarch64_node.py",
     "integration/test_backup_torch.py",
     "integration/test_conda_torch.py",
     "integration/test_validate.py",

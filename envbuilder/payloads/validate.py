@@ -42,6 +42,10 @@ from envbuilder_checks import DIST_CHECKS, GPU_CHECKS, Suite, faults, inject
 
 LIFELINE = "ENVBUILDER_VALIDATE_LIFELINE"
 HEARTBEAT = "ENVBUILDER_VALIDATE_HEARTBEAT"
+#: How far apart (clock ticks) envbuilder's start time as it read it and as a rank reads it may be. Under
+#: qemu-user (an aarch64 machine emulated on x86_64 through binfmt_misc) a process's reads of its own
+#: /proc/PID/stat are answered by qemu, whose start time is qemu's own startup, a few ticks after the kernel's.
+START_SKEW_TICKS = 100
 #: How often a rank looks whether what started it is still there.
 WATCH_S = 0.5
 
@@ -186,7 +190,7 @@ class Lifeline:
     def __init__(self, log: Log, torchrun: bool) -> None:
         self.log = log
         self.parent = os.getppid() if torchrun else None
-        self.envbuilder = _watched(os.environ.get(LIFELINE, ""))
+        self.envbuilder = _seen(_watched(os.environ.get(LIFELINE, "")))
         beat = os.environ.get(HEARTBEAT)
         self.beat = os.path.join(beat, f"rank-{log.rank.rank}") if beat else None
         # Blocked before any other thread starts, so that every thread (torch's too) inherits the mask.
@@ -243,6 +247,19 @@ def _watched(value: str) -> Optional[tuple[int, int]]:
     if boot != parts[2] or pidns != int(parts[3]):
         return None
     return int(parts[0]), int(parts[1])
+
+
+def _seen(watched: Optional[tuple[int, int]]) -> Optional[tuple[int, int]]:
+    """The watched process with its start time as this rank reads it, where that is within START_SKEW_TICKS of
+    the one it gave itself (qemu-user answers a process's reads of its own stat); later looks compare with this
+    reading exactly. A process that is gone, or a pid taken by a later process, keeps the given time: gone."""
+    if watched is None:
+        return None
+    pid, given = watched
+    seen = _start_time(pid)
+    if seen is not None and abs(seen - given) <= START_SKEW_TICKS:
+        return pid, seen
+    return watched
 
 
 def _start_time(pid: int) -> Optional[int]:

@@ -391,7 +391,8 @@ def test_tacc_recipe_builds_as_shipped_on_its_emulated_site(world, soft, site, s
         pytest.skip(
             f"{site.recipe} is for {site.arch} nodes and this machine is {HERE}: create builds with the node's "
             f"own python and installs {site.arch} wheels, so it refuses here "
-            "(test_vista_recipes_are_refused_on_this_machine checks that refusal)"
+            "(test_vista_recipes_are_refused_on_this_machine checks that refusal; test_aarch64_node.py builds "
+            "Vista on the emulated aarch64 node)"
         )
     needs_python(soft, site, site_python)
     plan = world.data("plan", site.recipe)
