@@ -85,15 +85,26 @@ def remount(path: Path, *, read_only: bool) -> None:
 
 
 def fill(path: Path, leave: int = 0) -> None:
-    """Fill the file system holding the directory ``path`` until fewer than ``leave`` bytes are free."""
+    """Fill the file system holding the directory ``path`` until fewer than ``leave`` bytes are free (already
+    full: nothing to do). Unbuffered writes: a buffered file's close would fail again on the full disk."""
     block = b"\0" * (64 * 1024)
-    with (path / ".filler").open("wb") as f, contextlib.suppress(OSError):
+    try:
+        fd = os.open(path / ".filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        return
+    try:
         while True:
             st = os.statvfs(path)
             if st.f_bavail * st.f_frsize <= leave:
                 break
-            f.write(block)
-            f.flush()
+            os.write(fd, block[: max(4096, min(len(block), st.f_bavail * st.f_frsize - leave))])
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -128,6 +128,7 @@ def make(
             data["checksum"] = checksum(data)
             text = (json.dumps(data, indent=1) + "\n").encode()
             fsutil.write_atomic(tx.partial / "backup.json", text, file_mode)
+            transaction.pause(os.environ, "backup-written")  # the test hook: a backup that holds its mutexes
             tx.swap()
     except OSError as exc:
         if exc.errno in _NO_SPACE:
