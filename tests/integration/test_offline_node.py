@@ -1,10 +1,11 @@
 """A compute node without a network (a network namespace with loopback only, tests/offline_node.py): create
 against an upstream index stops with envbuilder's own error, naming the URL, the cause and the way out; against a
-mirror on the node's loopback it works."""
+mirror on the node's loopback it works; an env backed up as a wheelhouse comes back there from its backup alone."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,25 @@ def test_lock_without_network_names_the_url_and_the_way_out(tmp_path):
     assert res.returncode == 11, res.stderr
     assert "uv could not reach https://pypi.org/simple" in res.stderr, res.stderr
     assert "ENVBUILDER_INDEX_MIRROR" in res.stderr, res.stderr
+
+
+def test_restore_without_network_rebuilds_from_the_wheelhouse_backup(tmp_path, wheels):
+    """The way out the error names: an env backed up as a wheelhouse where an index was reachable comes back on a
+    node without a network (after the purge took it) from the backup alone, and its python imports what it held."""
+    world = UserWorld(tmp_path, ENVBUILDER_BACKUP_ROOT=str(tmp_path / "backups"))
+    world.write_recipe("offline", SMALL)
+    res = run_offline(cli_argv("create", "offline", "--no-validate"), world.env, serve=wheels)
+    assert res.returncode == 0, res.stderr
+    res = run_offline(cli_argv("backup", "offline", "--mode", "wheelhouse"), world.env)
+    assert res.returncode == 0, res.stderr
+    prefix = world.scratch / "envbuilder" / "envs" / "offline"
+    subprocess.run(["rm", "-rf", str(prefix)], check=True)  # the scratch purge
+    res = run_offline(cli_argv("restore", "offline"), world.env)
+    assert res.returncode == 0, res.stderr
+    assert "could not reach" not in res.stderr
+    used = run_offline(
+        ["bash", "-c", f"source {prefix}/bin/activate && python -c 'import ebdemo; print(ebdemo.__file__)'"],
+        world.env,
+    )
+    assert used.returncode == 0, used.stderr
+    assert used.stdout.startswith(str(prefix)), used.stdout
