@@ -84,7 +84,7 @@ def _disk(
 
 
 #: What a program says on its stderr for each disk errno (strerror, as C's perror and Rust's io::Error print it).
-_SAID = {number: os.strerror(number) for number in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)}
+_SAID = {number: os.strerror(number) for number in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)}
 
 
 def command_disk_error(exc: CommandFailed, place: Place) -> Optional[DiskError]:

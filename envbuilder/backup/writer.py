@@ -137,9 +137,9 @@ def make(
     except CommandFailed as exc:
         if exc.returncode == -signal.SIGXFSZ:  # the compressor passed the file size limit (ulimit -f)
             raise _no_space(root, errno.EFBIG, "the file size limit (ulimit -f) was reached") from None
-        for number, words in ((errno.EDQUOT, "quota"), (errno.ENOSPC, "space"), (errno.EFBIG, "too large")):
-            if words in exc.stderr_tail.lower():
-                raise _no_space(root, number, exc.stderr_tail.strip().splitlines()[-1]) from None
+        said = fsutil.command_disk_error(exc, (root, settings.BACKUP_WAY_OUT))  # what the compressor said
+        if said is not None and said.errno in _NO_SPACE:
+            raise _no_space(root, said.errno, exc.stderr_tail.strip().splitlines()[-1]) from None
         raise
     return BackupResult(load(root, tx.final), notes)
 
