@@ -628,20 +628,53 @@ def test_vista_recipes_are_refused_on_this_machine(world, recipe):
     assert not (world.scratch / "envbuilder" / "envs" / recipe).exists()
 
 
-@pytest.mark.parametrize("recipe", ["frontera-venv-cu124", "lonestar6-venv-cu128"])
+#: How each seed site's compute OS reads in a plan: "unknown, ..." where the site cannot say.
+LOGIN_OS = {
+    "frontera-venv-cu124": "compute os: unknown, the site does not know it: TACC has never named Frontera's OS",
+    "stampede3-venv-cu126": "compute os: Rocky Linux (release not published), the site's (TACC/TACC-Docs@",
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(LOGIN_OS))
 def test_plan_on_a_login_node_marks_the_facts_it_took_from_this_host(recipe):
-    """This machine plays the login node: its glibc is not the compute nodes', whose TACC does not publish."""
+    """This machine plays the login node: its glibc is not the compute nodes', which TACC does not publish for
+    Frontera, nor for Stampede3, whose Rocky release it leaves open."""
     res = ok(run_cli("plan", recipe))
     glibc = os.confstr("CS_GNU_LIBC_VERSION").split()[1]
     assert f"glibc {glibc} (from this host)" in res.stdout, res.stdout
-    assert "compute os: unknown, the site does not know it: TACC's" in res.stdout, res.stdout
+    assert LOGIN_OS[recipe] in res.stdout, res.stdout
     assert "compute python: 3.9, python.version in builtin:tacc/" in res.stdout, res.stdout
     assert f"the glibc gate (manylinux wheels) was decided on this host's glibc {glibc}" in res.stderr
 
 
-def test_plan_json_says_where_each_target_fact_came_from():
-    """Cirrus is gone: its glibc can no longer be read, and the plan says so beside the host's it used."""
-    res = ok(run_cli("plan", "cirrus-venv-cu121-horovod", "--json"))
+#: The compute glibc each seed site states (read in its pages, or derived from the OS release they name), and
+#: the sites that state no OS. Every other fact the site does not know is this host's, or unknown.
+SITE_GLIBC = {"lonestar6": "2.28", "polaris": "2.38", "cirrus": "2.28", "zurada": "2.34"}
+NO_SITE_OS = {"frontera", "vista"}
+#: Each seed recipe and its site file.
+SEED_SITES = {
+    path.stem: path.parent / "site.toml"
+    for path in builtin_dir().rglob("*.toml")
+    if path.name not in {"site.toml", "center.toml", "local.toml"}
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(SEED_SITES))
+def test_plan_json_reports_the_sites_glibc_and_os_with_origin_site(recipe):
+    res = ok(run_cli("plan", recipe, "--json"))
     facts = {f["name"]: f for f in json.loads(res.stdout)["data"]["target_facts"]}
-    assert facts["python"]["origin"] == "recipe"
-    assert facts["glibc"]["origin"] == "host" and "switched off on 2025-12-08" in facts["glibc"]["detail"]
+    site = recipe.split("-")[0]
+    compute = loads(SEED_SITES[recipe].read_text())["compute"]
+    glibc, osf = facts["glibc"], facts["os"]
+    if site in SITE_GLIBC:
+        assert (glibc["value"], glibc["origin"]) == (SITE_GLIBC[site], "site"), glibc
+        assert compute["sources"]["glibc"]["source"] in glibc["detail"], glibc
+        assert "checked 2026-11-28" in glibc["detail"], glibc
+        assert "glibc gate" not in res.stderr, res.stderr
+    else:
+        assert glibc["origin"] in {"host", "unknown"}, glibc
+        assert "the site does not know it: " in glibc["detail"], glibc
+    if site in NO_SITE_OS:
+        assert (osf["value"], osf["origin"]) == (None, "unknown"), osf
+    else:
+        assert (osf["value"], osf["origin"]) == (compute["os"], "site"), osf

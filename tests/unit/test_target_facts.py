@@ -9,6 +9,7 @@ import pytest
 from helpers import PLAN_ENV
 
 from envbuilder import plan
+from envbuilder.errors import ResolverErrors
 from envbuilder.facts import HostFacts
 from envbuilder.plan import target
 from envbuilder.recipe import loader
@@ -38,11 +39,16 @@ def test_every_shipped_site_states_its_compute_os_glibc_and_python_with_a_source
         src = compute.sources.get(fact)
         assert src is not None and src.source, f"{name}: compute.sources.{fact} names no source"
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", src.checked), f"{name}: compute.sources.{fact}.checked"
-        if value == "unknown":
-            assert src.note, f"{name}: compute.{fact} is unknown and no note says why"
+        if value == "unknown" or fact == "glibc":
+            # A glibc is read on a node (ldd) or derived from the OS release: the note says which, and why.
+            assert src.note, f"{name}: compute.{fact} = {value} and no note says why or how it was found"
 
 
-@pytest.mark.parametrize("name", ["frontera-venv-cu124", "lonestar6-venv-cu128"])
+#: A login node of an older image than the compute nodes (CentOS 7's glibc).
+OLD_LOGIN = HostFacts(arch="x86_64", glibc="2.17", python="3.11.7", gpus=(), hostname="login1")
+
+
+@pytest.mark.parametrize("name", ["frontera-venv-cu124", "stampede3-venv-cu126"])
 def test_the_login_nodes_glibc_is_marked_and_the_glibc_gate_warns(name):
     p = make(name)
     glibc = facts_of(p)["glibc"]
@@ -64,12 +70,17 @@ def test_polaris_python_is_marked_as_this_hosts():
     assert not any("gate" in w for w in p.warnings), p.warnings
 
 
-def test_a_glibc_the_site_states_is_the_targets_with_its_source_and_no_warning():
-    p = make("frontera-venv-cu124", **{"compute.glibc": "2.28"})
+def test_the_sites_glibc_decides_the_manylinux_gate_whatever_the_login_node_runs():
+    """Lonestar6 runs Rocky 8.4 (glibc 2.28): torch 2.8's manylinux_2_28 wheels are planned there even from a
+    login node of glibc 2.17, and a site glibc below the wheels' floor refuses them from a login node above it."""
+    p = make("lonestar6-venv-cu128", OLD_LOGIN)
     glibc = facts_of(p)["glibc"]
-    assert p.target.glibc == "2.28" and glibc.origin == "site", glibc
-    assert "checked 2026-11-27" in glibc.detail
+    assert (p.target.glibc, glibc.origin) == ("2.28", "site"), glibc
+    assert "6lonestar/system.md" in glibc.detail and "checked 2026-11-28" in glibc.detail, glibc
+    assert p.to_json()["torch"]["torch"] == "2.8.0"
     assert not any("glibc gate" in w for w in p.warnings), p.warnings
+    with pytest.raises(ResolverErrors, match=r"need glibc ≥ 2\.28 \(manylinux\), the target has glibc 2\.17"):
+        make("lonestar6-venv-cu128", **{"compute.glibc": "2.17"})
 
 
 def test_a_python_the_site_states_is_planned_where_the_recipe_names_none():
