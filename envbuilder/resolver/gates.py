@@ -133,7 +133,9 @@ def check_gates(
             f"the target has {len(facts.gpus)} GPU(s) ({facts.gpus[0].name}) but the CPU wheel was chosen"
         )
     elif variant != "cpu":
-        warnings.append(f"unknown: envbuilder has no GPU facts for {variant}, so the GPU gate cannot be checked")
+        warnings.append(
+            f"unknown: envbuilder has no GPU facts for {variant}, so the GPU gate cannot be checked"
+        )
     return findings
 
 
@@ -321,7 +323,9 @@ def driver_ok(info: VariantInfo, facts: HostFacts, max_cuda: Optional[tuple[int,
     if facts.driver_version and info.family_min_driver:
         return ver(facts.driver_version) >= ver(info.family_min_driver)
     if info.family_min_driver is None and not facts.max_cuda:
-        return True  # no floor known (a CUDA major newer than the table): only the driver's own report could say
+        return (
+            True  # no floor known (a CUDA major newer than the table): only the driver's own report could say
+        )
     if max_cuda is not None and info.cuda_major is not None:
         return max_cuda[0] >= info.cuda_major
     return True

@@ -172,12 +172,22 @@ def inferred_variant(name: str, m: Matrix) -> VariantInfo:
         return VariantInfo(name, "", None, None, source="no GPU facts known for it", inferred=True)
     major = minor_tuple(cuda)[0]
     kin = sorted(
-        (i for i in m.variants.values() if i.cuda and minor_tuple(i.cuda)[0] == major and i.family_min_driver),
+        (
+            i
+            for i in m.variants.values()
+            if i.cuda and minor_tuple(i.cuda)[0] == major and i.family_min_driver
+        ),
         key=lambda i: minor_tuple(i.cuda),
     )
     floor = kin[-1].family_min_driver if kin else None
-    why = f"driver floor of CUDA {major}.x from {kin[-1].name}" if kin else f"no CUDA {major}.x driver floor known"
-    return VariantInfo(name, cuda, floor, None, source=f"inferred from its name: CUDA {cuda}, {why}", inferred=True)
+    why = (
+        f"driver floor of CUDA {major}.x from {kin[-1].name}"
+        if kin
+        else f"no CUDA {major}.x driver floor known"
+    )
+    return VariantInfo(
+        name, cuda, floor, None, source=f"inferred from its name: CUDA {cuda}, {why}", inferred=True
+    )
 
 
 def _borrowed_lists(m: Matrix, releases: Sequence[Release], made: Sequence[ArchList]) -> list[ArchList]:
@@ -195,7 +205,9 @@ def _borrowed_lists(m: Matrix, releases: Sequence[Release], made: Sequence[ArchL
                 if near is not None:
                     source = f"inferred from torch {rel.torch} {near[0]}"
                     out.append(
-                        replace(near[1], variant=name, torch=_exactly(rel.torch), confidence="U", source=source)
+                        replace(
+                            near[1], variant=name, torch=_exactly(rel.torch), confidence="U", source=source
+                        )
                     )
     return out
 

@@ -236,7 +236,7 @@ def _resolve_release(
 
 
 def _unchecked(index: Optional[IndexFacts], url: str, version: str, variant: str) -> list[str]:
-    """"Not checked", where the plan had pages read but not the one its build comes from."""
+    """ "Not checked", where the plan had pages read but not the one its build comes from."""
     if index is None or not index.pages or index.page(url) is not None:
         return []
     return [
@@ -378,7 +378,9 @@ def _check_variant_name(request: TorchRequest, m: Matrix, index: Optional[IndexF
 def _unread(index: Optional[IndexFacts], url: str) -> str:
     """Why the page of ``url`` says nothing: not asked for, or its read failed (with the error)."""
     failed = index.failure(url) if index is not None else None
-    return f"its index page could not be read ({failed})" if failed else f"its index page ({url}) was not read"
+    return (
+        f"its index page could not be read ({failed})" if failed else f"its index page ({url}) was not read"
+    )
 
 
 def _pick_releases(request: TorchRequest, m: Matrix) -> tuple[list[Release], str]:
@@ -420,7 +422,9 @@ def _pick_releases(request: TorchRequest, m: Matrix) -> tuple[list[Release], str
             source=f"not in the table; facts inferred from torch {newest.torch}",
             origin="inferred",
         )
-        return [inferred], f"torch {wanted} is not in the shipped table; allowed by the recipe (unlisted-release)"
+        return [
+            inferred
+        ], f"torch {wanted} is not in the shipped table; allowed by the recipe (unlisted-release)"
     listed = ", ".join(r.torch for r in sorted(pool, key=lambda r: r.version)[-6:])
     raise ResolverErrors(
         [

@@ -52,7 +52,9 @@ def h100(tmp_path: Path, driver: str = "580.95.05", **more: object) -> str:
     return facts(tmp_path, f"h100-{driver}", driver_version=driver, gpus=[H100], **more)
 
 
-def env(tmp_path: Path, server: TorchIndex, name: str, version: str, variant: str, mirror: str = "") -> dict:
+def env(
+    tmp_path: Path, server: TorchIndex, name: str, version: str, variant: str, *, mirror: str = ""
+) -> dict:
     root = tmp_path / name
     d = root / "recipes"
     d.mkdir(parents=True)
@@ -81,8 +83,16 @@ def refusal(environ: dict, facts_file: str) -> dict[str, str]:
 
 def test_a_variant_the_table_calls_nightly_only_plans_where_the_stable_index_lists_it(server, tmp_path):
     flags = "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"
-    add_build(server, "whl/cu134", tmp_path / "w", "2.15.0", "cu134", python_tag=PY_TAG, cuda="13.4",
-              arch_flags=flags, arches=("x86_64", "aarch64"))  # fmt: skip
+    add_build(
+        server,
+        "whl/cu134",
+        tmp_path / "w",
+        "2.15.0+cu134",
+        python_tag=PY_TAG,
+        cuda="13.4",
+        arch_flags=flags,
+        arches=("x86_64", "aarch64"),
+    )
     node = h100(tmp_path)
 
     pinned = plan(env(tmp_path, server, "pin", "2.15.0", "cu134"), node)["torch"]
@@ -105,14 +115,25 @@ def test_a_variant_the_table_calls_nightly_only_plans_where_the_stable_index_lis
 
 
 def test_an_unknown_cuda_variant_the_index_lists_plans_with_its_facts_from_its_number(server, tmp_path):
-    add_build(server, "whl/cu140", tmp_path / "w", "2.15.0", "cu140", python_tag=PY_TAG, cuda="14.0",
-              arch_flags="sm_90 sm_100 sm_120")  # fmt: skip
+    add_build(
+        server,
+        "whl/cu140",
+        tmp_path / "w",
+        "2.15.0+cu140",
+        python_tag=PY_TAG,
+        cuda="14.0",
+        arch_flags="sm_90 sm_100 sm_120",
+    )
     server.html_only.add("whl/cu140")  # a PEP 503 HTML page says the same
     cu140 = env(tmp_path, server, "cu140", "2.15.0", "cu140")
 
     data = plan(cu140, h100(tmp_path, "600.10"))
     torch = data["torch"]
-    assert (torch["variant"], torch["cuda"], torch["requirements"]) == ("cu140", "14.0", ["torch==2.15.0+cu140"])
+    assert (torch["variant"], torch["cuda"], torch["requirements"]) == (
+        "cu140",
+        "14.0",
+        ["torch==2.15.0+cu140"],
+    )
     said = " | ".join(data["warnings"])
     # CUDA 14 is a new major: no driver floor can be inferred, and the plan says so instead of refusing.
     assert "unknown: no driver floor is known for CUDA 14.x" in said, said
@@ -125,8 +146,15 @@ def test_an_unknown_cuda_variant_the_index_lists_plans_with_its_facts_from_its_n
 
 
 def test_an_unknown_variant_of_a_known_cuda_major_takes_that_majors_driver_floor(server, tmp_path):
-    add_build(server, "whl/cu136", tmp_path / "w", "2.15.0", "cu136", python_tag=PY_TAG, cuda="13.6",
-              arch_flags="sm_90 sm_100 sm_120")  # fmt: skip
+    add_build(
+        server,
+        "whl/cu136",
+        tmp_path / "w",
+        "2.15.0+cu136",
+        python_tag=PY_TAG,
+        cuda="13.6",
+        arch_flags="sm_90 sm_100 sm_120",
+    )
     cu136 = env(tmp_path, server, "cu136", "2.15.0", "cu136")
     assert plan(cu136, h100(tmp_path))["torch"]["requirements"] == ["torch==2.15.0+cu136"]
     found = refusal(cu136, h100(tmp_path, "575.57.08"))
@@ -134,7 +162,7 @@ def test_an_unknown_variant_of_a_known_cuda_major_takes_that_majors_driver_floor
 
 
 def test_a_rocm_page_the_index_lists_is_a_candidate_whose_gpu_gate_is_unknown(server, tmp_path):
-    add_build(server, "whl/rocm6.4", tmp_path / "w", "2.15.0", "rocm6.4", python_tag=PY_TAG)
+    add_build(server, "whl/rocm6.4", tmp_path / "w", "2.15.0+rocm6.4", python_tag=PY_TAG)
     mi = facts(tmp_path, "mi250", gpus=[{"name": "AMD Instinct MI250X"}])
     data = plan(env(tmp_path, server, "rocm", "2.15.0", "rocm6.4"), mi)
     assert data["torch"]["requirements"] == ["torch==2.15.0+rocm6.4"]
@@ -147,9 +175,9 @@ def test_a_rocm_page_the_index_lists_is_a_candidate_whose_gpu_gate_is_unknown(se
 
 def test_a_pinned_minor_on_a_partial_mirror_takes_the_newest_patch_the_mirror_holds(server, tmp_path):
     for version in ("2.13.0", "2.14.0"):
-        add_build(server, "site/cu130", tmp_path / "w", version, "cu130", python_tag=PY_TAG, cuda="13.0")
+        add_build(server, "site/cu130", tmp_path / "w", f"{version}+cu130", python_tag=PY_TAG, cuda="13.0")
     mirror = f"https://download.pytorch.org/whl/cu130={server.url}/site/cu130"
-    data = plan(env(tmp_path, server, "minor", "2.14", "cu130", mirror), h100(tmp_path))
+    data = plan(env(tmp_path, server, "minor", "2.14", "cu130", mirror=mirror), h100(tmp_path))
     assert data["torch"]["requirements"] == ["torch==2.14.0+cu130"]
     assert any("2.14.1" in n for n in data["notes"]), data["notes"]
 
@@ -157,14 +185,14 @@ def test_a_pinned_minor_on_a_partial_mirror_takes_the_newest_patch_the_mirror_ho
 def k80_world(server: TorchIndex, tmp_path: Path) -> tuple[str, str]:
     """A Kepler node (sm_37, driver 470) only cu118 builds up to torch 2.7 still run on; the site mirrors cu118
     with torch 2.6.0 only. Returns (mirror rule, facts file)."""
-    add_build(server, "site/cu118", tmp_path / "w", "2.6.0", "cu118", python_tag=PY_TAG, cuda="11.8")
+    add_build(server, "site/cu118", tmp_path / "w", "2.6.0+cu118", python_tag=PY_TAG, cuda="11.8")
     node = facts(tmp_path, "k80", driver_version="470.256.02", max_cuda="11.4", gpus=[K80])
     return f"https://download.pytorch.org/whl/cu118={server.url}/site/cu118", node
 
 
 def test_latest_on_a_partial_mirror_plans_only_a_release_the_mirror_lists(server, tmp_path):
     mirror, node = k80_world(server, tmp_path)
-    data = plan(env(tmp_path, server, "k80", "latest", "auto", mirror), node)
+    data = plan(env(tmp_path, server, "k80", "latest", "auto", mirror=mirror), node)
     assert data["torch"]["requirements"] == ["torch==2.6.0+cu118"], data["torch"]
     assert "GET /site/cu118/torch/ json" in server.pages()
 
@@ -172,7 +200,7 @@ def test_latest_on_a_partial_mirror_plans_only_a_release_the_mirror_lists(server
 def test_an_unreadable_mirror_page_makes_the_plan_say_not_checked(server, tmp_path):
     mirror, node = k80_world(server, tmp_path)
     server.fail["site/cu118"] = 503
-    data = plan(env(tmp_path, server, "k80", "latest", "auto", mirror), node)
+    data = plan(env(tmp_path, server, "k80", "latest", "auto", mirror=mirror), node)
     # The table stands in for the page it could not read, and the plan says what that leaves unchecked.
     assert data["torch"]["requirements"] == ["torch==2.7.1"], data["torch"]
     said = [w for w in data["warnings"] if w.startswith("not checked:")]
