@@ -4,7 +4,10 @@ The table (``data/torch_matrix.toml``) holds what a file name cannot tell: GPU a
 default build, companions. The index holds what the table can only remember: which releases exist, which variants
 and platforms each has, which Pythons. Where both speak, the index wins, because it is what the install will use.
 A release on the index that the table does not know is *inferred*: it takes its variants' facts from the newest
-release the table has with that variant, and the plan says so.
+release the table has with that variant, and the plan says so. Variant names follow the index too: any ``cuNNN``,
+``rocmX.Y``, ``xpu`` or ``cpu`` page that lists builds is a candidate, whatever the table says of it (a
+"nightly-only" mark does not veto the stable page); an unknown CUDA variant's version, order and driver floor
+follow from its number (:func:`inferred_variant`).
 
 No I/O: ``envbuilder.resolver.indexread`` reads the pages and hands an :class:`IndexFacts` in.
 """
