@@ -501,7 +501,8 @@ def _resolve_nightly(
         if request.variant not in ("auto",)
         else ("cpu" if not facts.gpus or arch not in nightly else nightly[arch][-2])
     )
-    if variant != "cpu" and variant not in nightly.get(arch, ()):
+    url = m.index["nightly"].format(variant=variant)
+    if variant != "cpu" and variant not in nightly.get(arch, ()) and not _lists_variant(index, url, variant):
         removed = nightly.get("removed", {}).get(variant)
         findings.append(
             Finding(
@@ -540,13 +541,18 @@ def _resolve_nightly(
     )
     if variant in m.variants and m.variants[variant].is_cuda and not findings:
         findings.extend(driver_findings(rel, m.variants[variant], facts, m, warnings=warnings, arch=arch))
-    url = m.index["nightly"].format(variant=variant)
     if not findings:
         findings.extend(_pruned(index, url, version, arch))
     label = knowledge.expected_label(index, url, version, arch, facts.python_minor)
     known = variant if variant in m.variants else "cpu"
     res = _finish(request, rel, known, findings, m, warnings=warnings, notes=[], label=label)
     return replace(res, local=label)
+
+
+def _lists_variant(index: Optional[IndexFacts], url: str, variant: str) -> bool:
+    """Whether the page of ``url`` was read and lists ``variant`` builds: the stream exists, whatever the table says."""
+    page = index.page(url) if index is not None else None
+    return page is not None and any(f.local and knowledge.serves(f, variant) for f in page.files)
 
 
 def _pruned(index: Optional[IndexFacts], url: str, version: str, arch: str) -> list[Finding]:

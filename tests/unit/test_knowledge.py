@@ -216,3 +216,13 @@ def test_a_build_planned_without_its_page_says_not_checked():
     r = resolve(TorchRequest("2.15.0", "cu130", packages=("torch",)), H100, index=index)
     said = [w for w in r.warnings if w.startswith("not checked:")]
     assert said and "torch 2.15.0 cu130" in said[0] and "HTTP 503" in said[0], r.warnings
+
+
+def test_a_nightly_stream_the_table_calls_removed_is_planned_where_its_page_lists_builds():
+    url = W + "nightly/cu126"
+    dated = "2.16.0.dev20261120"
+    files = tuple(f for f in [parse_wheel_filename(whl(f"{dated}+cu126", "cp312"))] if f is not None)
+    index = IndexFacts({url: PageRead(url, ("http://mirror.test/nightly/cu126",), files, read_at=1.8e9)})
+    request = TorchRequest(dated, "cu126", channel="nightly", packages=("torch",))
+    assert resolve(request, H100, index=index).requirements == (f"torch=={dated}+cu126",)
+    assert "nightly-stream-removed" in errors(request, H100, IndexFacts())
