@@ -236,7 +236,7 @@ def _resolve_release(
 
 
 def _unchecked(index: Optional[IndexFacts], url: str, version: str, variant: str) -> list[str]:
-    """ "Not checked", where the plan had pages read but not the one its build comes from."""
+    """The plan's "not checked" line where it had pages read, but not the one its build comes from."""
     if index is None or not index.pages or index.page(url) is not None:
         return []
     return [
@@ -414,6 +414,7 @@ def _pick_releases(request: TorchRequest, m: Matrix) -> tuple[list[Release], str
         and re.fullmatch(r"\d+\.\d+\.\d+", wanted)
         and Version(wanted) > newest.version
     ):
+        why = f"torch {wanted} is not in the shipped table; allowed by the recipe (unlisted-release)"
         inferred = replace(
             newest,
             torch=wanted,
@@ -422,9 +423,7 @@ def _pick_releases(request: TorchRequest, m: Matrix) -> tuple[list[Release], str
             source=f"not in the table; facts inferred from torch {newest.torch}",
             origin="inferred",
         )
-        return [
-            inferred
-        ], f"torch {wanted} is not in the shipped table; allowed by the recipe (unlisted-release)"
+        return [inferred], why
     listed = ", ".join(r.torch for r in sorted(pool, key=lambda r: r.version)[-6:])
     raise ResolverErrors(
         [
