@@ -331,3 +331,26 @@ def pytorch_like(tmp_path: Path, python_tag: str = "cp311") -> TorchIndex:
         wheel = build_torch_wheel(tmp_path / "pypi-other", "2.15.0", "", None, "", tag=tag)
         index.add("simple", wheel, requires_python=REQUIRES_PYTHON["2.15.0"])
     return index
+
+
+def add_build(
+    index: TorchIndex,
+    root: str,
+    out: Path,
+    build: str,
+    *,
+    python_tag: str,
+    cuda: Optional[str] = None,
+    arch_flags: str = "",
+    arches: Sequence[str] = ("x86_64",),
+) -> list[str]:
+    """Stand-in torch wheels of ``build`` (``2.15.0+cu140``, ``2.15.0+rocm6.4``: any variant, also those
+    ``pytorch_like`` does not have) under ``root``, for ``python_tag`` on each of ``arches``; returns their names."""
+    version, _, variant = build.partition("+")
+    names = []
+    for arch in arches:
+        tag = f"{python_tag}-{python_tag}-manylinux_2_28_{arch}"
+        wheel = build_torch_wheel(out / variant, version, variant, cuda, arch_flags, tag=tag)
+        index.add(root, wheel, requires_python=">=3.9")
+        names.append(wheel.name)
+    return names

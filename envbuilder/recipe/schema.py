@@ -410,7 +410,12 @@ SCHEMA = Table(
             {
                 "install": Field(bool, "false when the site env provides torch (overlay)"),
                 "version": Field(str, "latest, a minor (2.7), a release (2.7.1) or a dated nightly"),
-                "variant": Field(str, "auto, cpu or cuNNN", pattern=r"auto|cpu|cu\d+", example="cu126"),
+                "variant": Field(
+                    str,
+                    "auto, cpu, cuNNN, rocmX.Y or xpu",
+                    pattern=r"auto|cpu|xpu|cu\d+|rocm\d+\.\d+(?:\.\d+)?",
+                    example="cu126",
+                ),
                 "channel": Field(str, choices=("stable", "test", "nightly")),
                 "packages": Field(list, "which of torch, torchvision, torchaudio to install", items=str),
                 "torchvision": Field(str, "explicit torchvision version"),

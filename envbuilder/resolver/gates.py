@@ -128,9 +128,13 @@ def check_gates(
     if info.is_cuda:
         findings.extend(driver_findings(release, info, facts, m, warnings=warnings, arch=arch))
         findings.extend(gpu_findings(release, variant, facts, m, warnings=warnings, arch=arch))
-    elif facts.gpus:
+    elif facts.gpus and variant == "cpu":
         warnings.append(
             f"the target has {len(facts.gpus)} GPU(s) ({facts.gpus[0].name}) but the CPU wheel was chosen"
+        )
+    elif variant != "cpu":
+        warnings.append(
+            f"unknown: envbuilder has no GPU facts for {variant}, so the GPU gate cannot be checked"
         )
     return findings
 
@@ -286,13 +290,23 @@ def driver_findings(
         )
         return []
     shown = facts.driver_version or f"supporting CUDA ≤ {facts.max_cuda}"
+    if info.family_min_driver is None and not facts.max_cuda:
+        # A CUDA major the table has no driver floor for: the table's toolkit drivers cannot say this driver is
+        # too old for it, only the driver's own report (max_cuda) could.
+        warnings.append(
+            f"unknown: no driver floor is known for CUDA {info.cuda_major}.x ({info.name}), so the driver gate "
+            f"cannot be checked for driver {shown}; validation checks it on the node"
+        )
+        return []
     if not driver_ok(info, facts, max_cuda):
         ok = [v for v in release.variants.get(arch, ()) if driver_ok(m.variants[v], facts, max_cuda)]
         hint = f"use {ok[-1]} with torch {release.torch}" if ok else "ask the site for a newer driver"
         return [
             Finding(
                 "driver",
-                f"{info.name} wheels need an NVIDIA driver ≥ {info.family_min_driver} (CUDA {info.cuda_major}.x); "
+                f"{info.name} wheels need an NVIDIA driver "
+                + (f"≥ {info.family_min_driver}" if info.family_min_driver else "for")
+                + f" (CUDA {info.cuda_major}.x); "
                 f"the target's driver is {shown}",
                 hint,
             )
@@ -308,6 +322,10 @@ def driver_findings(
 def driver_ok(info: VariantInfo, facts: HostFacts, max_cuda: Optional[tuple[int, int]]) -> bool:
     if facts.driver_version and info.family_min_driver:
         return ver(facts.driver_version) >= ver(info.family_min_driver)
+    if info.family_min_driver is None and not facts.max_cuda:
+        return (
+            True  # no floor known (a CUDA major newer than the table): only the driver's own report could say
+        )
     if max_cuda is not None and info.cuda_major is not None:
         return max_cuda[0] >= info.cuda_major
     return True

@@ -338,6 +338,13 @@ class IndexFacts:
         )
         return found if found is not None and found.ok else None
 
+    def failure(self, upstream: str) -> Optional[str]:
+        """Why the page of ``upstream`` could not be read; None where it was read, or never asked for."""
+        found = self.pages.get(upstream) or next(
+            (p for k, p in self.pages.items() if _key(k) == _key(upstream)), None
+        )
+        return found.error if found is not None else None
+
     def files_for(
         self, upstream: str, version: str, arch: Optional[str] = None, python: Optional[str] = None
     ) -> list[WheelFile]:

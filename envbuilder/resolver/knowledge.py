@@ -4,14 +4,18 @@ The table (``data/torch_matrix.toml``) holds what a file name cannot tell: GPU a
 default build, companions. The index holds what the table can only remember: which releases exist, which variants
 and platforms each has, which Pythons. Where both speak, the index wins, because it is what the install will use.
 A release on the index that the table does not know is *inferred*: it takes its variants' facts from the newest
-release the table has with that variant, and the plan says so.
+release the table has with that variant, and the plan says so. Variant names follow the index too: any ``cuNNN``,
+``rocmX.Y``, ``xpu`` or ``cpu`` page that lists builds is a candidate, whatever the table says of it (a
+"nightly-only" mark does not veto the stable page); an unknown CUDA variant's version, order and driver floor
+follow from its number (:func:`inferred_variant`).
 
 No I/O: ``envbuilder.resolver.indexread`` reads the pages and hands an :class:`IndexFacts` in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
 
@@ -19,15 +23,15 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from envbuilder.resolver.gates import TorchRequest
-from envbuilder.resolver.matrix import ArchList, Matrix, Release, minor_tuple
+from envbuilder.resolver.matrix import ArchList, Matrix, Release, VariantInfo, minor_tuple
 from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:  # the pure parts only name these types; indexfacts is read at plan time
     from envbuilder.resolver.indexfacts import IndexFacts, PageRead, WheelFile
 
 ARCHES = ("x86_64", "aarch64")
-#: How many of the newest table releases decide which variant pages an "auto" plan reads.
-RECENT = 3
+#: The names a variant index can have: the index, not the table, says which of them exist.
+VARIANT_NAME = re.compile(r"cpu|xpu|cu(?P<cuda>\d{3,})|rocm\d+\.\d+(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -43,23 +47,49 @@ class Knowledge:
 
 
 def upstreams(request: TorchRequest, m: Matrix) -> list[str]:
-    """The index pages a plan for ``request`` reads: each candidate variant's index, and PyPI's for stable."""
+    """The index pages a plan for ``request`` reads: each candidate variant's index, and PyPI's for stable.
+
+    A named variant reads its own page whether the table knows it or not (the index says whether it exists).
+    ``auto`` reads the page of every variant a release it may fall back to offers, and of the variants the table
+    has not seen on this channel yet (nightly-only ones, the next CUDA numbers), so nothing it plans is taken
+    from the table without its page."""
     channel = request.channel if request.channel in m.index else "stable"
     base = m.index[channel]
     if request.variant not in ("auto", ""):
-        variants = [request.variant]
+        variants = [request.variant] if is_variant_name(request.variant) else []
     elif channel == "nightly":
         variants = ["cpu", *_union(m.nightly.get(a, ()) for a in ARCHES)]
     else:
         pool = sorted((r for r in m.releases if r.channel == channel), key=lambda r: r.version, reverse=True)
-        # A pinned release (or minor) reads its own variants' pages; `latest` those of the newest releases.
         pinned = [r for r in pool if r.torch == request.version or r.torch.startswith(request.version + ".")]
-        chosen = pinned or pool[:RECENT]
-        variants = ["cpu", *_union(arch_variants for r in chosen for arch_variants in r.variants.values())]
-    urls = [base.format(variant=v) for v in variants if v == "cpu" or v in m.variants]
+        offered = _union(arch_variants for r in pinned or pool for arch_variants in r.variants.values())
+        variants = ["cpu", *offered, *upcoming(m, channel)]
+    urls = [base.format(variant=v) for v in dict.fromkeys(variants)]
     if channel == "stable":
         urls.append(m.index["pypi"])
     return list(dict.fromkeys(urls))
+
+
+def is_variant_name(name: str) -> bool:
+    """Whether ``name`` is the name a variant index can have (cu140, rocm6.4, xpu, cpu)."""
+    return VARIANT_NAME.fullmatch(name) is not None
+
+
+def cuda_of(name: str) -> Optional[str]:
+    """The CUDA version a ``cuNNN`` name stands for (cu140 -> "14.0", cu118 -> "11.8"); None for other names."""
+    found = VARIANT_NAME.fullmatch(name)
+    digits = found["cuda"] if found is not None else None
+    return f"{int(digits[:-1])}.{digits[-1]}" if digits else None
+
+
+def upcoming(m: Matrix, channel: str) -> list[str]:
+    """CUDA variants no table release of ``channel`` offers yet: the table's nightly-only ones and the names it
+    lists as having no index yet that are newer than every variant it knows. Their pages are read so that the day
+    one appears, the plan sees it."""
+    offered = {v for r in m.releases if r.channel == channel for vs in r.variants.values() for v in vs}
+    newest = max((minor_tuple(i.cuda) for i in m.variants.values() if i.cuda), default=(0, 0))
+    later = [n for n in m.no_index if (cuda_of(n) or "") and minor_tuple(cuda_of(n) or "0") > newest]
+    return [v for v in m.variants if m.variants[v].cuda and v not in offered] + sorted(later)
 
 
 def _union(groups: Iterable[Iterable[str]]) -> list[str]:
@@ -89,21 +119,118 @@ def merge(m: Matrix, index: Optional[IndexFacts], channel: str, table_age: str =
             m, (f"torch releases and variants: {table}; no {channel} variant page was read{why}",)
         )
     seen = _versions_seen(pages)
+    variants, variant_lines = _variants_listed(m, channel, pages)
+    m = replace(m, variants=variants)
     releases, arch_lists, warnings = _merged_releases(m, channel, pages, seen)
+    arch_lists += _borrowed_lists(m, releases, arch_lists)
     merged = replace(m, releases=tuple(releases), arch_lists=(*m.arch_lists, *arch_lists))
     lines = [_page_line(p) for p in index.pages.values()]
+    lines.extend(variant_lines)
     lines.append(f"GPU arch lists, driver floors, PyPI default builds, companions: {table}")
     return Knowledge(merged, tuple(lines), tuple(warnings))
 
 
 def _variant_pages(m: Matrix, index: IndexFacts, channel: str) -> dict[str, PageRead]:
-    """variant -> the page read for it on ``channel``'s index (ok pages only)."""
+    """variant -> the page read for it on ``channel``'s index (ok pages only), whatever its name: a variant the
+    table does not know is named by its page's URL (``.../whl/cu140`` -> cu140)."""
+    prefix, _, suffix = m.index[channel].partition("{variant}")
+    tail = suffix.rstrip("/")
     out = {}
-    for variant in m.variants:
-        page = index.page(m.index[channel].format(variant=variant))
-        if page is not None:
-            out[variant] = page
+    for url in index.pages:
+        name = url.rstrip("/")[len(prefix) :]
+        name = name[: len(name) - len(tail)] if tail else name
+        page = index.page(url)
+        if page is not None and url.startswith(prefix) and "/" not in name and is_variant_name(name):
+            out[name] = page
     return out
+
+
+def _variants_listed(
+    m: Matrix, channel: str, pages: Mapping[str, PageRead]
+) -> tuple[dict[str, VariantInfo], list[str]]:
+    """The table's variants, plus each variant whose page lists builds of it that the table does not know (its
+    CUDA version and driver floor follow from its name), less the "nightly-only" mark of a variant this
+    channel's index lists: what the index lists is a fact, the table only fills in what a name cannot say."""
+    variants = dict(m.variants)
+    lines = []
+    for name, page in pages.items():
+        if not any(serves(f, name) and not f.yanked for f in page.files):
+            continue
+        info = variants.get(name)
+        if info is None:
+            variants[name] = inferred_variant(name, m)
+            lines.append(f"{name}: listed by the index, not in the shipped table; {variants[name].source}")
+        elif info.nightly_only and channel != "nightly":
+            variants[name] = replace(info, nightly_only=False)
+            lines.append(f"{name}: listed by the {channel} index (the shipped table has it as nightly-only)")
+    return variants, lines
+
+
+def inferred_variant(name: str, m: Matrix) -> VariantInfo:
+    """What a variant the table does not know is, from its name alone: ``cuNNN`` is CUDA N.N, whose driver floor
+    is that of the table's newest variant of the same CUDA major (unknown for a new major); ``rocmX.Y`` and
+    ``xpu`` carry no fact envbuilder could check."""
+    cuda = cuda_of(name) or ""
+    if not cuda:
+        return VariantInfo(name, "", None, None, source="no GPU facts known for it", inferred=True)
+    major = minor_tuple(cuda)[0]
+    kin = sorted(
+        (
+            i
+            for i in m.variants.values()
+            if i.cuda and minor_tuple(i.cuda)[0] == major and i.family_min_driver
+        ),
+        key=lambda i: minor_tuple(i.cuda),
+    )
+    floor = kin[-1].family_min_driver if kin else None
+    why = (
+        f"driver floor of CUDA {major}.x from {kin[-1].name}"
+        if kin
+        else f"no CUDA {major}.x driver floor known"
+    )
+    return VariantInfo(
+        name, cuda, floor, None, source=f"inferred from its name: CUDA {cuda}, {why}", inferred=True
+    )
+
+
+def _borrowed_lists(m: Matrix, releases: Sequence[Release], made: Sequence[ArchList]) -> list[ArchList]:
+    """GPU arch lists for the builds of a variant the table does not know: those of the same release's known CUDA
+    variant nearest to it in number (confidence U); none where the release has no such variant."""
+    have = replace(m, arch_lists=(*m.arch_lists, *made))
+    out = []
+    for rel in releases:
+        for arch, names in rel.variants.items():
+            for name in names:
+                info = m.variants.get(name)
+                if info is None or not info.inferred or have.arch_list(name, arch, rel.torch) is not None:
+                    continue
+                near = _nearest_list(have, rel, arch, info)
+                if near is not None:
+                    source = f"inferred from torch {rel.torch} {near[0]}"
+                    out.append(
+                        replace(
+                            near[1], variant=name, torch=_exactly(rel.torch), confidence="U", source=source
+                        )
+                    )
+    return out
+
+
+def _nearest_list(m: Matrix, rel: Release, arch: str, info: VariantInfo) -> Optional[tuple[str, ArchList]]:
+    """The known CUDA variant of ``rel`` on ``arch`` nearest to ``info`` in CUDA version, with its arch list."""
+    if not info.cuda:
+        return None
+    want = minor_tuple(info.cuda)
+    known = []
+    for name in rel.variants.get(arch, ()):
+        other = m.variants.get(name)
+        entry = m.arch_list(name, arch, rel.torch)
+        if other is not None and other.cuda and not other.inferred and entry is not None:
+            have = minor_tuple(other.cuda)
+            known.append((abs((want[0] - have[0]) * 100 + want[1] - have[1]), name, entry))
+    if not known:
+        return None
+    _, name, entry = min(known, key=lambda k: k[0])
+    return name, entry
 
 
 def _versions_seen(pages: dict[str, PageRead]) -> dict[str, dict[str, list[WheelFile]]]:

@@ -32,6 +32,8 @@ class VariantInfo:
     source: str = ""
     #: The day this row was last checked against its source (YYYY-MM-DD; "" where the data gives none).
     checked: str = ""
+    #: Not in the table: an index lists it, and its facts follow from its name (knowledge.inferred_variant).
+    inferred: bool = False
 
     @property
     def is_cuda(self) -> bool:

@@ -116,32 +116,60 @@ def resolve(
     table_age: str = "",
 ) -> Resolution:
     """Resolve ``request`` for the machine ``facts`` describes, from the shipped table corrected by what ``index``
-    read from the wheel indexes (the table alone without it). Raises ResolverErrors listing every failed gate."""
+    read from the wheel indexes (the table alone without it). Raises ResolverErrors listing every failed gate.
+
+    The rule: what an index the install will use lists is a fact; the table only fills in what a file name cannot
+    say (GPU arch lists, driver floors, PyPI's default build). A variant the index lists is a candidate whatever
+    the table says of it; a release is planned from a variant page that lists it, or with a "not checked" warning
+    where that page could not be read."""
     if request.channel not in CHANNELS:
         raise ResolverError(
             f"unknown channel {request.channel!r}",
             gate="unknown-channel",
             hint=f"use one of {', '.join(CHANNELS)}",
         )
-    _check_variant_name(request.variant, matrix or load_matrix())
+    know = knowledge.merge(matrix or load_matrix(), index, request.channel, table_age)
+    m = know.matrix
+    _check_variant_name(request, m, index)
     # No torch wheel for this CPU architecture: stop here, before any channel or variant is picked for it.
-    blocked = [
-        f
-        for f in platform_findings(request.variant, facts, matrix or load_matrix())
-        if f.gate not in request.allow
-    ]
+    blocked = [f for f in platform_findings(request.variant, facts, m) if f.gate not in request.allow]
     if blocked:
         raise ResolverErrors([ResolverError(f.message, gate=f.gate, hint=f.hint) for f in blocked])
-    know = knowledge.merge(matrix or load_matrix(), index, request.channel, table_age)
     if request.channel == "nightly":
-        res = _resolve_nightly(request, facts, know.matrix, index)
+        res = _resolve_nightly(request, facts, m, index)
     elif request.version == "latest":
-        res = _resolve_latest(request, facts, know.matrix, index)
+        res = _resolve_latest(request, facts, m, index)
     else:
-        notes: list[str] = []
-        release = _pick_release(request, facts, know.matrix, notes)
-        res = _resolve_release(request, release, facts, know.matrix, index=index, notes=notes)
+        res = _resolve_pinned(request, facts, m, index)
     return replace(res, facts_source=know.lines)
+
+
+def _resolve_pinned(
+    request: TorchRequest, facts: HostFacts, m: Matrix, index: Optional[IndexFacts]
+) -> Resolution:
+    """An exact release, or the newest release of a minor ("2.14") whose variant page lists a build: an older
+    patch release is taken only where the newer ones are not on the index the install will use."""
+    candidates, why = _pick_releases(request, m)
+    first: Optional[ResolverErrors] = None
+    skipped: list[str] = []
+    for release in candidates:
+        notes = [why.format(chosen=release.torch)] if why else []
+        if skipped:
+            notes.append(f"not on the index for this target: {', '.join(skipped)}")
+        try:
+            return _resolve_release(request, release, facts, m, index=index, notes=notes)
+        except ResolverErrors as exc:
+            first = first or exc
+            if not all(e.gate in _NOT_LISTED for e in exc.errors):
+                break
+            skipped.append(f"{release.torch} ({exc.errors[0].gate})")
+    if first is None:  # _pick_releases gives at least one release or raises
+        raise ResolverErrors([ResolverError(f"torch {request.version} is not known", gate="unknown-release")])
+    raise first
+
+
+#: The gates that say "the index has no such build" (so an older patch of a pinned minor may be planned).
+_NOT_LISTED = ("index", "variant-not-built")
 
 
 def _resolve_latest(
@@ -188,6 +216,13 @@ def _resolve_release(
     found = _index_findings(index, index_url, release.torch, variant, facts)
     if found:  # what the index itself says explains it better than the table's variant list it corrected
         findings = found + [f for f in findings if f.gate not in ("variant-not-built", found[0].gate)]
+    warnings.extend(_unchecked(index, index_url, release.torch, variant))
+    info = m.variants[variant]
+    if info.inferred:
+        warnings.append(
+            f"{variant} is listed by the index but not in the shipped table (as of {m.as_of}): {info.source}; "
+            + _gpu_facts(m, variant, facts.arch or "x86_64", release.torch)
+        )
     if release.origin == "inferred":
         warnings.append(
             f"torch {release.torch} is newer than the shipped table (as of {m.as_of}): its GPU arch list, driver "
@@ -198,6 +233,23 @@ def _resolve_release(
     )
     res = _finish(request, release, variant, findings, m, warnings=warnings, notes=notes, label=label)
     return replace(res, local=label, inferred=release.origin == "inferred")
+
+
+def _unchecked(index: Optional[IndexFacts], url: str, version: str, variant: str) -> list[str]:
+    """The plan's "not checked" line where it had pages read, but not the one its build comes from."""
+    if index is None or not index.pages or index.page(url) is not None:
+        return []
+    return [
+        f"not checked: torch {version} {variant} is planned from the shipped table, because {_unread(index, url)}; "
+        "the install finds out whether the index has it"
+    ]
+
+
+def _gpu_facts(m: Matrix, variant: str, arch: str, version: str) -> str:
+    entry = m.arch_list(variant, arch, version)
+    if entry is None:
+        return "its GPU arch list is unknown: the GPU gate cannot be checked"
+    return f"its GPU arch list is {entry.source}; validation confirms it on the node"
 
 
 def _index_findings(
@@ -297,16 +349,22 @@ def _pins(request: TorchRequest, release: Release, label: str) -> list[str]:
     return pins
 
 
-def _check_variant_name(variant: str, m: Matrix) -> None:
+def _check_variant_name(request: TorchRequest, m: Matrix, index: Optional[IndexFacts]) -> None:
+    """A variant the table knows, or one the index lists (merged into ``m``), is a candidate; any other name is
+    refused, saying what the index said of it, or that its page was not read."""
+    variant = request.variant
     if variant in ("auto", "cpu") or variant in m.variants:
         return
     known = sorted(v for v in m.variants if v != "cpu")
-    if variant in m.no_index:
-        reason = m.no_index[variant]
-    elif re.fullmatch(r"cu\d{3}", variant):
-        reason = "no PyTorch index exists for it"
+    url = m.index[request.channel].format(variant=variant)
+    if not knowledge.is_variant_name(variant):
+        reason = "it is not a variant name (expected auto, cpu, cuNNN, rocmX.Y or xpu)"
+    elif index is not None and index.page(url) is not None:
+        reason = f"{url} lists no torch build for it" + (
+            f" ({m.no_index[variant]})" if variant in m.no_index else ""
+        )
     else:
-        reason = "it is not a variant name (expected auto, cpu or cuNNN)"
+        reason = m.no_index.get(variant, "it is not in the shipped table") + f"; {_unread(index, url)}"
     close = did_you_mean(variant, [*known, "auto", "cpu"], n=2)
     hint = f"known CUDA variants: {', '.join(known)}"
     if close:
@@ -317,7 +375,17 @@ def _check_variant_name(variant: str, m: Matrix) -> None:
     )
 
 
-def _pick_release(request: TorchRequest, facts: HostFacts, m: Matrix, notes: list[str]) -> Release:
+def _unread(index: Optional[IndexFacts], url: str) -> str:
+    """Why the page of ``url`` says nothing: not asked for, or its read failed (with the error)."""
+    failed = index.failure(url) if index is not None else None
+    return (
+        f"its index page could not be read ({failed})" if failed else f"its index page ({url}) was not read"
+    )
+
+
+def _pick_releases(request: TorchRequest, m: Matrix) -> tuple[list[Release], str]:
+    """The releases a pinned version may mean, best first, and the note that names the one planned
+    (``{chosen}`` stands for it)."""
     wanted = request.version
     pool = [r for r in m.releases if r.channel == request.channel]
     try:
@@ -334,13 +402,11 @@ def _pick_release(request: TorchRequest, facts: HostFacts, m: Matrix, notes: lis
         ) from None
     exact = [r for r in pool if r.torch == wanted]
     if exact:
-        return exact[0]
+        return exact[:1], ""
     if re.fullmatch(r"\d+\.\d+", wanted):
-        same_minor = [r for r in pool if r.torch.startswith(wanted + ".")]
+        same_minor = sorted((r for r in pool if r.torch.startswith(wanted + ".")), key=lambda r: r.version)
         if same_minor:
-            chosen = max(same_minor, key=lambda r: r.version)
-            notes.append(f"torch {wanted} means the newest {wanted}.x release: {chosen.torch}")
-            return chosen
+            return same_minor[::-1], f"torch {wanted} means the newest {wanted}.x release: {{chosen}}"
     newest = max(pool, key=lambda r: r.version, default=None)
     if (
         newest is not None
@@ -348,8 +414,8 @@ def _pick_release(request: TorchRequest, facts: HostFacts, m: Matrix, notes: lis
         and re.fullmatch(r"\d+\.\d+\.\d+", wanted)
         and Version(wanted) > newest.version
     ):
-        notes.append(f"torch {wanted} is not in the shipped table; allowed by the recipe (unlisted-release)")
-        return replace(
+        why = f"torch {wanted} is not in the shipped table; allowed by the recipe (unlisted-release)"
+        inferred = replace(
             newest,
             torch=wanted,
             torchvision="",
@@ -357,6 +423,7 @@ def _pick_release(request: TorchRequest, facts: HostFacts, m: Matrix, notes: lis
             source=f"not in the table; facts inferred from torch {newest.torch}",
             origin="inferred",
         )
+        return [inferred], why
     listed = ", ".join(r.torch for r in sorted(pool, key=lambda r: r.version)[-6:])
     raise ResolverErrors(
         [
@@ -379,7 +446,8 @@ def _auto_variant(
         notes.append(f"variant auto: the target {why}, so the CPU wheel")
         return "cpu"
     arch = facts.arch or "x86_64"
-    offered = list(release.variants.get(arch, ()))
+    # "auto" means NVIDIA's CUDA builds: a ROCm or XPU page the index lists is taken only when named.
+    offered = [v for v in release.variants.get(arch, ()) if v in m.variants and m.variants[v].is_cuda]
     default = release.pypi_default.get(arch)
     # Prefer a variant this driver runs natively (minor-version compatibility cannot JIT newer PTX), then the
     # variant PyTorch itself ships as default, then the newest CUDA.
@@ -432,7 +500,8 @@ def _resolve_nightly(
         if request.variant not in ("auto",)
         else ("cpu" if not facts.gpus or arch not in nightly else nightly[arch][-2])
     )
-    if variant != "cpu" and variant not in nightly.get(arch, ()):
+    url = m.index["nightly"].format(variant=variant)
+    if variant != "cpu" and variant not in nightly.get(arch, ()) and not _lists_variant(index, url, variant):
         removed = nightly.get("removed", {}).get(variant)
         findings.append(
             Finding(
@@ -471,13 +540,18 @@ def _resolve_nightly(
     )
     if variant in m.variants and m.variants[variant].is_cuda and not findings:
         findings.extend(driver_findings(rel, m.variants[variant], facts, m, warnings=warnings, arch=arch))
-    url = m.index["nightly"].format(variant=variant)
     if not findings:
         findings.extend(_pruned(index, url, version, arch))
     label = knowledge.expected_label(index, url, version, arch, facts.python_minor)
     known = variant if variant in m.variants else "cpu"
     res = _finish(request, rel, known, findings, m, warnings=warnings, notes=[], label=label)
     return replace(res, local=label)
+
+
+def _lists_variant(index: Optional[IndexFacts], url: str, variant: str) -> bool:
+    """Whether the page of ``url`` was read and lists ``variant`` builds: the stream exists, whatever the table says."""
+    page = index.page(url) if index is not None else None
+    return page is not None and any(f.local and knowledge.serves(f, variant) for f in page.files)
 
 
 def _pruned(index: Optional[IndexFacts], url: str, version: str, arch: str) -> list[Finding]:

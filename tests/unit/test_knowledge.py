@@ -157,3 +157,72 @@ def test_a_pinned_release_reads_the_pages_of_its_own_variants():
     urls = knowledge.upstreams(TorchRequest(old.torch, "auto"), M)
     for variant in old.variants["x86_64"]:
         assert W + variant in urls
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Variant names follow the index (issue 34): the table fills in only what a name cannot say.
+
+
+def test_a_cuda_variants_version_follows_from_its_name():
+    assert [knowledge.cuda_of(n) for n in ("cu140", "cu118", "cu1210", "rocm6.4", "cpu")] == [
+        "14.0",
+        "11.8",
+        "121.0",
+        None,
+        None,
+    ]
+    assert all(knowledge.is_variant_name(n) for n in ("cu140", "rocm6.4", "rocm6.4.1", "xpu", "cpu"))
+    assert not any(knowledge.is_variant_name(n) for n in ("cu12.4", "CU130", "cu130/../x", "mysite", ""))
+
+
+def test_an_unknown_variant_takes_its_cuda_majors_driver_floor_or_none():
+    cu136 = knowledge.inferred_variant("cu136", M)
+    newest13 = max((i for i in M.variants.values() if i.cuda.startswith("13.")), key=lambda i: i.cuda)
+    assert (cu136.cuda, cu136.family_min_driver, cu136.inferred) == ("13.6", newest13.family_min_driver, True)
+    cu140 = knowledge.inferred_variant("cu140", M)
+    assert (cu140.cuda, cu140.family_min_driver) == ("14.0", None)
+    assert not knowledge.inferred_variant("rocm6.4", M).is_cuda
+
+
+def test_a_named_variant_reads_its_own_page_and_auto_reads_the_variants_not_yet_stable():
+    assert knowledge.upstreams(TorchRequest("latest", "cu140"), M) == [W + "cu140", mirror.PYPI]
+    assert knowledge.upstreams(TorchRequest("2.15.0", "rocm6.4"), M) == [W + "rocm6.4", mirror.PYPI]
+    auto = knowledge.upstreams(TorchRequest("latest", "auto"), M)
+    nightly_only = [v for v, i in M.variants.items() if i.nightly_only]
+    assert nightly_only and all(W + v in auto for v in nightly_only)
+    # Every variant a release `latest` may fall back to offers is read, not taken from the table.
+    for release in M.stable_releases():
+        for variant in release.variants["x86_64"]:
+            assert W + variant in auto
+
+
+def test_an_unknown_variant_is_refused_for_what_its_page_said_or_that_it_was_not_read():
+    request = TorchRequest("2.15.0", "cu140", packages=("torch",))
+    empty = errors(request, H100, pages(cu130=[whl("2.15.0+cu130")], cu140=[]))
+    assert "lists no torch build for it" in empty["unknown-variant"]
+    url = W + "cu140"
+    broken = IndexFacts({url: PageRead(url, ("http://mirror.test/cu140",), error="HTTP 502 Bad Gateway")})
+    assert "could not be read (HTTP 502 Bad Gateway)" in errors(request, H100, broken)["unknown-variant"]
+
+
+def test_a_build_planned_without_its_page_says_not_checked():
+    url = W + "cu130"
+    index = IndexFacts(
+        {
+            url: PageRead(url, ("http://mirror.test/cu130",), error="HTTP 503 Service Unavailable"),
+            **pages(cpu=[whl("2.15.0+cpu", "cp312")]).pages,
+        }
+    )
+    r = resolve(TorchRequest("2.15.0", "cu130", packages=("torch",)), H100, index=index)
+    said = [w for w in r.warnings if w.startswith("not checked:")]
+    assert said and "torch 2.15.0 cu130" in said[0] and "HTTP 503" in said[0], r.warnings
+
+
+def test_a_nightly_stream_the_table_calls_removed_is_planned_where_its_page_lists_builds():
+    url = W + "nightly/cu126"
+    dated = "2.16.0.dev20261120"
+    files = tuple(f for f in [parse_wheel_filename(whl(f"{dated}+cu126", "cp312"))] if f is not None)
+    index = IndexFacts({url: PageRead(url, ("http://mirror.test/nightly/cu126",), files, read_at=1.8e9)})
+    request = TorchRequest(dated, "cu126", channel="nightly", packages=("torch",))
+    assert resolve(request, H100, index=index).requirements == (f"torch=={dated}+cu126",)
+    assert "nightly-stream-removed" in errors(request, H100, IndexFacts())
