@@ -150,6 +150,10 @@ class WheelFile:
         }
 
 
+#: A normalized local label: its variant (ROCm with its version), then the rest.
+_LABEL = re.compile(r"(?P<variant>rocm\d+(?:\.\d+)*|[^.]*)(?:\.(?P<rest>.*))?")
+
+
 def label_variant(local: str) -> str:
     """The variant a PEP 440 local label names: its first segment (``cu130.post1`` -> ``cu130``,
     ``cu117.with.pypi.cudnn`` -> ``cu117``, ``cpu.cxx11.abi`` -> ``cpu``); "" for no label."""
@@ -158,9 +162,10 @@ def label_variant(local: str) -> str:
 
 def split_label(local: str) -> tuple[str, str]:
     """(variant, the rest) of a local label: ``cu130.post1`` -> ("cu130", "post1"), ``cu130`` -> ("cu130", "").
-    PEP 440 separates a label's segments with ``.``, ``-`` or ``_`` (normalized to ``.``); the case is folded."""
-    parts = re.split(r"[._-]", local.strip().lower(), maxsplit=1)
-    return parts[0], parts[1] if len(parts) > 1 else ""
+    PEP 440 separates a label's segments with ``.``, ``-`` or ``_`` (normalized to ``.``); the case is folded.
+    A ROCm variant keeps its version's numeric segments (``rocm6.2.4``, as its index directory is named)."""
+    m = _LABEL.fullmatch(re.sub(r"[-_]", ".", local.strip().lower()))
+    return (m["variant"], m["rest"] or "") if m else ("", "")
 
 
 def yank_reason(value: Any) -> Optional[str]:

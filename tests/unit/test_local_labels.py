@@ -28,8 +28,11 @@ from envbuilder.resolver.indexfacts import (
         ("cu130.post1", "cu130", "post1"),
         ("cu117.with.pypi.cudnn", "cu117", "with.pypi.cudnn"),
         ("cpu.cxx11.abi", "cpu", "cxx11.abi"),
-        ("CPU_cxx11-abi", "cpu", "cxx11-abi"),  # PEP 440 also separates with - and _, and folds case
-        ("rocm7.1", "rocm7", "1"),
+        ("CPU_cxx11-abi", "cpu", "cxx11.abi"),  # PEP 440 also separates with - and _, and folds case
+        ("rocm7.1", "rocm7.1", ""),  # a ROCm variant is named with its version: the rocm7.1 index
+        ("rocm6.2.4", "rocm6.2.4", ""),
+        ("rocm7.1.post1", "rocm7.1", "post1"),
+        ("xpu", "xpu", ""),
         ("", "", ""),
     ],
 )
