@@ -29,6 +29,7 @@ from envbuilder.errors import BackendError, HostProbeError, LockError
 from envbuilder.facts import HostFacts, facts_from_json
 from envbuilder.lockfile import PlatformLock
 from envbuilder.plan.steps import InstallStep
+from envbuilder.resolver.indexfacts import label_variant
 from envbuilder.resolver.matrix import gpu_capability, minor_tuple
 from envbuilder.resolver.mirror import PYPI, VAR
 from envbuilder.structs import dataclass
@@ -168,8 +169,9 @@ def compare(expected: Expected, build: Build) -> list[str]:
         problems.append(f"version {build.public}, planned {expected.version}")
     want_label = expected.local or expected.variant
     label = build.local
-    if label and label.split(".", 1)[0] != want_label:
-        # A "cpu.cxx11.abi" label is a CPU build like "cpu".
+    # A label's first segment names the variant, the rest is kept and shown: "cpu.cxx11.abi" is a CPU build,
+    # "cu130.post1" a cu130 one.
+    if label and label_variant(label) != label_variant(want_label):
         problems.append(f"local label +{label}, planned +{want_label}")
     elif not label and expected.local and not build.cuda_known:
         # Only a file name to go on: the planned index labels its files, so an unlabeled one came from

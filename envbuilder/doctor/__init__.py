@@ -26,12 +26,14 @@ from envbuilder.doctor.findings import ACTION, INFO, NODE, SEVERITIES, WARNING, 
 from envbuilder.doctor.index_checks import (
     NIGHTLY_OLD_DAYS,
     TABLE_OLD_DAYS,
+    TABLE_ROW_OLD_DAYS,
     TORCH_FAMILY,
     lock_findings,
     lock_index_urls,
     lock_upstreams,
     nightly_findings,
     table_findings,
+    table_row_findings,
     torch_upstreams,
 )
 from envbuilder.doctor.libraries import (
@@ -67,6 +69,7 @@ __all__ = [
     "PURGE_SOON_DAYS",
     "SEVERITIES",
     "TABLE_OLD_DAYS",
+    "TABLE_ROW_OLD_DAYS",
     "TORCH_FAMILY",
     "WARNING",
     "Context",
@@ -102,6 +105,7 @@ __all__ = [
     "safety_findings",
     "split_path_list",
     "table_findings",
+    "table_row_findings",
     "torch_upstreams",
     "wheel_versions",
 ]

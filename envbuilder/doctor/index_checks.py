@@ -1,5 +1,5 @@
 """What the index says about the shipped table, nightly pins and locks: releases the table does not know, and
-pinned files the index no longer lists. Also which index pages those checks need, so that the command reads
+pinned files the index no longer lists; and which rows of the table were last checked too long ago. Also which index pages those checks need, so that the command reads
 them once (:func:`envbuilder.doctor.collect.read_indexes`). Pure: the pages come in as :class:`IndexFacts`."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Optional
 
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:  # report imports these checks; the inputs are only read here
 NIGHTLY_OLD_DAYS = 60
 #: A table older than this is worth comparing with the index even when nothing looks wrong.
 TABLE_OLD_DAYS = 30
+#: A table row last checked longer ago than this is named: its facts may have moved since.
+TABLE_ROW_OLD_DAYS = 90
 #: Projects the torch indexes serve (a lock's files of these are checked against their index pages).
 TORCH_FAMILY = ("torch", "torchvision", "torchaudio")
 
@@ -90,6 +93,71 @@ def table_findings(
             f"({newest or 'none listed'})",
         )
     ]
+
+
+def table_row_findings(matrix: Matrix, today: datetime.date, days: int = TABLE_ROW_OLD_DAYS) -> list[Finding]:
+    """One warning per part of the shipped table (variants, releases, GPU arch lists, ...) naming its rows whose
+    ``checked`` day is more than ``days`` before ``today``, or that carry no readable day at all."""
+    found: dict[str, dict[str, list[str]]] = {}  # part -> checked -> row names, in table order
+    rows = _dated_rows(matrix)
+    releases = [n for p, n, _ in rows if p == "release rows"]
+    for part, name, checked in rows:
+        try:
+            age = (today - datetime.date.fromisoformat(checked)).days
+        except ValueError:
+            age = None
+        if age is None or age > days:
+            when = f"checked {checked}, {age} days ago" if age is not None else "no checked date"
+            found.setdefault(part, {}).setdefault(when, []).append(name)
+    return [
+        Finding(
+            WARNING,
+            NODE,
+            "table-rows",
+            f"{sum(len(n) for n in by_day.values())} {part} of the shipped table were last checked more than "
+            f"{days} days ago: "
+            + "; ".join(
+                f"{_runs(names, releases) if part == 'release rows' else ', '.join(names)} ({when})"
+                for when, names in by_day.items()
+            ),
+            "their facts may have changed since: plans read releases, variants and Pythons from the index, but GPU "
+            "arch lists and driver floors only from this table; a newer envbuilder ships re-checked rows",
+        )
+        for part, by_day in found.items()
+    ]
+
+
+def _dated_rows(matrix: Matrix) -> list[tuple[str, str, str]]:
+    """(part, row name, checked) of every dated row of the shipped table, in table order."""
+    rows = [("variant rows", name, v.checked) for name, v in matrix.variants.items()]
+    rows += [("release rows", r.torch, r.checked) for r in matrix.releases if r.origin == "table"]
+    rows += [
+        ("GPU arch list rows", f"{a.variant}/{a.platform} torch {_spec(a.torch)}", a.checked)
+        for a in matrix.arch_lists
+    ]
+    rows.append(("nightly rows", "nightly", str(matrix.nightly.get("checked") or "")))
+    for key, (_, checked) in matrix.provenance.items():
+        part, _, name = key.partition(".")
+        rows.append((f"{part} rows", name, checked))
+    return rows
+
+
+def _spec(spec: SpecifierSet) -> str:
+    """``>=2.9,<2.12`` (lower bound first), as the table writes it."""
+    return ",".join(sorted((str(s) for s in spec), reverse=True))
+
+
+def _runs(names: Sequence[str], order: Sequence[str]) -> str:
+    """``names`` (a subset of ``order``, in its order) with each run of three or more neighbours in ``order``
+    written ``first–last``: the releases 2.0.0 to 2.12.1 as ``2.0.0–2.12.1``, not 24 versions."""
+    where = {n: i for i, n in enumerate(order)}
+    runs: list[list[str]] = []
+    for name in names:
+        if runs and name in where and where.get(runs[-1][-1], -2) + 1 == where[name]:
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+    return ", ".join(f"{r[0]}–{r[-1]}" if len(r) >= 3 else ", ".join(r) for r in runs)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -11,7 +11,13 @@ from typing import Any, Callable, Optional
 
 from envbuilder import lockfile
 from envbuilder.doctor.findings import ACTION, INFO, SEVERITIES, WARNING, Finding, ordered
-from envbuilder.doctor.index_checks import NIGHTLY_OLD_DAYS, lock_findings, nightly_findings, table_findings
+from envbuilder.doctor.index_checks import (
+    NIGHTLY_OLD_DAYS,
+    lock_findings,
+    nightly_findings,
+    table_findings,
+    table_row_findings,
+)
 from envbuilder.doctor.libraries import (
     activation_env,
     activation_module_findings,
@@ -212,6 +218,7 @@ def examine(
     if ctx.check_shell:
         findings += node_library_findings(ctx.env)
     findings += table_findings(ctx.matrix, ctx.today, ctx.indexes.get("torch"), ctx.upstreams)
+    findings += table_row_findings(ctx.matrix, ctx.today)
     for inp in inputs:
         findings += check_env(inp, ctx, listdir)
     return Report(

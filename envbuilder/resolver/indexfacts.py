@@ -83,6 +83,13 @@ class WheelFile:
     platforms: tuple[str, ...]
     requires_python: Optional[str] = None
     yanked: bool = False
+    #: The index's reason for the yank (PEP 592), "" where it gave none or the file is not yanked.
+    yanked_reason: str = ""
+
+    @property
+    def variant(self) -> str:
+        """The build variant the local label names ("cu130" for ``+cu130.post1``), "" for an unlabelled file."""
+        return label_variant(self.local)
 
     @property
     def full_version(self) -> str:
@@ -136,23 +143,55 @@ class WheelFile:
         return False
 
     def to_json(self) -> dict[str, Any]:
-        return {"filename": self.filename, "requires_python": self.requires_python, "yanked": self.yanked}
+        return {
+            "filename": self.filename,
+            "requires_python": self.requires_python,
+            "yanked": self.yanked_reason or self.yanked,
+        }
+
+
+#: A normalized local label: its variant (ROCm with its version), then the rest.
+_LABEL = re.compile(r"(?P<variant>rocm\d+(?:\.\d+)*|[^.]*)(?:\.(?P<rest>.*))?")
+
+
+def label_variant(local: str) -> str:
+    """The variant a PEP 440 local label names: its first segment (``cu130.post1`` -> ``cu130``,
+    ``cu117.with.pypi.cudnn`` -> ``cu117``, ``cpu.cxx11.abi`` -> ``cpu``); "" for no label."""
+    return split_label(local)[0]
+
+
+def split_label(local: str) -> tuple[str, str]:
+    """(variant, the rest) of a local label: ``cu130.post1`` -> ("cu130", "post1"), ``cu130`` -> ("cu130", "").
+    PEP 440 separates a label's segments with ``.``, ``-`` or ``_`` (normalized to ``.``); the case is folded.
+    A ROCm variant keeps its version's numeric segments (``rocm6.2.4``, as its index directory is named)."""
+    m = _LABEL.fullmatch(re.sub(r"[-_]", ".", local.strip().lower()))
+    return (m["variant"], m["rest"] or "") if m else ("", "")
+
+
+def yank_reason(value: Any) -> Optional[str]:
+    """PEP 592/691 ``yanked``: None when the file is not yanked, else the reason ("" where none is given).
+    JSON says ``true``/``false`` or a reason; an HTML anchor's ``data-yanked`` value is the reason."""
+    if isinstance(value, str):
+        return value.strip() or None
+    return "" if value is True else None
 
 
 def parse_wheel_filename(name: str) -> Optional[WheelFile]:
     """The wheel a file name describes, or None for anything that is not a well-formed wheel name."""
-    return _parse(name, None, None, False)
+    return _parse(name, None, None, None)
 
 
 def project_wheel(
-    filename: str, project: str, requires_python: Optional[str] = None, yanked: bool = False
+    filename: str, project: str, requires_python: Optional[str] = None, yanked: Union[bool, str, None] = None
 ) -> Optional[WheelFile]:
-    """The wheel ``filename`` names if it is one of ``project``'s (sdists and other projects give None)."""
-    return _parse(filename, normalize(project), requires_python or None, yanked)
+    """The wheel ``filename`` names if it is one of ``project``'s (sdists and other projects give None).
+    ``yanked``: True or a reason (a text, maybe empty) for a yanked file; False or None for one that is not."""
+    reason = yanked if isinstance(yanked, str) else ("" if yanked else None)
+    return _parse(filename, normalize(project), requires_python or None, reason)
 
 
 def _parse(
-    name: str, project: Optional[str], requires_python: Optional[str], yanked: bool
+    name: str, project: Optional[str], requires_python: Optional[str], yanked: Optional[str]
 ) -> Optional[WheelFile]:
     if not name.endswith(".whl"):
         return None
@@ -175,7 +214,8 @@ def _parse(
         abi_tag=abi,
         platforms=tuple(platform.split(".")),
         requires_python=requires_python,
-        yanked=yanked,
+        yanked=yanked is not None,
+        yanked_reason=yanked or "",
     )
 
 
@@ -206,7 +246,7 @@ def wheel_from_json(entry: Mapping[str, Any], project: str) -> Optional[WheelFil
     if not isinstance(filename, str):
         return None
     return project_wheel(
-        filename, project, requires if isinstance(requires, str) else None, entry.get("yanked") is True
+        filename, project, requires if isinstance(requires, str) else None, yank_reason(entry.get("yanked"))
     )
 
 
@@ -224,7 +264,7 @@ def parse_simple_json(body: Union[bytes, str], project: str) -> list[WheelFile]:
             entry["filename"],
             project,
             requires if isinstance(requires, str) else None,
-            bool(entry.get("yanked")),
+            yank_reason(entry.get("yanked")),
         )
         if wheel is not None:
             out.append(wheel)
@@ -279,7 +319,8 @@ def parse_simple_html(body: Union[bytes, str], project: str) -> list[WheelFile]:
         name = _href_name(attrs.get("href") or "") or label
         if not name.endswith(".whl"):
             name = label
-        wheel = project_wheel(name, project, attrs.get("data-requires-python"), "data-yanked" in attrs)
+        yanked = (attrs.get("data-yanked") or "").strip() if "data-yanked" in attrs else None
+        wheel = project_wheel(name, project, attrs.get("data-requires-python"), yanked)
         if wheel is not None:
             out.append(wheel)
     return out

@@ -270,8 +270,9 @@ def _merged_releases(
 
 def serves(f: WheelFile, variant: str) -> bool:
     """Whether ``f`` on ``variant``'s page is a ``variant`` build: a file labelled for another variant (a mirror
-    holding the CPU wheel under cu126) is not; an unlabelled one may be (the build guard has the last word)."""
-    return f.local in ("", variant)
+    holding the CPU wheel under cu126) is not; an unlabelled one may be (the build guard has the last word). A
+    label's first segment names the variant: ``+cu130.post1`` is a cu130 build."""
+    return f.variant in ("", variant)
 
 
 def _version(text: str) -> Optional[Version]:

@@ -14,7 +14,7 @@ from packaging.version import InvalidVersion, Version
 
 from envbuilder.errors import ResolverError, ResolverErrors, did_you_mean
 from envbuilder.facts import HostFacts
-from envbuilder.resolver import knowledge
+from envbuilder.resolver import knowledge, yanked
 from envbuilder.resolver.gates import (
     TORCH_PACKAGES,
     Finding,
@@ -60,6 +60,7 @@ GATES = (
     "nightly-pruned",
     "index",
     "platform",
+    "yanked",
 )
 CHANNELS = ("stable", "test", "nightly")
 
@@ -149,7 +150,12 @@ def _resolve_pinned(
 ) -> Resolution:
     """An exact release, or the newest release of a minor ("2.14") whose variant page lists a build: an older
     patch release is taken only where the newer ones are not on the index the install will use."""
-    candidates, why = _pick_releases(request, m)
+    try:
+        candidates, why = _pick_releases(request, m)
+    except ResolverErrors as exc:  # a release the index lists only as yanked gets its own answer
+        notes: list[str] = []
+        release = yanked.pinned(exc, request, m=m, index=index, arch=facts.arch or "x86_64", notes=notes)
+        return _resolve_release(request, release, facts, m, index=index, notes=notes)
     first: Optional[ResolverErrors] = None
     skipped: list[str] = []
     for release in candidates:
@@ -230,7 +236,7 @@ def _resolve_release(
         )
     label = knowledge.expected_label(
         index, index_url, release.torch, facts.arch or "x86_64", facts.python_minor
-    )
+    ) or _allowed_yanked_label(request, index, index_url, release.torch, facts)
     res = _finish(request, release, variant, findings, m, warnings=warnings, notes=notes, label=label)
     return replace(res, local=label, inferred=release.origin == "inferred")
 
@@ -263,6 +269,9 @@ def _index_findings(
     page = index.page(url)
     where = url + (f" (read from {', '.join(page.sources)})" if page is not None and page.sources else "")
     mine = [f for f in files if knowledge.serves(f, variant)]
+    gone = yanked.finding(index, url, version, arch, where) if not files else None
+    if gone is not None:
+        return [gone]
     if not files:
         have = list(index.versions(url, arch=arch))[-4:]
         return [
@@ -294,6 +303,15 @@ def _index_findings(
             )
         ]
     return []
+
+
+def _allowed_yanked_label(
+    request: TorchRequest, index: Optional[IndexFacts], url: str, version: str, facts: HostFacts
+) -> str:
+    """The label of the yanked build a recipe allowed (``yanked`` in torch.allow), so the pin names that build."""
+    if yanked.GATE not in request.allow:
+        return ""
+    return yanked.label(index, url, version, facts.arch or "x86_64", facts.python_minor)
 
 
 def _finish(

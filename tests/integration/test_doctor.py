@@ -7,6 +7,7 @@ Every test either reads no index (ENVBUILDER_OFFLINE=1) or points the mirror at 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import shutil
@@ -337,3 +338,30 @@ def test_a_lock_whose_torch_file_left_its_index(tmp_path, served):
     [found] = [f for f in json.loads(res.stdout)["data"]["findings"] if f["check"] == "lock"]
     assert found["severity"] == "action" and gone in found["message"] and there not in found["message"]
     assert found["fix"].startswith("make a new lock (envbuilder lock gpu)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The shipped table's own age, row by row
+
+
+def test_doctor_names_the_shipped_table_rows_last_checked_more_than_90_days_ago(site, tmp_path):
+    today = datetime.date.today()
+    old = [
+        r.torch
+        for r in load_matrix().stable_releases()
+        if (today - datetime.date.fromisoformat(r.checked)).days > 90
+    ]
+    res = ok(site.doctor("--facts", node(tmp_path, "n", "580.95.05"), "--json"))
+    rows = [f for f in json.loads(res.stdout)["data"]["findings"] if f["check"] == "table-rows"]
+    releases = [f for f in rows if " release rows of the shipped table " in f["message"]]
+    if not old:
+        assert releases == []
+        return
+    [found] = releases
+    assert (found["severity"], found["subject"]) == ("warning", "node")
+    assert found["message"].startswith(
+        f"{len(old)} release rows of the shipped table were last checked more than 90"
+    )
+    assert old[0] in found["message"] and old[-1] in found["message"]
+    text = " ".join(ok(site.doctor("--facts", node(tmp_path, "n", "580.95.05"))).stdout.split())
+    assert "release rows of the shipped table were last checked more than 90 days ago" in text

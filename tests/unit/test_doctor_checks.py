@@ -9,11 +9,13 @@ import datetime
 import os
 import sys
 import time
+from importlib.resources import files as package_files
 from pathlib import Path
 
 import pytest
 
 from envbuilder import doctor, lockfile, state
+from envbuilder._toml import loads
 from envbuilder.errors import RecipeNotFound, StateError
 from envbuilder.facts import Gpu, HostFacts
 from envbuilder.purge import PurgeStatus
@@ -387,6 +389,55 @@ def test_an_index_with_nothing_newer_is_ok_and_no_index_says_why():
     assert "every index read failed" in f.message
 
 
+def test_a_table_row_checked_more_than_90_days_ago_is_named_with_its_day():
+    m = load_matrix()
+    today = datetime.date.fromisoformat(m.as_of)
+    day = lambda n: (today - datetime.timedelta(days=n)).isoformat()  # noqa: E731
+    fresh = dataclasses.replace(
+        m,
+        variants={k: dataclasses.replace(v, checked=day(0)) for k, v in m.variants.items()},
+        releases=tuple(dataclasses.replace(r, checked=day(0)) for r in m.releases),
+        arch_lists=tuple(dataclasses.replace(a, checked=day(0)) for a in m.arch_lists),
+        nightly={**m.nightly, "checked": day(0)},
+        provenance={k: (src, day(0)) for k, (src, _) in m.provenance.items()},
+    )
+    assert doctor.table_row_findings(fresh, today) == []
+
+    # One release row made old, one just at the limit, one variant row without a day.
+    releases = {"2.14.0": day(91), "2.14.1": day(90)}
+    aged = dataclasses.replace(
+        fresh,
+        releases=tuple(
+            dataclasses.replace(r, checked=releases.get(r.torch, r.checked)) for r in fresh.releases
+        ),
+        variants={**fresh.variants, "cu132": dataclasses.replace(fresh.variants["cu132"], checked="")},
+    )
+    found = {f.message.split(" of the shipped table")[0]: f for f in doctor.table_row_findings(aged, today)}
+    assert set(found) == {"1 release rows", "1 variant rows"}, found
+    rel = found["1 release rows"]
+    assert (rel.severity, rel.subject, rel.check) == ("warning", "node", "table-rows")
+    assert rel.message.endswith(f"more than 90 days ago: 2.14.0 (checked {day(91)}, 91 days ago)")
+    assert "2.14.1" not in rel.message
+    assert found["1 variant rows"].message.endswith("cu132 (no checked date)")
+    assert "GPU arch lists and driver floors only from this table" in rel.fix
+
+
+def test_todays_table_names_exactly_its_rows_older_than_90_days():
+    """The shipped table as it is: every row doctor names is more than 90 days old, and every such row is named
+    (counted from the raw TOML, not through the loader)."""
+    raw = loads(package_files("envbuilder").joinpath("data/torch_matrix.toml").read_text(encoding="utf-8"))
+    dated = [*raw["variant"].values(), *raw["release"], *raw["arch_list"], raw["nightly"]]
+    dated += [row for table in ("no_index", "no_wheels", "cpu_only") for row in raw[table].values()]
+    today = datetime.date.today()
+    old = [r for r in dated if (today - datetime.date.fromisoformat(r["checked"])).days > 90]
+    found = doctor.table_row_findings(load_matrix(), today)
+    assert sum(int(f.message.split()[0]) for f in found) == len(old)
+    named = " ".join(f.message for f in found)
+    assert all(f"checked {r['checked']}" in named for r in old)
+    fresh = [r for r in raw["release"] if r not in old]
+    assert not any(f" {r['torch']} " in named or f"–{r['torch']} " in named for r in fresh)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 4. Nightly pins and locks
 
@@ -511,7 +562,8 @@ def test_examine_orders_actions_first_and_skips_the_shell_for_another_node(tmp_p
     report = doctor.examine([inp], ctx, doctor.listdir, "this node")
     assert [f.severity for f in report.findings][:2] == ["action", "warning"]
     assert report.findings[0].check == "libraries" and report.needs_action
-    assert report.to_json()["counts"] == {"action": 1, "warning": 1, "info": 1}
+    old_rows = [f for f in report.findings if f.check == "table-rows"]  # the shipped table's old rows
+    assert report.to_json()["counts"] == {"action": 1, "warning": 1 + len(old_rows), "info": 1}
 
     other_node = doctor.Context(facts(), env, TODAY, load_matrix(), {}, (), check_shell=False)
     report = doctor.examine([inp], other_node, doctor.listdir, "new-node.json")

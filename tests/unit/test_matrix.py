@@ -1,4 +1,4 @@
-"""The shipped wheel matrix as of 2026-11-23: every row sourced and dated, the 2.14/2.15 releases and the nightly
+"""The shipped wheel matrix as of 2026-11-28: every row sourced and dated, the 2.14/2.15 releases and the nightly
 stream as PyPI and PyTorch's PRs give them, and the two gates those facts drive (a CPU architecture with no torch
 wheel; a GPU that no wheel of the asked release carries).
 
@@ -18,7 +18,7 @@ from helpers import load_facts
 
 from envbuilder._toml import loads
 from envbuilder.errors import ResolverErrors
-from envbuilder.facts import HostFacts
+from envbuilder.facts import Gpu, HostFacts
 from envbuilder.resolver.matrix import covers, load_matrix, matrix_from_data
 from envbuilder.resolver.wheels import GATES, TorchRequest, resolve
 
@@ -59,14 +59,15 @@ def test_every_row_has_a_source_and_a_real_checked_date(name, row):
 
 
 def test_as_of_is_the_newest_checked_date():
-    assert RAW["as_of"] == "2026-11-23"
+    assert RAW["as_of"] == "2026-11-28"
     assert max(date.fromisoformat(row["checked"]) for _, row in rows()) == AS_OF
 
 
 def test_loader_keeps_each_rows_date():
     assert M.release("2.15.0").checked == "2026-11-23"
     assert M.release("2.0.0").checked == "2026-08-21"
-    assert M.variants["cu132"].checked == "2026-11-23"
+    assert M.variants["cu132"].checked == "2026-11-28"
+    assert M.release("2.13.0").checked == "2026-11-23"  # the day its source says it was re-read
     assert M.variants["cu117"].checked == "2026-08-21"
     assert all(a.checked for a in M.arch_lists)
     assert M.nightly["checked"] == "2026-11-23"
@@ -76,9 +77,9 @@ def test_loader_keeps_each_rows_date():
 
 
 def test_age_days_counts_from_as_of():
-    assert M.age_days(date(2026, 11, 23)) == 0
-    assert M.age_days(date(2027, 1, 1)) == 39
-    assert M.age_days(date(2026, 11, 1)) == -22
+    assert M.age_days(date(2026, 11, 28)) == 0
+    assert M.age_days(date(2027, 1, 1)) == 34
+    assert M.age_days(date(2026, 11, 1)) == -27
 
 
 def test_plain_string_rows_still_load():
@@ -143,9 +144,32 @@ def test_newest_with_variant():
 def test_driver_floors_of_the_cuda_13_variants():
     assert M.variants["cu132"].toolkit_driver == "595.71.05"  # CUDA 13.2.2
     for v in ("cu130", "cu132", "cu134"):
-        assert M.variants[v].family_min_driver == "580.65.06"
+        # NVIDIA's minor version compatibility table: CUDA 13.x runs on any driver >= 580 (580.65.06 is the
+        # 13.0 GA toolkit's own driver, not the floor).
+        assert M.variants[v].family_min_driver == "580"
+        assert ">= 580" in M.variants[v].source and "2026-11-28" in M.variants[v].source
     assert M.variants["cu134"].nightly_only
     assert "cu135" in M.no_index
+
+
+def test_a_580_branch_driver_older_than_the_13_0_toolkit_driver_runs_cuda_13_wheels():
+    """Any R580 driver runs a CUDA 13 wheel (minor version compatibility), not only 580.65.06 and later."""
+    gpus = (Gpu("NVIDIA H100 80GB HBM3", "9.0"),)
+    node = HostFacts(arch="x86_64", glibc="2.35", python="3.12.3", driver_version="580.20.01", gpus=gpus)
+    res = resolve(TorchRequest("2.15.0", "cu130", packages=("torch",)), node)
+    assert res.variant == "cu130"
+    assert any("minor-version" in w for w in res.warnings), res.warnings
+
+
+@pytest.mark.parametrize(
+    ("torch", "released"),
+    [("2.10.0", "2026-01-21"), ("2.11.0", "2026-03-23"), ("2.12.0", "2026-05-13"), ("2.12.1", "2026-06-17")],
+)
+def test_the_2_10_to_2_12_rows_have_their_release_day_with_its_source(torch, released):
+    rel = M.release(torch)
+    assert rel.released == released
+    assert "released: " in rel.source and "read 2026-11-28" in rel.source
+    assert rel.checked == "2026-08-21"  # only the day was added: the rest of the row was not re-read
 
 
 # --- nightly --------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ PURE = (
     "envbuilder.resolver.knowledge",
     "envbuilder.resolver.indexfacts",
     "envbuilder.resolver.mirror",
+    "envbuilder.resolver.yanked",
     "envbuilder.validate.launchers",
     "envbuilder.validate.schedulers",
     "envbuilder.validate.checks",
