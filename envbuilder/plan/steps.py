@@ -214,7 +214,7 @@ def install_steps(
         if pkg.no_build_isolation:
             cmd.append("--no-build-isolation")
         if pkg.no_binary:
-            cmd += ["--no-binary", pkg.name]
+            cmd += ["--no-binary", pkg.name, *INSTALLERS[installer].fresh_build]
         own_steps.append(
             InstallStep(
                 (*cmd, *constraint, END_OF_OPTIONS, spec),

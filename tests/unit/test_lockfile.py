@@ -246,9 +246,11 @@ def test_an_applying_lock_replaces_the_resolver_installs_with_one_hashed_install
         "--requirement",
         "/scratch/u/envs/demo/envbuilder/lock-requirements.txt",
     )
-    # The source build still runs afterwards, held to the locked versions.
-    assert installs[1][-5:] == (
+    # The source build still runs afterwards, held to the locked versions, built again (not from uv's cache).
+    assert installs[1][-7:] == (
+        "--no-binary",
         "mpi4py",
+        "--no-cache",
         "--constraint",
         "/scratch/u/envs/demo/envbuilder/constraints.txt",
         "--",  # what follows is a requirement, never an option
