@@ -180,3 +180,17 @@ def test_an_env_without_the_mpi_module_gets_no_mpi4py_built_for_another_env(mpi_
     # mpi4py's own build ran, with the recipe's MPICC, and found no MPI.
     assert "installing mpi4py" in res.stderr and "mpicc='mpicc' not found" in res.stderr, res.stderr
     assert not (world.scratch / "envbuilder" / "envs" / name).exists()
+
+
+def test_run_starts_mpi_ranks_that_import_mpi4py_through_the_module(mpi_world):
+    """``envbuilder run`` through the module's mpiexec: its two ranks get the module's LD_LIBRARY_PATH and are one
+    MPI world (each a singleton would mean another MPI)."""
+    program = (
+        "from mpi4py import MPI; c = MPI.COMM_WORLD; "
+        "print(f'rank {c.Get_rank()} of {c.Get_size()} sum {c.allreduce(c.Get_rank() + 1)}', flush=True)"
+    )
+    res = mpi_world.cli("run", NAME, "--launcher", "mpiexec", "--gpus-per-node", "2", "--", "python", "-c", program,
+                        timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    ranks = sorted(line for line in res.stdout.splitlines() if line.startswith("rank "))
+    assert ranks == ["rank 0 of 2 sum 3", "rank 1 of 2 sum 3"], res.stdout + res.stderr
