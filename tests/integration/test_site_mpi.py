@@ -119,7 +119,7 @@ def test_mpi4py_built_by_the_recipe_links_the_modules_libmpi_and_a_new_shell_run
     libmpi = world.soft / mpitwin.DIRNAME / "lib" / "libmpi.so.12"
     shown = world.new_shell(
         f'ldd "{world.extension()}"\n'
-        "python -c 'from mpi4py import MPI; print(\"library:\", MPI.Get_library_version().splitlines()[0])'\n"
+        "python -c 'from mpi4py import MPI; print(\"library:\", MPI.Get_library_version().splitlines()[0])' || exit 3\n"
         'echo "modules: $LOADEDMODULES"\n'
     )
     assert shown.returncode == 0, shown.stdout + shown.stderr
