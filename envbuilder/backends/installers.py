@@ -40,8 +40,9 @@ class Installer:
     program: ClassVar[str] = ""
     #: Flags that install the files named, offline, without any index (a wheelhouse's wheels).
     offline: ClassVar[tuple[str, ...]] = ("--no-index",)
-    #: Flags that make a package built from source (``no_binary``) be built again, against the modules this build
-    #: loads, not taken from the installer's cache, where a wheel built for another env (another MPI) waits.
+    #: Flags that make a package built for the env (``Package.built_for_env``: no_binary, its own build settings or
+    #: modules) be built again, against what this build has, not taken from the installer's cache, where a wheel
+    #: built for another env (another MPI, another torch) waits.
     fresh_build: ClassVar[tuple[str, ...]] = ("--no-cache-dir",)
     #: The record keeps its version (uv's behaviour changes between releases).
     records_version: ClassVar[bool] = False
