@@ -52,12 +52,24 @@ SRC = "/src"
 PLATFORMS = ("manylinux_2_28_aarch64", "manylinux_2_27_aarch64", "manylinux_2_17_aarch64",
              "manylinux2014_aarch64", "linux_aarch64")  # fmt: skip
 
-#: Enters the root in the mount namespace ``unshare`` made: $1 the root, then pairs of (outside, inside) paths to
-#: bind, then ``--`` and the command. The root's /tmp is a tmpfs, so binds under /tmp leave nothing in the cache;
-#: its /etc/hosts is this machine's (localhost and this host's name resolve, as torchrun's rendezvous needs).
+#: Where the root's shared libraries are, the linker's default path, in which :func:`enter` can hide some.
+LIBDIR = "/usr/lib/aarch64-linux-gnu"
+
+#: Enters the root in the mount namespace ``unshare`` made: $1 the root, $2 the names of files in LIBDIR to hide
+#: (space-separated, maybe none), then pairs of (outside, inside) paths to bind, then ``--`` and the command. The
+#: hidden files are whited out by an overlay on LIBDIR whose upper layer is a tmpfs on the root's /mnt, so the cache
+#: keeps them. The root's /tmp is a tmpfs, so binds under /tmp leave nothing in the cache; its /etc/hosts is this
+#: machine's (localhost and this host's name resolve, as torchrun's rendezvous needs).
 ENTER = r"""
 set -eu
-root=$1; shift
+root=$1; hide=$2; shift 2
+if [ -n "$hide" ]; then
+    mount -t tmpfs tmpfs "$root/mnt"
+    mkdir "$root/mnt/upper" "$root/mnt/work"
+    for name in $hide; do mknod "$root/mnt/upper/$name" c 0 0; done
+    lib="$root/usr/lib/aarch64-linux-gnu"
+    mount -t overlay overlay -o "lowerdir=$lib,upperdir=$root/mnt/upper,workdir=$root/mnt/work" "$lib"
+fi
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
 mount --rbind /sys "$root/sys"
@@ -108,17 +120,17 @@ def missing() -> Optional[str]:
     return binfmt()
 
 
-def enter(argv: Sequence[str], env: dict[str, str], binds: Sequence[Path], timeout: float,
-          cwd: str = "/") -> subprocess.CompletedProcess[str]:  # fmt: skip
+def enter(argv: Sequence[str], env: dict[str, str], binds: Sequence[Path], timeout: float, *,
+          cwd: str = "/", hide: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """``argv`` run on the aarch64 node with exactly ``env``, each of ``binds`` seen inside at its own path and
-    the checkout at /src."""
+    the checkout at /src; the files of LIBDIR named in ``hide`` are not there (a library a module provides)."""
     repo = Path(__file__).resolve().parent.parent
     pairs = [str(repo), SRC, str(WHEELS), "/wheels"]
     for path in binds:
         pairs += [str(path), str(path)]
     inner = ["/usr/bin/env", "-C", cwd, *argv]
     cmd = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", ENTER, "enter", str(ROOT),
-           *pairs, "--", *inner]  # fmt: skip
+           " ".join(hide), *pairs, "--", *inner]  # fmt: skip
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

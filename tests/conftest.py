@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import armtwin
+import mpitwin
 import pytest
 import sitepython
 from backupworld import backup_files
@@ -28,6 +30,7 @@ TESTS = Path(__file__).resolve().parent
 LONGEST_FIRST = (
     "integration/test_multinode.py",
     "integration/test_aarch64_node.py",
+    "integration/test_site_mpi.py",
     "integration/test_backup_torch.py",
     "integration/test_conda_torch.py",
     "integration/test_validate.py",
@@ -199,6 +202,56 @@ def _lay_out(version: str, tree: Path, failed: Path) -> None:
         sitepython.lay_out(version, tree)
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         failed.write_text(str(exc))
+
+
+@pytest.fixture(scope="session")
+def site_mpi(tmp_path_factory: pytest.TempPathFactory, torch_files: Path) -> Path:
+    """The site-built MPICH that tests/mpitwin.py lays out from the torch files' mpich wheel, once per run (xdist's
+    workers share it): its tree, whose libmpi only ``tree/lib`` on LD_LIBRARY_PATH finds. Skips, saying why,
+    where it cannot be made here."""
+    reason = mpitwin.why_not()
+    whl = mpitwin.wheel(torch_files)
+    if reason is None and whl is None:
+        reason = f"no mpich {mpitwin.VERSION} wheel among the torch files"
+    if reason is not None or whl is None:
+        pytest.skip(f"no site-built MPI: {reason}")
+    d = shared_dir(tmp_path_factory, "site-mpich")
+    failed = d.with_suffix(".failed")
+    if not failed.exists():
+        made_once(d, lambda d: _lay_out_mpi(whl, d / "tree", failed))
+    if failed.exists():
+        pytest.skip(f"no site-built MPI: {failed.read_text()}")
+    return d / "tree"
+
+
+def _lay_out_mpi(whl: Path, tree: Path, failed: Path) -> None:
+    """mpitwin.lay_out, or why it could not be done in ``failed`` (read by every worker after)."""
+    try:
+        mpitwin.lay_out(whl, tree)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        failed.write_text(str(exc))
+
+
+@pytest.fixture(scope="session")
+def mpi4py_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mpi4py's source distribution (the release tests/armtwin.py caches, looked for there first) and the wheels its
+    build needs on this machine (setuptools, build, Cython), as pip finds them here. Fetched once per run."""
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the build requirements are fetched for this CPython, and the torch file is for 3.11")
+    return made_once(shared_dir(tmp_path_factory, "mpi4py-source"), _fetch_mpi4py_source)
+
+
+def _fetch_mpi4py_source(d: Path) -> None:
+    pip = [sys.executable, "-m", "pip", "download", "-q", "--dest", str(d)]
+    for argv in (
+        [*pip, "--no-deps", "--no-binary", "mpi4py", "--find-links", str(armtwin.WHEELS), armtwin.MPI4PY],
+        [*pip, "--only-binary", ":all:", "setuptools>=42", "build", "cython>=3.0.1"],
+    ):
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        if res.returncode != 0:
+            pytest.skip(
+                f"mpi4py's source or its build requirements are not to be had here: {res.stderr[-300:]}"
+            )
 
 
 @pytest.fixture(scope="session")

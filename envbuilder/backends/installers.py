@@ -40,6 +40,10 @@ class Installer:
     program: ClassVar[str] = ""
     #: Flags that install the files named, offline, without any index (a wheelhouse's wheels).
     offline: ClassVar[tuple[str, ...]] = ("--no-index",)
+    #: Flags that make a package built for the env (``Package.built_for_env``: no_binary, its own build settings or
+    #: modules) be built again, against what this build has, not taken from the installer's cache, where a wheel
+    #: built for another env (another MPI, another torch) waits.
+    fresh_build: ClassVar[tuple[str, ...]] = ("--no-cache-dir",)
     #: The record keeps its version (uv's behaviour changes between releases).
     records_version: ClassVar[bool] = False
     #: Said in the plan of a user-prefix env, where the installer has no prefix option of its own.
@@ -73,6 +77,9 @@ class Uv(Installer):
     relocatable = True
     program = "uv"
     offline = ("--offline", "--no-index")
+    # uv keeps the sdist's unpacked tree too, and builds in it again: a cache keyed by config settings would reuse
+    # its objects. Only this step's package and its build requirements go uncached.
+    fresh_build = ("--no-cache",)
     records_version = True
 
     def venv(self, prompt: Sequence[str], python: str, options: Sequence[str], prefix: str) -> list[str]:

@@ -138,6 +138,17 @@ def locked_flags(resolution: Optional[Resolution], plain_specs: Sequence[str]) -
     return list(resolution.pip_flags) if resolution else []
 
 
+def build_flags(installer: str, pkg: Package) -> list[str]:
+    """How the installer builds ``pkg``: in the env (no isolation), from source, and not from its cache where the
+    package is built for this env (a cached build may have been made against another env's modules)."""
+    flags = ["--no-build-isolation"] if pkg.no_build_isolation else []
+    if pkg.no_binary:
+        flags += ["--no-binary", pkg.name]
+    if pkg.built_for_env:
+        flags += INSTALLERS[installer].fresh_build
+    return flags
+
+
 def install_steps(
     new: NewEnv,
     recipe: Recipe,
@@ -211,10 +222,7 @@ def install_steps(
         elif index and index not in ("pypi", "torch"):
             cmd += ["--index-url", index]
             extra_indexes.append(index)
-        if pkg.no_build_isolation:
-            cmd.append("--no-build-isolation")
-        if pkg.no_binary:
-            cmd += ["--no-binary", pkg.name]
+        cmd += build_flags(installer, pkg)
         own_steps.append(
             InstallStep(
                 (*cmd, *constraint, END_OF_OPTIONS, spec),

@@ -278,6 +278,18 @@ class Package:
             or self.build_modules
         )
 
+    @property
+    def built_for_env(self) -> bool:
+        """Built from source with what this build has (its modules, build settings or the env's own packages): an
+        installer's cache may hold a build of it made for another env, which must not be used."""
+        return bool(
+            self.build_env
+            or self.build_env_prepend
+            or self.no_build_isolation
+            or self.no_binary
+            or self.build_modules
+        )
+
 
 @dataclass(frozen=True)
 class Activate:

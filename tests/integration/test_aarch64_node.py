@@ -16,17 +16,19 @@ differs from the layer's in the torch variant only. With the GH200's facts the s
 GPU and says this torch is a CPU build (create exits 8, the env in place); the CPU validation follows.
 
 vista-venv-mpi-cu126 builds mpi4py from source (no_binary) with the node's Open MPI, under Vista's module
-names (node-local modulefiles: the fixture tree's point at /opt/fake), unoptimised (CFLAGS=-O0) and with uv's
-cache kept per machine: the first build takes about 4 minutes under qemu, later ones reuse it. Its indexes are
-the cached files as a wheelhouse (so that cache keys them by a path that does not change between runs).
+names (node-local modulefiles: the fixture tree's point at /opt/fake), whose openmpi/5.0.5 provides the libmpi (the
+node's, hidden from the linker's default path), unoptimised (CFLAGS=-O0): about 3 minutes under qemu, in every
+run (a no_binary package is never taken from uv's cache). uv's cache is kept per machine for the rest; the
+indexes are the cached files as a wheelhouse (so that cache keys them by a path that does not change between runs).
 
 Times on this 2-core machine, shared: the plan test ~3 s; create ~35 s and validate (torchrun, 2 ranks) ~45 s;
-the MPI env ~4.5-6 min cold (mpi4py's build), ~1 min warm. The root file system and the wheels (tests/armtwin.py,
-run by .ci/run) take ~4 minutes once per machine."""
+the MPI env ~4-6 min (mpi4py's build). The root file system and the wheels (tests/armtwin.py, run by .ci/run)
+take ~4 minutes once per machine."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,12 +90,14 @@ class Node(UserWorld):
         self.timings: dict[str, float] = {}
         #: What the node sees at its own path besides the world: the world's root, and what a test adds.
         self.binds = [root]
+        #: The node's libraries a test hides from the linker's default path (armtwin.enter).
+        self.hide: list[str] = []
 
     def on_node(self, *args: str, timeout: float = 1500) -> tuple[int, dict[str, Any]]:
         """``envbuilder ARGS --json`` on the node: its exit code and envelope (the time it took in ``timings``)."""
         started = time.monotonic()
         argv = [f"{armtwin.DEPS}/bin/python", "-m", "envbuilder", *args, "--json"]
-        res = armtwin.enter(argv, self.env, self.binds, timeout=timeout)
+        res = armtwin.enter(argv, self.env, self.binds, timeout=timeout, hide=self.hide)
         self.timings[args[0]] = round(time.monotonic() - started, 1)
         try:
             envelope: dict[str, Any] = json.loads(res.stdout)
@@ -202,10 +206,14 @@ def test_vista_venv_is_created_and_validated_on_an_aarch64_node(arm_node):
 
 MPI_LAYER = "vista-venv-mpi-cu126-cpu-twin"
 #: Vista's MPI module names on the node, for the root's own Open MPI (Debian's 4.1, under Vista's 5.0.5 name: the
-#: fixture tree's modules point at /opt/fake) and its python; the twin runs as root, which Open MPI refuses
-#: unless told.
+#: fixture tree's modules point at /opt/fake) and its python. As a site's MPI module, openmpi/5.0.5 provides the
+#: libmpi: the node's is hidden from the linker's default path (armtwin.enter) and a copy of it lies in the
+#: module's lib under ENVBUILDER_TEST_SOFT, found only through the module's LD_LIBRARY_PATH (and LIBRARY_PATH,
+#: where mpicc's link finds it). The twin runs as root, which Open MPI refuses unless told.
 NODE_MODULES = {
     "openmpi/5.0.5.lua": 'conflict("mvapich2")\nsetenv("MPI_FLAVOR", "openmpi")\nsetenv("MPICC", "/usr/bin/mpicc")\n'
+    'local lib = pathJoin(os.getenv("ENVBUILDER_TEST_SOFT"), "openmpi-5.0.5/lib")\n'
+    'prepend_path("LD_LIBRARY_PATH", lib)\nprepend_path("LIBRARY_PATH", lib)\n'
     'setenv("OMPI_ALLOW_RUN_AS_ROOT", "1")\nsetenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")\n',
     "python3_mpi/3.11.8.lua": 'prereq("gcc", "openmpi")\nsetenv("TACC_PYTHON_VER", "3.11.8")\n'
     'prepend_path("PATH", pathJoin(os.getenv("ENVBUILDER_TEST_SOFT"), "python-3.11.8/bin"))\n',
@@ -222,15 +230,25 @@ def mpi_mirror(node: None) -> str:
 
 def test_vista_mpi_venv_builds_mpi4py_against_the_nodes_mpi_and_validates(tmp_path, mpi_mirror):
     """vista-venv-mpi-cu126 on the node: mpi4py built from source (no_binary) with the node's mpicc under Vista's
-    module names, then mpi4py's send/recv and allreduce through the node's mpirun, and gloo DDP, over two ranks."""
+    module names, against the libmpi that only the openmpi/5.0.5 module provides, then mpi4py's send/recv and
+    allreduce through the node's mpirun, and gloo DDP, over two ranks; without the module the env's python cannot
+    import mpi4py (the loader finds no libmpi)."""
     world = Node(tmp_path, mpi_mirror)
     modules = tmp_path / "node-modules"
     for rel, text in NODE_MODULES.items():
         (modules / rel).parent.mkdir(parents=True, exist_ok=True)
         (modules / rel).write_text(text)
     world.env["MODULEPATH"] = f"{modules}:{world.env['MODULEPATH']}"
-    # mpi4py's build under qemu takes minutes: uv's cache is kept per machine, as a site's would be, and its C
-    # compiles unoptimised (-O2 under emulation would take most of an hour; what it links against is the same).
+    # The module's libmpi: the node's, moved out of the linker's default path into the module's lib.
+    node_lib = armtwin.ROOT / armtwin.LIBDIR.lstrip("/")
+    world.hide = sorted(p.name for p in node_lib.glob("libmpi.so.40*"))
+    module_lib = tmp_path / "soft" / "openmpi-5.0.5" / "lib"
+    module_lib.mkdir(parents=True)
+    shutil.copy2(node_lib / "libmpi.so.40", module_lib / "libmpi.so.40")
+    (module_lib / "libmpi.so").symlink_to("libmpi.so.40")
+    # mpi4py's build under qemu takes minutes (no_binary: built again in every create); uv's cache, kept per
+    # machine as a site's would be, holds the rest, and its C compiles unoptimised (-O2 under emulation would take
+    # most of an hour; what it links against is the same).
     world.env["CFLAGS"] = "-O0 -g0"
     armtwin.UV_CACHE.mkdir(exist_ok=True)
     world.env["UV_CACHE_DIR"] = str(armtwin.UV_CACHE)
@@ -246,6 +264,20 @@ def test_vista_mpi_venv_builds_mpi4py_against_the_nodes_mpi_and_validates(tmp_pa
     assert env["modules"]["delta_set"]["LOADEDMODULES"] == "gcc/13.2.0:openmpi/5.0.5:python3_mpi/3.11.8"
     versions = {p["name"]: p["version"] for p in env["packages"] if p["in_env"]}
     assert (versions["torch"], versions["mpi4py"]) == ("2.10.0", "4.1.2")
+    # mpi4py's extension links to the module's libmpi, which the node's python finds only through the module.
+    prefix = env["prefix"]
+    probe = (
+        f'ldd {prefix}/lib/python3.11/site-packages/mpi4py/MPI.*.so | grep libmpi.so; echo "--"; '
+        f"LD_LIBRARY_PATH={module_lib} ldd {prefix}/lib/python3.11/site-packages/mpi4py/MPI.*.so | grep libmpi.so; "
+        f'echo "--"; {prefix}/bin/python -c "from mpi4py import MPI"'
+    )
+    res = armtwin.enter(
+        ["/bin/sh", "-c", probe], {"PATH": "/usr/bin:/bin"}, world.binds, timeout=300, hide=world.hide
+    )
+    bare, moduled, _ = res.stdout.split("--\n")
+    assert bare.split() == ["libmpi.so.40", "=>", "not", "found"], res.stdout
+    assert moduled.split()[:3] == ["libmpi.so.40", "=>", str(module_lib / "libmpi.so.40")], res.stdout
+    assert res.returncode != 0 and "libmpi.so.40: cannot open shared object file" in res.stderr, res.stderr
 
     found = world.ok(
         "validate", MPI_LAYER, "--cpu", "--checks", "import,mpi,ddp", "--launcher", "mpirun",

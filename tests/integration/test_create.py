@@ -326,6 +326,28 @@ build_env = { EB_FLAG = "cmake=${CMAKE_VERSION}" }
     assert run.stdout.strip() == "cmake=3.25.2"
 
 
+# uv from the loopback index is left out: that index sends no caching headers, so uv fetches the sdist again and
+# builds it again anyway (PyPI's headers let uv keep it; a wheelhouse's unchanged file does too).
+@pytest.mark.parametrize(
+    ("installer", "source"), [("uv", "wheelhouse"), ("pip", "index"), ("pip", "wheelhouse")]
+)
+def test_a_package_with_its_own_build_settings_is_built_again_for_each_env(world, wheels, installer, source):
+    """Two envs build ebprobe (an sdist) with their own build_env, one installer cache between them (the user's):
+    the second env gets a build made with its value, not the wheel the cache kept from the first env's build."""
+    if source == "wheelhouse":
+        world.env["ENVBUILDER_INDEX_MIRROR"] = f"pypi={wheels}"
+    for name, flag in (("first", "one"), ("second", "two")):
+        extra = (
+            f'[[packages]]\nname = "ebprobe"\nspec = "ebprobe==1.0"\nbuild_env = {{ EB_FLAG = "{flag}" }}\n'
+        )
+        world.recipe(name, installer=installer, extra=extra)
+        ok(world.create(name))
+        py = world.prefix(name) / "bin" / "python"
+        run = ok(subprocess.run([str(py), "-c", "import ebprobe; print(ebprobe.FLAG)"], capture_output=True,
+                                text=True))  # fmt: skip
+        assert run.stdout.strip() == flag, name
+
+
 @needs_lmod
 def test_unknown_module_fails_with_spider_hint_and_leaves_nothing(world):
     text = SMALL.format(name="demo", kind="venv", installer="uv", python="python3", extra="")

@@ -246,9 +246,11 @@ def test_an_applying_lock_replaces_the_resolver_installs_with_one_hashed_install
         "--requirement",
         "/scratch/u/envs/demo/envbuilder/lock-requirements.txt",
     )
-    # The source build still runs afterwards, held to the locked versions.
-    assert installs[1][-5:] == (
+    # The source build still runs afterwards, held to the locked versions, built again (not from uv's cache).
+    assert installs[1][-7:] == (
+        "--no-binary",
         "mpi4py",
+        "--no-cache",
         "--constraint",
         "/scratch/u/envs/demo/envbuilder/constraints.txt",
         "--",  # what follows is a requirement, never an option
@@ -364,3 +366,19 @@ def test_conda_locks_failure_is_what_conda_said_not_conda_locks_traceback():
         "Could not lock the environment for platform linux-64\nnothing provides __cuda >=11 needed by hpc-cuda-1.0-0"
     )
     assert conda_lock_failure("Traceback ...\nRuntimeError: no conda\n").endswith("RuntimeError: no conda")
+
+
+@pytest.mark.parametrize(("installer", "fresh"), [("uv", "--no-cache"), ("pip", "--no-cache-dir")])
+def test_a_source_build_is_never_taken_from_the_installers_cache(tmp_path, installer, fresh):
+    """A no_binary package is built against the modules this build loads: the installer's cache, shared by the
+    user's envs, may hold a wheel of it built for another env (against another MPI), so its step does without."""
+    (tmp_path / "demo.toml").write_text(
+        RECIPE.format(torch="2.7.1", channel="stable").replace(
+            'installer = "uv"', f'installer = "{installer}"'
+        )
+    )
+    built = plan.build(load("demo", Catalog([Layer("test", tmp_path)])), CPU_HOST, ENV)
+    (own,) = [s.argv for s in built.install_steps if s.argv[-1] == "mpi4py"]
+    assert own[own.index("--no-binary") :][:3] == ("--no-binary", "mpi4py", fresh)
+    others = [s.argv for s in built.install_steps if s.argv[-1] != "mpi4py"]
+    assert others and not any(fresh in argv for argv in others)  # the rest still comes from the cache
