@@ -44,8 +44,17 @@ DEPS = "/opt/envbuilder-deps"
 #: The stamp of a finished cache: what it was made from, so a change here makes it again.
 STAMP = ROOT / ".envbuilder-twin"
 #: The GPUs each node has, as its nvidia-smi describes them (tests/shims/nvidia-smi's format).
-GPUS = {"driver": "570.124.06", "cuda": "12.8", "gpus": [{"name": "NVIDIA H100 80GB HBM3", "cc": "9.0", "mem": 81559}] * 2}
-PLATFORMS = ("manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+GPUS = {
+    "driver": "570.124.06",
+    "cuda": "12.8",
+    "gpus": [{"name": "NVIDIA H100 80GB HBM3", "cc": "9.0", "mem": 81559}] * 2,
+}
+PLATFORMS = (
+    "manylinux_2_31_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+)
 REPO = Path(__file__).resolve().parent.parent
 
 #: Enters the root in the node's mount namespace: $1 the root, then pairs of (outside, inside) paths to bind,
@@ -82,7 +91,9 @@ def missing() -> Optional[str]:
     return multinode_available()
 
 
-def enter(argv: Sequence[str], binds: Sequence[Path] = (), timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def enter(
+    argv: Sequence[str], binds: Sequence[Path] = (), timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
     """``argv`` run in the root (no Slurm), with the checkout and ``binds`` seen inside at their own paths."""
     pairs = [a for path in (REPO, *binds) for a in (str(path), str(path))]
     cmd = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", ENTER, "enter", str(ROOT),
@@ -94,9 +105,13 @@ class ComputeCluster(MultiNodeCluster):
     """MultiNodeCluster whose nodes run bullseye's slurmd in the root (module docstring), each with two GPUs.
     ``binds``: more paths every node sees at their own places (a test's directories)."""
 
-    def __init__(self, root: Path, *, nodes: int = 2, binds: Sequence[Path] = (), timeout: float = 60.0) -> None:
+    def __init__(
+        self, root: Path, *, nodes: int = 2, binds: Sequence[Path] = (), timeout: float = 60.0
+    ) -> None:
         super().__init__(root, nodes=nodes, timeout=timeout)
-        self.nodes = tuple(Node(n.name, gpus=len(GPUS["gpus"]), own_host=True, addr=n.addr) for n in self.nodes)
+        self.nodes = tuple(
+            Node(n.name, gpus=len(GPUS["gpus"]), own_host=True, addr=n.addr) for n in self.nodes
+        )
         self.binds = (self.root, REPO, *binds)
         #: The node's own programs (its nvidia-smi), at /usr/local/bin inside the root.
         self.node_bin = self.root / "node-bin"
@@ -107,7 +122,7 @@ class ComputeCluster(MultiNodeCluster):
         (self.root / "gpus.json").write_text(json.dumps(GPUS))
         smi = self.node_bin / "nvidia-smi"
         smi.write_text(
-            f'#!/bin/sh\nNVIDIA_SMI_SHIM={self.root / "gpus.json"} exec /usr/bin/python3 '
+            f"#!/bin/sh\nNVIDIA_SMI_SHIM={self.root / 'gpus.json'} exec /usr/bin/python3 "
             f'{REPO / "tests" / "shims" / "nvidia-smi"} "$@"\n'
         )
         smi.chmod(0o755)
