@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,9 @@ OLD_TORCH = "2.8.0"
 NODE_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: envbuilder's exit status for a lock that cannot be used.
 LOCK_ERROR = 13
+#: ... for an env that cannot run here, and for doctor findings that need action.
+STATE_ERROR = 9
+DOCTOR_FINDINGS = 14
 NODE_PYTHON = f"{computetwin.DEPS}/bin/python"
 SOURCES = "".join(
     f'[compute.sources.{fact}]\nsource = "the twin'
@@ -226,3 +230,32 @@ def test_a_lock_made_for_the_login_hosts_glibc_is_not_applied_on_an_older_node(
     assert "run `envbuilder lock twin-dep --platform x86_64` on one of them, or set compute.glibc" in out
     assert "Traceback" not in out and "No solution found" not in out
     assert not (Path(env["SCRATCH"]) / "envs" / "twin-dep").exists()
+
+
+def test_an_env_built_on_the_login_host_is_refused_on_a_node_that_lacks_its_python(
+    cluster, mirror, tmp_path
+) -> None:
+    """Where the site states nothing, an env created on the login host is built on the login host's Python,
+    which the nodes do not have: ``run`` and ``validate`` there say so and how to build it for the nodes,
+    instead of blaming a launcher missing from PATH; ``doctor`` there names the gates the node fails."""
+    env = user_env(tmp_path, mirror, **site(tmp_path, glibc="unknown", python="unknown"))
+    ok(run_cli("create", "twin-new", "--no-validate", env=env))
+    python = Path(env["SCRATCH"]) / "envs" / "twin-new" / "bin" / "python"
+    login = os.uname().nodename
+    for args in (
+        ("run", "twin-new", "--", "python", "-c", "pass"),
+        ("validate", "twin-new", "--checks", "import"),
+    ):
+        code, out = envbuilder_on(cluster, "n1", env, *args)
+        assert code == STATE_ERROR, (args, out)
+        assert f"twin-new's python {python} does not run on this host (n1)" in out, out
+        assert f"which is not here; it was built on {login} with Python {platform.python_version()}" in out, (
+            out
+        )
+        assert "envbuilder create twin-new --force on a compute node" in out
+        assert "not on PATH" not in out and "MPI module" not in out
+    code, out = envbuilder_on(cluster, "n1", env, "doctor", "twin-new")
+    assert code == DOCTOR_FINDINGS, out
+    assert (
+        f"the target has glibc {computetwin.GLIBC}" in out and "the Python it was built from is gone" in out
+    ), out
