@@ -259,3 +259,6 @@ def test_an_env_built_on_the_login_host_is_refused_on_a_node_that_lacks_its_pyth
     assert (
         f"the target has glibc {computetwin.GLIBC}" in out and "the Python it was built from is gone" in out
     ), out
+    # Its python is not missing from the env: it leads to the login host's, which the node does not have.
+    said = " ".join(out.split())
+    assert "the env is damaged: bin/python leads to /" in said and "which is not on this host" in said, out
