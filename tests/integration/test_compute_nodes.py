@@ -5,11 +5,14 @@ job. What is checked: ``plan`` on the login host takes the nodes' glibc and Pyth
 manylinux gate on them (a torch whose wheels need glibc 2.34 is refused for 2.31 nodes although this host has
 2.36); where the site does not state them, the plan says the glibc is this host's and the gate warns, while the
 same plan on a node decides on the node's own; what a node reports (``probe``) is what the site states and not
-what the login host reports; an env created on a node runs there on the node's python.
+what the login host reports; an env created on a node runs there on the node's python and validates from the
+login host through a batch job; a lock the login host made for its own glibc is not applied on an older node;
+an env built on the login host, whose python the nodes lack, is refused by ``run`` and ``validate`` there with
+the reason, and ``doctor`` there names what does not fit.
 
 Jobs go in with sbatch: Slurm 22.05's srun on the login host cannot read the I/O message of the nodes' 20.11
 slurmstepd, and inside a job the node's own srun is used (computetwin's docstring). Times on this 2-core
-machine: the cluster starts in ~2 s, each node job ~3-10 s."""
+machine: the cluster starts in ~2 s, each node job ~3-10 s, the file ~50 s."""
 
 from __future__ import annotations
 
@@ -209,6 +212,22 @@ def test_an_env_created_on_a_node_runs_there_on_the_nodes_python(cluster, mirror
         and python.startswith(computetwin.PYTHON + ".")
         and glibc == computetwin.GLIBC
     )
+    # Validated from the login host: the batch job runs the payload on a node, on the env's python 3.9.
+    args = (
+        "validate",
+        "twin-old",
+        "--submit",
+        "--checks",
+        "import",
+        "--cpu",
+        "--launcher",
+        "local",
+        "--json",
+    )
+    report = data(ok(run_cli(*args, env={**env, **cluster.env}, timeout=300)).stdout)
+    rank = report["checks"]["import"]["per_rank"]["0"]
+    assert report["hosts"]["0"] in ("n1", "n2") and rank["torch"] == f"{OLD_TORCH}+cpu", report
+    assert rank["python"].startswith(computetwin.PYTHON + "."), rank
 
 
 def test_a_lock_made_for_the_login_hosts_glibc_is_not_applied_on_an_older_node(
