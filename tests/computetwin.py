@@ -79,7 +79,17 @@ exec /usr/sbin/chroot "$root" "$@"
 
 
 def stamp_text() -> str:
-    return "\n".join([SUITE, *PACKAGES, *PLATFORMS]) + "\n"
+    """What the cache is made from: a change to it (or to envbuilder's own dependencies) makes it again."""
+    return "\n".join([SUITE, *PACKAGES, *PLATFORMS, *_dependencies()]) + "\n"
+
+
+def _dependencies() -> list[str]:
+    """envbuilder's own dependencies, as pyproject.toml lists them (the node's deps venv installs them)."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11 (the 3.9 lane imports this module too)
+        import tomli as tomllib
+    return [str(d) for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]]
 
 
 def missing() -> Optional[str]:
