@@ -176,6 +176,25 @@ def test_where_the_site_is_silent_the_login_plan_says_the_glibc_is_its_own_and_a
     assert f"need glibc ≥ 2.34 (manylinux), the target has glibc {computetwin.GLIBC}" in out, out
 
 
+def test_on_a_node_its_own_glibc_wins_over_a_site_file_that_says_otherwise(cluster, mirror, tmp_path) -> None:
+    """The site file is out of date (it says 2.36; the nodes have 2.31): a plan on the login host can only trust
+    it, but a plan inside a job on a node measures the node, plans for what it has and says the file is wrong."""
+    env = user_env(tmp_path, mirror, **site(tmp_path, glibc=LOGIN_GLIBC, python=computetwin.PYTHON))
+    code, out = envbuilder_on(cluster, "n1", env, "plan", "twin-old", "--json")
+    assert code == 0, out
+    plan = data(out)
+    glibc = origins(plan)["glibc"]
+    assert (plan["target"]["glibc"], glibc["value"], glibc["origin"]) == (computetwin.GLIBC,) * 2 + (
+        "node",
+    ), glibc
+    assert f"the site states {LOGIN_GLIBC}" in glibc["detail"], glibc
+    assert any(f"compute.glibc {LOGIN_GLIBC}" in w and f"this node (n1) has glibc {computetwin.GLIBC}" in w
+               for w in plan["warnings"]), plan["warnings"]  # fmt: skip
+    code, out = envbuilder_on(cluster, "n1", env, "plan", "twin-new")
+    assert code != 0, out
+    assert f"need glibc ≥ 2.34 (manylinux), the target has glibc {computetwin.GLIBC}" in out, out
+
+
 def test_a_node_reports_the_facts_the_site_states_and_the_login_host_does_not(
     cluster, mirror, tmp_path
 ) -> None:
