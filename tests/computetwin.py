@@ -4,8 +4,10 @@ bookworm: glibc 2.36, its own Python) plays the login host that plans.
 
 Each node is a host of its own as in tests/slurm.py's MultiNodeCluster (its UTS and mount namespaces, its name,
 its /etc/hosts), and there its slurmd is bullseye's own (Slurm 20.11, two releases older than this machine's
-22.05 slurmctld and clients: Slurm supports that mix, as sites run it during upgrades), started with chroot
-into the root. Every job step and batch script on a node therefore runs on the node's libc, Python and tools;
+22.05 slurmctld and clients), started with chroot into the root. slurmctld takes the older slurmd (as during a
+site's rolling upgrade), and sbatch from the login host works; the login host's 22.05 srun cannot read a 20.11
+slurmstepd's I/O message, so tests submit jobs with sbatch, and steps inside a job use the node's own 20.11 srun
+(bullseye's slurm-client). Every job step and batch script on a node runs on the node's libc, Python and tools;
 nothing of the login host's userland is there but the paths bound in at their own places: the cluster's
 directory (config, sockets, logs), the checkout (envbuilder's source, the PYTHONPATH of ``python -m
 envbuilder`` on the node) and those a test names. The nodes have GPUs (Slurm's gres on fake devices, and a
