@@ -163,16 +163,25 @@ def health(record: EnvRecord) -> Health:
     if not prefix.is_dir():
         return Health("gone", f"{prefix} does not exist (purged or removed)")
     missing: list[str] = []
+    #: What a link of the env leads to that this host lacks (a python built on another host), in words.
+    elsewhere = ""
     if registry.kind_info(record.kind).own_python:
         for rel in ("bin/python", "bin/activate"):
-            if not (prefix / rel).exists():
+            path = prefix / rel
+            if not path.exists():
                 missing.append(rel)
+                if path.is_symlink() and not elsewhere:
+                    elsewhere = f"{rel} leads to {path.resolve()}, which is not on this host"
     for rec in sorted(prefix.glob("lib/python*/site-packages/*.dist-info/RECORD")):
         site = rec.parent.parent
         for line in rec.read_text(encoding="utf-8", errors="replace").splitlines():
             rel = line.split(",", 1)[0]
             if rel and not (site / rel).exists() and "__pycache__" not in rel:
                 missing.append(str((site / rel).relative_to(prefix)) if not rel.startswith("..") else rel)
+    if missing and elsewhere:
+        others = len(missing) - 1
+        more = f"; {others} other file(s) missing" if others else ""
+        return Health("damaged", elsewhere + more, tuple(missing))
     if missing:
         return Health("damaged", f"{len(missing)} file(s) missing, e.g. {missing[0]}", tuple(missing))
     return Health("ok", "all files present")

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -430,13 +430,17 @@ class MiniCluster:
         out = (self.logs / f"{label}.out").open("wb")
         self._outputs.append(out)
         self.procs[label] = subprocess.Popen(
-            [sys.executable, "-I", __file__, *host, exe, *args],
+            [sys.executable, "-I", __file__, *host, *self._argv(name, exe, args)],
             env=self.environ(),
             cwd=self.root,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+    def _argv(self, name: str, exe: str, args: Sequence[str]) -> list[str]:
+        """What the supervisor runs for daemon ``name`` found at ``exe`` (a subclass may wrap it)."""
+        return [exe, *args]
 
     def _wait_until(self, ready: Callable[[], bool], what: str, began: float) -> None:
         while True:

@@ -85,14 +85,17 @@ def applicable_lock(
     *,
     locked: bool,
     warnings: list[str],
+    glibc: Optional[str] = None,
 ) -> tuple[Optional[lockfile.PlatformLock], Optional[LockStatus]]:
-    """The lock's platform for this target when it still matches the recipe; otherwise say why not."""
+    """The lock's platform for this target (whose glibc is ``glibc``, None where unknown) when it still matches
+    the recipe and the target runs what it holds; otherwise say why not."""
     fix = f"envbuilder lock {name} --platform {arch or 'ARCH'}"
     if lock is None:
         if locked:
             raise LockError(f"--locked, but {name} has no lock", hint=f"make one: {fix}")
         return None, None
     problem = ""
+    hint = f"regenerate it: {fix}"
     platform = lock.for_arch(arch)
     if platform is None:
         problem = f"{lock.path} has no {arch} platform (it locks {', '.join(lock.arches()) or 'none'})"
@@ -101,12 +104,39 @@ def applicable_lock(
         problem = (
             f"{lock.path} is stale for {name} on {arch}: the recipe now resolves differently ({changes})"
         )
+    elif _too_new(platform.tag, glibc):
+        problem = (
+            f"{lock.path} was resolved for {platform.tag} (glibc {_tag_glibc(platform.tag)}), but the target has "
+            f"glibc {glibc}: its wheels may not install or run here"
+        )
+        hint = f"lock it for these nodes: run `{fix}` on one of them, or set compute.glibc in the site file"
     if not problem and platform is not None:
         return for_target(platform, str(lock.path))[0], LockStatus(lock.summary(), arch, applies=True)
     if locked:
-        raise LockError(problem, hint=f"regenerate it: {fix}")
+        raise LockError(problem, hint=hint)
     warnings.append(f"{problem}; building without the lock")
     return None, LockStatus(lock.summary(), arch, applies=False, reason=problem)
+
+
+_MANYLINUX_TAG = re.compile(r"-manylinux_(\d+)_(\d+)$")
+
+
+def _tag_glibc(tag: str) -> Optional[str]:
+    """The glibc a uv ``--python-platform`` such as ``x86_64-manylinux_2_36`` stands for; None for another tag (a
+    conda subdir)."""
+    m = _MANYLINUX_TAG.search(tag)
+    return f"{m[1]}.{m[2]}" if m else None
+
+
+def _too_new(tag: str, glibc: Optional[str]) -> bool:
+    """Whether a platform locked for ``tag`` may hold wheels that need a newer glibc than the target's."""
+    need = _tag_glibc(tag)
+    if not need or not glibc:
+        return False
+    try:
+        return Version(need) > Version(glibc)
+    except ValueError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -175,7 +175,7 @@ def build(
     requirements = [*(resolution.requirements if resolution else ()), *(p.requirement for p in packages)]
     lock_inputs = applicability.lock_inputs(kind, target.python, resolution, packages, recipe)
     locked, lock_status = applicability.applicable_lock(
-        recipe.name, lock, lock_inputs, target.arch, locked=opts.locked, warnings=warnings
+        recipe.name, lock, lock_inputs, target.arch, locked=opts.locked, warnings=warnings, glibc=target.glibc
     )
     if locked is not None and lock is not None:
         _lock_remarks(recipe.name, lock, locked, warnings, notes)

@@ -72,7 +72,7 @@ def target_facts(
     same_os = not host.arch or host.arch == arch
     return HostFacts(
         arch=arch,
-        glibc=stated(compute.glibc) or (host.glibc if same_os else None),
+        glibc=_glibc(recipe, host, same_os, warnings),
         python=python,
         driver_version=driver,
         max_cuda=max_cuda,
@@ -84,6 +84,27 @@ def target_facts(
         filesystems=host.filesystems,
         source=f"site compute facts + {host.source}",
     )
+
+
+def _glibc(recipe: Recipe, host: HostFacts, same_os: bool, warnings: list[str]) -> Optional[str]:
+    """The target's glibc: on a compute node (this host, probed inside a job) the node's own, whatever the site
+    file says (a file that disagrees is out of date, and is named); elsewhere the site's, else this host's."""
+    said = stated(recipe.compute.glibc)
+    if not same_os:
+        return said
+    if host.glibc and on_a_node(host):
+        if said and said != host.glibc:
+            warnings.append(
+                f"{recipe.site.name or 'the site'}'s compute.glibc {said} is not this node's: this node "
+                f"({host.hostname or 'here'}) has glibc {host.glibc}, which the plan uses; correct the site file"
+            )
+        return host.glibc
+    return said or host.glibc
+
+
+def on_a_node(host: HostFacts) -> bool:
+    """Whether ``host`` is this machine probed inside a job: a compute node, whose own facts are the target's."""
+    return host.source == "probe" and bool(host.allocation)
 
 
 def env_python(
@@ -179,11 +200,13 @@ def _origin(fact: str, value: Optional[str], recipe: Recipe, host: HostFacts) ->
     why = (
         f"the site does not know it: {src.note}" if said == UNKNOWN and src else "the site does not state it"
     )
+    if stated(said):  # and this node has another
+        why = f"the site states {said}, which is not this node's"
     if value is None:
         return TargetFact(fact, None, "unknown", why)
     if host.source != "probe":
         return TargetFact(fact, value, "facts", f"from the facts file {host.source}; {why}")
-    if host.allocation:
+    if on_a_node(host):
         return TargetFact(fact, value, "node", f"this node's, inside a job; {why}")
     return TargetFact(fact, value, "host", f"from this host, which may not be a compute node; {why}")
 

@@ -95,6 +95,8 @@ def prepare(
     python = (
         str(prefix / "bin" / "python") if own_python else str(record.tools.get("python_path") or "python3")
     )
+    if not batch:
+        runner.python_here(record, python, host)
     the_launch = suite.launch_program(
         recipe,
         shape,

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 from envbuilder import fsutil, payloads, plan, proc, removal, state
 from envbuilder.backends import registry
-from envbuilder.errors import CommandFailed, UsageError, ValidationFailed
+from envbuilder.errors import CommandFailed, StateError, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
 from envbuilder.modules import ModuleSystem
 from envbuilder.plan.activation import Activation, activation_for
@@ -141,6 +141,8 @@ def run(
             f"not validating {record.name} here: {reason}",
             hint=_elsewhere_hint(record.name, the_launch),
         )
+    if not opts.submit:
+        python_here(record, python, host)
     _make_run_dir(run_dir)
     budget = timeout * len(checks) + SLACK_S
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -239,6 +241,23 @@ def threads_here(the_launch: suite.Launch, here: schedulers.Where) -> int:
     else:
         cpus = os.cpu_count() or 1
     return suite.omp_threads(cpus, the_launch.nproc_per_node)
+
+
+def python_here(record: state.EnvRecord, python: str, host: HostFacts) -> None:
+    """Refuses a run here where the env's own python is a link to an interpreter this host does not have (the
+    env was built on another host, such as a login node whose Python the compute nodes lack)."""
+    link = Path(python)
+    if not registry.kind_info(record.kind).own_python or link.exists() or not link.is_symlink():
+        return
+    built = record.facts or {}
+    where = f" on {built['hostname']}" if built.get("hostname") else ""
+    made = f"; it was built{where} with Python {(record.tools or {}).get('python') or built.get('python') or '?'}"
+    raise StateError(
+        f"{record.name}'s python {python} does not run on this host ({host.hostname or 'here'}): it leads to "
+        f"{link.resolve()}, which is not here{made}",
+        hint=f"build it where it runs: envbuilder create {record.name} --force on a compute node, with a Python "
+        "the nodes have ([python] version, or compute.python in the site file)",
+    )
 
 
 def _site_python(record: state.EnvRecord) -> str:

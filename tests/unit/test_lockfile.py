@@ -285,6 +285,28 @@ def test_locked_without_a_lock_or_without_this_platform(tmp_path):
         plan.build(r, CPU_HOST, ENV, plan.Options(locked=True), lock=lock_for(inputs, arch="aarch64"))
 
 
+def test_a_lock_resolved_for_a_newer_glibc_than_the_targets_is_not_applied(tmp_path):
+    """Locked where glibc is 2.36 (a login host), planned for a node with 2.31: its wheels may need 2.36."""
+    r = recipe(tmp_path)
+    inputs = plan.build(r, CPU_HOST, ENV).lock_inputs
+    newer = replace(
+        lock_for(inputs), platforms=(replace(lock_for(inputs).platforms[0], tag="x86_64-manylinux_2_36"),)
+    )
+    old_node = replace(CPU_HOST, glibc="2.31")
+    p = plan.build(r, old_node, ENV, lock=newer)
+    assert p.to_json()["lock"]["status"] == "ignored"
+    assert any("resolved for x86_64-manylinux_2_36 (glibc 2.36), but the target has glibc 2.31" in w
+               for w in p.warnings), p.warnings  # fmt: skip
+    with pytest.raises(LockError, match=r"but the target has glibc 2\.31") as info:
+        plan.build(r, old_node, ENV, plan.Options(locked=True), lock=newer)
+    assert "or set compute.glibc in the site file" in (info.value.hint or "")
+    # A lock for an older level, or a target whose glibc is not known, still applies.
+    assert plan.build(r, old_node, ENV, lock=lock_for(inputs)).to_json()["lock"]["status"] == "applies"
+    assert (
+        plan.build(r, replace(CPU_HOST, glibc=None), ENV, lock=newer).to_json()["lock"]["status"] == "applies"
+    )
+
+
 def test_a_nightly_lock_warns_that_its_wheels_disappear(tmp_path):
     r = recipe(tmp_path, torch="2.11.0.dev20260301", channel="nightly")
     inputs = plan.build(r, CPU_HOST, ENV).lock_inputs

@@ -4,6 +4,7 @@ the plan says where each of the target's came from, and a gate decided on the pl
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 from helpers import PLAN_ENV
@@ -93,6 +94,24 @@ def test_inside_a_job_this_nodes_facts_are_the_compute_nodes():
     p = make("frontera-venv-cu124", node)
     assert facts_of(p)["glibc"].origin == "node"
     assert not any("gate" in w for w in p.warnings), p.warnings
+
+
+def test_inside_a_job_this_nodes_glibc_wins_over_a_site_file_that_says_otherwise():
+    node = HostFacts(arch="x86_64", glibc="2.34", python="3.11.7", gpus=(), hostname="c001",
+                     allocation={"SLURM_JOB_ID": "7"})  # fmt: skip
+    p = make("frontera-venv-cu124", node, **{"compute.glibc": "2.28"})
+    glibc = facts_of(p)["glibc"]
+    assert (p.target.glibc, glibc.origin) == ("2.34", "node"), glibc
+    assert "the site states 2.28, which is not this node's" in glibc.detail
+    assert any(
+        "compute.glibc 2.28 is not this node's: this node (c001) has glibc 2.34" in w for w in p.warnings
+    )
+    # Where they agree, the site's word stands (with its source) and nothing warns.
+    agree = make("frontera-venv-cu124", node, **{"compute.glibc": "2.34"})
+    assert facts_of(agree)["glibc"].origin == "site" and not any("compute.glibc" in w for w in agree.warnings)
+    # Facts from a file are another node's, not a measurement of this one: the site's word stands.
+    filed = make("frontera-venv-cu124", replace(node, source="c001.json"), **{"compute.glibc": "2.28"})
+    assert filed.target.glibc == "2.28"
 
 
 def test_a_python_gate_decided_on_this_hosts_python_warns():
