@@ -2,7 +2,8 @@
 with loopback only, tests/offline_node.py) whose own host name nothing there resolves (not in /etc/hosts, no DNS
 reachable), as on a node only the site's DNS knows: `validate` passes every CPU check through torchrun and through
 the env's MPI, `run` starts the user's program as the recipe's launch does, and `plan` and `doctor`, which read
-the wheel indexes, fall back on the shipped table and say why, without a traceback or a wait."""
+the wheel indexes, fall back on the shipped table and say why, without a traceback or a wait: at once where
+nothing routes out, within ENVBUILDER_INDEX_TIMEOUT where a firewall drops what goes out."""
 
 from __future__ import annotations
 
@@ -118,6 +119,21 @@ def test_plan_falls_back_on_the_shipped_table_and_says_why(world, how):
     else:  # read, failed at once (no route), and said so: the URL and the cause in words
         assert "every index read failed: https://download.pytorch.org/whl/cpu/torch/" in text, text
         assert "name resolution" in text, text
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("command", [("plan", "vcpu"), ("doctor", "vcpu")], ids=["plan", "doctor"])
+def test_index_reads_end_at_the_index_timeout_where_packets_are_dropped(world, command):
+    """Where the node's packets out are dropped rather than refused, a name lookup waits for every try of the
+    resolver at every name server (10 s here, more with more servers), which no socket timeout bounds: before the
+    fix plan and doctor waited that long, past ENVBUILDER_INDEX_TIMEOUT, and blamed name resolution."""
+    started = time.monotonic()
+    env = node_env(world, ENVBUILDER_INDEX_TIMEOUT="2")
+    res = run_offline(cli_argv(*command, "--json"), env, hostname=NODE, dropped=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    late = "https://download.pytorch.org/whl/cpu/torch/: no answer within 2 s (ENVBUILDER_INDEX_TIMEOUT)"
+    assert late in res.stdout, res.stdout
     assert time.monotonic() - started < 60
 
 
