@@ -148,7 +148,7 @@ def test_doctor_reports_the_index_unread_and_the_env_as_it_is(world):
 
 def test_the_env_record_shows_the_last_validation_from_the_node(world):
     """What validate stored on the node is what show says there (no index, no network)."""
-    passed(on_node(world, "validate", "vcpu", "--cpu", "--checks", "import", "--json"))
+    passed(on_node(world, "validate", "vcpu", "--cpu", "--checks", "import", "--timeout", "40", "--json"))
     res = on_node(world, "show", "vcpu")
     assert res.returncode == 0, res.stderr
     assert "last check: import: pass" in res.stdout, res.stdout
