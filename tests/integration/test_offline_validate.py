@@ -137,6 +137,57 @@ def test_index_reads_end_at_the_index_timeout_where_packets_are_dropped(world, c
     assert time.monotonic() - started < 60
 
 
+def age_the_cached_pages(world: CpuTorchWorld, seconds: float) -> int:
+    """Make the pages in the world's index cache read ``seconds`` earlier (a copy older than a day is one the
+    plan no longer takes as fresh); how many there were."""
+    pages = list((world.home / "cache" / "index").glob("*.json"))
+    for path in pages:
+        data = json.loads(path.read_text())
+        data["read_at"] -= seconds
+        path.write_text(json.dumps(data))
+    return len(pages)
+
+
+@pytest.mark.parametrize(
+    ("command", "days"),
+    [(("plan", "vcpu", "--refresh"), 0), (("plan", "vcpu"), 2), (("doctor", "vcpu", "--refresh"), 2)],
+    ids=["plan-refresh", "plan-two-days-on", "doctor-refresh"],
+)
+def test_a_failed_read_on_the_node_uses_the_pages_read_before(world, command, days):
+    """The user planned on the login node, where the mirror answered, and the pages went into the index cache of
+    their envbuilder home; on the node the mirror does not answer (nothing listens on its loopback). A refresh,
+    or a read once the copy is over a day old, fails there: the copy read before stands in for the page, not the
+    shipped table (older, and all the plan had before the fix), and the plan says that the read failed."""
+    assert world.cli("plan", "vcpu").returncode == 0  # on the login node: the pages are read and cached
+    assert age_the_cached_pages(world, days * 86400) == 2  # download.pytorch.org's cpu page and PyPI's
+    res = run_offline(cli_argv(*command), world.env, hostname=NODE, timeout=120)
+    assert "Traceback" not in res.stderr
+    out = res.stdout
+    assert "every index read failed" not in out and "the index was not read" not in out, out
+    if command[0] == "plan":
+        assert res.returncode == 0, res.stderr
+        said = " ".join(out.split())  # the line may be wrapped
+        assert "https://download.pytorch.org/whl/cpu: 1 torch files, read from http://127.0.0.1:" in said, out
+        assert "(cached); read again now, it failed: http://127.0.0.1:" in said, out
+        assert "cannot connect (Connection refused)" in said, out
+    else:  # its report names the newest torch the cached page lists
+        assert "knows the newest torch on the index (2.13.0)" in out, out
+
+
+def test_create_on_the_node_says_the_plans_read_failed_too(world):
+    """Where the plan's read failed and the copy read before stood in for the page, the install still meets the
+    unanswering index: create's error names the plan's failed read as well, as where the plan had no copy."""
+    assert world.cli("plan", "vcpu").returncode == 0  # on the login node: the pages are read and cached
+    res = run_offline(
+        cli_argv("create", "vcpu", "--name", "vcpu2", "--no-validate", "--refresh"), world.env, hostname=NODE
+    )
+    assert res.returncode == 11, res.stderr
+    err = " ".join(res.stderr.split())
+    assert "the plan could not read the wheel index either (http://127.0.0.1:" in err, res.stderr
+    assert "ENVBUILDER_INDEX_MIRROR" in err and "Traceback" not in err, res.stderr
+    assert not (world.scratch / "envbuilder" / "envs" / "vcpu2").exists()
+
+
 def test_doctor_reports_the_index_unread_and_the_env_as_it_is(world):
     res = on_node(world, "doctor", "vcpu", "--json", timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
