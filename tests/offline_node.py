@@ -41,6 +41,20 @@ def why_not() -> Optional[str]:
     return None if res.returncode == 0 else f"{' '.join(UNSHARE)} failed here: {res.stderr.strip()}"
 
 
+@cache
+def why_not_dropped() -> Optional[str]:
+    """Why no node with a dropping way out can be made here (None where one can)."""
+    reason = why_not()
+    if reason is not None:
+        return reason
+    res = subprocess.run(
+        [*UNSHARE, sys.executable, str(Path(__file__).resolve()), "--dropped", "--", "true"],
+        capture_output=True,
+        text=True,
+    )
+    return None if res.returncode == 0 else f"no veth pair in a network namespace here: {res.stderr.strip()}"
+
+
 #: A network, host name and pid space of the node's own; its first process's end (or its parent's: --kill-child)
 #: ends every process in it.
 UNSHARE = ("unshare", "--net", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child")
