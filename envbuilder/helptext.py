@@ -20,7 +20,7 @@ VARIABLES = {
     "ENVBUILDER_CONFIG": "the site config to read (default /etc/envbuilder/config.toml)",
     "ENVBUILDER_INDEX_MIRROR": "UPSTREAM=TARGET pairs: where wheel index and channel reads really go",
     "ENVBUILDER_OFFLINE": "1 reads no index: plan from the shipped table (like --offline)",
-    "ENVBUILDER_INDEX_TIMEOUT": "seconds to wait for a wheel index to answer",
+    "ENVBUILDER_INDEX_TIMEOUT": "seconds to wait for the wheel indexes to answer, name lookup included",
     "UV_CACHE_DIR": "uv's package cache (else $ENVBUILDER_UV_CACHE, else beside the envs)",
     "ENVBUILDER_CONDA_PKGS": "the conda package cache (default $SCRATCH/envbuilder/conda-pkgs)",
     "ENVBUILDER_BACKUP_ROOT": "where backups go (default $WORK/envbuilder/backups)",

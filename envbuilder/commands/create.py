@@ -56,7 +56,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     facts = host.load_facts_file(args.facts) if args.facts else host.probe()
     lock = None if args.no_lock else lockfile.find(recipe, catalog, env, args.lock)
     index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
-    unread = [p.error for p in index.pages.values() if p.error] if index else []  # create meets them too
+    # The install meets them too, even where the plan had a copy read before.
+    unread = [e for p in index.pages.values() for e in (p.error or p.failed,) if e] if index else []
     the_plan = planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=plan_cmd.table_age())
     same_arch(the_plan, platform.machine())
     # --json keeps stdout for the JSON; the steps and their progress stay on stderr, or a batch job's output

@@ -336,6 +336,8 @@ class PageRead:
     read_at: float = 0.0  # epoch seconds; the oldest of its sources' reads
     cached: bool = False  # every URL source came from the cache
     error: Optional[str] = None
+    #: Why the cache stands in: the read failed now (the page is still ok, with what was read before).
+    failed: Optional[str] = None
 
     @property
     def ok(self) -> bool:
@@ -346,7 +348,8 @@ class PageRead:
         when = datetime.datetime.fromtimestamp(self.read_at, datetime.timezone.utc).strftime(
             "%Y-%m-%d %H:%M UTC"
         )
-        return f"read from {', '.join(self.sources)} at {when}" + (" (cached)" if self.cached else "")
+        line = f"read from {', '.join(self.sources)} at {when}" + (" (cached)" if self.cached else "")
+        return line + (f"; read again now, it failed: {self.failed}" if self.failed else "")
 
     def to_json(self) -> dict[str, Any]:
         versions = sorted({f.version for f in self.files}, key=_version_key)
@@ -356,6 +359,7 @@ class PageRead:
             "read_at": self.read_at,
             "cached": self.cached,
             "error": self.error,
+            "failed": self.failed,
             "files": len(self.files),
             "versions": versions,
         }

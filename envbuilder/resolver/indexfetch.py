@@ -4,26 +4,42 @@ is not in the cache, so a plan from cached pages loads no HTTP machinery."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import http.client
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Optional
 
 from envbuilder import __version__
 from envbuilder.resolver.indexfacts import ACCEPT, JSON_TYPE, parse_simple_html, parse_simple_json
 from envbuilder.resolver.indexread import TIMEOUT_VAR, Read
 
-MAX_THREADS = 16
-
 
 def fetch_all(urls: Sequence[str], project: str, env: Mapping[str, str], seconds: float) -> list[Read]:
-    """Each page of ``urls`` read in parallel, in order."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(urls), MAX_THREADS)) as pool:
-        return list(pool.map(lambda url: _fetch(url, project, env, seconds), urls))
+    """Each page of ``urls`` read in parallel, in order, all within ``seconds``: a page still unread then is given
+    up as unanswered. The sockets' own timeout does not bound a host name's lookup, which on a node whose packets
+    out are dropped waits for the resolver's every try at every name server (10 s and more) before it fails."""
+    started = time.time()
+    reads: list[Optional[Read]] = [None] * len(urls)
+
+    def read(i: int) -> None:
+        reads[i] = _fetch(urls[i], project, env, seconds)
+
+    # Threads of their own, not a pool's: a daemon thread still waiting on a lookup is left behind, where a
+    # pool's workers would be waited for when the CLI exits.
+    workers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(len(urls))]
+    deadline = time.monotonic() + seconds
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(max(0.0, deadline - time.monotonic()))
+    late = Read(read_at=started, error=f"no answer within {seconds:g} s ({TIMEOUT_VAR})")
+    return [r if r is not None else replace(late, error=f"{u}: {late.error}") for u, r in zip(urls, reads)]
 
 
 def _fetch(url: str, project: str, env: Mapping[str, str], seconds: float) -> Read:

@@ -15,24 +15,28 @@ What a read can mean:
   ``error`` and the resolver uses the shipped table for it. No exception escapes for these.
 
 Answers are cached under ``<home>/cache/index/<sha256 of the page URL>.json`` (directory 0700, files 0600, written
-atomically) for ``ttl`` seconds; ``refresh`` reads again anyway. Offline (``offline=True`` or ENVBUILDER_OFFLINE set
-to 1/true) no URL is read: fresh cache entries are still used (``refresh`` then changes nothing), other URL pages
-get an error saying why.
+atomically) for ``ttl`` seconds; ``refresh`` reads again anyway. A read that fails (no network on this node, the
+index down) falls back on the copy read before, of any age, where it was read after the shipped table's date: it
+is then the newer knowledge, and the page says that its read failed and when its copy was made. Offline
+(``offline=True`` or ENVBUILDER_OFFLINE set to 1/true) no URL is read: fresh cache entries are still used
+(``refresh`` then changes nothing), other URL pages get an error saying why.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 from envbuilder import fsutil, settings
 from envbuilder.errors import UsageError
-from envbuilder.resolver import mirror
+from envbuilder.resolver import matrix, mirror
 from envbuilder.resolver.indexfacts import (
     IndexFacts,
     PageRead,
@@ -61,6 +65,8 @@ class Read:
     read_at: float = 0.0
     cached: bool = False
     error: Optional[str] = None
+    #: Why this (cached) answer stands in for a read that failed now.
+    failed: Optional[str] = None
 
 
 def read(
@@ -128,6 +134,7 @@ def _page(upstream: str, found: Sequence[str], reads: Mapping[str, Read]) -> Pag
         read_at=min((r.read_at for r in parts), default=time.time()),
         cached=bool(url_parts) and all(r.cached for r in url_parts),
         error="; ".join(r.error for r in parts if r.error) or None,
+        failed="; ".join(r.failed for r in parts if r.failed) or None,
     )
 
 
@@ -170,10 +177,22 @@ def _read_urls(
 
     pages = [_page_url(u, project) for u in todo]
     for url, page, got in zip(todo, pages, indexfetch.fetch_all(pages, project, env, timeout(env))):
-        reads[url] = got
         if got.error is None:
             cache.put(page, got)
+        reads[url] = got if got.error is None else _kept(cache, page, project, got.error) or got
     return reads
+
+
+def _kept(cache: _Cache, page: str, project: str, error: str) -> Optional[Read]:
+    """For a page whose read failed (a node without a network, the index down, a refresh): the copy read before,
+    of any age, where it is newer than the shipped table, which would stand in for it otherwise."""
+    hit = cache.get(page, project, any_age=True)
+    table = datetime.datetime.combine(
+        datetime.date.fromisoformat(matrix.load_matrix().as_of), datetime.time(), datetime.timezone.utc
+    )
+    if hit is None or hit.read_at < table.timestamp():
+        return None
+    return replace(hit, failed=error)
 
 
 def _read_dir(source: str, project: str) -> Read:
@@ -201,7 +220,7 @@ class _Cache:
     def _path(self, url: str) -> Path:
         return self.root / f"{hashlib.sha256(url.encode()).hexdigest()}.json"
 
-    def get(self, url: str, project: str) -> Optional[Read]:
+    def get(self, url: str, project: str, *, any_age: bool = False) -> Optional[Read]:
         try:
             data = json.loads(self._path(url).read_bytes())
             read_at = float(data["read_at"])
@@ -210,7 +229,7 @@ class _Cache:
             return None
         if data.get("version") != CACHE_VERSION or data.get("url") != url:
             return None
-        if not 0 <= time.time() - read_at < self.ttl:
+        if not any_age and not 0 <= time.time() - read_at < self.ttl:
             return None
         files = (wheel_from_json(e, project) for e in entries if isinstance(e, dict))
         return Read(tuple(f for f in files if f is not None), read_at, cached=True)

@@ -83,6 +83,8 @@ class LaunchSpec:
 
 
 MASTER_ADDR = ShellVar("MASTER_ADDR")
+#: The address a one-node torchrun gives its workers for its store (torch >= 2.0 has --local-addr).
+LOOPBACK = "--local-addr=127.0.0.1"
 
 
 def torchrun_argv(spec: LaunchSpec, master: Arg = MASTER_ADDR) -> list[Arg]:
@@ -91,7 +93,9 @@ def torchrun_argv(spec: LaunchSpec, master: Arg = MASTER_ADDR) -> list[Arg]:
         raise UsageError("the torchrun launcher needs the env's python")
     argv: list[Arg] = list(spec.torchrun)
     if spec.nodes == 1:
-        argv += ["--standalone", "--nnodes=1", f"--nproc-per-node={spec.nproc_per_node}"]
+        # The store's address is loopback, not the host name torchrun would publish: on a node whose own name
+        # does not resolve (no DNS, not in /etc/hosts) the workers retried that name until killed.
+        argv += ["--standalone", LOOPBACK, "--nnodes=1", f"--nproc-per-node={spec.nproc_per_node}"]
     else:
         # One shared endpoint for every node: the allocation's first host, one fixed port. Never localhost.
         argv += [

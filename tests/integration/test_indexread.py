@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import json
 import os
 import socket
 import stat
@@ -14,6 +16,7 @@ from torchindex import NEWEST, NIGHTLIES, NIGHTLY_PRUNED, pytorch_like, serve, t
 
 from envbuilder.resolver import indexread, mirror
 from envbuilder.resolver.indexfacts import parse_wheel_filename
+from envbuilder.resolver.matrix import load_matrix
 
 pytestmark = pytest.mark.integration
 
@@ -269,3 +272,22 @@ def test_real_pypi_torch_page(tmp_path):
     assert files, [f.filename for f in page.files if f.version == "2.15.0"]
     wheel = parse_wheel_filename(files[0].filename)
     assert wheel is not None and wheel.platforms[0].startswith("manylinux") and wheel.pythons == ("3.11",)
+
+
+def test_a_failed_read_falls_back_on_the_copy_read_before_if_newer_than_the_table(server, tmp_path):
+    indexread.read([CU130], env_for(server), home=tmp_path)
+    server.fail["whl/cu130"] = 503
+    kept = indexread.read([CU130], env_for(server), home=tmp_path, refresh=True)
+    page = kept.page(CU130)
+    assert page is not None and page.cached and kept.versions(CU130)[-1] == NEWEST and kept.fallback is None
+    failed = f"{server.url}/whl/cu130/torch/: HTTP 503 Service Unavailable"
+    assert page.failed == failed and page.line().endswith(f"(cached); read again now, it failed: {failed}")
+    # Read before the shipped table's date, the copy knows less than the table: the table stands in for it.
+    table = datetime.datetime.fromisoformat(load_matrix().as_of).replace(tzinfo=datetime.timezone.utc)
+    for entry in (tmp_path / "cache" / "index").iterdir():
+        data = json.loads(entry.read_text())
+        data["read_at"] = table.timestamp() - 1
+        entry.write_text(json.dumps(data))
+    older = indexread.read([CU130], env_for(server), home=tmp_path)
+    assert older.page(CU130) is None and older.pages[CU130].error == failed
+    assert older.fallback == f"every index read failed: {failed}"

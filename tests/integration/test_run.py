@@ -52,6 +52,7 @@ def test_run_dry_run_prints_the_exact_command(cpu_torch_world, train):
         "-m",
         "torch.distributed.run",
         "--standalone",
+        "--local-addr=127.0.0.1",
         "--nnodes=1",
         "--nproc-per-node=2",
         "train.py",

@@ -36,6 +36,7 @@ def test_torchrun_single_node_is_standalone():
         "-m",
         "torch.distributed.run",
         "--standalone",
+        "--local-addr=127.0.0.1",
         "--nnodes=1",
         "--nproc-per-node=4",
         *SCRIPT,
