@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
-import armtwin
 import mpitwin
 import pytest
 import sitepython
+import testwheels
 from backupworld import backup_files
 from condaworld import build_channel, wheel_files
 from helpers import ENVMODULES_INIT_DIR, TRAIN, CpuTorchWorld, ValidateWorld
@@ -105,34 +105,30 @@ def envmodules_init() -> Path:
 
 @pytest.fixture(scope="session")
 def torch_files(tmp_path_factory):
-    """torch 2.13.0 (CPU) and what it needs, plus mpi4py and MPICH, as pip finds them here (its find-links holds
-    the torch file; the rest comes from PyPI). Fetched once per run: xdist's workers share the directory."""
+    """torch 2.13.0 (CPU) and what it needs, plus mpi4py and MPICH, from the machine's cache of PyPI's files
+    (tests/testwheels.py; pip's find-links holds the torch file). Copied once per run: xdist's workers share it."""
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the machine image's torch file is for CPython 3.11")
     return made_once(shared_dir(tmp_path_factory, "torch-files"), _fetch_torch_files)
 
 
 def _fetch_torch_files(d: Path) -> None:
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--dest",
-            str(d),
-            "torch==2.13.0",
-            "numpy",
-            "mpi4py",
-            "mpich",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if res.returncode != 0 or not list(d.glob("torch-2.13.0*cpu*.whl")):
-        pytest.skip(f"the CPU torch 2.13.0 file is not on this machine (pip find-links): {res.stderr[-300:]}")
+    _from_cache(d, "torch-files")
+    if not list(d.glob("torch-2.13.0*cpu*.whl")):
+        pytest.skip("the CPU torch 2.13.0 file is not on this machine (pip find-links)")
+
+
+def _from_cache(d: Path, name: str) -> None:
+    """The files of ``testwheels.SETS[name]`` copied from the machine's cache (no network), or a skip saying how
+    to fill it."""
+    why = testwheels.missing()
+    if why:
+        pytest.skip(why)
+    res = testwheels.fetch(d, name)
+    if res.returncode != 0:
+        pytest.skip(
+            f"{name}: not in {testwheels.CACHE} ({res.stderr[-300:]}); run `python tests/testwheels.py`"
+        )
 
 
 #: Where the controlling pytest process tells its xdist workers the address of the session's torch index.
@@ -234,24 +230,16 @@ def _lay_out_mpi(whl: Path, tree: Path, failed: Path) -> None:
 
 @pytest.fixture(scope="session")
 def mpi4py_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """mpi4py's source distribution (the release tests/armtwin.py caches, looked for there first) and the wheels its
-    build needs on this machine (setuptools, build, Cython), as pip finds them here. Fetched once per run."""
+    """mpi4py's source distribution (the release tests/armtwin.py builds on the aarch64 node) and the wheels its
+    build needs on this machine (setuptools, build, Cython), from the machine's cache (tests/testwheels.py)."""
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the build requirements are fetched for this CPython, and the torch file is for 3.11")
     return made_once(shared_dir(tmp_path_factory, "mpi4py-source"), _fetch_mpi4py_source)
 
 
 def _fetch_mpi4py_source(d: Path) -> None:
-    pip = [sys.executable, "-m", "pip", "download", "-q", "--dest", str(d)]
-    for argv in (
-        [*pip, "--no-deps", "--no-binary", "mpi4py", "--find-links", str(armtwin.WHEELS), armtwin.MPI4PY],
-        [*pip, "--only-binary", ":all:", "setuptools>=42", "build", "cython>=3.0.1"],
-    ):
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-        if res.returncode != 0:
-            pytest.skip(
-                f"mpi4py's source or its build requirements are not to be had here: {res.stderr[-300:]}"
-            )
+    _from_cache(d, "mpi4py-source")
+    _from_cache(d, "mpi4py-build")
 
 
 @pytest.fixture(scope="session")

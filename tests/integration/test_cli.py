@@ -189,8 +189,8 @@ def test_readme_setup_commands_are_the_ones_ci_runs():
     )
     assert main_job in readme
     assert main_job in ci
-    assert "pip install -e '.[test]' && python -m pytest" in readme
-    assert "python -m pip install -e '.[test]' && python -m pytest" in ci
+    assert "pip install -e '.[test]' && python tests/prepare.py && python -m pytest" in readme
+    assert "python -m pip install -e '.[test]' && python tests/prepare.py && python -m pytest" in ci
 
 
 @pytest.mark.skipif(

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import testwheels
 from helpers import DATA, REPO, UserWorld, bash, lmod_vars, ok
 from wheelindex import build_sdist, build_wheel, demo_wheels, mirror_env, serve
 
@@ -65,14 +66,13 @@ def wheels(tmp_path_factory, setuptools_wheel):
 @pytest.fixture(scope="module")
 def setuptools_wheel(tmp_path_factory):
     d = tmp_path_factory.mktemp("setuptools")
-    res = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--dest", str(d), "setuptools"],
-        capture_output=True,
-        text=True,
-    )
+    why = testwheels.missing()
+    if why:
+        pytest.skip(why)
+    res = testwheels.fetch(d, "setuptools")
     found = sorted(d.glob("setuptools-*.whl"))
     if res.returncode != 0 or not found:
-        pytest.skip(f"no setuptools wheel could be downloaded for the sdist test: {res.stderr[-300:]}")
+        pytest.skip(f"no setuptools wheel in {testwheels.CACHE} for the sdist test: {res.stderr[-300:]}")
     return found[0]
 
 
