@@ -210,6 +210,17 @@ def module_lines(use: Sequence[str], load: Sequence[str]) -> list[str]:
     return lines
 
 
+def module_init_lines(init_dir: Optional[str]) -> list[str]:
+    """The module system's bash init, sourced where the job's shell has no ``module``: a job script is a bash
+    that reads no profile, and gets ``module`` only as a function exported by a bash login shell (a user whose
+    shell is tcsh, zsh or fish exports none, nor does ``--export=NONE``). As the activate scripts do; ``set -u``
+    is off around it (init scripts read unset variables)."""
+    if not init_dir:
+        return []
+    init = shlex.quote(f"{init_dir}/bash")
+    return [f"if ! type module >/dev/null 2>&1 && [ -f {init} ]; then set +u; . {init}; set -u; fi"]
+
+
 def conda_lines(activate: Activation) -> list[str]:
     """``conda activate`` of the recipe's conda env, after the modules that define ``conda``; the job stops with
     a message where there is no ``conda`` or it fails. conda's shell functions read unset variables, so ``set
@@ -267,6 +278,8 @@ def script(
     adapter = schedulers.SCHEDULERS[scheduler]
     lines = ["#!/bin/bash", *(f"{adapter.directive} {d}" for d in directives), "", "set -euo pipefail"]
     lines += adapter.setup
+    if activate.module_use or activate.modules or activate.conda_env:
+        lines += module_init_lines(activate.module_init)
     lines += module_lines(activate.module_use, activate.modules)
     lines += conda_lines(activate)
     for var in activate.unset:

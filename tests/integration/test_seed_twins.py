@@ -50,7 +50,7 @@ import pytest
 from condachannel import conda_function_module
 from condaworld import PY
 from condaworld import World as CondaWorld
-from helpers import DATA, REPO, UserWorld, cli_argv, cli_env, ok
+from helpers import DATA, REPO, UserWorld, cli_argv, cli_env, ok, run_cli
 from test_seed_sites import CIRRUS_EXTRAS, HOROVOD, horovod_sdist, toml_value
 from wheelindex import build_wheel, mirror_env
 from wheelindex import serve as serve_files
@@ -242,6 +242,14 @@ def tacc_python(soft: Path, site_python: Callable[[str], Path]) -> Path:
     return home
 
 
+def tacc_layer(world: UserWorld, site: Tacc) -> str:
+    """The TACC recipe's layer: the twin's python module of the site's scheme, Python 3.11, the CPU torch."""
+    layer = f"{site.recipe}-cpu-twin"
+    body = f'[modules]\nload = ["{site.twin_module}"]\n[python]\nversion = "3.11"\n{TORCH_LAYER}'
+    write_layer(world, site.path, layer, body, replace=("modules.load",))
+    return layer
+
+
 @pytest.fixture
 def tacc_world(
     tmp_path: Path, torch_index: Any, torch_uv_cache: Path, soft: Path, tacc_python: Path
@@ -256,9 +264,7 @@ def test_tacc_system_in_its_twin(tacc_world, site):
     """The shipped TACC recipe through its layer (torch and the python module only), created over the site-built
     python module, activated in a new shell, and validated through torchrun (TACC's launcher) with gloo."""
     world = tacc_world
-    layer = f"{site.recipe}-cpu-twin"
-    body = f'[modules]\nload = ["{site.twin_module}"]\n[python]\nversion = "3.11"\n{TORCH_LAYER}'
-    write_layer(world, site.path, layer, body, replace=("modules.load",))
+    layer = tacc_layer(world, site)
     assert changed(world, site.recipe, layer) == {
         "modules.load": [site.twin_module],
         "python.version": "3.11",
@@ -283,6 +289,38 @@ def test_tacc_system_in_its_twin(tacc_world, site):
     checks = passed(found, IMPORT_DDP)
     assert checks["import"]["per_rank"]["0"]["python"].startswith("3.11.")
     assert checks["import"]["per_rank"]["0"]["file"].startswith(str(prefix))
+
+
+@needs_lmod
+@pytest.mark.slurm
+def test_a_tacc_twin_validates_as_a_batch_job_submitted_from_a_shell_without_bash_module(
+    tacc_world, slurm_cluster
+):
+    """Frontera's twin validated as a job of the real Slurm (``validate --submit``), submitted from a user's
+    environment without bash's exported ``module`` function: a tcsh, zsh or fish login shell's (Lmod exports it
+    from bash only), or a site's ``--export=NONE``. The job script, a bash that reads no profile, must source the
+    module system's init before ``module load``: without the module the site-built python cannot start."""
+    world = tacc_world
+    layer = tacc_layer(world, TACC[0])
+    world.data("create", layer, "--no-validate")
+    env = {k: v for k, v in world.env.items() if not k.startswith("BASH_FUNC_")}
+    res = run_cli("validate", layer, "--cpu", "--checks", IMPORT_DDP, "--nproc-per-node", "2", "--submit",
+                  "--partition", slurm_cluster.partition, "--json", env={**env, **slurm_cluster.env})  # fmt: skip
+    data = json.loads(res.stdout)["data"]
+    runs = world.scratch / "envbuilder" / "envs" / layer / "envbuilder" / "validation"
+    job = "".join(p.read_text() for p in runs.glob("run-*/job.sh"))
+    said = "".join(p.read_text() for p in runs.glob("run-*/job.out"))
+    assert res.returncode == 0, f"{res.stderr[-2000:]}\n{job}\n{said[-2000:]}"
+    assert data["where"].isdigit()  # a job id: it ran as a job
+    passed(data, IMPORT_DDP)
+    init = f"{LMOD_INIT}"
+    assert f"if ! type module >/dev/null 2>&1 && [ -f {init} ]; then set +u; . {init}; set -u; fi\n" in job
+    assert job.index(init) < job.index(f"module load {TACC[0].twin_module}")
+    # The user's own program's job script (envbuilder sbatch) is made the same way.
+    res = run_cli("sbatch", layer, "--dry-run", "--partition", slurm_cluster.partition, "--json", "--",
+                  "python", "train.py", env={**env, **slurm_cluster.env})  # fmt: skip
+    script = json.loads(ok(res).stdout)["data"]["script"]
+    assert script.index(init) < script.index(f"module load {TACC[0].twin_module}")
 
 
 # --- Zurada and Polaris: conda ---------------------------------------------------------------------------------
