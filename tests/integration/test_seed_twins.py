@@ -4,11 +4,11 @@ aarch64 node of test_aarch64_node.py; the six x86_64 systems are here).
 What is the site's in each twin: the shipped recipe and its site.toml (everything but the keys below), the
 site's module system and module names (tests/data/modules/site: TACC's and Zurada's Lmod, Cirrus's Tcl
 Environment Modules, Polaris's conda module with its ``conda`` shell function), TACC's site-built pythons whose
-libpython only the module's LD_LIBRARY_PATH finds (tests/sitepython.py), the prefix, the activation (the env's
-``bin/activate`` in a new bash with the site's module system) and the launcher the site uses: torchrun on the
-TACC systems (their default), srun inside a job of the tests' real Slurm (tests/slurm.py) on Zurada, Open MPI's
-``mpirun`` argv on Cirrus, and Polaris's ``mpiexec`` (PALS's argv, through the PALS stand-in
-tests/shims/alcf/mpiexec over MPICH's hydra).
+libpython only the module's LD_LIBRARY_PATH finds (tests/sitepython.py), the prefix (but where noted below), the
+activation (the env's ``bin/activate`` in a new bash with the site's module system) and the launcher the site
+uses: torchrun on the TACC systems (their default), srun inside a job step of the tests' real Slurm
+(tests/slurm.py) on Zurada, Open MPI's ``mpirun`` argv on Cirrus (run by MPICH's hydra, which takes it), and
+Polaris's ``mpiexec`` (PALS's argv, through the PALS stand-in tests/shims/alcf/mpiexec over MPICH's hydra).
 
 What is the twin's: the only x86_64 torch this machine has offline is the CPU wheel torch 2.13.0+cpu for CPython
 3.11 (tests/conftest.py ``torch_files``, served from loopback as download.pytorch.org's whl/cpu and PyPI). So each
@@ -22,17 +22,25 @@ recipe is created through a layer that extends the shipped file and changes ONLY
 - where the shipped value is this machine's or GitHub's: Cirrus's prefix (the real /work) and Horovod spec (a
   commit on GitHub: the stand-in source package of test_seed_sites.py, built with the shipped build settings),
   Polaris's ``[modules] use`` (/soft/modulefiles, for the fixture conda module's tree), Zurada's prefix (/work);
-- Cirrus's MPI, which its python module brings (mpi4py with HPE MPT): here mpi4py and MPICH from PyPI as two
-  packages of the layer, since the machine's CPython has none; Cirrus's other PyPI packages are stand-ins
-  with the shipped pins (no real wheels here).
+- Cirrus's MPI: the recipe lists the mpi check but no mpi4py, which on Cirrus the python module's Miniconda
+  brings (the env sees it through system site packages); here mpi4py and MPICH from PyPI are two packages of
+  the layer, since the machine's CPython has none. Cirrus's other PyPI packages are stand-ins with the shipped
+  pins (no real wheels here).
+
+Besides the layer, the twins' own parts: Polaris's site conda env (built here with the CPU torch, mpi4py and
+MPICH; MPICH's launchers taken out, its library on the module's LD_LIBRARY_PATH as Cray PE's modules put Cray
+MPICH's) and the PALS stand-in, which checks PALS's options but binds no CPUs (hydra has no --depth); Zurada's
+job step asks for the test cluster's partition and cores instead of gpu2h100's 32.
 
 Each test asserts that the layer's effective recipe (``recipes show``) differs from the shipped one in exactly
-those keys, and that the plan's module system, modules to activate, launcher, interactive command and file
-system are the site's. Validation runs ``validate --cpu`` with import and gloo DDP over 2 ranks, plus MPI where
-the recipe lists it (Cirrus, Polaris).
+those keys (the ``[recipe]`` table, the layer's name, aside), and that the plan's site, env kind, installer,
+module system, launcher, interactive command, partition and file system are the shipped plan's. Validation runs
+``validate --cpu`` with import and gloo DDP over 2 ranks, plus MPI where the recipe lists it (Cirrus, Polaris);
+Frontera's twin is also validated as a batch job of the real Slurm (``validate --submit``), submitted from an
+environment without bash's exported ``module`` function (a tcsh, zsh or fish user's).
 
-Times on this shared 2-core machine: torch unpacked once per uv cache (~40 s); each create ~30 s, each
-validation ~40-60 s."""
+Times on this shared 2-core machine, the whole file: ~2.5 min (each test 15-35 s: torch is linked from the
+session's uv cache, the conda sites' from their module's)."""
 
 from __future__ import annotations
 
