@@ -102,7 +102,10 @@ def prepare(
         recipe,
         shape,
         suite.LaunchedEnv(
-            str(prefix), python, replace(record.activation or activation_for(recipe), module_init=module_init)
+            str(prefix),
+            python,
+            replace(record.activation or activation_for(recipe), module_init=module_init),
+            own_python,
         ),
         program,
         warnings=warnings,

@@ -121,7 +121,7 @@ def run(
     the_launch = suite.launch(
         recipe,
         target,
-        suite.LaunchedEnv(str(prefix), python, activate),
+        suite.LaunchedEnv(str(prefix), python, activate, own_python),
         payload,
         package_dir=str(run_dir),  # the run directory holds a copy of the payloads
         warnings=warnings,

@@ -49,6 +49,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,7 @@ from condachannel import conda_function_module
 from condaworld import PY
 from condaworld import World as CondaWorld
 from helpers import DATA, REPO, UserWorld, cli_argv, cli_env, ok, run_cli
+from slurm import ENDED, job_record
 from test_seed_sites import CIRRUS_EXTRAS, HOROVOD, horovod_sdist, toml_value
 from wheelindex import build_wheel, mirror_env
 from wheelindex import serve as serve_files
@@ -329,6 +331,29 @@ def test_a_tacc_twin_validates_as_a_batch_job_submitted_from_a_shell_without_bas
                   "python", "train.py", env={**env, **slurm_cluster.env})  # fmt: skip
     script = json.loads(ok(res).stdout)["data"]["script"]
     assert script.index(init) < script.index(f"module load {TACC[0].twin_module}")
+
+
+@needs_lmod
+@pytest.mark.slurm
+def test_a_tacc_twin_job_of_python_train_py_runs_the_envs_python(tacc_world, slurm_cluster):
+    """``envbuilder sbatch ENV -- python train.py`` (the help's own example) as a job of the real Slurm: the
+    ``python`` it starts is the env's, as in ``envbuilder run``, not the python module's (the site's python,
+    first on PATH once the module is loaded, has no torch)."""
+    world = tacc_world
+    layer = tacc_layer(world, TACC[0])
+    prefix = Path(world.data("create", layer, "--no-validate")["env"]["prefix"])
+    train = world.root / "train.py"
+    train.write_text("import os, sys, torch\nprint(os.environ['RANK'], sys.prefix, torch.__version__)\n")
+    env = {**world.env, **slurm_cluster.env}
+    res = run_cli("sbatch", layer, "--partition", slurm_cluster.partition, "--json", "--", "python", str(train),
+                  env=env)  # fmt: skip
+    data = json.loads(ok(res).stdout)["data"]
+    deadline = time.monotonic() + 240
+    while job_record(data["job"], env).get("JobState") not in ENDED:
+        assert time.monotonic() < deadline, slurm_cluster.log_tails()
+        time.sleep(0.5)
+    said = Path(data["output"]).read_text()
+    assert f"0 {prefix} 2.13.0+cpu" in said.splitlines(), said[-3000:]
 
 
 # --- Zurada and Polaris: conda ---------------------------------------------------------------------------------

@@ -266,3 +266,17 @@ def test_a_job_script_sources_the_module_init_where_its_shell_has_no_module():
         scheduler="slurm", directives=[], activate=bare, multinode=False, launch=["x"], workdir="/w"
     )
     assert "init/bash" not in text
+
+
+@pytest.mark.parametrize(("own_python", "var"), [(True, "VIRTUAL_ENV"), (False, "PYTHONUSERBASE")])
+def test_a_job_script_enters_the_env_so_python_is_the_envs(own_python, var):
+    """As `envbuilder run` does: the env's bin first on PATH (a program started as `python` is the env's, not the
+    module's), after the modules; VIRTUAL_ENV, or PYTHONUSERBASE for an env over the site's python."""
+    act = Activation(modules=("python3/3.9.2",))
+    env = batch.JobEnv("/scratch/u/my env", own_python)
+    text = batch.script(scheduler="slurm", directives=[], activate=act, multinode=False, launch=["python", "t.py"],
+                        workdir="/w", env=env)  # fmt: skip
+    lines = text.splitlines()
+    at = lines.index(f"export {var}='/scratch/u/my env'")
+    assert lines[at + 1] == """export PATH='/scratch/u/my env/bin'"${PATH:+:$PATH}\""""
+    assert lines.index("module load python3/3.9.2") < at < lines.index("python t.py")
