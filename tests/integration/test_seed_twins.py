@@ -37,7 +37,9 @@ those keys (the ``[recipe]`` table, the layer's name, aside), and that the plan'
 module system, launcher, interactive command, partition and file system are the shipped plan's. Validation runs
 ``validate --cpu`` with import and gloo DDP over 2 ranks, plus MPI where the recipe lists it (Cirrus, Polaris);
 Frontera's twin is also validated as a batch job of the real Slurm (``validate --submit``), submitted from an
-environment without bash's exported ``module`` function (a tcsh, zsh or fish user's).
+environment without bash's exported ``module`` function (a tcsh, zsh or fish user's), and runs the help's own
+``envbuilder sbatch ENV -- python train.py`` as a job there: both failed before envbuilder's job scripts sourced
+the module system's init and put the env's bin on PATH.
 
 Times on this shared 2-core machine, the whole file: ~2.5 min (each test 15-35 s: torch is linked from the
 session's uv cache, the conda sites' from their module's)."""
