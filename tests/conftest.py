@@ -33,6 +33,7 @@ LONGEST_FIRST = (
     "integration/test_site_mpi.py",
     "integration/test_backup_torch.py",
     "integration/test_conda_torch.py",
+    "integration/test_seed_twins.py",
     "integration/test_validate.py",
     "integration/test_validate_kill.py",
     "integration/test_stage.py",

@@ -5,7 +5,10 @@ skips the module cannot start python ("error while loading shared libraries: lib
 
 Made from one of this machine's CPythons built with --enable-shared (pyenv's are): the executable copied and its
 RUNPATH removed with patchelf (Debian's package, which .ci/run installs), the libpython copied beside the
-standard library, which is linked, not copied (the tree is laid out once per test run: ``site_python``)."""
+standard library, which is linked, not copied (the tree is laid out once per test run: ``site_python``). Where
+the system has a libpython of the same name in the linker's default path (Debian's libpython3.11 beside pyenv's
+3.11), the copy gets a name of its own (``libpython-site3.11.so.1.0``, the executable patched to need it), so
+that the system's cannot stand in for the module's."""
 
 from __future__ import annotations
 
@@ -66,7 +69,15 @@ def lay_out(version: str, tree: Path) -> None:
     exe = tree / "bin" / f"python{version}"
     shutil.copy2(real, exe)
     subprocess.run(["patchelf", "--remove-rpath", str(exe)], check=True, timeout=60)
-    shutil.copy2(Path(libdir) / soname, tree / "lib" / soname)
+    if _in_default_path(soname):
+        # The system's libpython of this version (Debian's libpython3.11) would stand in for the module's: the
+        # tree's own gets a name of its own, which only the module's LD_LIBRARY_PATH finds.
+        own = soname.replace("libpython", "libpython-site", 1)
+        shutil.copy2(Path(libdir) / soname, tree / "lib" / own)
+        subprocess.run(["patchelf", "--set-soname", own, str(tree / "lib" / own)], check=True, timeout=60)
+        subprocess.run(["patchelf", "--replace-needed", soname, own, str(exe)], check=True, timeout=60)
+    else:
+        shutil.copy2(Path(libdir) / soname, tree / "lib" / soname)
     (tree / "lib" / f"python{version}").symlink_to(Path(libdir) / f"python{version}")
     for name in ("python3", "python"):
         (tree / "bin" / name).symlink_to(exe.name)
@@ -81,3 +92,9 @@ def lay_out(version: str, tree: Path) -> None:
     moduled = subprocess.run([str(exe), "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     if moduled.returncode != 0 or moduled.stdout.strip() != str(tree):
         raise RuntimeError(f"{exe} does not run from {tree} with its lib: {moduled.stderr[-300:]}")
+
+
+def _in_default_path(soname: str) -> bool:
+    """Whether the dynamic linker finds a library ``soname`` without LD_LIBRARY_PATH (its cache)."""
+    res = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True, timeout=60)
+    return any(line.split(" (", 1)[0].strip() == soname for line in res.stdout.splitlines()[1:])

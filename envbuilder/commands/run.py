@@ -64,7 +64,8 @@ def _prepare(args: argparse.Namespace, out: Out, *, batch: bool) -> tuple[Any, .
         strictmodes.env_scripts(Path(record.prefix), ["bin"])
     version = str(record.plan.get("recipe_version") or "")
     recipe = loader.load(f"{record.recipe}@{version}" if version else record.recipe, Catalog.from_env(env))
-    prepared = program.prepare(record, recipe, host.probe(env), env, _request(args), batch=batch, stage=stage)
+    prepared = program.prepare(record, recipe, host.probe(env), env, _request(args), batch=batch, stage=stage,
+                               module_init=modules.detect(env).init_dir)  # fmt: skip
     for text in prepared.warnings:
         out.warn(text)
     return env, record, own, recipe, prepared

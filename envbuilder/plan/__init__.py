@@ -194,7 +194,11 @@ def build(
     activate = activation_for(recipe)
 
     launcher_name, launch, interactive, script = _launch(
-        recipe, target, suite.LaunchedEnv(prefix, launch_python, activate), opts=opts, warnings=warnings
+        recipe,
+        target,
+        suite.LaunchedEnv(prefix, launch_python, activate, kind_info(kind).own_python),
+        opts=opts,
+        warnings=warnings,
     )
     steps = _steps(recipe, prefix, [s.display() for s in steps_], activate, launcher_name)
     return Plan(

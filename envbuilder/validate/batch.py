@@ -210,6 +210,34 @@ def module_lines(use: Sequence[str], load: Sequence[str]) -> list[str]:
     return lines
 
 
+def module_init_lines(init_dir: Optional[str]) -> list[str]:
+    """The module system's bash init, sourced where the job's shell has no ``module``: a job script is a bash
+    that reads no profile, and gets ``module`` only as a function exported by a bash login shell (a user whose
+    shell is tcsh, zsh or fish exports none, nor does ``--export=NONE``). As the activate scripts do; ``set -u``
+    is off around it (init scripts read unset variables)."""
+    if not init_dir:
+        return []
+    init = shlex.quote(f"{init_dir}/bash")
+    return [f"if ! type module >/dev/null 2>&1 && [ -f {init} ]; then set +u; . {init}; set -u; fi"]
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    """The env as a job enters it, as ``envbuilder run`` does (runner.environment): its bin first on PATH, so a
+    program started as ``python`` is the env's and not the module's, and VIRTUAL_ENV (PYTHONUSERBASE for an env
+    over the site's python); and its OpenMP threads, where the job sets them."""
+
+    prefix: str
+    own_python: bool = True
+    threads: Optional[Threads] = None
+
+    def lines(self) -> list[str]:
+        require_carriable(self.prefix, "env prefix")
+        var = "VIRTUAL_ENV" if self.own_python else "PYTHONUSERBASE"
+        bin_dir = shlex.quote(f"{self.prefix}/bin")
+        return [f"export {var}={shlex.quote(self.prefix)}", f'export PATH={bin_dir}"${{PATH:+:$PATH}}"']
+
+
 def conda_lines(activate: Activation) -> list[str]:
     """``conda activate`` of the recipe's conda env, after the modules that define ``conda``; the job stops with
     a message where there is no ``conda`` or it fails. conda's shell functions read unset variables, so ``set
@@ -250,12 +278,14 @@ def script(
     multinode: bool,
     launch: Sequence[launchers.Arg],
     workdir: str,
-    threads: Optional[Threads] = None,
     stage: Sequence[str] = (),
+    env: Optional[JobEnv] = None,
 ) -> str:
-    """The job script: directives, then the modules ``activate`` loads, its conda env, and the variables it sets
-    and unsets (it refused what a script cannot carry when it was made), then the launch in ``workdir`` (after
-    ``stage``, the command that stages the env's image on the job's nodes, where one is given)."""
+    """The job script: directives, then the modules ``activate`` loads (after the module system's init where the
+    job's shell has no ``module``), its conda env, and the variables it sets and unsets (it refused what a script
+    cannot carry when it was made), then the env entered (``env``: its bin on PATH, its threads), then the launch
+    in ``workdir`` (after ``stage``, the command that stages the env's image on the job's nodes, where one is
+    given)."""
     for directive in directives:
         require_carriable(directive, "scheduler (a batch directive)")
     require_carriable(workdir, "validation work directory")
@@ -267,6 +297,8 @@ def script(
     adapter = schedulers.SCHEDULERS[scheduler]
     lines = ["#!/bin/bash", *(f"{adapter.directive} {d}" for d in directives), "", "set -euo pipefail"]
     lines += adapter.setup
+    if activate.module_use or activate.modules or activate.conda_env:
+        lines += module_init_lines(activate.module_init)
     lines += module_lines(activate.module_use, activate.modules)
     lines += conda_lines(activate)
     for var in activate.unset:
@@ -274,8 +306,10 @@ def script(
     for key, value in activate.env.items():
         lines.append(f"export {key}={shlex.quote(value)}")
     lines += path_lines(activate)
-    if threads is not None and "OMP_NUM_THREADS" not in activate.env:
-        lines += threads.lines(adapter.cpus_var)
+    if env is not None:
+        lines += env.lines()
+        if env.threads is not None and "OMP_NUM_THREADS" not in activate.env:
+            lines += env.threads.lines(adapter.cpus_var)
     if multinode:
         lines += [adapter.first_host, "export MASTER_ADDR"]
     lines.append(f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -57,9 +58,11 @@ def prepare(
     *,
     batch: bool,
     stage: Sequence[str] = (),
+    module_init: Optional[str] = None,
 ) -> Prepared:
     """The launch of ``request.program`` for a run here, or (``batch``) for a job script, which runs ``stage``
-    (the command that stages the env's image on the job's nodes) first where one is given."""
+    (the command that stages the env's image on the job's nodes) first where one is given and sources
+    ``module_init``'s bash init where the job's shell has no ``module``."""
     if not request.program:
         raise UsageError("no program to run", hint="envbuilder run ENV -- PROGRAM [ARGS...]")
     if request.program[0].startswith("-"):
@@ -100,7 +103,12 @@ def prepare(
     the_launch = suite.launch_program(
         recipe,
         shape,
-        suite.LaunchedEnv(str(prefix), python, record.activation or activation_for(recipe)),
+        suite.LaunchedEnv(
+            str(prefix),
+            python,
+            replace(record.activation or activation_for(recipe), module_init=module_init),
+            own_python,
+        ),
         program,
         warnings=warnings,
         affinity=affinity,

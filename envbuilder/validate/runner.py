@@ -104,7 +104,8 @@ def run(
     reason = suite.where(device, host, target, opts.submit)
     checks = suite.checks_for(recipe, opts.checks)
     prefix = Path(record.prefix)
-    activate = record.activation or activation_for(recipe)
+    # A job script sources the module system's init where its shell has no `module` (this host's: the site's).
+    activate = replace(record.activation or activation_for(recipe), module_init=modules.init_dir)
     timeout = float(opts.timeout or recipe.validation.timeout or suite.DEFAULT_TIMEOUT_S)
     runs = Path(opts.runs) if opts.runs else prefix / "envbuilder" / "validation"
     run_dir = runs / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -120,7 +121,7 @@ def run(
     the_launch = suite.launch(
         recipe,
         target,
-        suite.LaunchedEnv(str(prefix), python, activate),
+        suite.LaunchedEnv(str(prefix), python, activate, own_python),
         payload,
         package_dir=str(run_dir),  # the run directory holds a copy of the payloads
         warnings=warnings,

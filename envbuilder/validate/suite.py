@@ -115,6 +115,8 @@ class LaunchedEnv:
     prefix: str
     python: str
     activate: Activation
+    #: Whether the env has a python of its own (a venv, a conda env), not the site's (runner.environment).
+    own_python: bool = True
 
 
 @dataclass(frozen=True)
@@ -292,8 +294,10 @@ def launch_program(
         multinode=shape.nodes > 1,
         launch=argv,
         workdir=workdir or f"{env.prefix}/envbuilder/validation",
-        threads=batch.Threads(shape.nproc, site_launcher.depth, shape.cores),
         stage=stage,
+        env=batch.JobEnv(
+            env.prefix, env.own_python, batch.Threads(shape.nproc, site_launcher.depth, shape.cores)
+        ),
     )
     return Launch(
         shape.launcher.name, argv, shape.nodes, shape.nproc, adapter.name, shape.partition, interactive, text

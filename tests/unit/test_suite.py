@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 
 import pytest
 from helpers import PLAN_ENV, REPO, load_facts
@@ -13,7 +14,7 @@ from envbuilder.plan.activation import Activation
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.validate import checks, runner, schedulers, suite
+from envbuilder.validate import batch, checks, runner, schedulers, suite
 
 CATALOG = Catalog.from_env({})
 
@@ -245,3 +246,37 @@ def test_the_partition_sizes_the_launch():
     one = _zurada(None, partition="gpu1h100")
     assert "--nproc-per-node=1" in one.argv and "#SBATCH --gpus-per-node=1\n" in one.script
     assert "#SBATCH --partition=gpu1h100\n" in one.script
+
+
+def test_a_job_script_sources_the_module_init_where_its_shell_has_no_module():
+    """A job script is a bash that reads no profile: before its `module` lines it sources the module system's
+    bash init unless the job inherited bash's exported `module` (set -u off around it); none without modules."""
+    act = Activation(modules=("python3/3.9.2",), module_init="/opt/apps/lmod/lmod/init")
+    text = batch.script(
+        scheduler="slurm", directives=[], activate=act, multinode=False, launch=["x"], workdir="/w"
+    )
+    lines = text.splitlines()
+    at = lines.index("module load python3/3.9.2")
+    assert lines[at - 1] == (
+        "if ! type module >/dev/null 2>&1 && [ -f /opt/apps/lmod/lmod/init/bash ]; then set +u; "
+        ". /opt/apps/lmod/lmod/init/bash; set -u; fi"
+    )
+    bare = replace(act, modules=())
+    text = batch.script(
+        scheduler="slurm", directives=[], activate=bare, multinode=False, launch=["x"], workdir="/w"
+    )
+    assert "init/bash" not in text
+
+
+@pytest.mark.parametrize(("own_python", "var"), [(True, "VIRTUAL_ENV"), (False, "PYTHONUSERBASE")])
+def test_a_job_script_enters_the_env_so_python_is_the_envs(own_python, var):
+    """As `envbuilder run` does: the env's bin first on PATH (a program started as `python` is the env's, not the
+    module's), after the modules; VIRTUAL_ENV, or PYTHONUSERBASE for an env over the site's python."""
+    act = Activation(modules=("python3/3.9.2",))
+    env = batch.JobEnv("/scratch/u/my env", own_python)
+    text = batch.script(scheduler="slurm", directives=[], activate=act, multinode=False, launch=["python", "t.py"],
+                        workdir="/w", env=env)  # fmt: skip
+    lines = text.splitlines()
+    at = lines.index(f"export {var}='/scratch/u/my env'")
+    assert lines[at + 1] == """export PATH='/scratch/u/my env/bin'"${PATH:+:$PATH}\""""
+    assert lines.index("module load python3/3.9.2") < at < lines.index("python t.py")
