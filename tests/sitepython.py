@@ -69,23 +69,22 @@ def lay_out(version: str, tree: Path) -> None:
     exe = tree / "bin" / f"python{version}"
     shutil.copy2(real, exe)
     subprocess.run(["patchelf", "--remove-rpath", str(exe)], check=True, timeout=60)
-    if _in_default_path(soname):
-        # The system's libpython of this version (Debian's libpython3.11) would stand in for the module's: the
-        # tree's own gets a name of its own, which only the module's LD_LIBRARY_PATH finds.
-        own = soname.replace("libpython", "libpython-site", 1)
-        shutil.copy2(Path(libdir) / soname, tree / "lib" / own)
-        subprocess.run(["patchelf", "--set-soname", own, str(tree / "lib" / own)], check=True, timeout=60)
-        subprocess.run(["patchelf", "--replace-needed", soname, own, str(exe)], check=True, timeout=60)
-    else:
-        shutil.copy2(Path(libdir) / soname, tree / "lib" / soname)
+    shutil.copy2(Path(libdir) / soname, tree / "lib" / soname)
     (tree / "lib" / f"python{version}").symlink_to(Path(libdir) / f"python{version}")
     for name in ("python3", "python"):
         (tree / "bin" / name).symlink_to(exe.name)
     env = {"PATH": "/usr/bin:/bin"}
-    bare = subprocess.run([str(exe), "-c", "pass"], env=env, capture_output=True, text=True, timeout=60)
-    if bare.returncode == 0 or NO_LIBPYTHON not in bare.stderr:
+    if _starts_bare(exe, env):
+        # A libpython of that name the loader finds by itself (Debian's libpython3.11 in its cache, a node's
+        # libpython3.12 in a default directory) would stand in for the module's: the tree's own gets a name of its
+        # own, which only the module's LD_LIBRARY_PATH finds.
+        own = soname.replace("libpython", "libpython-site", 1)
+        (tree / "lib" / soname).rename(tree / "lib" / own)
+        subprocess.run(["patchelf", "--set-soname", own, str(tree / "lib" / own)], check=True, timeout=60)
+        subprocess.run(["patchelf", "--replace-needed", soname, own, str(exe)], check=True, timeout=60)
+    if _starts_bare(exe, env):
         raise RuntimeError(
-            f"{exe} starts without its module's LD_LIBRARY_PATH: a {soname} is in the linker's default path"
+            f"{exe} starts without its module's LD_LIBRARY_PATH, even with a libpython of its own"
         )
     probe = "import sys, ssl; print(sys.prefix)"
     env["LD_LIBRARY_PATH"] = str(tree / "lib")
@@ -94,7 +93,9 @@ def lay_out(version: str, tree: Path) -> None:
         raise RuntimeError(f"{exe} does not run from {tree} with its lib: {moduled.stderr[-300:]}")
 
 
-def _in_default_path(soname: str) -> bool:
-    """Whether the dynamic linker finds a library ``soname`` without LD_LIBRARY_PATH (its cache)."""
-    res = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True, timeout=60)
-    return any(line.split(" (", 1)[0].strip() == soname for line in res.stdout.splitlines()[1:])
+def _starts_bare(exe: Path, env: dict[str, str]) -> bool:
+    """Whether ``exe`` starts without its module (no LD_LIBRARY_PATH), or fails for want of its libpython."""
+    bare = subprocess.run([str(exe), "-c", "pass"], env=env, capture_output=True, text=True, timeout=60)
+    if bare.returncode != 0 and NO_LIBPYTHON not in bare.stderr:
+        raise RuntimeError(f"{exe} fails otherwise than for its libpython: {bare.stderr[-300:]}")
+    return bare.returncode == 0
