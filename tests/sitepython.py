@@ -38,9 +38,19 @@ def shared_cpython(version: str) -> Optional[Path]:
     )
     for candidate in filter(None, found):
         res = subprocess.run([candidate, "-c", probe], capture_output=True, text=True, timeout=30)
-        if res.returncode == 0 and res.stdout.strip() and Path(res.stdout.strip()).is_file():
+        lib = Path(res.stdout.strip())
+        if res.returncode == 0 and res.stdout.strip() and lib.is_file() and _needs(Path(candidate), lib.name):
             return Path(candidate).resolve()
     return None
+
+
+def _needs(exe: Path, soname: str) -> bool:
+    """Whether ``exe`` loads ``soname`` (Debian's and Ubuntu's pythonX.Y carry their libpython inside, although
+    sysconfig says Py_ENABLE_SHARED: such an executable cannot be made to depend on a module)."""
+    res = subprocess.run(
+        ["patchelf", "--print-needed", str(exe.resolve())], capture_output=True, text=True, timeout=30
+    )
+    return res.returncode == 0 and soname in res.stdout.split()
 
 
 def why_not(version: str) -> Optional[str]:
@@ -48,7 +58,7 @@ def why_not(version: str) -> Optional[str]:
     if shutil.which("patchelf") is None:
         return "patchelf is not installed (.ci/run installs Debian's)"
     if shared_cpython(version) is None:
-        return f"no CPython {version} built with --enable-shared here (python{version} or pyenv's)"
+        return f"no CPython {version} whose executable loads a shared libpython here (python{version} or pyenv's)"
     return None
 
 
