@@ -242,8 +242,9 @@ def _resolve_release(
 
 
 def _unchecked(index: Optional[IndexFacts], url: str, version: str, variant: str) -> list[str]:
-    """The plan's "not checked" line where it had pages read, but not the one its build comes from."""
-    if index is None or not index.pages or index.page(url) is not None:
+    """The plan's "not checked" line where it had pages read, but not the one its build comes from (a plan that
+    read nothing, offline or with every read failed, already says so once: ``IndexFacts.fallback``)."""
+    if index is None or not index.pages or index.fallback or index.page(url) is not None:
         return []
     return [
         f"not checked: torch {version} {variant} is planned from the shipped table, because {_unread(index, url)}; "
