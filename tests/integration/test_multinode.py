@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 
@@ -273,9 +274,18 @@ def test_run_puts_the_program_on_both_nodes(cpu_torch_world, slurm_nodes, tmp_pa
     assert {host: sorted(v) for host, v in local_ranks.items()} == {"host=n1": both, "host=n2": both}, ranks
 
 
+@pytest.fixture
+def pbs_site(cpu_torch_world: CpuTorchWorld, tmp_path: Path) -> Iterator[str]:
+    """The session env recorded again as "vpbsnodes", under a recipe whose scheduler is PBS (as Polaris's is):
+    the recipe path that finds it. The record goes after the test (the session's env is shared: a later `create
+    vcpu` would find another env recorded at its prefix)."""
+    recipe_path = _pbs_site(cpu_torch_world, tmp_path / "recipes")
+    yield recipe_path
+    state.record_path(Path(cpu_torch_world.env["ENVBUILDER_HOME"]), "vpbsnodes").unlink(missing_ok=True)
+
+
 def _pbs_site(world: CpuTorchWorld, recipes: Path) -> str:
-    """The session env recorded again as "vpbsnodes", under a recipe whose scheduler is PBS (as Polaris's is);
-    returns the recipe path that finds it."""
+    """The recipe and record of ``pbs_site``; returns the recipe path."""
     text = (DATA / "validate-recipes" / "vcpu.toml").read_text()
     text = text.replace('name = "vcpu"', 'name = "vpbsnodes"')
     recipes.mkdir()
@@ -287,7 +297,7 @@ def _pbs_site(world: CpuTorchWorld, recipes: Path) -> str:
     return f"{DATA / 'validate-recipes'}:{recipes}"
 
 
-def test_pbs_job_mpiexec_reaches_both_hosts(cpu_torch_world, slurm_nodes, tmp_path) -> None:
+def test_pbs_job_mpiexec_reaches_both_hosts(cpu_torch_world, slurm_nodes, pbs_site, tmp_path) -> None:
     """A PBS site's validation across two hosts, through the mpiexec argv envbuilder builds for PBS (Polaris's
     shape: ``mpiexec -n WORLD --ppn RANKS_PER_NODE PROGRAM``). No PBS runs here, so its parts are stood in for:
     the job is its environment (PBS_JOBID, and a PBS_NODEFILE listing n1 and n2: envbuilder takes the first host
@@ -299,7 +309,7 @@ def test_pbs_job_mpiexec_reaches_both_hosts(cpu_torch_world, slurm_nodes, tmp_pa
     counterpart (hydra refuses both as unknown options), so this recipe sets neither; their argv is covered
     by the launcher's exact-argv unit tests. The recipe names torchrun, which reaches one node: envbuilder
     launches the two nodes through the PBS site's node launcher, mpiexec."""
-    recipe_path = _pbs_site(cpu_torch_world, tmp_path / "recipes")
+    recipe_path = pbs_site
     nodes, nodefile = tmp_path / "nodes", tmp_path / "PBS_NODEFILE"
     nodes.write_text("".join(f"{name} {slurm_nodes.host_pid(name)}\n" for name in NODES))
     nodefile.write_text("".join(f"{name}\n" for name in NODES))
