@@ -1,11 +1,11 @@
 """Activate scripts (pure rendering): what ``source PREFIX/bin/activate`` does beyond the venv, and what
 ``deactivate`` undoes. ``envbuilder.activation`` writes them into an env.
 
-The shell code is package data, one template file per shell (``envbuilder/data/activate/posix.sh`` for bash and
-zsh, ``fish.fish``, ``csh.csh`` for csh and tcsh); this module fills in the values, quoted for that shell. Each
-shell gets every kind of env: a venv's extension, a user-prefix env's and a conda env's activate scripts (conda's
-own activators run ``etc/conda/activate.d/*.sh``, ``*.fish``, ``*.csh`` by shell), and the script that activates
-an env from its image's mount (written beside the mount). The extension is a script of its own
+The shell code is package data, one template file per script language (a :class:`~envbuilder.shells.base.Syntax`
+of :mod:`envbuilder.shells`, which says how a value is quoted for it and which scripts an env holds for it); this
+module fills in the values. Each syntax gets every kind of env: a venv's extension, a user-prefix env's and a conda
+env's activate scripts (conda's own activators run ``etc/conda/activate.d/*.SUFFIX`` by shell), and the script
+that activates an env from its image's mount (written beside the mount). The extension is a script of its own
 (``PREFIX/envbuilder/activate.sh``), hooked into ``bin/activate`` by one sentinel-guarded block appended at the
 end, so nothing depends on the wording of the activate template (Cirrus's sed hook broke on CPython 3.11's
 lowercase comment). The script:
@@ -37,22 +37,22 @@ the shell code ``module`` evaluates. So module names must be names, and no value
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Iterable, Sequence
 from functools import cache
 from importlib.resources import files
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS
 from envbuilder.recipe.values import require_carriable
-from envbuilder.structs import dataclass
+from envbuilder.shells import registry
+from envbuilder.shells.base import Syntax
+from envbuilder.shells.posix import POSIX
 
 BEGIN = "# >>> envbuilder activate extension >>>"
 END = "# <<< envbuilder activate extension <<<"
-SCRIPT_REL = "envbuilder/activate.sh"
-CONDA_ACTIVATE_REL = "etc/conda/activate.d/envbuilder.sh"
-CONDA_DEACTIVATE_REL = "etc/conda/deactivate.d/envbuilder.sh"
+#: The extension of the default syntax (the one every env has): what a venv's ``bin/activate`` sources.
+SCRIPT_REL = POSIX.extension_rel
 #: Variables modules commonly change that must come back exactly, whatever the module system does on unload.
 ALWAYS_RESTORE = ("LD_LIBRARY_PATH", "PYTHONPATH")
 #: pip and uv read each of these as a whitespace-separated list of constraints files (pip splits the value of
@@ -71,64 +71,16 @@ _PLACEHOLDER = re.compile(r"@([a-z_]+)@")
 
 #: A placeholder's value: text (already quoted for the shell), or lines for a placeholder alone on its line.
 Value = Union[str, Sequence[str]]
-
-
-def _dq(text: str) -> str:
-    """Text safe inside double quotes."""
-    return re.sub(r'(["\\$`])', r"\\\1", text)
-
-
-@dataclass(frozen=True)
-class Shell:
-    """A shell's template file (under ``envbuilder/data/activate``) and how a value is quoted for it."""
-
-    template: str
-    quote: Callable[[str], str]
-    #: Text safe inside the shell's double quotes (messages that name a value).
-    dquote: Callable[[str], str]
-    #: How the names of its scripts end.
-    suffix: str
-
-
-def _fish_quote(text: str) -> str:
-    """fish single quotes: only a backslash and a single quote are special inside."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _fish_dq(text: str) -> str:
-    """Text safe inside fish's double quotes (``$`` also starts ``$(...)`` there)."""
-    return re.sub(r'(["\\$])', r"\\\1", text)
-
-
-def _csh_quote(text: str) -> str:
-    """csh single quotes: literal but for ``'`` and ``!`` (history), each put outside them, backslashed."""
-    return "'" + text.replace("'", "'\\''").replace("!", "'\\!'") + "'"
-
-
-def _csh_dq(text: str) -> str:
-    """Text inside csh's double quotes: closed around a single-quoted piece (csh has no escapes inside)."""
-    return '"' + _csh_quote(text) + '"'
-
-
-#: bash and zsh, which both run plain POSIX sh.
-POSIX = Shell("posix.sh", shlex.quote, _dq, "sh")
-FISH = Shell("fish.fish", _fish_quote, _fish_dq, "fish")
-#: csh and tcsh (Lmod's init for both is the same file).
-CSH = Shell("csh.csh", _csh_quote, _csh_dq, "csh")
-#: The shells ``envbuilder activate --shell`` takes, by name.
-BY_NAME = {"bash": POSIX, "zsh": POSIX, "fish": FISH, "tcsh": CSH}
-#: Where each shell's extension lives in the env, and the activate script of the venv it hooks into.
-FISH_SCRIPT_REL = "envbuilder/activate.fish"
-CSH_SCRIPT_REL = "envbuilder/activate.csh"
-CSH_UNDO_REL = "envbuilder/deactivate.csh"
-#: conda's fish and csh activators run the env's activate.d/deactivate.d scripts of their own suffix.
-CONDA_FISH_RELS = ("etc/conda/activate.d/envbuilder.fish", "etc/conda/deactivate.d/envbuilder.fish")
-CONDA_CSH_RELS = ("etc/conda/activate.d/envbuilder.csh", "etc/conda/deactivate.d/envbuilder.csh")
 #: What a user-prefix env's activate saves before it sets them, and gives back on deactivate.
 _USERBASE_VARS = ("PATH", "PYTHONUSERBASE")
-#: The scripts written beside an image's mount or unpacked copy (``render_image_activate``), by how their names
-#: end after the copy's: each shell's activate script, and csh's deactivate script.
-IMAGE_SCRIPT_TAILS = (*(f".activate.{s.suffix}" for s in (POSIX, FISH, CSH)), ".deactivate.csh")
+
+
+def image_script_tails() -> tuple[str, ...]:
+    """The scripts written beside an image's mount or unpacked copy (``render_image_activate``), by how their
+    names end after the copy's: each syntax's activate script, and the undo of those that have one."""
+    syntaxes = registry.syntaxes()
+    activates = [f".activate.{s.suffix}" for s in syntaxes]
+    return (*activates, *(f".deactivate.{s.suffix}" for s in syntaxes if s.undo_script))
 
 
 @cache
@@ -148,7 +100,7 @@ def _templates(name: str) -> dict[str, tuple[str, ...]]:
     return {key: tuple(lines) for key, lines in sections.items()}
 
 
-def _fill(section: str, shell: Shell = POSIX, **values: Value) -> list[str]:
+def _fill(section: str, shell: Syntax = POSIX, **values: Value) -> list[str]:
     """The lines of one of ``shell``'s templates with its placeholders filled. A placeholder alone on its line
     takes lines, each indented as the placeholder is (no lines: the line goes); anywhere else it takes text."""
     out: list[str] = []
@@ -169,27 +121,26 @@ def _text(name: str, value: Value) -> str:
     return value
 
 
-def _render(section: str, shell: Shell = POSIX, **values: Value) -> str:
+def _render(section: str, shell: Syntax = POSIX, **values: Value) -> str:
     return "\n".join(_fill(section, shell, **values)) + "\n"
 
 
-def _each(section: str, names: Iterable[str], shell: Shell = POSIX) -> list[str]:
+def _each(section: str, names: Iterable[str], shell: Syntax = POSIX) -> list[str]:
     """``section`` once per variable name (saves, restores)."""
     return [line for name in names for line in _fill(section, shell, var=name)]
 
 
-def with_hook(activate_text: str, shell: Shell = POSIX) -> str:
-    """``bin/activate`` (``bin/activate.fish`` for FISH) with exactly one envbuilder block at its end
-    (idempotent)."""
+def with_hook(activate_text: str, shell: Syntax = POSIX) -> str:
+    """A venv's activate script for ``shell`` (``bin/activate`` for POSIX) with exactly one envbuilder block at
+    its end, which sources the extension (idempotent)."""
     pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.DOTALL)
     text = pattern.sub("", activate_text)
     if not text.endswith("\n"):
         text += "\n"
-    extension = FISH_SCRIPT_REL if shell is FISH else SCRIPT_REL
-    return text + _render("hook", shell, begin=BEGIN, end=END, extension=extension)
+    return text + _render("hook", shell, begin=BEGIN, end=END, extension=shell.extension_rel)
 
 
-def _modules(act: Activation, shell: Shell = POSIX) -> tuple[list[str], list[str]]:
+def _modules(act: Activation, shell: Syntax = POSIX) -> tuple[list[str], list[str]]:
     """The module lines of the extension: loading (with what was there before) and undoing on deactivate."""
     if not (act.modules or act.module_use):
         return [], []
@@ -211,7 +162,7 @@ def _modules(act: Activation, shell: Shell = POSIX) -> tuple[list[str], list[str
     return loading, _fill("modules_undo", shell, state_names=state_names)
 
 
-def _constraints(env_var: str, shell: Shell = POSIX) -> list[str]:
+def _constraints(env_var: str, shell: Syntax = POSIX) -> list[str]:
     """Add the env's constraints file to pip's and uv's lists, or say on stderr why it cannot be done."""
     pins = [
         line
@@ -221,7 +172,7 @@ def _constraints(env_var: str, shell: Shell = POSIX) -> list[str]:
     return _fill("constraints", shell, env_var=env_var, constraints=CONSTRAINTS, exports=pins)
 
 
-def _paths(act: Activation, shell: Shell = POSIX) -> tuple[list[str], list[str], list[str], list[str]]:
+def _paths(act: Activation, shell: Syntax = POSIX) -> tuple[list[str], list[str], list[str], list[str]]:
     """The list-variable lines: saving whether each was set, adding the entries, taking them out again before the
     modules unload, and finishing (unset again, or exported) after."""
     if not (act.prepend or act.append):
@@ -246,45 +197,44 @@ def _paths(act: Activation, shell: Shell = POSIX) -> tuple[list[str], list[str],
     return _each("path_save", names, shell), adding, drops, finish
 
 
-def _conda_env(act: Activation, undo_modules: list[str], restores: list[str]) -> tuple[list[str], list[str]]:
+def _conda_env(
+    act: Activation, shell: Syntax, undo_modules: list[str], restores: list[str]
+) -> tuple[list[str], list[str]]:
     """``conda activate`` after the modules load (on failure: the modules unloaded, the variables restored, and
-    sourcing returns 1), and ``conda deactivate`` before they unload."""
+    sourcing returns 1), and ``conda deactivate`` before they unload. Where conda defines no function for
+    ``shell``, the extension only says where it would run."""
     if not act.conda_env:
         return [], []
-    q, dq = POSIX.quote(act.conda_env), POSIX.dquote(act.conda_env)
+    q, dq = shell.quote(act.conda_env), shell.dquote(act.conda_env)
+    if not shell.runs_conda:
+        return _fill("conda_env", shell, conda_env_dq=dq), []
     lists = list(dict.fromkeys([*act.prepend, *act.append]))
     on = _fill(
         "conda_env",
+        shell,
         conda_env=q,
         conda_env_dq=dq,
         modules_undo=undo_modules,
-        path_finish=_each("path_finish", lists),
+        path_finish=_each("path_finish", lists, shell),
         restores=restores,
     )
-    return on, _fill("conda_env_undo", conda_env_dq=dq)
+    return on, _fill("conda_env_undo", shell, conda_env_dq=dq)
 
 
 def _extension(
-    act: Activation, shell: Shell, conda: bool, constraints: bool, env_var: Optional[str]
+    act: Activation, shell: Syntax, conda: bool, constraints: bool, env_var: Optional[str]
 ) -> dict[str, Value]:
-    """The values of one shell's extension and undo templates. fish and csh only say where a recipe's
-    ``activate.conda_env`` would run (conda's module defines its function for bash and zsh)."""
+    """The values of one syntax's extension and undo templates."""
     lists = {*act.prepend, *act.append}
     restored = [v for v in ALWAYS_RESTORE if v not in lists]
     names = list(dict.fromkeys([*dict(act.env), *act.unset, *restored]))
     if constraints:
         names += [v for v in CONSTRAINT_VARS if v not in names]
-    if act.conda_env and shell is POSIX:
+    if act.conda_env and shell.runs_conda:
         names += [v for v in CONDA_STATE_VARS if v not in names]
     env_var = env_var or ("CONDA_PREFIX" if conda else "VIRTUAL_ENV")
     loading, undoing = _modules(act, shell)
-    if shell is POSIX:
-        conda_on, conda_off = _conda_env(act, undoing, _each("restore", names))
-    else:
-        conda_on = (
-            _fill("conda_env", shell, conda_env_dq=shell.dquote(act.conda_env)) if act.conda_env else []
-        )
-        conda_off = []
+    conda_on, conda_off = _conda_env(act, shell, undoing, _each("restore", names, shell))
     path_saves, paths, path_drops, path_finish = _paths(act, shell)
     variables = [
         line for k, v in act.env.items() for line in _fill("set", shell, var=k, value=shell.quote(v))
@@ -314,34 +264,34 @@ def render_script(
     *,
     constraints: bool = False,
     env_var: Optional[str] = None,
-    shell: Shell = POSIX,
+    shell: Syntax = POSIX,
 ) -> str:
     """The activate extension script (sourced from bin/activate; for a conda env, conda activate sources it
     from etc/conda/activate.d and its deactivate.d twin undoes it). ``constraints``: the env has torch pins in
     ``envbuilder/constraints.txt`` for pip and uv. ``env_var`` names the variable holding the env's prefix
-    (``VIRTUAL_ENV``, ``CONDA_PREFIX`` for conda, ``PYTHONUSERBASE`` for a user-prefix env). For FISH, the
-    extension ``bin/activate.fish`` sources; for CSH see :func:`render_csh`."""
+    (``VIRTUAL_ENV``, ``CONDA_PREFIX`` for conda, ``PYTHONUSERBASE`` for a user-prefix env)."""
     return _render("extension", shell, **_extension(act, shell, conda, constraints, env_var))
 
 
-def render_csh(act: Activation, prefix: str, *, constraints: bool = False) -> dict[str, str]:
-    """A venv's csh/tcsh activation, by path in the env: ``bin/activate.csh`` (the venv's part, for ``prefix``,
-    where the env is used), the extension it sources, and ``envbuilder/deactivate.csh``, which the
-    ``deactivate`` alias sources (csh has no functions) to undo both."""
+def render_own_venv(
+    act: Activation, prefix: str, shell: Syntax, *, constraints: bool = False
+) -> dict[str, str]:
+    """A venv's activation in a syntax whose activate script envbuilder writes whole (``venv`` OWN), by path in
+    the env: the activate script (the venv's part, for ``prefix``, where the env is used), the extension it
+    sources, and the undo that its ``deactivate`` alias sources (no function to wrap) to undo both."""
     require_carriable(prefix, "env.prefix")
-    values = _extension(act, CSH, False, constraints, None)
+    values = _extension(act, shell, False, constraints, None)
     return {
-        "bin/activate.csh": _render("activate", CSH, prefix=CSH.quote(prefix)),
-        CSH_SCRIPT_REL: _render("extension", CSH, **values),
-        CSH_UNDO_REL: _render("deactivate", CSH, undo=_fill("undo", CSH, **values)),
+        shell.activate_rel: _render("activate", shell, prefix=shell.quote(prefix)),
+        shell.extension_rel: _render("extension", shell, **values),
+        shell.undo_rel: _render("deactivate", shell, undo=_fill("undo", shell, **values)),
     }
 
 
-def render_user_prefix_activate(prefix: str, shell: Shell = POSIX) -> str:
-    """``bin/activate`` (``.fish``, ``.csh`` for those shells) for a user-prefix env (PYTHONUSERBASE style,
-    Cirrus): no venv, the site python, this prefix as its user base. ``deactivate`` gives PATH and PYTHONUSERBASE
-    back; the extension hooks in as for a venv. The prefix is known at build time and quoted here (the file is
-    written before the rename)."""
+def render_user_prefix_activate(prefix: str, shell: Syntax = POSIX) -> str:
+    """The activate script for a user-prefix env (PYTHONUSERBASE style, Cirrus): no venv, the site python, this
+    prefix as its user base. ``deactivate`` gives PATH and PYTHONUSERBASE back; the extension hooks in as for a
+    venv. The prefix is known at build time and quoted here (the file is written before the rename)."""
     require_carriable(prefix, "env.prefix")
     return _render(
         "user_prefix",
@@ -349,32 +299,33 @@ def render_user_prefix_activate(prefix: str, shell: Shell = POSIX) -> str:
         saves=_each("save", _USERBASE_VARS, shell),
         prefix=shell.quote(prefix),
         restores=_each("restore", _USERBASE_VARS, shell),
-        extension=shell.quote(f"{prefix}/envbuilder/activate.{shell.suffix}"),
-        undo=shell.quote(f"{prefix}/{CSH_UNDO_REL}"),
+        extension=shell.quote(f"{prefix}/{shell.extension_rel}"),
+        undo=shell.quote(f"{prefix}/{shell.undo_rel}"),
     )
 
 
-def render_user_prefix_shells(act: Activation, prefix: str, *, constraints: bool = False) -> dict[str, str]:
-    """A user-prefix env's fish and csh/tcsh activation, by path in the env: ``bin/activate.fish`` and
-    ``bin/activate.csh``, the extension each sources (``PYTHONUSERBASE`` naming the env), and the csh undo
-    that csh's ``deactivate`` alias sources."""
-    values = _extension(act, CSH, False, constraints, "PYTHONUSERBASE")
-    undo = _fill("undo", CSH, **values)
-    return {
-        "bin/activate.fish": render_user_prefix_activate(prefix, FISH),
-        FISH_SCRIPT_REL: render_script(act, constraints=constraints, env_var="PYTHONUSERBASE", shell=FISH),
-        "bin/activate.csh": render_user_prefix_activate(prefix, CSH),
-        CSH_SCRIPT_REL: _render("extension", CSH, **values),
-        CSH_UNDO_REL: _render(
-            "deactivate_saved", CSH, undo=undo, restores=_each("restore", _USERBASE_VARS, CSH)
-        ),
+def render_user_prefix(
+    act: Activation, prefix: str, shell: Syntax, *, constraints: bool = False
+) -> dict[str, str]:
+    """A user-prefix env's activation in ``shell``, by path in the env: the activate script, the extension it
+    sources (``PYTHONUSERBASE`` naming the env), and the undo a deactivate alias sources, where it has one."""
+    values = _extension(act, shell, False, constraints, "PYTHONUSERBASE")
+    scripts = {
+        shell.activate_rel: render_user_prefix_activate(prefix, shell),
+        shell.extension_rel: _render("extension", shell, **values),
     }
+    if shell.undo_script:
+        undo = _fill("undo", shell, **values)
+        restores = _each("restore", _USERBASE_VARS, shell)
+        scripts[shell.undo_rel] = _render("deactivate_saved", shell, undo=undo, restores=restores)
+    return scripts
 
 
-def render_conda_activate(prefix: str, shell: Shell = POSIX) -> str:
-    """``bin/activate`` (``.fish``, ``.csh``) for a conda env, for shells without ``conda activate`` (the embedded
-    engine needs no conda binary): what conda activate does for one env, then its activate.d scripts for that
-    shell; deactivate runs deactivate.d and gives the variables back."""
+def render_conda_activate(prefix: str, shell: Syntax = POSIX) -> str:
+    """The activate script for a conda env, for shells without ``conda activate`` (the embedded engine needs no
+    conda binary): what conda activate does for one env, then its activate.d scripts for that shell; deactivate
+    runs deactivate.d and gives the variables back (a syntax with an undo script runs the hooks from a section
+    its undo shares)."""
     require_carriable(prefix, "env.prefix")
     return _render(
         "conda_activate",
@@ -382,8 +333,8 @@ def render_conda_activate(prefix: str, shell: Shell = POSIX) -> str:
         saves=_each("save", _CONDA_VARS, shell),
         prefix=shell.quote(prefix),
         restores=_each("restore", _CONDA_VARS, shell),
-        undo=shell.quote(f"{prefix}/{CSH_UNDO_REL}"),
-        hooks=_fill("conda_hooks", CSH, which="activate") if shell is CSH else [],
+        undo=shell.quote(f"{prefix}/{shell.undo_rel}"),
+        hooks=_fill("conda_hooks", shell, which="activate") if shell.undo_script else [],
     )
 
 
@@ -392,29 +343,30 @@ def render_conda_deactivate() -> str:
     return _render("conda_deactivate")
 
 
-def render_conda_shells(act: Activation, prefix: str, *, constraints: bool = False) -> dict[str, str]:
-    """A conda env's fish and csh/tcsh hooks, by path in the env: the activate.d/deactivate.d scripts that
-    conda's fish and csh activators source (``conda activate`` in those shells), and the undo that the deactivate
-    alias of csh's ``bin/activate.csh`` (:func:`render_conda_activate`) sources."""
+def render_conda(act: Activation, prefix: str, shell: Syntax, *, constraints: bool = False) -> dict[str, str]:
+    """A conda env's hooks in ``shell``, by path in the env: the activate.d/deactivate.d scripts that conda's
+    activator for it sources (``conda activate``), and the undo that the deactivate alias of its activate script
+    (:func:`render_conda_activate`) sources, where it has one."""
     require_carriable(prefix, "env.prefix")
-    values = _extension(act, CSH, True, constraints, None)
-    conda_undo = _fill("conda_hooks", CSH, which="deactivate")
+    values = _extension(act, shell, True, constraints, None)
+    activate_d, deactivate_d = shell.conda_rels
+    scripts = {activate_d: _render("extension", shell, **values)}
+    if not shell.undo_script:
+        return {**scripts, deactivate_d: _render("conda_deactivate", shell)}
+    restores = _each("restore", _CONDA_VARS, shell)
+    conda_undo = _fill("conda_hooks", shell, which="deactivate")
     return {
-        CONDA_FISH_RELS[0]: render_script(act, conda=True, constraints=constraints, shell=FISH),
-        CONDA_FISH_RELS[1]: _render("conda_deactivate", FISH),
-        CONDA_CSH_RELS[0]: _render("extension", CSH, **values),
-        CONDA_CSH_RELS[1]: _render("conda_deactivate", CSH, undo=_fill("undo", CSH, **values)),
-        CSH_UNDO_REL: _render(
-            "deactivate_saved", CSH, undo=conda_undo, restores=_each("restore", _CONDA_VARS, CSH)
-        ),
+        **scripts,
+        deactivate_d: _render("conda_deactivate", shell, undo=_fill("undo", shell, **values)),
+        shell.undo_rel: _render("deactivate_saved", shell, undo=conda_undo, restores=restores),
     }
 
 
-def render_image_activate(path: str, fusermount: Optional[str], shell: Shell = POSIX) -> dict[str, str]:
+def render_image_activate(path: str, fusermount: Optional[str], shell: Syntax = POSIX) -> dict[str, str]:
     """The scripts that activate the env at ``path`` (an image's mount or unpacked copy) in ``shell``, by where
     they go: beside ``path`` (the image is read-only); the first is the one to source. With ``fusermount``, its
-    deactivate also unmounts ``path``. csh has no function to wrap, so its deactivate alias sources a second
-    script: the env's own deactivate.csh, then the unmount."""
+    deactivate also unmounts ``path``. A syntax without functions (its ``deactivate`` an alias sourcing an undo
+    script) gets a second script for its alias: the env's own undo, then the unmount."""
     require_carriable(path, "the image's mount point")
     q, dq = shell.quote, shell.dquote
     unmount = (
@@ -431,10 +383,11 @@ def render_image_activate(path: str, fusermount: Optional[str], shell: Shell = P
     )
     how = "squashfuse mount" if fusermount else "unpacked copy"
     script = f"{path}.activate.{shell.suffix}"
-    if shell is not CSH:
+    if not shell.undo_script:
         return {script: _render("image", shell, path=q(path), how=how, unmount=unmount)}
-    undo = f"{path}{IMAGE_SCRIPT_TAILS[-1]}"
+    undo = f"{path}.deactivate.{shell.suffix}"
+    activate = _fill("activate", shell, prefix=q(path))
     return {
-        script: _render("image", CSH, how=how, activate=_fill("activate", CSH, prefix=q(path)), undo=q(undo)),
-        undo: _render("image_deactivate", CSH, path=q(path), unmount=unmount),
+        script: _render("image", shell, how=how, activate=activate, undo=q(undo)),
+        undo: _render("image_deactivate", shell, path=q(path), unmount=unmount),
     }

@@ -20,6 +20,7 @@ from envbuilder.cliparts import (
     positive,
     seconds,
 )
+from envbuilder.shells import registry as shells
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,11 +231,12 @@ def _add_env_verbs(sub: _Sub) -> None:
     )
     e.add_argument(
         "--shell",
-        choices=Choices("envbuilder.activation", "SHELLS"),
+        choices=Choices("envbuilder.shells.registry", "SHELLS"),
         metavar="SHELL",
-        help="%(choices)s: the shell the line is for (default: $SHELL's, bash where that is none of these)",
+        help="%(choices)s: the shell the line is for (default: $SHELL's, "
+        f"{shells.default().name} where that is none of these)",
     )
-    _add_image(e, "mount the env's image (envbuilder pack) on this node and activate from it (bash, zsh)")
+    _add_image(e, "mount the env's image (envbuilder pack) on this node and activate from it")
     e = _env_verb(sub, "remove", "delete an env and its record", command("envs", "handle_remove"))
     e.add_argument("-y", "--yes", action="store_true", help="do not ask")
     e = _env_verb(
@@ -460,11 +462,13 @@ def _add_publish(sub: _Sub) -> None:
 
 def _add_docs(sub: _Sub) -> None:
     """completion and man, and the hidden command completion scripts call back for names (no help: not listed)."""
-    p = sub.add_parser("completion", help="print the tab-completion script for bash, zsh or fish")
+    p = sub.add_parser(
+        "completion", help=f"print the tab-completion script for {shells.in_words(shells.COMPLETED)}"
+    )
     p.add_argument(
         "shell",
         nargs="?",
-        choices=Choices("envbuilder.completion", "SHELLS"),
+        choices=Choices("envbuilder.shells.registry", "COMPLETED"),
         metavar="SHELL",
         help="%(choices)s (default: the one $SHELL names)",
     )

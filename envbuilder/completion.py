@@ -10,8 +10,8 @@ from typing import Any
 
 from envbuilder import helptext, settings, state
 from envbuilder.errors import EnvbuilderError
+from envbuilder.shells import registry as shells
 
-SHELLS = ("bash", "zsh", "fish")
 #: What the hidden command can list.
 KINDS = ("recipes", "envs")
 #: Arguments (by their dest) whose values are recipe or env names, in every command that has one.
@@ -19,19 +19,19 @@ _NAMED_BY = {"recipe": "recipes", "recipes": "recipes", "env": "envs"}
 
 
 def _names_completer(kind: str) -> dict[str, Any]:
-    """shtab's per-shell completer for one kind of name: a shell function (bash, zsh) or a command
-    substitution (fish), each calling back into envbuilder; errors stay off the user's prompt."""
+    """shtab's per-shell completer for one kind of name, from each shell's adapter (a shell function, or a
+    command substitution), each calling back into envbuilder; errors stay off the user's prompt."""
     function = f"_envbuilder_{kind}"
     ask = f"envbuilder __complete {kind} 2>/dev/null"
-    return {
-        "bash": function,
-        "zsh": function,
-        "fish": f"({ask})",
-        "preamble": {
-            "bash": f'{function}() {{\n  compgen -W "$({ask})" -- "$1"\n}}',
-            "zsh": f'{function}() {{\n  local -a names\n  names=(${{(f)"$({ask})"}})\n  compadd -a names\n}}',
-        },
-    }
+    out: dict[str, Any] = {}
+    preambles: dict[str, str] = {}
+    for name, shell in shells.COMPLETED.items():
+        if shell.completer is None:  # never: COMPLETED holds only shells with one
+            continue
+        out[name], preamble = shell.completer(function, ask)
+        if preamble is not None:
+            preambles[name] = preamble
+    return {**out, "preamble": preambles}
 
 
 def _mark_names(parser: argparse.ArgumentParser) -> None:

@@ -136,14 +136,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ),
         (*_RECIPES, *_INDEX, "ENVBUILDER_HOME"),
     ),
-    "completion": (
-        (
-            "completion bash > ~/.bash_completion",
-            "completion zsh > ~/.zfunc/_envbuilder",
-            "completion fish > ~/.config/fish/completions/envbuilder.fish",
-        ),
-        ("SHELL",),
-    ),
+    "completion": ((), ("SHELL",)),  # its examples: one a shell, from the shells' registry
     "man": (("man | man -l -", "man > ~/.local/share/man/man1/envbuilder.1"), ()),
 }
 
@@ -164,7 +157,17 @@ def subcommands(
 
 
 def examples(command: str) -> tuple[str, ...]:
-    return tuple(f"envbuilder {line}" for line in COMMANDS.get(command, ((), ()))[0])
+    lines = COMMANDS.get(command, ((), ()))[0]
+    if command == "completion":
+        lines = _completion_examples()
+    return tuple(f"envbuilder {line}" for line in lines)
+
+
+def _completion_examples() -> tuple[str, ...]:
+    """Where each shell's completion script goes."""
+    from envbuilder.shells import registry  # noqa: PLC0415 - only the completion command's help reads it
+
+    return tuple(f"completion {name} > {shell.completion_file}" for name, shell in registry.COMPLETED.items())
 
 
 def variables(command: str) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ from envbuilder import activate_scripts, fsutil, proc, settings, state, strictmo
 from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.errors import StateError
+from envbuilder.shells import registry as shells
 from envbuilder.structs import dataclass
 
 SUFFIX = ".sqfs"
@@ -411,29 +412,32 @@ def _unpack(image: Path, into: Path, digest: str) -> None:
         transaction.delete(partial)
 
 
-#: What an image's env must hold for each shell's script beside the mount to work from it.
-_NEEDS = {"fish": "bin/activate.fish", "tcsh": activate_scripts.CSH_UNDO_REL}
-
-
 def activate_line(used: InUse, shell: str) -> str:
-    """The line that activates the env from ``used`` in ``shell`` (bash, zsh, fish, tcsh); its deactivate also
+    """The line that activates the env from ``used`` in ``shell`` (a registered name); its deactivate also
     unmounts a squashfuse mount. The scripts are written beside the mount (the image itself is read-only)."""
-    needs = _NEEDS.get(shell)
+    chosen = shells.get(shell)
+    syntax = chosen.syntax
+    needs = syntax.image_needs
     if needs and not (used.path / needs).is_file():
         raise StateError(
             f"the image of {used.name} has no {needs}: it was packed from an env built before envbuilder wrote "
             f"{shell} activation",
-            hint=f"envbuilder create {used.name} --force, then envbuilder pack {used.name}; or use bash or zsh",
+            hint=f"envbuilder create {used.name} --force, then envbuilder pack {used.name}; or use "
+            + shells.in_every_env(),
         )
-    syntax = activate_scripts.BY_NAME[shell]
     unmount = fusermount() if used.how == "squashfuse" else None
     scripts = activate_scripts.render_image_activate(str(used.path), unmount, syntax)
     for path, text in scripts.items():
         fsutil.write_atomic(Path(path), text.encode())
-    line = f"source {syntax.quote(next(iter(scripts)))}"
-    if shell == "tcsh":
-        return line  # an interactive tcsh takes no comments: `#` would be read as words for source
+    line = syntax.line(next(iter(scripts)))
+    if not line_has_comment(shell):
+        return line  # an interactive shell that takes no comments: `#` would be read as words for source
     return f"{line}  # {described(used)}"
+
+
+def line_has_comment(shell: str) -> bool:
+    """Whether :func:`activate_line` says in a comment how the image is used (else say it on its own)."""
+    return shells.get(shell).comments
 
 
 def described(used: InUse) -> str:

@@ -297,7 +297,7 @@ def _keys_of(name: str, entry: str) -> bool:
     """Whether ``entry`` (a file name in a node directory) is one of env ``name``'s staged files: a copy, its
     alias, activate script, broadcast image, or a killed unpack's or link's leftover."""
     key = re.escape(name) + r"-[0-9a-f]{16}"
-    scripts = "|".join(re.escape(t) for t in activate_scripts.IMAGE_SCRIPT_TAILS)
+    scripts = "|".join(re.escape(t) for t in activate_scripts.image_script_tails())
     tail = rf"\.unpacked({scripts}|\.partial-\d+|\.link-\d+)?|{re.escape(image.SUFFIX)}(\.partial-\d+)?"
     return re.fullmatch(rf"\.?{key}({tail})", entry) is not None
 

@@ -234,4 +234,4 @@ def _render(result: creator.CreateResult, out: Out, failed: list[str]) -> None:
     if smoke and not failed and result.status != "exists":
         imp = smoke.get("import", {})
         out.result.field("smoke check", f"torch {imp.get('torch')} imports (cuda {imp.get('cuda')})")
-    out.result.field("activate", activation.activate_line(rec.prefix, "bash"))
+    out.result.field("activate", activation.activate_line(rec.prefix))

@@ -11,14 +11,15 @@ from envbuilder import completion, manpage
 from envbuilder.cliparser import build_parser
 from envbuilder.console import Out
 from envbuilder.errors import UsageError
+from envbuilder.shells import registry as shells
 
 
 def handle_completion(args: argparse.Namespace, out: Out) -> None:
     shell = args.shell or os.path.basename(os.environ.get("SHELL", ""))  # noqa: PTH119 - a name, not a path
-    if shell not in completion.SHELLS:
+    if shell not in shells.COMPLETED:
         raise UsageError(
             f"no completion for shell {shell or '(none: $SHELL is unset)'!r}",
-            hint=f"name one: envbuilder completion {'|'.join(completion.SHELLS)}",
+            hint=f"name one: envbuilder completion {'|'.join(shells.COMPLETED)}",
         )
     sys.stdout.write(completion.script(build_parser(), shell))
 

@@ -164,7 +164,7 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 def _activate_field(record: state.EnvRecord) -> str:
     """The line to source, or (where the env is not safe to source) why not: show still shows the rest."""
     try:
-        return activation.activate_line(record.prefix, "bash")
+        return activation.activate_line(record.prefix)
     except UnsafePath as exc:
         return f"refused: {exc.message}"
 
@@ -189,7 +189,7 @@ def _activate_image(record: state.EnvRecord, shell: str, out: Out, as_json: bool
         )
     line = image.activate_line(used, shell)
     if not as_json:
-        if shell == "tcsh":  # its line carries no comment saying how the image is used
+        if not image.line_has_comment(shell):  # its line carries no comment saying how the image is used
             out.line(image.described(used))
         print(line)
     return {"name": record.name, "command": line, "image": used.to_json()}

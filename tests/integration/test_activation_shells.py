@@ -29,6 +29,8 @@ from test_activation import (
 from envbuilder import activate_scripts, activation
 from envbuilder.errors import RecipeError
 from envbuilder.plan.activation import Activation
+from envbuilder.shells.csh import CSH
+from envbuilder.shells.fish import FISH
 
 pytestmark = pytest.mark.integration
 
@@ -317,17 +319,17 @@ def test_an_env_without_the_shells_script_says_so(tmp_path):
 
 
 def test_the_hook_in_activate_fish_is_idempotent():
-    once = activate_scripts.with_hook("function deactivate\nend\n", activate_scripts.FISH)
-    assert activate_scripts.with_hook(once, activate_scripts.FISH) == once
-    assert once.count(activate_scripts.BEGIN) == 1 and activate_scripts.FISH_SCRIPT_REL in once
+    once = activate_scripts.with_hook("function deactivate\nend\n", FISH)
+    assert activate_scripts.with_hook(once, FISH) == once
+    assert once.count(activate_scripts.BEGIN) == 1 and "envbuilder/activate.fish" in once
 
 
 @pytest.mark.parametrize("bad", ["1\n/tmp/evil.sh", "a\x00b"], ids=["LF", "NUL"])
 def test_the_fish_and_csh_renderers_refuse_what_they_cannot_carry(bad):
-    with pytest.raises(RecipeError):
-        activate_scripts.render_user_prefix_shells(Activation(), "/p" + bad)
-    with pytest.raises(RecipeError):
-        activate_scripts.render_conda_shells(Activation(), "/p" + bad)
-    for shell in (activate_scripts.FISH, activate_scripts.CSH):
+    for shell in (FISH, CSH):
+        with pytest.raises(RecipeError):
+            activate_scripts.render_user_prefix(Activation(), "/p" + bad, shell)
+        with pytest.raises(RecipeError):
+            activate_scripts.render_conda(Activation(), "/p" + bad, shell)
         with pytest.raises(RecipeError):
             activate_scripts.render_image_activate("/node" + bad, "/usr/bin/fusermount3", shell)

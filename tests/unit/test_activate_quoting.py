@@ -9,8 +9,9 @@ import subprocess
 import pytest
 
 from envbuilder import activate_scripts, activation
-from envbuilder.activate_scripts import CSH, FISH
 from envbuilder.plan.activation import Activation
+from envbuilder.shells.csh import CSH
+from envbuilder.shells.fish import FISH
 
 #: Quotes, $, backquotes, a backslash, a history `!`, spaces, globs: what a value or prefix may hold.
 HOSTILE = [
@@ -81,17 +82,17 @@ def test_rendered_fish_and_csh_quote_every_value():
     fish = activate_scripts.render_script(act, shell=FISH)
     assert "set -gx TRICKY '$(id) \\'q\\''" in fish
     assert "'/a b'" in fish
-    csh = activate_scripts.render_csh(act, "/envs/it's")
+    csh = activate_scripts.render_own_venv(act, "/envs/it's", CSH)
     assert "setenv VIRTUAL_ENV '/envs/it'\\''s'" in csh["bin/activate.csh"]
-    assert "setenv TRICKY '$(id) '\\''q'\\'''" in csh[activate_scripts.CSH_SCRIPT_REL]
-    assert "module unload" in csh[activate_scripts.CSH_UNDO_REL]
+    assert "setenv TRICKY '$(id) '\\''q'\\'''" in csh["envbuilder/activate.csh"]
+    assert "module unload" in csh["envbuilder/deactivate.csh"]
 
 
 def test_conda_env_is_named_but_not_run_from_fish_and_csh():
     act = Activation(modules=("conda/2025-09-25",), conda_env="base", module_init="/lmod/init")
     for text in (
         activate_scripts.render_script(act, shell=FISH),
-        activate_scripts.render_csh(act, "/e")[activate_scripts.CSH_SCRIPT_REL],
+        activate_scripts.render_own_venv(act, "/e", CSH)["envbuilder/activate.csh"],
     ):
         assert "runs from bash and zsh only" in text and "conda activate" in text and "base" in text
 

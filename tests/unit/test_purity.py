@@ -59,6 +59,7 @@ PURE = (
     "envbuilder._toml",
     "envbuilder.tables",  # lays rows out; rich renders them
     "envbuilder.structs",
+    "envbuilder.shells.registry",  # every shell adapter, and the registry the rest reads them from
 )
 
 #: Third-party imports of a banned module, allowed by name of the importer only. packaging.specifiers and
