@@ -1,5 +1,4 @@
 import contextlib
-import logging
 import os
 import sys
 import threading
@@ -16,7 +15,9 @@ def entry() -> None:
         code = reader_gone()
     with contextlib.suppress(OSError):
         sys.stderr.flush()
-    logging.shutdown()
+    logging = sys.modules.get("logging")  # imported where a command logged (-v) or a library did
+    if logging is not None:
+        logging.shutdown()
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)  # a thread still working is waited for, as the interpreter's exit does
     # Everything the command opened is closed and its output flushed: leave without the interpreter's teardown of

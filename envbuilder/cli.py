@@ -1,14 +1,12 @@
 """Thin CLI: parse (the grammar is ``cliparser``'s), dispatch to a command function, render. Errors are caught
-here and nowhere else."""
+here and nowhere else. Importing it imports argparse and the grammar only: rich comes with the first line of output
+(:mod:`.console`), ``json``, ``logging`` and ``traceback`` with the first use (tests/unit/test_startup.py)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import sys
-import traceback
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -46,6 +44,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exc:  # --help / --version
         return int(exc.code or 0)
     if args.verbose:
+        import logging  # noqa: PLC0415 - only --verbose needs it here
+
         logging.basicConfig(level=logging.DEBUG, format="%(message)s", stream=sys.stderr)
     handler: Optional[Handler] = getattr(args, "handler", None)
     if handler is None:
@@ -89,16 +89,28 @@ def _dispatch(handler: Handler, args: argparse.Namespace, out: Out) -> int:
         disk = _disk_error(exc) if isinstance(exc, OSError) else None
         return _internal(exc, args, out) if disk is None else _failed(disk, command, as_json, args, out)
     if as_json:
-        print(json.dumps(envelope(command, "ok", data), indent=2))
+        _print_json(envelope(command, "ok", data))
     return EXIT_OK
+
+
+def _print_json(document: dict[str, Any]) -> None:
+    import json  # noqa: PLC0415 - only --json needs it here
+
+    print(json.dumps(document, indent=2))
+
+
+def _print_traceback() -> None:
+    import traceback  # noqa: PLC0415 - only a failure needs it
+
+    traceback.print_exc()
 
 
 def _failed(exc: EnvbuilderError, command: str, as_json: bool, args: argparse.Namespace, out: Out) -> int:
     if args.traceback:
-        traceback.print_exc()
+        _print_traceback()
     out.error(exc.message, exc.hint)
     if as_json:
-        print(json.dumps(envelope(command, "error", exc.data, _errors(exc)), indent=2))
+        _print_json(envelope(command, "error", exc.data, _errors(exc)))
     return exc.exit_code
 
 
@@ -113,7 +125,7 @@ def _disk_error(exc: OSError) -> Optional[EnvbuilderError]:
 
 def _internal(exc: BaseException, args: argparse.Namespace, out: Out) -> int:
     if args.traceback or os.environ.get("ENVBUILDER_TRACEBACK"):
-        traceback.print_exc()
+        _print_traceback()
     out.error(f"internal error: {type(exc).__name__}: {exc}", hint="rerun with --traceback and report it")
     return EXIT_INTERNAL
 

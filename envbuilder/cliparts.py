@@ -8,12 +8,14 @@ import argparse
 import copy
 import importlib
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from envbuilder.console import Out
 from envbuilder.errors import did_you_mean
 
-Handler = Callable[[argparse.Namespace, Out], Any]
+if TYPE_CHECKING:
+    from envbuilder.console import Out
+
+Handler = Callable[[argparse.Namespace, "Out"], Any]
 
 
 class LazyCommand:

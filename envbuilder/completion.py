@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import Any
 
-from envbuilder import helptext, settings, state
+from envbuilder import helptext
 from envbuilder.errors import EnvbuilderError
 from envbuilder.shells import registry as shells
 
@@ -55,6 +55,8 @@ def script(parser: argparse.ArgumentParser, shell: str) -> str:
 def names(kind: str) -> list[str]:
     """Recipe names on the user's search path, or the envs they have built; none where that cannot be read
     (a broken config must not print errors under the user's cursor)."""
+    from envbuilder import settings, state  # noqa: PLC0415 - the scripts need neither: only this command
+
     try:
         if kind == "envs":
             return state.names(settings.home(os.environ))

@@ -12,32 +12,40 @@ mangles a trailing backslash, and leaves ``:smile:`` to the emoji replacement.)
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Optional, TextIO, Union
+from typing import TYPE_CHECKING, Optional, TextIO, Union
 
-from rich.console import Console
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
 
-from envbuilder import tables
+    from envbuilder import tables
 
 #: A table cell or a message part: a plain string (shown literally) or a styled Text.
-Cell = Union[str, Text, None]
+Cell = Union[str, "Text", None]
 
 
-class _Console(Console):
+@functools.cache
+def _console_class() -> type[Console]:
     """rich's console, but a reader that left (``envbuilder list | head``) is the BrokenPipeError the CLI turns into
-    its quiet exit (141), not rich's own exit with status 1."""
+    its quiet exit (141), not rich's own exit with status 1. Made at the first output: rich is some 70% of the
+    CLI's imports, and ``--help``, ``--version``, completion scripts and ``--json`` results never need it."""
+    from rich.console import Console  # noqa: PLC0415 - imported on first output (see above)
 
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        raise BrokenPipeError
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console
 
 
 def make_console(stream: Optional[TextIO] = None) -> Console:
     # rich honours NO_COLOR itself; a non-tty stream gets plain text.
-    return _Console(
+    return _console_class()(
         file=stream or sys.stderr,
         highlight=False,
         soft_wrap=True,
@@ -47,6 +55,8 @@ def make_console(stream: Optional[TextIO] = None) -> Console:
 
 def plain(value: Cell, style: str = "") -> Text:
     """``value`` as text shown exactly as it is (no markup, no emoji codes), in ``style``."""
+    from rich.text import Text  # noqa: PLC0415 - imported on first output
+
     if isinstance(value, Text):
         return value
     return Text("" if value is None else str(value), style=style)
@@ -58,13 +68,23 @@ def cells(*values: Cell) -> list[Text]:
 
 
 class Lines:
-    """Lines on one console, assembled so that no value is read as markup."""
+    """Lines on one console, assembled so that no value is read as markup. Without a console given, one is made
+    on ``stream`` (the stream current when these lines were made: stderr by default) at the first use."""
 
-    def __init__(self, console: Console) -> None:
-        self.console = console
+    def __init__(self, console: Optional[Console] = None, stream: Optional[TextIO] = None) -> None:
+        self._console = console
+        self._stream = stream or sys.stderr
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            self._console = make_console(self._stream)
+        return self._console
 
     def show(self, *parts: Cell) -> None:
         """One line assembled from literal strings and styled Text parts."""
+        from rich.text import Text  # noqa: PLC0415 - imported on first output
+
         self.console.print(Text.assemble(*(plain(p) for p in parts)))
 
     def heading(self, text: str) -> None:
@@ -82,6 +102,8 @@ class Results(Lines):
 
     def table(self, columns: Sequence[tables.Column], rows: Iterable[Sequence[Cell]]) -> None:
         """A table that fits the console's width, or its rows stacked where it would not (``tables``)."""
+        from envbuilder import tables  # noqa: PLC0415 - it imports rich: only a table needs it
+
         for line in tables.render(self.console, columns, [cells(*row) for row in rows]):
             self.console.print(line)
 
@@ -92,8 +114,8 @@ class Out(Lines):
     (``out.result.line(...)``, ``out.result.table(...)``)."""
 
     def __init__(self, console: Optional[Console] = None, results: Optional[Console] = None) -> None:
-        super().__init__(console or make_console())
-        self.result = Results(results or make_console(sys.stdout))
+        super().__init__(console)
+        self.result = Results(results, sys.stdout)
 
     def warn(self, text: str) -> None:
         self.show(plain("warning:", "yellow"), " ", text)

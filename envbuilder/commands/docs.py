@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from envbuilder import completion, manpage
 from envbuilder.cliparser import build_parser
-from envbuilder.console import Out
 from envbuilder.errors import UsageError
 from envbuilder.shells import registry as shells
+
+if TYPE_CHECKING:
+    from envbuilder.console import Out
 
 
 def handle_completion(args: argparse.Namespace, out: Out) -> None:

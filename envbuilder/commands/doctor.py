@@ -12,18 +12,20 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from envbuilder import doctor, settings, state, tables
+from envbuilder import settings, state, tables
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.console import Out, plain
+from envbuilder.doctor import collect, findings, index_checks
+from envbuilder.doctor.report import Context, Report, examine
 from envbuilder.errors import DoctorFindings
 from envbuilder.facts import HostFacts
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver.matrix import load_matrix
 
 _LABELS = {
-    doctor.ACTION: "[bold red]ACTION[/bold red]",
-    doctor.WARNING: "[yellow]warning[/yellow]",
-    doctor.INFO: "[green]ok[/green]",
+    findings.ACTION: "[bold red]ACTION[/bold red]",
+    findings.WARNING: "[yellow]warning[/yellow]",
+    findings.INFO: "[green]ok[/green]",
 }
 
 
@@ -36,21 +38,21 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     else:
         facts_from = f"this node ({facts.hostname or 'probe'})"
     names = list(args.env) or state.names(home)
-    records, extra = doctor.read_records(home, names, explicit=bool(args.env))
+    records, extra = collect.read_records(home, names, explicit=bool(args.env))
     catalog = Catalog.from_env(env)
     root = settings.backup_root(env)[0]
-    inputs = [doctor.gather(record, catalog, env, root) for record in records]
+    inputs = [collect.gather(record, catalog, env, root) for record in records]
     matrix = load_matrix()
-    torch_urls = doctor.torch_upstreams(inputs, matrix)
-    indexes = doctor.read_indexes(
+    torch_urls = index_checks.torch_upstreams(inputs, matrix)
+    indexes = collect.read_indexes(
         torch_urls,
-        doctor.lock_upstreams(inputs),
+        index_checks.lock_upstreams(inputs),
         env,
         home,
         offline=args.offline,  # ENVBUILDER_OFFLINE=1 is read (and named) by the index reader
         refresh=args.refresh,
     )
-    ctx = doctor.Context(
+    ctx = Context(
         facts=facts,
         env=env,
         today=datetime.date.today(),
@@ -59,12 +61,12 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         upstreams=tuple(torch_urls),
         check_shell=not args.facts,
     )
-    report = doctor.examine(inputs, ctx, doctor.listdir, facts_from, extra)
+    report = examine(inputs, ctx, collect.listdir, facts_from, extra)
     data = report.to_json()
     if not args.json:
         render(report, _stdout())
     if report.needs_action:
-        n = report.counts[doctor.ACTION]
+        n = report.counts[findings.ACTION]
         exc = DoctorFindings(
             f"{n} finding{'s' if n != 1 else ''} need{'' if n != 1 else 's'} action",
             hint="apply each ACTION's fix, then run envbuilder doctor again",
@@ -92,7 +94,7 @@ def facts_line(facts: HostFacts) -> str:
 _COLUMNS = (tables.Column(""), tables.Column("subject"), tables.Column("finding", text=True))
 
 
-def render(report: doctor.Report, console: Console) -> None:
+def render(report: Report, console: Console) -> None:
     envs = ", ".join(report.envs) if report.envs else "none recorded"
     rows = []
     for f in report.findings:
@@ -102,7 +104,7 @@ def render(report: doctor.Report, console: Console) -> None:
             text = Text.assemble(text, "\n", plain("fix:", "cyan"), " ", plain(f.fix))
         rows.append([Text.from_markup(_LABELS[f.severity]), plain(f.subject), text])
     counts = report.counts
-    warnings = counts[doctor.WARNING]
+    warnings = counts[findings.WARNING]
     with console.capture() as captured:
         console.print(plain("envbuilder doctor", "bold"))
         console.print(plain(f"  facts: {report.facts_from}"))
@@ -112,8 +114,8 @@ def render(report: doctor.Report, console: Console) -> None:
             console.print(line, soft_wrap=True)
         console.print(
             plain(
-                f"{counts[doctor.ACTION]} need action, {warnings} warning{'s' if warnings != 1 else ''}, "
-                f"{counts[doctor.INFO]} ok"
+                f"{counts[findings.ACTION]} need action, {warnings} warning{'s' if warnings != 1 else ''}, "
+                f"{counts[findings.INFO]} ok"
             )
         )
     # rich pads every cell to its column's width: drop the trailing blanks that would leave.

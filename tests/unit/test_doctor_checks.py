@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import doctor, lockfile, state
+from envbuilder import lockfile, state
 from envbuilder._toml import loads
+from envbuilder.doctor import collect, index_checks, libraries, replan
+from envbuilder.doctor.report import Context, EnvInputs, examine, safety_findings
 from envbuilder.errors import RecipeNotFound, StateError
 from envbuilder.facts import Gpu, HostFacts
 from envbuilder.purge import PurgeStatus
@@ -105,7 +107,7 @@ ENV = {"HOME": "/home/u1", "SCRATCH": "/scratch/u1"}
 
 
 def test_an_older_driver_makes_the_recorded_cu130_build_an_action_naming_the_gate(recipes):
-    found = doctor.replan_findings(record(), recipes(), None, facts(driver="550.54.15"), ENV)
+    found = replan.replan_findings(record(), recipes(), None, facts(driver="550.54.15"), ENV)
     assert [(f.severity, f.gate) for f in found] == [("action", "driver")]
     assert "550.54.15" in found[0].message and f"torch {newest('cu130')} cu130" in found[0].message
     assert found[0].fix  # the gate's hint
@@ -119,7 +121,7 @@ def test_an_auto_recipe_that_replans_to_another_variant_still_flags_the_installe
         key=lambda r: r.version,
     ).torch
     rec = record(torch=both)
-    found = doctor.replan_findings(rec, recipes(version=both, variant="auto"), None,
+    found = replan.replan_findings(rec, recipes(version=both, variant="auto"), None,
                                    facts(driver="550.54.15"), ENV)  # fmt: skip
     assert [(f.severity, f.check, f.gate) for f in found] == [("action", "installed", "driver")]
     assert "installed torch" in found[0].message and "550.54.15" in found[0].message
@@ -127,13 +129,13 @@ def test_an_auto_recipe_that_replans_to_another_variant_still_flags_the_installe
 
 
 def test_a_gpu_the_wheel_has_no_code_for_is_the_gpu_arch_gate(recipes):
-    found = doctor.replan_findings(record(), recipes(), None, facts(gpus=V100), ENV)
+    found = replan.replan_findings(record(), recipes(), None, facts(gpus=V100), ENV)
     assert [(f.severity, f.gate) for f in found] == [("action", "gpu-arch")]
     assert "sm_70" in found[0].message
 
 
 def test_the_same_resolution_is_ok(recipes):
-    found = doctor.replan_findings(record(), recipes(), None, facts(), ENV)
+    found = replan.replan_findings(record(), recipes(), None, facts(), ENV)
     assert [f.severity for f in found] == ["info"]
     assert "still resolves the same" in found[0].message
 
@@ -142,7 +144,7 @@ def test_a_different_resolution_is_a_warning_naming_what_a_rebuild_installs(reci
     older = sorted(load_matrix().stable_releases(), key=lambda r: r.version)
     old = next(r.torch for r in older if "cu130" in r.variants["x86_64"])
     assert old != newest("cu130")
-    found = doctor.replan_findings(record(torch=old), recipes(version="latest"), None, facts(), ENV)
+    found = replan.replan_findings(record(torch=old), recipes(version="latest"), None, facts(), ENV)
     assert [f.severity for f in found] == ["warning"]
     assert f"would now install torch {newest('cu130')} cu130, not the torch {old} cu130" in found[0].message
     assert "envbuilder create gpu --force" in found[0].fix
@@ -151,13 +153,13 @@ def test_a_different_resolution_is_a_warning_naming_what_a_rebuild_installs(reci
 def test_the_env_python_decides_the_python_gate_not_the_node(recipes):
     # The node's python is 3.12; the env was built on 3.9, which no current release supports.
     rec = record(tools={"python": "3.9.18", "python_path": "/usr/bin/python3"})
-    found = doctor.replan_findings(rec, recipes(), None, facts(), ENV)
+    found = replan.replan_findings(rec, recipes(), None, facts(), ENV)
     assert "python" in {f.gate for f in found}
 
 
 def test_a_recipe_that_is_gone_is_a_warning():
     err = RecipeNotFound("no recipe named 'gpu'", hint="envbuilder recipes list")
-    found = doctor.replan_findings(record(), None, err, facts(), ENV)
+    found = replan.replan_findings(record(), None, err, facts(), ENV)
     assert [f.severity for f in found] == ["warning"]
     assert "its recipe 'gpu' is gone" in found[0].message
     assert "envbuilder backup gpu" in found[0].fix
@@ -165,7 +167,7 @@ def test_a_recipe_that_is_gone_is_a_warning():
 
 def test_no_torch_in_the_record_compares_nothing(recipes):
     rec = record(plan={"torch": None})
-    assert doctor.replan_findings(rec, recipes(), None, facts(), ENV) == []
+    assert replan.replan_findings(rec, recipes(), None, facts(), ENV) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -174,23 +176,23 @@ def test_no_torch_in_the_record_compares_nothing(recipes):
 
 def test_python_findings():
     rec = record(plan={"modules": ["python/3.12.3"]})
-    gone = doctor.PythonState("/opt/python/3.12/bin/python3", False, "/p/bin/python")
-    [f] = doctor.python_findings(rec, gone)
+    gone = replan.PythonState("/opt/python/3.12/bin/python3", False, "/p/bin/python")
+    [f] = replan.python_findings(rec, gone)
     assert f.severity == "action" and "/opt/python/3.12/bin/python3" in f.message
     assert f.fix == "rebuild it with a Python this node has: envbuilder create gpu --force"
 
-    broken = doctor.PythonState(
+    broken = replan.PythonState(
         "/usr/bin/python3", True, "/p/bin/python", False, "libpython3.12.so: not found"
     )
-    [f] = doctor.python_findings(rec, broken)
+    [f] = replan.python_findings(rec, broken)
     assert f.severity == "action" and "does not start: libpython3.12.so" in f.message
 
-    moved = doctor.PythonState("/usr/bin/python3", True, "/p/bin/python", True, "3.13.1")
-    [f] = doctor.python_findings(rec, moved)
+    moved = replan.PythonState("/usr/bin/python3", True, "/p/bin/python", True, "3.13.1")
+    [f] = replan.python_findings(rec, moved)
     assert "now 3.13.1, but it was built with 3.12.3" in f.message
 
-    patch = doctor.PythonState("/usr/bin/python3", True, "/p/bin/python", True, "3.12.9")
-    assert doctor.python_findings(rec, patch) == []
+    patch = replan.PythonState("/usr/bin/python3", True, "/p/bin/python", True, "3.12.9")
+    assert replan.python_findings(rec, patch) == []
 
 
 def test_python_state_runs_the_env_python(tmp_path):
@@ -198,17 +200,17 @@ def test_python_state_runs_the_env_python(tmp_path):
     (prefix / "bin").mkdir(parents=True)
     (prefix / "bin" / "python").symlink_to(sys.executable)
     rec = record(prefix=str(prefix), tools={"python": "x", "python_path": sys.executable})
-    got = doctor.python_state(rec, dict(os.environ))
+    got = collect.python_state(rec, dict(os.environ))
     assert got.base_exists and got.runs
     assert got.detail == ".".join(map(str, sys.version_info[:3]))
 
     (prefix / "bin" / "python").unlink()
     (prefix / "bin" / "python").symlink_to(tmp_path / "no-such-python")
-    got = doctor.python_state(rec, dict(os.environ))
+    got = collect.python_state(rec, dict(os.environ))
     assert got.runs is False
 
     rec = record(prefix=str(prefix), tools={"python": "x", "python_path": str(tmp_path / "gone" / "python3")})
-    got = doctor.python_state(rec, dict(os.environ))
+    got = collect.python_state(rec, dict(os.environ))
     assert not got.base_exists and got.runs is None
 
 
@@ -235,7 +237,7 @@ def env_libs(tmp_path):
 
 
 def test_nothing_on_the_loader_path_means_the_env_copies_load(env_libs):
-    loads = doctor.library_loads({}, env_libs, doctor.listdir)
+    loads = libraries.library_loads({}, env_libs, collect.listdir)
     assert sorted(x.soname for x in loads) == [
         "libcublas.so.13",
         "libcublasLt.so.13",
@@ -245,7 +247,7 @@ def test_nothing_on_the_loader_path_means_the_env_copies_load(env_libs):
         "libnccl.so.2",
     ]
     assert not any(x.shadowed for x in loads)
-    [f] = doctor.library_findings("gpu", loads, {}, {})
+    [f] = libraries.library_findings("gpu", loads, {}, {})
     assert f.severity == "info" and "6 checked" in f.message
 
 
@@ -254,13 +256,13 @@ def test_ld_library_path_shadowing_names_the_file_its_version_and_the_order(tmp_
     other = files(tmp_path / "nccl-2.21", "libnccl.so.2", "libnccl.so.2.21.5", "libcudart.so.12")
     later = files(tmp_path / "later", "libnccl.so.2", "libcudnn.so.9")
     env = {"LD_LIBRARY_PATH": f"{empty}::{other}:{tmp_path / 'missing'}:{later}"}
-    loads = {x.soname: x for x in doctor.library_loads(env, env_libs, doctor.listdir)}
+    loads = {x.soname: x for x in libraries.library_loads(env, env_libs, collect.listdir)}
     nccl = loads["libnccl.so.2"]
     assert (nccl.via, nccl.path, nccl.version) == ("LD_LIBRARY_PATH", f"{other}/libnccl.so.2", "2.21.5")
     assert loads["libcudnn.so.9"].path == f"{later}/libcudnn.so.9"
     assert not loads["libcudart.so.13"].shadowed  # libcudart.so.12 is another soname: not what torch asks for
-    versions = doctor.wheel_versions([{"name": "nvidia-nccl-cu13", "version": "2.27.3"}])
-    found = doctor.library_findings("gpu", list(loads.values()), env, versions)
+    versions = libraries.wheel_versions([{"name": "nvidia-nccl-cu13", "version": "2.27.3"}])
+    found = libraries.library_findings("gpu", list(loads.values()), env, versions)
     assert [f.severity for f in found] == ["action", "action"]
     text = next(f for f in found if "libnccl" in f.message)
     assert (
@@ -273,7 +275,7 @@ def test_ld_library_path_shadowing_names_the_file_its_version_and_the_order(tmp_
 def test_the_env_own_directory_first_on_the_path_wins(tmp_path, env_libs):
     other = files(tmp_path / "other", "libnccl.so.2")
     env = {"LD_LIBRARY_PATH": f"{env_libs[0]}/:{other}"}
-    loads = {x.soname: x for x in doctor.library_loads(env, env_libs, doctor.listdir)}
+    loads = {x.soname: x for x in libraries.library_loads(env, env_libs, collect.listdir)}
     assert not loads["libnccl.so.2"].shadowed
 
 
@@ -283,18 +285,18 @@ def test_ld_preload_wins_over_everything(tmp_path, env_libs):
         "LD_PRELOAD": "/opt/nccl/lib/libnccl.so.2.19.3 libfoo.so:/cuda/lib64/libcudart.so",
         "LD_LIBRARY_PATH": other,
     }
-    loads = {x.soname: x for x in doctor.library_loads(env, env_libs, doctor.listdir)}
+    loads = {x.soname: x for x in libraries.library_loads(env, env_libs, collect.listdir)}
     assert (loads["libnccl.so.2"].via, loads["libnccl.so.2"].version) == ("LD_PRELOAD", "2.19.3")
     assert (loads["libcudart.so.13"].via, loads["libcudart.so.13"].path) == (
         "LD_PRELOAD",
         "/cuda/lib64/libcudart.so",
     )
-    found = doctor.library_findings("gpu", list(loads.values()), env, {})
+    found = libraries.library_findings("gpu", list(loads.values()), env, {})
     assert [f.fix for f in found] == [
         "remove /cuda/lib64/libcudart.so from LD_PRELOAD before using the env",
         "remove /opt/nccl/lib/libnccl.so.2.19.3 from LD_PRELOAD before using the env",
     ]
-    [node] = doctor.node_library_findings(env)
+    [node] = libraries.node_library_findings(env)
     assert node.severity == "warning" and "libnccl.so.2.19.3, /cuda/lib64/libcudart.so" in node.message
 
 
@@ -306,21 +308,21 @@ def test_a_loaded_cuda_module_is_named_and_its_unload_is_the_fix(tmp_path, env_l
         "CUDA_HOME": str(cuda),
         "LOADEDMODULES": "gcc/13.2.0:cuda/13.0:openmpi/5.0",
     }
-    loads = doctor.library_loads(env, env_libs, doctor.listdir)
-    [f] = doctor.library_findings("gpu", loads, env, {})
+    loads = libraries.library_loads(env, env_libs, collect.listdir)
+    [f] = libraries.library_findings("gpu", loads, env, {})
     assert f.message.startswith(f"libcublas.so.13, libcublasLt.so.13 would load from {lib64} (13.0.2.14)")
     assert "(the cuda/13.0 module)" in f.message
     assert f.fix.startswith("module unload cuda/13.0")
-    [node] = doctor.node_library_findings(env)
+    [node] = libraries.node_library_findings(env)
     assert node.severity == "info" and "cuda/13.0" in node.message and str(cuda) in node.message
 
 
 def test_cuda_modules_from_loadedmodules_or_lmfiles():
-    assert doctor.cuda_modules({"LOADEDMODULES": "gcc/13:cuda/12.4:cudnn/9"}) == ["cuda/12.4"]
-    assert doctor.cuda_modules({"LOADEDMODULES": "cudatoolkit/12.2"}) == ["cudatoolkit/12.2"]
+    assert libraries.cuda_modules({"LOADEDMODULES": "gcc/13:cuda/12.4:cudnn/9"}) == ["cuda/12.4"]
+    assert libraries.cuda_modules({"LOADEDMODULES": "cudatoolkit/12.2"}) == ["cudatoolkit/12.2"]
     lm = "/opt/mf/Core/gcc/13.lua:/opt/mf/Core/cuda/12.6.lua"
-    assert doctor.cuda_modules({"_LMFILES_": lm}) == ["cuda/12.6"]
-    assert doctor.cuda_modules({}) == []
+    assert libraries.cuda_modules({"_LMFILES_": lm}) == ["cuda/12.6"]
+    assert libraries.cuda_modules({}) == []
 
 
 def test_the_activation_unsetting_ld_library_path_is_taken_into_account(tmp_path, env_libs):
@@ -328,19 +330,19 @@ def test_the_activation_unsetting_ld_library_path_is_taken_into_account(tmp_path
     rec = record(
         plan={"activate": {"env": {"X": "1"}, "unset": ["LD_LIBRARY_PATH"], "modules": ["cuda/12.6"]}}
     )
-    shell = doctor.activation_env(rec, {"LD_LIBRARY_PATH": other})
+    shell = libraries.activation_env(rec, {"LD_LIBRARY_PATH": other})
     assert shell == {"X": "1"}
-    assert not any(x.shadowed for x in doctor.library_loads(shell, env_libs, doctor.listdir))
-    [f] = doctor.activation_module_findings(rec)
+    assert not any(x.shadowed for x in libraries.library_loads(shell, env_libs, collect.listdir))
+    [f] = libraries.activation_module_findings(rec)
     assert "activating it loads cuda/12.6" in f.message
 
 
 def test_env_lib_dirs_finds_the_wheel_and_conda_library_directories(tmp_path, env_libs):
     rec = record(prefix=str(tmp_path / "env"))
-    assert sorted(doctor.env_lib_dirs(rec)) == sorted(env_libs)
+    assert sorted(collect.env_lib_dirs(rec)) == sorted(env_libs)
     conda = record(prefix=str(tmp_path / "env"), plan={"kind": "conda"})
     (tmp_path / "env" / "lib" / "libcudart.so.12").write_bytes(b"")
-    assert doctor.env_lib_dirs(conda)[-1] == str(tmp_path / "env" / "lib")
+    assert collect.env_lib_dirs(conda)[-1] == str(tmp_path / "env" / "lib")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -369,7 +371,7 @@ def test_a_release_on_the_index_that_the_table_does_not_know_is_a_warning():
         {CU130: page(CU130, wheel(known), wheel(unknown), wheel(f"{major}.{int(minor) + 6}.0rc1"))}
     )
     today = datetime.date.fromisoformat(m.as_of) + datetime.timedelta(days=40)
-    [f] = doctor.table_findings(m, today, index, [CU130])
+    [f] = index_checks.table_findings(m, today, index, [CU130])
     assert f.severity == "warning"
     assert f"the table is 40 days old (as of {m.as_of}); the index has torch {unknown}," in f.message
     assert "rc1" not in f.message
@@ -378,14 +380,14 @@ def test_a_release_on_the_index_that_the_table_does_not_know_is_a_warning():
 def test_an_index_with_nothing_newer_is_ok_and_no_index_says_why():
     m = load_matrix()
     index = IndexFacts({CU130: page(CU130, wheel(newest("cu130")))})
-    [f] = doctor.table_findings(m, TODAY, index, [CU130])
+    [f] = index_checks.table_findings(m, TODAY, index, [CU130])
     assert f.severity == "info" and "knows the newest torch on the index" in f.message
-    [f] = doctor.table_findings(m, TODAY, IndexFacts({}, fallback="--offline"), [CU130])
+    [f] = index_checks.table_findings(m, TODAY, IndexFacts({}, fallback="--offline"), [CU130])
     assert f.severity == "info" and "the index was not read (--offline)" in f.message
     failed = IndexFacts(
         {CU130: page(CU130, error="timed out")}, fallback="every index read failed: timed out"
     )
-    [f] = doctor.table_findings(m, TODAY, failed, [CU130])
+    [f] = index_checks.table_findings(m, TODAY, failed, [CU130])
     assert "every index read failed" in f.message
 
 
@@ -401,7 +403,7 @@ def test_a_table_row_checked_more_than_90_days_ago_is_named_with_its_day():
         nightly={**m.nightly, "checked": day(0)},
         provenance={k: (src, day(0)) for k, (src, _) in m.provenance.items()},
     )
-    assert doctor.table_row_findings(fresh, today) == []
+    assert index_checks.table_row_findings(fresh, today) == []
 
     # One release row made old, one just at the limit, one variant row without a day.
     releases = {"2.14.0": day(91), "2.14.1": day(90)}
@@ -412,7 +414,9 @@ def test_a_table_row_checked_more_than_90_days_ago_is_named_with_its_day():
         ),
         variants={**fresh.variants, "cu132": dataclasses.replace(fresh.variants["cu132"], checked="")},
     )
-    found = {f.message.split(" of the shipped table")[0]: f for f in doctor.table_row_findings(aged, today)}
+    found = {
+        f.message.split(" of the shipped table")[0]: f for f in index_checks.table_row_findings(aged, today)
+    }
     assert set(found) == {"1 release rows", "1 variant rows"}, found
     rel = found["1 release rows"]
     assert (rel.severity, rel.subject, rel.check) == ("warning", "node", "table-rows")
@@ -430,7 +434,7 @@ def test_todays_table_names_exactly_its_rows_older_than_90_days():
     dated += [row for table in ("no_index", "no_wheels", "cpu_only") for row in raw[table].values()]
     today = datetime.date.today()
     old = [r for r in dated if (today - datetime.date.fromisoformat(r["checked"])).days > 90]
-    found = doctor.table_row_findings(load_matrix(), today)
+    found = index_checks.table_row_findings(load_matrix(), today)
     assert sum(int(f.message.split()[0]) for f in found) == len(old)
     named = " ".join(f.message for f in found)
     assert all(f"checked {r['checked']}" in named for r in old)
@@ -454,18 +458,20 @@ def nightly_record(version: str) -> EnvRecord:
 def test_a_pruned_nightly_is_an_action_and_an_old_one_a_warning():
     kept = "2.16.0.dev20261120"
     index = IndexFacts({NIGHTLY: page(NIGHTLY, wheel(kept), wheel("2.16.0.dev20260901"))})
-    [f] = doctor.nightly_findings(nightly_record("2.16.0.dev20260815"), index, TODAY, backed_up=False)
+    [f] = index_checks.nightly_findings(nightly_record("2.16.0.dev20260815"), index, TODAY, backed_up=False)
     assert f.severity == "action" and f"has left {NIGHTLY}" in f.message
     assert "envbuilder backup nightly" in f.fix
-    [f] = doctor.nightly_findings(nightly_record("2.16.0.dev20260815"), index, TODAY, backed_up=True)
+    [f] = index_checks.nightly_findings(nightly_record("2.16.0.dev20260815"), index, TODAY, backed_up=True)
     assert "envbuilder restore nightly" in f.fix
-    assert doctor.nightly_findings(nightly_record(kept), index, TODAY, backed_up=False) == []
-    [f] = doctor.nightly_findings(nightly_record("2.16.0.dev20260901"), index, TODAY, backed_up=False)
+    assert index_checks.nightly_findings(nightly_record(kept), index, TODAY, backed_up=False) == []
+    [f] = index_checks.nightly_findings(nightly_record("2.16.0.dev20260901"), index, TODAY, backed_up=False)
     assert f.severity == "warning" and "83 days old (still on its index)" in f.message
     # Not read: only the age speaks.
-    [f] = doctor.nightly_findings(nightly_record("2.16.0.dev20260901"), IndexFacts(), TODAY, backed_up=False)
+    [f] = index_checks.nightly_findings(
+        nightly_record("2.16.0.dev20260901"), IndexFacts(), TODAY, backed_up=False
+    )
     assert f.severity == "warning" and "not checked against its index" in f.message
-    assert doctor.nightly_findings(record(), index, TODAY, backed_up=False) == []
+    assert index_checks.nightly_findings(record(), index, TODAY, backed_up=False) == []
 
 
 def make_lock(*urls: str, index=CU130) -> lockfile.Lock:
@@ -484,19 +490,21 @@ def test_a_lock_whose_torch_file_left_its_index_is_an_action():
     there, gone = wheel("2.15.0"), wheel("2.15.0").replace("cp312", "cp311")
     lock = make_lock(f"{CU130}/{there.replace('+', '%2B')}", f"{CU130}/{gone.replace('+', '%2B')}")
     indexes = {"torch": IndexFacts({CU130: page(CU130, there)})}
-    [f] = doctor.lock_findings("gpu", lock, "x86_64", indexes)
+    [f] = index_checks.lock_findings("gpu", lock, "x86_64", indexes)
     assert f.severity == "action" and gone in f.message and there not in f.message
     assert "envbuilder lock gpu" in f.fix
 
     indexes = {"torch": IndexFacts({CU130: page(CU130, there, gone)})}
-    [f] = doctor.lock_findings("gpu", lock, "x86_64", indexes)
+    [f] = index_checks.lock_findings("gpu", lock, "x86_64", indexes)
     assert f.severity == "info" and "2 torch file(s) are still on their index" in f.message
     # An index that could not be read judges nothing; nor does a lock for another platform.
     assert (
-        doctor.lock_findings("gpu", lock, "x86_64", {"torch": IndexFacts({CU130: page(CU130, error="x")})})
+        index_checks.lock_findings(
+            "gpu", lock, "x86_64", {"torch": IndexFacts({CU130: page(CU130, error="x")})}
+        )
         == []
     )
-    assert doctor.lock_findings("gpu", lock, "aarch64", indexes) == []
+    assert index_checks.lock_findings("gpu", lock, "aarch64", indexes) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -511,23 +519,23 @@ def test_safety_findings():
     rec = record()
     ok = Health("ok", "all files present")
     gone = Health("gone", "/s/e does not exist (purged or removed)")
-    [f] = doctor.safety_findings(rec, gone, purge_status(None), [])
+    [f] = safety_findings(rec, gone, purge_status(None), [])
     assert f.severity == "action" and f.fix == "envbuilder create gpu (there is no backup)"
-    [f] = doctor.safety_findings(rec, gone, None, ["gpu@20261101T000000Z"])
+    [f] = safety_findings(rec, gone, None, ["gpu@20261101T000000Z"])
     assert f.fix == "envbuilder restore gpu (from gpu@20261101T000000Z)"
-    [f] = doctor.safety_findings(rec, Health("damaged", "2 file(s) missing", ("a", "b")), None, [])
+    [f] = safety_findings(rec, Health("damaged", "2 file(s) missing", ("a", "b")), None, [])
     assert f.severity == "action" and "create gpu --force" in f.fix
 
-    [f] = doctor.safety_findings(rec, ok, purge_status(3.2, touch=True), [])
+    [f] = safety_findings(rec, ok, purge_status(3.2, touch=True), [])
     assert f.severity == "action" and "reaches it in 3 days" in f.message and "no backup" in f.message
     assert f.fix == "envbuilder backup gpu (the site also allows envbuilder touch gpu)"
-    [f] = doctor.safety_findings(rec, ok, purge_status(0.4), [])
+    [f] = safety_findings(rec, ok, purge_status(0.4), [])
     assert "the purge is due now" in f.message
-    [f] = doctor.safety_findings(rec, ok, purge_status(3.2), ["gpu@20261101T000000Z"])
+    [f] = safety_findings(rec, ok, purge_status(3.2), ["gpu@20261101T000000Z"])
     assert f.severity == "info" and "backed up as gpu@20261101T000000Z" in f.message
-    [f] = doctor.safety_findings(rec, ok, PurgeStatus("scratch", 30, 25.0, None, False, ""), [])
+    [f] = safety_findings(rec, ok, PurgeStatus("scratch", 30, 25.0, None, False, ""), [])
     assert f.severity == "warning" and f.fix == "envbuilder backup gpu"
-    assert doctor.safety_findings(rec, ok, None, []) == []
+    assert safety_findings(rec, ok, None, []) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -537,35 +545,35 @@ def test_safety_findings():
 def test_read_records(tmp_path):
     state.save(tmp_path, record(name="good"))
     (tmp_path / "envs" / "bad.json").write_text("{not json")
-    records, found = doctor.read_records(tmp_path, state.names(tmp_path), explicit=False)
+    records, found = collect.read_records(tmp_path, state.names(tmp_path), explicit=False)
     assert [r.name for r in records] == ["good"]
     assert [(f.severity, f.subject, f.check) for f in found] == [("action", "bad", "record")]
     with pytest.raises(StateError, match="no env named 'nope'"):
-        doctor.read_records(tmp_path, ["nope"], explicit=True)
+        collect.read_records(tmp_path, ["nope"], explicit=True)
 
 
 def test_examine_orders_actions_first_and_skips_the_shell_for_another_node(tmp_path, env_libs):
     other = files(tmp_path / "other", "libnccl.so.2")
     rec = record(prefix=str(tmp_path / "env"))
-    inp = doctor.EnvInputs(
+    inp = EnvInputs(
         record=rec,
         recipe=None,
         recipe_error=RecipeNotFound("no recipe named 'gpu'"),
-        python=doctor.PythonState("/usr/bin/python3", True, "/p", True, "3.12.3"),
+        python=replan.PythonState("/usr/bin/python3", True, "/p", True, "3.12.3"),
         health=Health("ok", "all files present"),
         purge=None,
         backups=(),
         lib_dirs=tuple(env_libs),
     )
     env = {"LD_LIBRARY_PATH": other}
-    ctx = doctor.Context(facts(), env, TODAY, load_matrix(), {}, (), check_shell=True)
-    report = doctor.examine([inp], ctx, doctor.listdir, "this node")
+    ctx = Context(facts(), env, TODAY, load_matrix(), {}, (), check_shell=True)
+    report = examine([inp], ctx, collect.listdir, "this node")
     assert [f.severity for f in report.findings][:2] == ["action", "warning"]
     assert report.findings[0].check == "libraries" and report.needs_action
     old_rows = [f for f in report.findings if f.check == "table-rows"]  # the shipped table's old rows
     assert report.to_json()["counts"] == {"action": 1, "warning": 1 + len(old_rows), "info": 1}
 
-    other_node = doctor.Context(facts(), env, TODAY, load_matrix(), {}, (), check_shell=False)
-    report = doctor.examine([inp], other_node, doctor.listdir, "new-node.json")
+    other_node = Context(facts(), env, TODAY, load_matrix(), {}, (), check_shell=False)
+    report = examine([inp], other_node, collect.listdir, "new-node.json")
     assert not report.needs_action
     assert "libraries" not in {f.check for f in report.findings}

@@ -1,0 +1,79 @@
+"""Start-up by structure (issue 35): what a command imports is what it prints with. ``envbuilder --help``,
+``--version`` and the completion scripts print through argparse and shtab, so they never import rich (some 70% of
+the CLI's imports before); the first line of human output does. A pure module of a package is importable without
+the package's I/O modules: ``doctor.report`` without ``doctor.collect`` and ``proc``.
+
+Each case runs in a fresh interpreter (the test runner has long since imported everything) and reports the modules
+loaded. This pins the structure, not a time: scripts/bench_startup.py measures the time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_CHILD = textwrap.dedent(
+    """
+    import contextlib, io, json, sys
+
+    argv = sys.argv[1:]
+    if argv[0] == "--import":
+        __import__(argv[1])
+    else:
+        from envbuilder.cli import main
+
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+            code = main(argv)
+        print(json.dumps({"code": code, "stderr": err.getvalue()}), file=sys.__stderr__)
+    print(json.dumps(sorted(sys.modules)))
+    """
+)
+
+
+def loaded_by(*argv: str) -> tuple[set[str], str]:
+    """The modules a fresh interpreter holds after ``argv`` (the CLI's arguments, run in-process through
+    ``main``, or ``--import MODULE``), and what the child wrote on stderr."""
+    res = subprocess.run(
+        [sys.executable, "-c", _CHILD, *argv], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    return set(json.loads(res.stdout.splitlines()[-1])), res.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("--help",), ("--version",), ("completion", "bash"), ("completion", "fish")],
+    ids=["help", "version", "completion-bash", "completion-fish"],
+)
+def test_output_without_rich_does_not_import_rich(argv: tuple[str, ...]) -> None:
+    modules, stderr = loaded_by(*argv)
+    assert '"code": 0' in stderr
+    assert not {m for m in modules if m.partition(".")[0] == "rich"}, (
+        f"envbuilder {' '.join(argv)} imported rich"
+    )
+
+
+def test_importing_the_cli_imports_neither_rich_nor_the_commands() -> None:
+    modules, _ = loaded_by("--import", "envbuilder.cli")
+    assert not {m for m in modules if m.partition(".")[0] == "rich"}
+    assert not {m for m in modules if m.startswith("envbuilder.commands")}
+    assert "envbuilder.tables" not in modules  # a renderer: it imports rich
+
+
+def test_the_first_line_of_output_imports_rich() -> None:
+    """The other side (and the check's own check): a usage error is printed through rich, as before."""
+    modules, stderr = loaded_by("nosuchcommand")
+    assert '"code": 2' in stderr and "invalid choice" in stderr
+    assert "rich.console" in modules
+
+
+def test_a_pure_doctor_module_comes_without_the_io_one() -> None:
+    """``doctor.report`` is pure (its docstring): importing it must not run the package's I/O module."""
+    modules, _ = loaded_by("--import", "envbuilder.doctor.report")
+    assert "envbuilder.doctor.report" in modules
+    assert "envbuilder.doctor.collect" not in modules
+    assert "envbuilder.proc" not in modules
