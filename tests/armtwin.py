@@ -55,21 +55,9 @@ PLATFORMS = ("manylinux_2_28_aarch64", "manylinux_2_27_aarch64", "manylinux_2_17
 #: Where the root's shared libraries are, the linker's default path, in which :func:`enter` can hide some.
 LIBDIR = "/usr/lib/aarch64-linux-gnu"
 
-#: Enters the root in the mount namespace ``unshare`` made: $1 the root, $2 the names of files in LIBDIR to hide
-#: (space-separated, maybe none), then pairs of (outside, inside) paths to bind, then ``--`` and the command. The
-#: hidden files are whited out by an overlay on LIBDIR whose upper layer is a tmpfs on the root's /mnt, so the cache
-#: keeps them. The root's /tmp is a tmpfs, so binds under /tmp leave nothing in the cache; its /etc/hosts is this
-#: machine's (localhost and this host's name resolve, as torchrun's rendezvous needs).
-ENTER = r"""
-set -eu
-root=$1; hide=$2; shift 2
-if [ -n "$hide" ]; then
-    mount -t tmpfs tmpfs "$root/mnt"
-    mkdir "$root/mnt/upper" "$root/mnt/work"
-    for name in $hide; do mknod "$root/mnt/upper/$name" c 0 0; done
-    lib="$root/usr/lib/aarch64-linux-gnu"
-    mount -t overlay overlay -o "lowerdir=$lib,upperdir=$root/mnt/upper,workdir=$root/mnt/work" "$lib"
-fi
+#: The part every node root shares (computetwin's too): /proc, /dev, /sys, a tmpfs /tmp and this machine's
+#: /etc/hosts in ``$root``, the (outside, inside) binds up to ``--``, then the command chrooted there.
+ENTER_ROOT = r"""
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
 mount --rbind /sys "$root/sys"
@@ -83,6 +71,27 @@ done
 shift
 exec /usr/sbin/chroot "$root" "$@"
 """
+
+
+#: Enters the root in the mount namespace ``unshare`` made: $1 the root, $2 the names of files in LIBDIR to hide
+#: (space-separated, maybe none), then pairs of (outside, inside) paths to bind, then ``--`` and the command. The
+#: hidden files are whited out by an overlay on LIBDIR whose upper layer is a tmpfs on the root's /mnt, so the cache
+#: keeps them. The root's /tmp is a tmpfs, so binds under /tmp leave nothing in the cache; its /etc/hosts is this
+#: machine's (localhost and this host's name resolve, as torchrun's rendezvous needs).
+ENTER = (
+    r"""
+set -eu
+root=$1; hide=$2; shift 2
+if [ -n "$hide" ]; then
+    mount -t tmpfs tmpfs "$root/mnt"
+    mkdir "$root/mnt/upper" "$root/mnt/work"
+    for name in $hide; do mknod "$root/mnt/upper/$name" c 0 0; done
+    lib="$root/usr/lib/aarch64-linux-gnu"
+    mount -t overlay overlay -o "lowerdir=$lib,upperdir=$root/mnt/upper,workdir=$root/mnt/work" "$lib"
+fi
+"""
+    + ENTER_ROOT
+)
 
 
 def stamp_text() -> str:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
+import armtwin
 from slurm import MultiNodeCluster, Node, multinode_available
 
 CACHE = Path(os.environ.get("ENVBUILDER_TEST_CACHE", "/var/cache/envbuilder-tests"))
@@ -62,22 +63,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: Enters the root in the node's mount namespace: $1 the root, then pairs of (outside, inside) paths to bind,
 #: then ``--`` and the command. The node's /etc/hosts (bound on this machine's by the node's supervisor) is
 #: bound on the root's; its /tmp is a tmpfs of its own.
-ENTER = r"""
-set -eu
-root=$1; shift
-mount -t proc proc "$root/proc"
-mount --rbind /dev "$root/dev"
-mount --rbind /sys "$root/sys"
-mount -t tmpfs tmpfs "$root/tmp"
-mount --bind /etc/hosts "$root/etc/hosts"
-while [ "$1" != -- ]; do
-    mkdir -p "$root$2"
-    mount --rbind "$1" "$root$2"
-    shift 2
-done
-shift
-exec /usr/sbin/chroot "$root" "$@"
-"""
+ENTER = "\nset -eu\nroot=$1; shift\n" + armtwin.ENTER_ROOT
 
 
 def stamp_text() -> str:
