@@ -185,7 +185,7 @@ def site_python(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
         d = shared_dir(tmp_path_factory, f"site-python-{version.replace('.', '')}")
         failed = d.with_suffix(".failed")
         if not failed.exists():
-            made_once(d, lambda d: _lay_out(version, d / "tree", failed))
+            made_once(d, lambda d: _lay_out(lambda: sitepython.lay_out(version, d / "tree"), failed))
         if failed.exists():
             pytest.skip(f"no site-built python {version}: {failed.read_text()}")
         return d / "tree"
@@ -193,10 +193,11 @@ def site_python(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
     return get
 
 
-def _lay_out(version: str, tree: Path, failed: Path) -> None:
-    """sitepython.lay_out, or why it could not be done in ``failed`` (read by every worker after)."""
+def _lay_out(make: Callable[[], None], failed: Path) -> None:
+    """``make()`` (a site-built python or MPI laid out), or why it could not be done in ``failed`` (read by every
+    worker after)."""
     try:
-        sitepython.lay_out(version, tree)
+        make()
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         failed.write_text(str(exc))
 
@@ -215,18 +216,10 @@ def site_mpi(tmp_path_factory: pytest.TempPathFactory, torch_files: Path) -> Pat
     d = shared_dir(tmp_path_factory, "site-mpich")
     failed = d.with_suffix(".failed")
     if not failed.exists():
-        made_once(d, lambda d: _lay_out_mpi(whl, d / "tree", failed))
+        made_once(d, lambda d: _lay_out(lambda: mpitwin.lay_out(whl, d / "tree"), failed))
     if failed.exists():
         pytest.skip(f"no site-built MPI: {failed.read_text()}")
     return d / "tree"
-
-
-def _lay_out_mpi(whl: Path, tree: Path, failed: Path) -> None:
-    """mpitwin.lay_out, or why it could not be done in ``failed`` (read by every worker after)."""
-    try:
-        mpitwin.lay_out(whl, tree)
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        failed.write_text(str(exc))
 
 
 @pytest.fixture(scope="session")
