@@ -49,7 +49,10 @@ PURE = (
     "envbuilder.activate_scripts",  # reads its templates from package data
     "envbuilder.validate.report",
     "envbuilder.validate.affinity",
-    "envbuilder.lockfile",  # lockfile.read reads the one file it is given; no process, no network
+    "envbuilder.lockfile",  # the package's face: what it re-exports from the three below
+    "envbuilder.lockfile.model",
+    "envbuilder.lockfile.targets",
+    "envbuilder.lockfile.reader",  # reader.read reads the one file it is given; no process, no network
     "envbuilder.lockfile.applicability",
     "envbuilder.plan",
     "envbuilder.recipe.loader",  # the catalog reads the files and the registry verifies them; loading only merges
