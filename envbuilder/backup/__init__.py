@@ -13,17 +13,14 @@ A backup is written in ``envs/NAME/.partial-STAMP-PID`` and renamed to ``STAMP``
 ``transaction``), so an interrupted backup is never listed; the next writer removes what it left. ``backup.json``
 carries a checksum of its own content.
 
-Listing and reading backups is ``catalog``'s, making them ``writer``'s, verifying and pruning them ``upkeep``'s;
-``restore`` puts one back. This package names what callers use from all three.
+Listing and reading backups is ``catalog``'s, making them ``writer``'s, verifying and pruning them (and the advice
+on an env's safety) ``upkeep``'s; ``restore`` puts one back. This package names what callers use from all three.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
-from envbuilder import purge, state
 from envbuilder.backup.catalog import BACKUP_VERSION, Backup, backups, checksum, find, listing
-from envbuilder.backup.upkeep import PruneResult, prune, verify
+from envbuilder.backup.upkeep import PruneResult, advice, prune, verify
 from envbuilder.backup.writer import (
     FORMATS,
     MODES,
@@ -55,12 +52,3 @@ __all__ = [
     "verify",
     "writer_mutex",
 ]
-
-
-def advice(record: state.EnvRecord, health: str, have_backup: bool) -> Optional[str]:
-    """The one thing to do about an env's safety (for list and create), or None."""
-    if health in ("gone", "damaged") and have_backup:
-        return f"envbuilder restore {record.name}" + (" --force" if health == "damaged" else "")
-    if health == "ok" and not have_backup and purge.policy(record):
-        return f"envbuilder backup {record.name}"
-    return None

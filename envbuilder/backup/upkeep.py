@@ -1,5 +1,5 @@
-"""The upkeep of a backup root: verifying a backup (every byte it holds re-hashed), and pruning old backups and
-the stored wheels no backup uses any more."""
+"""The upkeep of a backup root: verifying a backup (every byte it holds re-hashed), pruning old backups and the
+stored wheels no backup uses any more, and the advice ``list`` and ``create`` give about an env's safety."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import fsutil, removal, transaction
+from envbuilder import fsutil, purge, removal, state, transaction
 from envbuilder.backup import wheelhouse
 from envbuilder.backup.catalog import Backup, backups, listing, read
 from envbuilder.backup.writer import modes, pack_workers
@@ -150,3 +150,12 @@ def _files_size(path: Path) -> int:
             if entry.is_file(follow_symlinks=False):
                 total += entry.stat(follow_symlinks=False).st_size
     return total
+
+
+def advice(record: state.EnvRecord, health: str, have_backup: bool) -> Optional[str]:
+    """The one thing to do about an env's safety (for list and create), or None."""
+    if health in ("gone", "damaged") and have_backup:
+        return f"envbuilder restore {record.name}" + (" --force" if health == "damaged" else "")
+    if health == "ok" and not have_backup and purge.policy(record):
+        return f"envbuilder backup {record.name}"
+    return None

@@ -12,9 +12,10 @@ from packaging.markers import Marker
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from envbuilder import lockfile
 from envbuilder.backends.registry import kind_info
 from envbuilder.errors import LockError
+from envbuilder.lockfile import targets
+from envbuilder.lockfile.model import Lock, LockedPackage, LockSummary, PlatformLock
 from envbuilder.plan.steps import conda_env_specs, locked_flags
 from envbuilder.resolver.wheels import Resolution
 from envbuilder.structs import dataclass
@@ -28,7 +29,7 @@ if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
 class LockStatus:
     """The lock a plan found, and whether it applies to the target (``reason`` says why not)."""
 
-    summary: lockfile.LockSummary
+    summary: LockSummary
     arch: Optional[str]
     applies: bool
     reason: str = ""
@@ -66,7 +67,7 @@ def lock_inputs(
     if kind_info(kind).conda:
         # ``python`` is the env's own (the plan's, as the create step asks for it), the one pip installs for.
         specs = conda_env_specs(recipe, python)
-    return lockfile.inputs(
+    return targets.inputs(
         kind,
         _python_minor(python),
         reqs,
@@ -79,14 +80,14 @@ def lock_inputs(
 
 def applicable_lock(
     name: str,
-    lock: Optional[lockfile.Lock],
+    lock: Optional[Lock],
     wanted: Mapping[str, Any],
     arch: Optional[str],
     *,
     locked: bool,
     warnings: list[str],
     glibc: Optional[str] = None,
-) -> tuple[Optional[lockfile.PlatformLock], Optional[LockStatus]]:
+) -> tuple[Optional[PlatformLock], Optional[LockStatus]]:
     """The lock's platform for this target (whose glibc is ``glibc``, None where unknown) when it still matches
     the recipe and the target runs what it holds; otherwise say why not."""
     fix = f"envbuilder lock {name} --platform {arch or 'ARCH'}"
@@ -100,7 +101,7 @@ def applicable_lock(
     if platform is None:
         problem = f"{lock.path} has no {arch} platform (it locks {', '.join(lock.arches()) or 'none'})"
     elif dict(platform.inputs) != dict(wanted):
-        changes = "; ".join(lockfile.changed_inputs(platform.inputs, wanted))
+        changes = "; ".join(targets.changed_inputs(platform.inputs, wanted))
         problem = (
             f"{lock.path} is stale for {name} on {arch}: the recipe now resolves differently ({changes})"
         )
@@ -171,7 +172,7 @@ def target_environment(arch: str, python: str) -> dict[str, str]:
 _MICROS = range(40)
 
 
-def _applies(pkg: lockfile.LockedPackage, environment: Mapping[str, str], where: str) -> bool:
+def _applies(pkg: LockedPackage, environment: Mapping[str, str], where: str) -> bool:
     """Whether ``pkg``'s marker holds for the target (for every micro version of its python, where the marker
     reads the full version); a LockError naming it where that is not decided by what the lock's platform fixes
     (a kernel release, a micro version, an unknown python)."""
@@ -198,20 +199,18 @@ def _applies(pkg: lockfile.LockedPackage, environment: Mapping[str, str], where:
     return answers.pop()
 
 
-def for_target(
-    platform: lockfile.PlatformLock, where: str
-) -> tuple[lockfile.PlatformLock, list[lockfile.LockedPackage]]:
+def for_target(platform: PlatformLock, where: str) -> tuple[PlatformLock, list[LockedPackage]]:
     """The platform's packages that belong on its target (their markers evaluated for it), and those that do not
     (an exact lock installs the first, every one of them, and never the second)."""
     environment = target_environment(platform.arch, str(platform.inputs.get("python", "")))
-    keep: list[lockfile.LockedPackage] = []
-    skip: list[lockfile.LockedPackage] = []
+    keep: list[LockedPackage] = []
+    skip: list[LockedPackage] = []
     for pkg in platform.packages:
         (keep if not pkg.marker or _applies(pkg, environment, where) else skip).append(pkg)
     return replace(platform, packages=tuple(keep)), skip
 
 
-def missing(platform: lockfile.PlatformLock, installed: Mapping[str, str]) -> list[str]:
+def missing(platform: PlatformLock, installed: Mapping[str, str]) -> list[str]:
     """The locked wheels (``name==version``) that ``installed`` (canonical name -> version) lacks or has at
     another version."""
     out = []

@@ -1,5 +1,5 @@
-"""Making and finding locks (the side-effect half of lockfile.py): resolve a recipe for each target platform with
-uv, without being on it, and find the lock ``create`` should use."""
+"""Making locks (the side-effect half of the lockfile package): resolve a recipe for each target platform with uv
+(wheels) or conda-lock and py-rattler (conda), without being on it, and write the lock."""
 
 from __future__ import annotations
 
@@ -14,13 +14,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
-from envbuilder import __version__, fsutil, lockfile, modules, proc
+from envbuilder import __version__, fsutil, modules, proc
 from envbuilder import plan as planner
 from envbuilder.backends import conda, network, torchbuild, uvcache
 from envbuilder.backends.installers import uv_binary
 from envbuilder.backends.registry import AUTO, RATTLER, kind_info
 from envbuilder.errors import CommandFailed, EnvbuilderError, LockError
 from envbuilder.facts import HostFacts
+from envbuilder.lockfile.model import (
+    ARCHES,
+    Lock,
+    LockedFile,
+    LockedPackage,
+    Locker,
+    PlatformLock,
+    nightly_warning,
+)
+from envbuilder.lockfile.reader import from_conda_lock, from_pylock
+from envbuilder.lockfile.targets import arch_name, conda_subdir, python_platform, recipe_sha256
 from envbuilder.recipe.loader import Recipe
 from envbuilder.resolver import mirror
 
@@ -41,7 +52,7 @@ class UvLocker:
         self.uv = uv
         self.log = log
 
-    def lock(self, arch: str, tag: str, inputs: Mapping[str, Any]) -> lockfile.PlatformLock:
+    def lock(self, arch: str, tag: str, inputs: Mapping[str, Any]) -> PlatformLock:
         rules = mirror.from_env(self.env)
         remapped, notes = mirror.remap([["uv", "pip", "compile", *inputs["index_flags"]]], rules)
         for note in notes:
@@ -77,8 +88,8 @@ class UvLocker:
                     + exc.stderr_tail.rstrip(),
                     hint="every package needs a wheel (or sdist) for that platform on the recipe's indexes",
                 ) from None
-            packages = lockfile.from_pylock(out.read_text(encoding="utf-8"), f"the lock for {arch}")
-        return lockfile.PlatformLock(arch, tag, dict(inputs), packages)
+            packages = from_pylock(out.read_text(encoding="utf-8"), f"the lock for {arch}")
+        return PlatformLock(arch, tag, dict(inputs), packages)
 
 
 class RattlerLocker:
@@ -95,12 +106,12 @@ class RattlerLocker:
         self.target = target
         self.log = log
 
-    def lock(self, arch: str, tag: str, inputs: Mapping[str, Any]) -> lockfile.PlatformLock:
+    def lock(self, arch: str, tag: str, inputs: Mapping[str, Any]) -> PlatformLock:
         conda_pkgs = self._solve(arch, inputs)
-        wheels: tuple[lockfile.LockedPackage, ...] = ()
+        wheels: tuple[LockedPackage, ...] = ()
         if inputs["requirements"]:
             wheels = UvLocker(self.env, self.uv, self.log).lock(arch, tag, inputs).packages
-        return lockfile.PlatformLock(arch, tag, dict(inputs), conda_pkgs + wheels)
+        return PlatformLock(arch, tag, dict(inputs), conda_pkgs + wheels)
 
     def _channels(self, inputs: Mapping[str, Any]) -> list[str]:
         channels, notes = mirror.remap_channels(inputs["conda_channels"], mirror.from_env(self.env))
@@ -115,7 +126,7 @@ class RattlerLocker:
             packages["__cuda"] = str(self.target.max_cuda)
         return packages
 
-    def _solve(self, arch: str, inputs: Mapping[str, Any]) -> tuple[lockfile.LockedPackage, ...]:
+    def _solve(self, arch: str, inputs: Mapping[str, Any]) -> tuple[LockedPackage, ...]:
         try:
             import rattler  # noqa: PLC0415 - optional dependency
             from rattler.exceptions import SolverError  # noqa: PLC0415
@@ -125,7 +136,7 @@ class RattlerLocker:
                 hint="pip install py-rattler",
             ) from None
         channels = self._channels(inputs)
-        subdir = lockfile.conda_subdir(arch)
+        subdir = conda_subdir(arch)
         packages = [
             rattler.GenericVirtualPackage(
                 rattler.PackageName(name), rattler.Version(version), rattler.BuildString("0")
@@ -156,11 +167,11 @@ class RattlerLocker:
         for r in records:
             sha = r.sha256.hex() if r.sha256 else ""
             out.append(
-                lockfile.LockedPackage(
+                LockedPackage(
                     r.name.normalized,
                     str(r.version),
                     "conda",
-                    (lockfile.LockedFile(str(r.url), sha),),
+                    (LockedFile(str(r.url), sha),),
                     str(r.build),
                 )
             )
@@ -207,9 +218,9 @@ class CondaLockLocker(RattlerLocker):
             str(out),
         ]
 
-    def _solve(self, arch: str, inputs: Mapping[str, Any]) -> tuple[lockfile.LockedPackage, ...]:
+    def _solve(self, arch: str, inputs: Mapping[str, Any]) -> tuple[LockedPackage, ...]:
         channels = self._channels(inputs)
-        subdir = lockfile.conda_subdir(arch)
+        subdir = conda_subdir(arch)
         packages = self._virtual_packages()
         with tempfile.TemporaryDirectory(prefix="envbuilder-conda-lock-") as tmp:
             # JSON is YAML: both files are written without a YAML library.
@@ -232,7 +243,7 @@ class CondaLockLocker(RattlerLocker):
                     hint="check conda.channels and conda.packages; conda.engine = 'rattler' locks without conda",
                 )
             doc = _read_yaml(out)
-        return lockfile.from_conda_lock(doc, subdir, f"conda-lock's output for {arch}")
+        return from_conda_lock(doc, subdir, f"conda-lock's output for {arch}")
 
 
 def conda_lock_command() -> list[str]:
@@ -277,7 +288,7 @@ def conda_locker(
     uv: str,
     module_system: modules.ModuleSystem,
     log: Callable[[str], None],
-) -> tuple[lockfile.Locker, list[str]]:
+) -> tuple[Locker, list[str]]:
     """conda-lock where the recipe's conda engine is a conda/mamba/micromamba found once its modules are loaded
     (as create would find it) and conda-lock is installed; py-rattler otherwise. (locker, warnings)."""
     step = next((st for st in the_plan.install_steps if st.engine), None)
@@ -313,7 +324,7 @@ def conda_locker(
 def default_arches(recipe: Recipe, facts: HostFacts) -> list[str]:
     """The site's compute architecture, else this host's."""
     arch = recipe.compute.arch or facts.arch
-    return [lockfile.arch_name(arch)] if arch else list(lockfile.ARCHES[:1])
+    return [arch_name(arch)] if arch else list(ARCHES[:1])
 
 
 def make(
@@ -326,7 +337,7 @@ def make(
     log: Callable[[str], None] = lambda _: None,
     module_system: Optional[modules.ModuleSystem] = None,
     index: Optional[IndexFacts] = None,
-) -> tuple[lockfile.Lock, list[str]]:
+) -> tuple[Lock, list[str]]:
     """Resolve ``recipe`` for each of ``arches`` (torch's facts from ``index`` where it was read, else the shipped
     table); (the lock, warnings)."""
     uv = uv_binary()
@@ -336,7 +347,7 @@ def make(
     platforms = []
     kind = ""
     engine = UvLocker.engine
-    for arch in dict.fromkeys(lockfile.arch_name(a) for a in arches):
+    for arch in dict.fromkeys(arch_name(a) for a in arches):
         the_plan = planner.build(recipe, facts, env, planner.Options(arch=arch), index=index)
         kind = the_plan.kind
         inputs = dict(the_plan.lock_inputs)
@@ -350,9 +361,9 @@ def make(
         if not inputs["requirements"] and not kind_info(kind).conda:
             raise LockError(f"{recipe.name} installs no packages from an index: there is nothing to lock")
         warnings.extend(the_plan.warnings)
-        tag = lockfile.python_platform(arch, the_plan.target.glibc)
+        tag = python_platform(arch, the_plan.target.glibc)
         log(f"resolving {recipe.name} for {arch} ({tag}, Python {inputs['python']})")
-        locker: lockfile.Locker = UvLocker(env, uv, log)
+        locker: Locker = UvLocker(env, uv, log)
         if kind_info(kind).conda:
             locker, more = conda_locker(the_plan, env, uv, module_system or modules.detect(env), log)
             warnings.extend(more)
@@ -361,10 +372,10 @@ def make(
         torchbuild.check_lock(the_plan.resolution, the_plan.target, locked, recipe.name)
         platforms.append(locked)
         engine = locker.engine
-    lock = lockfile.Lock(
+    lock = Lock(
         recipe=recipe.name,
         recipe_version=recipe.version,
-        recipe_sha256=lockfile.recipe_sha256(recipe.data),
+        recipe_sha256=recipe_sha256(recipe.data),
         kind=kind,
         engine=engine,
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -372,10 +383,10 @@ def make(
         platforms=tuple(platforms),
     )
     if lock.nightly():
-        warnings.append(lockfile.nightly_warning(recipe.name))
+        warnings.append(nightly_warning(recipe.name))
     return lock, list(dict.fromkeys(warnings))
 
 
-def write(lock: lockfile.Lock, path: Path) -> None:
+def write(lock: Lock, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fsutil.write_atomic(path, lock.dumps().encode(), 0o644)

@@ -11,7 +11,7 @@ import pytest
 from envbuilder import lockfile, plan
 from envbuilder.errors import LockError
 from envbuilder.facts import Gpu, HostFacts
-from envbuilder.lockfile import applicability, lockers
+from envbuilder.lockfile import applicability, lockers, reader
 from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
 from envbuilder.recipe.loader import load
 
@@ -155,13 +155,13 @@ name = "srconly"
 version = "3"
 sdist = {{ url = "http://i/srconly-3.tar.gz", hashes = {{ sha256 = "{SHA_B}" }} }}
 """
-    pkgs = lockfile.from_pylock(text, "aarch64")
+    pkgs = reader.from_pylock(text, "aarch64")
     assert [(p.name, p.version, p.source, p.files[0].sha256) for p in pkgs] == [
         ("fastmath", "1.0", "wheel", SHA_A),
         ("srconly", "3", "sdist", SHA_B),
     ]
     with pytest.raises(LockError, match="local 1 has no file with a sha256"):
-        lockfile.from_pylock('[[packages]]\nname = "local"\nversion = "1"\ndirectory = { path = "." }\n', "x")
+        reader.from_pylock('[[packages]]\nname = "local"\nversion = "1"\ndirectory = { path = "." }\n', "x")
 
 
 def test_a_pylock_marker_is_kept_and_evaluated_for_the_target_not_this_host():
@@ -180,7 +180,7 @@ version = "0.4.6"
 marker = "sys_platform == 'win32'"
 wheels = [{{ url = "http://i/colorama-0.4.6-py3-none-any.whl", hashes = {{ sha256 = "{SHA_B}" }} }}]
 """
-    pkgs = lockfile.from_pylock(text, "aarch64")
+    pkgs = reader.from_pylock(text, "aarch64")
     assert [p.marker for p in pkgs] == [
         "platform_machine == 'aarch64' and python_version >= '3.10'",
         "sys_platform == 'win32'",
@@ -348,12 +348,12 @@ def test_conda_lock_output_gives_each_platforms_packages_with_their_build():
         conda_entry("pip", "25.0", "linux-64", "pip-25.0-pyh8b19718_0.tar.bz2"),
         {**conda_entry("torch", "2.7.1", "linux-64", "torch-2.7.1-cp312-manylinux.whl"), "manager": "pip"},
     )
-    x86 = lockfile.from_conda_lock(doc, "linux-64", "out")
+    x86 = reader.from_conda_lock(doc, "linux-64", "out")
     assert [(p.name, p.version, p.build, p.source) for p in x86] == [
         ("python", "3.12.8", "h9e4cc4f_1_cpython", "conda"), ("pip", "25.0", "pyh8b19718_0", "conda"),
     ]  # fmt: skip
     assert x86[0].conda_spec() == "python=3.12.8=h9e4cc4f_1_cpython"
-    (arm,) = lockfile.from_conda_lock(doc, "linux-aarch64", "out")
+    (arm,) = reader.from_conda_lock(doc, "linux-aarch64", "out")
     assert arm.files[0] == lockfile.LockedFile(
         "https://conda.example/ch/linux-aarch64/python-3.12.8-h1683364_1_cpython.conda", SHA_B
     )
@@ -371,7 +371,7 @@ def test_conda_lock_output_gives_each_platforms_packages_with_their_build():
 )  # fmt: skip
 def test_unusable_conda_lock_output_is_a_lock_error(doc, expected):
     with pytest.raises(LockError, match=expected.replace("(", r"\(").replace(")", r"\)")):
-        lockfile.from_conda_lock(doc, "linux-64", "conda-lock's output")
+        reader.from_conda_lock(doc, "linux-64", "conda-lock's output")
 
 
 def test_conda_locks_failure_is_what_conda_said_not_conda_locks_traceback():

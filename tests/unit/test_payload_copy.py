@@ -7,7 +7,8 @@ import os
 import stat
 import time
 
-from envbuilder import payloads, purge
+from envbuilder import purge
+from envbuilder.payloads import _deploy
 
 
 def test_an_env_s_payloads_have_fresh_times_and_their_modes(tmp_path, monkeypatch):
@@ -23,9 +24,9 @@ def test_an_env_s_payloads_have_fresh_times_and_their_modes(tmp_path, monkeypatc
     now = time.time()
     for f in src.iterdir():
         os.utime(f, (now - 20 * 3600, now - 3 * 86400))
-    monkeypatch.setattr(payloads, "DIR", src)  # the package's payload directory, here a copy with old times
+    monkeypatch.setattr(_deploy, "DIR", src)  # the package's payload directory, here a copy with old times
     prefix = tmp_path / "env"
-    dest = payloads.into_env(prefix)
+    dest = _deploy.into_env(prefix)
     assert sorted(p.name for p in dest.iterdir()) == ["check.py", "pin.sh"]
     oldest, which = purge.oldest_access(prefix)
     assert oldest is not None and oldest > time.time() - 600, which

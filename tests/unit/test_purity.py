@@ -49,9 +49,15 @@ PURE = (
     "envbuilder.activate_scripts",  # reads its templates from package data
     "envbuilder.validate.report",
     "envbuilder.validate.affinity",
-    "envbuilder.lockfile",  # lockfile.read reads the one file it is given; no process, no network
+    "envbuilder.lockfile",  # the package's face: what it re-exports from the three below
+    "envbuilder.lockfile.model",
+    "envbuilder.lockfile.targets",
+    "envbuilder.lockfile.reader",  # reader.read reads the one file it is given; no process, no network
     "envbuilder.lockfile.applicability",
-    "envbuilder.plan",
+    "envbuilder.plan",  # the package's face: what it re-exports from planning, prefix and record
+    "envbuilder.plan.planning",
+    "envbuilder.plan.prefix",
+    "envbuilder.plan.listing",
     "envbuilder.recipe.loader",  # the catalog reads the files and the registry verifies them; loading only merges
     "envbuilder.recipe.document",  # what the loader is handed
     "envbuilder.recipe.schemacheck",
