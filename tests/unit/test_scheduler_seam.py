@@ -190,3 +190,33 @@ def test_a_third_scheduler_stages_with_its_own_argv(toy: tuple[Toy, dict[str, st
     assert cleaned.removed == {socket.gethostname(): 0}
     logged = (tmp_path / "toyrun.log").read_text(encoding="utf-8").splitlines()
     assert logged == ["--nodes=2", sys.executable, "-m", "envbuilder", "__stage-node", "clean", "vtoy"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The two built in: what they now own, as staging and the runner built it before
+
+
+def test_slurm_owns_its_step_its_broadcast_and_its_host_list() -> None:
+    slurm = schedulers.SCHEDULERS["slurm"]
+    command = ("py", "-m", "envbuilder", "__stage-node", "clean", "v")
+    assert slurm.on_each_node(schedulers.Where("slurm", "7", nodes=2), command) == [
+        "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", *command
+    ]  # fmt: skip
+    in_step = schedulers.Where("slurm", "7", in_step=True)
+    assert slurm.on_each_node(in_step, command)[:5] == ["srun", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--overlap"]  # fmt: skip
+    assert slurm.broadcast("/w/a.sqfs", "/tmp/.a") == ["sbcast", "--force", "/w/a.sqfs", "/tmp/.a"]
+    assert slurm.hosts({"SLURM_JOB_NODELIST": "n[1-2]"}) == schedulers.HostList(("scontrol", "show", "hostnames", "n[1-2]"))  # fmt: skip
+    assert slurm.bound_values({}) == {"SLURM_JOB_ID": "envbuilder"}
+
+
+def test_pbs_starts_its_node_launcher_and_reads_its_nodefile() -> None:
+    pbs = schedulers.SCHEDULERS["pbs"]
+    assert not pbs.broadcasts
+    argv = pbs.on_each_node(schedulers.Where("pbs", "7.pbs", nodes=2), ("py", "-m", "envbuilder", "x"))
+    assert argv[0] == "mpiexec" and argv[-4:] == ["py", "-m", "envbuilder", "x"]
+    assert pbs.hosts({"PBS_NODEFILE": "/var/spool/pbs/aux/7"}) == schedulers.HostList(
+        path="/var/spool/pbs/aux/7"
+    )
+    refused = pbs.unstageable(schedulers.Where("pbs", "7.pbs"))
+    assert refused and "$PBS_NODEFILE" in refused[0]
+    assert schedulers.allocation_vars()[-3:] == ("PBS_JOBID", "PBS_NODEFILE", "PBS_QUEUE")
