@@ -25,20 +25,6 @@ from envbuilder.facts import (
 )
 from envbuilder.validate import schedulers
 
-_ALLOCATION_VARS = (
-    "SLURM_JOB_ID",
-    "SLURM_JOB_NODELIST",
-    "SLURM_JOB_NUM_NODES",
-    "SLURM_NNODES",
-    "SLURM_JOB_PARTITION",
-    "SLURM_GPUS_ON_NODE",
-    "SLURM_NTASKS",
-    "PBS_JOBID",
-    "PBS_NODEFILE",
-    "PBS_QUEUE",
-    "CUDA_VISIBLE_DEVICES",
-)
-
 #: A facts file is a few hundred bytes; anything near this is not one.
 MAX_FACTS_BYTES = 1024 * 1024
 
@@ -71,7 +57,7 @@ def probe(env: Optional[Mapping[str, str]] = None, root: str = "/") -> HostFacts
         hostname=socket.gethostname() or None,
         module_system=_module_system(env),
         scheduler=_scheduler(env),
-        allocation={k: env[k] for k in _ALLOCATION_VARS if k in env},
+        allocation={k: env[k] for k in (*schedulers.allocation_vars(), "CUDA_VISIBLE_DEVICES") if k in env},
         filesystems={k: env[k] for k in ("HOME", "WORK", "SCRATCH") if env.get(k)},
         source="probe",
     )

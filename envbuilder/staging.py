@@ -37,7 +37,7 @@ from typing import Any, Optional
 from envbuilder import activate_scripts, fsutil, image, proc, removal, state, transaction
 from envbuilder.errors import UsageError
 from envbuilder.structs import dataclass
-from envbuilder.validate import launchers, runner, schedulers
+from envbuilder.validate import runner, schedulers
 
 #: What the node side prints when the node holds a complete copy already.
 READY = "ready"
@@ -68,32 +68,24 @@ class Cleaned:
         return {"name": self.name, "nodes": len(self.removed), "removed": self.removed}
 
 
-def _allocation(env: Mapping[str, str]) -> schedulers.Where:
-    here = runner.locate(env)  # a PBS job's node count read from its $PBS_NODEFILE
-    if here.scheduler == "pbs" and not here.nodes:
-        raise UsageError(
-            "envbuilder stage in a PBS job copies the image to the hosts of $PBS_NODEFILE, which is unset or "
-            "unreadable here",
-            hint="run it in the job's own shell or script, where PBS sets PBS_NODEFILE",
-        )
-    if here.scheduler not in ("slurm", "pbs") or not here.job:
+def _allocation(env: Mapping[str, str]) -> tuple[schedulers.Scheduler, schedulers.Where]:
+    """This job's scheduler and where it runs (a PBS job's node count read from its $PBS_NODEFILE)."""
+    here = runner.locate(env)
+    adapter = schedulers.get(here.scheduler)
+    refused = adapter.unstageable(here) if adapter else None
+    if refused:
+        raise UsageError(refused[0], hint=refused[1])
+    if adapter is None or not here.job:
         raise UsageError(
             "envbuilder stage copies the image to the nodes of a job: run it inside an allocation",
             hint="salloc --nodes=N envbuilder stage ENV, or envbuilder run ENV --stage in the job",
         )
-    return here
-
-
-def step_argv(here: schedulers.Where) -> list[str]:
-    """One task on every node of the allocation (sharing resources when this already runs inside a step)."""
-    nodes = here.nodes or 1
-    argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
-    return [*argv, "--overlap"] if here.in_step else argv
+    return adapter, here
 
 
 def planned(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
     """Where :func:`stage` puts the env in this allocation, without copying (refusing what it would refuse)."""
-    here = _allocation(env)
+    _, here = _allocation(env)
     image.usable(record)  # refuses a missing or stale image, saying which
     path = image.unpacked_path(image.node_base(env), image.image_key(record))
     return Staged(record.name, path, here.nodes or 1, copied=False)
@@ -104,11 +96,11 @@ def stage(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
     record = image.settled(record, env)
     plan = planned(record, env)
     key, digest = image.image_key(record), str(record.image["sha256"])
-    here = runner.locate(env)
-    if here.scheduler == "pbs":
-        return _stage_pbs(record, plan, here, env)
+    adapter, here = _allocation(env)
+    if not adapter.broadcasts:
+        return _stage_fetch(record, plan, adapter, here, env)
     run_env = proc.scrubbed_env(env)
-    prepare = proc.run(_on_each_node(here, "prepare", key, digest), env=run_env).stdout
+    prepare = proc.run(_on_each_node(adapter, here, "prepare", key, digest), env=run_env).stdout
     answers = [line.split(" ", 1) for line in prepare.splitlines()]
     if answers and all(a[0] == READY for a in answers):
         return plan
@@ -117,26 +109,31 @@ def stage(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
     # the copy's own name, and the next stage on the node removes what it left.
     bases = {a[1] for a in answers if len(a) == 2}
     into = Path(bases.pop()) if len(bases) == 1 else image.default_base()
-    sent = _sent(into, key, str(here.job))
-    proc.run(["sbcast", "--force", str(image.usable(record)), str(sent)], env=run_env)
-    proc.run(_on_each_node(here, "unpack", key, digest, str(sent)), env=run_env)
+    sent = _sent(into, key, str(here.job), adapter.title)
+    proc.run(adapter.broadcast(str(image.usable(record)), str(sent)), env=run_env)
+    proc.run(_on_each_node(adapter, here, "unpack", key, digest, str(sent)), env=run_env)
     return replace(plan, copied=True)
 
 
-def _stage_pbs(
-    record: state.EnvRecord, plan: Staged, here: schedulers.Where, env: Mapping[str, str]
+def _stage_fetch(
+    record: state.EnvRecord,
+    plan: Staged,
+    adapter: schedulers.Scheduler,
+    here: schedulers.Where,
+    env: Mapping[str, str],
 ) -> Staged:
-    """Each node of the PBS job copies the image from the shared file system and unpacks it, all at once."""
+    """Each node of a job whose scheduler has no broadcast (PBS) copies the image from the shared file system
+    and unpacks it, all at once."""
     key, digest = image.image_key(record), str(record.image["sha256"])
-    fetch = _on_each_node(here, "fetch", key, digest, str(image.usable(record)))
+    fetch = _on_each_node(adapter, here, "fetch", key, digest, str(image.usable(record)))
     lines = proc.run(fetch, env=proc.scrubbed_env(env)).stdout.splitlines()
     return replace(plan, copied=any(line.split(" ", 1)[0] != READY for line in lines if line))
 
 
 def clean(record: state.EnvRecord, env: Mapping[str, str]) -> Cleaned:
     """Remove the env's staged copies (every digest) from every node of this allocation."""
-    here = _allocation(env)
-    out = proc.run(_on_each_node(here, "clean", record.name), env=proc.scrubbed_env(env)).stdout
+    adapter, here = _allocation(env)
+    out = proc.run(_on_each_node(adapter, here, "clean", record.name), env=proc.scrubbed_env(env)).stdout
     removed = {}
     for line in out.splitlines():
         host, _, count = line.rpartition(" ")
@@ -168,22 +165,19 @@ def _copy(base: Path, key: str) -> Path:
 _SENT = re.compile(r"\.(?P<key>.+)" + re.escape(image.SUFFIX + transaction.PARTIAL) + r"\d+")
 
 
-def _sent(base: Path, key: str, job: str) -> Path:
-    """Where sbcast writes the image on each node for job ``job``: beside the copy's name, never at it."""
+def _sent(base: Path, key: str, job: str, scheduler: str) -> Path:
+    """Where the broadcast writes the image on each node for job ``job`` of ``scheduler`` (its title): beside
+    the copy's name, never at it."""
     name = f".{key}{image.SUFFIX}{transaction.PARTIAL}{job}"
     if not _SENT.fullmatch(name):
-        raise UsageError(f"job id {job!r} is not a Slurm job id (expected digits)")
+        raise UsageError(f"job id {job!r} is not a {scheduler} job id (expected digits)")
     return base / name
 
 
-def _on_each_node(here: schedulers.Where, *args: str) -> list[str]:
-    """``__stage-node ARGS`` once on every node of the allocation: a Slurm step, or the PBS job's node launcher
-    (each argument passed as one, never through a shell of ours)."""
-    command = (sys.executable, "-m", "envbuilder", "__stage-node", *args)
-    if here.scheduler == "pbs":
-        spec = launchers.LaunchSpec(python=sys.executable, script=command, nodes=here.nodes or 1, direct=True)
-        return launchers.plain(launchers.build(schedulers.SCHEDULERS["pbs"].node_launcher, spec))
-    return [*step_argv(here), *command]
+def _on_each_node(adapter: schedulers.Scheduler, here: schedulers.Where, *args: str) -> list[str]:
+    """``__stage-node ARGS`` once on every node of the allocation, as its scheduler starts one task per node (a
+    Slurm step, the PBS job's node launcher); each argument passed as one, never through a shell of ours."""
+    return adapter.on_each_node(here, (sys.executable, "-m", "envbuilder", "__stage-node", *args))
 
 
 # ---------------------------------------------------------------------------------------------------------------

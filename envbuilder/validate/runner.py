@@ -221,10 +221,12 @@ NODEFILE_LIMIT = 64 * 1024 * 1024
 
 
 def locate(env: Mapping[str, str]) -> schedulers.Where:
-    """Where this process runs (:func:`schedulers.locate`), with the node count of a PBS job read from its
-    $PBS_NODEFILE (unreadable: unknown, as before)."""
+    """Where this process runs (:func:`schedulers.locate`), with the job's host list file read where its
+    scheduler keeps one (a PBS job's $PBS_NODEFILE, which alone tells its node count; unreadable: unknown)."""
     text = None
-    path = env.get("PBS_NODEFILE")
+    adapter = schedulers.detect(env)
+    hosts = adapter.hosts(env) if adapter else None
+    path = hosts.path if hosts else None
     if path:
         with contextlib.suppress(OSError, UnicodeDecodeError), Path(path).open(encoding="utf-8") as fh:
             text = fh.read(NODEFILE_LIMIT)
@@ -325,7 +327,7 @@ def bind_here(the_launch: suite.Launch, env: Mapping[str, str]) -> tuple[list[st
     the allocation's first host as the rendezvous of a multi-node run, a free local port for MPI-started ranks
     (they rendezvous through torch's TCP store on this node), this process's lifeline for the ranks."""
     env = dict(env)
-    values = {"SLURM_JOB_ID": env.get("SLURM_JOB_ID", "envbuilder")}
+    values = schedulers.bound_values(env)
     if the_launch.nodes > 1:
         values["MASTER_ADDR"] = _first_host(env)
         env.setdefault("MASTER_ADDR", values["MASTER_ADDR"])
@@ -494,15 +496,16 @@ def _free_port() -> int:
 
 
 def _first_host(env: Mapping[str, str]) -> str:
-    if env.get("SLURM_JOB_NODELIST"):
-        res = proc.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], env=dict(env))
-        return res.stdout.split()[0]
-    if env.get("PBS_NODEFILE"):
-        return Path(env["PBS_NODEFILE"]).read_text(encoding="utf-8").split()[0]
-    raise UsageError(
-        "a multi-node run needs an allocation (SLURM_JOB_NODELIST or PBS_NODEFILE) to find its first host",
-        hint="run inside the job, or pass --submit",
-    )
+    """The allocation's first host, where its scheduler lists them (:meth:`schedulers.Scheduler.hosts`)."""
+    hosts = schedulers.host_list(env)
+    if hosts is None:
+        raise UsageError(
+            f"a multi-node run needs an allocation ({schedulers.hosts_vars()}) to find its first host",
+            hint="run inside the job, or pass --submit",
+        )
+    if hosts.path is not None:
+        return Path(hosts.path).read_text(encoding="utf-8").split()[0]
+    return proc.run(list(hosts.argv), env=dict(env)).stdout.split()[0]
 
 
 # --- submit ---------------------------------------------------------------------------------------------------

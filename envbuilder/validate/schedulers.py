@@ -1,8 +1,14 @@
 """Pure scheduler adapters, one :data:`SCHEDULERS` entry each: a job script's directives and set-up lines, and
 the argv that submits a job, asks for its state and exit code and cancels it, with parsers for what they print.
+Each adapter also owns what a job's environment means to it: which variables say "inside a job" and which the host
+probe records (:func:`allocation_vars`), where the allocation's hosts are listed (:meth:`Scheduler.hosts`, the first
+of which a multi-node run meets at), the argv that runs a command once on every node and the broadcast that
+``stage`` copies an image with.
 
-``runner`` runs these commands through ``proc``; ``batch`` writes the script around the directives. The recipe
-schema and the host probe read the names (and how to recognise each scheduler) from the registry.
+``runner`` and ``staging`` run these commands through ``proc``; ``batch`` writes the script around the directives.
+The recipe schema and the host probe read the names (and how to recognise each scheduler) from the registry. No
+other module names a scheduler or its variables (tests/unit/test_scheduler_seam.py checks): a third scheduler is
+one subclass of :class:`Scheduler` in :data:`SCHEDULERS`.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder.structs import dataclass
-from envbuilder.validate.launchers import Arg, ShellVar
+from envbuilder.validate.launchers import Arg, LaunchSpec, ShellVar, build, plain
 
 if TYPE_CHECKING:  # only a type here: batch builds the job shape (and imports this module)
     from envbuilder.validate.batch import JobShape
@@ -41,10 +47,30 @@ class Where:
         return self.job is not None
 
 
+@dataclass(frozen=True)
+class HostList:
+    """Where a job's hosts are listed, first host first, whitespace apart: what ``argv`` prints, or the file at
+    ``path``."""
+
+    argv: tuple[str, ...] = ()
+    path: Optional[str] = None
+
+
 class Scheduler(ABC):
     """One batch system: each subclass fills the attributes and builds its own argv."""
 
     name: str
+    #: The name people know it by, for messages.
+    title: str
+    #: The variables of a job's environment that the host probe records.
+    allocation_vars: tuple[str, ...] = ()
+    #: The variable that lists (or names the list of) the allocation's hosts.
+    hosts_var: str
+    #: Whether it copies one file to every node itself (:meth:`broadcast`); else ``stage`` has each node fetch
+    #: the image from the shared file system.
+    broadcasts: bool = False
+    #: Options of an interactive step that give it CPUs, where a step without one gets a single CPU.
+    step_cpu_options: tuple[str, ...] = ()
     #: The directive prefix of a job script (``#SBATCH``).
     directive: str
     #: The submit command; where it is on PATH, this host submits to this scheduler.
@@ -75,6 +101,29 @@ class Scheduler(ABC):
         """Whether ``env``'s process runs on a node of its job (not in a shell the job's allocation left on a
         login node)."""
         return True
+
+    @abstractmethod
+    def hosts(self, env: Mapping[str, str]) -> Optional[HostList]:
+        """Where ``env``'s allocation lists its hosts; None outside one."""
+
+    @abstractmethod
+    def on_each_node(self, here: Where, command: Sequence[str]) -> list[str]:
+        """argv that runs ``command`` (a python and its arguments, each passed as one) once on every node of the
+        allocation ``here``."""
+
+    def broadcast(self, source: str, dest: str) -> list[str]:
+        """argv that copies ``source`` to ``dest`` on every node of the allocation (where :attr:`broadcasts`)."""
+        raise NotImplementedError(f"{self.title} has no broadcast")
+
+    def unstageable(self, here: Where) -> Optional[tuple[str, str]]:
+        """Why ``stage`` cannot reach the nodes of ``here``, and the hint; None where it can."""
+        return None
+
+    def bound_values(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The values of this scheduler's shell variables in a launch (the rendezvous id) for a run here."""
+        if isinstance(self.rdzv_id, ShellVar):
+            return {self.rdzv_id.var: env.get(self.rdzv_id.var, "envbuilder")}
+        return {}
 
     @abstractmethod
     def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
@@ -112,6 +161,20 @@ class Scheduler(ABC):
 
 class Slurm(Scheduler):
     name = "slurm"
+    title = "Slurm"
+    allocation_vars = (
+        "SLURM_JOB_ID",
+        "SLURM_JOB_NODELIST",
+        "SLURM_JOB_NUM_NODES",
+        "SLURM_NNODES",
+        "SLURM_JOB_PARTITION",
+        "SLURM_GPUS_ON_NODE",
+        "SLURM_NTASKS",
+    )
+    hosts_var = "SLURM_JOB_NODELIST"
+    broadcasts = True
+    #: A step (``srun --pty``) gets one CPU unless one of these asks for more.
+    step_cpu_options = ("--cpus-per-task", "--cpus-per-gpu", "--exclusive", "--mincpus")
     directive = "#SBATCH"
     submit_tool = "sbatch"
     job_id_var = "SLURM_JOB_ID"
@@ -160,6 +223,20 @@ class Slurm(Scheduler):
             cpus_per_node=cpus,
             partition=env.get(self.partition_var) or None,
         )
+
+    def hosts(self, env: Mapping[str, str]) -> Optional[HostList]:
+        nodelist = env.get(self.hosts_var)
+        return HostList(argv=("scontrol", "show", "hostnames", nodelist)) if nodelist else None
+
+    def on_each_node(self, here: Where, command: Sequence[str]) -> list[str]:
+        # One task on every node, a step of the allocation (sharing resources when this already runs in a step).
+        nodes = here.nodes or 1
+        argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
+        return [*argv, "--overlap", *command] if here.in_step else [*argv, *command]
+
+    def broadcast(self, source: str, dest: str) -> list[str]:
+        # sbcast: one read of the shared file system, fanned out by Slurm.
+        return ["sbcast", "--force", source, dest]
 
     def on_node(self, env: Mapping[str, str]) -> bool:
         # Slurm sets it in a batch script and a step, on the node; an salloc shell lacks it.
@@ -219,6 +296,9 @@ def _gpu_flags(job: JobShape, gpu_request: str) -> list[str]:
 
 class Pbs(Scheduler):
     name = "pbs"
+    title = "PBS"
+    allocation_vars = ("PBS_JOBID", "PBS_NODEFILE", "PBS_QUEUE")
+    hosts_var = "PBS_NODEFILE"
     directive = "#PBS"
     submit_tool = "qsub"
     job_id_var = "PBS_JOBID"
@@ -236,6 +316,25 @@ class Pbs(Scheduler):
             job=env[self.job_id_var],
             cpus_per_node=_int(env.get("NCPUS")),
             partition=env.get(self.partition_var) or None,
+        )
+
+    def hosts(self, env: Mapping[str, str]) -> Optional[HostList]:
+        # One line per rank slot; the node count is the count of distinct lines (locate).
+        path = env.get(self.hosts_var)
+        return HostList(path=path) if path else None
+
+    def on_each_node(self, here: Where, command: Sequence[str]) -> list[str]:
+        # No step of its own: the job's remote start, the site's node launcher (one task per node).
+        spec = LaunchSpec(python=command[0], script=tuple(command), nodes=here.nodes or 1, direct=True)
+        return plain(build(self.node_launcher, spec))
+
+    def unstageable(self, here: Where) -> Optional[tuple[str, str]]:
+        if here.nodes:
+            return None
+        return (
+            "envbuilder stage in a PBS job copies the image to the hosts of $PBS_NODEFILE, which is unset or "
+            "unreadable here",
+            "run it in the job's own shell or script, where PBS sets PBS_NODEFILE",
         )
 
     def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
@@ -270,21 +369,47 @@ def locate(
     env: Mapping[str, str], nodefile: Optional[str] = None, usable_cpus: Optional[int] = None
 ) -> Where:
     """Where ``env``'s process runs: inside a job of one of :data:`SCHEDULERS`, else on a login node.
-    ``nodefile``: the text of the job's host list ($PBS_NODEFILE, one line per rank slot), where the scheduler
-    gives the node count only that way. ``usable_cpus``: the CPUs this process may run on; on a job's node
+    ``nodefile``: the text of the job's host list file (:meth:`Scheduler.hosts`, one line per rank slot), where
+    the scheduler gives the node count only that way. ``usable_cpus``: the CPUs this process may run on; on a job's node
     (a step, a batch script) no launch from here can have more, whatever the job holds (a cgroup or a CPU
     binding confines the step: an interactive step that asked for none has one)."""
+    adapter = detect(env)
+    if adapter is None:
+        return Where()
+    where = adapter.where(env)
+    if where.nodes is None and nodefile is not None:
+        where = replace(where, nodes=len({h.strip() for h in nodefile.splitlines() if h.strip()}) or None)
+    if usable_cpus and where.cpus_per_node and adapter.on_node(env):
+        where = replace(where, cpus_per_node=min(where.cpus_per_node, usable_cpus))
+    return where
+
+
+def detect(env: Mapping[str, str]) -> Optional[Scheduler]:
+    """The scheduler whose job ``env``'s process runs in; None outside any."""
+    return next((a for a in SCHEDULERS.values() if env.get(a.job_id_var)), None)
+
+
+def allocation_vars() -> tuple[str, ...]:
+    """Every scheduler's variables that the host probe records."""
+    return tuple(var for adapter in SCHEDULERS.values() for var in adapter.allocation_vars)
+
+
+def host_list(env: Mapping[str, str]) -> Optional[HostList]:
+    """Where ``env``'s allocation lists its hosts (the first scheduler's that tells); None outside any."""
+    return next((h for h in (a.hosts(env) for a in SCHEDULERS.values()) if h is not None), None)
+
+
+def hosts_vars() -> str:
+    """The variables that list an allocation's hosts, for a message: ``A or B``."""
+    return " or ".join(adapter.hosts_var for adapter in SCHEDULERS.values())
+
+
+def bound_values(env: Mapping[str, str]) -> dict[str, str]:
+    """The values a launch's shell variables take for a run here (:func:`launchers.bind`)."""
+    values: dict[str, str] = {}
     for adapter in SCHEDULERS.values():
-        if env.get(adapter.job_id_var):
-            where = adapter.where(env)
-            if where.nodes is None and nodefile is not None:
-                where = replace(
-                    where, nodes=len({h.strip() for h in nodefile.splitlines() if h.strip()}) or None
-                )
-            if usable_cpus and where.cpus_per_node and adapter.on_node(env):
-                where = replace(where, cpus_per_node=min(where.cpus_per_node, usable_cpus))
-            return where
-    return Where()
+        values.update(adapter.bound_values(env))
+    return values
 
 
 def _int(text: Optional[str]) -> Optional[int]:

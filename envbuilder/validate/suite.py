@@ -283,7 +283,7 @@ def launch_program(
         warnings.append("this site needs an allocation account for every job: pass --account")
     directives = adapter.directives(job, sched.gpu_request, sched.required_flags)
     interactive = tuple(batch.interactive_argv(sched.interactive, job)) if sched.interactive else None
-    if interactive and adapter.name == "slurm" and (job.cpus_per_task or 0) > 1:
+    if interactive and adapter.step_cpu_options and (job.cpus_per_task or 0) > 1:
         _cpu_request(interactive, job.cpus_per_task or 0, adapter, warnings)
     step = launchers.own_options(argv, spec)
     _check_dialect(recipe, adapter, directives, interactive=interactive, step=step, launcher=shape.launcher)
@@ -330,14 +330,16 @@ def _check_dialect(
 def _cpu_request(
     interactive: Sequence[str], cpus: int, adapter: schedulers.Scheduler, warnings: list[str]
 ) -> None:
-    """A Slurm step (``srun --pty``) gets one CPU unless it asks for more: the launch inside it would run every
-    rank on that one core. Warn where the site's template asks for none."""
+    """A step (Slurm's ``srun --pty``) gets one CPU unless one of its scheduler's ``step_cpu_options`` asks for
+    more: the launch inside it would run every rank on that one core. Warn where the site's template asks for
+    none."""
     asked = {name for _, name in batch.options(interactive[1:], adapter.short_options)}
-    if asked & {"--cpus-per-task", "--cpus-per-gpu", "--exclusive", "--mincpus"}:
+    if asked & set(adapter.step_cpu_options):
         return
     warnings.append(
         f"the interactive command ({interactive[0]} ...) asks for no CPUs, so its step gets one and every "
-        f"rank would share it; add --cpus-per-task={{cpus}} to scheduler.interactive ({cpus} per task here)"
+        f"rank would share it; add {adapter.step_cpu_options[0]}={{cpus}} to scheduler.interactive "
+        f"({cpus} per task here)"
     )
 
 
