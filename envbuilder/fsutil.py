@@ -224,7 +224,7 @@ def cache_unwritable(directory: Path, exc: OSError) -> None:
     if str(directory) in _UNWRITABLE:
         return
     _UNWRITABLE.add(str(directory))
-    from envbuilder.console import Out  # noqa: PLC0415 - only an unwritable cache needs it
+    from envbuilder.cli.console import Out  # noqa: PLC0415 - only an unwritable cache needs it
 
     words = DISK_ERRNOS.get(exc.errno or 0) or exc.strerror or str(exc)
     Out().warn(f"the cache {directory} cannot be written ({words}); going on without it ({_CACHE_WAY_OUT})")

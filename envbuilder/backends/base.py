@@ -21,11 +21,12 @@ from typing import Any, Callable, Optional
 
 from packaging.utils import canonicalize_name
 
-from envbuilder import __version__, activation, progress, settings
+from envbuilder import __version__, activation, settings
 from envbuilder.backends import toolversion
 from envbuilder.backends.buildlog import BuildLog, run_logged
 from envbuilder.backends.installers import Installer
 from envbuilder.backends.torchbuild import metadata_name_version
+from envbuilder.cli import progress
 from envbuilder.errors import BackendError
 from envbuilder.modules import EnvDelta
 from envbuilder.plan import expand

@@ -14,7 +14,6 @@ from envbuilder import (
     image,
     modules,
     proc,
-    progress,
     purge,
     settings,
     state,
@@ -22,12 +21,13 @@ from envbuilder import (
     transaction,
 )
 from envbuilder.backup import restore as restorer
+from envbuilder.cli import progress
+from envbuilder.cli.console import Cell, Out, plain
+from envbuilder.cli.tables import Column
 from envbuilder.commands import validate as validate_cmd
-from envbuilder.console import Cell, Out, plain
 from envbuilder.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.tables import Column
 from envbuilder.validate import runner as validator
 
 

@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import activation, fsutil, host, lockfile, modules, proc, progress, purge, settings, state
+from envbuilder import activation, fsutil, host, lockfile, modules, proc, purge, settings, state
 from envbuilder import create as creator
 from envbuilder import plan as planner
 from envbuilder.backends import network
+from envbuilder.cli import progress
+from envbuilder.cli.console import Out
 from envbuilder.commands import plan as plan_cmd
-from envbuilder.console import Out
 from envbuilder.errors import NetworkError, ResolverError, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
 from envbuilder.recipe import loader

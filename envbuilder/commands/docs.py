@@ -8,13 +8,13 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from envbuilder import completion, manpage
-from envbuilder.cliparser import build_parser
+from envbuilder.cli import completion, manpage
+from envbuilder.cli.parser import build_parser
 from envbuilder.errors import UsageError
 from envbuilder.shells import registry as shells
 
 if TYPE_CHECKING:
-    from envbuilder.console import Out
+    from envbuilder.cli.console import Out
 
 
 def handle_completion(args: argparse.Namespace, out: Out) -> None:

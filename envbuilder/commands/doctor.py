@@ -12,9 +12,10 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from envbuilder import settings, state, tables
+from envbuilder import settings, state
+from envbuilder.cli import tables
+from envbuilder.cli.console import Out, plain
 from envbuilder.commands import plan as plan_cmd
-from envbuilder.console import Out, plain
 from envbuilder.doctor import collect, findings, index_checks
 from envbuilder.doctor.report import Context, Report, examine
 from envbuilder.errors import DoctorFindings

@@ -21,11 +21,11 @@ from envbuilder import (
     strictmodes,
     transaction,
 )
-from envbuilder.console import Cell, Out
+from envbuilder.cli.console import Cell, Out
+from envbuilder.cli.tables import Column
 from envbuilder.errors import EnvbuilderError, EnvNotFound, StateError, UnsafePath, UsageError
 from envbuilder.plan.activation import Activation
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.tables import Column
 
 
 def _home() -> Path:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from envbuilder import fsutil, host, lockfile, settings
+from envbuilder.cli.console import Out
 from envbuilder.commands import plan as plan_cmd
-from envbuilder.console import Out
 from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuilder import fsutil, image, settings, state
-from envbuilder.console import Out
+from envbuilder.cli.console import Out
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:

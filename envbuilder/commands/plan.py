@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 from envbuilder import host, lockfile, settings
 from envbuilder import plan as planner
-from envbuilder.console import Out
+from envbuilder.cli.console import Out
 from envbuilder.errors import EnvbuilderError
 from envbuilder.facts import HostFacts
 from envbuilder.recipe import loader

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from envbuilder import host
-from envbuilder.console import Out
+from envbuilder.cli.console import Out
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:

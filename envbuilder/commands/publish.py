@@ -10,7 +10,7 @@ from typing import Any
 
 from envbuilder import fsutil, host, lockfile, settings, state
 from envbuilder import plan as planner
-from envbuilder.console import Out
+from envbuilder.cli.console import Out
 from envbuilder.errors import EnvbuilderError, LockError, PublishError
 from envbuilder.facts import HostFacts
 from envbuilder.recipe import loader, publish, registry

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuilder import host, image, modules, proc, settings, staging, state, strictmodes
-from envbuilder.console import Out
+from envbuilder.cli.console import Out
 from envbuilder.errors import StateError, UsageError
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from envbuilder import settings, staging, state
-from envbuilder.console import Out
+from envbuilder.cli.console import Out
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:

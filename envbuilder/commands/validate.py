@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder import __version__, fsutil, host, image, modules, proc, settings, state, strictmodes
-from envbuilder.console import Cell, Out, plain
+from envbuilder.cli.console import Cell, Out, plain
+from envbuilder.cli.tables import Column
 from envbuilder.errors import PublishError, StateError, UsageError, ValidationFailed
 from envbuilder.facts import HostFacts
 from envbuilder.recipe import loader, publish, registry
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.tables import Column
 from envbuilder.validate import report
 from envbuilder.validate import runner as validator
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, NoReturn, Optional
 
 from envbuilder import settings, textfile
 from envbuilder._toml import TOMLDecodeError, TOMLLimitError, loads
-from envbuilder.console import Out
+from envbuilder.cli.console import Out
 from envbuilder.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
 from envbuilder.fsutil import file_key
 from envbuilder.recipe.document import Document

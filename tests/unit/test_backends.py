@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from wheelindex import build_wheel
 
-from envbuilder import cli, cliparser, proc, settings
+from envbuilder import cli, proc, settings
 from envbuilder.backends import base, buildlog, conda, installers, registry, venv
+from envbuilder.cli import parser as cliparser
 from envbuilder.errors import EXIT_USAGE
 from envbuilder.plan.steps import InstallStep
 from envbuilder.recipe import schemajson

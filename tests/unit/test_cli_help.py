@@ -8,7 +8,9 @@ import subprocess
 
 import pytest
 
-from envbuilder import cli, cliparser, cliparts, helptext, manpage
+from envbuilder.cli import dispatch, helptext, manpage
+from envbuilder.cli import parser as cliparser
+from envbuilder.cli import parts as cliparts
 
 
 def commands():
@@ -25,7 +27,7 @@ def example_argv(line):
     words = shlex.split(line)
     assert words[0] == "envbuilder"
     words = words[1 : next((i for i, w in enumerate(words) if w in (">", "|")), len(words))]
-    argv, _program = cli._split_program(words)
+    argv, _program = dispatch._split_program(words)
     return argv
 
 

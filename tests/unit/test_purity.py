@@ -63,7 +63,7 @@ PURE = (
     "envbuilder.recipe.schemacheck",
     "envbuilder.errors",
     "envbuilder._toml",
-    "envbuilder.tables",  # lays rows out; rich renders them
+    "envbuilder.cli.tables",  # lays rows out; rich renders them
     "envbuilder.structs",
     "envbuilder.shells.registry",  # every shell adapter, and the registry the rest reads them from
 )

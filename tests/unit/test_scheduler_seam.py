@@ -25,8 +25,8 @@ PACKAGE = Path(envbuilder.__file__).parent
 #: The adapters' own module, and what may name the variables without reading them for the package:
 #: - payloads/: standard-library scripts run by the env's own python on the nodes (no envbuilder there); the
 #:   rank variables they read are the launchers' (srun's SLURM_PROCID beside MPI's);
-#: - helptext.py: the --help and man text that documents the variables, imported at start-up with nothing else.
-EXEMPT = ("validate/schedulers.py", "payloads/", "helptext.py")
+#: - cli/helptext.py: the --help and man text that documents the variables, imported at start-up with nothing else.
+EXEMPT = ("validate/schedulers.py", "payloads/", "cli/helptext.py")
 
 _VARIABLE = re.compile(r"(SLURM|PBS)_[A-Z0-9_]+")
 _NAMES = {"slurm", "pbs"}

@@ -15,10 +15,11 @@ import sys
 import pytest
 from helpers import REPO, run_cli
 
-from envbuilder import activate_scripts, activation, completion, image
-from envbuilder.cliparser import build_parser
+from envbuilder import activate_scripts, activation, image
+from envbuilder.cli import completion
+from envbuilder.cli.helptext import subcommands
+from envbuilder.cli.parser import build_parser
 from envbuilder.errors import StateError
-from envbuilder.helptext import subcommands
 from envbuilder.plan.activation import Activation
 from envbuilder.shells import registry
 from envbuilder.shells.base import IF_PRESENT, Shell, Syntax

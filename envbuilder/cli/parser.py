@@ -9,8 +9,9 @@ import functools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Optional
 
-from envbuilder import __version__, helptext
-from envbuilder.cliparts import (
+from envbuilder import __version__
+from envbuilder.cli import helptext
+from envbuilder.cli.parts import (
     Choices,
     Handler,
     Parser,
@@ -476,7 +477,7 @@ def _add_docs(sub: _Sub) -> None:
     p = sub.add_parser("man", help="print the envbuilder man page (roff)")
     p.set_defaults(handler=command("docs", "handle_man"))
     p = sub.add_parser("__complete")
-    p.add_argument("kind", choices=Choices("envbuilder.completion", "KINDS"), metavar="KIND")
+    p.add_argument("kind", choices=Choices("envbuilder.cli.completion", "KINDS"), metavar="KIND")
     p.set_defaults(handler=command("docs", "handle_names"))
 
 

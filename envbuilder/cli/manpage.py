@@ -7,7 +7,8 @@ import argparse
 import re
 from collections.abc import Iterable
 
-from envbuilder import __version__, helptext
+from envbuilder import __version__
+from envbuilder.cli import helptext
 
 
 def _escape(text: str) -> str:

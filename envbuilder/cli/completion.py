@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import Any
 
-from envbuilder import helptext
+from envbuilder.cli import helptext
 from envbuilder.errors import EnvbuilderError
 from envbuilder.shells import registry as shells
 

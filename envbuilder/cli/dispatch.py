@@ -1,4 +1,4 @@
-"""Thin CLI: parse (the grammar is ``cliparser``'s), dispatch to a command function, render. Errors are caught
+"""Thin CLI: parse (the grammar is :mod:`.parser`'s), dispatch to a command function, render. Errors are caught
 here and nowhere else. Importing it imports argparse and the grammar only: rich comes with the first line of output
 (:mod:`.console`), ``json``, ``logging`` and ``traceback`` with the first use (tests/unit/test_startup.py)."""
 
@@ -10,9 +10,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from envbuilder.cliparser import build_parser
-from envbuilder.cliparts import Handler, UsageExit, unrecognized
-from envbuilder.console import Out
+from envbuilder.cli.console import Out
+from envbuilder.cli.parser import build_parser
+from envbuilder.cli.parts import Handler, UsageExit, unrecognized
 from envbuilder.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, EXIT_USAGE, EnvbuilderError
 
 RESULT_VERSION = 1

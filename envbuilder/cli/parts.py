@@ -1,4 +1,4 @@
-"""What the command line's grammar (:mod:`envbuilder.cliparser`) is built from: command handlers imported only
+"""What the command line's grammar (:mod:`envbuilder.cli.parser`) is built from: command handlers imported only
 when their command runs, choices read from their one home when first needed, a parser that raises (so main()
 stays the single exit point) and offers "did you mean", and the value types of numeric options."""
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from envbuilder.errors import did_you_mean
 
 if TYPE_CHECKING:
-    from envbuilder.console import Out
+    from envbuilder.cli.console import Out
 
 Handler = Callable[[argparse.Namespace, "Out"], Any]
 
