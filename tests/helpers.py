@@ -47,6 +47,17 @@ PLAN_ENV = {
 }
 
 
+def demo_recipe(name: str, prefix: str = "") -> str:
+    """A small uv venv recipe without torch that installs ``ebdemo==1.0`` (wheelindex.demo_wheels serves it); its
+    env goes to ``prefix`` where one is given (``${SCRATCH}/envs/{name}``), else to the default place."""
+    where = f'prefix = "{prefix}"\n' if prefix else ""
+    return (
+        f'schema_version = 1\n[recipe]\nname = "{name}"\n[env]\nkind = "venv"\ninstaller = "uv"\n{where}'
+        '[python]\ncommand = "python3"\n[torch]\ninstall = false\n[[packages]]\nname = "ebdemo"\n'
+        'spec = "ebdemo==1.0"\n'
+    )
+
+
 def loopback_only(index_mirror: str) -> bool:
     """Whether every index a plan reads (download.pytorch.org's and PyPI's) is sent to 127.0.0.1 or a directory
     by ``index_mirror``: only then may a test let envbuilder read the indexes."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers import UserWorld, ok, run_cli_process
+from helpers import UserWorld, demo_recipe, ok, run_cli_process
 from sharedfs import fill, quota_dir, remount, tmpfs
 from wheelindex import demo_wheels, mirror_env, serve
 
@@ -25,22 +25,6 @@ from envbuilder import fsutil, settings
 
 pytestmark = pytest.mark.integration
 
-RECIPE = """
-schema_version = 1
-[recipe]
-name = "{name}"
-[env]
-kind = "venv"
-installer = "uv"
-prefix = "${{SCRATCH}}/envs/{{name}}"
-[python]
-command = "python3"
-[torch]
-install = false
-[[packages]]
-name = "ebdemo"
-spec = "ebdemo==1.0"
-"""
 
 #: The words of each cause, as the error says them.
 READ_ONLY = "read-only (EROFS)"
@@ -70,7 +54,7 @@ class World(UserWorld):
         self.tmp = root / "node-tmp"
         self.out = self.scratch / "out"
         for name in ("a", "b"):
-            self.write_recipe(name, RECIPE.format(name=name))
+            self.write_recipe(name, demo_recipe(name, prefix="${SCRATCH}/envs/{name}"))
 
     def place(self, name: str) -> Path:
         places = {"home": self.home, "backups": self.backups, "scratch": self.scratch, "to": self.to}

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import UserWorld, cli_argv
+from helpers import UserWorld, cli_argv, demo_recipe
 from offline_node import run_offline, why_not
 from wheelindex import demo_wheels
 
@@ -17,22 +17,6 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(why_not() is not None, reason=f"no network namespace: {why_not()}"),
 ]
-
-SMALL = """
-schema_version = 1
-[recipe]
-name = "offline"
-[env]
-kind = "venv"
-installer = "uv"
-[python]
-command = "python3"
-[torch]
-install = false
-[[packages]]
-name = "ebdemo"
-spec = "ebdemo==1.0"
-"""
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +28,7 @@ def wheels(tmp_path_factory) -> Path:
 
 def test_create_without_network_names_the_url_the_cause_and_the_way_out(tmp_path):
     world = UserWorld(tmp_path)  # no mirror: PyPI itself, which nothing in the namespace reaches
-    world.write_recipe("offline", SMALL)
+    world.write_recipe("offline", demo_recipe("offline"))
     res = run_offline(cli_argv("create", "offline", "--no-validate"), world.env)
     assert res.returncode == 11, res.stderr
     err = res.stderr
@@ -58,7 +42,7 @@ def test_create_without_network_names_the_url_the_cause_and_the_way_out(tmp_path
 
 def test_create_without_network_in_json_names_the_url(tmp_path):
     world = UserWorld(tmp_path)
-    world.write_recipe("offline", SMALL)
+    world.write_recipe("offline", demo_recipe("offline"))
     res = run_offline(cli_argv("create", "offline", "--no-validate", "--json"), world.env)
     assert res.returncode == 11, res.stderr
     error = json.loads(res.stdout)["errors"][0]
@@ -69,7 +53,7 @@ def test_create_without_network_in_json_names_the_url(tmp_path):
 
 def test_create_without_network_works_from_a_mirror_on_the_node(tmp_path, wheels):
     world = UserWorld(tmp_path)
-    world.write_recipe("offline", SMALL)
+    world.write_recipe("offline", demo_recipe("offline"))
     res = run_offline(cli_argv("create", "offline", "--no-validate"), world.env, serve=wheels)
     assert res.returncode == 0, res.stderr
     assert list((world.scratch / "envbuilder" / "envs").glob("offline/lib/python*/site-packages/ebdemo"))
@@ -91,7 +75,7 @@ def test_create_says_up_front_that_the_plan_could_not_read_the_index(tmp_path):
 
 def test_lock_without_network_names_the_url_and_the_way_out(tmp_path):
     world = UserWorld(tmp_path)
-    world.write_recipe("offline", SMALL)
+    world.write_recipe("offline", demo_recipe("offline"))
     res = run_offline(cli_argv("lock", "offline"), world.env)
     assert res.returncode == 11, res.stderr
     assert "uv could not reach https://pypi.org/simple" in res.stderr, res.stderr
@@ -102,7 +86,7 @@ def test_restore_without_network_rebuilds_from_the_wheelhouse_backup(tmp_path, w
     """The way out the error names: an env backed up as a wheelhouse where an index was reachable comes back on a
     node without a network (after the purge took it) from the backup alone, and its python imports what it held."""
     world = UserWorld(tmp_path, ENVBUILDER_BACKUP_ROOT=str(tmp_path / "backups"))
-    world.write_recipe("offline", SMALL)
+    world.write_recipe("offline", demo_recipe("offline"))
     res = run_offline(cli_argv("create", "offline", "--no-validate"), world.env, serve=wheels)
     assert res.returncode == 0, res.stderr
     res = run_offline(cli_argv("backup", "offline", "--mode", "wheelhouse"), world.env)

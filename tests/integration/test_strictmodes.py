@@ -10,28 +10,13 @@ import shlex
 from pathlib import Path
 
 import pytest
-from helpers import UserWorld, bash, ok, refused
+from helpers import UserWorld, bash, demo_recipe, ok, refused
 from sharedfs import give_to, other_user
 from wheelindex import demo_wheels, mirror_env, serve
 
 pytestmark = pytest.mark.integration
 
 #: A small env from the test wheels, at the recipe's default prefix ($SCRATCH/envbuilder/envs/NAME).
-RECIPE = """
-schema_version = 1
-[recipe]
-name = "{name}"
-[env]
-kind = "venv"
-installer = "uv"
-[python]
-command = "python3"
-[torch]
-install = false
-[[packages]]
-name = "ebdemo"
-spec = "ebdemo==1.0"
-"""
 
 #: The exit code of the state family, UnsafePath's.
 EXIT_STATE = 9
@@ -52,7 +37,7 @@ class World(UserWorld):
         self.envs = self.scratch / "envbuilder" / "envs"
 
     def recipe(self, name: str = "demo") -> str:
-        return self.write_recipe(name, RECIPE.format(name=name))
+        return self.write_recipe(name, demo_recipe(name))
 
     def create(self, name: str = "demo", **env: str):
         return self.cli("create", self.recipe(name), "--no-validate", **env)
@@ -208,7 +193,7 @@ def test_a_group_writable_backup_root_needs_the_site_to_say_so(world):
 def test_a_registry_in_a_directory_others_can_write_is_refused(world):
     admin = world.root / "admin-recipes"
     admin.mkdir()
-    (admin / "regdemo.toml").write_text(RECIPE.format(name="regdemo"))
+    (admin / "regdemo.toml").write_text(demo_recipe("regdemo"))
     shared = world.root / "shared"
     registry = shared / "registry"
     ok(world.cli("publish", "regdemo", "--registry", str(registry), ENVBUILDER_RECIPE_PATH=str(admin)))
