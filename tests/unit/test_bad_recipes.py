@@ -148,3 +148,34 @@ def test_same_recipe_without_forbidden_flags_plans(tmp_path: Path) -> None:
     built = plan.build(recipe, HOST, ENV)
     assert built.batch_script is not None
     assert "#SBATCH --gres=gpu:1\n" in built.batch_script
+
+
+VARIANT_RECIPE = 'schema_version = 1\n[recipe]\nname = "variant"\n[torch]\nvariant = {value}\n'
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        '"cu130; rm -rf ~"',
+        '"$(id)"',
+        '"`id`"',
+        '"-cu130"',
+        '"cu130\\n"',
+        '"cu130\\u0000"',
+        '"rocm6.2/../x"',
+        '"cu"',
+    ],
+)
+def test_a_hostile_torch_variant_is_refused_by_name(tmp_path: Path, value: str) -> None:
+    """torch.variant takes the names an index page may have (cuNNN, rocmX.Y, xpu, cpu, auto) and nothing that a
+    URL, a shell or a command line could read as more."""
+    (tmp_path / "variant.toml").write_text(VARIANT_RECIPE.format(value=value), encoding="utf-8")
+    with pytest.raises(RecipeError) as info:
+        load("variant", Catalog([Layer("test", tmp_path)]))
+    assert info.value.key == "torch.variant"
+
+
+@pytest.mark.parametrize("value", ["cu140", "rocm6.2", "rocm6.2.4", "xpu", "cpu", "auto"])
+def test_index_shaped_torch_variants_are_taken(tmp_path: Path, value: str) -> None:
+    (tmp_path / "variant.toml").write_text(VARIANT_RECIPE.format(value=f'"{value}"'), encoding="utf-8")
+    assert load("variant", Catalog([Layer("test", tmp_path)])).torch.variant == value
