@@ -12,24 +12,17 @@ mkdir -p "$out"
 export NO_COLOR=1 PYTHONUNBUFFERED=1 COLUMNS=160
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export ENVBUILDER_HOME=/tmp/eb-home SCRATCH=/tmp/eb-scratch WORK=/tmp/eb-work ENVBUILDER_RECIPE_PATH=/tmp/eb-recipes
-step() {
-  local name=$1 s=$EPOCHREALTIME
-  shift
-  "$@" > "$out/$name.out" 2> "$out/$name.err"
-  echo "$name rc=$? wall=$(python3 -c "print(round($EPOCHREALTIME - $s, 2))")s"
-}
+. "$(dirname "$0")/gpu_common.sh"
 
 # envbuilder from this checkout in a venv of its own: its children, the embedded engine among them, start with
 # that venv's python and find envbuilder and the node's packages (rich, packaging) through a .pth file, not
 # PYTHONPATH, which envbuilder scrubs from every child's environment.
 site=$(python3 -c 'import pathlib, torch; print(pathlib.Path(torch.__file__).parents[1])')
-node_env=$(python3 -c 'import pathlib, torch; print(pathlib.Path(torch.__file__).parents[4])')
+node_torch
 python3 -m venv /tmp/eb-venv
 py=/tmp/eb-venv/bin/python
 $py -m pip install -q --no-index --no-deps "$wheels"/py_rattler-*.whl || exit 1
 printf '%s\n%s\n' "$PWD" "$site" > "$($py -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/envbuilder-src.pth"
-torch_version=$(python3 -c 'import torch; print(torch.__version__.split("+")[0])')
-variant=$(python3 -c 'import torch; c = torch.version.cuda; print("cu" + c.replace(".", "") if c else "cpu")')
 step wheels $py scripts/repack_wheels.py "$node_env" /tmp/torch-wheels
 step channel env PYTHONPATH="$PWD/tests" $py -c '
 import os, sys

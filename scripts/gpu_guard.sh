@@ -17,15 +17,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export ENVBUILDER_HOME=/tmp/eb-home SCRATCH=/tmp/eb-scratch ENVBUILDER_RECIPE_PATH=/tmp/eb-recipes
 mkdir -p "$SCRATCH" "$ENVBUILDER_RECIPE_PATH"
 eb() { python3 -m envbuilder "$@"; }
-step() {
-  local name=$1 s=$EPOCHREALTIME
-  shift
-  "$@" > "$out/$name.out" 2> "$out/$name.err"
-  echo "$name rc=$? wall=$(python3 -c "print(round($EPOCHREALTIME - $s, 2))")s" | tee -a "$out/steps.txt"
-}
+. "$(dirname "$0")/gpu_common.sh"
 
-node_env=$(python3 -c 'import pathlib, torch; print(pathlib.Path(torch.__file__).parents[4])')
-torch_version=$(python3 -c 'import torch; print(torch.__version__.split("+")[0])')
+node_torch
 echo "node torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_arch_list())')"
 step repack python3 scripts/repack_wheels.py "$node_env" /tmp/wheels-cu130
 # The wrong build: a stand-in CPU torch of the same release (tests/torchindex.py), beside the real dependencies.

@@ -23,16 +23,9 @@ if ! command -v fusermount3 > /dev/null && [ -x "$sqfs/usr/bin/squashfuse" ] && 
   export PATH=$sqfs/usr/bin:$sqfs/bin:$PATH
   export LD_LIBRARY_PATH=$sqfs/usr/lib/x86_64-linux-gnu:$sqfs/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
-step() {
-  local name=$1 s=$EPOCHREALTIME
-  shift
-  "$@" > "$out/$name.out" 2> "$out/$name.err"
-  echo "$name rc=$? wall=$(python3 -c "print(round($EPOCHREALTIME - $s, 2))")s"
-}
+. "$(dirname "$0")/gpu_common.sh"
 { command -v mksquashfs unsquashfs squashfuse fusermount3 fusermount uv; ls -l /dev/fuse; } > "$out/tools.txt" 2>&1
-node_env=$(python3 -c 'import pathlib, torch; print(pathlib.Path(torch.__file__).parents[4])')
-torch_version=$(python3 -c 'import torch; print(torch.__version__.split("+")[0])')
-variant=$(python3 -c 'import torch; c = torch.version.cuda; print("cu" + c.replace(".", "") if c else "cpu")')
+node_torch
 step wheels python3 scripts/repack_wheels.py "$node_env" /tmp/torch-wheels
 mkdir -p "$ENVBUILDER_RECIPE_PATH"
 cat > "$ENVBUILDER_RECIPE_PATH/gpu-image.toml" <<EOF

@@ -12,6 +12,7 @@
 set -uo pipefail
 out=${OUT:-gpu-kill}
 mkdir -p "$out"
+. "$(dirname "$0")/gpu_common.sh"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} NO_COLOR=1 PYTHONUNBUFFERED=1 COLUMNS=160
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -20,8 +21,7 @@ mkdir -p "$SCRATCH" "$ENVBUILDER_RECIPE_PATH"
 summary=$out/summary.txt
 : > "$summary"
 
-node_env=$(python3 -c 'import pathlib, torch; print(pathlib.Path(torch.__file__).parents[4])')
-torch_version=$(python3 -c 'import torch; print(torch.__version__.split("+")[0])')
+node_torch
 echo "node torch: $(python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.device_count(), "GPUs")')" | tee -a "$summary"
 echo "GPU processes before: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)" | tee -a "$summary"
 [ -d /tmp/wheels-cu130 ] || python3 scripts/repack_wheels.py "$node_env" /tmp/wheels-cu130 > /dev/null

@@ -26,12 +26,7 @@ export NO_COLOR=1 PYTHONUNBUFFERED=1 COLUMNS=160
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export ENVBUILDER_HOME=/tmp/eb-home SCRATCH=/tmp/eb-scratch ENVBUILDER_RECIPE_PATH=/tmp/eb-recipes
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-step() {
-  local name=$1 s=$EPOCHREALTIME
-  shift
-  "$@" > "$out/$name.out" 2> "$out/$name.err"
-  echo "$name rc=$? wall=$(python3 -c "print(round($EPOCHREALTIME - $s, 2))")s"
-}
+. "$(dirname "$0")/gpu_common.sh"
 lmod_init=/usr/share/lmod/lmod/init/bash
 if [ ! -f "$lmod_init" ] || ! command -v patchelf > /dev/null; then
   root=/tmp/lmod-debs
@@ -67,9 +62,7 @@ prepend_path("PATH", "$soft/bin")
 prepend_path("LD_LIBRARY_PATH", "$soft/lib")
 EOF
 
-node_env=$(python3 -c 'import pathlib, torch; print(pathlib.Path(torch.__file__).parents[4])')
-torch_version=$(python3 -c 'import torch; print(torch.__version__.split("+")[0])')
-variant=$(python3 -c 'import torch; c = torch.version.cuda; print("cu" + c.replace(".", "") if c else "cpu")')
+node_torch
 step wheels python3 scripts/repack_wheels.py "$node_env" /tmp/torch-wheels
 mkdir -p "$ENVBUILDER_RECIPE_PATH"
 cat > "$ENVBUILDER_RECIPE_PATH/gpu-modules.toml" <<EOF

@@ -12,12 +12,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export ENVBUILDER_HOME=/tmp/eb-home SCRATCH=/tmp/eb-scratch ENVBUILDER_RECIPE_PATH=${ENVBUILDER_RECIPE_PATH:-$PWD/.devrun}
 mkdir -p "$SCRATCH"
 eb() { python3 -m envbuilder "$@"; }
-step() {
-  local name=$1 s=$EPOCHREALTIME
-  shift
-  "$@" > "$out/$name.out" 2> "$out/$name.err"
-  echo "$name rc=$? wall=$(python3 -c "print(round($EPOCHREALTIME - $s, 2))")s"
-}
+. "$(dirname "$0")/gpu_common.sh"
 step create eb create gpu-overlay --prefix /tmp/envs/gpu-overlay
 step torchrun eb validate gpu-overlay --json --junit "$out/junit.xml"
 step mpirun eb validate gpu-overlay --launcher mpirun --json
