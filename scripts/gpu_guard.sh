@@ -28,7 +28,7 @@ PYTHONPATH=$PWD/tests python3 -c '
 import sys
 from pathlib import Path
 from torchindex import build_torch_wheel
-print(build_torch_wheel(Path("/tmp/wheels-cpu"), sys.argv[1], "cpu", None, "", "py3-none-manylinux_2_28_x86_64").name)
+print(build_torch_wheel(Path("/tmp/wheels-cpu"), sys.argv[1], "cpu", None, "", tag="py3-none-manylinux_2_28_x86_64").name)
 ' "$torch_version"
 
 cat > "$ENVBUILDER_RECIPE_PATH/gpu-guard.toml" <<EOF
