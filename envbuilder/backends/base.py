@@ -21,18 +21,20 @@ from typing import Any, Callable, Optional
 
 from packaging.utils import canonicalize_name
 
-from envbuilder import __version__, activation, settings
+from envbuilder import __version__
 from envbuilder.backends import toolversion
 from envbuilder.backends.buildlog import BuildLog, run_logged
 from envbuilder.backends.installers import Installer
 from envbuilder.backends.torchbuild import metadata_name_version
-from envbuilder.cli import progress
-from envbuilder.errors import BackendError
-from envbuilder.modules import EnvDelta
+from envbuilder.build import activation
+from envbuilder.core import settings
+from envbuilder.core.errors import BackendError
+from envbuilder.core.structs import dataclass
 from envbuilder.plan import expand
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import InstallStep
-from envbuilder.structs import dataclass
+from envbuilder.system import progress
+from envbuilder.system.modules import EnvDelta
 
 
 def _silent(text: str) -> None:

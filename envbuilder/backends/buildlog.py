@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Optional
 
-from envbuilder import proc, settings
 from envbuilder.backends import network
-from envbuilder.errors import BackendError, CommandFailed
+from envbuilder.core import settings
+from envbuilder.core.errors import BackendError, CommandFailed
+from envbuilder.system import proc
 
 #: How the log marks a command's output lines, by stream.
 _MARKS = {"stdout": "out", "stderr": "err"}

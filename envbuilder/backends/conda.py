@@ -18,14 +18,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import activation, lockfile, proc, relocate, settings
+from envbuilder import lockfile
 from envbuilder.backends.base import Backend, Build, describe, step_argv, step_env, written_dirs
 from envbuilder.backends.buildlog import run_logged
 from envbuilder.backends.registry import AUTO, CLI_ENGINES, RATTLER
-from envbuilder.cli import progress
-from envbuilder.errors import BackendError, CommandFailed, NetworkError
+from envbuilder.build import activation
+from envbuilder.core import settings
+from envbuilder.core.errors import BackendError, CommandFailed, NetworkError
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import InstallStep
+from envbuilder.system import proc, progress, relocate
 
 
 def _create_hint(step: InstallStep) -> str:

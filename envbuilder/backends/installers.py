@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import ClassVar, Optional
 
 from envbuilder.backends import uvcache
-from envbuilder.errors import BackendError
-from envbuilder.structs import dataclass
+from envbuilder.core.errors import BackendError
+from envbuilder.core.structs import dataclass
 
 #: Characters that the virtualenv/venv activate templates and pip's script shebangs cannot carry safely.
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9._/+@%:,=~-]+")

@@ -13,7 +13,7 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Optional
 
-from envbuilder.errors import CommandFailed, NetworkError
+from envbuilder.core.errors import CommandFailed, NetworkError
 from envbuilder.resolver import mirror
 
 #: What the installers print for each network failure (uv and rattler: Rust's reqwest/hyper; pip: urllib3;

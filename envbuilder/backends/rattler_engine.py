@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional, cast
 
-from envbuilder import settings
+from envbuilder.core import settings
 
 EXIT_SOLVE = 1
 EXIT_MISSING = 3

@@ -17,7 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, cast
 
 from envbuilder.backends.installers import INSTALLERS
-from envbuilder.structs import dataclass
+from envbuilder.core.structs import dataclass
 
 if TYPE_CHECKING:
     from envbuilder.backends.base import Backend

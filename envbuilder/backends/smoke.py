@@ -9,11 +9,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import payloads, proc, state
+from envbuilder import payloads
 from envbuilder.backends.buildlog import BuildLog, build_umask
-from envbuilder.modules import EnvDelta
+from envbuilder.core import checks
 from envbuilder.plan.activation import Activation
-from envbuilder.validate import checks
+from envbuilder.system import proc, state
+from envbuilder.system.modules import EnvDelta
 
 #: Imported by the smoke check after its checks, for their bytecode: what the suite's DDP check (and any DDP
 #: program) loads beyond ``import torch``, some seconds of compiling per rank per run otherwise.

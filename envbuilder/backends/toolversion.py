@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import fsutil
 from envbuilder.backends.buildlog import BuildLog, run_logged
-from envbuilder.errors import EnvbuilderError
+from envbuilder.core.errors import EnvbuilderError
+from envbuilder.system import fsutil
 
 VERSION = 1
 

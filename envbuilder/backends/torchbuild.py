@@ -24,15 +24,16 @@ from typing import Any, Callable, Optional
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from envbuilder import payloads, proc
-from envbuilder.errors import BackendError, HostProbeError, LockError
-from envbuilder.facts import HostFacts, facts_from_json
+from envbuilder import payloads
+from envbuilder.core.errors import BackendError, HostProbeError, LockError
+from envbuilder.core.facts import HostFacts, facts_from_json
+from envbuilder.core.structs import dataclass
 from envbuilder.lockfile import PlatformLock
 from envbuilder.plan.steps import InstallStep
 from envbuilder.resolver.indexfacts import label_variant
 from envbuilder.resolver.matrix import gpu_capability, minor_tuple
 from envbuilder.resolver.mirror import PYPI, VAR
-from envbuilder.structs import dataclass
+from envbuilder.system import proc
 
 PAYLOAD = payloads.DIR / "torch_build.py"
 ARCH_TIMEOUT_S = 300.0

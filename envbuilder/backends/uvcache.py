@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable, Optional
 
-from envbuilder import settings
-from envbuilder.structs import dataclass
+from envbuilder.core import settings
+from envbuilder.core.structs import dataclass
 
 #: errno values a file system gives when it has no working flock (Lustre mounted without -o flock, some NFS).
 _NO_FLOCK = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, errno.EBADF}

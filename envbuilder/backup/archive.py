@@ -1,6 +1,6 @@
 """An exact copy of an env directory: tar streamed through zstd (or squashfs where mksquashfs exists), with a
 manifest of every entry (type, mode, size, sha256 of each file, link targets), for envs that hold more than
-wheels (conda envs, hand-edited files). Restored at another prefix, the copy is relocated (envbuilder.relocate).
+wheels (conda envs, hand-edited files). Restored at another prefix, the copy is relocated (envbuilder.system.relocate).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import tarfile
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Optional
 
-from envbuilder import fsutil, proc, removal
 from envbuilder.backup import extract
-from envbuilder.errors import BackupError
-from envbuilder.structs import dataclass
+from envbuilder.core.errors import BackupError
+from envbuilder.core.structs import dataclass
+from envbuilder.system import fsutil, proc, removal
 
 CHUNK = 1 << 20
 ZSTD_PACK = ("-T0", "-3", "-q", "-f")

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import removal, state
-from envbuilder.errors import BackupError
-from envbuilder.structs import dataclass
+from envbuilder.core.errors import BackupError
+from envbuilder.core.structs import dataclass
+from envbuilder.system import removal, state
 
 BACKUP_VERSION = 1
 
@@ -160,7 +160,7 @@ def find(root: Path, what: str, backup_id: Optional[str] = None) -> Backup:
         )
     if not mine:
         others = sorted({b.env for b in backups(root)})
-        from envbuilder.errors import did_you_mean  # noqa: PLC0415 - only on this error path
+        from envbuilder.core.errors import did_you_mean  # noqa: PLC0415 - only on this error path
 
         raise BackupError(
             f"no backup of {what!r} in {root}" + _because(skipped),

@@ -30,7 +30,7 @@ import tarfile
 from pathlib import Path
 from typing import IO, Optional
 
-from envbuilder.errors import BackupError
+from envbuilder.core.errors import BackupError
 
 CHUNK = 1 << 20
 #: The permission bits an extracted entry may keep: no setuid, setgid, sticky nor world-write bit.

@@ -21,28 +21,20 @@ from dataclasses import field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import (
-    activation,
-    fsutil,
-    payloads,
-    proc,
-    relocate,
-    removal,
-    settings,
-    state,
-    strictmodes,
-    transaction,
-)
+from envbuilder import payloads
 from envbuilder.backends import base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.backup import Backup, archive, pack_workers, verify, wheelhouse
-from envbuilder.errors import BackupError, StateError
-from envbuilder.modules import EnvDelta, ModuleSystem
+from envbuilder.build import activation
+from envbuilder.core import settings
+from envbuilder.core.errors import BackupError, StateError
+from envbuilder.core.structs import dataclass
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS, InstallStep
 from envbuilder.resolver import mirror
-from envbuilder.structs import dataclass
+from envbuilder.system import fsutil, proc, relocate, removal, state, strictmodes, transaction
+from envbuilder.system.modules import EnvDelta, ModuleSystem
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import fsutil, purge, removal, state, transaction
 from envbuilder.backup import wheelhouse
 from envbuilder.backup.catalog import Backup, backups, listing, read
 from envbuilder.backup.writer import modes, pack_workers
-from envbuilder.errors import UsageError
-from envbuilder.structs import dataclass
+from envbuilder.core.errors import UsageError
+from envbuilder.core.structs import dataclass
+from envbuilder.system import fsutil, purge, removal, state, transaction
 
 
 def verify(

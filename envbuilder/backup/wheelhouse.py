@@ -34,9 +34,9 @@ from typing import IO, Any, Optional, cast
 
 from packaging.utils import canonicalize_name
 
-from envbuilder import proc, removal, transaction
-from envbuilder.errors import BackupError, CommandFailed
-from envbuilder.structs import dataclass
+from envbuilder.core.errors import BackupError, CommandFailed
+from envbuilder.core.structs import dataclass
+from envbuilder.system import proc, removal, transaction
 
 #: dist-info files the installer writes (not part of the wheel).
 GENERATED = frozenset({"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json"})

@@ -18,12 +18,14 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder import __version__, fsutil, removal, settings, state, transaction
+from envbuilder import __version__
 from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.backup.catalog import BACKUP_VERSION, Backup, backups, checksum, load
-from envbuilder.errors import BackupError, CommandFailed, DiskError, EnvbuilderError
-from envbuilder.structs import dataclass
+from envbuilder.core import settings
+from envbuilder.core.errors import BackupError, CommandFailed, DiskError, EnvbuilderError
+from envbuilder.core.structs import dataclass
+from envbuilder.system import fsutil, removal, state, transaction
 
 MODES = ("wheelhouse", "archive")
 FORMATS = ("tar", "squashfs")

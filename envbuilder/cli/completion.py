@@ -9,8 +9,8 @@ import os
 from typing import Any
 
 from envbuilder.cli import helptext
-from envbuilder.errors import EnvbuilderError
-from envbuilder.shells import registry as shells
+from envbuilder.core.errors import EnvbuilderError
+from envbuilder.core.shells import registry as shells
 
 #: What the hidden command can list.
 KINDS = ("recipes", "envs")
@@ -55,7 +55,8 @@ def script(parser: argparse.ArgumentParser, shell: str) -> str:
 def names(kind: str) -> list[str]:
     """Recipe names on the user's search path, or the envs they have built; none where that cannot be read
     (a broken config must not print errors under the user's cursor)."""
-    from envbuilder import settings, state  # noqa: PLC0415 - the scripts need neither: only this command
+    from envbuilder.core import settings  # noqa: PLC0415 - the scripts need neither: only this command
+    from envbuilder.system import state  # noqa: PLC0415 - the scripts need neither: only this command
 
     try:
         if kind == "envs":

@@ -10,10 +10,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from envbuilder.cli.console import Out
 from envbuilder.cli.parser import build_parser
 from envbuilder.cli.parts import Handler, UsageExit, unrecognized
-from envbuilder.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, EXIT_USAGE, EnvbuilderError
+from envbuilder.core.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PIPE,
+    EXIT_USAGE,
+    EnvbuilderError,
+)
+from envbuilder.system.console import Out
 
 RESULT_VERSION = 1
 
@@ -117,7 +124,9 @@ def _failed(exc: EnvbuilderError, command: str, as_json: bool, args: argparse.Na
 def _disk_error(exc: OSError) -> Optional[EnvbuilderError]:
     """The last resort for a file system that said no where no command expected it (read-only, full, over quota,
     missing, not permitted): a disk error that names the path, never an "internal error"."""
-    from envbuilder import fsutil, image, settings  # noqa: PLC0415 - only a failure needs them
+    from envbuilder.core import settings  # noqa: PLC0415 - only a failure needs them
+    from envbuilder.scale import image  # noqa: PLC0415 - only a failure needs them
+    from envbuilder.system import fsutil  # noqa: PLC0415 - only a failure needs them
 
     node = (image.node_base(os.environ), image.NODE_WAY_OUT)
     return fsutil.disk_error(exc, (*settings.disk_places(os.environ), node))

@@ -165,7 +165,7 @@ def examples(command: str) -> tuple[str, ...]:
 
 def _completion_examples() -> tuple[str, ...]:
     """Where each shell's completion script goes."""
-    from envbuilder.shells import registry  # noqa: PLC0415 - only the completion command's help reads it
+    from envbuilder.core.shells import registry  # noqa: PLC0415 - only the completion command's help reads it
 
     return tuple(f"completion {name} > {shell.completion_file}" for name, shell in registry.COMPLETED.items())
 

@@ -21,7 +21,7 @@ from envbuilder.cli.parts import (
     positive,
     seconds,
 )
-from envbuilder.shells import registry as shells
+from envbuilder.core.shells import registry as shells
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,7 +232,7 @@ def _add_env_verbs(sub: _Sub) -> None:
     )
     e.add_argument(
         "--shell",
-        choices=Choices("envbuilder.shells.registry", "SHELLS"),
+        choices=Choices("envbuilder.core.shells.registry", "SHELLS"),
         metavar="SHELL",
         help="%(choices)s: the shell the line is for (default: $SHELL's, "
         f"{shells.default().name} where that is none of these)",
@@ -255,7 +255,7 @@ def _add_env_verbs(sub: _Sub) -> None:
     )
     e.add_argument(
         "--format",
-        choices=Choices("envbuilder.modulefile", "FORMATS"),
+        choices=Choices("envbuilder.render.modulefile", "FORMATS"),
         default="lua",
         metavar="FORMAT",
         help="%(choices)s: lua for Lmod (default), tcl for Environment Modules sites",
@@ -469,7 +469,7 @@ def _add_docs(sub: _Sub) -> None:
     p.add_argument(
         "shell",
         nargs="?",
-        choices=Choices("envbuilder.shells.registry", "COMPLETED"),
+        choices=Choices("envbuilder.core.shells.registry", "COMPLETED"),
         metavar="SHELL",
         help="%(choices)s (default: the one $SHELL names)",
     )
@@ -514,7 +514,7 @@ def _add_launch(
     account, partition."""
     p.add_argument(
         "--launcher",
-        choices=Choices("envbuilder.validate.launchers", "LAUNCHERS"),
+        choices=Choices("envbuilder.core.launchers", "LAUNCHERS"),
         metavar="LAUNCHER",
         help="%(choices)s (default: the recipe's)",
     )

@@ -10,10 +10,10 @@ import importlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from envbuilder.errors import did_you_mean
+from envbuilder.core.errors import did_you_mean
 
 if TYPE_CHECKING:
-    from envbuilder.cli.console import Out
+    from envbuilder.system.console import Out
 
 Handler = Callable[[argparse.Namespace, "Out"], Any]
 
@@ -142,7 +142,7 @@ def seconds(text: str) -> float:
 
 class SchedulerValue:
     """The type of an option whose value lands in a job script or a scheduler's argv (--partition, --account):
-    a value of the kind :mod:`envbuilder.recipe.values` names ``word`` (PARTITION, ACCOUNT), read when the option
+    a value of the kind :mod:`envbuilder.core.values` names ``word`` (PARTITION, ACCOUNT), read when the option
     is given, so a value that would be an option of its own, or split into one, is a usage error naming the
     option."""
 
@@ -150,7 +150,7 @@ class SchedulerValue:
         self.word = word
 
     def __call__(self, text: str) -> str:
-        from envbuilder.recipe import values  # noqa: PLC0415 - only a command that takes the option pays for it
+        from envbuilder.core import values  # noqa: PLC0415 - only a command that takes the option pays for it
 
         problem = getattr(values, self.word).problem(text)
         if problem is not None:

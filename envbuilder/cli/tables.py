@@ -16,7 +16,7 @@ from rich.cells import cell_len
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from envbuilder.structs import dataclass
+from envbuilder.core.structs import dataclass
 
 #: The space rich puts between two columns of a borderless table (one cell of padding on each side).
 _GAP = 2

@@ -7,27 +7,17 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import (
-    backup,
-    fsutil,
-    host,
-    image,
-    modules,
-    proc,
-    purge,
-    settings,
-    state,
-    strictmodes,
-    transaction,
-)
+from envbuilder import backup
 from envbuilder.backup import restore as restorer
-from envbuilder.cli import progress
-from envbuilder.cli.console import Cell, Out, plain
 from envbuilder.cli.tables import Column
 from envbuilder.commands import validate as validate_cmd
-from envbuilder.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
+from envbuilder.core import settings
+from envbuilder.core.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
+from envbuilder.scale import image
+from envbuilder.system import fsutil, host, modules, proc, progress, purge, state, strictmodes, transaction
+from envbuilder.system.console import Cell, Out, plain
 from envbuilder.validate import runner as validator
 
 

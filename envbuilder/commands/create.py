@@ -12,18 +12,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import activation, fsutil, host, lockfile, modules, proc, purge, settings, state
-from envbuilder import create as creator
+from envbuilder import lockfile
 from envbuilder import plan as planner
 from envbuilder.backends import network
-from envbuilder.cli import progress
-from envbuilder.cli.console import Out
+from envbuilder.build import activation
+from envbuilder.build import create as creator
 from envbuilder.commands import plan as plan_cmd
-from envbuilder.errors import NetworkError, ResolverError, UsageError, ValidationFailed
-from envbuilder.facts import HostFacts
+from envbuilder.core import settings
+from envbuilder.core.errors import NetworkError, ResolverError, UsageError, ValidationFailed
+from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver import mirror
+from envbuilder.system import fsutil, host, modules, proc, progress, purge, state
+from envbuilder.system.console import Out
 
 
 class _Progress:

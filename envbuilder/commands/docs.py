@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 from envbuilder.cli import completion, manpage
 from envbuilder.cli.parser import build_parser
-from envbuilder.errors import UsageError
-from envbuilder.shells import registry as shells
+from envbuilder.core.errors import UsageError
+from envbuilder.core.shells import registry as shells
 
 if TYPE_CHECKING:
-    from envbuilder.cli.console import Out
+    from envbuilder.system.console import Out
 
 
 def handle_completion(args: argparse.Namespace, out: Out) -> None:

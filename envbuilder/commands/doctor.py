@@ -12,16 +12,17 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from envbuilder import settings, state
 from envbuilder.cli import tables
-from envbuilder.cli.console import Out, plain
 from envbuilder.commands import plan as plan_cmd
+from envbuilder.core import settings
+from envbuilder.core.errors import DoctorFindings
+from envbuilder.core.facts import HostFacts
 from envbuilder.doctor import collect, findings, index_checks
 from envbuilder.doctor.report import Context, Report, examine
-from envbuilder.errors import DoctorFindings
-from envbuilder.facts import HostFacts
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver.matrix import load_matrix
+from envbuilder.system import state
+from envbuilder.system.console import Out, plain
 
 _LABELS = {
     findings.ACTION: "[bold red]ACTION[/bold red]",

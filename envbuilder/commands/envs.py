@@ -8,24 +8,17 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import (
-    activation,
-    backup,
-    fsutil,
-    image,
-    modulefile,
-    purge,
-    removal,
-    settings,
-    state,
-    strictmodes,
-    transaction,
-)
-from envbuilder.cli.console import Cell, Out
+from envbuilder import backup
+from envbuilder.build import activation
 from envbuilder.cli.tables import Column
-from envbuilder.errors import EnvbuilderError, EnvNotFound, StateError, UnsafePath, UsageError
+from envbuilder.core import settings
+from envbuilder.core.errors import EnvbuilderError, EnvNotFound, StateError, UnsafePath, UsageError
 from envbuilder.plan.activation import Activation
 from envbuilder.recipe.catalog import Catalog
+from envbuilder.render import modulefile
+from envbuilder.scale import image
+from envbuilder.system import fsutil, purge, removal, state, strictmodes, transaction
+from envbuilder.system.console import Cell, Out
 
 
 def _home() -> Path:

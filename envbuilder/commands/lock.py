@@ -7,12 +7,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envbuilder import fsutil, host, lockfile, settings
-from envbuilder.cli.console import Out
+from envbuilder import lockfile
 from envbuilder.commands import plan as plan_cmd
+from envbuilder.core import settings
 from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
+from envbuilder.system import fsutil, host
+from envbuilder.system.console import Out
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:

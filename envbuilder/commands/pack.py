@@ -7,8 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envbuilder import fsutil, image, settings, state
-from envbuilder.cli.console import Out
+from envbuilder.core import settings
+from envbuilder.scale import image
+from envbuilder.system import fsutil, state
+from envbuilder.system.console import Out
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:

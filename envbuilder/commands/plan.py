@@ -8,16 +8,17 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Optional
 
-from envbuilder import host, lockfile, settings
+from envbuilder import lockfile
 from envbuilder import plan as planner
-from envbuilder.cli.console import Out
-from envbuilder.errors import EnvbuilderError
-from envbuilder.facts import HostFacts
+from envbuilder.core import launchers, settings
+from envbuilder.core.errors import EnvbuilderError
+from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver import knowledge, mirror
 from envbuilder.resolver.matrix import load_matrix
-from envbuilder.validate import launchers
+from envbuilder.system import host
+from envbuilder.system.console import Out
 
 if TYPE_CHECKING:
     from envbuilder.resolver.indexfacts import IndexFacts

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from envbuilder import host
-from envbuilder.cli.console import Out
+from envbuilder.system import host
+from envbuilder.system.console import Out
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:

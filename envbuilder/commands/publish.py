@@ -8,14 +8,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envbuilder import fsutil, host, lockfile, settings, state
+from envbuilder import lockfile
 from envbuilder import plan as planner
-from envbuilder.cli.console import Out
-from envbuilder.errors import EnvbuilderError, LockError, PublishError
-from envbuilder.facts import HostFacts
+from envbuilder.core import settings
+from envbuilder.core.errors import EnvbuilderError, LockError, PublishError
+from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import loader, publish, registry
 from envbuilder.recipe.catalog import Catalog, Layer
 from envbuilder.recipe.loader import Recipe
+from envbuilder.system import fsutil, host, state
+from envbuilder.system.console import Out
 
 
 def _catalog_for(refs: list[str]) -> tuple[Catalog, list[str]]:

@@ -9,14 +9,14 @@ from typing import Any, Optional
 
 from envbuilder import lockfile
 from envbuilder import plan as planner
-from envbuilder.cli.console import Cell, Out, plain
 from envbuilder.cli.tables import Column
 from envbuilder.commands import plan as plan_cmd
-from envbuilder.errors import PublishError, RecipeError
+from envbuilder.core.errors import PublishError, RecipeError
 from envbuilder.recipe import loader, schemajson
 from envbuilder.recipe.catalog import Catalog, Entry
 from envbuilder.resolver import knowledge
 from envbuilder.resolver.matrix import load_matrix
+from envbuilder.system.console import Cell, Out, plain
 
 
 def list_recipes(catalog: Catalog) -> list[dict[str, Any]]:

@@ -8,11 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envbuilder import host, image, modules, proc, settings, staging, state, strictmodes
-from envbuilder.cli.console import Out
-from envbuilder.errors import StateError, UsageError
+from envbuilder.core import settings
+from envbuilder.core.errors import StateError, UsageError
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
+from envbuilder.scale import image, staging
+from envbuilder.system import host, modules, proc, state, strictmodes
+from envbuilder.system.console import Out
 from envbuilder.validate import program
 
 

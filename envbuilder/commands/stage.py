@@ -8,8 +8,10 @@ import os
 import sys
 from typing import Any
 
-from envbuilder import settings, staging, state
-from envbuilder.cli.console import Out
+from envbuilder.core import settings
+from envbuilder.scale import staging
+from envbuilder.system import state
+from envbuilder.system.console import Out
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:

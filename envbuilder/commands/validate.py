@@ -9,13 +9,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import __version__, fsutil, host, image, modules, proc, settings, state, strictmodes
-from envbuilder.cli.console import Cell, Out, plain
+from envbuilder import __version__
 from envbuilder.cli.tables import Column
-from envbuilder.errors import PublishError, StateError, UsageError, ValidationFailed
-from envbuilder.facts import HostFacts
+from envbuilder.core import settings
+from envbuilder.core.errors import PublishError, StateError, UsageError, ValidationFailed
+from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import loader, publish, registry
 from envbuilder.recipe.catalog import Catalog
+from envbuilder.scale import image
+from envbuilder.system import fsutil, host, modules, proc, state, strictmodes
+from envbuilder.system.console import Cell, Out, plain
 from envbuilder.validate import report
 from envbuilder.validate import runner as validator
 

@@ -7,17 +7,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import backup, image, lockfile, proc, purge, state
+from envbuilder import backup, lockfile
 from envbuilder.backends import registry
+from envbuilder.core.errors import CommandFailed, EnvbuilderError, StateError
 from envbuilder.doctor.findings import ACTION, Finding
 from envbuilder.doctor.replan import PythonState
 from envbuilder.doctor.report import EnvInputs
-from envbuilder.errors import CommandFailed, EnvbuilderError, StateError
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.recipe.loader import Recipe
 from envbuilder.resolver.indexfacts import IndexFacts
-from envbuilder.state import EnvRecord
+from envbuilder.scale import image
+from envbuilder.system import proc, purge, state
+from envbuilder.system.state import EnvRecord
 
 
 def listdir(path: str) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from envbuilder.structs import dataclass
+from envbuilder.core.structs import dataclass
 
 ACTION = "action"
 WARNING = "warning"

@@ -20,7 +20,7 @@ from envbuilder.doctor.findings import ACTION, INFO, NODE, WARNING, Finding
 from envbuilder.resolver import knowledge
 from envbuilder.resolver.indexfacts import IndexFacts
 from envbuilder.resolver.matrix import Matrix
-from envbuilder.state import EnvRecord
+from envbuilder.system.state import EnvRecord
 
 if TYPE_CHECKING:  # report imports these checks; the inputs are only read here
     from envbuilder.doctor.report import EnvInputs

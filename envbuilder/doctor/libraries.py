@@ -13,9 +13,9 @@ from typing import Any, Callable, Optional
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from envbuilder.core.structs import dataclass
 from envbuilder.doctor.findings import ACTION, INFO, NODE, WARNING, Finding
-from envbuilder.state import EnvRecord
-from envbuilder.structs import dataclass
+from envbuilder.system.state import EnvRecord
 
 #: The CUDA libraries torch loads by soname, whose copies outside the env most often break it.
 CUDA_LIBRARIES = ("libcudart", "libnccl", "libcublas", "libcudnn")

@@ -8,15 +8,15 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from envbuilder import plan as planner
+from envbuilder.core.errors import EnvbuilderError, RecipeNotFound, ResolverError, ResolverErrors
+from envbuilder.core.facts import HostFacts
+from envbuilder.core.structs import dataclass
 from envbuilder.doctor.findings import ACTION, INFO, WARNING, Finding
-from envbuilder.errors import EnvbuilderError, RecipeNotFound, ResolverError, ResolverErrors
-from envbuilder.facts import HostFacts
 from envbuilder.recipe.loader import Recipe
 from envbuilder.resolver.indexfacts import IndexFacts
 from envbuilder.resolver.matrix import Matrix
 from envbuilder.resolver.wheels import Resolution, TorchRequest, resolve
-from envbuilder.state import EnvRecord
-from envbuilder.structs import dataclass
+from envbuilder.system.state import EnvRecord
 
 # ---------------------------------------------------------------------------------------------------------------
 # The env re-planned against this node's facts

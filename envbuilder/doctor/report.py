@@ -10,6 +10,9 @@ from dataclasses import field
 from typing import Any, Callable, Optional
 
 from envbuilder import lockfile
+from envbuilder.core.errors import EnvbuilderError
+from envbuilder.core.facts import HostFacts
+from envbuilder.core.structs import dataclass
 from envbuilder.doctor.findings import ACTION, INFO, SEVERITIES, WARNING, Finding, ordered
 from envbuilder.doctor.index_checks import (
     NIGHTLY_OLD_DAYS,
@@ -27,14 +30,11 @@ from envbuilder.doctor.libraries import (
     wheel_versions,
 )
 from envbuilder.doctor.replan import PythonState, python_findings, replan_findings
-from envbuilder.errors import EnvbuilderError
-from envbuilder.facts import HostFacts
-from envbuilder.purge import PurgeStatus
 from envbuilder.recipe.loader import Recipe
 from envbuilder.resolver.indexfacts import IndexFacts
 from envbuilder.resolver.matrix import Matrix
-from envbuilder.state import EnvRecord, Health
-from envbuilder.structs import dataclass
+from envbuilder.system.purge import PurgeStatus
+from envbuilder.system.state import EnvRecord, Health
 
 #: Days before the purge at which an env without a backup needs action (half the purge period where that is
 #: shorter: a fresh env on a 10-day purge is not yet urgent).

@@ -13,12 +13,12 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from envbuilder.backends.registry import kind_info
-from envbuilder.errors import LockError
+from envbuilder.core.errors import LockError
+from envbuilder.core.structs import dataclass
 from envbuilder.lockfile import targets
 from envbuilder.lockfile.model import Lock, LockedPackage, LockSummary, PlatformLock
 from envbuilder.plan.steps import conda_env_specs, locked_flags
 from envbuilder.resolver.wheels import Resolution
-from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
     from envbuilder.recipe.loader import Recipe

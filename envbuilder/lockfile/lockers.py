@@ -14,13 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
-from envbuilder import __version__, fsutil, modules, proc
+from envbuilder import __version__
 from envbuilder import plan as planner
 from envbuilder.backends import conda, network, torchbuild, uvcache
 from envbuilder.backends.installers import uv_binary
 from envbuilder.backends.registry import AUTO, RATTLER, kind_info
-from envbuilder.errors import CommandFailed, EnvbuilderError, LockError
-from envbuilder.facts import HostFacts
+from envbuilder.core.errors import CommandFailed, EnvbuilderError, LockError
+from envbuilder.core.facts import HostFacts
 from envbuilder.lockfile.model import (
     ARCHES,
     Lock,
@@ -34,6 +34,7 @@ from envbuilder.lockfile.reader import from_conda_lock, from_pylock
 from envbuilder.lockfile.targets import arch_name, conda_subdir, python_platform, recipe_sha256
 from envbuilder.recipe.loader import Recipe
 from envbuilder.resolver import mirror
+from envbuilder.system import fsutil, modules, proc
 
 if TYPE_CHECKING:
     from envbuilder.resolver.indexfacts import IndexFacts

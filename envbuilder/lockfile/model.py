@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any, Optional, Protocol
 
-from envbuilder._toml import dumps
-from envbuilder.structs import dataclass
+from envbuilder.core._toml import dumps
+from envbuilder.core.structs import dataclass
 
 LOCK_VERSION = 1
 SUFFIX = ".lock.toml"

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Optional
 from packaging.markers import InvalidMarker, Marker
 from packaging.version import InvalidVersion, Version
 
-from envbuilder import settings
-from envbuilder._toml import TOMLDecodeError, loads
-from envbuilder.errors import LockError, did_you_mean
+from envbuilder.core import settings
+from envbuilder.core._toml import TOMLDecodeError, loads
+from envbuilder.core.errors import LockError, did_you_mean
 from envbuilder.lockfile.model import (
     ARCHES,
     ENGINES,

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from envbuilder.backends.registry import kind_info
-from envbuilder.errors import LockError, did_you_mean
+from envbuilder.core.errors import LockError, did_you_mean
 from envbuilder.lockfile.model import ARCHES
 
 _ALIASES = {"arm64": "aarch64", "amd64": "x86_64", "x86-64": "x86_64"}

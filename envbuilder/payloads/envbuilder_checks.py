@@ -2,7 +2,7 @@
 
 Imported by ``validate.py`` from the same directory; every ``check_*`` method records one result through the
 rank's log and returns it, and the methods are the payload's table of checks: envbuilder names them in
-``envbuilder/validate/checks.py`` (tests/unit/test_suite.py keeps the two in step). Standard library and torch
+``envbuilder/core/checks.py`` (tests/unit/test_suite.py keeps the two in step). Standard library and torch
 only (mpi4py and horovod when present).
 """
 

@@ -1,5 +1,5 @@
 """What activating an env loads and sets (pure): planned from the recipe, recorded with the env, rendered into
-activate scripts and modulefiles by ``envbuilder.activation``."""
+activate scripts and modulefiles by ``envbuilder.build.activation``."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Optional, TypedDict
 
 from envbuilder.backends.registry import kind_info
-from envbuilder.errors import RecipeError
-from envbuilder.recipe.values import (
+from envbuilder.core.errors import RecipeError
+from envbuilder.core.structs import dataclass
+from envbuilder.core.values import (
     require_carriable,
     require_conda_env,
     require_module_name,
     require_path_entry,
     require_var_name,
 )
-from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:
     # Only named: the loader reaches the registry (ssh-keygen), which a pure module must not import.

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from envbuilder.plan.activation import Activation
-from envbuilder.validate import batch
+from envbuilder.render import batch
 
 if TYPE_CHECKING:
     from envbuilder.recipe.loader import Recipe

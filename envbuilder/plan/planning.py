@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Optional
 
 from envbuilder import lockfile
 from envbuilder.backends.registry import AUTO, CLI_ENGINES, kind_info
-from envbuilder.facts import HostFacts
+from envbuilder.core import launchers
+from envbuilder.core.facts import HostFacts
+from envbuilder.core.structs import dataclass
 from envbuilder.lockfile import applicability
 from envbuilder.plan.activation import activation_for
 from envbuilder.plan.listing import steps_in_words
@@ -25,8 +27,7 @@ from envbuilder.plan.steps import InstallStep, NewEnv, install_steps
 from envbuilder.plan.target import env_python, fact_origins, host_fact_warnings, target_facts
 from envbuilder.resolver import gates, mirror
 from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, resolve
-from envbuilder.structs import dataclass
-from envbuilder.validate import launchers, suite
+from envbuilder.validate import suite
 
 if TYPE_CHECKING:
     # indexfacts is read at plan time by envbuilder.resolver.indexread; the planner only receives the value. loader is only

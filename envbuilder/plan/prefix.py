@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Optional
 
-from envbuilder.errors import UsageError
+from envbuilder.core.errors import UsageError
 from envbuilder.plan.record import PrefixFilesystem
 
 if TYPE_CHECKING:

@@ -7,14 +7,14 @@ from dataclasses import field, fields
 from typing import Any, Optional, TypedDict
 
 from envbuilder import lockfile
-from envbuilder.facts import HostFacts
+from envbuilder.core.facts import HostFacts
+from envbuilder.core.structs import dataclass
 from envbuilder.lockfile import applicability
 from envbuilder.plan.activation import Activation, RecordedActivate
 from envbuilder.plan.steps import InstallStep
 from envbuilder.plan.target import TargetFact
 from envbuilder.recipe import sections
 from envbuilder.resolver.wheels import Resolution
-from envbuilder.structs import dataclass
 
 
 @dataclass(frozen=True)

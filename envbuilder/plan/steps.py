@@ -8,10 +8,10 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder.backends.registry import AUTO, INSTALLERS, RATTLER, kind_info
+from envbuilder.core.structs import dataclass
 from envbuilder.lockfile import PlatformLock
 from envbuilder.resolver.mirror import PYPI
 from envbuilder.resolver.wheels import Resolution
-from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
     from envbuilder.recipe.loader import Recipe

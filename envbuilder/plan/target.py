@@ -7,11 +7,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder.backends.registry import kind_info
-from envbuilder.facts import Gpu, HostFacts
+from envbuilder.core.facts import Gpu, HostFacts
+from envbuilder.core.structs import dataclass
 from envbuilder.recipe import sections
 from envbuilder.recipe.schema import SOURCED_FACTS, UNKNOWN
 from envbuilder.resolver.wheels import gpu_capability
-from envbuilder.structs import dataclass
 
 if (
     TYPE_CHECKING

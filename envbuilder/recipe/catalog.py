@@ -21,16 +21,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional
 
-from envbuilder import settings, textfile
-from envbuilder._toml import TOMLDecodeError, TOMLLimitError, loads
-from envbuilder.cli.console import Out
-from envbuilder.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
-from envbuilder.fsutil import file_key
+from envbuilder.core import settings
+from envbuilder.core._toml import TOMLDecodeError, TOMLLimitError, loads
+from envbuilder.core.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
+from envbuilder.core.structs import dataclass
 from envbuilder.recipe.document import Document
 from envbuilder.recipe.registry import Published, Registry
 from envbuilder.recipe.scancache import FIELDS, ScanCache
 from envbuilder.recipe.trust import Policy, pin_dir
-from envbuilder.structs import dataclass
+from envbuilder.system import textfile
+from envbuilder.system.console import Out
+from envbuilder.system.fsutil import file_key
 
 REGISTRY_KEYS = ("path", "require_signatures", "allowed_signers")
 #: The largest recipe file read (the biggest shipped one is under 10 KiB).

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from envbuilder.structs import dataclass
+from envbuilder.core.structs import dataclass
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder.backends.registry import kind_info
-from envbuilder.errors import RecipeError, did_you_mean
+from envbuilder.core import checks, launchers
+from envbuilder.core.errors import RecipeError, did_you_mean
+from envbuilder.core.structs import dataclass
 from envbuilder.recipe import schema, schemacheck, sections
 from envbuilder.recipe.document import Document, Documents
 from envbuilder.recipe.spec import ArrayOf, Field
 from envbuilder.resolver.wheels import GATES, TORCH_PACKAGES
-from envbuilder.structs import dataclass
-from envbuilder.validate import checks, launchers
 
 DEFAULTS_SOURCE = "<defaults>"
 #: Files one recipe may reach through ``extends`` (the shipped ones reach 3): no chain on the path grows without end.

@@ -19,9 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import fsutil, lockfile, proc, transaction
-from envbuilder._toml import dumps, loads
-from envbuilder.errors import CommandFailed, PublishError
+from envbuilder import lockfile
+from envbuilder.core._toml import dumps, loads
+from envbuilder.core.errors import CommandFailed, PublishError
 from envbuilder.recipe import versionlist
 from envbuilder.recipe.registry import (
     CONFIG,
@@ -34,6 +34,7 @@ from envbuilder.recipe.registry import (
 )
 from envbuilder.recipe.trust import NAMESPACE, verify_signature
 from envbuilder.recipe.versionlist import version_key
+from envbuilder.system import fsutil, proc, transaction
 
 INDEX_VERSION = 1
 FILE_MODE = 0o444  # published files never change; the registry's owner can still remove a directory

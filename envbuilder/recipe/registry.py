@@ -37,9 +37,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import lockfile, strictmodes
-from envbuilder._toml import TOMLDecodeError, loads
-from envbuilder.errors import LockError, PublishError
+from envbuilder import lockfile
+from envbuilder.core._toml import TOMLDecodeError, loads
+from envbuilder.core.errors import LockError, PublishError
+from envbuilder.core.structs import dataclass
 from envbuilder.recipe import versionlist
 from envbuilder.recipe.trust import (
     MAX_FILE,
@@ -55,7 +56,7 @@ from envbuilder.recipe.trust import (
     verify_signature,
 )
 from envbuilder.recipe.versionlist import version_key
-from envbuilder.structs import dataclass
+from envbuilder.system import strictmodes
 
 INDEX = "index.json"
 LOG = "publish.log"

@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import fsutil
-from envbuilder.fsutil import Key
+from envbuilder.system import fsutil
+from envbuilder.system.fsutil import Key
 
 VERSION = 1
 #: What a summary holds besides its key: ``recipe`` (a bool: False for a base file) and these strings.

@@ -14,9 +14,9 @@ from typing import Any, Optional
 from packaging.utils import canonicalize_name
 
 from envbuilder.backends import registry as backends
-from envbuilder.errors import did_you_mean
-from envbuilder.recipe.spec import ArrayOf, Field, MapOf, Spec, Table, join_key, type_name
-from envbuilder.recipe.values import (
+from envbuilder.core import launchers, schedulers
+from envbuilder.core.errors import did_you_mean
+from envbuilder.core.values import (
     CONDA_ENV,
     CPU_BIND,
     DIRECTIVE,
@@ -38,7 +38,7 @@ from envbuilder.recipe.values import (
     VAR_RE,
     found,
 )
-from envbuilder.validate import launchers, schedulers
+from envbuilder.recipe.spec import ArrayOf, Field, MapOf, Spec, Table, join_key, type_name
 
 SCHEMA_VERSION = 1
 

@@ -8,7 +8,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, Union
 
-from envbuilder.errors import RecipeError, did_you_mean
+from envbuilder.core.errors import RecipeError, did_you_mean
+from envbuilder.core.values import control_problem, found
 from envbuilder.recipe.schema import SCHEMA, SCHEMA_VERSION
 from envbuilder.recipe.spec import (
     ArrayOf,
@@ -19,7 +20,6 @@ from envbuilder.recipe.spec import (
     join_key,
     type_name,
 )
-from envbuilder.recipe.values import control_problem, found
 
 
 def validate(doc: Mapping[str, Any], file: str) -> None:

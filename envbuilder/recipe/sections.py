@@ -15,8 +15,8 @@ from dataclasses import field, fields
 from typing import Any, ClassVar, Optional, Protocol, TypeVar
 
 from envbuilder.backends.registry import AUTO
-from envbuilder.structs import dataclass
-from envbuilder.validate.checks import DEFAULTS as DEFAULT_CHECKS
+from envbuilder.core.checks import DEFAULTS as DEFAULT_CHECKS
+from envbuilder.core.structs import dataclass
 
 _SEED = "seed"
 #: The view of each value of a table of tables, or of each item of an array of tables.

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import Any, Callable, Optional, Union
 
-from envbuilder.recipe.values import Rule
-from envbuilder.structs import dataclass
+from envbuilder.core.structs import dataclass
+from envbuilder.core.values import Rule
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import fsutil, proc, settings
-from envbuilder._toml import TOMLDecodeError, dumps, loads
-from envbuilder.errors import PublishError
-from envbuilder.structs import dataclass
+from envbuilder.core import settings
+from envbuilder.core._toml import TOMLDecodeError, dumps, loads
+from envbuilder.core.errors import PublishError
+from envbuilder.core.structs import dataclass
+from envbuilder.system import fsutil, proc
 
 NAMESPACE = "envbuilder-recipe"
 #: Bounds on what a reader takes from a registry: no file there makes it read without end.

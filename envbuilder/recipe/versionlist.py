@@ -25,9 +25,9 @@ from typing import Any, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from envbuilder import fsutil
-from envbuilder.errors import PublishError
-from envbuilder.structs import dataclass
+from envbuilder.core.errors import PublishError
+from envbuilder.core.structs import dataclass
+from envbuilder.system import fsutil
 
 #: The signature namespace: a recipe's signature is never a list's, nor the reverse.
 NAMESPACE = "envbuilder-versions"

@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Optional
 
-from envbuilder.errors import ResolverError, ResolverErrors
-from envbuilder.facts import HostFacts
+from envbuilder.core.errors import ResolverError, ResolverErrors
+from envbuilder.core.facts import HostFacts
+from envbuilder.core.structs import dataclass
 from envbuilder.resolver.matrix import (
     ArchList,
     Matrix,
@@ -20,7 +21,6 @@ from envbuilder.resolver.matrix import (
     gpu_capability,
     minor_tuple,
 )
-from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
     from envbuilder.recipe.loader import Recipe

@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from envbuilder.structs import dataclass
+from envbuilder.core.structs import dataclass
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 #: What a reader asks for: PEP 691 JSON first, HTML where the index offers nothing else.

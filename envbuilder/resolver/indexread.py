@@ -34,8 +34,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import fsutil, settings
-from envbuilder.errors import UsageError
+from envbuilder.core import settings
+from envbuilder.core.errors import UsageError
+from envbuilder.core.structs import dataclass
 from envbuilder.resolver import matrix, mirror
 from envbuilder.resolver.indexfacts import (
     IndexFacts,
@@ -46,7 +47,7 @@ from envbuilder.resolver.indexfacts import (
     project_wheel,
     wheel_from_json,
 )
-from envbuilder.structs import dataclass
+from envbuilder.system import fsutil
 
 OFFLINE_VAR = "ENVBUILDER_OFFLINE"
 TIMEOUT_VAR = "ENVBUILDER_INDEX_TIMEOUT"

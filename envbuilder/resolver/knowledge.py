@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from envbuilder.core.structs import dataclass
 from envbuilder.resolver.gates import TorchRequest
 from envbuilder.resolver.matrix import ArchList, Matrix, Release, VariantInfo, minor_tuple
-from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:  # the pure parts only name these types; indexfacts is read at plan time
     from envbuilder.resolver.indexfacts import IndexFacts, PageRead, WheelFile

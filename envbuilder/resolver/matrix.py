@@ -16,9 +16,9 @@ from typing import Any, Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from envbuilder._toml import loads
-from envbuilder.facts import Gpu
-from envbuilder.structs import dataclass
+from envbuilder.core._toml import loads
+from envbuilder.core.facts import Gpu
+from envbuilder.core.structs import dataclass
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from envbuilder.errors import UsageError
-from envbuilder.structs import dataclass
+from envbuilder.core.errors import UsageError
+from envbuilder.core.structs import dataclass
 
 VAR = "ENVBUILDER_INDEX_MIRROR"
 PYPI = "https://pypi.org/simple"

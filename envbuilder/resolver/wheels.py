@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from envbuilder.errors import ResolverError, ResolverErrors, did_you_mean
-from envbuilder.facts import HostFacts
+from envbuilder.core.errors import ResolverError, ResolverErrors, did_you_mean
+from envbuilder.core.facts import HostFacts
+from envbuilder.core.structs import dataclass
 from envbuilder.resolver import knowledge, yanked
 from envbuilder.resolver.gates import (
     TORCH_PACKAGES,
@@ -27,7 +28,6 @@ from envbuilder.resolver.gates import (
     quick_findings,
 )
 from envbuilder.resolver.matrix import Matrix, Release, covers, gpu_capability, load_matrix, minor_tuple
-from envbuilder.structs import dataclass
 
 if TYPE_CHECKING:  # the pure parts only name these types; indexfacts is read at plan time
     from envbuilder.resolver.indexfacts import IndexFacts

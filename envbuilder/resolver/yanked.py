@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 
 from packaging.version import InvalidVersion, Version
 
-from envbuilder.errors import ResolverError, ResolverErrors
+from envbuilder.core.errors import ResolverError, ResolverErrors
 from envbuilder.resolver.gates import Finding, TorchRequest
 from envbuilder.resolver.matrix import Matrix, Release
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from itertools import combinations
 from typing import Any, Optional
 
-from envbuilder.structs import dataclass
+from envbuilder.core.structs import dataclass
 
 Record = Mapping[str, Any]
 

@@ -17,16 +17,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from envbuilder import payloads, proc, state
+from envbuilder import payloads
 from envbuilder.backends import registry
-from envbuilder.errors import UsageError
-from envbuilder.facts import HostFacts
-from envbuilder.modules import ModuleSystem
+from envbuilder.core import schedulers
+from envbuilder.core.errors import UsageError
+from envbuilder.core.facts import HostFacts
+from envbuilder.core.structs import dataclass
 from envbuilder.plan.activation import activation_for
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
-from envbuilder.structs import dataclass
-from envbuilder.validate import runner, schedulers, suite
+from envbuilder.system import proc, state
+from envbuilder.system.modules import ModuleSystem
+from envbuilder.validate import runner, suite
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import field, replace
 from typing import Any, Optional
 
-from envbuilder.structs import dataclass
+from envbuilder.core.checks import FIRST
+from envbuilder.core.structs import dataclass
 from envbuilder.validate import affinity
-from envbuilder.validate.checks import FIRST
 
 REPORT_VERSION = 1
 #: Figures where a larger value is worse: the slowest rank sets them. For the others the smallest value does.

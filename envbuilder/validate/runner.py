@@ -24,16 +24,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from envbuilder import fsutil, payloads, plan, proc, removal, state
+from envbuilder import payloads, plan
 from envbuilder.backends import registry
-from envbuilder.errors import CommandFailed, StateError, UsageError, ValidationFailed
-from envbuilder.facts import HostFacts
-from envbuilder.modules import ModuleSystem
+from envbuilder.core import launchers, schedulers
+from envbuilder.core.errors import CommandFailed, StateError, UsageError, ValidationFailed
+from envbuilder.core.facts import HostFacts
+from envbuilder.core.structs import dataclass
 from envbuilder.plan.activation import Activation, activation_for
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
-from envbuilder.structs import dataclass
-from envbuilder.validate import launchers, report, schedulers, suite
+from envbuilder.system import fsutil, proc, removal, state
+from envbuilder.system.modules import ModuleSystem
+from envbuilder.validate import report, suite
 
 KEEP_RUNS = 5
 #: Startup allowance on top of the per-check timeouts (interpreter start, rendezvous, module loads).

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Optional
 
 from packaging.utils import canonicalize_name
 
-from envbuilder.errors import RecipeError, UsageError, did_you_mean
-from envbuilder.facts import HostFacts
+from envbuilder.core import checks, launchers, schedulers
+from envbuilder.core.errors import RecipeError, UsageError, did_you_mean
+from envbuilder.core.facts import HostFacts
+from envbuilder.core.structs import dataclass
 from envbuilder.recipe import sections
-from envbuilder.structs import dataclass
-from envbuilder.validate import batch, checks, launchers, schedulers
+from envbuilder.render import batch
 
 if TYPE_CHECKING:  # only types here: the recipe arrives loaded, the activation planned (plan imports suite)
     from envbuilder.plan.activation import Activation

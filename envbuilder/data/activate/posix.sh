@@ -1,5 +1,5 @@
 # envbuilder's activate templates for POSIX sh, which bash and zsh both run. Rendered by
-# envbuilder/activate_scripts.py; never sourced as it is.
+# envbuilder/render/activate_scripts.py; never sourced as it is.
 #
 # Each "#@section NAME" line starts one template. @name@ is a value filled in already quoted for this shell; a
 # line holding only @name@ takes a list of lines, each indented as the placeholder is (none: the line goes).

@@ -1,0 +1,164 @@
+"""Host facts (pure): what machine a plan targets, and how a facts JSON document becomes one.
+
+Every fact may be unknown (None). Nothing here probes, reads a file or runs a command: ``host`` probes the running
+machine and reads ``--facts`` files, and hands the decoded text here. Keeping this module free of ``proc`` lets the
+resolver, the gates and the plan name the target without pulling in the subprocess seam
+(tests/unit/test_purity.py enforces it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, field
+from typing import Any, Optional
+
+from envbuilder.core.errors import HostProbeError, did_you_mean
+from envbuilder.core.structs import dataclass
+
+FACTS_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    compute_capability: Optional[str] = None
+    memory_mib: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    arch: Optional[str] = None
+    glibc: Optional[str] = None
+    python: Optional[str] = None
+    driver_version: Optional[str] = None
+    #: Highest CUDA version the driver supports ("CUDA Version" in nvidia-smi's header).
+    max_cuda: Optional[str] = None
+    #: None: unknown. Empty: known to have no NVIDIA GPU.
+    gpus: Optional[tuple[Gpu, ...]] = None
+    hostname: Optional[str] = None
+    module_system: Optional[str] = None
+    scheduler: Optional[str] = None
+    allocation: Mapping[str, str] = field(default_factory=dict)
+    filesystems: Mapping[str, str] = field(default_factory=dict)
+    source: str = "probe"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["gpus"] = None if self.gpus is None else [asdict(g) for g in self.gpus]
+        data["allocation"] = dict(self.allocation)
+        data["filesystems"] = dict(self.filesystems)
+        data["facts_version"] = FACTS_VERSION
+        return data
+
+    @property
+    def python_minor(self) -> Optional[str]:
+        if not self.python:
+            return None
+        parts = self.python.split(".")
+        return ".".join(parts[:2]) if len(parts) >= 2 else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading facts from JSON (a --facts file, or a site's compute table)
+
+_STR_KEYS = (
+    "arch",
+    "glibc",
+    "python",
+    "driver_version",
+    "max_cuda",
+    "hostname",
+    "module_system",
+    "scheduler",
+)
+_KNOWN_KEYS = (*_STR_KEYS, "gpus", "allocation", "filesystems", "source", "facts_version")
+_GPU_KEYS = ("name", "compute_capability", "memory_mib")
+#: Other spellings of an architecture (``platform.machine()`` on some systems, hand-written facts) -> ours.
+ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
+
+
+def facts_from_json(data: Any, source: str) -> HostFacts:
+    """Build HostFacts from a decoded JSON object; missing keys are unknown, wrong ones are errors."""
+    if not isinstance(data, dict):
+        raise HostProbeError(f"{source}: expected a JSON object, found {type(data).__name__}")
+    for key in data:
+        if key not in _KNOWN_KEYS:
+            raise HostProbeError(f"{source}: unknown key {key!r}", hint=did_you_mean(key, _KNOWN_KEYS))
+    values: dict[str, Any] = {}
+    for key in _STR_KEYS:
+        value = data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise HostProbeError(f"{source}: {key}: expected a string, found {value!r}")
+        values[key] = value
+    if values["arch"]:
+        values["arch"] = ARCH_ALIASES.get(values["arch"], values["arch"])
+    gpus = data.get("gpus")
+    if gpus is not None:
+        if not isinstance(gpus, list):
+            raise HostProbeError(f"{source}: gpus: expected a list, found {gpus!r}")
+        values["gpus"] = tuple(_gpu_from_json(gpu, f"{source}: gpus[{i}]") for i, gpu in enumerate(gpus))
+    for key in ("allocation", "filesystems"):
+        table = data.get(key, {})
+        if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+            raise HostProbeError(f"{source}: {key}: expected an object of strings")
+        values[key] = dict(table)
+    return HostFacts(source=source, **values)
+
+
+def _gpu_from_json(gpu: Any, where: str) -> Gpu:
+    if not isinstance(gpu, dict) or not isinstance(gpu.get("name"), str):
+        raise HostProbeError(f"{where}: expected an object with a string 'name'")
+    for key in gpu:
+        if key not in _GPU_KEYS:
+            raise HostProbeError(f"{where}: unknown key {key!r}", hint=did_you_mean(key, _GPU_KEYS))
+    cc = gpu.get("compute_capability")
+    if cc is not None and not (isinstance(cc, str) and re.fullmatch(r"\d+\.\d+", cc)):
+        raise HostProbeError(f'{where}.compute_capability: expected a string like "9.0", found {cc!r}')
+    mem = gpu.get("memory_mib")
+    if mem is not None and (not isinstance(mem, int) or isinstance(mem, bool) or mem < 0):
+        raise HostProbeError(f"{where}.memory_mib: expected an integer, found {mem!r}")
+    return Gpu(gpu["name"], cc, mem)
+
+
+def facts_from_text(text: str, source: str) -> HostFacts:
+    """Facts from the text of a facts document: what ``envbuilder probe --json`` prints (the envelope), its
+    ``data``, or a facts object written by hand. ``source`` names the document in errors and in the facts."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HostProbeError(f"{source}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    except RecursionError:
+        raise HostProbeError(f"{source}: not valid JSON: nested too deeply") from None
+    return facts_from_json(unwrap_envelope(data, source), source)
+
+
+_ENVELOPE_KEYS = ("envbuilder_result_version", "command", "status", "data", "errors")
+
+
+def unwrap_envelope(data: Any, source: str) -> Any:
+    """The facts inside a ``probe --json`` envelope; anything that is not an envelope as it is."""
+    if not isinstance(data, dict) or "envbuilder_result_version" not in data:
+        return data
+    version = data.get("envbuilder_result_version")
+    command = data.get("command")
+    if version != 1 or isinstance(version, bool):
+        raise HostProbeError(
+            f"{source}: envbuilder_result_version {version!r}: this envbuilder reads version 1",
+            hint="save the facts with this envbuilder's `envbuilder probe --json`",
+        )
+    unknown = [k for k in data if k not in _ENVELOPE_KEYS]
+    if unknown:
+        raise HostProbeError(
+            f"{source}: unknown key {unknown[0]!r} in a result envelope",
+            hint=did_you_mean(unknown[0], _ENVELOPE_KEYS),
+        )
+    if command != "probe":
+        raise HostProbeError(
+            f"{source}: this is the output of `envbuilder {command} --json`, not of `envbuilder probe --json`",
+            hint="save a node's facts with `envbuilder probe --json > node.json` on that node",
+        )
+    if data.get("status") != "ok" or not isinstance(data.get("data"), dict):
+        raise HostProbeError(f"{source}: the probe it holds did not succeed (status {data.get('status')!r})")
+    return data["data"]

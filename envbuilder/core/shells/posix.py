@@ -1,0 +1,33 @@
+"""bash and zsh: both run plain POSIX sh (``data/activate/posix.sh``); conda's shell module defines ``conda`` for
+both. Every venv tool writes a ``bin/activate`` for them."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from envbuilder.core.shells.base import ALWAYS, Shell, Syntax
+
+
+def _dq(text: str) -> str:
+    """Text safe inside double quotes."""
+    return re.sub(r'(["\\$`])', r"\\\1", text)
+
+
+POSIX = Syntax("posix.sh", shlex.quote, _dq, "sh", "activate", venv=ALWAYS, runs_conda=True)
+
+
+def _bash_completer(function: str, ask: str) -> tuple[str, str]:
+    return function, f'{function}() {{\n  compgen -W "$({ask})" -- "$1"\n}}'
+
+
+def _zsh_completer(function: str, ask: str) -> tuple[str, str]:
+    return (
+        function,
+        f'{function}() {{\n  local -a names\n  names=(${{(f)"$({ask})"}})\n  compadd -a names\n}}',
+    )
+
+
+BASH = Shell("bash", POSIX, completer=_bash_completer, completion_file="~/.bash_completion")
+ZSH = Shell("zsh", POSIX, completer=_zsh_completer, completion_file="~/.zfunc/_envbuilder")
+SHELLS = (BASH, ZSH)

@@ -1,2 +1,0 @@
-"""Shells: one adapter module per shell (``posix``, ``fish``, ``csh``) and the registry every other module asks
-(:mod:`envbuilder.shells.registry`). See ``docs/architecture.md``."""

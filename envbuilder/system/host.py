@@ -1,0 +1,184 @@
+"""Host facts, live: probe the running host, or read a saved facts file (``--facts``).
+
+Every fact may be unknown (None). The probe never fails because a tool is missing, and never runs at import. The
+facts themselves and their JSON form live in the pure :mod:`envbuilder.core.facts`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Optional
+
+from envbuilder.core import schedulers
+from envbuilder.core.errors import CommandFailed, HostProbeError
+from envbuilder.core.facts import ARCH_ALIASES, Gpu, HostFacts, facts_from_text
+from envbuilder.system import proc, textfile
+
+#: A facts file is a few hundred bytes; anything near this is not one.
+MAX_FACTS_BYTES = 1024 * 1024
+
+
+def load_facts_file(path: str) -> HostFacts:
+    """Facts from a file: what ``envbuilder probe --json`` prints (the envelope), its ``data``, or a facts object
+    written by hand. Only a regular UTF-8 file is read, and only up to MAX_FACTS_BYTES."""
+    try:
+        text = textfile.read_text(Path(path), MAX_FACTS_BYTES, "facts file")
+    except textfile.UnreadableFile as exc:
+        raise HostProbeError(f"facts file {path}: {exc.reason}") from None
+    return facts_from_text(text, path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Probing this machine
+
+
+def probe(env: Optional[Mapping[str, str]] = None, root: str = "/") -> HostFacts:
+    """Probe the running host. ``root`` lets tests point /proc reads at a fake tree; ``env`` at a fake PATH."""
+    env = dict(os.environ if env is None else env)
+    gpus, driver, max_cuda = _probe_nvidia(env, Path(root))
+    return HostFacts(
+        arch=ARCH_ALIASES.get(platform.machine(), platform.machine()) or None,
+        glibc=_glibc_version(),
+        python=platform.python_version(),
+        driver_version=driver,
+        max_cuda=max_cuda,
+        gpus=gpus,
+        hostname=socket.gethostname() or None,
+        module_system=_module_system(env),
+        scheduler=_scheduler(env),
+        allocation={k: env[k] for k in (*schedulers.allocation_vars(), "CUDA_VISIBLE_DEVICES") if k in env},
+        filesystems={k: env[k] for k in ("HOME", "WORK", "SCRATCH") if env.get(k)},
+        source="probe",
+    )
+
+
+def _glibc_version() -> Optional[str]:
+    try:
+        text = os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError, AttributeError):
+        text = None
+    if text and text.startswith("glibc "):
+        return text.split()[1]
+    name, version = platform.libc_ver()
+    return version if name == "glibc" and version else None
+
+
+def _module_system(env: Mapping[str, str]) -> Optional[str]:
+    if env.get("LMOD_CMD") or env.get("LMOD_VERSION"):
+        return "lmod"
+    if env.get("MODULESHOME") or shutil.which("modulecmd", path=env.get("PATH")):
+        return "environment-modules"
+    return None
+
+
+def _scheduler(env: Mapping[str, str]) -> Optional[str]:
+    """The scheduler of the job this runs in, else the one whose submit command is on PATH."""
+    adapters = schedulers.SCHEDULERS.values()
+    for adapter in adapters:
+        if adapter.job_id_var in env:
+            return adapter.name
+    for adapter in adapters:
+        if shutil.which(adapter.submit_tool, path=env.get("PATH")):
+            return adapter.name
+    return None
+
+
+_DRIVER_RE = re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)")
+_CUDA_HEADER_RE = re.compile(r"CUDA Version:\s*(\d+\.\d+)")
+
+
+def _probe_nvidia(
+    env: Mapping[str, str], root: Path
+) -> tuple[Optional[tuple[Gpu, ...]], Optional[str], Optional[str]]:
+    """GPUs, driver version and max CUDA: nvidia-smi first, then /proc/driver/nvidia."""
+    gpus: Optional[tuple[Gpu, ...]] = None
+    driver: Optional[str] = None
+    max_cuda: Optional[str] = None
+    smi = shutil.which("nvidia-smi", path=env.get("PATH"))
+    if smi:
+        gpus, driver = _smi_query(smi, env)
+        max_cuda = _smi_cuda_version(smi, env)
+    proc_dir = root / "proc" / "driver" / "nvidia"
+    if driver is None:
+        try:
+            match = _DRIVER_RE.search((proc_dir / "version").read_text(encoding="utf-8", errors="replace"))
+            driver = match.group(1) if match else None
+        except OSError:
+            pass
+    if gpus is None:
+        gpus = _proc_gpus(proc_dir)
+    if gpus is None and driver is None and not smi and not (root / "proc" / "driver").is_dir():
+        return None, None, None  # nothing to say: unknown, not "no GPU"
+    if gpus is None and driver is None:
+        gpus = ()  # /proc is readable and has no NVIDIA driver: this host has no NVIDIA GPU
+    return gpus, driver, max_cuda
+
+
+def _smi_query(smi: str, env: Mapping[str, str]) -> tuple[Optional[tuple[Gpu, ...]], Optional[str]]:
+    fields = "name,compute_cap,driver_version,memory.total"
+    try:
+        res = proc.run(
+            [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"], env=env, timeout=20, check=True
+        )
+    except (CommandFailed, OSError):
+        # Old drivers lack compute_cap; retry without it rather than losing the GPU list.
+        try:
+            res = proc.run(
+                [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"],
+                env=env,
+                timeout=20,
+                check=True,
+            )
+        except (CommandFailed, OSError):
+            return None, None
+        fields = "name,driver_version,memory.total"
+    names = fields.split(",")
+    gpus = []
+    driver = None
+    for line in res.stdout.splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) != len(names):
+            continue
+        row = dict(zip(names, cols))
+        driver = row.get("driver_version") or driver
+        mem = row.get("memory.total", "")
+        cc = row.get("compute_cap")
+        gpus.append(
+            Gpu(
+                name=row["name"],
+                compute_capability=cc if cc and re.fullmatch(r"\d+\.\d+", cc) else None,
+                memory_mib=int(mem) if mem.isdigit() else None,
+            )
+        )
+    return tuple(gpus), driver
+
+
+def _smi_cuda_version(smi: str, env: Mapping[str, str]) -> Optional[str]:
+    try:
+        res = proc.run([smi], env=env, timeout=20, check=True)
+    except (CommandFailed, OSError):
+        return None
+    match = _CUDA_HEADER_RE.search(res.stdout)
+    return match.group(1) if match else None
+
+
+def _proc_gpus(proc_dir: Path) -> Optional[tuple[Gpu, ...]]:
+    gpus_dir = proc_dir / "gpus"
+    if not gpus_dir.is_dir():
+        return None
+    gpus = []
+    for info in sorted(gpus_dir.glob("*/information")):
+        try:
+            text = info.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        match = re.search(r"^Model:\s*(.+)$", text, re.MULTILINE)
+        if match:
+            gpus.append(Gpu(name=match.group(1).strip()))
+    return tuple(gpus)

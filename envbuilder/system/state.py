@@ -1,0 +1,188 @@
+"""Env records: what was built where, and whether it is still whole. Records live outside $SCRATCH (they must
+survive the purge), are written atomically, and one env is changed by one process at a time (``mutex``, a
+``fsutil.Mutex`` per env name)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from envbuilder.backends import registry
+from envbuilder.core import settings
+from envbuilder.core.errors import EnvNotFound, StateError, did_you_mean
+from envbuilder.core.structs import dataclass
+from envbuilder.system import strictmodes
+from envbuilder.system.fsutil import Mutex, Owner, write_atomic
+
+if TYPE_CHECKING:  # only types: importing the planner would load the resolver for every record read
+    from envbuilder.plan import RecordedPlan
+    from envbuilder.plan.activation import Activation
+
+RECORD_VERSION = 1
+
+
+def _no_plan() -> RecordedPlan:
+    return {}  # every key of a recorded plan is optional
+
+
+@dataclass(frozen=True)
+class EnvRecord:
+    name: str
+    recipe: str
+    recipe_digest: str
+    prefix: str
+    created: str
+    #: The plan the env was built from, as ``plan --json`` prints it.
+    plan: RecordedPlan = field(default_factory=_no_plan)
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    packages: tuple[Mapping[str, Any], ...] = ()
+    tools: Mapping[str, str] = field(default_factory=dict)
+    validation: Optional[Mapping[str, Any]] = None
+    modules: Mapping[str, Any] = field(default_factory=dict)
+    #: Set by restore: the backup the env came from.
+    origin: Mapping[str, Any] = field(default_factory=dict)
+    #: Set by pack: the env's squashfs image (path, sha256, and the packages and mtime it was built from).
+    image: Mapping[str, Any] = field(default_factory=dict)
+    version: int = RECORD_VERSION
+
+    @property
+    def kind(self) -> str:
+        """The env kind its plan built (a record without one is a venv's)."""
+        return self.plan.get("kind", "venv")
+
+    @property
+    def torch(self) -> Optional[str]:
+        """The torch version the env holds, as its record lists it (None where it lists none)."""
+        return next((str(p["version"]) for p in self.packages if p.get("name") == "torch"), None)
+
+    @property
+    def activation(self) -> Optional[Activation]:
+        """What activating the env loads and sets, as its plan recorded it (None for a record without)."""
+        from envbuilder.plan.activation import Activation  # noqa: PLC0415 - the planner, only where it is read
+
+        recorded = self.plan.get("activate")
+        return Activation.from_json(recorded) if recorded else None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["packages"] = list(self.packages)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EnvRecord:
+        """The record ``to_json`` gave (keys this release does not know are dropped)."""
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        fields["packages"] = tuple(fields.get("packages", ()))
+        return cls(**fields)
+
+    def dumps(self) -> bytes:
+        """The record as its files hold it (the home's, and the copy inside the env)."""
+        return (json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n").encode()
+
+
+def record_path(root: Path, name: str) -> Path:
+    if not name or "/" in name or name.startswith("."):
+        raise StateError(f"invalid env name {name!r}", hint="names are recipe names: letters, digits, . _ -")
+    return settings.records_dir(root) / f"{name}.json"
+
+
+def save(root: Path, record: EnvRecord) -> Path:
+    path = record_path(root, record.name)
+    strictmodes.home(root)
+    write_atomic(path, record.dumps())
+    return path
+
+
+def load(root: Path, name: str) -> EnvRecord:
+    path = record_path(root, name)
+    strictmodes.home(root)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        close = did_you_mean(name, names(root))
+        raise EnvNotFound(
+            f"no env named {name!r} is recorded in {root}",
+            hint=f"{close} `envbuilder list` shows them all" if close else "envbuilder list",
+        ) from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StateError(
+            f"the record {path} is unreadable: {exc}", hint="remove it and create the env again"
+        ) from None
+    version = data.get("version") if isinstance(data, dict) else None
+    if version != RECORD_VERSION:
+        raise StateError(
+            f"the record {path} has format version {version!r}; this envbuilder reads {RECORD_VERSION}",
+            hint="upgrade envbuilder" if isinstance(version, int) and version > RECORD_VERSION else None,
+        )
+    return EnvRecord.from_json(data)
+
+
+def names(root: Path) -> list[str]:
+    """Recorded env names (temp files of interrupted writes are not records)."""
+    envs = settings.records_dir(root)
+    if not envs.is_dir():
+        return []
+    return sorted(p.stem for p in envs.glob("*.json") if not p.name.startswith("."))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One process per env
+
+
+@contextlib.contextmanager
+def mutex(
+    root: Path, name: str, timeout: float = 0, on_wait: Optional[Callable[[Owner], None]] = None
+) -> Iterator[Mutex]:
+    """Hold the mutex of the env ``name`` (waiting up to ``timeout`` seconds for another envbuilder)."""
+    record_path(root, name)  # validates the name
+    strictmodes.home(root)
+    with Mutex(settings.mutex_dir(root) / f"{name}.lock", timeout=timeout, on_wait=on_wait) as held:
+        yield held
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Health
+
+
+@dataclass(frozen=True)
+class Health:
+    status: str  # ok | damaged | gone
+    detail: str
+    missing: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "detail": self.detail, "missing": list(self.missing[:20])}
+
+
+def health(record: EnvRecord) -> Health:
+    """Whether the env is still whole: the prefix, its python, and every file its installed packages listed."""
+    prefix = Path(record.prefix)
+    if not prefix.is_dir():
+        return Health("gone", f"{prefix} does not exist (purged or removed)")
+    missing: list[str] = []
+    #: What a link of the env leads to that this host lacks (a python built on another host), in words.
+    elsewhere = ""
+    if registry.kind_info(record.kind).own_python:
+        for rel in ("bin/python", "bin/activate"):
+            path = prefix / rel
+            if not path.exists():
+                missing.append(rel)
+                if path.is_symlink() and not elsewhere:
+                    elsewhere = f"{rel} leads to {path.resolve()}, which is not on this host"
+    for rec in sorted(prefix.glob("lib/python*/site-packages/*.dist-info/RECORD")):
+        site = rec.parent.parent
+        for line in rec.read_text(encoding="utf-8", errors="replace").splitlines():
+            rel = line.split(",", 1)[0]
+            if rel and not (site / rel).exists() and "__pycache__" not in rel:
+                missing.append(str((site / rel).relative_to(prefix)) if not rel.startswith("..") else rel)
+    if missing and elsewhere:
+        others = len(missing) - 1
+        more = f"; {others} other file(s) missing" if others else ""
+        return Health("damaged", elsewhere + more, tuple(missing))
+    if missing:
+        return Health("damaged", f"{len(missing)} file(s) missing, e.g. {missing[0]}", tuple(missing))
+    return Health("ok", "all files present")
