@@ -8,8 +8,8 @@ of them alike:
   importtime        ``python -X importtime -c "import envbuilder.cli"``: the cumulative import time of
                     ``envbuilder.cli`` as the interpreter reports it (the issue's target: minimum under 150 ms)
   import            ``python -c "import envbuilder.cli"``: the same process's wall time
-  create-imports    ``python -c "import envbuilder.cli, envbuilder.commands.create, envbuilder.create"``: what
-                    a create imports before it starts (the figure ``envbuilder/structs.py`` is kept for)
+  create-imports    ``python -c "import envbuilder.cli, envbuilder.commands.create, envbuilder.build.create"``: what
+                    a create imports before it starts (the figure ``envbuilder/core/structs.py`` is kept for)
   help              ``envbuilder --help`` (target: under 200 ms)
   version           ``envbuilder --version``
   completion        ``envbuilder completion bash`` (the script shtab writes from the parser)
@@ -52,7 +52,7 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str]]] = {
     "importtime": ([sys.executable, "-X", "importtime", "-c", "import envbuilder.cli"], {}),
     "import": ([sys.executable, "-c", "import envbuilder.cli"], {}),
     "create-imports": (
-        [sys.executable, "-c", "import envbuilder.cli, envbuilder.commands.create, envbuilder.create"],
+        [sys.executable, "-c", "import envbuilder.cli, envbuilder.commands.create, envbuilder.build.create"],
         {},
     ),
     "help": ([ENVBUILDER, "--help"], {}),

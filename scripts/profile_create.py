@@ -38,19 +38,19 @@ from wheelindex import mirror_env, serve  # noqa: E402 - the tests' index server
 #: skipped.
 PHASES = (
     ("recipe catalog + load", "envbuilder.recipe.loader", "load"),
-    ("host probe", "envbuilder.host", "probe"),
+    ("host probe", "envbuilder.system.host", "probe"),
     ("lock lookup", "envbuilder.lockfile", "find"),
     ("lock lookup", "envbuilder.lockfile.lockers", "find"),
     ("index read (plan facts)", "envbuilder.commands.plan", "read_index"),
     ("plan", "envbuilder.plan", "build"),
-    ("prepare (installer, modules, python)", "envbuilder.create", "_prepare"),
+    ("prepare (installer, modules, python)", "envbuilder.build.create", "_prepare"),
     ("installer commands", "envbuilder.backends.buildlog", "run_logged"),
-    ("torch build guard", "envbuilder.create", "_guard"),
-    ("activate extension", "envbuilder.create", "_activate"),
+    ("torch build guard", "envbuilder.build.create", "_guard"),
+    ("activate extension", "envbuilder.build.create", "_activate"),
     ("package inventory", "envbuilder.backends.base", "inventory"),
     ("world-write sweep", "envbuilder.backends.buildlog", "drop_world_write"),
-    ("record (inventory, version, sweep)", "envbuilder.create", "_record"),
-    ("create, all stages", "envbuilder.create", "create"),
+    ("record (inventory, version, sweep)", "envbuilder.build.create", "_record"),
+    ("create, all stages", "envbuilder.build.create", "create"),
 )
 
 CHILD = r"""

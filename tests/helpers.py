@@ -23,9 +23,10 @@ from typing import IO, Any, Callable, Optional
 import pytest
 from wheelindex import mirror_env
 
-from envbuilder import cli, state
-from envbuilder.facts import HostFacts, facts_from_json
+from envbuilder import cli
+from envbuilder.core.facts import HostFacts, facts_from_json
 from envbuilder.resolver import mirror
+from envbuilder.system import state
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
@@ -324,7 +325,7 @@ class CpuTorchWorld(UserWorld):
 def _repoint(dirs: list[Path], old: str, new: str) -> None:
     """``old`` replaced by ``new`` in the text files under ``dirs`` that name it, each written as a new file
     (a hard link to the original is left as it was). Bytecode is left: only its tracebacks name a path. Not
-    envbuilder.relocate: it rewrites in place, which would reach the template through the hard links, and only the
+    envbuilder.system.relocate: it rewrites in place, which would reach the template through the hard links, and only the
     files an env's move needs (not the home's records and logs)."""
     found = subprocess.run(
         ["grep", "-rlF", "--exclude=*.pyc", "--", old, *map(str, dirs)], capture_output=True, text=True

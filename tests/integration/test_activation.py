@@ -12,10 +12,11 @@ import pytest
 from helpers import DATA
 from wheelindex import build_wheel, serve
 
-from envbuilder import activate_scripts, activation, modulefile
-from envbuilder.errors import RecipeError
+from envbuilder.build import activation
+from envbuilder.core.errors import RecipeError
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS
+from envbuilder.render import activate_scripts, modulefile
 
 pytestmark = pytest.mark.integration
 

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from envbuilder.core.shells.csh import CSH
+from envbuilder.core.shells.fish import FISH
 from helpers import DATA
 from test_activation import (
     ACT,
@@ -26,11 +28,10 @@ from test_activation import (
     read_env,
 )
 
-from envbuilder import activate_scripts, activation
-from envbuilder.errors import RecipeError
+from envbuilder.build import activation
+from envbuilder.core.errors import RecipeError
 from envbuilder.plan.activation import Activation
-from envbuilder.shells.csh import CSH
-from envbuilder.shells.fish import FISH
+from envbuilder.render import activate_scripts
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from helpers import FACTS, PLAN_ENV, REPO, cli_argv, cli_env, refused, run_cli
 
-from envbuilder import errors
+from envbuilder.core import errors
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,11 @@ import pytest
 from condachannel import conda_function_module
 from helpers import run_cli
 
-from envbuilder import activation, modulefile, modules, state
-from envbuilder.errors import ModuleSystemError
+from envbuilder.build import activation
+from envbuilder.core.errors import ModuleSystemError
 from envbuilder.plan.activation import Activation
+from envbuilder.render import modulefile
+from envbuilder.system import modules, state
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ import testwheels
 from helpers import DATA, REPO, UserWorld, bash, lmod_vars, ok
 from wheelindex import build_sdist, build_wheel, demo_wheels, mirror_env, serve
 
-from envbuilder import transaction
 from envbuilder.backends import installers
+from envbuilder.system import transaction
 
 pytestmark = pytest.mark.integration
 

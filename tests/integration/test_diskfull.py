@@ -21,7 +21,8 @@ from helpers import UserWorld, demo_recipe, ok, run_cli_process
 from sharedfs import fill, quota_dir, remount, tmpfs
 from wheelindex import demo_wheels, mirror_env, serve
 
-from envbuilder import fsutil, settings
+from envbuilder.core import settings
+from envbuilder.system import fsutil
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """`envbuilder doctor` through the real CLI: envs created for real (small wheels from a local index) or recorded
-with envbuilder.state beside files laid out like an env's; another node's facts; LD_LIBRARY_PATH shadowing; the
+with envbuilder.system.state beside files laid out like an env's; another node's facts; LD_LIBRARY_PATH shadowing; the
 index (tests/torchindex.py on 127.0.0.1) knowing a newer torch, a pruned nightly and a lock's vanished file.
 
 Every test either reads no index (ENVBUILDER_OFFLINE=1) or points the mirror at the local fixture server."""
@@ -21,9 +21,10 @@ from torchindex import NEWEST, NIGHTLIES, NIGHTLY_PRUNED, TorchIndex, build_torc
 from wheelindex import build_wheel, mirror_env
 from wheelindex import serve as serve_wheels
 
-from envbuilder import lockfile, state
+from envbuilder import lockfile
 from envbuilder.lockfile import lockers
 from envbuilder.resolver.matrix import load_matrix
+from envbuilder.system import state
 
 pytestmark = pytest.mark.integration
 

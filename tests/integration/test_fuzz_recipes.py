@@ -22,8 +22,8 @@ from helpers import FACTS, PLAN_ENV, REPO, run_cli, run_cli_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbuilder import errors
-from envbuilder._toml import dumps, loads
+from envbuilder.core import errors
+from envbuilder.core._toml import dumps, loads
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, Layer
 

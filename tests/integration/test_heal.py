@@ -17,7 +17,7 @@ import pytest
 from helpers import UserWorld, ok, refused
 from wheelindex import build_wheel, mirror_env, serve
 
-from envbuilder import transaction
+from envbuilder.system import transaction
 
 pytestmark = pytest.mark.integration
 

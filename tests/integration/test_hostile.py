@@ -22,14 +22,14 @@ from helpers import DATA, PLAN_ENV, REPO, UserWorld, bash, lmod_vars, ok, refuse
 from slurm import ENDED, job_record, sbatch_wait
 from wheelindex import build_wheel, mirror_env, serve
 
-from envbuilder import activate_scripts, modulefile, modules
-from envbuilder.errors import EnvbuilderError, ModuleSystemError, RecipeError
+from envbuilder.core.errors import EnvbuilderError, ModuleSystemError, RecipeError
 from envbuilder.plan import steps
 from envbuilder.plan.activation import Activation
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, Layer
 from envbuilder.recipe.sections import Package
-from envbuilder.validate import batch
+from envbuilder.render import activate_scripts, batch, modulefile
+from envbuilder.system import modules
 
 pytestmark = pytest.mark.integration
 

@@ -208,7 +208,7 @@ def test_http_errors_timeouts_and_bad_bodies(server, tmp_path):
 
 
 def test_a_bad_timeout_is_a_usage_error(server, tmp_path):
-    from envbuilder.errors import UsageError
+    from envbuilder.core.errors import UsageError
 
     with pytest.raises(UsageError, match="ENVBUILDER_INDEX_TIMEOUT"):
         indexread.read([CU130], env_for(server, ENVBUILDER_INDEX_TIMEOUT="soon"), home=tmp_path)

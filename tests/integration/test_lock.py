@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 from wheelindex import build_wheel, mirror_env, serve
 
 from envbuilder import lockfile
-from envbuilder._toml import dumps
+from envbuilder.core._toml import dumps
 
 pytestmark = pytest.mark.integration
 UV = shutil.which("uv")

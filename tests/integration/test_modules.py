@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from helpers import DATA, ENVMODULES_INIT_DIR, MODULE_BOOKKEEPING
 
-from envbuilder import modules
-from envbuilder.errors import ModuleSystemError
+from envbuilder.core.errors import ModuleSystemError
 from envbuilder.plan.activation import Activation
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
+from envbuilder.system import modules
 
 pytestmark = pytest.mark.integration
 
@@ -169,8 +169,8 @@ def test_tcl_environment_modules_status_is_checked(envmodules_init):
 
 
 def test_modulefile_loads_the_env_and_its_modules_with_real_lmod(lmod, tmp_path):
-    from envbuilder import modulefile
     from envbuilder.plan.activation import Activation
+    from envbuilder.render import modulefile
 
     prefix = tmp_path / "env $(touch PWNED) `id` \"q\" 's' \\back"
     (prefix / "bin").mkdir(parents=True)
@@ -213,7 +213,7 @@ echo "loaded=${{LOADEDMODULES:-}} venv=${{VIRTUAL_ENV:-none}} nccl=$NCCL_DEBUG o
 
 
 def test_lua_string_escapes():
-    from envbuilder.modulefile import lua_string
+    from envbuilder.render.modulefile import lua_string
 
     assert lua_string('a"b\\c\nd\x01') == '"a\\"b\\\\c\\nd\\001"'
 
@@ -258,7 +258,7 @@ def env_module_round_trip(
 ) -> tuple[dict[str, str], dict[str, str], dict[str, str], str]:
     """Write the env's modulefile in ``fmt``, load it and unload it in ``shell``; the variables before, during and
     after, and what the module system said."""
-    from envbuilder import modulefile
+    from envbuilder.render import modulefile
 
     init_dir = dict(module_systems())[fmt]
     if not (init_dir / shell).is_file():
@@ -327,6 +327,6 @@ def test_env_modulefile_at_a_prefix_with_whitespace_says_why_it_exports_no_pins(
 
 
 def test_tcl_string_escapes_everything_tcl_substitutes():
-    from envbuilder.modulefile import tcl_string
+    from envbuilder.render.modulefile import tcl_string
 
     assert tcl_string('a"b\\c$d[e]{f}\tg') == '"a\\"b\\\\c\\$d\\[e\\]\\{f\\}\\u0009g"'

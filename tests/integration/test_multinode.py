@@ -23,7 +23,7 @@ import pytest
 from helpers import DATA, REPO, CpuTorchWorld, cli_argv, cli_env, run_cli
 from slurm import MultiNodeCluster, sbatch_wait
 
-from envbuilder import state
+from envbuilder.system import state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm, pytest.mark.multinode]
 

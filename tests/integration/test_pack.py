@@ -19,7 +19,7 @@ import pytest
 from helpers import UserWorld, bash, ok, refused
 from wheelindex import build_wheel, demo_wheels, mirror_env, serve
 
-from envbuilder import transaction
+from envbuilder.system import transaction
 
 pytestmark = [
     pytest.mark.integration,

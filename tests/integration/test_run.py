@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import DATA, REPO, cli_argv, rank_lines, run_in
 
-from envbuilder import state
+from envbuilder.system import state
 
 pytestmark = [pytest.mark.integration]
 

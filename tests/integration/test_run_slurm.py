@@ -16,7 +16,7 @@ import pytest
 from helpers import DATA, REPO, cli_argv, cli_env, rank_lines, run_in
 from slurm import sbatch_wait
 
-from envbuilder import state
+from envbuilder.system import state
 
 pytestmark = [pytest.mark.integration]
 

@@ -32,7 +32,7 @@ from torchindex import TorchIndex, build_torch_wheel, serve
 from wheelindex import build_wheel
 from wheelindex import serve as serve_files
 
-from envbuilder._toml import loads
+from envbuilder.core._toml import loads
 from envbuilder.recipe.catalog import builtin_dir
 
 pytestmark = pytest.mark.integration

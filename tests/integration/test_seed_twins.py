@@ -67,7 +67,7 @@ from test_seed_sites import CIRRUS_EXTRAS, HOROVOD, horovod_sdist, toml_value
 from wheelindex import build_wheel, mirror_env
 from wheelindex import serve as serve_files
 
-from envbuilder._toml import loads
+from envbuilder.core._toml import loads
 from envbuilder.recipe.catalog import builtin_dir
 
 pytestmark = pytest.mark.integration

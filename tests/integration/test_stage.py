@@ -22,7 +22,8 @@ import pytest
 from helpers import CpuTorchWorld, cli_argv, cli_env, ok, refused
 from slurm import ENDED, MultiNodeCluster, job_record
 
-from envbuilder import image, state
+from envbuilder.scale import image
+from envbuilder.system import state
 
 pytestmark = [
     pytest.mark.integration,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import FACTS, REPO
 
-from envbuilder import state
+from envbuilder.system import state
 
 pytestmark = [pytest.mark.integration, pytest.mark.mpi]
 

@@ -7,11 +7,12 @@ import shutil
 import subprocess
 
 import pytest
+from envbuilder.core.shells.csh import CSH
+from envbuilder.core.shells.fish import FISH
 
-from envbuilder import activate_scripts, activation
+from envbuilder.build import activation
 from envbuilder.plan.activation import Activation
-from envbuilder.shells.csh import CSH
-from envbuilder.shells.fish import FISH
+from envbuilder.render import activate_scripts
 
 #: Quotes, $, backquotes, a backslash, a history `!`, spaces, globs: what a value or prefix may hold.
 HOSTILE = [

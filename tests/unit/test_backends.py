@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 from wheelindex import build_wheel
 
-from envbuilder import cli, proc, settings
+from envbuilder import cli
 from envbuilder.backends import base, buildlog, conda, installers, registry, venv
 from envbuilder.cli import parser as cliparser
-from envbuilder.errors import EXIT_USAGE
+from envbuilder.core import settings
+from envbuilder.core.errors import EXIT_USAGE
 from envbuilder.plan.steps import InstallStep
 from envbuilder.recipe import schemajson
+from envbuilder.system import proc
 
 PLANNED = "/scratch/u1/envs/t"  # the prefix the plan's commands name; the build happens elsewhere
 

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import backup, purge, relocate, settings, state
+from envbuilder import backup
 from envbuilder.backup import wheelhouse
-from envbuilder.errors import BackupError
+from envbuilder.core import settings
+from envbuilder.core.errors import BackupError
+from envbuilder.system import purge, relocate, state
 
 
 def _record_line(rel: str, data: bytes) -> str:

@@ -14,8 +14,8 @@ from typing import Any, Optional
 import pytest
 
 from envbuilder import plan
-from envbuilder.errors import RecipeError, RecipeNotFound
-from envbuilder.facts import HostFacts
+from envbuilder.core.errors import RecipeError, RecipeNotFound
+from envbuilder.core.facts import HostFacts
 from envbuilder.recipe.catalog import Catalog, Layer
 from envbuilder.recipe.loader import Recipe, load
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from envbuilder.backends import base, buildlog, installers, uvcache, venv
-from envbuilder.errors import BackendError
+from envbuilder.core.errors import BackendError
 from envbuilder.plan.steps import InstallStep
 
 

@@ -10,12 +10,14 @@ from dataclasses import replace
 import pytest
 from helpers import PLAN_ENV, REPO, load_facts
 
-from envbuilder import activate_scripts, modulefile, plan
-from envbuilder.errors import RecipeError
+from envbuilder import plan
+from envbuilder.core import values
+from envbuilder.core.errors import RecipeError
 from envbuilder.plan.activation import Activation, activation_for
-from envbuilder.recipe import loader, values
+from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.validate import batch, suite
+from envbuilder.render import activate_scripts, batch, modulefile
+from envbuilder.validate import suite
 
 CATALOG = Catalog.from_env({})
 ACT = Activation(modules=("conda/2026-10-01",), conda_env="base", recipe="demo")

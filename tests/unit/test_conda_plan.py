@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import modules, plan
+from envbuilder import plan
 from envbuilder.backends import conda
-from envbuilder.errors import BackendError, LockError, ResolverErrors
-from envbuilder.facts import HostFacts
+from envbuilder.core.errors import BackendError, LockError, ResolverErrors
+from envbuilder.core.facts import HostFacts
 from envbuilder.lockfile import lockers
 from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
 from envbuilder.recipe.loader import load
 from envbuilder.resolver import mirror
+from envbuilder.system import modules
 
 HOST = HostFacts(arch="x86_64", python="3.11.7", glibc="2.34", gpus=())
 ENV = {"SCRATCH": "/scratch/u", "HOME": "/home/u", "USER": "u"}

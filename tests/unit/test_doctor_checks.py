@@ -14,18 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import lockfile, state
-from envbuilder._toml import loads
+from envbuilder import lockfile
+from envbuilder.core._toml import loads
+from envbuilder.core.errors import RecipeNotFound, StateError
+from envbuilder.core.facts import Gpu, HostFacts
 from envbuilder.doctor import collect, index_checks, libraries, replan
 from envbuilder.doctor.report import Context, EnvInputs, examine, safety_findings
-from envbuilder.errors import RecipeNotFound, StateError
-from envbuilder.facts import Gpu, HostFacts
-from envbuilder.purge import PurgeStatus
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver.indexfacts import IndexFacts, PageRead, parse_wheel_filename
 from envbuilder.resolver.matrix import load_matrix
-from envbuilder.state import EnvRecord, Health
+from envbuilder.system import state
+from envbuilder.system.purge import PurgeStatus
+from envbuilder.system.state import EnvRecord, Health
 
 TODAY = datetime.date(2026, 11, 23)
 H100 = (Gpu("NVIDIA H100 80GB HBM3", "9.0"),)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from envbuilder.backup import archive
-from envbuilder.errors import BackupError
+from envbuilder.core.errors import BackupError
 
 ROOT = os.geteuid() == 0
 SQUASHFS = shutil.which("mksquashfs") and shutil.which("unsquashfs")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from envbuilder.errors import ResolverErrors
-from envbuilder.facts import Gpu, HostFacts
+from envbuilder.core.errors import ResolverErrors
+from envbuilder.core.facts import Gpu, HostFacts
 from envbuilder.resolver import knowledge, mirror
 from envbuilder.resolver.indexfacts import IndexFacts, PageRead, parse_wheel_filename
 from envbuilder.resolver.wheels import TorchRequest, load_matrix, resolve

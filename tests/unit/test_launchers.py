@@ -7,10 +7,11 @@ import subprocess
 
 import pytest
 
-from envbuilder.errors import RecipeError, UsageError
+from envbuilder.core import launchers, schedulers
+from envbuilder.core.errors import RecipeError, UsageError
+from envbuilder.core.launchers import LaunchSpec, ShellVar
 from envbuilder.plan.activation import Activation
-from envbuilder.validate import batch, launchers, schedulers
-from envbuilder.validate.launchers import LaunchSpec, ShellVar
+from envbuilder.render import batch
 
 PY = "/env/bin/python"
 SCRIPT = ("/pkg/payloads/validate.py", "--checks", "import")
@@ -344,7 +345,7 @@ def test_script_adds_list_entries_quoted_and_without_an_empty_entry(tmp_path):
 
 def test_plan_refuses_a_directive_outside_the_allowed_flags(tmp_path):
     from envbuilder import plan
-    from envbuilder.facts import HostFacts
+    from envbuilder.core.facts import HostFacts
     from envbuilder.recipe import loader
     from envbuilder.recipe.catalog import Catalog, Layer
 

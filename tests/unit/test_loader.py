@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder._toml import MAX_DEPTH, TOMLDecodeError, loads
-from envbuilder._toml import _toml as toml_parser  # tomllib, or tomli before 3.11
-from envbuilder.errors import RecipeError
+from envbuilder.core._toml import MAX_DEPTH, TOMLDecodeError, loads
+from envbuilder.core._toml import _toml as toml_parser  # tomllib, or tomli before 3.11
+from envbuilder.core.errors import RecipeError
 from envbuilder.recipe import loader, schema, sections
 from envbuilder.recipe.catalog import Catalog, Layer, layers
 from envbuilder.recipe.spec import Field, Table
@@ -413,7 +413,7 @@ def test_crlf_and_a_byte_order_mark_read_as_plain_text():
 def test_a_long_dotted_key_is_refused_by_the_scan_naming_the_key_and_the_limit():
     """200,000 parts (400 KB): the scan refuses the 33rd, before the parser (whose work on a key grows with the
     square of its parts) sees the text."""
-    from envbuilder._toml import MAX_KEY_PARTS, TOMLLimitError
+    from envbuilder.core._toml import MAX_KEY_PARTS, TOMLLimitError
 
     text = "[site]\n" + ".".join(["k"] * 200_000) + " = 1\n"
     with pytest.raises(TOMLLimitError) as info:
@@ -433,7 +433,7 @@ def test_a_long_dotted_key_is_refused_by_the_scan_naming_the_key_and_the_limit()
 
 
 def test_an_array_past_the_limit_names_its_key():
-    from envbuilder._toml import MAX_ARRAY, TOMLLimitError
+    from envbuilder.core._toml import MAX_ARRAY, TOMLLimitError
 
     with pytest.raises(TOMLLimitError, match=rf"an array of {MAX_ARRAY + 1} items; the limit is {MAX_ARRAY}"):
         loads("[site]\nnotes = [" + "1," * (MAX_ARRAY + 1) + "]\n")

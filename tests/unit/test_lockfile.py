@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from envbuilder import lockfile, plan
-from envbuilder.errors import LockError
-from envbuilder.facts import Gpu, HostFacts
+from envbuilder.core.errors import LockError
+from envbuilder.core.facts import Gpu, HostFacts
 from envbuilder.lockfile import applicability, lockers, reader
 from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
 from envbuilder.recipe.loader import load

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from helpers import load_facts
 
-from envbuilder._toml import loads
-from envbuilder.errors import ResolverErrors
-from envbuilder.facts import Gpu, HostFacts
+from envbuilder.core._toml import loads
+from envbuilder.core.errors import ResolverErrors
+from envbuilder.core.facts import Gpu, HostFacts
 from envbuilder.resolver.matrix import covers, load_matrix, matrix_from_data
 from envbuilder.resolver.wheels import GATES, TorchRequest, resolve
 

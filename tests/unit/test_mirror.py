@@ -6,7 +6,7 @@ import pytest
 from helpers import PLAN_ENV, load_facts
 
 from envbuilder import plan
-from envbuilder.errors import UsageError
+from envbuilder.core.errors import UsageError
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver import mirror

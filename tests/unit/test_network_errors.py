@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from envbuilder.backends.network import network_error
-from envbuilder.errors import CommandFailed, NetworkError
+from envbuilder.core.errors import CommandFailed, NetworkError
 
 PIP = """WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) after connection \
 broken by 'NewConnectionError('<pip._vendor.urllib3.connection.HTTPSConnection object at 0x7f>: Failed to establish \

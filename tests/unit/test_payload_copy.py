@@ -7,8 +7,8 @@ import os
 import stat
 import time
 
-from envbuilder import purge
 from envbuilder.payloads import _deploy
+from envbuilder.system import purge
 
 
 def test_an_env_s_payloads_have_fresh_times_and_their_modes(tmp_path, monkeypatch):

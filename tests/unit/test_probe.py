@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from envbuilder.errors import HostProbeError
-from envbuilder.facts import facts_from_json
-from envbuilder.host import load_facts_file, probe
+from envbuilder.core.errors import HostProbeError
+from envbuilder.core.facts import facts_from_json
+from envbuilder.system.host import load_facts_file, probe
 
 SHIMS = REPO / "tests" / "shims"
 

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from envbuilder import proc
-from envbuilder.errors import CommandFailed
+from envbuilder.core.errors import CommandFailed
+from envbuilder.system import proc
 
 # The SIGINT is sent from a fork callback in the parent, the moment where Python prints a KeyboardInterrupt as
 # "Exception ignored" and drops it. Before the fix, proc.run then waited out the whole child.
 SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time
-    from envbuilder import proc
+    from envbuilder.system import proc
     os.register_at_fork(after_in_parent=lambda: os.kill(os.getpid(), signal.SIGINT))
     t = time.monotonic()
     try:
@@ -53,7 +53,7 @@ def test_ctrl_c_during_the_fork_interrupts_and_kills_the_child(how):
 TREE = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time
-    from envbuilder import proc
+    from envbuilder.system import proc
     grandchild = (
         "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)"
@@ -196,7 +196,7 @@ def test_a_background_command_overlaps_and_one_left_uncollected_is_ended(tmp_pat
 ORPHAN = textwrap.dedent(
     """
     import os, signal, sys, time
-    from envbuilder import proc
+    from envbuilder.system import proc
     os.register_at_fork(after_in_child=lambda: time.sleep(0.5))
     os.register_at_fork(after_in_parent=lambda: os.kill(os.getpid(), signal.SIGKILL))
     proc.run(["sh", "-c", 'sleep 1; echo survived > "$0"', sys.argv[1]])

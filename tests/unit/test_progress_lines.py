@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from envbuilder.cli import progress
+from envbuilder.system import progress
 from envbuilder.validate import runner
 
 

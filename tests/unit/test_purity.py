@@ -1,4 +1,4 @@
-"""Pure modules stay pure: importing one never brings in ``subprocess``, ``envbuilder.proc`` or ``urllib.request``,
+"""Pure modules stay pure: importing one never brings in ``subprocess``, ``envbuilder.system.proc`` or ``urllib.request``,
 directly or through another module.
 
 Each module is imported in a fresh interpreter (the test runner has long since imported everything), with a hook on
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-BANNED = ("subprocess", "envbuilder.proc", "urllib.request")
+BANNED = ("subprocess", "envbuilder.system.proc", "urllib.request")
 
 #: Pure by design, and checked so: they compute, and the caller brings what was probed or read.
 PURE = (
-    "envbuilder.facts",
-    "envbuilder.settings",  # every path from the environment mapping it is handed
+    "envbuilder.core.facts",
+    "envbuilder.core.settings",  # every path from the environment mapping it is handed
     "envbuilder.resolver.matrix",  # reads its table from package data, no process or network
     "envbuilder.resolver.gates",
     "envbuilder.resolver.wheels",
@@ -32,21 +32,21 @@ PURE = (
     "envbuilder.resolver.indexfacts",
     "envbuilder.resolver.mirror",
     "envbuilder.resolver.yanked",
-    "envbuilder.validate.launchers",
-    "envbuilder.validate.schedulers",
-    "envbuilder.validate.checks",
+    "envbuilder.core.launchers",
+    "envbuilder.core.schedulers",
+    "envbuilder.core.checks",
     "envbuilder.validate.suite",
     "envbuilder.plan.steps",
     "envbuilder.plan.target",
     "envbuilder.plan.activation",
     "envbuilder.plan.record",
-    "envbuilder.validate.batch",
+    "envbuilder.render.batch",
     "envbuilder.recipe.schema",
     "envbuilder.recipe.spec",
     "envbuilder.recipe.schemajson",
-    "envbuilder.recipe.values",
-    "envbuilder.modulefile",
-    "envbuilder.activate_scripts",  # reads its templates from package data
+    "envbuilder.core.values",
+    "envbuilder.render.modulefile",
+    "envbuilder.render.activate_scripts",  # reads its templates from package data
     "envbuilder.validate.report",
     "envbuilder.validate.affinity",
     "envbuilder.lockfile",  # the package's face: what it re-exports from the three below
@@ -61,11 +61,11 @@ PURE = (
     "envbuilder.recipe.loader",  # the catalog reads the files and the registry verifies them; loading only merges
     "envbuilder.recipe.document",  # what the loader is handed
     "envbuilder.recipe.schemacheck",
-    "envbuilder.errors",
-    "envbuilder._toml",
+    "envbuilder.core.errors",
+    "envbuilder.core._toml",
     "envbuilder.cli.tables",  # lays rows out; rich renders them
-    "envbuilder.structs",
-    "envbuilder.shells.registry",  # every shell adapter, and the registry the rest reads them from
+    "envbuilder.core.structs",
+    "envbuilder.core.shells.registry",  # every shell adapter, and the registry the rest reads them from
 )
 
 #: Third-party imports of a banned module, allowed by name of the importer only. packaging.specifiers and
@@ -181,8 +181,8 @@ def test_pure_module_imports_no_process_or_network(module: str) -> None:
 
 
 BAD = {
-    "direct": "from envbuilder import proc\n",
-    "direct_dotted": "import envbuilder.proc\n",
+    "direct": "from envbuilder.system import proc\n",
+    "direct_dotted": "import envbuilder.system.proc\n",
     "through_another": "import purity_helper\n",
     "subprocess_after_packaging": "import packaging.specifiers\nimport subprocess\n",
     "network": "from urllib import request\n",
@@ -192,15 +192,15 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_checker_flags_a_violation(tmp_path: Path, case: str) -> None:
-    (tmp_path / "purity_helper.py").write_text("from envbuilder.proc import run\n", encoding="utf-8")
+    (tmp_path / "purity_helper.py").write_text("from envbuilder.system.proc import run\n", encoding="utf-8")
     (tmp_path / "purity_bad.py").write_text(
-        "from envbuilder.facts import HostFacts\n" + BAD[case], encoding="utf-8"
+        "from envbuilder.core.facts import HostFacts\n" + BAD[case], encoding="utf-8"
     )
     problems = import_violations("purity_bad", [tmp_path])
     expected = {
-        "direct": "envbuilder.proc imported by purity_bad",
-        "direct_dotted": "envbuilder.proc imported by purity_bad",
-        "through_another": "envbuilder.proc imported by purity_helper",
+        "direct": "envbuilder.system.proc imported by purity_bad",
+        "direct_dotted": "envbuilder.system.proc imported by purity_bad",
+        "through_another": "envbuilder.system.proc imported by purity_helper",
         "subprocess_after_packaging": "subprocess imported by purity_bad",
         "network": "urllib.request imported by purity_bad",
         "inside_a_function": "subprocess imported by purity_bad (line 3)",
@@ -211,7 +211,7 @@ def test_checker_flags_a_violation(tmp_path: Path, case: str) -> None:
 def test_checker_passes_a_clean_module(tmp_path: Path) -> None:
     # The same harness on a module with only pure imports (packaging's own subprocess import included).
     (tmp_path / "purity_clean.py").write_text(
-        "import packaging.specifiers\nfrom envbuilder.facts import HostFacts\nfrom envbuilder.resolver import wheels\n",
+        "import packaging.specifiers\nfrom envbuilder.core.facts import HostFacts\nfrom envbuilder.resolver import wheels\n",
         encoding="utf-8",
     )
     assert import_violations("purity_clean", [tmp_path]) == []

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import removal
-from envbuilder.errors import UnsafePath
+from envbuilder.core.errors import UnsafePath
+from envbuilder.system import removal
 
 
 def _user_data(root: Path) -> dict[str, str]:
@@ -76,7 +76,7 @@ def test_a_directory_swapped_for_a_link_after_it_was_listed_is_not_followed(tmp_
 
 
 def test_a_discarded_link_is_refused_where_a_directory_is_meant(tmp_path):
-    from envbuilder import transaction
+    from envbuilder.system import transaction
 
     user = tmp_path / "user"
     files = _user_data(user)

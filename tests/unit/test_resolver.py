@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 from packaging.version import Version
 
-from envbuilder.errors import ResolverErrors
-from envbuilder.facts import Gpu, HostFacts
+from envbuilder.core.errors import ResolverErrors
+from envbuilder.core.facts import Gpu, HostFacts
 from envbuilder.resolver.wheels import TorchRequest, covers, gpu_capability, load_matrix, resolve
 
 M = load_matrix()

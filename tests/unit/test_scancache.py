@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder.errors import RecipeError
+from envbuilder.core.errors import RecipeError
 from envbuilder.recipe.catalog import Catalog, Layer
 
 RECIPE = '[recipe]\nname = "{name}"\ndescription = "{desc}"\n\n[site]\nname = "demo"\n'

@@ -16,9 +16,12 @@ from typing import Optional
 import pytest
 
 import envbuilder
-from envbuilder import host, staging, state
-from envbuilder.validate import batch, runner, schedulers, suite
-from envbuilder.validate.launchers import ShellVar
+from envbuilder.core import schedulers
+from envbuilder.core.launchers import ShellVar
+from envbuilder.render import batch
+from envbuilder.scale import staging
+from envbuilder.system import host, state
+from envbuilder.validate import runner, suite
 
 PACKAGE = Path(envbuilder.__file__).parent
 
@@ -26,7 +29,7 @@ PACKAGE = Path(envbuilder.__file__).parent
 #: - payloads/: standard-library scripts run by the env's own python on the nodes (no envbuilder there); the
 #:   rank variables they read are the launchers' (srun's SLURM_PROCID beside MPI's);
 #: - cli/helptext.py: the --help and man text that documents the variables, imported at start-up with nothing else.
-EXEMPT = ("validate/schedulers.py", "payloads/", "cli/helptext.py")
+EXEMPT = ("core/schedulers.py", "payloads/", "cli/helptext.py")
 
 _VARIABLE = re.compile(r"(SLURM|PBS)_[A-Z0-9_]+")
 _NAMES = {"slurm", "pbs"}

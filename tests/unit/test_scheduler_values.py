@@ -15,12 +15,13 @@ import pytest
 from helpers import PLAN_ENV, run_cli
 
 from envbuilder import plan
-from envbuilder.errors import RecipeError, UsageError
-from envbuilder.facts import HostFacts
-from envbuilder.recipe import loader, values
+from envbuilder.core import schedulers, values
+from envbuilder.core.errors import RecipeError, UsageError
+from envbuilder.core.facts import HostFacts
+from envbuilder.core.launchers import LaunchSpec
+from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, Layer
-from envbuilder.validate import batch, schedulers
-from envbuilder.validate.launchers import LaunchSpec
+from envbuilder.render import batch
 
 SLURM, PBS = schedulers.SCHEDULERS["slurm"], schedulers.SCHEDULERS["pbs"]
 HOST = HostFacts(arch="x86_64", python="3.11.7", gpus=())

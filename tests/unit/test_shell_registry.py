@@ -1,7 +1,7 @@
 """The shells' registry is the one extension point for a shell: a shell registered there (here a throwaway one,
 for this test only) gets its activate scripts in every kind of env, its activate line (from a real venv, sourced
 by a real shell), its image scripts, the CLI's ``--shell`` and ``completion`` choices and its name completer,
-without another module naming it. And no module outside ``envbuilder/shells/`` names a shell."""
+without another module naming it. And no module outside ``envbuilder/core/shells/`` names a shell."""
 
 from __future__ import annotations
 
@@ -13,16 +13,18 @@ import subprocess
 import sys
 
 import pytest
+from envbuilder.core.shells.base import IF_PRESENT, Shell, Syntax
 from helpers import REPO, run_cli
 
-from envbuilder import activate_scripts, activation, image
+from envbuilder.build import activation
 from envbuilder.cli import completion
 from envbuilder.cli.helptext import subcommands
 from envbuilder.cli.parser import build_parser
-from envbuilder.errors import StateError
+from envbuilder.core.errors import StateError
+from envbuilder.core.shells import registry
 from envbuilder.plan.activation import Activation
-from envbuilder.shells import registry
-from envbuilder.shells.base import IF_PRESENT, Shell, Syntax
+from envbuilder.render import activate_scripts
+from envbuilder.scale import image
 
 #: A throwaway POSIX dialect: the POSIX template under its own suffix and activate script, read with `.`.
 EBT = Syntax(
@@ -121,7 +123,7 @@ def test_a_name_is_registered_once():
 
 #: Modules that run bash themselves (not a user's shell): a child bash reads the module system's init for bash;
 #: batch scripts are bash scripts. Each may name bash, and no other shell.
-OWN_BASH = {"envbuilder/modules.py", "envbuilder/validate/batch.py"}
+OWN_BASH = {"envbuilder/system/modules.py", "envbuilder/render/batch.py"}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -154,7 +156,7 @@ def test_no_module_outside_the_registry_names_a_shell():
     found = []
     for path in sorted((REPO / "envbuilder").rglob("*.py")):
         rel = path.relative_to(REPO).as_posix()
-        if rel.startswith("envbuilder/shells/"):
+        if rel.startswith("envbuilder/core/shells/"):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         docstrings = _docstrings(tree)
@@ -163,4 +165,4 @@ def test_no_module_outside_the_registry_names_a_shell():
                 for match in named.finditer(word):
                     if not (rel in OWN_BASH and match.group(1).lower() == "bash"):
                         found.append(f"{rel}:{getattr(node, 'lineno', '?')}: {word[:60]!r}")
-    assert not found, "a shell named outside envbuilder/shells/ (ask the registry):\n" + "\n".join(found)
+    assert not found, "a shell named outside envbuilder/core/shells/ (ask the registry):\n" + "\n".join(found)

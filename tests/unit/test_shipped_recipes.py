@@ -15,7 +15,7 @@ import pytest
 from helpers import PLAN_ENV, REPO, load_facts
 
 from envbuilder import plan
-from envbuilder._toml import loads
+from envbuilder.core._toml import loads
 from envbuilder.recipe import loader, schemajson
 from envbuilder.recipe.catalog import Catalog
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from envbuilder import state
 from envbuilder.backends.smoke import writes_bytecode
+from envbuilder.system import state
 
 
 def _record(**plan: object) -> state.EnvRecord:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envbuilder import image, staging
+from envbuilder.scale import image, staging
 
 KEY = "vcpu-0123456789abcdef"
 

@@ -76,4 +76,4 @@ def test_a_pure_doctor_module_comes_without_the_io_one() -> None:
     modules, _ = loaded_by("--import", "envbuilder.doctor.report")
     assert "envbuilder.doctor.report" in modules
     assert "envbuilder.doctor.collect" not in modules
-    assert "envbuilder.proc" not in modules
+    assert "envbuilder.system.proc" not in modules

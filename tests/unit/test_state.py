@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from envbuilder import fsutil, settings, state
-from envbuilder.errors import StateError
+from envbuilder.core import settings
+from envbuilder.core.errors import StateError
+from envbuilder.system import fsutil, state
 
 
 def record(name="vista-venv-cu124", **kw):
@@ -65,7 +66,7 @@ def test_killed_writer_never_exposes_a_partial_record(tmp_path):
     # A real process writing a large record is killed at once; the reader sees the old record or the new one.
     state.save(tmp_path, record(prefix="/old"))
     code = (
-        "import sys; from envbuilder import state;"
+        "import sys; from envbuilder.system import state;"
         "r = state.EnvRecord('vista-venv-cu124','r','d','/new','t', plan={'x': 'y' * 50_000_000});"
         "state.save(__import__('pathlib').Path(sys.argv[1]), r)"
     )
@@ -124,7 +125,7 @@ def test_held_mutex_times_out_naming_the_holder(tmp_path):
     waited = []
     with state.mutex(tmp_path, "env"):
         code = (
-            "import sys, pathlib; from envbuilder import state\n"
+            "import sys, pathlib; from envbuilder.system import state\n"
             "try:\n"
             "    with state.mutex(pathlib.Path(sys.argv[1]), 'env', timeout=0.5): pass\n"
             "except Exception as e:\n"

@@ -10,8 +10,9 @@ from typing import Optional
 import pytest
 from sharedfs import give_to, other_user
 
-from envbuilder import image, strictmodes
-from envbuilder.errors import RecipeError, UnsafePath
+from envbuilder.core.errors import RecipeError, UnsafePath
+from envbuilder.scale import image
+from envbuilder.system import strictmodes
 
 
 def _refused(target: Path, *, root: Optional[Path] = None, **kw: object) -> UnsafePath:

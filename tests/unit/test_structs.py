@@ -1,4 +1,4 @@
-"""envbuilder.structs.dataclass behaves as the standard library's decorator: each class shape below is made by
+"""envbuilder.core.structs.dataclass behaves as the standard library's decorator: each class shape below is made by
 both, and what an instance shows, compares and hashes as is the same (or fails the same way)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any, Optional
 
 import pytest
 
-from envbuilder import structs
-from envbuilder.structs import dataclass as ours
+from envbuilder.core import structs
+from envbuilder.core.structs import dataclass as ours
 
 DECORATORS = {"stdlib": dataclasses.dataclass, "envbuilder": ours}
 
@@ -136,7 +136,7 @@ def test_the_standard_helpers_still_work():
 
 
 def test_envbuilder_classes_pickle_and_compare():
-    from envbuilder.facts import Gpu  # a frozen dataclass made by structs
+    from envbuilder.core.facts import Gpu  # a frozen dataclass made by structs
 
     gpu = Gpu(name="NVIDIA H200", memory_mib=143771)
     assert pickle.loads(pickle.dumps(gpu)) == gpu  # noqa: S301 - its own bytes, just made

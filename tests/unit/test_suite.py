@@ -9,12 +9,14 @@ import pytest
 from helpers import PLAN_ENV, REPO, load_facts
 
 from envbuilder import plan
-from envbuilder.errors import RecipeError, UsageError
+from envbuilder.core import checks, schedulers
+from envbuilder.core.errors import RecipeError, UsageError
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.validate import batch, checks, runner, schedulers, suite
+from envbuilder.render import batch
+from envbuilder.validate import runner, suite
 
 CATALOG = Catalog.from_env({})
 

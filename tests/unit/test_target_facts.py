@@ -10,8 +10,8 @@ import pytest
 from helpers import PLAN_ENV
 
 from envbuilder import plan
-from envbuilder.errors import ResolverErrors
-from envbuilder.facts import HostFacts
+from envbuilder.core.errors import ResolverErrors
+from envbuilder.core.facts import HostFacts
 from envbuilder.plan import target
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog

@@ -10,8 +10,8 @@ import pytest
 
 from envbuilder.backends import torchbuild
 from envbuilder.backends.torchbuild import Build, Expected, compare
-from envbuilder.errors import LockError
-from envbuilder.facts import Gpu, HostFacts
+from envbuilder.core.errors import LockError
+from envbuilder.core.facts import Gpu, HostFacts
 from envbuilder.lockfile import LockedFile, LockedPackage, PlatformLock
 from envbuilder.resolver.mirror import PYPI
 

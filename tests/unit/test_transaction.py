@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder import state, transaction
-from envbuilder.errors import StateError
+from envbuilder.core.errors import StateError
+from envbuilder.system import state, transaction
 
 
 def _tree(root: Path, tag: str) -> Path:
@@ -39,7 +39,7 @@ def _beside(final: Path) -> list[str]:
 CHILD = textwrap.dedent(
     """
     import os, pathlib, signal, sys
-    from envbuilder import removal, transaction
+    from envbuilder.system import removal, transaction
 
     final, point = pathlib.Path(sys.argv[1]), sys.argv[2]
     die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)

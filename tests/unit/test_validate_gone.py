@@ -6,7 +6,7 @@ from pathlib import Path
 
 from helpers import run_cli, user_env
 
-from envbuilder import state
+from envbuilder.system import state
 
 
 def test_validate_refuses_an_env_whose_prefix_is_gone(tmp_path: Path) -> None:
