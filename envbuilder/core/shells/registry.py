@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Optional
 
-from envbuilder.core.shells.base import VENV_HOOKS, Shell, Syntax
-
 from envbuilder.core.shells import csh, fish, posix
+from envbuilder.core.shells.base import VENV_HOOKS, Shell, Syntax
 
 #: The adapter modules, in the order their shells are offered; each has ``SHELLS``, its shells.
 _ADAPTERS = (posix, fish, csh)
