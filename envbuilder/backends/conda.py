@@ -21,10 +21,10 @@ from typing import Optional
 from envbuilder import lockfile
 from envbuilder.backends.base import Backend, Build, describe, step_argv, step_env, written_dirs
 from envbuilder.backends.buildlog import run_logged
-from envbuilder.backends.registry import AUTO, CLI_ENGINES, RATTLER
 from envbuilder.build import activation
 from envbuilder.core import settings
 from envbuilder.core.errors import BackendError, CommandFailed, NetworkError
+from envbuilder.core.kinds import AUTO, CLI_ENGINES, RATTLER
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import InstallStep
 from envbuilder.system import proc, progress, relocate

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder import payloads
-from envbuilder.backends import base, installers, registry, torchbuild
+from envbuilder.backends import base, installers, lookup, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.backup import Backup, archive, pack_workers, verify, wheelhouse
 from envbuilder.build import activation
-from envbuilder.core import settings
+from envbuilder.core import kinds, settings
 from envbuilder.core.errors import BackupError, StateError
 from envbuilder.core.structs import dataclass
 from envbuilder.plan.activation import Activation
@@ -213,9 +213,9 @@ def _wheelhouse(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
     """Build the env at ``partial`` from its recorded commands and the backed-up wheels; its record."""
     b, old, modules, step = job.b, job.old, job.modules, job.step
     plan = old.plan
-    if not registry.kind_info(old.kind).venv:
+    if not kinds.kind_info(old.kind).venv:
         raise BackupError(f"a wheelhouse backup of a {old.kind} env cannot be restored by this release")
-    backend = registry.backend(old.kind)()
+    backend = lookup.backend(old.kind)()
     build, delta = _prepare(job, partial, log, backend)
     # The recorded command, for the env's recorded prefix: built here instead.
     recorded = base.rebase(plan["install_commands"][0], old.prefix, str(partial))

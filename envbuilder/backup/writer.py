@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder import __version__
-from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
 from envbuilder.backup.catalog import BACKUP_VERSION, Backup, backups, checksum, load
-from envbuilder.core import settings
+from envbuilder.core import kinds, settings
 from envbuilder.core.errors import BackupError, CommandFailed, DiskError, EnvbuilderError
 from envbuilder.core.structs import dataclass
 from envbuilder.system import fsutil, removal, state, transaction
@@ -161,7 +160,7 @@ def _refuse_unbackable(record: state.EnvRecord, prefix: Path, mode: str) -> None
             hint=f"envbuilder restore {record.name} --force (from an earlier backup) or "
             f"envbuilder create {record.name} --force",
         )
-    if mode == "wheelhouse" and not registry.kind_info(record.kind).venv:
+    if mode == "wheelhouse" and not kinds.kind_info(record.kind).venv:
         raise BackupError(
             f"{record.name} is a {record.kind} env: a wheelhouse backup holds venvs (their wheels)",
             hint=f"envbuilder backup {record.name} --mode archive",
@@ -311,4 +310,4 @@ def make_all(
 
 def default_mode(record: state.EnvRecord) -> str:
     """A wheelhouse for an env of wheels (venvs), else an archive."""
-    return "wheelhouse" if registry.kind_info(record.kind).venv else "archive"
+    return "wheelhouse" if kinds.kind_info(record.kind).venv else "archive"

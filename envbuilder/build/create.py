@@ -28,11 +28,11 @@ from typing import Any, Callable, Optional
 from packaging.utils import canonicalize_name
 
 from envbuilder import __version__, lockfile, payloads
-from envbuilder.backends import base, installers, registry, torchbuild
+from envbuilder.backends import base, installers, lookup, torchbuild
 from envbuilder.backends.buildlog import BuildLog, open_log, world_write_swept
 from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.build import activation
-from envbuilder.core import settings
+from envbuilder.core import kinds, settings
 from envbuilder.core.errors import BackendError, LockError, StateError, UsageError
 from envbuilder.core.structs import dataclass
 from envbuilder.lockfile import applicability
@@ -196,7 +196,7 @@ def smoke_recorded(
         base_env,
     )
     act = activation.from_plan(record.activation or Activation(), modules.init_dir, record.recipe)
-    site_python = None if registry.kind_info(record.kind).own_python else record.tools.get("python_path")
+    site_python = None if kinds.kind_info(record.kind).own_python else record.tools.get("python_path")
     run_env = activated_env(base_env, delta, act)
     return smoke(record, Path(record.prefix), run_env, site_python=site_python, log=log, home=home, gpus=gpus)
 
@@ -254,7 +254,7 @@ def _cloning(plan: Plan) -> bool:
 
 
 def _backend(plan: Plan) -> base.Backend:
-    backend = registry.backend(plan.kind, "clone" if _cloning(plan) else "venv")
+    backend = lookup.backend(plan.kind, "clone" if _cloning(plan) else "venv")
     return backend(plan.system_site_packages, plan.target.arch or "", plan.lock_conda)
 
 
@@ -325,7 +325,7 @@ def _install(job: _Job, backend: base.Backend, build: base.Build) -> None:
     for step in steps[1 if first else 0 :]:
         backend.install(build, step, _step_env(job, build, step))
     # An overlay env's installer counts the site python's packages as installed (pip --user skips them).
-    if job.plan.locked is not None and registry.kind_info(job.plan.kind).own_python:
+    if job.plan.locked is not None and kinds.kind_info(job.plan.kind).own_python:
         _check_locked(job.plan.locked, build)
 
 

@@ -122,7 +122,7 @@ def _add_create(sub: _Sub) -> None:
     p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
     p.add_argument(
         "--installer",
-        choices=Choices("envbuilder.backends.registry", "INSTALLERS"),
+        choices=Choices("envbuilder.core.kinds", "INSTALLER_NAMES"),
         metavar="INSTALLER",
         help="override the recipe's installer: %(choices)s",
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from envbuilder import backup, lockfile
-from envbuilder.backends import registry
+from envbuilder.core import kinds
 from envbuilder.core.errors import CommandFailed, EnvbuilderError, StateError
 from envbuilder.doctor.findings import ACTION, Finding
 from envbuilder.doctor.replan import PythonState
@@ -52,7 +52,7 @@ def env_lib_dirs(record: EnvRecord) -> tuple[str, ...]:
         dirs += sorted(str(d) for d in site.glob("nvidia/*/lib") if d.is_dir())
         if (site / "torch" / "lib").is_dir():
             dirs.append(str(site / "torch" / "lib"))
-    if registry.kind_info(record.kind).conda and (prefix / "lib").is_dir():
+    if kinds.kind_info(record.kind).conda and (prefix / "lib").is_dir():
         dirs.append(str(prefix / "lib"))
     return tuple(dirs)
 
@@ -62,9 +62,7 @@ def python_state(record: EnvRecord, env: Mapping[str, str]) -> PythonState:
     the environment its modules gave the build)."""
     tools = record.tools or {}
     base = str(tools.get("python_path") or "")
-    python = (
-        str(Path(record.prefix) / "bin" / "python") if registry.kind_info(record.kind).own_python else base
-    )
+    python = str(Path(record.prefix) / "bin" / "python") if kinds.kind_info(record.kind).own_python else base
     exists = bool(base) and Path(base).exists()
     if not Path(record.prefix).is_dir() or (base and not exists):
         return PythonState(base, exists, python)

@@ -12,8 +12,8 @@ from packaging.markers import Marker
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from envbuilder.backends.registry import kind_info
 from envbuilder.core.errors import LockError
+from envbuilder.core.kinds import kind_info
 from envbuilder.core.structs import dataclass
 from envbuilder.lockfile import targets
 from envbuilder.lockfile.model import Lock, LockedPackage, LockSummary, PlatformLock

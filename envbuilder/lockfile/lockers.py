@@ -18,9 +18,9 @@ from envbuilder import __version__
 from envbuilder import plan as planner
 from envbuilder.backends import conda, network, torchbuild, uvcache
 from envbuilder.backends.installers import uv_binary
-from envbuilder.backends.registry import AUTO, RATTLER, kind_info
 from envbuilder.core.errors import CommandFailed, EnvbuilderError, LockError
 from envbuilder.core.facts import HostFacts
+from envbuilder.core.kinds import AUTO, RATTLER, kind_info
 from envbuilder.lockfile.model import (
     ARCHES,
     Lock,

@@ -8,8 +8,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from envbuilder.backends.registry import kind_info
 from envbuilder.core.errors import LockError, did_you_mean
+from envbuilder.core.kinds import kind_info
 from envbuilder.lockfile.model import ARCHES
 
 _ALIASES = {"arm64": "aarch64", "amd64": "x86_64", "x86-64": "x86_64"}

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import TYPE_CHECKING, Optional, TypedDict
 
-from envbuilder.backends.registry import kind_info
 from envbuilder.core.errors import RecipeError
+from envbuilder.core.kinds import kind_info
 from envbuilder.core.structs import dataclass
 from envbuilder.core.values import (
     require_carriable,

@@ -14,9 +14,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder import lockfile
-from envbuilder.backends.registry import AUTO, CLI_ENGINES, kind_info
 from envbuilder.core import launchers
 from envbuilder.core.facts import HostFacts
+from envbuilder.core.kinds import AUTO, CLI_ENGINES, kind_info
 from envbuilder.core.structs import dataclass
 from envbuilder.lockfile import applicability
 from envbuilder.plan.activation import activation_for

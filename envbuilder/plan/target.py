@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
 
-from envbuilder.backends.registry import kind_info
 from envbuilder.core.facts import Gpu, HostFacts
+from envbuilder.core.kinds import kind_info
 from envbuilder.core.structs import dataclass
 from envbuilder.recipe import sections
 from envbuilder.recipe.schema import SOURCED_FACTS, UNKNOWN

@@ -19,9 +19,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder.backends.registry import kind_info
 from envbuilder.core import checks, launchers
 from envbuilder.core.errors import RecipeError, did_you_mean
+from envbuilder.core.kinds import kind_info
 from envbuilder.core.structs import dataclass
 from envbuilder.recipe import schema, schemacheck, sections
 from envbuilder.recipe.document import Document, Documents

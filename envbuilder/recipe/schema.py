@@ -13,8 +13,7 @@ from typing import Any, Optional
 
 from packaging.utils import canonicalize_name
 
-from envbuilder.backends import registry as backends
-from envbuilder.core import launchers, schedulers
+from envbuilder.core import kinds, launchers, schedulers
 from envbuilder.core.errors import did_you_mean
 from envbuilder.core.values import (
     CONDA_ENV,
@@ -372,16 +371,16 @@ SCHEMA = Table(
         ),
         "env": Table(
             {
-                "kind": Field(str, choices=tuple(backends.KINDS)),
+                "kind": Field(str, choices=tuple(kinds.KINDS)),
                 "prefix": Field(str, "where the env goes; ${VAR} and {name} expand"),
                 "filesystem": Field(str, "the filesystems entry the prefix lives on"),
                 "system_site_packages": Field(bool, "see the site python's packages (overlay, Cirrus)"),
                 "overlay": Field(
                     str,
                     "overlay envs: a venv on top of the site python (default), or a clone of its env",
-                    choices=tuple(backends.OVERLAYS),
+                    choices=tuple(kinds.OVERLAYS),
                 ),
-                "installer": Field(str, choices=tuple(backends.INSTALLERS)),
+                "installer": Field(str, choices=kinds.INSTALLER_NAMES),
             }
         ),
         "python": Table(
@@ -403,7 +402,7 @@ SCHEMA = Table(
                 "packages": Field(
                     list, "conda packages besides python and pip", items=str, rule=NOT_AN_OPTION
                 ),
-                "engine": Field(str, choices=backends.ENGINES),
+                "engine": Field(str, choices=kinds.ENGINES),
             }
         ),
         "torch": Table(

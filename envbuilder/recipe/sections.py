@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import field, fields
 from typing import Any, ClassVar, Optional, Protocol, TypeVar
 
-from envbuilder.backends.registry import AUTO
 from envbuilder.core.checks import DEFAULTS as DEFAULT_CHECKS
+from envbuilder.core.kinds import AUTO
 from envbuilder.core.structs import dataclass
 
 _SEED = "seed"

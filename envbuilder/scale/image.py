@@ -23,9 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder.backends import registry
 from envbuilder.backup import archive, wheelhouse
-from envbuilder.core import settings
+from envbuilder.core import kinds, settings
 from envbuilder.core.errors import StateError
 from envbuilder.core.shells import registry as shells
 from envbuilder.core.structs import dataclass
@@ -105,7 +104,7 @@ def freshness(record: state.EnvRecord) -> Freshness:
 
 def refusal(record: state.EnvRecord) -> Optional[str]:
     """Why the env cannot be used from an image mounted elsewhere (None: it can)."""
-    kind = registry.kind_info(record.kind)
+    kind = kinds.kind_info(record.kind)
     if kind.overlay:
         return (
             "it is an overlay env: it uses the site's python and packages outside its own directory, "

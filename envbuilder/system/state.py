@@ -11,8 +11,7 @@ from dataclasses import asdict, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from envbuilder.backends import registry
-from envbuilder.core import settings
+from envbuilder.core import kinds, settings
 from envbuilder.core.errors import EnvNotFound, StateError, did_you_mean
 from envbuilder.core.structs import dataclass
 from envbuilder.system import strictmodes
@@ -166,7 +165,7 @@ def health(record: EnvRecord) -> Health:
     missing: list[str] = []
     #: What a link of the env leads to that this host lacks (a python built on another host), in words.
     elsewhere = ""
-    if registry.kind_info(record.kind).own_python:
+    if kinds.kind_info(record.kind).own_python:
         for rel in ("bin/python", "bin/activate"):
             path = prefix / rel
             if not path.exists():

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from envbuilder import payloads
-from envbuilder.backends import registry
-from envbuilder.core import schedulers
+from envbuilder.core import kinds, schedulers
 from envbuilder.core.errors import UsageError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
@@ -96,7 +95,7 @@ def prepare(
     if recipe.launcher.gpu_affinity != "none" and not shape.launcher.agent and shape.gpus:
         affinity = (str(wrapper_dir / "gpu_affinity.sh"), recipe.launcher.gpu_affinity)
     program = suite.Program(request.program, python=request.program[0].endswith(".py"))
-    own_python = registry.kind_info(record.kind).own_python
+    own_python = kinds.kind_info(record.kind).own_python
     python = (
         str(prefix / "bin" / "python") if own_python else str(record.tools.get("python_path") or "python3")
     )

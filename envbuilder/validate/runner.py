@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from envbuilder import payloads, plan
-from envbuilder.backends import registry
-from envbuilder.core import launchers, schedulers
+from envbuilder.core import kinds, launchers, schedulers
 from envbuilder.core.errors import CommandFailed, StateError, UsageError, ValidationFailed
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
@@ -118,7 +117,7 @@ def run(
         fs=suite.filesystems(recipe, env, plan.expand),
         timeout=timeout,
     )
-    own_python = registry.kind_info(record.kind).own_python
+    own_python = kinds.kind_info(record.kind).own_python
     python = str(prefix / "bin" / "python") if own_python else _site_python(record)
     the_launch = suite.launch(
         recipe,
@@ -210,7 +209,7 @@ def environment(
     load = suite.job_modules(recipe, activate)
     out = modules.apply(use, load, base, conda_env=activate.conda_env).apply(base)
     out = activate.apply(out)
-    if registry.kind_info(record.kind).own_python:
+    if kinds.kind_info(record.kind).own_python:
         out["VIRTUAL_ENV"] = record.prefix
     else:
         out["PYTHONUSERBASE"] = record.prefix
@@ -252,7 +251,7 @@ def python_here(record: state.EnvRecord, python: str, host: HostFacts) -> None:
     """Refuses a run here where the env's own python is a link to an interpreter this host does not have (the
     env was built on another host, such as a login node whose Python the compute nodes lack)."""
     link = Path(python)
-    if not registry.kind_info(record.kind).own_python or link.exists() or not link.is_symlink():
+    if not kinds.kind_info(record.kind).own_python or link.exists() or not link.is_symlink():
         return
     built = record.facts or {}
     where = f" on {built['hostname']}" if built.get("hostname") else ""

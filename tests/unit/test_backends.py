@@ -1,4 +1,5 @@
-"""The backend registry (one source of kind, installer and engine names) and the backend protocol's dispatch: each
+"""The registry of names (``core.kinds``: one source of kind, installer and engine names), the backends and
+installers that carry those names, and the backend protocol's dispatch: each
 kind gets its backend, and a backend builds with the installer it is handed (real uv, offline)."""
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ import pytest
 from wheelindex import build_wheel
 
 from envbuilder import cli
-from envbuilder.backends import base, buildlog, conda, installers, registry, venv
+from envbuilder.backends import base, buildlog, conda, installers, lookup, venv
 from envbuilder.cli import parser as cliparser
-from envbuilder.core import settings
+from envbuilder.core import kinds, settings
 from envbuilder.core.errors import EXIT_USAGE
 from envbuilder.plan.steps import InstallStep
 from envbuilder.recipe import schemajson
 from envbuilder.system import proc
 
+#: Prints the envbuilder.backends modules that importing core.kinds loads.
+_LOADED_BY_KINDS = "import sys, envbuilder.core.kinds; print(*sorted(m for m in sys.modules if m.startswith('envbuilder.backends')))"
 PLANNED = "/scratch/u1/envs/t"  # the prefix the plan's commands name; the build happens elsewhere
 
 
@@ -29,18 +32,31 @@ def test_every_kind_and_overlay_way_has_its_backend():
         "user-prefix": venv.UserPrefixBackend,
         "conda": conda.CondaBackend,
     }
-    assert {kind: registry.backend(kind) for kind in registry.KINDS} == expected
-    assert registry.backend("overlay", "clone") is conda.CloneBackend
-    assert registry.backend("overlay", "venv") is venv.VenvBackend
+    assert {kind: lookup.backend(kind) for kind in kinds.KINDS} == expected
+    assert lookup.backend("overlay", "clone") is conda.CloneBackend
+    assert lookup.backend("overlay", "venv") is venv.VenvBackend
     assert all(issubclass(cls, base.Backend) for cls in expected.values())
+
+
+def test_the_names_in_core_kinds_are_the_names_of_the_classes_that_build(tmp_path):
+    # core.kinds names installers and backends without importing them; each name must reach its class.
+    assert tuple(installers.INSTALLERS) == kinds.INSTALLER_NAMES
+    assert all(i.name == name for name, i in installers.INSTALLERS.items())
+    assert {i.fallback for i in installers.INSTALLERS.values()} - {None} <= set(kinds.INSTALLER_NAMES)
+    named = {*(k.backend for k in kinds.KINDS.values()), *kinds.OVERLAYS.values()}
+    modules = {"venv": venv, "conda": conda}
+    assert all(issubclass(getattr(modules[module], cls), base.Backend) for module, cls in named)
+    # core.kinds stays below the backends: importing it alone loads none of them.
+    out = proc.run([sys.executable, "-c", _LOADED_BY_KINDS], env=dict(os.environ), cwd=str(tmp_path)).stdout
+    assert out.split() == []
 
 
 def test_the_schema_and_the_cli_offer_the_registrys_names(capsys):
     props = schemajson.json_schema()["properties"]
-    assert props["env"]["properties"]["kind"]["enum"] == list(registry.KINDS)
-    assert props["env"]["properties"]["installer"]["enum"] == list(registry.INSTALLERS)
-    assert props["env"]["properties"]["overlay"]["enum"] == list(registry.OVERLAYS)
-    assert props["conda"]["properties"]["engine"]["enum"] == list(registry.ENGINES)
+    assert props["env"]["properties"]["kind"]["enum"] == list(kinds.KINDS)
+    assert props["env"]["properties"]["installer"]["enum"] == list(kinds.INSTALLER_NAMES)
+    assert props["env"]["properties"]["overlay"]["enum"] == list(kinds.OVERLAYS)
+    assert props["conda"]["properties"]["engine"]["enum"] == list(kinds.ENGINES)
     assert (
         cliparser.build_parser().parse_args(["create", "x", "--installer", "virtualenv"]).installer
         == "virtualenv"
@@ -51,7 +67,7 @@ def test_the_schema_and_the_cli_offer_the_registrys_names(capsys):
 
 def test_each_installer_writes_its_own_command_lines():
     prompt, ssp = ["--prompt", "t"], ["--system-site-packages"]
-    uv, virtualenv, pip = (registry.INSTALLERS[n] for n in ("uv", "virtualenv", "pip"))
+    uv, virtualenv, pip = (installers.INSTALLERS[n] for n in ("uv", "virtualenv", "pip"))
     assert uv.venv(prompt, "python3", ssp, PLANNED) == [
         "uv", "venv", "--relocatable", "--prompt", "t", "--python", "python3", "--system-site-packages", PLANNED,
     ]  # fmt: skip
@@ -69,21 +85,21 @@ def test_each_installer_writes_its_own_command_lines():
         PLANNED,
     ]
     assert virtualenv.pip("py", virtualenv.user_target(PLANNED)) == ["py", "-m", "pip", "install", "--user"]
-    assert [i.relocatable for i in registry.INSTALLERS.values()] == [True, False, False]
+    assert [i.relocatable for i in installers.INSTALLERS.values()] == [True, False, False]
 
 
 def test_conda_and_user_prefix_backends_say_where_their_python_and_settings_come_from(tmp_path):
     final, partial = tmp_path / "env", tmp_path / ".env.partial-1"
     env = {"SCRATCH": str(tmp_path / "scratch"), "PATH": os.environ["PATH"]}
-    condas = registry.backend("conda")()
+    condas = lookup.backend("conda")()
     assert condas.python("python3", env, final) == str(final / "bin" / "python")  # the env's own
     assert condas.own_env(partial, env) == {
         settings.CONDA_CACHE_VAR: str(tmp_path / "scratch/envbuilder/conda-pkgs")
     }
-    user = registry.backend("user-prefix")()
+    user = lookup.backend("user-prefix")()
     assert user.python(sys.executable, env, final) == sys.executable  # the site's
     assert user.own_env(partial, env) == {"PYTHONUSERBASE": str(partial)}
-    assert user.needs_parent() and not registry.backend("venv")().needs_parent()
+    assert user.needs_parent() and not lookup.backend("venv")().needs_parent()
 
 
 def _build(tmp_path: Path, name: str) -> base.Build:
@@ -107,7 +123,7 @@ def _build(tmp_path: Path, name: str) -> base.Build:
 @pytest.mark.integration
 def test_the_venv_backend_builds_beside_with_the_installer_it_is_handed(tmp_path):
     build = _build(tmp_path, "uv")
-    backend = registry.backend("venv")()
+    backend = lookup.backend("venv")()
     step = InstallStep(
         tuple(build.installer.venv(["--prompt", "t"], "python3", [], PLANNED)),
         site_python=True,
@@ -135,7 +151,7 @@ def test_moving_in_rewrites_the_build_path_only_where_the_installer_wrote_it(tmp
     (build.partial / "bin").mkdir(parents=True)
     (build.partial / "bin" / "activate").write_text(f"VIRTUAL_ENV='{build.partial}'\n")
     try:
-        registry.backend("venv")().move_in(build)
+        lookup.backend("venv")().move_in(build)
     finally:
         build.log.close()
     moved = f"VIRTUAL_ENV='{build.final}'\n"

@@ -65,6 +65,7 @@ PURE = (
     "envbuilder.core._toml",
     "envbuilder.cli.tables",  # lays rows out; rich renders them
     "envbuilder.core.structs",
+    "envbuilder.core.kinds",
     "envbuilder.core.shells.registry",  # every shell adapter, and the registry the rest reads them from
 )
 

@@ -1,37 +1,29 @@
 """Every env kind, installer and conda engine envbuilder knows, by name, in one place: the recipe schema, the CLI's
-choices, the plan, create, restore and lock read them here.
+choices, the plan, create, restore and lock read them here. Names only: nothing here imports a backend or runs a tool.
 
-- A kind is built by a backend (``base.Backend``): ``venv.py`` holds the venv, overlay and user-prefix backends,
-  ``conda.py`` the conda one and the overlay clone. To add a kind: its backend, and its ``Kind`` in ``KINDS`` (what
-  the plan, backups, validation, doctor and lock ask of it).
-- Installers are ``installers.py``'s classes.
+- A kind is built by a backend (``backends.base.Backend``), named here as (module in ``envbuilder.backends``,
+  class): ``venv`` holds the venv, overlay and user-prefix backends, ``conda`` the conda one and the overlay clone;
+  ``backends.lookup.backend`` imports the one asked for. To add a kind: its backend, and its ``Kind`` in ``KINDS``
+  (what the plan, backups, validation, doctor and lock ask of it).
+- An installer is a class in ``backends.installers`` (its command lines, how it is found), named in
+  ``INSTALLER_NAMES`` here; ``tests/unit/test_backends.py`` checks the two agree.
 - A conda engine is a conda command line (``CLI_ENGINES``, found on PATH once the recipe's modules are loaded) or
-  the embedded py-rattler (``rattler_engine.py``); ``conda.engine_argv`` picks one.
-
-Importing this module runs nothing and imports no backend (they run tools): ``backend`` imports the one asked for.
+  the embedded py-rattler (``backends/rattler_engine.py``); ``backends.conda.engine_argv`` picks one.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, cast
-
-from envbuilder.backends.installers import INSTALLERS
 from envbuilder.core.structs import dataclass
-
-if TYPE_CHECKING:
-    from envbuilder.backends.base import Backend
 
 __all__ = [
     "AUTO",
     "CLI_ENGINES",
     "ENGINES",
-    "INSTALLERS",
+    "INSTALLER_NAMES",
     "KINDS",
     "OVERLAYS",
     "RATTLER",
     "Kind",
-    "backend",
     "kind_info",
 ]
 
@@ -80,8 +72,6 @@ RATTLER = "rattler"
 AUTO = "auto"
 ENGINES = (AUTO, *CLI_ENGINES, RATTLER)
 
-
-def backend(kind: str, overlay: str = "venv") -> type[Backend]:
-    """The backend class that builds an env of ``kind`` (an overlay env: of its way, ``overlay``)."""
-    module, name = OVERLAYS[overlay] if KINDS[kind].overlay else KINDS[kind].backend
-    return cast("type[Backend]", getattr(importlib.import_module(f"envbuilder.backends.{module}"), name))
+#: Each installer's name (``env.installer``, ``--installer``), in the order the schema and the CLI offer them: the
+#: classes of ``backends.installers`` that run them carry the same names.
+INSTALLER_NAMES = ("uv", "virtualenv", "pip")
