@@ -41,6 +41,7 @@ PHASES = (
     ("host probe", "envbuilder.system.host", "probe"),
     ("lock lookup", "envbuilder.lockfile", "find"),
     ("lock lookup", "envbuilder.lockfile.lockers", "find"),
+    ("lock lookup", "envbuilder.recipe.catalog", "find_lock"),
     ("index read (plan facts)", "envbuilder.commands.plan", "read_index"),
     ("plan", "envbuilder.plan", "build"),
     ("prepare (installer, modules, python)", "envbuilder.build.create", "_prepare"),

@@ -35,8 +35,7 @@ from envbuilder.build import activation
 from envbuilder.core import kinds, settings
 from envbuilder.core.errors import BackendError, LockError, StateError, UsageError
 from envbuilder.core.structs import dataclass
-from envbuilder.lockfile import applicability
-from envbuilder.plan import Plan
+from envbuilder.plan import Plan, lockfit
 from envbuilder.plan.activation import Activation, build_loads
 from envbuilder.plan.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
 from envbuilder.recipe.loader import Recipe
@@ -336,7 +335,7 @@ def _check_locked(locked: lockfile.PlatformLock, build: base.Build) -> None:
     for info in build.partial.glob("lib*/python*/site-packages/*.dist-info"):
         name, _, version = info.name[: -len(".dist-info")].partition("-")
         installed[canonicalize_name(name)] = version
-    lacking = applicability.missing(locked, installed)
+    lacking = lockfit.missing(locked, installed)
     if lacking:
         raise LockError(
             f"the installer left out {len(lacking)} locked package(s): {', '.join(lacking)}; the env was not put "

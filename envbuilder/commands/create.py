@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder import lockfile
 from envbuilder import plan as planner
 from envbuilder.backends import network
 from envbuilder.build import activation
@@ -22,7 +21,7 @@ from envbuilder.core import settings
 from envbuilder.core.errors import NetworkError, ResolverError, UsageError, ValidationFailed
 from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import loader
-from envbuilder.recipe.catalog import Catalog
+from envbuilder.recipe.catalog import Catalog, find_lock
 from envbuilder.resolver import mirror
 from envbuilder.system import fsutil, host, modules, proc, progress, purge, state
 from envbuilder.system.console import Out
@@ -57,7 +56,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if not args.prefix:  # the recipe's prefix, for this name ({name} in env.prefix)
             opts = dataclasses.replace(opts, prefix=named_prefix(recipe, env, args.name))
     facts = host.load_facts_file(args.facts) if args.facts else host.probe()
-    lock = None if args.no_lock else lockfile.find(recipe, catalog, env, args.lock)
+    lock = None if args.no_lock else find_lock(recipe, catalog, env, args.lock)
     index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
     # The install meets them too, even where the plan had a copy read before.
     unread = [e for p in index.pages.values() for e in (p.error or p.failed,) if e] if index else []

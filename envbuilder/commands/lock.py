@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from envbuilder import lockfile
+from envbuilder.build import lockers
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.core import settings
-from envbuilder.lockfile import lockers
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.system import fsutil, host

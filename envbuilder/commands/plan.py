@@ -8,13 +8,12 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Optional
 
-from envbuilder import lockfile
 from envbuilder import plan as planner
 from envbuilder.core import launchers, settings
 from envbuilder.core.errors import EnvbuilderError
 from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import loader
-from envbuilder.recipe.catalog import Catalog
+from envbuilder.recipe.catalog import Catalog, find_lock
 from envbuilder.resolver import knowledge, mirror
 from envbuilder.resolver.matrix import load_matrix
 from envbuilder.system import host
@@ -64,7 +63,7 @@ def make_plan(
     catalog = Catalog.from_env(env)
     recipe = loader.load(name, catalog)
     facts = facts_for(facts_file)
-    lock = lockfile.find(recipe, catalog, env, lock_file) if use_lock else None
+    lock = find_lock(recipe, catalog, env, lock_file) if use_lock else None
     index = read_index(recipe, env, refresh, no_network)
     return planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age())
 

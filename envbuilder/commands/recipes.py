@@ -7,13 +7,12 @@ import json
 import os
 from typing import Any, Optional
 
-from envbuilder import lockfile
 from envbuilder import plan as planner
 from envbuilder.cli.tables import Column
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.core.errors import PublishError, RecipeError
 from envbuilder.recipe import loader, schemajson
-from envbuilder.recipe.catalog import Catalog, Entry
+from envbuilder.recipe.catalog import Catalog, Entry, find_lock
 from envbuilder.resolver import knowledge
 from envbuilder.resolver.matrix import load_matrix
 from envbuilder.system.console import Cell, Out, plain
@@ -97,7 +96,7 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     recipe = loader.load(args.recipe, catalog)
     entry = catalog.lookup(args.recipe)
     published = _published(entry)
-    lock = lockfile.find(recipe, catalog, os.environ)
+    lock = find_lock(recipe, catalog, os.environ)
     leaves = recipe.leaves()
     if not args.json:
         out.result.heading(f"{recipe.name}: {' <- '.join(recipe.chain)}")

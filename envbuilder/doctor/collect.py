@@ -14,7 +14,7 @@ from envbuilder.doctor.findings import ACTION, Finding
 from envbuilder.doctor.replan import PythonState
 from envbuilder.doctor.report import EnvInputs
 from envbuilder.recipe import loader
-from envbuilder.recipe.catalog import Catalog
+from envbuilder.recipe.catalog import Catalog, find_lock
 from envbuilder.recipe.loader import Recipe
 from envbuilder.resolver.indexfacts import IndexFacts
 from envbuilder.scale import image
@@ -99,7 +99,7 @@ def gather(record: EnvRecord, catalog: Catalog, env: Mapping[str, str], backup_r
     lock_error: Optional[EnvbuilderError] = None
     if recipe is not None:
         try:
-            lock = lockfile.find(recipe, catalog, env)
+            lock = find_lock(recipe, catalog, env)
         except EnvbuilderError as exc:
             lock_error = exc
     return EnvInputs(

@@ -2,8 +2,8 @@
 
 The package's face: what callers outside it use. ``model`` is the format (the lock, its platforms and packages,
 written as TOML); ``targets`` what a lock is for (architectures, platform tags, the inputs it was resolved from);
-``reader`` parses a lock or a resolver's output and finds the lock ``create`` uses; ``applicability`` says whether
-a lock still applies; ``lockers`` make locks (the one part that starts processes). All but ``lockers`` are pure.
+``reader`` parses a lock or a resolver's output. All of it is pure and below the recipe: whether a lock applies to a
+plan is ``plan.lockfit``'s, making one ``build.lockers``'.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from envbuilder.lockfile.model import (
     PlatformLock,
     nightly_warning,
 )
-from envbuilder.lockfile.reader import find, parse, read, user_path
+from envbuilder.lockfile.reader import parse, read, user_path
 from envbuilder.lockfile.targets import arch_name, conda_subdir, inputs, python_platform, recipe_sha256
 
 __all__ = [
@@ -35,7 +35,6 @@ __all__ = [
     "PlatformLock",
     "arch_name",
     "conda_subdir",
-    "find",
     "inputs",
     "nightly_warning",
     "parse",

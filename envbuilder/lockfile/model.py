@@ -25,7 +25,7 @@ from envbuilder.core.structs import dataclass
 LOCK_VERSION = 1
 SUFFIX = ".lock.toml"
 ARCHES = ("x86_64", "aarch64")
-#: The engine each locker (``lockers.py``) records; a unit test keeps the two in step.
+#: The engine each locker (``build/lockers.py``) records; a unit test keeps the two in step.
 ENGINES = ("uv", "conda-lock", "rattler")
 SOURCES = ("wheel", "sdist", "conda")
 
@@ -52,7 +52,7 @@ class LockedPackage:
     #: conda packages: the build string (the same name and version can have several builds).
     build: str = ""
     #: A PEP 508 environment marker the resolver attached (the package is only for targets where it holds):
-    #: evaluated for the target when a plan takes the lock (``applicability.for_target``), never by the installer.
+    #: evaluated for the target when a plan takes the lock (``plan.lockfit.for_target``), never by the installer.
     marker: str = ""
 
     @property

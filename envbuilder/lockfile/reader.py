@@ -1,5 +1,6 @@
 """Reading locks (pure but for the one file ``read`` is given): a lock file parsed and checked key by key, the
-packages a resolver wrote (uv's pylock.toml, conda-lock's yml), and which lock ``create`` uses.
+packages a resolver wrote (uv's pylock.toml, conda-lock's yml), and where a user's own lock goes. Which lock
+``create`` uses (``--lock``, the user's, the published one) is ``recipe.catalog.find_lock``'s: it needs the catalog.
 
 Stale locks: a lock applies to a platform when the inputs the current recipe resolves to there equal the stored
 ones. A recipe edit that changes no package input (an activate variable) keeps the lock; one that does (a new
@@ -12,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any
 
 from packaging.markers import InvalidMarker, Marker
 from packaging.version import InvalidVersion, Version
@@ -31,10 +32,6 @@ from envbuilder.lockfile.model import (
     LockedPackage,
     PlatformLock,
 )
-
-if TYPE_CHECKING:
-    from envbuilder.recipe.catalog import Catalog
-    from envbuilder.recipe.loader import Recipe
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -264,21 +261,3 @@ def read(path: Path, origin: str = "") -> Lock:
 def user_path(home: Path, name: str) -> Path:
     """Where ``envbuilder lock NAME`` writes by default (beside the env records: $WORK is not purged)."""
     return settings.lockfiles_dir(home) / f"{name}{SUFFIX}"
-
-
-def find(
-    recipe: Recipe, catalog: Catalog, env: Mapping[str, str], explicit: Optional[str] = None
-) -> Optional[Lock]:
-    """The lock ``create`` uses: ``--lock FILE``, else yours (``envbuilder lock NAME`` wrote it), else the one
-    published with the recipe's registry version (verified like the recipe)."""
-    if explicit:
-        return read(Path(explicit).expanduser(), "--lock")
-    mine = user_path(settings.home(env), recipe.name)
-    if mine.is_file():
-        return read(mine, "yours")
-    entry = catalog.entries.get(recipe.name)
-    if recipe.version:
-        entry = catalog.lookup(f"{recipe.name}@{recipe.version}")
-    if entry is not None and entry.published is not None and entry.layer.registry is not None:
-        return entry.layer.registry.verify_lock(entry.published)
-    return None

@@ -18,7 +18,7 @@ from envbuilder.core import launchers
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.kinds import AUTO, CLI_ENGINES, kind_info
 from envbuilder.core.structs import dataclass
-from envbuilder.lockfile import applicability
+from envbuilder.plan import lockfit
 from envbuilder.plan.activation import activation_for
 from envbuilder.plan.listing import steps_in_words
 from envbuilder.plan.prefix import filesystem_for, prefix_for
@@ -109,8 +109,8 @@ def build(
     warnings.extend(host_fact_warnings(origins, resolution is not None))
     packages = recipe.packages
     requirements = [*(resolution.requirements if resolution else ()), *(p.requirement for p in packages)]
-    lock_inputs = applicability.lock_inputs(kind, target.python, resolution, packages, recipe)
-    locked, lock_status = applicability.applicable_lock(
+    lock_inputs = lockfit.lock_inputs(kind, target.python, resolution, packages, recipe)
+    locked, lock_status = lockfit.applicable_lock(
         recipe.name, lock, lock_inputs, target.arch, locked=opts.locked, warnings=warnings, glibc=target.glibc
     )
     if locked is not None and lock is not None:

@@ -9,7 +9,7 @@ from typing import Any, Optional, TypedDict
 from envbuilder import lockfile
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
-from envbuilder.lockfile import applicability
+from envbuilder.plan import lockfit
 from envbuilder.plan.activation import Activation, RecordedActivate
 from envbuilder.plan.steps import InstallStep
 from envbuilder.plan.target import TargetFact
@@ -68,7 +68,7 @@ class RecordedPlan(TypedDict, total=False):
     filesystem: Optional[dict[str, Any]]  # PrefixFilesystem.to_json
     corrections: list[dict[str, str]]
     steps: list[str]
-    lock: Optional[dict[str, Any]]  # applicability.LockStatus.to_json
+    lock: Optional[dict[str, Any]]  # lockfit.LockStatus.to_json
     lock_inputs: dict[str, Any]
     warnings: list[str]
     notes: list[str]
@@ -111,7 +111,7 @@ class Plan:
     #: What a lock for this target must have been resolved from (see lockfile.inputs).
     lock_inputs: dict[str, Any] = field(default_factory=dict)
     #: The lock found for the recipe, and whether it applies; None where there is none.
-    lock: Optional[applicability.LockStatus] = None
+    lock: Optional[lockfit.LockStatus] = None
     #: The locked packages as hashed requirements, and as constraints, written into the env before installing.
     lock_requirements: str = ""
     lock_pins: str = ""

@@ -19,8 +19,9 @@ import stat
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
+from envbuilder import lockfile
 from envbuilder.core import settings
 from envbuilder.core._toml import TOMLDecodeError, TOMLLimitError, loads
 from envbuilder.core.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
@@ -32,6 +33,9 @@ from envbuilder.recipe.trust import Policy, pin_dir
 from envbuilder.system import textfile
 from envbuilder.system.console import Out
 from envbuilder.system.fsutil import file_key
+
+if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
+    from envbuilder.recipe.loader import Recipe
 
 REGISTRY_KEYS = ("path", "require_signatures", "allowed_signers")
 #: The largest recipe file read (the biggest shipped one is under 10 KiB).
@@ -496,3 +500,21 @@ class Catalog:
                 continue
             best = layer
         return best or Layer(str(path.parent), path.parent)
+
+
+def find_lock(
+    recipe: Recipe, catalog: Catalog, env: Mapping[str, str], explicit: Optional[str] = None
+) -> Optional[lockfile.Lock]:
+    """The lock ``create`` uses: ``--lock FILE``, else yours (``envbuilder lock NAME`` wrote it), else the one
+    published with the recipe's registry version (verified like the recipe)."""
+    if explicit:
+        return lockfile.read(Path(explicit).expanduser(), "--lock")
+    mine = lockfile.user_path(settings.home(env), recipe.name)
+    if mine.is_file():
+        return lockfile.read(mine, "yours")
+    entry = catalog.entries.get(recipe.name)
+    if recipe.version:
+        entry = catalog.lookup(f"{recipe.name}@{recipe.version}")
+    if entry is not None and entry.published is not None and entry.layer.registry is not None:
+        return entry.layer.registry.verify_lock(entry.published)
+    return None

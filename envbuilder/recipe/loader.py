@@ -26,7 +26,6 @@ from envbuilder.core.structs import dataclass
 from envbuilder.recipe import schema, schemacheck, sections
 from envbuilder.recipe.document import Document, Documents
 from envbuilder.recipe.spec import ArrayOf, Field
-from envbuilder.resolver.wheels import GATES, TORCH_PACKAGES
 
 DEFAULTS_SOURCE = "<defaults>"
 #: Files one recipe may reach through ``extends`` (the shipped ones reach 3): no chain on the path grows without end.
@@ -330,10 +329,10 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
                 )
 
     members("activate.profiles", list(data.get("env_profiles", {})), "no env_profiles entry named")
-    members("torch.allow", GATES, "unknown resolver gate")
+    members("torch.allow", schema.GATES, "unknown resolver gate")
     members(
         "torch.packages",
-        TORCH_PACKAGES,
+        schema.TORCH_PACKAGES,
         "torch.packages takes torch, torchvision and torchaudio only, found",
         hint="put other packages in [[packages]]",
     )

@@ -47,6 +47,25 @@ MODULE_SYSTEMS = ("lmod", "environment-modules", "none")
 GPU_REQUEST_STYLES = ("gpus-per-node", "gres", "gpus", "none", "pbs-ngpus")
 GPU_AFFINITY = ("none", "local-rank", "reverse-local-rank")
 STATUSES = ("active", "retired")
+#: The torch packages ``torch.packages`` may name; any other package goes in ``[[packages]]``.
+TORCH_PACKAGES = ("torch", "torchvision", "torchaudio")
+#: The resolver's gates a recipe may list in ``torch.allow`` to turn the gate's error into a warning.
+GATES = (
+    "variant-not-built",
+    "aarch64-no-cuda-wheel",
+    "python",
+    "glibc",
+    "driver",
+    "gpu-arch",
+    "nightly-unpinned",
+    "nightly-stream-removed",
+    "package-missing",
+    "unlisted-release",
+    "nightly-pruned",
+    "index",
+    "platform",
+    "yanked",
+)
 
 
 def _package_problem(item: Mapping[str, Any]) -> Optional[tuple[str, str, Optional[str]]]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Optional
 from envbuilder.core.errors import ResolverError, ResolverErrors
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
+from envbuilder.recipe.schema import TORCH_PACKAGES
 from envbuilder.resolver.matrix import (
     ArchList,
     Matrix,
@@ -24,8 +25,6 @@ from envbuilder.resolver.matrix import (
 
 if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
     from envbuilder.recipe.loader import Recipe
-
-TORCH_PACKAGES = ("torch", "torchvision", "torchaudio")
 
 
 @dataclass(frozen=True)

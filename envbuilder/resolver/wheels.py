@@ -17,7 +17,6 @@ from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
 from envbuilder.resolver import knowledge, yanked
 from envbuilder.resolver.gates import (
-    TORCH_PACKAGES,
     Finding,
     TorchRequest,
     check_gates,
@@ -34,8 +33,6 @@ if TYPE_CHECKING:  # the pure parts only name these types; indexfacts is read at
 
 # Re-exported: callers resolve and look GPUs up through this module.
 __all__ = [
-    "GATES",
-    "TORCH_PACKAGES",
     "Matrix",
     "Resolution",
     "TorchRequest",
@@ -45,23 +42,6 @@ __all__ = [
     "resolve",
 ]
 
-#: Gate names a recipe may list in ``torch.allow`` to turn the error into a warning.
-GATES = (
-    "variant-not-built",
-    "aarch64-no-cuda-wheel",
-    "python",
-    "glibc",
-    "driver",
-    "gpu-arch",
-    "nightly-unpinned",
-    "nightly-stream-removed",
-    "package-missing",
-    "unlisted-release",
-    "nightly-pruned",
-    "index",
-    "platform",
-    "yanked",
-)
 CHANNELS = ("stable", "test", "nightly")
 
 

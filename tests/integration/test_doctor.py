@@ -22,7 +22,7 @@ from wheelindex import build_wheel, mirror_env
 from wheelindex import serve as serve_wheels
 
 from envbuilder import lockfile
-from envbuilder.lockfile import lockers
+from envbuilder.build import lockers
 from envbuilder.resolver.matrix import load_matrix
 from envbuilder.system import state
 

@@ -12,9 +12,9 @@ import pytest
 
 from envbuilder import plan
 from envbuilder.backends import conda
+from envbuilder.build import lockers
 from envbuilder.core.errors import BackendError, LockError, ResolverErrors
 from envbuilder.core.facts import HostFacts
-from envbuilder.lockfile import lockers
 from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
 from envbuilder.recipe.loader import load
 from envbuilder.resolver import mirror

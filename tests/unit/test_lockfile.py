@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from envbuilder import lockfile, plan
+from envbuilder.build import lockers
 from envbuilder.core.errors import LockError
 from envbuilder.core.facts import Gpu, HostFacts
-from envbuilder.lockfile import applicability, lockers, reader
+from envbuilder.lockfile import reader
+from envbuilder.plan import lockfit
 from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
 from envbuilder.recipe.loader import load
 
@@ -186,7 +188,7 @@ wheels = [{{ url = "http://i/colorama-0.4.6-py3-none-any.whl", hashes = {{ sha25
         "sys_platform == 'win32'",
     ]
     platform = lockfile.PlatformLock("aarch64", "aarch64-manylinux_2_28", {"python": "3.11"}, pkgs)
-    kept, left = applicability.for_target(platform, "x.lock.toml")
+    kept, left = lockfit.for_target(platform, "x.lock.toml")
     assert [p.name for p in kept.packages] == ["armonly"] and [p.name for p in left] == ["colorama"]
     # Round trip: the marker is written and read back.
     lock = lockfile.Lock("demo", "", "0" * 64, "venv", "uv", "", "", (platform,))
@@ -195,14 +197,14 @@ wheels = [{{ url = "http://i/colorama-0.4.6-py3-none-any.whl", hashes = {{ sha25
     full = [
         replace(pkgs[0], marker=m) for m in ("python_full_version >= '3.10'", "python_full_version >= '3.12'")
     ]
-    kept, left = applicability.for_target(replace(platform, packages=tuple(full)), "x.lock.toml")
+    kept, left = lockfit.for_target(replace(platform, packages=tuple(full)), "x.lock.toml")
     assert [p.marker for p in kept.packages] == ["python_full_version >= '3.10'"] and left == [full[1]]
     micro = replace(platform, packages=(replace(pkgs[0], marker="python_full_version == '3.11.4'"),))
     with pytest.raises(LockError, match="which reads the micro version of python"):
-        applicability.for_target(micro, "x.lock.toml")
+        lockfit.for_target(micro, "x.lock.toml")
     unknown = lockfile.PlatformLock("aarch64", "t", {"python": ""}, pkgs)
     with pytest.raises(LockError, match=r"armonly 1\.0 is locked for .* which reads python_version"):
-        applicability.for_target(unknown, "x.lock.toml")
+        lockfit.for_target(unknown, "x.lock.toml")
 
 
 def test_missing_names_each_locked_wheel_the_env_lacks_or_has_at_another_version():
@@ -212,8 +214,8 @@ def test_missing_names_each_locked_wheel_the_env_lacks_or_has_at_another_version
     )
     platform = lockfile.PlatformLock("x86_64", "t", {}, pkgs)
     installed = {"fast-math": "1.1", "helper": "2.0.1"}
-    assert applicability.missing(platform, installed) == ["gone==3", "helper==2.0 (found 2.0.1)"]
-    assert applicability.missing(platform, {**installed, "helper": "2.0", "gone": "3.0"}) == []
+    assert lockfit.missing(platform, installed) == ["gone==3", "helper==2.0 (found 2.0.1)"]
+    assert lockfit.missing(platform, {**installed, "helper": "2.0", "gone": "3.0"}) == []
 
 
 def test_recipe_digest_ignores_only_the_published_version():
@@ -375,7 +377,7 @@ def test_unusable_conda_lock_output_is_a_lock_error(doc, expected):
 
 
 def test_conda_locks_failure_is_what_conda_said_not_conda_locks_traceback():
-    from envbuilder.lockfile.lockers import conda_lock_failure
+    from envbuilder.build.lockers import conda_lock_failure
 
     stderr = (
         "INFO:conda_lock.conda_solver:linux-64 using specs ['hpc-cuda']\n"

@@ -19,8 +19,9 @@ from helpers import load_facts
 from envbuilder.core._toml import loads
 from envbuilder.core.errors import ResolverErrors
 from envbuilder.core.facts import Gpu, HostFacts
+from envbuilder.recipe.schema import GATES
 from envbuilder.resolver.matrix import covers, load_matrix, matrix_from_data
-from envbuilder.resolver.wheels import GATES, TorchRequest, resolve
+from envbuilder.resolver.wheels import TorchRequest, resolve
 
 M = load_matrix()
 RAW: dict[str, Any] = loads(

@@ -53,7 +53,7 @@ PURE = (
     "envbuilder.lockfile.model",
     "envbuilder.lockfile.targets",
     "envbuilder.lockfile.reader",  # reader.read reads the one file it is given; no process, no network
-    "envbuilder.lockfile.applicability",
+    "envbuilder.plan.lockfit",
     "envbuilder.plan",  # the package's face: what it re-exports from planning, prefix and record
     "envbuilder.plan.planning",
     "envbuilder.plan.prefix",

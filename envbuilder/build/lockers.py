@@ -1,5 +1,5 @@
-"""Making locks (the side-effect half of the lockfile package): resolve a recipe for each target platform with uv
-(wheels) or conda-lock and py-rattler (conda), without being on it, and write the lock."""
+"""Making locks (``envbuilder lock``; the format is :mod:`envbuilder.lockfile`'s): resolve a recipe for each
+target platform with uv (wheels) or conda-lock and py-rattler (conda), without being on it, and write the lock."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Whether a lock applies (pure): what a lock for a target must have been resolved from, and whether a given lock
-still matches the recipe."""
+"""Whether a lock applies (pure): what a lock for a target must have been resolved from, whether a given lock
+still matches the recipe, and which of its packages belong on the target. The plan takes a lock through here."""
 
 from __future__ import annotations
 
