@@ -19,6 +19,7 @@ from envbuilder.core import launchers
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
 from envbuilder.lockfile import applicability
+from envbuilder.plan import suite
 from envbuilder.plan.activation import activation_for
 from envbuilder.plan.listing import steps_in_words
 from envbuilder.plan.prefix import filesystem_for, prefix_for
@@ -27,7 +28,6 @@ from envbuilder.plan.steps import InstallStep, NewEnv, install_steps
 from envbuilder.plan.target import env_python, fact_origins, host_fact_warnings, target_facts
 from envbuilder.resolver import gates, mirror
 from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, resolve
-from envbuilder.validate import suite
 
 if TYPE_CHECKING:
     # indexfacts is read at plan time by envbuilder.resolver.indexread; the planner only receives the value. loader is only
