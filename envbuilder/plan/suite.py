@@ -22,7 +22,7 @@ from envbuilder.core.structs import dataclass
 from envbuilder.plan import batch
 from envbuilder.recipe import sections
 
-if TYPE_CHECKING:  # only types here: the recipe arrives loaded, the activation planned (planning imports suite)
+if TYPE_CHECKING:  # only types: the recipe arrives loaded, the activation planned (planning imports suite)
     from envbuilder.plan.activation import Activation
     from envbuilder.recipe.loader import Recipe
 
