@@ -24,7 +24,7 @@ from envbuilder.core.launchers import Arg, LaunchSpec, ShellVar, build, plain
 from envbuilder.core.structs import dataclass
 
 if TYPE_CHECKING:  # only a type here: batch builds the job shape (and imports this module)
-    from envbuilder.render.batch import JobShape
+    from envbuilder.plan.batch import JobShape
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from envbuilder.plan import batch
 from envbuilder.plan.activation import Activation
-from envbuilder.render import batch
 
 if TYPE_CHECKING:
     from envbuilder.recipe.loader import Recipe

@@ -18,7 +18,7 @@ from envbuilder.core import launchers
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.kinds import AUTO, CLI_ENGINES, kind_info
 from envbuilder.core.structs import dataclass
-from envbuilder.plan import lockfit
+from envbuilder.plan import lockfit, suite
 from envbuilder.plan.activation import activation_for
 from envbuilder.plan.listing import steps_in_words
 from envbuilder.plan.prefix import filesystem_for, prefix_for
@@ -27,7 +27,6 @@ from envbuilder.plan.steps import InstallStep, NewEnv, install_steps
 from envbuilder.plan.target import env_python, fact_origins, host_fact_warnings, target_facts
 from envbuilder.resolver import gates, mirror
 from envbuilder.resolver.wheels import Matrix, Resolution, TorchRequest, resolve
-from envbuilder.validate import suite
 
 if TYPE_CHECKING:
     # indexfacts is read at plan time by envbuilder.resolver.indexread; the planner only receives the value. loader is only

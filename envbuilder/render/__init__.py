@@ -1,3 +1,3 @@
-"""Pure text generation from a plan's parts: activate scripts for every shell (:mod:`.activate_scripts`),
-modulefiles in Lua and Tcl (:mod:`.modulefile`) and job scripts for the schedulers (:mod:`.batch`). Nothing here
-writes a file or runs a command; :mod:`envbuilder.build` and the commands do."""
+"""Pure text generation from a plan's parts: activate scripts for every shell (:mod:`.activate_scripts`) and
+modulefiles in Lua and Tcl (:mod:`.modulefile`). Job scripts for the schedulers are ``plan.batch``'s (a plan shows
+its job script). Nothing here writes a file or runs a command; :mod:`envbuilder.build` and the commands do."""

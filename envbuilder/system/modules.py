@@ -26,7 +26,7 @@ from typing import Optional
 from envbuilder.core import values
 from envbuilder.core.errors import CommandFailed, ModuleSystemError
 from envbuilder.core.structs import dataclass
-from envbuilder.render import batch
+from envbuilder.plan import batch
 from envbuilder.system import proc
 
 #: Variables a child shell changes by itself; never part of a module delta. Exported shell functions

@@ -22,12 +22,13 @@ from envbuilder.core import kinds, schedulers
 from envbuilder.core.errors import UsageError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
+from envbuilder.plan import suite
 from envbuilder.plan.activation import activation_for
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
 from envbuilder.system import proc, state
 from envbuilder.system.modules import ModuleSystem
-from envbuilder.validate import runner, suite
+from envbuilder.validate import runner
 
 
 @dataclass(frozen=True)

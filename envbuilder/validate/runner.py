@@ -29,12 +29,13 @@ from envbuilder.core import kinds, launchers, schedulers
 from envbuilder.core.errors import CommandFailed, StateError, UsageError, ValidationFailed
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
+from envbuilder.plan import suite
 from envbuilder.plan.activation import Activation, activation_for
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
 from envbuilder.system import fsutil, proc, removal, state
 from envbuilder.system.modules import ModuleSystem
-from envbuilder.validate import report, suite
+from envbuilder.validate import report
 
 KEEP_RUNS = 5
 #: Startup allowance on top of the per-check timeouts (interpreter start, rendezvous, module loads).

@@ -23,12 +23,12 @@ from slurm import ENDED, job_record, sbatch_wait
 from wheelindex import build_wheel, mirror_env, serve
 
 from envbuilder.core.errors import EnvbuilderError, ModuleSystemError, RecipeError
-from envbuilder.plan import steps
+from envbuilder.plan import batch, steps
 from envbuilder.plan.activation import Activation
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, Layer
 from envbuilder.recipe.sections import Package
-from envbuilder.render import activate_scripts, batch, modulefile
+from envbuilder.render import activate_scripts, modulefile
 from envbuilder.system import modules
 
 pytestmark = pytest.mark.integration

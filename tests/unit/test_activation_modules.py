@@ -8,11 +8,11 @@ from helpers import PLAN_ENV, load_facts
 from test_shipped_recipes import CASES, make
 
 from envbuilder import plan
+from envbuilder.plan import suite
 from envbuilder.plan.activation import Activation, build_loads
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.render import activate_scripts, modulefile
-from envbuilder.validate import suite
 
 #: A record's activation as envbuilder wrote it before activation loaded the build's modules (no from_build).
 OLD_RECORD = {

@@ -13,11 +13,11 @@ from helpers import PLAN_ENV, REPO, load_facts
 from envbuilder import plan
 from envbuilder.core import values
 from envbuilder.core.errors import RecipeError
+from envbuilder.plan import batch, suite
 from envbuilder.plan.activation import Activation, activation_for
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.render import activate_scripts, batch, modulefile
-from envbuilder.validate import suite
+from envbuilder.render import activate_scripts, modulefile
 
 CATALOG = Catalog.from_env({})
 ACT = Activation(modules=("conda/2026-10-01",), conda_env="base", recipe="demo")

@@ -10,8 +10,8 @@ import pytest
 from envbuilder.core import launchers, schedulers
 from envbuilder.core.errors import RecipeError, UsageError
 from envbuilder.core.launchers import LaunchSpec, ShellVar
+from envbuilder.plan import batch
 from envbuilder.plan.activation import Activation
-from envbuilder.render import batch
 
 PY = "/env/bin/python"
 SCRIPT = ("/pkg/payloads/validate.py", "--checks", "import")

@@ -18,10 +18,10 @@ import pytest
 import envbuilder
 from envbuilder.core import schedulers
 from envbuilder.core.launchers import ShellVar
-from envbuilder.render import batch
+from envbuilder.plan import batch, suite
 from envbuilder.scale import staging
 from envbuilder.system import host, state
-from envbuilder.validate import runner, suite
+from envbuilder.validate import runner
 
 PACKAGE = Path(envbuilder.__file__).parent
 

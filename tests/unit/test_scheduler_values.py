@@ -19,9 +19,9 @@ from envbuilder.core import schedulers, values
 from envbuilder.core.errors import RecipeError, UsageError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.launchers import LaunchSpec
+from envbuilder.plan import batch
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, Layer
-from envbuilder.render import batch
 
 SLURM, PBS = schedulers.SCHEDULERS["slurm"], schedulers.SCHEDULERS["pbs"]
 HOST = HostFacts(arch="x86_64", python="3.11.7", gpus=())

@@ -123,7 +123,7 @@ def test_a_name_is_registered_once():
 
 #: Modules that run bash themselves (not a user's shell): a child bash reads the module system's init for bash;
 #: batch scripts are bash scripts. Each may name bash, and no other shell.
-OWN_BASH = {"envbuilder/system/modules.py", "envbuilder/render/batch.py"}
+OWN_BASH = {"envbuilder/system/modules.py", "envbuilder/plan/batch.py"}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:

@@ -11,12 +11,12 @@ from helpers import PLAN_ENV, REPO, load_facts
 from envbuilder import plan
 from envbuilder.core import checks, schedulers
 from envbuilder.core.errors import RecipeError, UsageError
+from envbuilder.plan import batch, suite
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.render import batch
-from envbuilder.validate import runner, suite
+from envbuilder.validate import runner
 
 CATALOG = Catalog.from_env({})
 

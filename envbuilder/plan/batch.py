@@ -1,5 +1,6 @@
 """Pure renderers for scheduler text: the interactive allocation argv and the validation batch script (around
-the directives of a :mod:`schedulers` adapter).
+the directives of a :mod:`schedulers` adapter). A plan shows both (through :mod:`.suite`), so they live in ``plan``
+rather than ``render``, which sits above it.
 
 Scheduler dialects come from the recipe (Vista rejects --gres/--gpus-per-task/--mem; Cirrus needs --gres and
 --qos; Polaris is PBS with -l filesystems=). Every recipe value that lands in a script is shell-quoted, and none
@@ -23,7 +24,7 @@ from envbuilder.core.errors import RecipeError, UsageError
 from envbuilder.core.structs import dataclass
 from envbuilder.core.values import require_carriable, require_module_name
 
-if TYPE_CHECKING:  # only a type here: the activation is planned (plan imports batch)
+if TYPE_CHECKING:  # only a type here: the activation is planned (planning imports batch through suite)
     from envbuilder.plan.activation import Activation
 
 

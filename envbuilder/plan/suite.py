@@ -1,8 +1,10 @@
 """Pure: what a validation run is. Which checks, on which device, through which launcher argv, in which batch
 script, and whether this host can run it at all.
 
-Nothing here starts a process or reads the file system; ``validate.py`` does the running, ``report.py`` the
-merging. ``plan`` uses :func:`launch` to show the same command a real run uses.
+Nothing here starts a process or reads the file system; ``validate.runner`` does the running,
+``validate.report`` the merging. It lives in ``plan`` because a plan shows the same launch a real run uses
+(``planning`` calls :func:`launch`), and ``validate`` sits above ``plan``; the job script around the launch is
+``batch``'s.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from envbuilder.core import checks, launchers, schedulers
 from envbuilder.core.errors import RecipeError, UsageError, did_you_mean
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
+from envbuilder.plan import batch
 from envbuilder.recipe import sections
-from envbuilder.render import batch
 
-if TYPE_CHECKING:  # only types here: the recipe arrives loaded, the activation planned (plan imports suite)
+if TYPE_CHECKING:  # only types: the recipe arrives loaded, the activation planned (planning imports suite)
     from envbuilder.plan.activation import Activation
     from envbuilder.recipe.loader import Recipe
 
