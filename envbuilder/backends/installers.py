@@ -1,9 +1,8 @@
-"""The installers that make venvs and install packages: uv, virtualenv, pip. One class each holds what the plan
-writes for it (its command lines), how create finds it here, what it falls back to, and its settings.
+"""The installers on this machine: how create finds uv, virtualenv and pip here, which one it takes (or falls back
+to), and each one's settings for a build. Each class adds that to its command lines, which the plan writes from
+``plan.installers`` (pure); create runs them with the program found here.
 
-To add an installer: a class here and its entry in ``INSTALLERS``; the recipe schema, the CLI's ``--installer``,
-the plan and the venv backend read it from there. Importing this module runs nothing: the plan, which is pure,
-reads the command lines.
+Importing this module runs nothing.
 """
 
 from __future__ import annotations
@@ -13,53 +12,22 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar, Optional
+from typing import Optional
 
 from envbuilder.backends import uvcache
 from envbuilder.core.errors import BackendError
 from envbuilder.core.structs import dataclass
+from envbuilder.plan import installers as planned
 
 #: Characters that the virtualenv/venv activate templates and pip's script shebangs cannot carry safely.
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9._/+@%:,=~-]+")
 
 
-class Installer:
-    """An installer's command lines, as the plan writes them: its own program by name (``program``), which create
-    replaces with the one ``find`` found here."""
-
-    name: ClassVar[str]
-    #: Tried instead where this one cannot run here (pip, which always can, by default).
-    fallback: ClassVar[Optional[str]] = None
-    #: Its envs find their prefix from where they are, so one built beside its prefix is renamed as it is. The
-    #: others write the build path into activate scripts and script headers, which the venv backend rewrites (so
-    #: the prefix must be a plain path).
-    relocatable: ClassVar[bool] = False
-    #: argv[0] of its command lines, when it is a program of its own (not the env's python).
-    program: ClassVar[str] = ""
-    #: Flags that install the files named, offline, without any index (a wheelhouse's wheels).
-    offline: ClassVar[tuple[str, ...]] = ("--no-index",)
-    #: Flags that make a package built for the env (``Package.built_for_env``: no_binary, its own build settings or
-    #: modules) be built again, against what this build has, not taken from the installer's cache, where a wheel
-    #: built for another env (another MPI, another torch) waits.
-    fresh_build: ClassVar[tuple[str, ...]] = ("--no-cache-dir",)
-    #: The record keeps its version (uv's behaviour changes between releases).
-    records_version: ClassVar[bool] = False
-    #: Said in the plan of a user-prefix env, where the installer has no prefix option of its own.
-    user_prefix_note: ClassVar[Optional[str]] = None
-
-    def venv(self, prompt: Sequence[str], python: str, options: Sequence[str], prefix: str) -> list[str]:
-        """The command that creates a venv at ``prefix`` from ``python``."""
-        return [python, "-m", "venv", *prompt, *options, prefix]
-
-    def pip(self, python: str, target: Sequence[str] = ()) -> list[str]:
-        """The install command for the env of ``python`` (arguments follow)."""
-        return [python, "-m", "pip", "install", *target]
-
-    def user_target(self, prefix: str) -> list[str]:
-        """The flags that install into the user prefix ``prefix`` instead of the python's own env."""
-        return ["--user"]
+class Installer(planned.Installer):
+    """An installer as create runs it: its command lines (``plan.installers``), how it is found here (``find``)
+    and its environment for a build (``settings``)."""
 
     def find(self) -> Optional[list[str]]:
         """How its program runs here ([] where it needs none: the env's python runs it); None if it cannot."""
@@ -71,28 +39,7 @@ class Installer:
         return {"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, ()
 
 
-class Uv(Installer):
-    name = "uv"
-    fallback = "virtualenv"
-    relocatable = True
-    program = "uv"
-    offline = ("--offline", "--no-index")
-    # uv keeps the sdist's unpacked tree too, and builds in it again: a cache keyed by config settings would reuse
-    # its objects. Only this step's package and its build requirements go uncached.
-    fresh_build = ("--no-cache",)
-    records_version = True
-
-    def venv(self, prompt: Sequence[str], python: str, options: Sequence[str], prefix: str) -> list[str]:
-        # --relocatable: activate and entry points find the env from their own location, so the env can be built
-        # beside its prefix and renamed into place.
-        return ["uv", "venv", "--relocatable", *prompt, "--python", python, *options, prefix]
-
-    def pip(self, python: str, target: Sequence[str] = ()) -> list[str]:
-        return ["uv", "pip", "install", "--python", python, *target]
-
-    def user_target(self, prefix: str) -> list[str]:
-        return ["--prefix", prefix]
-
+class Uv(planned.Uv, Installer):
     def find(self) -> Optional[list[str]]:
         uv = uv_binary()
         return [uv] if uv else None
@@ -102,22 +49,12 @@ class Uv(Installer):
         return uv.env(), uv.reasons
 
 
-class Pip(Installer):
+class Pip(planned.Pip, Installer):
     """The standard library's venv, and the env's own pip: always there."""
 
-    name = "pip"
-    user_prefix_note = "user-prefix installs run with PYTHONUSERBASE set to the prefix"
 
-
-class Virtualenv(Pip):
+class Virtualenv(planned.Virtualenv, Pip):
     """virtualenv makes the env (run by envbuilder's python, which has it); the env's pip installs."""
-
-    name = "virtualenv"
-    fallback = "pip"
-    program = "virtualenv"
-
-    def venv(self, prompt: Sequence[str], python: str, options: Sequence[str], prefix: str) -> list[str]:
-        return ["virtualenv", *prompt, "--python", python, *options, prefix]
 
     def find(self) -> Optional[list[str]]:
         if importlib.util.find_spec("virtualenv") is None:
@@ -125,7 +62,7 @@ class Virtualenv(Pip):
         return [sys.executable, "-m", "virtualenv"]
 
 
-#: Every installer, the preferred first.
+#: Every installer, the preferred first (the order of ``plan.installers.INSTALLERS``).
 INSTALLERS: dict[str, Installer] = {i.name: i for i in (Uv(), Virtualenv(), Pip())}
 
 

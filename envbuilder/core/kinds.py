@@ -5,8 +5,8 @@ choices, the plan, create, restore and lock read them here. Names only: nothing 
   class): ``venv`` holds the venv, overlay and user-prefix backends, ``conda`` the conda one and the overlay clone;
   ``backends.lookup.backend`` imports the one asked for. To add a kind: its backend, and its ``Kind`` in ``KINDS``
   (what the plan, backups, validation, doctor and lock ask of it).
-- An installer is a class in ``backends.installers`` (its command lines, how it is found), named in
-  ``INSTALLER_NAMES`` here; ``tests/unit/test_backends.py`` checks the two agree.
+- An installer is a class in ``plan.installers`` (its command lines) and one in ``backends.installers`` (how it
+  is found), named in ``INSTALLER_NAMES`` here; ``tests/unit/test_backends.py`` checks the two agree.
 - A conda engine is a conda command line (``CLI_ENGINES``, found on PATH once the recipe's modules are loaded) or
   the embedded py-rattler (``backends/rattler_engine.py``); ``backends.conda.engine_argv`` picks one.
 """
@@ -73,5 +73,5 @@ AUTO = "auto"
 ENGINES = (AUTO, *CLI_ENGINES, RATTLER)
 
 #: Each installer's name (``env.installer``, ``--installer``), in the order the schema and the CLI offer them: the
-#: classes of ``backends.installers`` that run them carry the same names.
+#: classes of ``plan.installers`` and ``backends.installers`` carry the same names.
 INSTALLER_NAMES = ("uv", "virtualenv", "pip")

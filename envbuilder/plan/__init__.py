@@ -2,11 +2,10 @@
 
 The package's face: what callers outside it use. ``planning`` builds the plan (``build``, its ``Options``);
 ``prefix`` says where the env goes; ``listing`` puts the steps in words; ``record`` is what a plan is and how it is
-recorded; ``steps`` the install commands, ``activation`` the activation, ``target`` the machine an env is for,
-``lockfit`` whether a lock applies to it;
-``suite`` what a validation run launches (checks, device, launcher argv) and ``batch`` the job script around it, which
-a plan shows and ``validate`` runs. All of it is pure: the caller brings the host facts, the environment mapping and
-the options.
+recorded; ``steps`` the install commands and ``installers`` each installer's command lines; ``activation`` the
+activation; ``target`` the machine an env is for; ``lockfit`` whether a lock applies to it; ``suite`` what a
+validation run launches (checks, device, launcher argv) and ``batch`` the job script around it, which a plan shows
+and ``validate`` runs. All of it is pure: the caller brings the host facts, the environment mapping and the options.
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import TYPE_CHECKING, Optional
 
-from envbuilder.backends.installers import INSTALLERS
 from envbuilder.core.kinds import AUTO, RATTLER, kind_info
 from envbuilder.core.structs import dataclass
 from envbuilder.lockfile import PlatformLock
+from envbuilder.plan.installers import INSTALLERS
 from envbuilder.resolver.mirror import PYPI
 from envbuilder.resolver.wheels import Resolution
 

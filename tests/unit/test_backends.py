@@ -16,6 +16,7 @@ from envbuilder.backends import base, buildlog, conda, installers, lookup, venv
 from envbuilder.cli import parser as cliparser
 from envbuilder.core import kinds, settings
 from envbuilder.core.errors import EXIT_USAGE
+from envbuilder.plan import installers as commands
 from envbuilder.plan.steps import InstallStep
 from envbuilder.recipe import schemajson
 from envbuilder.system import proc
@@ -39,10 +40,12 @@ def test_every_kind_and_overlay_way_has_its_backend():
 
 
 def test_the_names_in_core_kinds_are_the_names_of_the_classes_that_build(tmp_path):
-    # core.kinds names installers and backends without importing them; each name must reach its class.
-    assert tuple(installers.INSTALLERS) == kinds.INSTALLER_NAMES
-    assert all(i.name == name for name, i in installers.INSTALLERS.items())
-    assert {i.fallback for i in installers.INSTALLERS.values()} - {None} <= set(kinds.INSTALLER_NAMES)
+    # core.kinds names installers and backends without importing them; each name must reach its class: the
+    # plan's (command lines) and create's (found here), which adds the machine to the plan's of the same name.
+    assert tuple(commands.INSTALLERS) == tuple(installers.INSTALLERS) == kinds.INSTALLER_NAMES
+    assert all(i.name == name for name, i in commands.INSTALLERS.items())
+    assert all(isinstance(i, type(commands.INSTALLERS[name])) for name, i in installers.INSTALLERS.items())
+    assert {i.fallback for i in commands.INSTALLERS.values()} - {None} <= set(kinds.INSTALLER_NAMES)
     named = {*(k.backend for k in kinds.KINDS.values()), *kinds.OVERLAYS.values()}
     modules = {"venv": venv, "conda": conda}
     assert all(issubclass(getattr(modules[module], cls), base.Backend) for module, cls in named)
@@ -67,7 +70,7 @@ def test_the_schema_and_the_cli_offer_the_registrys_names(capsys):
 
 def test_each_installer_writes_its_own_command_lines():
     prompt, ssp = ["--prompt", "t"], ["--system-site-packages"]
-    uv, virtualenv, pip = (installers.INSTALLERS[n] for n in ("uv", "virtualenv", "pip"))
+    uv, virtualenv, pip = (commands.INSTALLERS[n] for n in ("uv", "virtualenv", "pip"))
     assert uv.venv(prompt, "python3", ssp, PLANNED) == [
         "uv", "venv", "--relocatable", "--prompt", "t", "--python", "python3", "--system-site-packages", PLANNED,
     ]  # fmt: skip
@@ -85,7 +88,7 @@ def test_each_installer_writes_its_own_command_lines():
         PLANNED,
     ]
     assert virtualenv.pip("py", virtualenv.user_target(PLANNED)) == ["py", "-m", "pip", "install", "--user"]
-    assert [i.relocatable for i in installers.INSTALLERS.values()] == [True, False, False]
+    assert [i.relocatable for i in commands.INSTALLERS.values()] == [True, False, False]
 
 
 def test_conda_and_user_prefix_backends_say_where_their_python_and_settings_come_from(tmp_path):

@@ -37,6 +37,7 @@ PURE = (
     "envbuilder.core.checks",
     "envbuilder.plan.suite",
     "envbuilder.plan.steps",
+    "envbuilder.plan.installers",
     "envbuilder.plan.target",
     "envbuilder.plan.activation",
     "envbuilder.plan.record",
