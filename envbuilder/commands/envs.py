@@ -10,7 +10,6 @@ from typing import Any, Optional
 
 from envbuilder import backup
 from envbuilder.build import activation
-from envbuilder.cli.tables import Column
 from envbuilder.core import settings
 from envbuilder.core.errors import EnvbuilderError, EnvNotFound, StateError, UnsafePath, UsageError
 from envbuilder.plan.activation import Activation
@@ -19,6 +18,7 @@ from envbuilder.render import modulefile
 from envbuilder.scale import image
 from envbuilder.system import fsutil, purge, removal, state, strictmodes, transaction
 from envbuilder.system.console import Cell, Out
+from envbuilder.system.tables import Column
 
 
 def _home() -> Path:

@@ -63,7 +63,7 @@ PURE = (
     "envbuilder.recipe.schemacheck",
     "envbuilder.core.errors",
     "envbuilder.core._toml",
-    "envbuilder.cli.tables",  # lays rows out; rich renders them
+    "envbuilder.system.tables",  # lays rows out; rich renders them
     "envbuilder.core.structs",
     "envbuilder.core.shells.registry",  # every shell adapter, and the registry the rest reads them from
 )
