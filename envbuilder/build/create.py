@@ -195,7 +195,9 @@ def smoke_recorded(
         build_loads(plan.get("modules", []), plan.get("build_modules", [])),
         base_env,
     )
-    act = activation.from_plan(record.activation or Activation(), modules.init_dir, record.recipe)
+    act = activation.from_plan(
+        Activation.of_record(record.plan) or Activation(), modules.init_dir, record.recipe
+    )
     site_python = None if registry.kind_info(record.kind).own_python else record.tools.get("python_path")
     run_env = activated_env(base_env, delta, act)
     return smoke(record, Path(record.prefix), run_env, site_python=site_python, log=log, home=home, gpus=gpus)

@@ -62,6 +62,7 @@ PURE = (
     "envbuilder.recipe.document",  # what the loader is handed
     "envbuilder.recipe.schemacheck",
     "envbuilder.core.errors",
+    "envbuilder.core.records",  # the JSON shape of a recorded plan
     "envbuilder.core._toml",
     "envbuilder.system.tables",  # lays rows out; rich renders them
     "envbuilder.core.structs",
