@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Optional
 
 from envbuilder.core import launchers, schedulers, values
 from envbuilder.core.errors import RecipeError, UsageError
+from envbuilder.core.modulelines import module_lines
 from envbuilder.core.structs import dataclass
-from envbuilder.core.values import require_carriable, require_module_name
+from envbuilder.core.values import require_carriable
 
 if TYPE_CHECKING:  # only a type here: the activation is planned (plan imports batch)
     from envbuilder.plan.activation import Activation
@@ -190,23 +191,6 @@ def check_command(
                 key="scheduler.forbidden_flags",
                 hint="this site's scheduler refuses it: take it out of forbidden_flags only if the site allows it",
             )
-
-
-def module_lines(use: Sequence[str], load: Sequence[str]) -> list[str]:
-    """`module use` then `module load` lines, every value quoted (batch scripts, plan steps, the adapter).
-    Raises RecipeError for a module name that is not one, or a path with a line break (Lmod would run either)."""
-    for i, path in enumerate(use):
-        require_carriable(path, f"modules.use[{i}]")
-        if path.startswith("-"):
-            raise RecipeError(
-                f"a `module use` path cannot start with '-', found {path!r}", key=f"modules.use[{i}]"
-            )
-    for i, name in enumerate(load):
-        require_module_name(name, f"modules.load[{i}]")
-    lines = [f"module use {shlex.quote(p)}" for p in use]
-    if load:
-        lines.append("module load " + " ".join(shlex.quote(m) for m in load))
-    return lines
 
 
 def module_init_lines(init_dir: Optional[str]) -> list[str]:

@@ -63,6 +63,7 @@ PURE = (
     "envbuilder.recipe.schemacheck",
     "envbuilder.core.errors",
     "envbuilder.core.records",  # the JSON shape of a recorded plan
+    "envbuilder.core.modulelines",
     "envbuilder.core._toml",
     "envbuilder.system.tables",  # lays rows out; rich renders them
     "envbuilder.core.structs",
