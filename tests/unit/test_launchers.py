@@ -161,7 +161,7 @@ def test_shellvar_rejects_non_names():
 
 SLURM = schedulers.SCHEDULERS["slurm"]
 
-JOB = batch.JobShape(
+JOB = schedulers.JobShape(
     nodes=2,
     tasks_per_node=1,
     gpus_per_node=4,
