@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder import payloads
-from envbuilder.backends import base, installers, registry, torchbuild
+from envbuilder.backends import activation, base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.backup import Backup, archive, pack_workers, verify, wheelhouse
-from envbuilder.build import activation
 from envbuilder.core import settings
 from envbuilder.core.errors import BackupError, StateError
 from envbuilder.core.structs import dataclass

@@ -1,2 +1,2 @@
-"""Apply a plan: :mod:`.create` builds an env beside its prefix and swaps it into place, and :mod:`.activation`
-writes the rendered activate scripts into it. Above the backends, below the command line."""
+"""Apply a plan: :mod:`.create` builds an env beside its prefix and swaps it into place (the backends, and
+:mod:`envbuilder.backends.activation`, write what goes into it). Above the backends, below the command line."""

@@ -28,10 +28,9 @@ from typing import Any, Callable, Optional
 from packaging.utils import canonicalize_name
 
 from envbuilder import __version__, lockfile, payloads
-from envbuilder.backends import base, installers, registry, torchbuild
+from envbuilder.backends import activation, base, installers, registry, torchbuild
 from envbuilder.backends.buildlog import BuildLog, open_log, world_write_swept
 from envbuilder.backends.smoke import activated_env, smoke
-from envbuilder.build import activation
 from envbuilder.core import settings
 from envbuilder.core.errors import BackendError, LockError, StateError, UsageError
 from envbuilder.core.structs import dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder import backup
-from envbuilder.build import activation
+from envbuilder.backends import activation
 from envbuilder.core import settings
 from envbuilder.core.errors import EnvbuilderError, EnvNotFound, StateError, UnsafePath, UsageError
 from envbuilder.plan.activation import Activation

@@ -1,5 +1,5 @@
 """What activating an env loads and sets (pure): planned from the recipe, recorded with the env, rendered into
-activate scripts and modulefiles by ``envbuilder.build.activation``."""
+activate scripts and modulefiles by ``envbuilder.backends.activation``."""
 
 from __future__ import annotations
 

@@ -13,15 +13,15 @@ import subprocess
 import sys
 
 import pytest
-from envbuilder.core.shells.base import IF_PRESENT, Shell, Syntax
 from helpers import REPO, run_cli
 
-from envbuilder.build import activation
+from envbuilder.backends import activation
 from envbuilder.cli import completion
 from envbuilder.cli.helptext import subcommands
 from envbuilder.cli.parser import build_parser
 from envbuilder.core.errors import StateError
 from envbuilder.core.shells import registry
+from envbuilder.core.shells.base import IF_PRESENT, Shell, Syntax
 from envbuilder.plan.activation import Activation
 from envbuilder.render import activate_scripts
 from envbuilder.scale import image
