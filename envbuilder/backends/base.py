@@ -22,11 +22,10 @@ from typing import Any, Callable, Optional
 from packaging.utils import canonicalize_name
 
 from envbuilder import __version__
-from envbuilder.backends import toolversion
+from envbuilder.backends import activation, toolversion
 from envbuilder.backends.buildlog import BuildLog, run_logged
 from envbuilder.backends.installers import Installer
 from envbuilder.backends.torchbuild import metadata_name_version
-from envbuilder.build import activation
 from envbuilder.core import settings
 from envbuilder.core.errors import BackendError
 from envbuilder.core.structs import dataclass

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Optional
 
 from envbuilder import lockfile
+from envbuilder.backends import activation
 from envbuilder.backends.base import Backend, Build, describe, step_argv, step_env, written_dirs
 from envbuilder.backends.buildlog import run_logged
-from envbuilder.build import activation
 from envbuilder.core import settings
 from envbuilder.core.errors import BackendError, CommandFailed, NetworkError
 from envbuilder.core.kinds import AUTO, CLI_ENGINES, RATTLER

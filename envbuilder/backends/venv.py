@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
+from envbuilder.backends import activation
 from envbuilder.backends.base import Backend, Build
-from envbuilder.build import activation
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import InstallStep
 

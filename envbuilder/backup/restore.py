@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder import payloads
-from envbuilder.backends import base, installers, lookup, torchbuild
+from envbuilder.backends import activation, base, installers, lookup, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.backup import Backup, archive, pack_workers, verify, wheelhouse
-from envbuilder.build import activation
 from envbuilder.core import kinds, settings
 from envbuilder.core.errors import BackupError, StateError
 from envbuilder.core.structs import dataclass
@@ -104,7 +103,7 @@ def restore(
             record, status, log, relocation = _restore(job, home, opts, notes)
     if opts.smoke_check and record.plan.get("torch"):
         step("checking that torch imports")
-        act = activation.from_plan(record.activation or Activation(), None, record.recipe)
+        act = activation.from_plan(Activation.of_record(record.plan) or Activation(), None, record.recipe)
         delta = modules.apply(
             record.plan.get("module_use", []), record.plan.get("modules", []), proc.scrubbed_env(env)
         )
@@ -234,7 +233,7 @@ def _wheelhouse(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
     )
     # --- end of the torch build guard
     _write_constraints(partial, plan)
-    act = activation.from_plan(old.activation or Activation(), modules.init_dir, old.recipe)
+    act = activation.from_plan(Activation.of_record(old.plan) or Activation(), modules.init_dir, old.recipe)
     backend.activate(build, act)
     payloads.into_env(partial)
     if not cached:  # the cache path compared already: it is only kept when every digest matched

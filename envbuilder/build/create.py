@@ -28,10 +28,9 @@ from typing import Any, Callable, Optional
 from packaging.utils import canonicalize_name
 
 from envbuilder import __version__, lockfile, payloads
-from envbuilder.backends import base, installers, lookup, torchbuild
+from envbuilder.backends import activation, base, installers, lookup, torchbuild
 from envbuilder.backends.buildlog import BuildLog, open_log, world_write_swept
 from envbuilder.backends.smoke import activated_env, smoke
-from envbuilder.build import activation
 from envbuilder.core import kinds, settings
 from envbuilder.core.errors import BackendError, LockError, StateError, UsageError
 from envbuilder.core.structs import dataclass
@@ -194,7 +193,9 @@ def smoke_recorded(
         build_loads(plan.get("modules", []), plan.get("build_modules", [])),
         base_env,
     )
-    act = activation.from_plan(record.activation or Activation(), modules.init_dir, record.recipe)
+    act = activation.from_plan(
+        Activation.of_record(record.plan) or Activation(), modules.init_dir, record.recipe
+    )
     site_python = None if kinds.kind_info(record.kind).own_python else record.tools.get("python_path")
     run_env = activated_env(base_env, delta, act)
     return smoke(record, Path(record.prefix), run_env, site_python=site_python, log=log, home=home, gpus=gpus)

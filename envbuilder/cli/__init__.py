@@ -1,6 +1,6 @@
 """The command line: grammar (:mod:`.parser`, from :mod:`.parts`), help and man page (:mod:`.helptext`,
-:mod:`.manpage`), completion scripts (:mod:`.completion`), and human output (:mod:`.console`, :mod:`.tables`,
-:mod:`.progress`). :mod:`.dispatch` parses, dispatches and renders; this face re-exports its entry points."""
+:mod:`.manpage`), and completion scripts (:mod:`.completion`); human output lives in :mod:`envbuilder.system`.
+:mod:`.dispatch` parses, dispatches and renders; this face re-exports its entry points."""
 
 from envbuilder.cli.dispatch import envelope, main, reader_gone
 

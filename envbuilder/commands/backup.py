@@ -9,7 +9,6 @@ from typing import Any, Optional
 
 from envbuilder import backup
 from envbuilder.backup import restore as restorer
-from envbuilder.cli.tables import Column
 from envbuilder.commands import validate as validate_cmd
 from envbuilder.core import settings
 from envbuilder.core.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
@@ -18,6 +17,7 @@ from envbuilder.recipe.catalog import Catalog
 from envbuilder.scale import image
 from envbuilder.system import fsutil, host, modules, proc, progress, purge, state, strictmodes, transaction
 from envbuilder.system.console import Cell, Out, plain
+from envbuilder.system.tables import Column
 from envbuilder.validate import runner as validator
 
 

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder import plan as planner
-from envbuilder.backends import network
-from envbuilder.build import activation
+from envbuilder.backends import activation, network
 from envbuilder.build import create as creator
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.core import settings

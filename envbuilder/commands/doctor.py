@@ -12,7 +12,6 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from envbuilder.cli import tables
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.core import settings
 from envbuilder.core.errors import DoctorFindings
@@ -21,7 +20,7 @@ from envbuilder.doctor import collect, findings, index_checks
 from envbuilder.doctor.report import Context, Report, examine
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver.matrix import load_matrix
-from envbuilder.system import state
+from envbuilder.system import state, tables
 from envbuilder.system.console import Out, plain
 
 _LABELS = {

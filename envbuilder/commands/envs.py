@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder import backup
-from envbuilder.build import activation
-from envbuilder.cli.tables import Column
+from envbuilder.backends import activation
 from envbuilder.core import settings
 from envbuilder.core.errors import EnvbuilderError, EnvNotFound, StateError, UnsafePath, UsageError
 from envbuilder.plan.activation import Activation
@@ -19,6 +18,7 @@ from envbuilder.render import modulefile
 from envbuilder.scale import image
 from envbuilder.system import fsutil, purge, removal, state, strictmodes, transaction
 from envbuilder.system.console import Cell, Out
+from envbuilder.system.tables import Column
 
 
 def _home() -> Path:
@@ -126,7 +126,7 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     fresh = image.freshness(record)
     data["image_status"] = fresh.to_json()
     plan = record.plan or {}
-    act = record.activation or Activation()
+    act = Activation.of_record(record.plan) or Activation()
     data["activation"] = {
         "loads": list(act.modules),
         "said": act.modules_said(plan.get("modules") or (), plan.get("build_modules") or ()),
@@ -262,7 +262,7 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     record = state.load(_home(), args.env)
     # `module load` puts the env's bin first on PATH: no one else may be able to write there.
     strictmodes.env_scripts(Path(record.prefix), ["bin"])
-    activate = record.activation or Activation()
+    activate = Activation.of_record(record.plan) or Activation()
     text = modulefile.render(
         name=record.name,
         prefix=record.prefix,

@@ -8,7 +8,6 @@ import os
 from typing import Any, Optional
 
 from envbuilder import plan as planner
-from envbuilder.cli.tables import Column
 from envbuilder.commands import plan as plan_cmd
 from envbuilder.core.errors import PublishError, RecipeError
 from envbuilder.recipe import loader, schemajson
@@ -16,6 +15,7 @@ from envbuilder.recipe.catalog import Catalog, Entry, find_lock
 from envbuilder.resolver import knowledge
 from envbuilder.resolver.matrix import load_matrix
 from envbuilder.system.console import Cell, Out, plain
+from envbuilder.system.tables import Column
 
 
 def list_recipes(catalog: Catalog) -> list[dict[str, Any]]:

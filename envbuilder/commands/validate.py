@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder import __version__
-from envbuilder.cli.tables import Column
 from envbuilder.core import settings
 from envbuilder.core.errors import PublishError, StateError, UsageError, ValidationFailed
 from envbuilder.core.facts import HostFacts
@@ -19,6 +18,7 @@ from envbuilder.recipe.catalog import Catalog
 from envbuilder.scale import image
 from envbuilder.system import fsutil, host, modules, proc, state, strictmodes
 from envbuilder.system.console import Cell, Out, plain
+from envbuilder.system.tables import Column
 from envbuilder.validate import report
 from envbuilder.validate import runner as validator
 

@@ -10,9 +10,10 @@ and ``validate`` runs. All of it is pure: the caller brings the host facts, the 
 
 from __future__ import annotations
 
+from envbuilder.core.records import RecordedPlan, RecordedPython
 from envbuilder.plan.planning import Options, build, torch_request
 from envbuilder.plan.prefix import FALLBACK_ROOT, expand
-from envbuilder.plan.record import Plan, PrefixFilesystem, RecordedPlan, RecordedPython
+from envbuilder.plan.record import Plan, PrefixFilesystem
 
 __all__ = [
     "FALLBACK_ROOT",

@@ -1,14 +1,15 @@
 """What activating an env loads and sets (pure): planned from the recipe, recorded with the env, rendered into
-activate scripts and modulefiles by ``envbuilder.build.activation``."""
+activate scripts and modulefiles by ``envbuilder.backends.activation``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import field
-from typing import TYPE_CHECKING, Optional, TypedDict
+from typing import TYPE_CHECKING, Optional
 
 from envbuilder.core.errors import RecipeError
 from envbuilder.core.kinds import kind_info
+from envbuilder.core.records import RecordedActivate, RecordedPlan
 from envbuilder.core.structs import dataclass
 from envbuilder.core.values import (
     require_carriable,
@@ -25,22 +26,6 @@ if TYPE_CHECKING:
 
 #: Directories put into colon-separated list variables, by variable, in the order they appear there.
 Paths = Mapping[str, tuple[str, ...]]
-
-
-class RecordedActivate(TypedDict, total=False):
-    """An Activation as a recorded plan holds it (records from older releases may lack keys)."""
-
-    modules: list[str]
-    module_use: list[str]
-    env: dict[str, str]
-    unset: list[str]
-    prepend: dict[str, list[str]]
-    append: dict[str, list[str]]
-    profiles: list[str]
-    conda_env: Optional[str]
-    #: The modules of ``modules`` that are the env's build modules (absent in records made before activation
-    #: loaded them: those load only what ``activate.modules`` named).
-    from_build: list[str]
 
 
 @dataclass(frozen=True)
@@ -122,6 +107,12 @@ class Activation:
             "conda_env": self.conda_env,
             **({"from_build": list(self.from_build)} if self.from_build is not None else {}),
         }
+
+    @classmethod
+    def of_record(cls, plan: RecordedPlan) -> Optional[Activation]:
+        """What activating an env loads and sets, as its recorded plan says (None for a record without)."""
+        recorded = plan.get("activate")
+        return cls.from_json(recorded) if recorded else None
 
     @classmethod
     def from_json(cls, data: RecordedActivate) -> Activation:

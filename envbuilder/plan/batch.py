@@ -20,41 +20,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Optional
 
 from envbuilder.core import launchers, schedulers, values
-from envbuilder.core.errors import RecipeError, UsageError
+from envbuilder.core.errors import RecipeError
+from envbuilder.core.modulelines import module_lines
+from envbuilder.core.schedulers import JobShape
 from envbuilder.core.structs import dataclass
-from envbuilder.core.values import require_carriable, require_module_name
+from envbuilder.core.values import require_carriable
 
 if TYPE_CHECKING:  # only a type here: the activation is planned (planning imports batch through suite)
     from envbuilder.plan.activation import Activation
-
-
-@dataclass(frozen=True)
-class JobShape:
-    nodes: int
-    tasks_per_node: int
-    gpus_per_node: int
-    cpus_per_task: Optional[int]
-    partition: Optional[str]
-    time: str
-    account: Optional[str]
-    name: str
-
-    def __post_init__(self) -> None:
-        """Refuse what no directive or argument may carry: the account comes from --account (a usage error);
-        the partition, walltime and job name were checked where they came from and are checked again here (the
-        partition may come from the env's record or the job's environment, which no loader read)."""
-        bad = values.ACCOUNT.problem(self.account) if self.account else None
-        if bad is not None:
-            raise UsageError(f"--account: {bad[0]}", hint=bad[1])
-        if self.partition:
-            values.require(values.PARTITION, self.partition, "partition")
-        values.require(values.TIME, self.time, "scheduler.time")
-        values.require(values.JOB_NAME, self.name, "job name")
-
-    @property
-    def walltime(self) -> str:
-        """The walltime as HH:MM:SS, the form every scheduler and wrapper reads alike."""
-        return values.walltime(self.time, "scheduler.time")
 
 
 def minutes(time: str) -> int:
@@ -191,23 +164,6 @@ def check_command(
                 key="scheduler.forbidden_flags",
                 hint="this site's scheduler refuses it: take it out of forbidden_flags only if the site allows it",
             )
-
-
-def module_lines(use: Sequence[str], load: Sequence[str]) -> list[str]:
-    """`module use` then `module load` lines, every value quoted (batch scripts, plan steps, the adapter).
-    Raises RecipeError for a module name that is not one, or a path with a line break (Lmod would run either)."""
-    for i, path in enumerate(use):
-        require_carriable(path, f"modules.use[{i}]")
-        if path.startswith("-"):
-            raise RecipeError(
-                f"a `module use` path cannot start with '-', found {path!r}", key=f"modules.use[{i}]"
-            )
-    for i, name in enumerate(load):
-        require_module_name(name, f"modules.load[{i}]")
-    lines = [f"module use {shlex.quote(p)}" for p in use]
-    if load:
-        lines.append("module load " + " ".join(shlex.quote(m) for m in load))
-    return lines
 
 
 def module_init_lines(init_dir: Optional[str]) -> list[str]:

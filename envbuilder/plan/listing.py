@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from envbuilder.plan import batch
+from envbuilder.core.modulelines import module_lines
 from envbuilder.plan.activation import Activation
 
 if TYPE_CHECKING:
@@ -24,12 +24,12 @@ def steps_in_words(
     """The plan's steps in words, as ``envbuilder plan`` lists them."""
     mods = recipe.modules
     steps = []
-    loads = batch.module_lines(mods.use, mods.load)
+    loads = module_lines(mods.use, mods.load)
     if mods.load:
         loads[-1] += f"  ({mods.system})"
     steps += loads
     extra = [m for m in mods.build_only if m not in mods.load]
-    steps += [f"{line}  (build only)" for line in batch.module_lines((), extra)]
+    steps += [f"{line}  (build only)" for line in module_lines((), extra)]
     steps.append(
         f"build the {recipe.env.kind} env in a temporary sibling of {prefix}; move it into place once complete"
     )

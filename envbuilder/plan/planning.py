@@ -17,12 +17,13 @@ from envbuilder import lockfile
 from envbuilder.core import launchers
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.kinds import AUTO, CLI_ENGINES, kind_info
+from envbuilder.core.records import RecordedPython
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import lockfit, suite
 from envbuilder.plan.activation import activation_for
 from envbuilder.plan.listing import steps_in_words
 from envbuilder.plan.prefix import filesystem_for, prefix_for
-from envbuilder.plan.record import Plan, RecordedPython
+from envbuilder.plan.record import Plan
 from envbuilder.plan.steps import InstallStep, NewEnv, install_steps
 from envbuilder.plan.target import env_python, fact_origins, host_fact_warnings, target_facts
 from envbuilder.resolver import gates, mirror

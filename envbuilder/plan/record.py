@@ -1,16 +1,17 @@
-"""What a plan is (``Plan``, frozen) and how it is recorded (``RecordedPlan``: ``plan --json`` and an env's record);
-``envbuilder.plan.build`` makes one. Pure."""
+"""What a plan is (``Plan``, frozen) and its record (``Plan.to_json``: ``plan --json`` and an env's record, shaped
+as :class:`envbuilder.core.records.RecordedPlan`); ``envbuilder.plan.build`` makes one. Pure."""
 
 from __future__ import annotations
 
 from dataclasses import field, fields
-from typing import Any, Optional, TypedDict
+from typing import Any, Optional
 
 from envbuilder import lockfile
 from envbuilder.core.facts import HostFacts
+from envbuilder.core.records import RecordedPlan, RecordedPython
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import lockfit
-from envbuilder.plan.activation import Activation, RecordedActivate
+from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import InstallStep
 from envbuilder.plan.target import TargetFact
 from envbuilder.recipe import sections
@@ -27,52 +28,6 @@ class PrefixFilesystem:
     def to_json(self) -> dict[str, Any]:
         values = ((f.name, getattr(self.spec, f.name)) for f in fields(self.spec))
         return {"name": self.name, **{key: value for key, value in values if value is not None}}
-
-
-class RecordedPython(TypedDict, total=False):
-    command: str
-    version: Optional[str]
-    #: Where the version came from (target.env_python); records written before issue 33 lack it.
-    source: str
-
-
-class RecordedPlan(TypedDict, total=False):
-    """A Plan as JSON (``plan --json``, and what an env's record keeps). Records written by older releases, or
-    by hand, may lack keys: readers use ``.get``."""
-
-    recipe: str
-    recipe_version: str
-    site: Optional[str]
-    status: str
-    files: list[str]
-    kind: str
-    installer: str
-    prefix: str
-    python: RecordedPython
-    module_system: str
-    module_use: list[str]
-    modules: list[str]
-    build_modules: list[str]
-    torch: Optional[dict[str, Any]]  # Resolution.to_json
-    index_url: Optional[str]
-    extra_index_urls: list[str]
-    requirements: list[str]
-    install_commands: list[list[str]]
-    activate: RecordedActivate
-    launcher: str
-    launch_command: list[str]
-    interactive_command: Optional[list[str]]
-    batch_script: Optional[str]
-    target: dict[str, Any]  # HostFacts.to_json
-    target_facts: list[dict[str, Any]]  # TargetFact.to_json: where os, glibc and python came from
-    filesystem: Optional[dict[str, Any]]  # PrefixFilesystem.to_json
-    corrections: list[dict[str, str]]
-    steps: list[str]
-    lock: Optional[dict[str, Any]]  # lockfit.LockStatus.to_json
-    lock_inputs: dict[str, Any]
-    warnings: list[str]
-    notes: list[str]
-    partition: Optional[str]
 
 
 @dataclass(frozen=True)

@@ -358,14 +358,14 @@ def _cpus_per_task(shape: Shape, adapter: Optional[schedulers.Scheduler]) -> Opt
     return None
 
 
-def _job_shape(recipe: Recipe, shape: Shape) -> batch.JobShape:
+def _job_shape(recipe: Recipe, shape: Shape) -> schedulers.JobShape:
     sched = recipe.scheduler
     site_gpus = (
         shape.gpus if shape.partition_facts.gpus_per_node is None else shape.partition_facts.gpus_per_node
     )
     cores = shape.partition_facts.cores_per_node or recipe.compute.cores_per_node
     agent = shape.launcher.agent
-    return batch.JobShape(
+    return schedulers.JobShape(
         nodes=shape.nodes,
         tasks_per_node=1 if agent else shape.nproc,
         gpus_per_node=site_gpus if shape.gpus else 0,

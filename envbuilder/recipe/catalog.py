@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
 from envbuilder import lockfile
 from envbuilder.core import settings
-from envbuilder.core._toml import TOMLDecodeError, TOMLLimitError, loads
 from envbuilder.core.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
 from envbuilder.core.structs import dataclass
 from envbuilder.recipe.document import Document
@@ -33,13 +32,12 @@ from envbuilder.recipe.trust import Policy, pin_dir
 from envbuilder.system import textfile
 from envbuilder.system.console import Out
 from envbuilder.system.fsutil import file_key
+from envbuilder.system.siteconfig import config_path, read_toml
 
 if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
     from envbuilder.recipe.loader import Recipe
 
 REGISTRY_KEYS = ("path", "require_signatures", "allowed_signers")
-#: The largest recipe file read (the biggest shipped one is under 10 KiB).
-MAX_RECIPE_BYTES = 1024 * 1024
 #: The most files and directories one directory of the path is searched through (a site ships a few dozen).
 MAX_SCANNED = 10_000
 
@@ -101,12 +99,6 @@ def layers(env: Optional[Mapping[str, str]] = None) -> list[Layer]:
     return out
 
 
-def config_path(env: Mapping[str, str]) -> Optional[Path]:
-    if env.get(settings.CONFIG_VAR):
-        return Path(env[settings.CONFIG_VAR]).expanduser()
-    return settings.SITE_CONFIG if settings.SITE_CONFIG.is_file() else None
-
-
 def site_registries(env: Mapping[str, str]) -> list[Layer]:
     """The registries the site config names (``[[registries]]`` with path, require_signatures, allowed_signers)."""
     path = config_path(env)
@@ -154,19 +146,6 @@ def site_registries(env: Mapping[str, str]) -> list[Layer]:
         )
         out.append(Layer(f"site config ({path})", root, Registry(root, policy)))
     return out
-
-
-def read_toml(path: Path, shown: Optional[str] = None) -> dict[str, Any]:
-    try:
-        text = textfile.read_text(path, MAX_RECIPE_BYTES, "recipe file")
-    except textfile.UnreadableFile as exc:
-        raise RecipeError(exc.reason, file=shown or str(path)) from None
-    try:
-        return loads(text)
-    except TOMLLimitError as exc:
-        raise RecipeError(str(exc), file=shown or str(path), key=exc.key) from None
-    except TOMLDecodeError as exc:
-        raise RecipeError(f"not valid TOML: {exc}", file=shown or str(path)) from None
 
 
 def resolved(path: Path) -> Path:

@@ -1,5 +1,5 @@
 """Activate scripts (pure rendering): what ``source PREFIX/bin/activate`` does beyond the venv, and what
-``deactivate`` undoes. ``envbuilder.build.activation`` writes them into an env.
+``deactivate`` undoes. ``envbuilder.backends.activation`` writes them into an env.
 
 The shell code is package data, one template file per script language (a :class:`~envbuilder.core.shells.base.Syntax`
 of :mod:`envbuilder.core.shells`, which says how a value is quoted for it and which scripts an env holds for it); this

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
 
-    from envbuilder.cli import tables
+    from envbuilder.system import tables
 
 #: A table cell or a message part: a plain string (shown literally) or a styled Text.
 Cell = Union[str, "Text", None]
@@ -102,7 +102,7 @@ class Results(Lines):
 
     def table(self, columns: Sequence[tables.Column], rows: Iterable[Sequence[Cell]]) -> None:
         """A table that fits the console's width, or its rows stacked where it would not (``tables``)."""
-        from envbuilder.cli import tables  # noqa: PLC0415 - it imports rich: only a table needs it
+        from envbuilder.system import tables  # noqa: PLC0415 - it imports rich: only a table needs it
 
         for line in tables.render(self.console, columns, [cells(*row) for row in rows]):
             self.console.print(line)

@@ -25,8 +25,8 @@ from typing import Optional
 
 from envbuilder.core import values
 from envbuilder.core.errors import CommandFailed, ModuleSystemError
+from envbuilder.core.modulelines import module_lines
 from envbuilder.core.structs import dataclass
-from envbuilder.plan import batch
 from envbuilder.system import proc
 
 #: Variables a child shell changes by itself; never part of a module delta. Exported shell functions
@@ -182,7 +182,7 @@ class ModuleSystem:
     def load_lines(self, use: Sequence[str], load: Sequence[str]) -> list[str]:
         """Shell lines that load the modules (for activate scripts and batch jobs); every value quoted."""
         check_args(use, load)
-        return batch.module_lines(use, load)
+        return module_lines(use, load)
 
     def unload_lines(self, load: Sequence[str]) -> list[str]:
         """Shell lines that unload them again, in reverse order."""

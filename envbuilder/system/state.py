@@ -9,17 +9,14 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 from envbuilder.core import kinds, settings
 from envbuilder.core.errors import EnvNotFound, StateError, did_you_mean
+from envbuilder.core.records import RecordedPlan
 from envbuilder.core.structs import dataclass
 from envbuilder.system import strictmodes
 from envbuilder.system.fsutil import Mutex, Owner, write_atomic
-
-if TYPE_CHECKING:  # only types: importing the planner would load the resolver for every record read
-    from envbuilder.plan import RecordedPlan
-    from envbuilder.plan.activation import Activation
 
 RECORD_VERSION = 1
 
@@ -57,14 +54,6 @@ class EnvRecord:
     def torch(self) -> Optional[str]:
         """The torch version the env holds, as its record lists it (None where it lists none)."""
         return next((str(p["version"]) for p in self.packages if p.get("name") == "torch"), None)
-
-    @property
-    def activation(self) -> Optional[Activation]:
-        """What activating the env loads and sets, as its plan recorded it (None for a record without)."""
-        from envbuilder.plan.activation import Activation  # noqa: PLC0415 - the planner, only where it is read
-
-        recorded = self.plan.get("activate")
-        return Activation.from_json(recorded) if recorded else None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -258,15 +258,15 @@ def _refusal(
 
 def _shared_roots(env: Mapping[str, str]) -> list[SharedRoot]:
     """The site config's ``[[shared_roots]]``, read only where a check needs them (most never do)."""
-    from envbuilder.recipe import catalog  # noqa: PLC0415 - only a group-shared directory needs the site config
+    from envbuilder.system import siteconfig  # noqa: PLC0415 - only a group-shared directory needs the site config
 
-    path = catalog.config_path(env)
+    path = siteconfig.config_path(env)
     if path is None or not path.is_file():
         return []
     check(
         path, what="the site config", elsewhere="ask the admins to fix its mode, or unset ENVBUILDER_CONFIG"
     )
-    items = catalog.read_toml(path).get(SHARED_KEY, [])
+    items = siteconfig.read_toml(path).get(SHARED_KEY, [])
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise RecipeError("expected an array of tables ([[shared_roots]])", file=str(path), key=SHARED_KEY)
     return [_shared_root(item, f"{SHARED_KEY}[{n}]", str(path)) for n, item in enumerate(items)]

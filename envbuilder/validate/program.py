@@ -23,7 +23,7 @@ from envbuilder.core.errors import UsageError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import suite
-from envbuilder.plan.activation import activation_for
+from envbuilder.plan.activation import Activation, activation_for
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
 from envbuilder.system import proc, state
@@ -108,7 +108,7 @@ def prepare(
         suite.LaunchedEnv(
             str(prefix),
             python,
-            replace(record.activation or activation_for(recipe), module_init=module_init),
+            replace(Activation.of_record(record.plan) or activation_for(recipe), module_init=module_init),
             own_python,
         ),
         program,
@@ -156,7 +156,7 @@ def run_here(
 ) -> int:
     """Start the program here with the activated env's variables; its exit status."""
     install_wrappers(record)
-    activate = record.activation or activation_for(recipe)
+    activate = Activation.of_record(record.plan) or activation_for(recipe)
     run_env = runner.environment(record, recipe, activate, env, modules)
     run_env.setdefault("OMP_NUM_THREADS", str(runner.threads_here(prepared.launch, prepared.here)))
     argv, run_env = runner.bind_here(prepared.launch, run_env)

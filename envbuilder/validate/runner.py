@@ -107,7 +107,9 @@ def run(
     checks = suite.checks_for(recipe, opts.checks)
     prefix = Path(record.prefix)
     # A job script sources the module system's init where its shell has no `module` (this host's: the site's).
-    activate = replace(record.activation or activation_for(recipe), module_init=modules.init_dir)
+    activate = replace(
+        Activation.of_record(record.plan) or activation_for(recipe), module_init=modules.init_dir
+    )
     timeout = float(opts.timeout or recipe.validation.timeout or suite.DEFAULT_TIMEOUT_S)
     runs = Path(opts.runs) if opts.runs else prefix / "envbuilder" / "validation"
     run_dir = runs / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

@@ -12,7 +12,7 @@ import pytest
 from helpers import DATA
 from wheelindex import build_wheel, serve
 
-from envbuilder.build import activation
+from envbuilder.backends import activation
 from envbuilder.core.errors import RecipeError
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS

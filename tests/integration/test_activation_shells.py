@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from envbuilder.core.shells.csh import CSH
-from envbuilder.core.shells.fish import FISH
 from helpers import DATA
 from test_activation import (
     ACT,
@@ -28,8 +26,10 @@ from test_activation import (
     read_env,
 )
 
-from envbuilder.build import activation
+from envbuilder.backends import activation
 from envbuilder.core.errors import RecipeError
+from envbuilder.core.shells.csh import CSH
+from envbuilder.core.shells.fish import FISH
 from envbuilder.plan.activation import Activation
 from envbuilder.render import activate_scripts
 

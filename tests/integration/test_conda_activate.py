@@ -15,7 +15,7 @@ import pytest
 from condachannel import conda_function_module
 from helpers import run_cli
 
-from envbuilder.build import activation
+from envbuilder.backends import activation
 from envbuilder.core.errors import ModuleSystemError
 from envbuilder.plan.activation import Activation
 from envbuilder.render import modulefile

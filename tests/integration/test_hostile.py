@@ -22,6 +22,7 @@ from helpers import DATA, PLAN_ENV, REPO, UserWorld, bash, lmod_vars, ok, refuse
 from slurm import ENDED, job_record, sbatch_wait
 from wheelindex import build_wheel, mirror_env, serve
 
+from envbuilder.core import modulelines
 from envbuilder.core.errors import EnvbuilderError, ModuleSystemError, RecipeError
 from envbuilder.plan import batch, steps
 from envbuilder.plan.activation import Activation
@@ -179,7 +180,7 @@ def test_renderers_refuse_a_hostile_module_name(tmp_path):
     with pytest.raises(RecipeError, match="not a module name"):
         modulefile.render(name="demo", prefix="/p", recipe="demo", activate=Activation(modules=(name,)))
     with pytest.raises(EnvbuilderError, match="not a module name"):
-        batch.module_lines([], [name])
+        modulelines.module_lines([], [name])
     # The controls: the same calls with a real module name render it.
     assert "module load gcc/13.2.0" in activate_scripts.render_script(Activation(modules=("gcc/13.2.0",)))
     assert 'depends_on("gcc/13.2.0")' in modulefile.render(

@@ -7,10 +7,10 @@ import shutil
 import subprocess
 
 import pytest
+
+from envbuilder.backends import activation
 from envbuilder.core.shells.csh import CSH
 from envbuilder.core.shells.fish import FISH
-
-from envbuilder.build import activation
 from envbuilder.plan.activation import Activation
 from envbuilder.render import activate_scripts
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from envbuilder.core import launchers, schedulers
+from envbuilder.core import launchers, modulelines, schedulers
 from envbuilder.core.errors import RecipeError, UsageError
 from envbuilder.core.launchers import LaunchSpec, ShellVar
 from envbuilder.plan import batch
@@ -161,7 +161,7 @@ def test_shellvar_rejects_non_names():
 
 SLURM = schedulers.SCHEDULERS["slurm"]
 
-JOB = batch.JobShape(
+JOB = schedulers.JobShape(
     nodes=2,
     tasks_per_node=1,
     gpus_per_node=4,
@@ -314,7 +314,7 @@ def test_script_quotes_recipe_values(tmp_path):
     # A module name is not quoted into safety: Lmod evaluates it. Such a name is refused (tests/integration/
     # test_hostile.py shows Lmod running it).
     with pytest.raises(RecipeError, match="not a module name"):
-        batch.module_lines([], ["conda/2025; echo pwned"])
+        modulelines.module_lines([], ["conda/2025; echo pwned"])
 
 
 def test_script_adds_list_entries_quoted_and_without_an_empty_entry(tmp_path):

@@ -63,8 +63,10 @@ PURE = (
     "envbuilder.recipe.document",  # what the loader is handed
     "envbuilder.recipe.schemacheck",
     "envbuilder.core.errors",
+    "envbuilder.core.records",  # the JSON shape of a recorded plan
+    "envbuilder.core.modulelines",
     "envbuilder.core._toml",
-    "envbuilder.cli.tables",  # lays rows out; rich renders them
+    "envbuilder.system.tables",  # lays rows out; rich renders them
     "envbuilder.core.structs",
     "envbuilder.core.kinds",
     "envbuilder.core.shells.registry",  # every shell adapter, and the registry the rest reads them from

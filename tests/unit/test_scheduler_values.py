@@ -245,7 +245,7 @@ def test_a_partitions_entry_must_be_named_like_a_partition(tmp_path):
 # The renderers refuse them again (a state record, the job's environment or a caller hands them over)
 
 
-def job(**kw: Any) -> batch.JobShape:
+def job(**kw: Any) -> schedulers.JobShape:
     base: dict[str, Any] = {
         "nodes": 1,
         "tasks_per_node": 1,
@@ -256,7 +256,7 @@ def job(**kw: Any) -> batch.JobShape:
         "account": None,
         "name": "envbuilder-demo",
     }
-    return batch.JobShape(**{**base, **kw})
+    return schedulers.JobShape(**{**base, **kw})
 
 
 @pytest.mark.parametrize("value", HOSTILE.values(), ids=HOSTILE.keys())

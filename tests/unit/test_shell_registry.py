@@ -15,7 +15,7 @@ import sys
 import pytest
 from helpers import REPO, run_cli
 
-from envbuilder.build import activation
+from envbuilder.backends import activation
 from envbuilder.cli import completion
 from envbuilder.cli.helptext import subcommands
 from envbuilder.cli.parser import build_parser

@@ -61,7 +61,7 @@ def test_importing_the_cli_imports_neither_rich_nor_the_commands() -> None:
     modules, _ = loaded_by("--import", "envbuilder.cli")
     assert not {m for m in modules if m.partition(".")[0] == "rich"}
     assert not {m for m in modules if m.startswith("envbuilder.commands")}
-    assert "envbuilder.cli.tables" not in modules  # a renderer: it imports rich
+    assert "envbuilder.system.tables" not in modules  # a renderer: it imports rich
 
 
 def test_the_first_line_of_output_imports_rich() -> None:

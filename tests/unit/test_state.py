@@ -15,6 +15,7 @@ import pytest
 
 from envbuilder.core import settings
 from envbuilder.core.errors import StateError
+from envbuilder.plan.activation import Activation
 from envbuilder.system import fsutil, state
 
 
@@ -41,6 +42,16 @@ def test_record_round_trip(tmp_path):
     assert state.load(tmp_path, rec.name) == rec
     assert json.loads(path.read_text())["version"] == state.RECORD_VERSION
     assert state.names(tmp_path) == ["vista-venv-cu124"]
+
+
+def test_a_saved_record_gives_back_the_activation_its_plan_recorded(tmp_path):
+    """The record keeps its plan as JSON; the planner reads the activation back out of it (None where the plan
+    recorded none, as in records older than activation)."""
+    act = Activation(modules=("gcc/13.2.0",), env={"OMP_NUM_THREADS": "8"}, prepend={"PATH": ("/opt/x bin",)})
+    state.save(tmp_path, record(plan={"kind": "venv", "activate": act.to_json()}))
+    state.save(tmp_path, record("old", plan={"kind": "venv"}))
+    assert Activation.of_record(state.load(tmp_path, "vista-venv-cu124").plan) == act
+    assert Activation.of_record(state.load(tmp_path, "old").plan) is None
 
 
 def test_nothing_is_world_writable_even_with_umask_0(tmp_path):

@@ -1,4 +1,4 @@
-"""The one fit-or-stack rule for tables (envbuilder.cli.tables), on rich consoles of a given width."""
+"""The one fit-or-stack rule for tables (envbuilder.system.tables), on rich consoles of a given width."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 from rich.text import Text
 
-from envbuilder.cli.tables import Column, render
+from envbuilder.system.tables import Column, render
 
 COLUMNS = (Column("id"), Column("size"), Column("created", optional=True), Column("note", text=True))
 ROW = ["env-with-a-long-name@20261123T174000Z", "12 MiB", "2026-11-23T17:40:00+00:00", "a few words of text"]

@@ -1,0 +1,191 @@
+"""What every scheduler adapter shares (pure): the :class:`Scheduler` each adapter module subclasses, and the types
+they read and answer with: :class:`Where` a command runs, the :class:`HostList` of an allocation, the
+:class:`JobShape` a job script asks for.
+
+Each adapter owns a job script's directives and set-up lines, and the argv that submits a job, asks for its state
+and exit code and cancels it, with parsers for what they print. It also owns what a job's environment means to it:
+which variables say "inside a job" and which the host probe records, where the allocation's hosts are listed
+(:meth:`Scheduler.hosts`, the first of which a multi-node run meets at), the argv that runs a command once on every
+node and the broadcast that ``stage`` copies an image with. The adapters are one module each beside this one;
+:mod:`.registry` holds them all.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Optional
+
+from envbuilder.core import values
+from envbuilder.core.errors import UsageError
+from envbuilder.core.launchers import Arg, ShellVar
+from envbuilder.core.structs import dataclass
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a command runs, as the scheduler's variables tell: a login node (``job`` None), a job's allocation
+    (an ``salloc`` shell, a batch script, a PBS job) or one of the job's steps (an ``srun --pty`` shell), whose
+    resources a second step can only share (``srun --overlap``)."""
+
+    scheduler: Optional[str] = None
+    job: Optional[str] = None
+    in_step: bool = False
+    #: Nodes of the allocation, where the scheduler says.
+    nodes: Optional[int] = None
+    #: CPUs the job holds on this node (or on each node), where the scheduler says.
+    cpus_per_node: Optional[int] = None
+    partition: Optional[str] = None
+
+    @property
+    def in_job(self) -> bool:
+        return self.job is not None
+
+
+@dataclass(frozen=True)
+class HostList:
+    """Where a job's hosts are listed, first host first, whitespace apart: what ``argv`` prints, or the file at
+    ``path``."""
+
+    argv: tuple[str, ...] = ()
+    path: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class JobShape:
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int
+    cpus_per_task: Optional[int]
+    partition: Optional[str]
+    time: str
+    account: Optional[str]
+    name: str
+
+    def __post_init__(self) -> None:
+        """Refuse what no directive or argument may carry: the account comes from --account (a usage error);
+        the partition, walltime and job name were checked where they came from and are checked again here (the
+        partition may come from the env's record or the job's environment, which no loader read)."""
+        bad = values.ACCOUNT.problem(self.account) if self.account else None
+        if bad is not None:
+            raise UsageError(f"--account: {bad[0]}", hint=bad[1])
+        if self.partition:
+            values.require(values.PARTITION, self.partition, "partition")
+        values.require(values.TIME, self.time, "scheduler.time")
+        values.require(values.JOB_NAME, self.name, "job name")
+
+    @property
+    def walltime(self) -> str:
+        """The walltime as HH:MM:SS, the form every scheduler and wrapper reads alike."""
+        return values.walltime(self.time, "scheduler.time")
+
+
+class Scheduler(ABC):
+    """One batch system: each subclass fills the attributes and builds its own argv."""
+
+    name: str
+    #: The name people know it by, for messages.
+    title: str
+    #: The variables of a job's environment that the host probe records.
+    allocation_vars: tuple[str, ...] = ()
+    #: The variable that lists (or names the list of) the allocation's hosts.
+    hosts_var: str
+    #: Whether it copies one file to every node itself (:meth:`broadcast`); else ``stage`` has each node fetch
+    #: the image from the shared file system.
+    broadcasts: bool = False
+    #: Options of an interactive step that give it CPUs, where a step without one gets a single CPU.
+    step_cpu_options: tuple[str, ...] = ()
+    #: The directive prefix of a job script (``#SBATCH``).
+    directive: str
+    #: The submit command; where it is on PATH, this host submits to this scheduler.
+    submit_tool: str
+    #: Set inside a job of this scheduler: this host is in an allocation.
+    job_id_var: str
+    #: The partition (queue) a job runs in, as the job's environment tells.
+    partition_var: str
+    #: The launcher that starts one torchrun agent per node here (torchrun alone reaches one node).
+    node_launcher: str
+    #: The torchrun rendezvous id of a job.
+    rdzv_id: Arg = "envbuilder"
+    #: Script lines right after ``set -euo pipefail``.
+    setup: tuple[str, ...] = ()
+    #: The script line that sets MASTER_ADDR to the allocation's first host.
+    first_host: str
+
+    #: The script expression for the CPUs the job holds on this node.
+    cpus_var: str
+    #: One-letter options and the long option each is (forbidden_flags = ["--error"] also forbids -e).
+    short_options: Mapping[str, str] = MappingProxyType({})
+
+    @abstractmethod
+    def where(self, env: Mapping[str, str]) -> Where:
+        """Where ``env`` (which holds ``job_id_var``) runs inside this scheduler's job."""
+
+    def on_node(self, env: Mapping[str, str]) -> bool:
+        """Whether ``env``'s process runs on a node of its job (not in a shell the job's allocation left on a
+        login node)."""
+        return True
+
+    @abstractmethod
+    def hosts(self, env: Mapping[str, str]) -> Optional[HostList]:
+        """Where ``env``'s allocation lists its hosts; None outside one."""
+
+    @abstractmethod
+    def on_each_node(self, here: Where, command: Sequence[str]) -> list[str]:
+        """argv that runs ``command`` (a python and its arguments, each passed as one) once on every node of the
+        allocation ``here``."""
+
+    def broadcast(self, source: str, dest: str) -> list[str]:
+        """argv that copies ``source`` to ``dest`` on every node of the allocation (where :attr:`broadcasts`)."""
+        raise NotImplementedError(f"{self.title} has no broadcast")
+
+    def unstageable(self, here: Where) -> Optional[tuple[str, str]]:
+        """Why ``stage`` cannot reach the nodes of ``here``, and the hint; None where it can."""
+        return None
+
+    def bound_values(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The values of this scheduler's shell variables in a launch (the rendezvous id) for a run here."""
+        if isinstance(self.rdzv_id, ShellVar):
+            return {self.rdzv_id.var: env.get(self.rdzv_id.var, "envbuilder")}
+        return {}
+
+    @abstractmethod
+    def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
+        """The directives for ``job`` (without the prefix), asking for GPUs in the site's ``gpu_request`` style,
+        then the site's ``required`` flags."""
+
+    @abstractmethod
+    def submit(self, script: str, output: str) -> list[str]:
+        """argv that submits ``script`` with its output going to ``output``."""
+
+    def job_id(self, stdout: str) -> str:
+        """The job id the submit command printed."""
+        return stdout.strip().split(";", 1)[0]
+
+    @abstractmethod
+    def state_query(self, job: str) -> list[str]:
+        """argv that asks for the job's state (:meth:`state` reads the answer)."""
+
+    @abstractmethod
+    def state(self, returncode: int, stdout: str) -> Optional[str]:
+        """The job's state while it is queued or running; None once it has left the queue."""
+
+    def exit_query(self, job: str) -> Optional[list[str]]:
+        """argv that tells a finished job's exit code; None where the scheduler keeps no such record."""
+        return None
+
+    def exit_code(self, stdout: str) -> Optional[int]:
+        """The exit code in what :meth:`exit_query` printed."""
+        return None
+
+    @abstractmethod
+    def cancel(self, job: str) -> list[str]:
+        """argv that cancels the job."""
+
+
+def count(text: Optional[str]) -> Optional[int]:
+    """The positive whole number a scheduler variable holds (``" 4 "``); None for none, zero or anything else."""
+    match = re.fullmatch(r"\s*(\d+)\s*", text or "")
+    return int(match.group(1)) or None if match else None

@@ -1,0 +1,82 @@
+"""The PBS adapter: ``#PBS`` directives, ``qsub``/``qstat``/``qdel``, the job's host file
+(``$PBS_NODEFILE``) and the site's node launcher to reach every node. Nothing outside this module names PBS or its
+variables (tests/unit/test_scheduler_seam.py checks)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Optional
+
+from envbuilder.core.launchers import LaunchSpec, build, plain
+from envbuilder.core.schedulers.base import HostList, JobShape, Scheduler, Where, count
+
+
+class Pbs(Scheduler):
+    name = "pbs"
+    title = "PBS"
+    allocation_vars = ("PBS_JOBID", "PBS_NODEFILE", "PBS_QUEUE")
+    hosts_var = "PBS_NODEFILE"
+    directive = "#PBS"
+    submit_tool = "qsub"
+    job_id_var = "PBS_JOBID"
+    partition_var = "PBS_QUEUE"
+    node_launcher = "mpiexec"
+    setup = ('cd "${PBS_O_WORKDIR:-$PWD}"',)
+    first_host = 'MASTER_ADDR=$(head -n 1 "$PBS_NODEFILE")'
+    cpus_var = "NCPUS"
+
+    def where(self, env: Mapping[str, str]) -> Where:
+        # PBS tells the node count only through $PBS_NODEFILE (locate counts it; the runner reads the file).
+        # NCPUS is the first chunk's.
+        return Where(
+            scheduler=self.name,
+            job=env[self.job_id_var],
+            cpus_per_node=count(env.get("NCPUS")),
+            partition=env.get(self.partition_var) or None,
+        )
+
+    def hosts(self, env: Mapping[str, str]) -> Optional[HostList]:
+        # One line per rank slot; the node count is the count of distinct lines (locate).
+        path = env.get(self.hosts_var)
+        return HostList(path=path) if path else None
+
+    def on_each_node(self, here: Where, command: Sequence[str]) -> list[str]:
+        # No step of its own: the job's remote start, the site's node launcher (one task per node).
+        spec = LaunchSpec(python=command[0], script=tuple(command), nodes=here.nodes or 1, direct=True)
+        return plain(build(self.node_launcher, spec))
+
+    def unstageable(self, here: Where) -> Optional[tuple[str, str]]:
+        if here.nodes:
+            return None
+        return (
+            "envbuilder stage in a PBS job copies the image to the hosts of $PBS_NODEFILE, which is unset or "
+            "unreadable here",
+            "run it in the job's own shell or script, where PBS sets PBS_NODEFILE",
+        )
+
+    def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
+        flags = [f"-N {job.name}", f"-l select={job.nodes}", f"-l walltime={job.walltime}"]
+        if job.partition:
+            flags.append(f"-q {job.partition}")
+        if job.account:
+            flags.append(f"-A {job.account}")
+        return flags + list(required)
+
+    def submit(self, script: str, output: str) -> list[str]:
+        return ["qsub", "-o", output, "-j", "oe", script]
+
+    def state_query(self, job: str) -> list[str]:
+        return ["qstat", job]
+
+    def state(self, returncode: int, stdout: str) -> Optional[str]:
+        if returncode != 0:
+            return None
+        lines = stdout.strip().splitlines()
+        return lines[-1].split()[4] if lines and len(lines[-1].split()) > 4 else "Q"
+
+    def cancel(self, job: str) -> list[str]:
+        return ["qdel", job]
+
+
+#: The adapter the registry offers.
+SCHEDULER = Pbs()

@@ -1,0 +1,151 @@
+"""The Slurm adapter: ``#SBATCH`` directives, ``sbatch``/``squeue``/``scontrol``/``scancel``, a step of the
+allocation (``srun``) on every node and ``sbcast`` to copy an image. Nothing outside this module names Slurm or its
+variables (tests/unit/test_scheduler_seam.py checks)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Optional
+
+from envbuilder.core.launchers import ShellVar
+from envbuilder.core.schedulers.base import HostList, JobShape, Scheduler, Where, count
+
+
+class Slurm(Scheduler):
+    name = "slurm"
+    title = "Slurm"
+    allocation_vars = (
+        "SLURM_JOB_ID",
+        "SLURM_JOB_NODELIST",
+        "SLURM_JOB_NUM_NODES",
+        "SLURM_NNODES",
+        "SLURM_JOB_PARTITION",
+        "SLURM_GPUS_ON_NODE",
+        "SLURM_NTASKS",
+    )
+    hosts_var = "SLURM_JOB_NODELIST"
+    broadcasts = True
+    #: A step (``srun --pty``) gets one CPU unless one of these asks for more.
+    step_cpu_options = ("--cpus-per-task", "--cpus-per-gpu", "--exclusive", "--mincpus")
+    directive = "#SBATCH"
+    submit_tool = "sbatch"
+    job_id_var = "SLURM_JOB_ID"
+    partition_var = "SLURM_JOB_PARTITION"
+    node_launcher = "srun"
+    rdzv_id = ShellVar("SLURM_JOB_ID")
+    first_host = 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+    cpus_var = "SLURM_CPUS_ON_NODE"
+    #: Those sbatch, salloc and srun agree on.
+    short_options = MappingProxyType(
+        {
+            "-A": "--account",
+            "-C": "--constraint",
+            "-c": "--cpus-per-task",
+            "-D": "--chdir",
+            "-d": "--dependency",
+            "-e": "--error",
+            "-G": "--gpus",
+            "-i": "--input",
+            "-J": "--job-name",
+            "-L": "--licenses",
+            "-M": "--clusters",
+            "-m": "--distribution",
+            "-N": "--nodes",
+            "-n": "--ntasks",
+            "-o": "--output",
+            "-p": "--partition",
+            "-q": "--qos",
+            "-t": "--time",
+            "-w": "--nodelist",
+            "-x": "--exclude",
+        }
+    )
+
+    def where(self, env: Mapping[str, str]) -> Where:
+        # A batch script and a step know their node's CPUs; an salloc shell (on the login node) only the
+        # allocation's list, "32(x2),16" style.
+        cpus = count(env.get("SLURM_CPUS_ON_NODE")) or count(
+            env.get("SLURM_JOB_CPUS_PER_NODE", "").split("(")[0]
+        )
+        return Where(
+            scheduler=self.name,
+            job=env[self.job_id_var],
+            in_step="SLURM_STEP_ID" in env,
+            nodes=count(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")),
+            cpus_per_node=cpus,
+            partition=env.get(self.partition_var) or None,
+        )
+
+    def hosts(self, env: Mapping[str, str]) -> Optional[HostList]:
+        nodelist = env.get(self.hosts_var)
+        return HostList(argv=("scontrol", "show", "hostnames", nodelist)) if nodelist else None
+
+    def on_each_node(self, here: Where, command: Sequence[str]) -> list[str]:
+        # One task on every node, a step of the allocation (sharing resources when this already runs in a step).
+        nodes = here.nodes or 1
+        argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
+        return [*argv, "--overlap", *command] if here.in_step else [*argv, *command]
+
+    def broadcast(self, source: str, dest: str) -> list[str]:
+        # sbcast: one read of the shared file system, fanned out by Slurm.
+        return ["sbcast", "--force", source, dest]
+
+    def on_node(self, env: Mapping[str, str]) -> bool:
+        # Slurm sets it in a batch script and a step, on the node; an salloc shell lacks it.
+        return "SLURM_CPUS_ON_NODE" in env
+
+    def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
+        flags = [
+            f"--job-name={job.name}",
+            f"--nodes={job.nodes}",
+            f"--ntasks={job.nodes * job.tasks_per_node}",
+            f"--ntasks-per-node={job.tasks_per_node}",
+            f"--time={job.walltime}",
+        ]
+        if job.partition:
+            flags.append(f"--partition={job.partition}")
+        if job.account:
+            flags.append(f"--account={job.account}")
+        if job.cpus_per_task:
+            flags.append(f"--cpus-per-task={job.cpus_per_task}")
+        if job.gpus_per_node:
+            flags += _gpu_flags(job, gpu_request)
+        return flags + list(required)
+
+    def submit(self, script: str, output: str) -> list[str]:
+        return ["sbatch", "--parsable", f"--output={output}", script]
+
+    def state_query(self, job: str) -> list[str]:
+        return ["squeue", "-h", "-j", job, "-o", "%T"]
+
+    def state(self, returncode: int, stdout: str) -> Optional[str]:
+        text = stdout.strip()
+        return (text or None) if returncode == 0 else None
+
+    def exit_query(self, job: str) -> Optional[list[str]]:
+        return ["scontrol", "show", "job", job]
+
+    def exit_code(self, stdout: str) -> Optional[int]:
+        for word in stdout.split():
+            if word.startswith("ExitCode="):
+                return int(word.split("=", 1)[1].split(":", 1)[0])
+        return None
+
+    def cancel(self, job: str) -> list[str]:
+        return ["scancel", job]
+
+
+def _gpu_flags(job: JobShape, gpu_request: str) -> list[str]:
+    """How a Slurm job asks for its GPUs, in the site's dialect (``none``: it does not)."""
+    if gpu_request == "gpus-per-node":
+        return [f"--gpus-per-node={job.gpus_per_node}"]
+    if gpu_request == "gres":
+        return [f"--gres=gpu:{job.gpus_per_node}"]
+    if gpu_request == "gpus":
+        return [f"--gpus={job.gpus_per_node * job.nodes}"]
+    return []
+
+
+#: The adapter the registry offers.
+SCHEDULER = Slurm()
