@@ -41,7 +41,7 @@ PHASES = (
     ("host probe", "envbuilder.system.host", "probe"),
     ("lock lookup", "envbuilder.lockfile", "find"),
     ("lock lookup", "envbuilder.lockfile.lockers", "find"),
-    ("index read (plan facts)", "envbuilder.commands.plan", "read_index"),
+    ("index read (plan facts)", "envbuilder.resolver.indexread", "read_torch"),
     ("plan", "envbuilder.plan", "build"),
     ("prepare (installer, modules, python)", "envbuilder.build.create", "_prepare"),
     ("installer commands", "envbuilder.backends.buildlog", "run_logged"),

@@ -9,8 +9,8 @@ from typing import Any, Optional
 
 from envbuilder import backup
 from envbuilder.backup import restore as restorer
+from envbuilder.cli import validation
 from envbuilder.cli.tables import Column
-from envbuilder.commands import validate as validate_cmd
 from envbuilder.core import settings
 from envbuilder.core.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
 from envbuilder.recipe import loader
@@ -230,10 +230,10 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         raise ValidationFailed(f"{rec.name} was restored, but its smoke check failed: {', '.join(failed)}")
     if args.validate:
         recipe = loader.load(rec.recipe, Catalog.from_env(env))
-        report = validate_cmd.execute(
+        report = validation.execute(
             rec, recipe, host.probe(), env, validator.Options(), out=out, quiet=quiet, home=settings.home(env)
         )
-        data["validation"] = validate_cmd.finish(report)
+        data["validation"] = validation.finish(report)
     return data
 
 

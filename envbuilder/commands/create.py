@@ -17,13 +17,13 @@ from envbuilder import plan as planner
 from envbuilder.backends import network
 from envbuilder.build import activation
 from envbuilder.build import create as creator
-from envbuilder.commands import plan as plan_cmd
 from envbuilder.core import settings
 from envbuilder.core.errors import NetworkError, ResolverError, UsageError, ValidationFailed
 from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver import mirror
+from envbuilder.resolver.matrix import table_age
 from envbuilder.system import fsutil, host, modules, proc, progress, purge, state
 from envbuilder.system.console import Out
 
@@ -56,12 +56,16 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         check_name(args.name)
         if not args.prefix:  # the recipe's prefix, for this name ({name} in env.prefix)
             opts = dataclasses.replace(opts, prefix=named_prefix(recipe, env, args.name))
-    facts = host.load_facts_file(args.facts) if args.facts else host.probe()
+    facts = host.facts_for(args.facts)
     lock = None if args.no_lock else lockfile.find(recipe, catalog, env, args.lock)
-    index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
+    from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
+
+    index = indexread.read_torch(
+        planner.torch_request(recipe), env, refresh=args.refresh, offline=args.offline
+    )
     # The install meets them too, even where the plan had a copy read before.
     unread = [e for p in index.pages.values() for e in (p.error or p.failed,) if e] if index else []
-    the_plan = planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=plan_cmd.table_age())
+    the_plan = planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age())
     same_arch(the_plan, platform.machine())
     # --json keeps stdout for the JSON; the steps and their progress stay on stderr, or a batch job's output
     # says nothing for the minutes of an install. -q silences them.
@@ -167,12 +171,12 @@ def _validate(
     out: Out,
 ) -> Optional[dict[str, Any]]:
     """The full suite right after the build, where this host can run it; otherwise say how to."""
-    from envbuilder.commands import validate as validate_cmd  # noqa: PLC0415 - not imported by --no-validate
+    from envbuilder.cli import validation  # noqa: PLC0415 - not imported by --no-validate
     from envbuilder.validate import runner as validator  # noqa: PLC0415
 
     quiet = bool(args.quiet or args.json)
     try:
-        result = validate_cmd.execute(
+        result = validation.execute(
             record,
             recipe,
             facts,
@@ -188,7 +192,7 @@ def _validate(
             if exc.hint:
                 out.line(f"  {exc.hint}")
         return None
-    return validate_cmd.finish(result)
+    return validation.finish(result)
 
 
 def _backup_hint(record: state.EnvRecord, env: dict[str, str]) -> Optional[str]:
