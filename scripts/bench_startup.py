@@ -13,6 +13,8 @@ of them alike:
   help              ``envbuilder --help`` (target: under 200 ms)
   version           ``envbuilder --version``
   completion        ``envbuilder completion bash`` (the script shtab writes from the parser)
+  activate-help, modulefile-help, backup-help
+                    ``envbuilder activate|modulefile|backup --help``: a verb's help, which reads its choices
   plan              ``envbuilder plan local --json`` with ``ENVBUILDER_OFFLINE=1`` (no index read), the
                     repository's recipes/ on ``ENVBUILDER_RECIPE_PATH``
 
@@ -58,6 +60,9 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str]]] = {
     "help": ([ENVBUILDER, "--help"], {}),
     "version": ([ENVBUILDER, "--version"], {}),
     "completion": ([ENVBUILDER, "completion", "bash"], {}),
+    "activate-help": ([ENVBUILDER, "activate", "--help"], {}),
+    "modulefile-help": ([ENVBUILDER, "modulefile", "--help"], {}),
+    "backup-help": ([ENVBUILDER, "backup", "--help"], {}),
     "plan": (
         [ENVBUILDER, "plan", "local", "--json"],
         {"ENVBUILDER_OFFLINE": "1", "ENVBUILDER_RECIPE_PATH": str(REPO / "recipes")},
@@ -104,10 +109,10 @@ def measure(
 
 
 def report(times: dict[str, list[float]], before: Optional[dict[str, dict[str, float]]]) -> None:
-    head = f"{'command':<12} {'min ms':>8} {'median ms':>10}"
+    head = f"{'command':<16} {'min ms':>8} {'median ms':>10}"
     print(head + ("  after/before (min)" if before else ""))
     for name, values in times.items():
-        line = f"{name:<12} {min(values):8.1f} {statistics.median(values):10.1f}"
+        line = f"{name:<16} {min(values):8.1f} {statistics.median(values):10.1f}"
         old = (before or {}).get(name)
         if old:
             line += f"  {min(values) / old['min']:.2f} ({old['min']:.1f} before)"

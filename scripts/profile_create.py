@@ -42,7 +42,7 @@ PHASES = (
     ("lock lookup", "envbuilder.lockfile", "find"),
     ("lock lookup", "envbuilder.lockfile.lockers", "find"),
     ("lock lookup", "envbuilder.recipe.catalog", "find_lock"),
-    ("index read (plan facts)", "envbuilder.commands.plan", "read_index"),
+    ("index read (plan facts)", "envbuilder.resolver.indexread", "read_torch"),
     ("plan", "envbuilder.plan", "build"),
     ("prepare (installer, modules, python)", "envbuilder.build.create", "_prepare"),
     ("installer commands", "envbuilder.backends.buildlog", "run_logged"),

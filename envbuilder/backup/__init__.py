@@ -22,8 +22,6 @@ from __future__ import annotations
 from envbuilder.backup.catalog import BACKUP_VERSION, Backup, backups, checksum, find, listing
 from envbuilder.backup.upkeep import PruneResult, advice, prune, verify
 from envbuilder.backup.writer import (
-    FORMATS,
-    MODES,
     BackupResult,
     default_mode,
     make,
@@ -34,8 +32,6 @@ from envbuilder.backup.writer import (
 
 __all__ = [
     "BACKUP_VERSION",
-    "FORMATS",
-    "MODES",
     "Backup",
     "BackupResult",
     "PruneResult",

@@ -26,8 +26,6 @@ from envbuilder.core.errors import BackupError, CommandFailed, DiskError, Envbui
 from envbuilder.core.structs import dataclass
 from envbuilder.system import fsutil, removal, state, transaction
 
-MODES = ("wheelhouse", "archive")
-FORMATS = ("tar", "squashfs")
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 

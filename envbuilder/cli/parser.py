@@ -255,7 +255,7 @@ def _add_env_verbs(sub: _Sub) -> None:
     )
     e.add_argument(
         "--format",
-        choices=Choices("envbuilder.render.modulefile", "FORMATS"),
+        choices=Choices("envbuilder.core.formats", "MODULEFILE_FORMATS"),
         default="lua",
         metavar="FORMAT",
         help="%(choices)s: lua for Lmod (default), tcl for Environment Modules sites",
@@ -311,13 +311,13 @@ def _add_backup(sub: _Sub) -> None:
     p.add_argument("--to", metavar="DIR", help="backup root (default $WORK/envbuilder/backups)")
     p.add_argument(
         "--mode",
-        choices=Choices("envbuilder.backup", "MODES"),
+        choices=Choices("envbuilder.core.formats", "BACKUP_MODES"),
         metavar="MODE",
         help="%(choices)s (default: wheelhouse for venvs, archive otherwise)",
     )
     p.add_argument(
         "--format",
-        choices=Choices("envbuilder.backup", "FORMATS"),
+        choices=Choices("envbuilder.core.formats", "BACKUP_FORMATS"),
         default="tar",
         metavar="FORMAT",
         help="archive mode: %(choices)s (default tar, compressed with zstd)",

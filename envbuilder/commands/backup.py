@@ -9,7 +9,6 @@ from typing import Any, Optional
 
 from envbuilder import backup
 from envbuilder.backup import restore as restorer
-from envbuilder.commands import validate as validate_cmd
 from envbuilder.core import settings
 from envbuilder.core.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
 from envbuilder.recipe import loader
@@ -19,6 +18,7 @@ from envbuilder.system import fsutil, host, modules, proc, progress, purge, stat
 from envbuilder.system.console import Cell, Out, plain
 from envbuilder.system.tables import Column
 from envbuilder.validate import runner as validator
+from envbuilder.validate import session
 
 
 def _root(arg: Optional[str]) -> tuple[Path, Optional[str]]:
@@ -230,10 +230,10 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         raise ValidationFailed(f"{rec.name} was restored, but its smoke check failed: {', '.join(failed)}")
     if args.validate:
         recipe = loader.load(rec.recipe, Catalog.from_env(env))
-        report = validate_cmd.execute(
+        report = session.execute(
             rec, recipe, host.probe(), env, validator.Options(), out=out, quiet=quiet, home=settings.home(env)
         )
-        data["validation"] = validate_cmd.finish(report)
+        data["validation"] = session.finish(report)
     return data
 
 

@@ -15,13 +15,13 @@ from typing import Any, Optional
 from envbuilder import plan as planner
 from envbuilder.backends import activation, network
 from envbuilder.build import create as creator
-from envbuilder.commands import plan as plan_cmd
 from envbuilder.core import settings
 from envbuilder.core.errors import NetworkError, ResolverError, UsageError, ValidationFailed
 from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, find_lock
 from envbuilder.resolver import mirror
+from envbuilder.resolver.matrix import table_age
 from envbuilder.system import fsutil, host, modules, proc, progress, purge, state
 from envbuilder.system.console import Out
 
@@ -54,12 +54,16 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         check_name(args.name)
         if not args.prefix:  # the recipe's prefix, for this name ({name} in env.prefix)
             opts = dataclasses.replace(opts, prefix=named_prefix(recipe, env, args.name))
-    facts = host.load_facts_file(args.facts) if args.facts else host.probe()
+    facts = host.facts_for(args.facts)
     lock = None if args.no_lock else find_lock(recipe, catalog, env, args.lock)
-    index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
+    from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
+
+    index = indexread.read_torch(
+        planner.torch_request(recipe), env, refresh=args.refresh, offline=args.offline
+    )
     # The install meets them too, even where the plan had a copy read before.
     unread = [e for p in index.pages.values() for e in (p.error or p.failed,) if e] if index else []
-    the_plan = planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=plan_cmd.table_age())
+    the_plan = planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age())
     same_arch(the_plan, platform.machine())
     # --json keeps stdout for the JSON; the steps and their progress stay on stderr, or a batch job's output
     # says nothing for the minutes of an install. -q silences them.
@@ -165,12 +169,11 @@ def _validate(
     out: Out,
 ) -> Optional[dict[str, Any]]:
     """The full suite right after the build, where this host can run it; otherwise say how to."""
-    from envbuilder.commands import validate as validate_cmd  # noqa: PLC0415 - not imported by --no-validate
     from envbuilder.validate import runner as validator  # noqa: PLC0415
 
     quiet = bool(args.quiet or args.json)
     try:
-        result = validate_cmd.execute(
+        result = session.execute(
             record,
             recipe,
             facts,
@@ -186,7 +189,7 @@ def _validate(
             if exc.hint:
                 out.line(f"  {exc.hint}")
         return None
-    return validate_cmd.finish(result)
+    return session.finish(result)
 
 
 def _backup_hint(record: state.EnvRecord, env: dict[str, str]) -> Optional[str]:

@@ -12,7 +12,6 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from envbuilder.commands import plan as plan_cmd
 from envbuilder.core import settings
 from envbuilder.core.errors import DoctorFindings
 from envbuilder.core.facts import HostFacts
@@ -20,7 +19,7 @@ from envbuilder.doctor import collect, findings, index_checks
 from envbuilder.doctor.report import Context, Report, examine
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.resolver.matrix import load_matrix
-from envbuilder.system import state, tables
+from envbuilder.system import host, state, tables
 from envbuilder.system.console import Out, plain
 
 _LABELS = {
@@ -33,7 +32,7 @@ _LABELS = {
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     env = dict(os.environ)
     home = settings.home(env)
-    facts = plan_cmd.facts_for(args.facts)
+    facts = host.facts_for(args.facts)
     if args.facts:
         facts_from = f"{args.facts} (another node: this shell is not checked)"
     else:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from envbuilder import lockfile
+from envbuilder import plan as planner
 from envbuilder.build import lockers
-from envbuilder.commands import plan as plan_cmd
 from envbuilder.core import settings
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
@@ -21,13 +21,17 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     env = dict(os.environ)
     catalog = Catalog.from_env(env)
     recipe = loader.load(args.recipe, catalog)
-    facts = host.load_facts_file(args.facts) if args.facts else host.probe()
+    facts = host.facts_for(args.facts)
     arches = args.platform or lockers.default_arches(recipe, facts)
     quiet = bool(args.json or args.quiet)
     log = (lambda _: None) if quiet else (lambda text: out.line(f"  {text}"))
     if not quiet:
         out.heading(f"Locking {recipe.name} for {', '.join(lockfile.arch_name(a) for a in arches)}")
-    index = plan_cmd.read_index(recipe, env, args.refresh, args.offline)
+    from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
+
+    index = indexread.read_torch(
+        planner.torch_request(recipe), env, refresh=args.refresh, offline=args.offline
+    )
     lock, warnings = lockers.make(recipe, facts, env, arches, python=args.python, log=log, index=index)
     path = (
         Path(args.output).expanduser() if args.output else lockfile.user_path(settings.home(env), recipe.name)

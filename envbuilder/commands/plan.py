@@ -3,49 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from envbuilder import plan as planner
-from envbuilder.core import launchers, settings
+from envbuilder.core import launchers
 from envbuilder.core.errors import EnvbuilderError
-from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, find_lock
-from envbuilder.resolver import knowledge, mirror
-from envbuilder.resolver.matrix import load_matrix
+from envbuilder.resolver import mirror
+from envbuilder.resolver.matrix import table_age
 from envbuilder.system import host
 from envbuilder.system.console import Out
-
-if TYPE_CHECKING:
-    from envbuilder.resolver.indexfacts import IndexFacts
-
-
-def facts_for(facts_file: Optional[str]) -> HostFacts:
-    return host.load_facts_file(facts_file) if facts_file else host.probe()
-
-
-def table_age(today: Optional[datetime.date] = None) -> str:
-    """How old the shipped table is, in words ("94 days old")."""
-    days = load_matrix().age_days(today or datetime.date.today())
-    return f"{days} day{'s' if days != 1 else ''} old"
-
-
-def read_index(
-    recipe: loader.Recipe, env: Mapping[str, str], refresh: bool = False, no_network: bool = False
-) -> Optional[IndexFacts]:
-    """What the wheel indexes the recipe's install will use say about torch (through the mirror rules, cached in
-    the envbuilder home); None when the recipe installs no torch."""
-    from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
-
-    request = planner.torch_request(recipe)
-    if request is None:
-        return None
-    urls = knowledge.upstreams(request, load_matrix())
-    # indexread honours ENVBUILDER_OFFLINE itself, and names it as the reason.
-    return indexread.read(urls, env, home=settings.home(env), refresh=refresh, offline=no_network)
 
 
 def make_plan(
@@ -62,9 +32,11 @@ def make_plan(
     env = dict(os.environ if env is None else env)
     catalog = Catalog.from_env(env)
     recipe = loader.load(name, catalog)
-    facts = facts_for(facts_file)
+    facts = host.facts_for(facts_file)
     lock = find_lock(recipe, catalog, env, lock_file) if use_lock else None
-    index = read_index(recipe, env, refresh, no_network)
+    from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
+
+    index = indexread.read_torch(planner.torch_request(recipe), env, refresh=refresh, offline=no_network)
     return planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age())
 
 

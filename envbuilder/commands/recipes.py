@@ -8,12 +8,11 @@ import os
 from typing import Any, Optional
 
 from envbuilder import plan as planner
-from envbuilder.commands import plan as plan_cmd
 from envbuilder.core.errors import PublishError, RecipeError
 from envbuilder.recipe import loader, schemajson
 from envbuilder.recipe.catalog import Catalog, Entry, find_lock
 from envbuilder.resolver import knowledge
-from envbuilder.resolver.matrix import load_matrix
+from envbuilder.resolver.matrix import load_matrix, table_age
 from envbuilder.system.console import Cell, Out, plain
 from envbuilder.system.tables import Column
 
@@ -149,8 +148,10 @@ def _torch_facts(recipe: loader.Recipe, args: argparse.Namespace) -> Optional[li
     request = planner.torch_request(recipe)
     if request is None:
         return None
-    index = plan_cmd.read_index(recipe, os.environ, args.refresh, args.offline)
-    know = knowledge.merge(load_matrix(), index, request.channel, plan_cmd.table_age())
+    from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
+
+    index = indexread.read_torch(request, os.environ, refresh=args.refresh, offline=args.offline)
+    know = knowledge.merge(load_matrix(), index, request.channel, table_age())
     return [*know.lines, *know.warnings]
 
 

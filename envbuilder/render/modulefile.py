@@ -46,10 +46,6 @@ def lua_string(text: str) -> str:
     return "".join(out)
 
 
-#: The modulefile formats, the first the default: Lua for Lmod, Tcl for Environment Modules (and Lmod).
-FORMATS = ("lua", "tcl")
-
-
 @dataclass(frozen=True)
 class Env:
     """The env a modulefile activates: its name (as ``module load`` takes it), prefix and recipe, what activate
@@ -102,7 +98,7 @@ def render(
     constraints: bool = False,
     fmt: str = "lua",
 ) -> str:
-    """The modulefile in ``fmt`` (one of :data:`FORMATS`); ``constraints``: the env at ``prefix`` has torch pins
+    """The modulefile in ``fmt`` (one of :data:`envbuilder.core.formats.MODULEFILE_FORMATS`); ``constraints``: the env at ``prefix`` has torch pins
     for pip and uv. Raises RecipeError for a value a module system cannot be handed safely (see the module
     docstring)."""
     env = Env(name, prefix, recipe, activate or Activation(), description, constraints)

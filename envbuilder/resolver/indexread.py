@@ -37,7 +37,8 @@ from typing import Optional
 from envbuilder.core import settings
 from envbuilder.core.errors import UsageError
 from envbuilder.core.structs import dataclass
-from envbuilder.resolver import matrix, mirror
+from envbuilder.resolver import knowledge, matrix, mirror
+from envbuilder.resolver.gates import TorchRequest
 from envbuilder.resolver.indexfacts import (
     IndexFacts,
     PageRead,
@@ -91,6 +92,18 @@ def read(
         reads.update({d: _read_dir(d, project) for d in found if _is_dir(d) and d not in reads})
     pages = {up: _page(up, found, reads) for up, found in sources.items()}
     return IndexFacts(pages, _fallback(pages, why_offline))
+
+
+def read_torch(
+    request: Optional[TorchRequest], env: Mapping[str, str], *, refresh: bool = False, offline: bool = False
+) -> Optional[IndexFacts]:
+    """What the wheel indexes an install of ``request`` will use say about torch (through the mirror rules in
+    ``env``, cached in the envbuilder home); None when nothing is asked of torch (it comes from the site)."""
+    if request is None:
+        return None
+    urls = knowledge.upstreams(request, matrix.load_matrix())
+    # read honours ENVBUILDER_OFFLINE itself, and names it as the reason.
+    return read(urls, env, home=settings.home(env), refresh=refresh, offline=offline)
 
 
 def offline_reason(env: Mapping[str, str]) -> Optional[str]:

@@ -212,6 +212,12 @@ def load_matrix() -> Matrix:
     return matrix_from_data(loads(text))
 
 
+def table_age(today: Optional[date] = None) -> str:
+    """How old the shipped table is, in words ("94 days old")."""
+    days = load_matrix().age_days(today or date.today())
+    return f"{days} day{'s' if days != 1 else ''} old"
+
+
 def gpu_capability(gpu: Gpu, m: Optional[Matrix] = None) -> Optional[str]:
     """A GPU's compute capability: as reported, else looked up from its model name."""
     if gpu.compute_capability:

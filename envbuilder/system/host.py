@@ -34,6 +34,11 @@ def load_facts_file(path: str) -> HostFacts:
     return facts_from_text(text, path)
 
 
+def facts_for(facts_file: Optional[str]) -> HostFacts:
+    """The facts a command works from: those saved in ``facts_file`` (``--facts``), else this machine's, probed."""
+    return load_facts_file(facts_file) if facts_file else probe()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Probing this machine
 

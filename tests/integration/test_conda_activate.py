@@ -16,6 +16,7 @@ from condachannel import conda_function_module
 from helpers import run_cli
 
 from envbuilder.backends import activation
+from envbuilder.core import formats
 from envbuilder.core.errors import ModuleSystemError
 from envbuilder.plan.activation import Activation
 from envbuilder.render import modulefile
@@ -184,7 +185,7 @@ def load_with(system: str, init: Path, mods: Path, fmt: str, work: Path) -> str:
 
 
 @needs_lmod
-@pytest.mark.parametrize("fmt", modulefile.FORMATS)
+@pytest.mark.parametrize("fmt", formats.MODULEFILE_FORMATS)
 def test_lmod_says_on_load_what_the_modulefile_cannot_do(fmt, tmp_path):
     said = load_with("lmod", LMOD_INIT_DIR, tmp_path / "mods", fmt, tmp_path)
     assert "run `conda activate base` after `module load`" in said

@@ -14,8 +14,7 @@ import pytest
 from helpers import ok, refused, run_cli, user_env
 from torchindex import NEWEST, pytorch_like, serve, torch_mirror
 
-from envbuilder.commands.plan import table_age
-from envbuilder.resolver.matrix import load_matrix
+from envbuilder.resolver.matrix import load_matrix, table_age
 
 pytestmark = pytest.mark.integration
 

@@ -8,6 +8,7 @@ from helpers import PLAN_ENV, load_facts
 from test_shipped_recipes import CASES, make
 
 from envbuilder import plan
+from envbuilder.core import formats
 from envbuilder.plan import suite
 from envbuilder.plan.activation import Activation, build_loads
 from envbuilder.recipe import loader
@@ -110,7 +111,7 @@ def test_a_recorded_from_build_outside_the_modules_is_refused():
         Activation(modules=("a/1",), from_build=("b/2",))
 
 
-@pytest.mark.parametrize("fmt", modulefile.FORMATS)
+@pytest.mark.parametrize("fmt", formats.MODULEFILE_FORMATS)
 def test_the_modulefile_loads_the_build_modules_and_says_which(fmt):
     p = make("vista-venv-cu124", "gh200-aarch64")
     text = modulefile.render(name="e", prefix="/p", recipe=p.recipe, activate=p.activate, fmt=fmt)

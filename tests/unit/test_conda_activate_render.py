@@ -11,7 +11,7 @@ import pytest
 from helpers import PLAN_ENV, REPO, load_facts
 
 from envbuilder import plan
-from envbuilder.core import values
+from envbuilder.core import formats, values
 from envbuilder.core.errors import RecipeError
 from envbuilder.plan import batch, suite
 from envbuilder.plan.activation import Activation, activation_for
@@ -77,7 +77,7 @@ def test_activate_script_enters_after_the_modules_and_leaves_before_they_unload(
     assert "conda activate" not in activate_scripts.render_script(Activation(modules=("conda/2026-10-01",)))
 
 
-@pytest.mark.parametrize("fmt", modulefile.FORMATS)
+@pytest.mark.parametrize("fmt", formats.MODULEFILE_FORMATS)
 def test_modulefiles_cannot_run_conda_and_say_so_on_load(fmt):
     text = modulefile.render(name="e", prefix="/p", recipe="demo", activate=ACT, fmt=fmt)
     note = modulefile.conda_step_note(ACT)

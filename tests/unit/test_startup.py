@@ -57,6 +57,46 @@ def test_output_without_rich_does_not_import_rich(argv: tuple[str, ...]) -> None
     )
 
 
+#: What a command's help and the completion scripts print with: the grammar (``cli``) and the names it offers as
+#: choices (``core``: shells, launchers, env kinds and installers, modulefile and backup formats), besides the
+#: console module the dispatcher holds and the one verb module that writes a script.
+_PRINTS_WITH = ("envbuilder.cli", "envbuilder.core")
+_ALSO = {
+    "envbuilder",
+    "envbuilder.system",
+    "envbuilder.system.console",
+    "envbuilder.commands",
+    "envbuilder.commands.docs",
+}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("activate", "--help"),
+        ("modulefile", "--help"),
+        ("backup", "--help"),
+        ("completion", "bash"),
+        ("completion", "zsh"),
+        ("completion", "fish"),
+    ],
+    ids=lambda argv: "-".join(a.strip("-") for a in argv),
+)
+def test_help_and_completion_import_only_what_they_print(argv: tuple[str, ...]) -> None:
+    """Their choices (``--format``, ``--mode``, ``--installer``...) are read from core, not from the modules that
+    write modulefiles, backups or envs: the help lists them, and a completion script offers every one."""
+    modules, stderr = loaded_by(*argv)
+    assert '"code": 0' in stderr
+    extra = {
+        m
+        for m in modules
+        if m.partition(".")[0] == "envbuilder"
+        and m not in _ALSO
+        and not any(m == top or m.startswith(top + ".") for top in _PRINTS_WITH)
+    }
+    assert not extra, f"envbuilder {' '.join(argv)} imported {sorted(extra)}"
+
+
 def test_importing_the_cli_imports_neither_rich_nor_the_commands() -> None:
     modules, _ = loaded_by("--import", "envbuilder.cli")
     assert not {m for m in modules if m.partition(".")[0] == "rich"}
