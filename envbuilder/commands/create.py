@@ -170,6 +170,7 @@ def _validate(
 ) -> Optional[dict[str, Any]]:
     """The full suite right after the build, where this host can run it; otherwise say how to."""
     from envbuilder.validate import runner as validator  # noqa: PLC0415
+    from envbuilder.validate import session  # noqa: PLC0415 - not imported by --no-validate
 
     quiet = bool(args.quiet or args.json)
     try:
