@@ -19,58 +19,37 @@ from pathlib import Path
 
 import pytest
 
+from envbuilder.core import _toml
+
 BANNED = ("subprocess", "envbuilder.system.proc", "urllib.request")
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pure_modules() -> tuple[str, ...]:
+    """The pure modules, from the one list of them: the ``pure`` contract of ``[tool.importlinter]`` in
+    pyproject.toml (import-linter checks it statically; this imports each one in a fresh interpreter). A package named
+    there stands for every module in it."""
+    config = _toml.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["id"] == "pure"]
+    found: list[str] = []
+    for name in contract["source_modules"]:
+        path = ROOT.joinpath(*name.split("."))
+        if path.is_dir():
+            found += [
+                ".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                for f in sorted(path.rglob("*.py"))
+            ]
+        else:
+            found.append(name)
+    return tuple(found)
+
+
 #: Pure by design, and checked so: they compute, and the caller brings what was probed or read.
-PURE = (
-    "envbuilder.core.facts",
-    "envbuilder.core.settings",  # every path from the environment mapping it is handed
-    "envbuilder.resolver.matrix",  # reads its table from package data, no process or network
-    "envbuilder.resolver.gates",
-    "envbuilder.resolver.wheels",
-    "envbuilder.resolver.knowledge",
-    "envbuilder.resolver.indexfacts",
-    "envbuilder.resolver.mirror",
-    "envbuilder.resolver.yanked",
-    "envbuilder.core.launchers",
-    "envbuilder.core.schedulers",
-    "envbuilder.core.checks",
-    "envbuilder.plan.suite",
-    "envbuilder.plan.steps",
-    "envbuilder.plan.installers",
-    "envbuilder.plan.target",
-    "envbuilder.plan.activation",
-    "envbuilder.plan.record",
-    "envbuilder.plan.batch",
-    "envbuilder.recipe.schema",
-    "envbuilder.recipe.spec",
-    "envbuilder.recipe.schemajson",
-    "envbuilder.core.values",
-    "envbuilder.render.modulefile",
-    "envbuilder.render.activate_scripts",  # reads its templates from package data
-    "envbuilder.validate.report",
-    "envbuilder.validate.affinity",
-    "envbuilder.lockfile",  # the package's face: what it re-exports from the three below
-    "envbuilder.lockfile.model",
-    "envbuilder.lockfile.targets",
-    "envbuilder.lockfile.reader",  # reader.read reads the one file it is given; no process, no network
-    "envbuilder.plan.lockfit",
-    "envbuilder.plan",  # the package's face: what it re-exports from planning, prefix and record
-    "envbuilder.plan.planning",
-    "envbuilder.plan.prefix",
-    "envbuilder.plan.listing",
-    "envbuilder.recipe.loader",  # the catalog reads the files and the registry verifies them; loading only merges
-    "envbuilder.recipe.document",  # what the loader is handed
-    "envbuilder.recipe.schemacheck",
-    "envbuilder.core.errors",
-    "envbuilder.core.records",  # the JSON shape of a recorded plan
-    "envbuilder.core.modulelines",
-    "envbuilder.core._toml",
-    "envbuilder.system.tables",  # lays rows out; rich renders them
-    "envbuilder.core.structs",
-    "envbuilder.core.kinds",
-    "envbuilder.core.shells.registry",  # every shell adapter, and the registry the rest reads them from
-)
+<<<<<<< HEAD
+=======
+PURE = pure_modules()
+>>>>>>> s15-layers
 
 #: Third-party imports of a banned module, allowed by name of the importer only. packaging.specifiers and
 #: packaging.utils (which every version and specifier check uses) import packaging.tags, which imports subprocess at
