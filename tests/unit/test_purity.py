@@ -46,10 +46,7 @@ def pure_modules() -> tuple[str, ...]:
 
 
 #: Pure by design, and checked so: they compute, and the caller brings what was probed or read.
-<<<<<<< HEAD
-=======
 PURE = pure_modules()
->>>>>>> s15-layers
 
 #: Third-party imports of a banned module, allowed by name of the importer only. packaging.specifiers and
 #: packaging.utils (which every version and specifier check uses) import packaging.tags, which imports subprocess at
