@@ -101,7 +101,7 @@ def build(
     launch_python = f"{prefix}/bin/python" if kind_info(kind).own_python else python_cmd
 
     if kind_info(kind).conda:  # the recipe's own channel mistake first: it holds whatever the index says
-        gates.conda_pytorch_gate(recipe)
+        gates.conda_pytorch_gate(recipe.name, recipe.conda, recipe.torch)
     resolution = _resolve_torch(
         recipe, target, warnings, notes, matrix=matrix, index=index, table_age=table_age
     )

@@ -23,8 +23,8 @@ from envbuilder.resolver.matrix import (
     minor_tuple,
 )
 
-if TYPE_CHECKING:  # only a type here: the recipe arrives loaded
-    from envbuilder.recipe.loader import Recipe
+if TYPE_CHECKING:  # only types here: the sections arrive loaded
+    from envbuilder.recipe.sections import Conda, Torch
 
 
 @dataclass(frozen=True)
@@ -475,22 +475,23 @@ _PYTORCH_CHANNELS = ("pytorch", "pytorch-nightly")
 _CONDA_TORCH = re.compile(r"^(pytorch|torchvision|torchaudio|pytorch-cuda)(?:[=<>!~ ]+\s*([0-9][^,\s]*))?")
 
 
-def conda_pytorch_gate(recipe: Recipe) -> None:
-    """PyTorch's own conda channel stopped with 2.5 (deprecated, no 2.6 builds): refuse what would need it."""
-    channels = [c for c in recipe.conda.channels if c.rstrip("/").rsplit("/", 1)[-1] in _PYTORCH_CHANNELS]
-    wanted = [m for m in (_CONDA_TORCH.match(p) for p in recipe.conda.packages) if m]
+def conda_pytorch_gate(name: str, conda: Conda, torch: Torch) -> None:
+    """PyTorch's own conda channel stopped with 2.5 (deprecated, no 2.6 builds): refuse what recipe ``name``'s
+    ``[conda]`` and ``[torch]`` sections would need it for."""
+    channels = [c for c in conda.channels if c.rstrip("/").rsplit("/", 1)[-1] in _PYTORCH_CHANNELS]
+    wanted = [m for m in (_CONDA_TORCH.match(p) for p in conda.packages) if m]
     if not channels and not wanted:
         return
     versions: list[Optional[str]] = [m.group(2) for m in wanted if m.group(1) == "pytorch"]
-    if recipe.torch.install:
-        versions.append(recipe.torch.version)
+    if torch.install:
+        versions.append(torch.version)
     if all(v and v != "latest" and not _at_least(v, (2, 6)) for v in versions or [None]):
         return
     source = ", ".join([*(f"channel {c}" for c in channels), *(m.group(0) for m in wanted)])
     raise ResolverErrors(
         [
             ResolverError(
-                f"{recipe.name} asks for torch through PyTorch's conda channel ({source}), which was deprecated "
+                f"{name} asks for torch through PyTorch's conda channel ({source}), which was deprecated "
                 "with 2.5 and has no builds from 2.6 on",
                 gate="conda-pytorch-channel",
                 hint="drop pytorch from conda.channels and conda.packages; set torch.install = true so torch comes "
