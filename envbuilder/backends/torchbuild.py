@@ -4,7 +4,9 @@ A login node has no GPU, so the smoke check cannot tell a CPU wheel from a CUDA 
 The guard reads, inside the env and without importing torch, the distribution's version (its local label,
 ``+cu126``/``+cpu``, where the index gave one) and ``torch/version.py`` (the CUDA version it was built with);
 where the plan targets known GPUs it also asks the env's python for the compiled arch list
-(``torch._C._cuda_getArchFlags()``, which works without a GPU). Any difference from the plan is a BackendError
+(``torch._C._cuda_getArchFlags()``, which works without a GPU), once per wheel: the list is remembered in the
+home keyed by the wheel's content (``torcharch``), so a second create of the same wheel imports nothing. Any
+difference from the plan is a BackendError
 and the env is not put in place. ``lock`` checks the locked torch file names the same way (a name tells the
 version and label, not the CUDA version).
 
@@ -15,9 +17,11 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -25,11 +29,13 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from envbuilder import payloads
+from envbuilder.backends import torcharch
+from envbuilder.backends.torcharch import ArchCache
 from envbuilder.core.errors import BackendError, HostProbeError, LockError
 from envbuilder.core.facts import HostFacts, facts_from_json
 from envbuilder.core.structs import dataclass
 from envbuilder.lockfile import PlatformLock
-from envbuilder.plan.steps import InstallStep
+from envbuilder.plan.record import Plan
 from envbuilder.resolver.indexfacts import label_variant
 from envbuilder.resolver.matrix import gpu_capability, minor_tuple
 from envbuilder.resolver.mirror import PYPI, VAR
@@ -402,54 +408,78 @@ def read_build(
     env: Optional[Mapping[str, str]] = None,
     arch_flags: bool = False,
     log: Callable[[str], None] = lambda _: None,
+    cache: Optional[ArchCache] = None,
 ) -> Optional[Build]:
     """The torch build in ``env_dir`` (None when there is none). Files are read where torch sits in the env's
     own site-packages; otherwise (an overlay whose torch is the site's) the env's python says where it is.
-    ``arch_flags`` asks that python for the compiled arch list (it imports torch)."""
+    ``arch_flags`` adds the compiled arch list: from ``cache`` where this wheel's was read before, else from that
+    python (it imports torch)."""
     python = python or str(env_dir / "bin" / "python")
     # The caller's env is used as given (user-prefix builds need its PYTHONUSERBASE).
     run_env = dict(env) if env is not None else proc.scrubbed_env()
     found = _find_in_env(env_dir)
-    located: dict[str, Any] = {}
-    if found is None or arch_flags:
-        located = _run_payload(python, run_env, arch_flags, log)
     if found is not None:
         where, version, package = str(found[0]), found[1], found[2]
-    elif located.get("version"):
+    else:
+        located = _run_payload(python, run_env, False, log)
+        if not located.get("version"):
+            return None
         version = str(located["version"])
         where = str(located.get("dist_info") or "")
         package = Path(str(located.get("package_dir") or ""))
-    else:
-        return None
     info = read_version_py(package / "version.py") if str(package) else {}
     cuda = info.get("cuda")
-    flags: Optional[tuple[str, ...]] = None
+    build = Build(version=version, cuda=str(cuda) if cuda else None, cuda_known=True, where=where)
     if arch_flags:
-        if located.get("arch_flags") is not None:
-            flags = tuple(str(f) for f in located["arch_flags"])
-        else:
-            log(f"could not read torch's arch list: {located.get('arch_error') or 'not reported'}")
-    return Build(
-        version=version, cuda=str(cuda) if cuda else None, cuda_known=True, arch_flags=flags, where=where
-    )
+        build = replace(build, arch_flags=read_arch_flags(build, python, run_env, log, cache))
+    return build
+
+
+def read_arch_flags(
+    build: Build,
+    python: str,
+    env: Mapping[str, str],
+    log: Callable[[str], None],
+    cache: Optional[ArchCache],
+) -> Optional[tuple[str, ...]]:
+    """The compiled arch list of the torch ``build`` (read from its dist-info ``build.where``): remembered in
+    ``cache`` for this wheel's digest, else read through ``python`` and remembered; None where unreadable."""
+    digest = torcharch.wheel_digest(Path(build.where)) if cache is not None and build.where else None
+    if cache is not None and digest is not None:
+        flags = cache.recall(digest)
+        if flags is not None:
+            log(f"torch arch list: remembered for this wheel ({cache.path(digest)})")
+            return flags
+    located = _run_payload(python, dict(env), True, log)
+    if located.get("arch_flags") is None:
+        log(f"could not read torch's arch list: {located.get('arch_error') or 'not reported'}")
+        return None
+    flags = tuple(str(f) for f in located["arch_flags"])
+    # Kept only when the torch that python imported is the one whose digest it is.
+    if cache is not None and digest is not None and _same_file(located.get("dist_info"), build.where):
+        cache.remember(digest, build.version, flags)
+    return flags
+
+
+def _same_file(a: Any, b: str) -> bool:
+    return bool(a) and os.path.realpath(str(a)) == os.path.realpath(b)
 
 
 def guard(
-    resolution: Any,
-    target: Optional[HostFacts],
-    steps: Sequence[InstallStep],
+    plan: Plan,
     env_dir: Path,
     *,
-    recipe: str,
     python: Optional[str],
     env: Mapping[str, str],
     log: Callable[[str], None],
+    home: Optional[Path] = None,
 ) -> Optional[Build]:
-    """create's check: the torch in ``env_dir`` is the plan's (None, no check, where the plan installs none)."""
-    if resolution is None:
+    """create's check: the torch in ``env_dir`` is the plan's (None, no check, where the plan installs none).
+    ``home``: the envbuilder home whose cache remembers each wheel's arch list (None: read it every time)."""
+    if plan.resolution is None:
         return None
-    expected = expected_from(resolution, target_sms(target))
-    served_from = install_indexes(s.argv for s in steps)
+    expected = expected_from(plan.resolution, target_sms(plan.target))
+    served_from = install_indexes(s.argv for s in plan.install_steps)
 
     def served(build: Build) -> str:
         return served_by(build, served_from)
@@ -460,8 +490,9 @@ def guard(
         python,
         env,
         served=served,
-        hint=lambda problems: mismatch_hint(recipe, problems),
+        hint=lambda problems: mismatch_hint(plan.recipe, problems),
         log=log,
+        cache=ArchCache(home, log) if home is not None else None,
     )
 
 
@@ -473,8 +504,9 @@ def guard_restore(
     python: Optional[str],
     env: Mapping[str, str],
     log: Callable[[str], None],
+    home: Optional[Path] = None,
 ) -> Optional[Build]:
-    """restore's check: the restored torch is the one the recorded plan asked for."""
+    """restore's check: the restored torch is the one the recorded plan asked for (``home`` as for ``guard``)."""
     torch = plan.get("torch")
     if not isinstance(torch, Mapping) or not torch.get("torch"):
         return None
@@ -489,7 +521,10 @@ def guard_restore(
         "the backup holds another torch build than the env's recorded plan (was torch replaced after the env "
         f"was built?); nothing was put in place. {VAR} plays no part in a restore"
     )
-    return _checked(expected, env_dir, python, env, served=lambda _b: source, hint=lambda _p: hint, log=log)
+    cache = ArchCache(home, log) if home is not None else None
+    return _checked(
+        expected, env_dir, python, env, served=lambda _b: source, hint=lambda _p: hint, log=log, cache=cache
+    )
 
 
 def _checked(
@@ -501,8 +536,10 @@ def _checked(
     served: Callable[[Build], str],
     hint: Callable[[Sequence[str]], str],
     log: Callable[[str], None],
+    cache: Optional[ArchCache],
 ) -> Build:
-    build = read_build(env_dir, python, env=env, log=log)
+    run_env = dict(env)
+    build = read_build(env_dir, python, env=run_env, log=log)
     if build is None:
         message = (
             f"torch build mismatch: planned {expected.describe()} from {expected.index_url}, "
@@ -511,8 +548,9 @@ def _checked(
         log(message)
         raise BackendError(message, hint=hint(()))
     if expected.is_cuda and expected.sms and build.cuda and not compare(expected, build):
-        # Only a build right by its files is imported (seconds for a real torch) for its arch list.
-        build = read_build(env_dir, python, env=env, arch_flags=True, log=log) or build
+        # Only a build right by its files needs its arch list: remembered per wheel, else imported (seconds).
+        python = python or str(env_dir / "bin" / "python")
+        build = replace(build, arch_flags=read_arch_flags(build, python, run_env, log, cache))
     problems = compare(expected, build)
     if problems:
         message = mismatch_message(expected, build, served(build), problems)

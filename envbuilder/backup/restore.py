@@ -230,6 +230,7 @@ def _wheelhouse(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
         python=None,
         env=build.env,
         log=log.write,
+        home=settings.home(job.env),
     )
     # --- end of the torch build guard
     _write_constraints(partial, plan)

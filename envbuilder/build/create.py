@@ -375,14 +375,12 @@ def _guard(job: _Job, backend: base.Backend, build: base.Build) -> None:
         return
     job.report.step("checking the installed torch build against the plan")
     torchbuild.guard(
-        plan.resolution,
-        plan.target,
-        plan.install_steps,
+        plan,
         build.partial,
-        recipe=plan.recipe,
         python=backend.site_python(build),
         env=build.env,
         log=build.log.write,
+        home=settings.home(job.env),
     )
 
 

@@ -1,5 +1,5 @@
 """Where envbuilder keeps things, decided in one place: its home and what lives in it (env records, mutexes, build
-logs, lockfiles, the index cache, pinned trust settings), where backups go, where the site config and the user's
+logs, lockfiles, the index cache, the torch arch lists read, pinned trust settings), where backups go, where the site config and the user's
 recipes are found, and the package caches builds use (uv's, conda's). Pure: every answer comes from the
 environment mapping the caller passes."""
 
@@ -41,6 +41,12 @@ def lockfiles_dir(home: Path) -> Path:
 def index_cache_dir(home: Path) -> Path:
     """The wheel index pages read for plans, kept a day."""
     return home / "cache" / "index"
+
+
+def torch_builds_cache(home: Path) -> Path:
+    """The compiled GPU arch list of each torch wheel already read, one file per wheel content
+    (backends/torcharch.py)."""
+    return home / "cache" / "torch-builds"
 
 
 def tool_versions_cache(home: Path) -> Path:

@@ -9,6 +9,7 @@ CUDA version, ``torch._C._cuda_getArchFlags()``) and nothing else. The planner r
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -18,9 +19,10 @@ from typing import Any, Optional
 
 import pytest
 from helpers import FACTS, UserWorld, ok, refused, run_cli, user_env
+from sharedfs import give_to, other_user
 from torchindex import TorchIndex, build_torch_wheel
 from torchindex import serve as serve_roots
-from wheelindex import mirror_env, serve
+from wheelindex import build_wheel, mirror_env, serve
 
 pytestmark = pytest.mark.integration
 
@@ -304,3 +306,109 @@ def test_other_env_kinds_are_guarded_too(world, wheels, kind, installer):
     assert "is the planned" in line
     assert "--arch-flags" in log and "could not read torch's arch list" not in log
     assert world.installed("g126") == "2.13.0+cu126"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The arch list is read once per wheel (issue 36): remembered in the home, keyed by the wheel's RECORD
+
+
+def counted_torch(out: Path, arch_flags: str, reads: Path) -> Path:
+    """A STAND-IN cu126 torch wheel of version PIN+cu126 whose ``torch._C._cuda_getArchFlags()`` appends a line to
+    ``reads`` each time it runs: the count of arch reads, seen from outside envbuilder."""
+    full = f"{PIN}+cu126"
+    modules = {
+        "torch/__init__.py": "from torch import _C, cuda, version\n\n__version__ = version.__version__\n",
+        "torch/cuda/__init__.py": "def is_available():\n    return False\n",
+        "torch/version.py": f"__version__ = {full!r}\ncuda = '12.6'\n",
+        "torch/_C.py": (
+            "def _cuda_getArchFlags():\n"
+            f"    with open({str(reads)!r}, 'a') as fh:\n"
+            "        fh.write('read\\n')\n"
+            f"    return {arch_flags!r}\n"
+        ),
+    }
+    return build_wheel(out, "torch", full, modules)
+
+
+def arch_reads(reads: Path) -> int:
+    return len(reads.read_text().splitlines()) if reads.exists() else 0
+
+
+def guard_log(res: subprocess.CompletedProcess[str]) -> str:
+    return Path(json.loads(ok(res).stdout)["data"]["log"]).read_text()
+
+
+def cache_entries(world: World) -> list[Path]:
+    return sorted((world.home / "cache" / "torch-builds").glob("*.json"))
+
+
+def test_a_second_create_of_the_same_wheel_does_not_import_torch(world, tmp_path):
+    reads = tmp_path / "arch-reads"
+    good = counted_torch(tmp_path / "good", CU126_ARCH, reads)
+    world.serve_only(good)
+    world.recipe("first", "cu126")
+    log = guard_log(world.create("first", world.h100_facts, "--json"))
+    assert arch_reads(reads) == 1 and "--arch-flags" in log
+    [entry] = cache_entries(world)
+    assert json.loads(entry.read_text())["arch_flags"] == CU126_ARCH.split()
+    assert entry.stat().st_mode & 0o022 == 0
+
+    # Another env of the same wheel (another prefix: its RECORD's script rows differ): remembered, not imported.
+    world.recipe("second", "cu126")
+    log = guard_log(world.create("second", world.h100_facts, "--json"))
+    assert arch_reads(reads) == 1, "the arch list was read again for the same wheel"
+    assert "--arch-flags" not in log
+    assert f"torch arch list: remembered for this wheel ({entry})" in log
+    line = next(x for x in log.splitlines() if x.startswith("torch build: "))
+    assert " sm_90" in line and "is the planned torch 2.13.0 cu126 (CUDA 12.6)" in line, line
+
+
+def test_another_file_of_the_same_name_and_version_is_read_again_and_refused(world, tmp_path):
+    reads = tmp_path / "arch-reads"
+    world.serve_only(counted_torch(tmp_path / "good", CU126_ARCH, reads))
+    world.recipe("g126", "cu126")
+    ok(world.create("g126", world.h100_facts))
+    assert arch_reads(reads) == 1
+    # The same file name, torch-2.13.0+cu126, rebuilt without Hopper: its RECORD differs, so it is read again.
+    world.serve_only(counted_torch(tmp_path / "repacked", NO_HOPPER, reads))
+    res = world.create("g126", world.h100_facts, "--force")
+    refused(res, 7, "no code for the target GPU's sm_90 (compute capability 9.0)")
+    assert arch_reads(reads) == 2
+    assert world.installed("g126") == "2.13.0+cu126"  # the good env stays
+    assert len(cache_entries(world)) == 2  # each wheel's own list
+
+
+def test_a_corrupt_or_foreign_cache_entry_is_ignored_and_never_passes_a_wrong_build(world, tmp_path):
+    reads = tmp_path / "arch-reads"
+    world.serve_only(counted_torch(tmp_path / "no-hopper", NO_HOPPER, reads))
+    world.recipe("g126", "cu126")
+    refused(world.create("g126", world.h100_facts), 7, "no code for the target GPU's sm_90")
+    [entry] = cache_entries(world)
+    assert arch_reads(reads) == 1
+    # Refused again from the remembered list, torch not imported.
+    refused(world.create("g126", world.h100_facts), 7, "no code for the target GPU's sm_90")
+    assert arch_reads(reads) == 1
+    lie = json.loads(entry.read_text())
+    lie["arch_flags"] = CU126_ARCH.split()  # an entry that would let this wheel pass
+
+    def planted(content: str, mode: int = 0o644, gid: int = -1) -> None:
+        entry.write_text(content)
+        os.chown(entry, -1, gid)
+        entry.chmod(mode)
+
+    other = other_user()
+    for why, plant in [
+        ("garbage", lambda: planted("{not json")),
+        ("another user's", lambda: (planted(json.dumps(lie)), give_to(entry, other))),
+        ("writable by another's group", lambda: planted(json.dumps(lie), 0o664, other.gid)),
+    ]:
+        before = arch_reads(reads)
+        plant()
+        res = world.create("g126", world.h100_facts)
+        refused(res, 7, "no code for the target GPU's sm_90")
+        assert f"warning: ignoring the torch build cache entry {entry}" in res.stderr, why
+        assert arch_reads(reads) == before + 1, why
+        # Rewritten from the read: the user's, private, the wheel's true list.
+        st = entry.stat()
+        assert (st.st_uid, st.st_mode & 0o022) == (os.geteuid(), 0), why
+        assert json.loads(entry.read_text())["arch_flags"] == NO_HOPPER.split(), why

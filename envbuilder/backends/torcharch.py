@@ -1,0 +1,158 @@
+"""The compiled GPU architectures of an installed torch wheel, read once per wheel and remembered in the home.
+
+What a wheel's name and files tell (version, local label, CUDA version) the guard reads as files. The arch list
+(``torch._C._cuda_getArchFlags()``) is only known by importing torch, seconds for a real CUDA build; it is a fact
+of the wheel's content, so it is kept per wheel content under the home (``settings.torch_builds_cache``), one
+JSON file per wheel, named by ``wheel_digest``.
+
+The key, and why it is sound: ``wheel_digest`` is the sha256 of the rows of the installed RECORD that come from
+the wheel itself: every file inside site-packages with its sha256 (the wheel's own RECORD, which lists the sha256
+of every file it holds, METADATA and WHEEL with its tags among them), sorted. Left out are the rows the installer
+writes for this env (INSTALLER, REQUESTED, direct_url.json, uv_cache.json, RECORD itself, bytecode, and the
+console scripts under ``../../../bin`` whose shebang names this env's python): they differ between two envs of the
+same wheel and say nothing of its code. Any wheel whose files differ (a repack, a rebuild for other GPUs, a
+tampered file with its RECORD row updated) has another digest and is read again. A RECORD that lies about its
+files (pip and uv do not check) is caught where it matters cheaply: a native library of the wheel whose size on
+disk is not the size RECORD gives makes the wheel uncacheable, read every time. A row without a strong hash
+(sha256 or better) does the same.
+
+The cache only ever saves time: a missing, unreadable, malformed or foreign entry (another user's, or one its
+group or everyone can write: ``strictmodes``) is ignored with a warning and the list is read again; entries are
+written atomically (``fsutil.write_atomic``) and only from a read that succeeded for the torch the env imports.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from envbuilder.core import settings
+from envbuilder.core.errors import UnsafePath
+from envbuilder.system import fsutil, strictmodes
+from envbuilder.system.console import Out
+
+#: The entry format; another is ignored (read again and rewritten).
+VERSION = 1
+#: The dist-info files an installer writes (PEP 376, 610, 627; uv's own): not the wheel's.
+INSTALLER_FILES = frozenset({"INSTALLER", "REQUESTED", "RECORD", "direct_url.json", "uv_cache.json"})
+STRONG = ("sha256=", "sha384=", "sha512=")
+_FLAG = re.compile(r"(sm|compute)_\d+[af]?")
+_NATIVE = re.compile(r"\.so(\.[0-9.]+)?$")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def wheel_digest(dist_info: Path) -> Optional[str]:
+    """The digest of the installed wheel's own files as its RECORD lists them (see the module's words); None
+    where RECORD is missing, unreadable, holds a row without a strong hash, or disagrees with a native library's
+    size on disk: such a wheel is read every time."""
+    try:
+        text = (dist_info / "RECORD").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    site = dist_info.parent
+    rows: list[str] = []
+    try:
+        for row in csv.reader(io.StringIO(text)):
+            if not row or _installers(row[0], dist_info.name):
+                continue
+            path, digest = row[0], row[1] if len(row) > 1 else ""
+            if not digest.startswith(STRONG):
+                return None
+            if _NATIVE.search(path) and not _size_matches(site / path, row[2] if len(row) > 2 else ""):
+                return None
+            rows.append(f"{path},{digest}")
+    except csv.Error:
+        return None
+    if not rows:
+        return None
+    return hashlib.sha256("\n".join(sorted(rows)).encode("utf-8")).hexdigest()
+
+
+def _installers(path: str, dist_info: str) -> bool:
+    """Is this RECORD row one the installer wrote for this env (not a file of the wheel)?"""
+    if path.startswith(("../", "/")) or path.endswith(".pyc") or "__pycache__/" in path:
+        return True
+    head, _, name = path.rpartition("/")
+    return head == dist_info and name in INSTALLER_FILES
+
+
+def _size_matches(path: Path, size: str) -> bool:
+    try:
+        return path.stat().st_size == int(size)
+    except (OSError, ValueError):
+        return False
+
+
+class ArchCache:
+    """The arch lists of torch wheels already read, under ``home``'s ``settings.torch_builds_cache``."""
+
+    def __init__(self, home: Path, log: Callable[[str], None] = lambda _: None) -> None:
+        self.home = home
+        self.dir = settings.torch_builds_cache(home)
+        self.log = log
+
+    def path(self, digest: str) -> Path:
+        return self.dir / f"{digest}.json"
+
+    def recall(self, digest: str) -> Optional[tuple[str, ...]]:
+        """The arch list remembered for the wheel of this digest; None (with a warning where an entry was there
+        but cannot be trusted or read) otherwise."""
+        path = self.path(digest)
+        if not _DIGEST.fullmatch(digest) or not os.path.lexists(path):
+            return None
+        flags, why = _read_entry(path, self.home, digest)
+        if why:
+            text = f"ignoring the torch build cache entry {path}: {why}; reading the arch list from torch instead"
+            self.log(f"warning: {text}")
+            Out().warn(text)
+        return flags
+
+    def remember(self, digest: str, version: str, flags: tuple[str, ...]) -> None:
+        """Keep ``flags`` for the wheel of this digest (atomically; a cache that cannot be written is said once)."""
+        if not _DIGEST.fullmatch(digest):
+            return
+        path = self.path(digest)
+        entry = {"version": VERSION, "digest": digest, "torch": version, "arch_flags": list(flags)}
+        try:  # the directory, not the entry: a foreign or open entry is replaced by the user's own
+            strictmodes.check(
+                self.dir, root=self.home, what="the torch build cache", elsewhere="", above=False
+            )
+        except UnsafePath:
+            return  # nothing is written where others could change it
+        try:
+            fsutil.write_atomic(path, json.dumps(entry, sort_keys=True).encode("utf-8"))
+        except OSError as exc:
+            fsutil.cache_unwritable(self.dir, exc)
+
+
+def _read_entry(path: Path, home: Path, digest: str) -> tuple[Optional[tuple[str, ...]], str]:
+    """The arch list of the entry at ``path``, or why it is not used ("" where it is)."""
+    if path.is_symlink():
+        return None, "it is a symbolic link"
+    try:
+        strictmodes.check(
+            path, root=home, what="the torch build cache", elsewhere=f"remove {path}", above=False
+        )
+    except UnsafePath as exc:
+        return None, str(exc)
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        return None, f"it cannot be read ({exc})"
+    flags = _entry_flags(data, digest)
+    return flags, "" if flags is not None else "it is not an entry of this release"
+
+
+def _entry_flags(data: Any, digest: str) -> Optional[tuple[str, ...]]:
+    if not isinstance(data, dict) or data.get("version") != VERSION or data.get("digest") != digest:
+        return None
+    flags = data.get("arch_flags")
+    if not isinstance(flags, list) or not all(isinstance(f, str) and _FLAG.fullmatch(f) for f in flags):
+        return None
+    return tuple(flags)

@@ -1,0 +1,76 @@
+"""The key of the torch arch cache (backends/torcharch.py) on dist-info directories laid out by hand: what of an
+installed RECORD counts (the wheel's own files) and what does not (what the installer wrote for this env), and
+the RECORDs it will not trust."""
+
+from __future__ import annotations
+
+import hashlib
+from base64 import urlsafe_b64encode
+from pathlib import Path
+
+from envbuilder.backends.torcharch import wheel_digest
+
+DIST = "torch-2.13.0+cu126.dist-info"
+
+
+def row(site: Path, path: str, content: bytes) -> str:
+    """Write ``content`` at ``path`` under ``site``; its RECORD row."""
+    (site / path).parent.mkdir(parents=True, exist_ok=True)
+    (site / path).write_bytes(content)
+    digest = urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
+    return f"{path},sha256={digest},{len(content)}"
+
+
+def install(
+    site: Path, *, python: str = "/envs/a/bin/python", installer: str = "uv", arch: str = "sm_90"
+) -> Path:
+    """A torch install as an installer leaves it: the wheel's files and rows, then its own."""
+    rows = [
+        row(site, "torch/__init__.py", b"from torch import _C\n"),
+        row(site, "torch/_C.py", f"def _cuda_getArchFlags():\n    return {arch!r}\n".encode()),
+        row(site, "torch/lib/libtorch_cuda.so", b"\x7fELF" + arch.encode()),
+        row(site, f"{DIST}/METADATA", b"Name: torch\nVersion: 2.13.0+cu126\n"),
+        row(site, f"{DIST}/WHEEL", b"Wheel-Version: 1.0\nTag: cp311-cp311-manylinux_2_28_x86_64\n"),
+        # The installer's: differ between two envs of one wheel.
+        row(site, "../../../bin/torchrun", f"#!{python}\nimport torch\n".encode()),
+        row(site, f"{DIST}/INSTALLER", f"{installer}\n".encode()),
+        row(site, f"{DIST}/REQUESTED", b""),
+        "torch/__pycache__/__init__.cpython-311.pyc,,",
+        f"{DIST}/RECORD,,",
+    ]
+    (site / DIST).mkdir(parents=True, exist_ok=True)
+    (site / DIST / "RECORD").write_text("\n".join(rows) + "\n")
+    return site / DIST
+
+
+def site(root: Path, name: str) -> Path:
+    path = root / name / "lib/python3.11/site-packages"
+    path.mkdir(parents=True)
+    return path
+
+
+def test_two_envs_of_one_wheel_share_a_digest(tmp_path):
+    a = wheel_digest(install(site(tmp_path, "a")))
+    b = wheel_digest(install(site(tmp_path, "b"), python="/envs/b/bin/python", installer="pip"))
+    assert a is not None and a == b
+
+
+def test_another_wheel_of_the_same_name_has_another_digest(tmp_path):
+    a = wheel_digest(install(site(tmp_path, "a")))
+    b = wheel_digest(install(site(tmp_path, "b"), arch="sm_80"))
+    assert a is not None and b is not None and a != b
+
+
+def test_records_it_does_not_trust_give_no_digest(tmp_path):
+    dist = install(site(tmp_path, "a"))
+    record = (dist / "RECORD").read_text()
+    # A native library whose size on disk is not the size its RECORD row gives (a file swapped under its row).
+    (dist.parent / "torch/lib/libtorch_cuda.so").write_bytes(b"\x7fELF something else")
+    assert wheel_digest(dist) is None
+    dist = install(site(tmp_path, "b"))
+    (dist / "RECORD").write_text(record.replace("torch/_C.py,sha256=", "torch/_C.py,md5="))
+    assert wheel_digest(dist) is None
+    (dist / "RECORD").write_text(record.replace("torch/__init__.py,sha256=", "torch/__init__.py,,#"))
+    assert wheel_digest(dist) is None
+    (dist / "RECORD").unlink()
+    assert wheel_digest(dist) is None
