@@ -6,6 +6,8 @@
 #      the guard refuses (exit 7), leaving nothing at the prefix;
 #   2. the planned index serves the node's own cu130 torch (repacked as wheels): create passes the guard (the real
 #      compiled arch list must carry the H200's sm_90) and validates on both GPUs;
+#      A second create of the same wheel takes the arch list from the cache (no torch import); bench_guard.py
+#      times the guard's parts on that env;
 #   3. the CPU build again with --force over that env: refused, the env left as it was and still importing;
 #   4. `envbuilder doctor` on the node, and with a facts file of an older driver.
 # Results go to $OUT (or ./gpu-guard).
@@ -75,6 +77,13 @@ step create-wrong-table env ENVBUILDER_INDEX_MIRROR="$wrong_http" ENVBUILDER_OFF
 echo "after the refused create: $(ls -A "$SCRATCH/envs" 2>/dev/null | tr '\n' ' ')"
 step plan-right env ENVBUILDER_INDEX_MIRROR="$right" python3 -m envbuilder plan gpu-guard
 step create-right env ENVBUILDER_INDEX_MIRROR="$right" python3 -m envbuilder create gpu-guard --json
+# The arch list is read once per wheel (issue 36): a second create of the same wheel takes it from the home's
+# cache (the log says "torch arch list: remembered"), and what each part of the guard costs on the real CUDA torch.
+step create-again env ENVBUILDER_INDEX_MIRROR="$right" python3 -m envbuilder create gpu-guard --force --no-validate
+echo "== guard step, first create and the same wheel again"
+grep -h "checking the installed torch build" "$out/create-right.err" "$out/create-again.err" | grep -v "→"
+step bench-guard python3 scripts/bench_guard.py "$SCRATCH/envs/gpu-guard" --repeat 5
+cat "$out/bench-guard.out"
 step force-wrong env ENVBUILDER_INDEX_MIRROR="$wrong_http" ENVBUILDER_OFFLINE=1 \
   python3 -m envbuilder create gpu-guard --force --no-validate
 echo "after the refused --force: $("$SCRATCH/envs/gpu-guard/bin/python" -c 'import torch; print(torch.__version__, torch.cuda.device_count())')"
@@ -104,5 +113,5 @@ for name, c in (v.get("checks") or {}).items():
 PY
 echo "== steps"; cat "$out/steps.txt"
 # What comes back (8 files at most): the step list, the refusals, the passing create, both doctor reports.
-rm -f "$out"/repack.* "$out"/plan-wrong.out "$out"/create-wrong-table.out "$out"/force-wrong.out \
+rm -f "$out"/repack.* "$out"/create-again.* "$out"/bench-guard.* "$out"/plan-wrong.out "$out"/create-wrong-table.out "$out"/force-wrong.out \
   "$out"/plan-right.out "$out"/create-right.err "$out"/doctor.err "$out"/doctor-old-driver.err
