@@ -361,6 +361,14 @@ def test_a_second_create_of_the_same_wheel_does_not_import_torch(world, tmp_path
     assert f"torch arch list: remembered for this wheel ({entry})" in log
     line = next(x for x in log.splitlines() if x.startswith("torch build: "))
     assert " sm_90" in line and "is the planned torch 2.13.0 cu126 (CUDA 12.6)" in line, line
+    # restore's guard (the recorded plan's GPU target) takes it from there too.
+    ok(world.cli("backup", "second"))
+    restored = world.data(
+        "restore", "second", "--prefix", str(world.prefix("back")), "--name", "back", "--no-validate"
+    )
+    assert world.installed("back") == "2.13.0+cu126"
+    assert arch_reads(reads) == 1, "restore read the arch list again"
+    assert f"torch arch list: remembered for this wheel ({entry})" in Path(restored["log"]).read_text()
 
 
 def test_another_file_of_the_same_name_and_version_is_read_again_and_refused(world, tmp_path):
