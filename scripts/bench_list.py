@@ -4,11 +4,13 @@
 One env is built for real (`envbuilder create --no-validate`, a venv of the wheels in ``--wheels`` served on
 127.0.0.1, on a scratch file system with a purge policy, so the purge and backup columns are computed), then
 cloned to N envs: each clone's files are hard links of the first's (the same files to stat and read, no space)
-and its record the first's with its own name and prefix. For each N in ``--counts`` the commands run as a user
+and its record the first's with its own name and prefix. The first env is backed up (wheelhouse) and each env
+given ``--backups`` copies of that backup, a day apart, as a user's nightly backups would be. For each N in ``--counts`` the commands run as a user
 runs them (a child ``python -m envbuilder``), ``--repeat`` times; the median is reported with the cost per env
 (the slope between the smallest and largest N). No network: the wheels come from a local directory.
 
-    python scripts/bench_list.py [--wheels DIR] [--packages "sympy networkx"] [--counts 10,50] [--repeat 5]
+    python scripts/bench_list.py [--wheels DIR] [--packages "sympy networkx"] [--counts 10,50] [--backups 5]
+                                 [--repeat 5] [--json FILE]
 
 On a GPU node: ``--wheels`` the directory of the node's repacked wheels, ``--packages "torch"``.
 """
@@ -90,13 +92,41 @@ def build_template(work: Path, env: dict[str, str], packages: list[str]) -> stat
     return state.load(Path(env["ENVBUILDER_HOME"]), "bench")
 
 
-def clone(template: state.EnvRecord, home: Path, name: str) -> None:
-    """``name``: the template's files as hard links at a prefix of its own, and its record."""
+def clone(template: state.EnvRecord, home: Path, name: str, backup: Path, backups: int) -> None:
+    """``name``: the template's files as hard links at a prefix of its own, its record, and ``backups`` copies
+    of the template's ``backup`` (its backup.json names no env: the directory does)."""
     prefix = Path(template.prefix).with_name(name)
     shutil.copytree(template.prefix, prefix, symlinks=True, copy_function=os.link)
     data = template.to_json()
     data["name"], data["prefix"] = name, str(prefix)
     state.save(home, state.EnvRecord.from_json(data))
+    copies(backup, backup.parent.parent / name, backups)
+
+
+def copies(backup: Path, env_dir: Path, count: int) -> None:
+    """``count`` copies of ``backup`` in ``env_dir``, stamped a day apart before it."""
+    stamp = time.mktime(time.strptime(backup.name, "%Y%m%dT%H%M%SZ"))
+    for day in range(1, count + 1):
+        target = env_dir / time.strftime("%Y%m%dT%H%M%SZ", time.localtime(stamp - day * 86400))
+        if not target.exists():
+            shutil.copytree(backup, target)
+
+
+def check_world(env: dict[str, str], n: int) -> None:
+    """What is timed is what a user's list shows: n healthy envs, each with its backup and its purge estimate."""
+    res = subprocess.run(
+        [sys.executable, "-m", "envbuilder", "list", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = json.loads(res.stdout)["data"]
+    bad = [r["name"] for r in rows if r["health"]["status"] != "ok" or not r["backup"] or not r["purge"]]
+    if len(rows) != n or bad:
+        raise SystemExit(
+            f"the bench's world is not what it should be: {len(rows)} envs, not as expected: {bad}"
+        )
 
 
 def files_in(prefix: str) -> int:
@@ -112,10 +142,12 @@ def main() -> int:
     ap.add_argument("--wheels", type=Path, default=DEFAULT_WHEELS, help="a directory of wheels (no network)")
     ap.add_argument("--packages", default="sympy networkx", help="what each env holds (space-separated)")
     ap.add_argument("--counts", default="10,50", help="the numbers of envs to time, comma-separated")
+    ap.add_argument("--backups", type=int, default=5, help="backups of each env (at least 1)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args()
     counts = sorted(int(n) for n in args.counts.split(","))
+    args.backups = max(1, args.backups)
     if not args.wheels.is_dir():
         raise SystemExit(f"{args.wheels} is not a directory of wheels (pass --wheels DIR)")
 
@@ -125,18 +157,22 @@ def main() -> int:
         with serve(args.wheels) as index:
             env = world(work, mirror_env(index))
             template = build_template(work, env, args.packages.split())
+            cli(env, "backup", "bench", "--mode", "wheelhouse")
+        [backup] = (work / "backups" / "envs" / "bench").iterdir()
+        copies(backup, backup.parent, args.backups - 1)
         env["ENVBUILDER_OFFLINE"] = "1"  # the doctor reads no index while timed
         home = Path(env["ENVBUILDER_HOME"])
         made = 1
         for n in counts:
             for i in range(made, n):
-                clone(template, home, f"bench{i:03d}")
+                clone(template, home, f"bench{i:03d}", backup, args.backups)
             made = max(made, n)
+            check_world(env, n)
             results["list"][n] = median_time(env, ["list"], args.repeat, (0,))
             results["show"][n] = median_time(env, ["show", "bench"], args.repeat, (0,))
             # 14: a finding needs action (the purge's backup advice on a scratch env); the doctor still ran.
             results["doctor"][n] = median_time(env, ["doctor"], args.repeat, (0, 14))
-        report(results, counts, files_in(template.prefix))
+        report(results, counts, files_in(template.prefix), args.backups)
         if args.json:
             Path(args.json).write_text(json.dumps({"files_per_env": files_in(template.prefix), **results}))
     finally:
@@ -144,8 +180,8 @@ def main() -> int:
     return 0
 
 
-def report(results: dict[str, dict[int, float]], counts: list[int], files: int) -> None:
-    print(f"each env: {files} files; medians of child `python -m envbuilder` runs")
+def report(results: dict[str, dict[int, float]], counts: list[int], files: int, backups: int) -> None:
+    print(f"each env: {files} files, {backups} backups; medians of child `python -m envbuilder` runs")
     print(f"{'command':<8}" + "".join(f"{f'{n} envs':>12}" for n in counts) + f"{'per env':>12}")
     lo, hi = counts[0], counts[-1]
     for command, times in results.items():
