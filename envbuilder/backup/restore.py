@@ -32,7 +32,17 @@ from envbuilder.core.structs import dataclass
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS, InstallStep
 from envbuilder.resolver import mirror
-from envbuilder.system import fsutil, proc, relocate, removal, state, strictmodes, transaction
+from envbuilder.system import (
+    envfiles,
+    fsutil,
+    proc,
+    purge,
+    relocate,
+    removal,
+    state,
+    strictmodes,
+    transaction,
+)
 from envbuilder.system.modules import EnvDelta, ModuleSystem
 
 
@@ -188,11 +198,20 @@ def _describe(home: Path, name: str, final: Path) -> str:
 
 
 def _restored_record(
-    old: state.EnvRecord, b: Backup, name: str, final: Path, packages: list[dict[str, Any]], **more: Any
+    old: state.EnvRecord,
+    b: Backup,
+    name: str,
+    where: tuple[Path, Path],
+    packages: list[dict[str, Any]],
+    **more: Any,
 ) -> state.EnvRecord:
+    """The restored env's record; ``where``: the directory it is built in and its final prefix."""
+    partial, final = where
     return replace(
         old,
         name=name,
+        # Measured here, as create does: the restored files' access times are not the old env's.
+        files=envfiles.measure(partial, purged=purge.policy(old) is not None),
         prefix=str(final),
         plan={**old.plan, "prefix": str(final)},
         packages=tuple(packages),
@@ -241,7 +260,9 @@ def _wheelhouse(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
         _compare(b, partial)
     backend.move_in(build)
     loaded = base.loaded_modules(modules.kind, delta)
-    record = _restored_record(old, b, job.name, job.final, backend.inventory(build), modules=loaded)
+    record = _restored_record(
+        old, b, job.name, (partial, job.final), backend.inventory(build), modules=loaded
+    )
     fsutil.write_atomic(partial / "envbuilder" / "record.json", record.dumps())
     drop_world_write(partial)
     return record
@@ -415,4 +436,4 @@ def _archive(
         log.write(f"relocated: {len(relocation.rewritten)} rewritten, {len(relocation.left)} left")
     # The env's own files stay exactly as archived (its envbuilder/record.json was relocated with the rest);
     # the pending marker is removed once the record is written.
-    return _restored_record(old, b, name, final, [dict(p) for p in old.packages]), relocation
+    return _restored_record(old, b, name, (partial, final), [dict(p) for p in old.packages]), relocation

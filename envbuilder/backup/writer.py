@@ -151,7 +151,7 @@ def _refuse_unbackable(record: state.EnvRecord, prefix: Path, mode: str) -> None
             hint=f"envbuilder restore {record.name}",
         )
     # A wheelhouse backup finds missing files itself while reading RECORDs (one pass instead of two).
-    health = state.health(record) if mode == "archive" else state.Health("ok", "")
+    health = state.health(record, full=True) if mode == "archive" else state.Health("ok", "")
     if health.status == "damaged":
         raise BackupError(
             f"{record.name} is damaged ({health.detail}): a backup of it would not restore",

@@ -21,7 +21,7 @@ import hashlib
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import field
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -38,7 +38,7 @@ from envbuilder.plan import Plan, lockfit
 from envbuilder.plan.activation import Activation, build_loads
 from envbuilder.plan.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
 from envbuilder.recipe.loader import Recipe
-from envbuilder.system import fsutil, proc, removal, state, strictmodes, transaction
+from envbuilder.system import envfiles, fsutil, proc, purge, removal, state, strictmodes, transaction
 from envbuilder.system.modules import EnvDelta, ModuleSystem
 
 
@@ -413,6 +413,9 @@ def _record(
             tools=backend.tools(build),
             modules=base.loaded_modules(job.modules.kind, delta),
         )
+        # Measured once here, so that list, show and doctor never walk the env (envfiles).
+        files = envfiles.measure(build.partial, purged=purge.policy(record) is not None)
+        record = replace(record, files=files)
         fsutil.write_atomic(build.partial / "envbuilder" / "record.json", record.dumps())
     for rel in fixed:
         build.log.write(f"removed world write permission from {rel}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,7 +15,18 @@ from envbuilder.core.errors import BackupError, EnvbuilderError, UsageError, Val
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.scale import image
-from envbuilder.system import fsutil, host, modules, proc, progress, purge, state, strictmodes, transaction
+from envbuilder.system import (
+    envfiles,
+    fsutil,
+    host,
+    modules,
+    proc,
+    progress,
+    purge,
+    state,
+    strictmodes,
+    transaction,
+)
 from envbuilder.system.console import Cell, Out, plain
 from envbuilder.system.tables import Column
 from envbuilder.validate import runner as validator
@@ -251,8 +263,12 @@ def _repack(rec: state.EnvRecord, home: Path, out: Out) -> state.EnvRecord:
 
 
 def handle_touch(args: argparse.Namespace, out: Out) -> dict[str, Any]:
-    record = state.load(settings.home(os.environ), args.env)
-    count = purge.touch(record)
+    home = settings.home(os.environ)
+    record = state.load(home, args.env)
+    with state.mutex(home, record.name):
+        count = purge.touch(record)
+        # The record's sample of least recently read files holds the times from before: measured again.
+        state.save(home, replace(record, files=envfiles.measure(Path(record.prefix), purged=True)))
     if not args.json:
         out.result.line(f"refreshed the access time of {count} file(s) in {record.prefix}")
     return {"name": record.name, "files": count}

@@ -3,7 +3,9 @@ in the env's plan) and the files' access times; and ``touch``, only where the si
 
 Purges like TACC's delete *files* not accessed for N days, so the env breaks when its least recently read file
 goes: the days left are N minus that file's age. (Reads on a login node may not update atime at TACC; the
-estimate is then pessimistic, which is the safe side.)
+estimate is then pessimistic, which is the safe side.) That file is found from the sample of least recently read
+files its record keeps (envfiles: one lstat per sampled file, never a walk); a record of an earlier release,
+which has none, is answered by a walk of the env.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Optional
 
 from envbuilder.core.errors import UsageError
 from envbuilder.core.structs import dataclass
+from envbuilder.system import envfiles
 from envbuilder.system.state import EnvRecord
 
 DAY = 86400.0
@@ -47,7 +50,7 @@ def policy(record: EnvRecord) -> Optional[dict[str, Any]]:
 
 
 def oldest_access(prefix: Path) -> tuple[Optional[float], Optional[str]]:
-    """The earliest access time of any file under ``prefix`` (symlinks themselves are not purged)."""
+    """The earliest access time of any file under ``prefix`` (symlinks themselves are not purged): a walk."""
     oldest: Optional[float] = None
     which: Optional[Path] = None
     for dirpath, _dirs, files in os.walk(prefix):
@@ -73,7 +76,10 @@ def status(record: EnvRecord, now: Optional[float] = None) -> Optional[PurgeStat
     allowed = bool(fs.get("touch_allowed", False))
     if not prefix.is_dir():
         return PurgeStatus(fs.get("name", "?"), days, None, None, allowed, str(fs.get("notes", "")))
-    atime, which = oldest_access(prefix)
+    if envfiles.recorded(record.files) and "oldest" in record.files:
+        atime, which = envfiles.oldest_access(prefix, record.files)
+    else:
+        atime, which = oldest_access(prefix)
     now = time.time() if now is None else now
     left = days - (now - atime) / DAY if atime is not None else float(days)
     return PurgeStatus(fs.get("name", "?"), days, left, which, allowed, str(fs.get("notes", "")))

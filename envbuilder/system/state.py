@@ -15,7 +15,7 @@ from envbuilder.core import kinds, settings
 from envbuilder.core.errors import EnvNotFound, StateError, did_you_mean
 from envbuilder.core.records import RecordedPlan
 from envbuilder.core.structs import dataclass
-from envbuilder.system import strictmodes
+from envbuilder.system import envfiles, strictmodes
 from envbuilder.system.fsutil import Mutex, Owner, write_atomic
 
 RECORD_VERSION = 1
@@ -43,6 +43,8 @@ class EnvRecord:
     origin: Mapping[str, Any] = field(default_factory=dict)
     #: Set by pack: the env's squashfs image (path, sha256, and the packages and mtime it was built from).
     image: Mapping[str, Any] = field(default_factory=dict)
+    #: What create (restore, touch) measured of the env's files, for the checks that read records (envfiles).
+    files: Mapping[str, Any] = field(default_factory=dict)
     version: int = RECORD_VERSION
 
     @property
@@ -146,8 +148,10 @@ class Health:
         return {"status": self.status, "detail": self.detail, "missing": list(self.missing[:20])}
 
 
-def health(record: EnvRecord) -> Health:
-    """Whether the env is still whole: the prefix, its python, and every file its installed packages listed."""
+def health(record: EnvRecord, full: bool = False) -> Health:
+    """Whether the env is still whole: the prefix, its python, and the files its record names (one per installed
+    package and the purge's first victims: envfiles), or (``full``, or a record without them) every file its
+    installed packages listed."""
     prefix = Path(record.prefix)
     if not prefix.is_dir():
         return Health("gone", f"{prefix} does not exist (purged or removed)")
@@ -161,12 +165,10 @@ def health(record: EnvRecord) -> Health:
                 missing.append(rel)
                 if path.is_symlink() and not elsewhere:
                     elsewhere = f"{rel} leads to {path.resolve()}, which is not on this host"
-    for rec in sorted(prefix.glob("lib/python*/site-packages/*.dist-info/RECORD")):
-        site = rec.parent.parent
-        for line in rec.read_text(encoding="utf-8", errors="replace").splitlines():
-            rel = line.split(",", 1)[0]
-            if rel and not (site / rel).exists() and "__pycache__" not in rel:
-                missing.append(str((site / rel).relative_to(prefix)) if not rel.startswith("..") else rel)
+    if full or not envfiles.recorded(record.files):
+        missing += _unlisted(prefix)
+    else:
+        missing += [rel for rel in envfiles.checked(record.files) if not (prefix / rel).exists()]
     if missing and elsewhere:
         others = len(missing) - 1
         more = f"; {others} other file(s) missing" if others else ""
@@ -174,3 +176,15 @@ def health(record: EnvRecord) -> Health:
     if missing:
         return Health("damaged", f"{len(missing)} file(s) missing, e.g. {missing[0]}", tuple(missing))
     return Health("ok", "all files present")
+
+
+def _unlisted(prefix: Path) -> list[str]:
+    """Every file the env's installed packages listed in their RECORD that is not there (bytecode aside)."""
+    missing = []
+    for rec in sorted(prefix.glob("lib/python*/site-packages/*.dist-info/RECORD")):
+        site = rec.parent.parent
+        for line in rec.read_text(encoding="utf-8", errors="replace").splitlines():
+            rel = line.split(",", 1)[0]
+            if rel and not (site / rel).exists() and "__pycache__" not in rel:
+                missing.append(str((site / rel).relative_to(prefix)) if not rel.startswith("..") else rel)
+    return missing
