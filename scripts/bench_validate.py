@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 
@@ -63,7 +64,7 @@ def main() -> int:
             sys.exit(f"validate failed (rc {res.returncode}): {res.stderr[-2000:]}")
         reports.append(data)
         suite_walls.append(wall)
-        suite_parts.append(suite_breakdown(_last_run(prefix), begun, begun + wall))
+        suite_parts.append(suite_breakdown(_last_run(prefix, begun), begun, begun + wall))
         busbw = data["checks"]["nccl"]["figures"]["busbw"]
         suite_busbw.append(busbw["value"])
     world, device = reports[0]["world"], reports[0]["device"]
@@ -137,18 +138,21 @@ def bytecode(prefix: Path) -> dict[str, bool]:
     }
 
 
-def _last_run(prefix: Path) -> Path:
-    """The newest run directory of the env's validations (its rank files say when each part happened)."""
+def _last_run(prefix: Path, begun: float) -> Optional[Path]:
+    """The run directory this run made among the env's validations (its rank files say when each part happened);
+    None where it made none there (``--image`` keeps its runs beside the image)."""
     runs = sorted((prefix / "envbuilder" / "validation").glob("run-*"), key=lambda p: p.stat().st_mtime)
-    return runs[-1]
+    return runs[-1] if runs and runs[-1].stat().st_mtime >= begun - 1 else None
 
 
-def suite_breakdown(run: Path, begun: float, ended: float) -> dict[str, float | None]:
+def suite_breakdown(run: Optional[Path], begun: float, ended: float) -> dict[str, float | None]:
     """The suite's wall time in parts, from the ranks' event files (epoch times; the slowest rank each time):
     envbuilder's own start-up until the launcher starts, the launcher's until the ranks start (torchrun's agent
     imports torch and rendezvouses), each rank's python until its first event, each check, the payload's steps
     between checks, and the end: from the last rank's last event until envbuilder has exited (the ranks' and the
     launcher's exit, the report merged and written)."""
+    if run is None:
+        return {}
     ranks = []
     for path in (run / "ranks").glob("rank-*.jsonl"):
         ranks.append([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line])
