@@ -5,7 +5,9 @@ For a recorded env (``envbuilder create`` made it): the whole suite through ``en
 time, and the busbw its bandwidth sweep reports at its largest message), and a bare torch.distributed
 all_reduce loop (scripts/raw_allreduce.py) launched with torchrun on the same ranks and message size. Reports
 the ratio of the two busbw figures (target >= 0.95), the suite's wall time (target <= 10 s, on 2 GPUs or 2 gloo
-CPU ranks) and its ratio to the bare loop's wall time (torchrun's start, one `import torch` per rank, the loop).
+CPU ranks) and its ratio to the bare loop's wall time (torchrun's start, one `import torch` per rank, the loop),
+and both wall times split into parts (``suite_parts_s``, ``raw_parts_s``: start-up, each check, the end; the
+median of the runs) from the times the ranks record.
 Also says what the figures depend on: the 1-minute load average before and after, and whether the env holds
 bytecode for torch and for what DDP imports (torch._dynamo); without it every rank compiles them from source.
 
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,9 +54,9 @@ def main() -> int:
     python = str(prefix / "bin" / "python")
 
     load_before = round(os.getloadavg()[0], 2)
-    suite_walls, suite_busbw, reports = [], [], []
+    suite_walls, suite_busbw, reports, suite_parts = [], [], [], []
     for _ in range(args.runs):
-        t0 = time.perf_counter()
+        begun, t0 = time.time(), time.perf_counter()
         res = envbuilder("validate", args.env, "--json", *(["--cpu"] if args.cpu else []), *args.extra)
         wall = time.perf_counter() - t0
         data = json.loads(res.stdout)["data"]
@@ -61,15 +64,16 @@ def main() -> int:
             sys.exit(f"validate failed (rc {res.returncode}): {res.stderr[-2000:]}")
         reports.append(data)
         suite_walls.append(wall)
+        suite_parts.append(suite_breakdown(_last_run(prefix, begun), begun, begun + wall))
         busbw = data["checks"]["nccl"]["figures"]["busbw"]
         suite_busbw.append(busbw["value"])
     world, device = reports[0]["world"], reports[0]["device"]
     nbytes = reports[0]["checks"]["nccl"]["figures"]["busbw"]["bytes"]
 
-    raw_busbw, raw_walls = [], []
+    raw_busbw, raw_walls, raw_parts = [], [], []
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     for _ in range(args.runs):
-        t0 = time.perf_counter()
+        begun, t0 = time.time(), time.perf_counter()
         res = subprocess.run(
             [
                 python,
@@ -93,6 +97,7 @@ def main() -> int:
         if not line:
             sys.exit(f"raw loop failed (rc {res.returncode}): {res.stderr[-2000:]}")
         raw_busbw.append(json.loads(line[-1])["busbw"])
+        raw_parts.append(raw_breakdown(json.loads(line[-1]), begun, begun + raw_walls[-1]))
 
     figures = {
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
@@ -114,6 +119,9 @@ def main() -> int:
         if statistics.median(raw_busbw)
         else None,
         "per_check_s": _per_check(reports[-1]),
+        # Where the wall time goes, part by part (median of the runs; see suite_breakdown, raw_breakdown).
+        "suite_parts_s": _median_parts(suite_parts),
+        "raw_parts_s": _median_parts(raw_parts),
     }
     print(json.dumps(figures, indent=2))
     if args.json:
@@ -128,6 +136,75 @@ def bytecode(prefix: Path) -> dict[str, bool]:
         pkg.replace("/", "."): any(prefix.glob(f"{site}/{pkg}/__pycache__/__init__.*.pyc"))
         for pkg in ("torch", "torch/_dynamo")
     }
+
+
+def _last_run(prefix: Path, begun: float) -> Optional[Path]:
+    """The run directory this run made among the env's validations (its rank files say when each part happened);
+    None where it made none there (``--image`` keeps its runs beside the image)."""
+    runs = sorted((prefix / "envbuilder" / "validation").glob("run-*"), key=lambda p: p.stat().st_mtime)
+    return runs[-1] if runs and runs[-1].stat().st_mtime >= begun - 1 else None
+
+
+def suite_breakdown(run: Optional[Path], begun: float, ended: float) -> dict[str, float | None]:
+    """The suite's wall time in parts, from the ranks' event files (epoch times; the slowest rank each time):
+    envbuilder's own start-up until the launcher starts, the launcher's until the ranks start (torchrun's agent
+    imports torch and rendezvouses), each rank's python until its first event, each check, the payload's steps
+    between checks, and the end: from the last rank's last event until envbuilder has exited (the ranks' and the
+    launcher's exit, the report merged and written)."""
+    if run is None:
+        return {}
+    ranks = []
+    for path in (run / "ranks").glob("rank-*.jsonl"):
+        ranks.append([json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line])
+    hellos = [ev for evs in ranks for ev in evs if ev["event"] == "hello"]
+    ends = [ev["t"] for evs in ranks for ev in evs if ev["event"] == "end"]
+    if not hellos or not ends:
+        return {}
+    rank_start = min(ev.get("started") or ev["t"] for ev in hellos)
+    agents = [ev["agent_started"] for ev in hellos if ev.get("agent_started")]
+    launched = min(agents) if agents else rank_start
+    checks: dict[str, float] = {}
+    between = 0.0  # the payload's own steps: a rank's time from its hello to its end not spent in a check
+    for evs in ranks:
+        spent = 0.0
+        for ev in evs:
+            if ev["event"] == "result":
+                checks[ev["check"]] = max(checks.get(ev["check"], 0.0), float(ev.get("seconds") or 0.0))
+                spent += float(ev.get("seconds") or 0.0)
+        times = [ev["t"] for ev in evs if ev["event"] in ("hello", "end")]
+        between = max(between, max(times) - min(times) - spent)
+    parts: dict[str, float | None] = {
+        "envbuilder_start": launched - begun,
+        "launcher_start": rank_start - launched if agents else None,
+        "rank_start": max(ev["t"] for ev in hellos) - rank_start,
+        **{f"check.{name}": secs for name, secs in checks.items() if secs >= 0.001},
+        "between_checks": between,
+        "end": ended - max(ends),
+    }
+    return parts
+
+
+def raw_breakdown(line: dict, begun: float, ended: float) -> dict[str, float | None]:
+    """The bare program's wall time in the same parts, from rank 0's times (raw_allreduce.py)."""
+    if not line.get("started"):
+        return {}
+    launched = line.get("agent_started") or line["started"]
+    return {
+        "envbuilder_start": launched - begun,  # here: the start of torchrun's process
+        "launcher_start": line["started"] - launched,
+        "import_torch": line["imported"] - line["started"],  # python's own start included
+        "work": line["done"] - line["imported"],
+        "end": ended - line["done"],
+    }
+
+
+def _median_parts(runs: list[dict[str, float | None]]) -> dict[str, float | None]:
+    names = [name for run in runs for name in run]
+    out: dict[str, float | None] = {}
+    for name in dict.fromkeys(names):
+        values = [run[name] for run in runs if run.get(name) is not None]
+        out[name] = round(statistics.median(values), 3) if values else None  # type: ignore[type-var]
+    return out
 
 
 def _per_check(data: dict) -> dict:

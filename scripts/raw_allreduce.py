@@ -2,7 +2,9 @@
 one process per GPU, or gloo on CPU). Prints one JSON line from rank 0: bytes, seconds per call, algbw, busbw.
 
 Timing matches what the validation payload reports: warm-up calls, then the mean of a timed loop, the slowest
-rank's value, busbw = algbw * 2(n-1)/n as nccl-tests defines it.
+rank's value, busbw = algbw * 2(n-1)/n as nccl-tests defines it. The line also says when rank 0 and torchrun's
+agent started, when torch was imported and when the loop was done (epoch seconds): scripts/bench_validate.py
+splits the program's wall time into parts with them.
 """
 
 from __future__ import annotations
@@ -12,9 +14,27 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
-import torch
-import torch.distributed as dist
+
+def started_at(pid: int) -> float | None:
+    """When process ``pid`` started, in epoch seconds (to a clock tick); None where /proc does not tell."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+        uptime = float(Path("/proc/uptime").read_text(encoding="ascii").split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    ticks = int(data[data.rfind(b")") + 2 :].split()[19])
+    return round(time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK"), 3)
+
+
+STARTED = started_at(os.getpid())
+AGENT_STARTED = started_at(os.getppid())
+
+import torch  # noqa: E402  (timed: the start-up above is taken before it)
+import torch.distributed as dist  # noqa: E402
+
+IMPORTED = time.time()
 
 
 def main() -> int:
@@ -52,9 +72,23 @@ def main() -> int:
     algbw = args.bytes / seconds / 1e9
     if dist.get_rank() == 0:
         busbw = algbw * 2 * (world - 1) / world
+        # When rank 0 and torchrun's agent started, when torch was imported, when the work was done (epoch s).
+        times = {
+            "agent_started": AGENT_STARTED,
+            "started": STARTED,
+            "imported": IMPORTED,
+            "done": time.time(),
+        }
         print(
             json.dumps(
-                {"bytes": args.bytes, "seconds": seconds, "algbw": algbw, "busbw": busbw, "world": world}
+                {
+                    "bytes": args.bytes,
+                    "seconds": seconds,
+                    "algbw": algbw,
+                    "busbw": busbw,
+                    "world": world,
+                    **times,
+                }
             )
         )
     dist.destroy_process_group()

@@ -6,19 +6,22 @@ import argparse
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder import __version__
 from envbuilder.core import settings
 from envbuilder.core.errors import PublishError, StateError, UsageError
 from envbuilder.core.facts import HostFacts
-from envbuilder.recipe import loader, publish, registry
+from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.scale import image
 from envbuilder.system import host, state, strictmodes
 from envbuilder.system.console import Out
 from envbuilder.validate import report, session
 from envbuilder.validate import runner as validator
+
+if TYPE_CHECKING:
+    from envbuilder.recipe import registry
+    from envbuilder.scale import image
 
 
 def options(args: argparse.Namespace) -> validator.Options:
@@ -57,6 +60,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     ran, opts = record, options(args)
     if used:
         # The mount is read-only: the run's files go beside it, and the record is stored below as the env's.
+        from envbuilder.scale import image  # noqa: PLC0415 - images and publishing: ~60 ms of imports off every run
+
         ran, opts = image.mounted_record(record, used), replace(opts, runs=str(image.runs_dir(used)))
     result = session.execute(
         ran, recipe, facts, env, opts, out=out, quiet=args.json, home=None if used else home
@@ -67,6 +72,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         Path(args.junit).write_text(report.junit(result), encoding="utf-8")
     data = session.finish(result)  # a failed validation raises here: only passing reports are published
     if target is not None:
+        from envbuilder.recipe import publish  # noqa: PLC0415 - see image above
+
         reg, name = target
         stamp = stamp_of(result, facts)
         publish.attach_validation(reg, name, version, stamp)
@@ -87,6 +94,8 @@ def _image(
             "validate --image mounts the image on this node; a submitted job runs on others",
             hint="run validate --image inside the job (or the allocation) instead of --submit",
         )
+    from envbuilder.scale import image  # noqa: PLC0415 - see handle
+
     used = image.use(record, env)
     if used.cleaned:
         out.line(f"unmounted a dead mount of {record.name}'s image before mounting it again")
@@ -97,6 +106,8 @@ def _report_target(
     env_name: str, ref: str, catalog: Catalog, registry_dir: Optional[str]
 ) -> tuple[registry.Registry, str]:
     """The registry holding the published version this env was built from."""
+    from envbuilder.recipe import registry  # noqa: PLC0415 - see handle
+
     name, _, version = ref.partition("@")
     if not version:
         raise PublishError(

@@ -275,6 +275,20 @@ def _start_time(pid: int) -> Optional[int]:
     return int(fields[19])
 
 
+def _started_at(pid: int) -> Optional[float]:
+    """When process ``pid`` started, in epoch seconds (to a clock tick); None where /proc does not tell."""
+    ticks = _start_time(pid)
+    try:
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    if ticks is None or hz <= 0:
+        return None
+    return round(time.time() - uptime + ticks / hz, 3)
+
+
 def _finish(log: Log, ok: bool, code: Optional[int] = None, record: bool = True) -> None:
     """End the process now. ``record=False``: the rank was stopped (its last word is written); nothing more is
     written, as stdout may lead nowhere any more (a pipe to an envbuilder that is gone)."""
@@ -336,6 +350,10 @@ def main(argv: list[str]) -> None:
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         # Where the ranks meet (torchrun's rendezvous store, or the TCP store of MPI-started ranks).
         master_addr=os.environ.get("MASTER_ADDR"),
+        # When this process and its torchrun agent started (epoch seconds): the run's start-up, part by part
+        # (scripts/bench_validate.py).
+        started=_started_at(os.getpid()),
+        agent_started=_started_at(os.getppid()) if rank.torchrun else None,
     )
     Lifeline(log, rank.torchrun)
     watchdog = Watchdog(log)

@@ -3,6 +3,7 @@ gloo, real mpiexec (MPICH's Hydra), the ibrun stand-in over it, and faults injec
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 import xml.etree.ElementTree as ET  # parses the report this test had written
@@ -62,6 +63,37 @@ def test_torchrun_gloo_cpu_suite_passes(validate_world, tmp_path):
     assert record.validation["kind"] == "suite" and record.validation["ok"] is True
     shown = validate_world.cli("show", "vcpu")
     assert "ddp: pass" in shown.stdout
+
+
+def test_torchrun_agent_runs_through_the_payload_wrapper_and_ranks_say_when_they_started(validate_world):
+    # The agent is the payload's wrapper around torchrun (it leaves without tearing torch down); torchrun's exit
+    # status comes through it: 0 here, 1 (a failed worker) in the fault below.
+    res, env = validate_world.validate("--checks", "import")
+    assert res.returncode == 0, res.stderr
+    data = env["data"]
+    assert data["command"][1].endswith("/payloads/envbuilder_torchrun.py"), data["command"]
+    assert data["exit_code"] == 0
+    # Each rank's hello says when it and its agent started (scripts/bench_validate.py splits a run's wall time
+    # with them): the agent first, then the rank, then its hello; all within this run.
+    run = max(
+        (validate_world.prefix / "envbuilder" / "validation").glob("run-*"), key=lambda p: p.stat().st_mtime
+    )
+    for rank in (0, 1):
+        lines = (run / "ranks" / f"rank-{rank}.jsonl").read_text().splitlines()
+        hello = json.loads(lines[0])
+        assert hello["event"] == "hello", hello
+        tick = 0.05  # /proc counts start times and uptime in clock ticks (10 ms), read at two moments
+        assert hello["agent_started"] <= hello["started"] + tick and hello["started"] <= hello["t"] + tick, (
+            hello
+        )
+        assert hello["t"] - hello["agent_started"] < 600, hello
+    failed, env = validate_world.validate(
+        "--checks", "import", extra={"ENVBUILDER_VALIDATE_FAULT": "1:import:exit"}
+    )
+    assert failed.returncode == 8, failed.stderr
+    assert env["data"]["exit_code"] == 1, env["data"]
+    tail = env["data"]["stderr_tail"]  # torchrun's own account of the failed worker, through the wrapper
+    assert "Root Cause" in tail and "exitcode  : 17" in tail, tail
 
 
 def test_mpiexec_runs_the_mpi_check(validate_world):

@@ -247,7 +247,7 @@ def test_no_process_of_a_stopped_validate_survives(world, tmp_path, launcher, si
         ranks = _pids(run)
         assert set(ranks.values()) <= set(before), (ranks, before)
         commands = " ".join(str(p["cmd"]) for p in before.values())
-        assert ("torch.distributed.run" if launcher == "torchrun" else "hydra_pmi_proxy") in commands
+        assert ("envbuilder_torchrun.py" if launcher == "torchrun" else "hydra_pmi_proxy") in commands
         if launcher == "torchrun":
             # What made the ranks outlive a kill of the launcher's group: each worker has a session of its own.
             assert all(before[pid]["sid"] == pid for pid in ranks.values()), before

@@ -23,6 +23,8 @@ CATALOG = Catalog.from_env({})
 OPTS = plan.Options()
 #: The payload in the env's own copy (PKG stands for PREFIX/envbuilder; the test puts each plan's prefix in).
 PAYLOAD = "PKG/payloads/validate.py"
+#: torchrun's agent, through the payload's wrapper that leaves without tearing torch down.
+AGENT = "PKG/payloads/envbuilder_torchrun.py"
 S = "/scratch/u1/envbuilder/envs"
 CHECKS_FULL = "import,gpu,arch,cuda,libraries,affinity,nccl,ddp,filesystem"
 
@@ -34,7 +36,7 @@ CASES = [
         "https://download.pytorch.org/whl/cu126",
         ["gcc/15.1.0", "python3/3.11.8"],
         [],
-        f"{S}/vista-venv-cu124/bin/python -m torch.distributed.run --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=1 "
+        f"{S}/vista-venv-cu124/bin/python {AGENT} --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=1 "
         f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,affinity,ddp,filesystem --device cuda --expect-gpus 1",
     ),
     (
@@ -52,7 +54,7 @@ CASES = [
         None,
         ["gcc/15.1.0", "python3/3.11.8"],
         [],
-        f"{S}/vista-overlay-system/bin/python -m torch.distributed.run --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=1 "
+        f"{S}/vista-overlay-system/bin/python {AGENT} --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=1 "
         f"{PAYLOAD} --checks import,gpu,arch,cuda,libraries,affinity,filesystem --device cuda --expect-gpus 1",
     ),
     (
@@ -61,7 +63,7 @@ CASES = [
         "https://download.pytorch.org/whl/cu124",
         ["python3/3.9.2"],
         [],
-        f"{S}/frontera-venv-cu124/bin/python -m torch.distributed.run --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=4 "
+        f"{S}/frontera-venv-cu124/bin/python {AGENT} --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=4 "
         f"{PAYLOAD} --checks {CHECKS_FULL} --device cuda --expect-gpus 4",
     ),
     (
@@ -70,7 +72,7 @@ CASES = [
         "https://download.pytorch.org/whl/cu126",
         ["python3/3.9.2"],
         [],
-        f"{S}/frontera-venv-cu126/bin/python -m torch.distributed.run --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=4 "
+        f"{S}/frontera-venv-cu126/bin/python {AGENT} --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=4 "
         f"{PAYLOAD} --checks {CHECKS_FULL} --device cuda --expect-gpus 4",
     ),
     (
@@ -79,7 +81,7 @@ CASES = [
         "https://download.pytorch.org/whl/cu126",
         ["python/3.9.18"],
         [],
-        f"{S}/stampede3-venv-cu126/bin/python -m torch.distributed.run --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=4 "
+        f"{S}/stampede3-venv-cu126/bin/python {AGENT} --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=4 "
         f"{PAYLOAD} --checks {CHECKS_FULL} --device cuda --expect-gpus 4",
     ),
     (
@@ -88,7 +90,7 @@ CASES = [
         "https://download.pytorch.org/whl/cu128",
         ["python3/3.9.7"],
         [],
-        f"{S}/lonestar6-venv-cu128/bin/python -m torch.distributed.run --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=3 "
+        f"{S}/lonestar6-venv-cu128/bin/python {AGENT} --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=3 "
         f"{PAYLOAD} --checks {CHECKS_FULL} --device cuda --expect-gpus 3",
     ),
     *[
@@ -101,7 +103,7 @@ CASES = [
             # One srun task per node around one torchrun: never the seed's two agents on the same GPUs; and
             # every CPU the job holds on the node for it (a step gets one CPU per task unless told).
             f"srun --nodes=1 --ntasks-per-node=1 --ntasks=1 --cpus-per-task $SLURM_CPUS_ON_NODE /work/u1/envbuilder/envs/zurada-conda-{v}/bin/python "
-            f"-m torch.distributed.run --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=2 {PAYLOAD} --checks {CHECKS_FULL} "
+            f"{AGENT} --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=2 {PAYLOAD} --checks {CHECKS_FULL} "
             "--device cuda --expect-gpus 2",
         )
         for v in ("cu118", "cu126", "cu128")
@@ -132,7 +134,7 @@ CASES = [
         "https://download.pytorch.org/whl/cpu",
         [],
         [],
-        f"{S}/local/bin/python -m torch.distributed.run --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=2 "
+        f"{S}/local/bin/python {AGENT} --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=2 "
         f"{PAYLOAD} --checks {CHECKS_FULL} --device cpu",
     ),
 ]
