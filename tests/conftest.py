@@ -20,6 +20,9 @@ from condaworld import build_channel, wheel_files
 from helpers import ENVMODULES_INIT_DIR, TRAIN, CpuTorchWorld, ValidateWorld
 from slurm import ConfinedCluster, MiniCluster, MultiNodeCluster, available, multinode_available
 from wheelindex import serve
+from xdist.remote import Producer
+from xdist.scheduler import LoadFileScheduling
+from xdist.workermanage import WorkerController
 
 TESTS = Path(__file__).resolve().parent
 
@@ -54,6 +57,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names no file at: {', '.join(gone)}")
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS).as_posix(), len(rank)))
+
+
+class FileWhenIdle(LoadFileScheduling):
+    """xdist's ``--dist loadfile``, except that a worker gets its next file only when it is about to run out of
+    tests (its last one waits for the next, xdist's lookahead), not when two are left: xdist's default had queued
+    a file behind a long last test or two (the aarch64 node's MPI build, a Slurm job), while the other workers
+    went idle with nothing left to take."""
+
+    def _reschedule(self, node: WorkerController) -> None:
+        if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+            return
+        super()._reschedule(node)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadFileScheduling | None:
+    """:class:`FileWhenIdle` for ``--dist loadfile`` (pyproject.toml's addopts); another ``--dist`` is xdist's."""
+    return FileWhenIdle(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
