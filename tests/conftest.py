@@ -26,27 +26,38 @@ from xdist.workermanage import WorkerController
 
 TESTS = Path(__file__).resolve().parent
 
-#: The test files that keep a worker longest (40 s or more each, alone on the 2-core machine), longest first. xdist
-#: hands out whole files in collection order (--dist loadfile, --no-loadscope-reorder in pyproject.toml), and these
-#: go first: its own order, by number of tests, sent these few-test long files last, so the suite ended with one
-#: worker running one of them while the others sat idle.
+#: The test files that keep a worker longest, longest first (each 40 s or more in a full run, 2026-11-28), the
+#: rootfs lane's two (the aarch64 node's, then the bullseye nodes') ahead of the main run's. xdist hands out whole
+#: files in collection order (--dist loadfile, --no-loadscope-reorder in pyproject.toml), each to the first worker
+#: that runs out (FileWhenIdle), and these go first: its own order, by number of tests, sent these few-test long
+#: files last, so the suite ended with one worker running one of them while the others sat idle.
 LONGEST_FIRST = (
-    "integration/test_multinode.py",
     "integration/test_aarch64_node.py",
-    "integration/test_site_mpi.py",
+    "integration/test_compute_nodes.py",
+    "integration/test_seed_twins.py",
+    "integration/test_stage.py",
     "integration/test_backup_torch.py",
     "integration/test_conda_torch.py",
-    "integration/test_seed_twins.py",
-    "integration/test_validate.py",
-    "integration/test_validate_kill.py",
-    "integration/test_stage.py",
-    "integration/test_run_slurm.py",
+    "integration/test_multinode.py",
+    "integration/test_site_mpi.py",
     "integration/test_create.py",
-    "integration/test_launch_contexts.py",
-    "integration/test_backup.py",
-    "integration/test_run.py",
+    "integration/test_validate_kill.py",
+    "integration/test_validate.py",
     "integration/test_lock.py",
+    "integration/test_activation_shells.py",
+    "integration/test_activation.py",
+    "integration/test_backup.py",
+    "integration/test_launch_contexts.py",
+    "integration/test_create_torch.py",
+    "integration/test_registry.py",
+    "integration/test_conda.py",
+    "integration/test_diskfull.py",
+    "integration/test_progress.py",
+    "integration/test_run_slurm.py",
     "integration/test_validate_submit.py",
+    "integration/test_offline_validate.py",
+    "integration/test_offline_node.py",
+    "integration/test_run.py",
 )
 
 
