@@ -53,6 +53,7 @@ LONGEST_FIRST = (
     "integration/test_conda.py",
     "integration/test_diskfull.py",
     "integration/test_progress.py",
+    "unit/test_proc.py",  # mostly sleeps (8 s timeouts): collected last, it ended the run alone
     "integration/test_run_slurm.py",
     "integration/test_validate_submit.py",
     "integration/test_offline_validate.py",
