@@ -20,30 +20,45 @@ from condaworld import build_channel, wheel_files
 from helpers import ENVMODULES_INIT_DIR, TRAIN, CpuTorchWorld, ValidateWorld
 from slurm import ConfinedCluster, MiniCluster, MultiNodeCluster, available, multinode_available
 from wheelindex import serve
+from xdist.remote import Producer
+from xdist.scheduler import LoadFileScheduling
+from xdist.workermanage import WorkerController
 
 TESTS = Path(__file__).resolve().parent
 
-#: The test files that keep a worker longest (40 s or more each, alone on the 2-core machine), longest first. xdist
-#: hands out whole files in collection order (--dist loadfile, --no-loadscope-reorder in pyproject.toml), and these
-#: go first: its own order, by number of tests, sent these few-test long files last, so the suite ended with one
-#: worker running one of them while the others sat idle.
+#: The test files that keep a worker longest, longest first (each 40 s or more in a full run, 2026-11-28), the
+#: rootfs lane's two (the aarch64 node's, then the bullseye nodes') ahead of the main run's. xdist hands out whole
+#: files in collection order (--dist loadfile, --no-loadscope-reorder in pyproject.toml), each to the first worker
+#: that runs out (FileWhenIdle), and these go first: its own order, by number of tests, sent these few-test long
+#: files last, so the suite ended with one worker running one of them while the others sat idle.
 LONGEST_FIRST = (
-    "integration/test_multinode.py",
     "integration/test_aarch64_node.py",
-    "integration/test_site_mpi.py",
+    "integration/test_compute_nodes.py",
+    "integration/test_seed_twins.py",
+    "integration/test_stage.py",
     "integration/test_backup_torch.py",
     "integration/test_conda_torch.py",
-    "integration/test_seed_twins.py",
-    "integration/test_validate.py",
-    "integration/test_validate_kill.py",
-    "integration/test_stage.py",
-    "integration/test_run_slurm.py",
+    "integration/test_multinode.py",
+    "integration/test_site_mpi.py",
     "integration/test_create.py",
-    "integration/test_launch_contexts.py",
-    "integration/test_backup.py",
-    "integration/test_run.py",
+    "integration/test_validate_kill.py",
+    "integration/test_validate.py",
     "integration/test_lock.py",
+    "integration/test_activation_shells.py",
+    "integration/test_activation.py",
+    "integration/test_backup.py",
+    "integration/test_launch_contexts.py",
+    "integration/test_create_torch.py",
+    "integration/test_registry.py",
+    "integration/test_conda.py",
+    "integration/test_diskfull.py",
+    "integration/test_progress.py",
+    "unit/test_proc.py",  # mostly sleeps (8 s timeouts): collected last, it ended the run alone
+    "integration/test_run_slurm.py",
     "integration/test_validate_submit.py",
+    "integration/test_offline_validate.py",
+    "integration/test_offline_node.py",
+    "integration/test_run.py",
 )
 
 
@@ -54,6 +69,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names no file at: {', '.join(gone)}")
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.relative_to(TESTS).as_posix(), len(rank)))
+
+
+class FileWhenIdle(LoadFileScheduling):
+    """xdist's ``--dist loadfile``, except that a worker gets its next file only when it is about to run out of
+    tests (its last one waits for the next, xdist's lookahead), not when two are left: xdist's default had queued
+    a file behind a long last test or two (the aarch64 node's MPI build, a Slurm job), while the other workers
+    went idle with nothing left to take."""
+
+    def _reschedule(self, node: WorkerController) -> None:
+        if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+            return
+        super()._reschedule(node)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadFileScheduling | None:
+    """:class:`FileWhenIdle` for ``--dist loadfile`` (pyproject.toml's addopts); another ``--dist`` is xdist's."""
+    return FileWhenIdle(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -39,7 +39,7 @@ import pytest
 from helpers import FACTS, UserWorld
 from torchindex import TorchIndex, serve, torch_mirror
 
-pytestmark = [pytest.mark.integration, pytest.mark.aarch64]
+pytestmark = [pytest.mark.integration, pytest.mark.rootfs, pytest.mark.aarch64]
 
 #: The node's python for the python3/3.11.8 module: the root's arm64 CPython 3.11.
 NODE_PYTHON = "/usr/bin/python3.11"

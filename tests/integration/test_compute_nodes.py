@@ -30,7 +30,7 @@ from helpers import REPO, ok, run_cli, user_env
 from torchindex import TorchIndex, build_torch_wheel, serve, torch_mirror
 from wheelindex import build_wheel
 
-pytestmark = [pytest.mark.integration, pytest.mark.slurm, pytest.mark.multinode]
+pytestmark = [pytest.mark.integration, pytest.mark.rootfs, pytest.mark.slurm, pytest.mark.multinode]
 
 #: A torch newer than envbuilder's table, whose only Linux wheels need glibc 2.34 (manylinux_2_34): read from
 #: the index, so its floor comes from the files.
