@@ -3,9 +3,10 @@ and record the result before the full validation."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -76,3 +77,34 @@ def smoke(
 def writes_bytecode(record: state.EnvRecord, site_python: Optional[str]) -> bool:
     """Whether the smoke check may write bytecode: only where every package it imports lies inside the env."""
     return site_python is None and not (record.plan or {}).get("system_site_packages")
+
+
+@contextlib.contextmanager
+def warming(record: state.EnvRecord, run_env: Mapping[str, str]) -> Iterator[None]:
+    """While the block runs (the validation that follows a create, whose ranks import torch in place of the smoke
+    check and write the bytecode of what they import): the bytecode of :data:`WARM`, compiled in the background
+    by the env's python with the build's umask. Joined when the block ends; an error or an interrupt ends it
+    (and all it started). Only for an env that holds its own packages (:func:`writes_bytecode`)."""
+    prefix = Path(record.prefix)
+    dirs = [
+        str(d)
+        for module in WARM
+        for d in sorted(prefix.glob("lib*/python*/site-packages/" + module.replace(".", "/")))
+        if d.is_dir() and not d.is_symlink()
+    ]
+    if not dirs or not writes_bytecode(record, None):
+        yield
+        return
+    env = {k: v for k, v in run_env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    argv = [
+        str(prefix / "bin" / "python"),
+        "-m",
+        "compileall",
+        "-q",
+        "--invalidation-mode",
+        "timestamp",
+        *dirs,
+    ]
+    with proc.background(argv, env=env, umask=build_umask()) as job:
+        yield
+        job.result(check=False)

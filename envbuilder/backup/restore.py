@@ -52,6 +52,9 @@ class RestoreOptions:
     name: Optional[str] = None
     force: bool = False
     smoke_check: bool = True
+    #: Where an env that ``force`` replaces is removed, after the swap, while the smoke check runs (None: before
+    #: the swap returns).
+    later: Optional[transaction.Later] = None
     #: Seconds to wait for another envbuilder that holds the env's mutex (the CLI's --wait).
     wait: float = 0.0
 
@@ -162,7 +165,7 @@ def _restore(
     log = open_log(home, name)
     try:
         relocation: Optional[relocate.Relocation] = None
-        with transaction.Transaction(final) as tx:
+        with transaction.Transaction(final, later=opts.later) as tx:
             if b.mode == "wheelhouse":
                 record = _wheelhouse(job, tx.partial, log)
             else:

@@ -1,15 +1,18 @@
 """``create``: apply a Plan. Build beside the prefix, rename into place when complete, record the env.
 
-Order: take the env's mutex → recover what an interrupted run left → load the modules (delta recorded) → create
-the env in ``.NAME.partial-PID`` beside the prefix → install the resolver's pins, then the recipe's packages → check
-the installed torch build against the plan (torchbuild) → write the activate extension → inventory → write the
-record inside the env, and a *pending* marker beside it → rename into place (``--force``: the old env is moved aside
-first and removed only after the new one is in place) → write the record → (a move: remove the name's env at its
-old prefix) → remove the marker. ``transaction`` does the partial, the swap, the marker and the recovery. Any
-failure or interrupt removes the partial directory; the mutex is released by its context manager, and a SIGKILLed
-run's mutex is stale and broken by the next run. A run killed after the rename leaves a complete env with its
-marker: the next run for that name and prefix (create or restore) recognises it and finishes the record
-(``heal``), so a batch job that hit its time limit there succeeds when resubmitted.
+Order: take the env's mutex → recover what an interrupted run left → load the modules (delta recorded) → create the
+env in ``.NAME.partial-PID`` beside the prefix → install the resolver's pins, then the recipe's packages → check the
+installed torch build against the plan (torchbuild) → write the activate extension → inventory → write the record
+inside the env, and a *pending* marker beside it → rename into place (``--force``: the old env is moved aside first
+and removed only after the new one is in place) → write the record → (a move: remove the name's env at its old
+prefix) → remove the marker → start removing the old env (``--force``: in the background when the caller passes
+``later``, joined before its command ends) → the smoke check (import torch, write its bytecode), unless the caller
+validates next (``validate_after``): the validation's ranks import torch and write the bytecode then, and where it
+cannot run here the caller runs the smoke check (``smoke_recorded``). ``transaction`` does the partial, the swap,
+the marker and the recovery. Any failure or interrupt removes the partial directory; the mutex is released by its
+context manager, and a SIGKILLed run's mutex is stale and broken by the next run. A run killed after the rename
+leaves a complete env with its marker: the next run for that name and prefix (create or restore) recognises it and
+finishes the record (``heal``), so a batch job that hit its time limit there succeeds when resubmitted.
 
 One env per name, one name per env: an env recorded under another name is never replaced, and a name that has an
 env elsewhere is moved only with ``--force`` (``transaction.claim``).
@@ -48,6 +51,13 @@ class CreateOptions:
     #: Record the env under this name instead of the recipe's (a second env from one recipe).
     name: Optional[str] = None
     smoke_check: bool = True
+    #: The caller validates the env next (where this host can): its ranks import torch, so the smoke check does
+    #: not run here; the result says so (``CreateResult.smoke_deferred``) and the caller runs it where the
+    #: validation cannot run after all.
+    validate_after: bool = False
+    #: Where an env that ``--force`` replaces is removed, after the swap, while the caller goes on (None: before
+    #: create returns).
+    later: Optional[transaction.Later] = None
     #: Seconds to wait for another envbuilder that holds the env's mutex (the CLI's --wait).
     wait: float = 0.0
     #: Installer named on the command line (recorded as the reason for the choice).
@@ -73,6 +83,8 @@ class CreateResult:
     record: state.EnvRecord
     log: Optional[str]
     notes: list[str] = field(default_factory=list)
+    #: The smoke check was left to the validation that follows (``CreateOptions.validate_after``).
+    smoke_deferred: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "log": self.log, "notes": self.notes, "env": self.record.to_json()}
@@ -139,10 +151,12 @@ def create(
         log = open_log(home, name)
         try:
             where = _Where(name, final, home, status, moving)
-            record = _build(_Job(plan, recipe, env, modules, opts, report, facts or {}), where, log, notes)
+            job = _Job(plan, recipe, env, modules, opts, report, facts or {})
+            record = _build(job, where, log, notes)
         finally:
             log.close()
-        return CreateResult(status, record, str(log.path), notes)
+        deferred = opts.smoke_check and opts.validate_after and _wants_smoke(plan)
+        return CreateResult(status, record, str(log.path), notes, smoke_deferred=deferred)
 
 
 @dataclass(frozen=True)
@@ -166,6 +180,8 @@ def _healed(pending: transaction.Pending, job: _Job, home: Path, notes: list[str
     record = pending.record
     if not (job.opts.smoke_check and record.validation is None and _wants_smoke(job.plan)):
         return CreateResult(pending.status, record, None, notes)
+    if job.opts.validate_after:
+        return CreateResult(pending.status, record, None, notes, smoke_deferred=True)
     log = open_log(home, record.name)
     try:
         job.report.step("checking that torch imports")
@@ -229,7 +245,7 @@ def _build(job: _Job, where: _Where, log: BuildLog, notes: list[str]) -> state.E
     final = where.final
     log.write(f"envbuilder {__version__} create {job.plan.recipe} -> {final}")
     backend = _backend(job.plan)
-    tx = transaction.Transaction(final)
+    tx = transaction.Transaction(final, later=job.opts.later)
     build, delta = _prepare(job, backend, tx, log, notes)
     with tx:
         _install(job, backend, build)
@@ -432,7 +448,7 @@ def _smoke(
     delta: EnvDelta,
     home: Path,
 ) -> state.EnvRecord:
-    if not (job.opts.smoke_check and _wants_smoke(job.plan)):
+    if not (job.opts.smoke_check and _wants_smoke(job.plan)) or job.opts.validate_after:
         return record
     job.report.step("checking that torch imports")
     return smoke(

@@ -200,21 +200,24 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     steps = progress.Steps(out.console, quiet=args.quiet, every=progress.every_from_env(env))
     if not quiet:
         out.heading(f"Restoring {b.id} ({b.mode}, created {b.data.get('created')})")
-    opts = restorer.RestoreOptions(
-        prefix=args.prefix,
-        name=args.name,
-        force=args.force,
-        smoke_check=not args.no_validate,
-        wait=args.wait,
-    )
     final = Path(args.prefix or b.data["prefix"]).expanduser().resolve()
     where = (final.parent, "restore elsewhere with --prefix DIR (and --name NAME)")
+    # An env that --force replaces is removed after the swap, while the smoke check runs: joined here.
     with (
         proc.sigterm_as_interrupt(),
+        transaction.Later() as later,
         steps,
         steps.watching([transaction.partial_of(final)]),
         fsutil.disk_errors(where),
     ):
+        opts = restorer.RestoreOptions(
+            prefix=args.prefix,
+            name=args.name,
+            force=args.force,
+            smoke_check=not args.no_validate,
+            later=later,
+            wait=args.wait,
+        )
         result = restorer.restore(b, env, modules.detect(env), opts, steps.start)
     data = result.to_json()
     rec = result.record

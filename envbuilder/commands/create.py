@@ -8,21 +8,22 @@ import dataclasses
 import os
 import platform
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder import plan as planner
 from envbuilder.backends import activation, network
+from envbuilder.backends.buildlog import BuildLog, open_log
 from envbuilder.build import create as creator
-from envbuilder.core import settings
+from envbuilder.core import checks, settings
 from envbuilder.core.errors import NetworkError, ResolverError, UsageError, ValidationFailed
 from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, find_lock
 from envbuilder.resolver import mirror
 from envbuilder.resolver.matrix import table_age
-from envbuilder.system import fsutil, host, modules, proc, progress, purge, state
+from envbuilder.system import fsutil, host, modules, proc, progress, purge, state, transaction
 from envbuilder.system.console import Out
 
 
@@ -87,37 +88,34 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     report = creator.Reporter(
         step=steps.start, note=talk.note, wait=talk.wait, moving=steps.moving, downloads=steps.downloading
     )
-    copts = creator.CreateOptions(
-        force=args.force,
-        name=args.name,
-        smoke_check=not args.no_validate,
-        wait=args.wait,
-        installer_source="--installer" if args.installer else "recipe",
-    )
-    where = (Path(the_plan.prefix).parent, "build elsewhere with --prefix DIR")
-    with proc.sigterm_as_interrupt(), steps, fsutil.disk_errors(where), _saw(unread):
-        result = creator.create(
-            the_plan, recipe, env, modules.detect(env), copts, report=report, facts=facts.to_json()
+    # An env that --force replaces is removed after the swap, while the checks run; joined before the end.
+    with transaction.Later() as later:
+        copts = creator.CreateOptions(
+            force=args.force,
+            name=args.name,
+            smoke_check=not args.no_validate,
+            validate_after=not args.no_validate,
+            later=later,
+            wait=args.wait,
+            installer_source="--installer" if args.installer else "recipe",
         )
-    data = result.to_json()
-    smoke = result.record.validation or {}
-    failed = [k for k, v in (smoke.get("checks") or {}).items() if v.get("status") == "fail"]
-    if not args.json:
-        _render(result, out, failed)
-    if smoke and not failed and result.status != "exists":
-        data["validation"] = _validate(result.record, recipe, facts, env, args=args, out=out)
+        where = (Path(the_plan.prefix).parent, "build elsewhere with --prefix DIR")
+        with proc.sigterm_as_interrupt(), steps, fsutil.disk_errors(where), _saw(unread):
+            result = creator.create(
+                the_plan, recipe, env, modules.detect(env), copts, report=report, facts=facts.to_json()
+            )
+        data = result.to_json()
+        if not args.json:
+            _render(result, out, [])
+        if result.smoke_deferred:
+            data["validation"], result = _validate(result, recipe, facts, env, args=args, out=out)
+            data["env"] = result.record.to_json()
     hint = _backup_hint(result.record, env)
     if hint and not args.json:
         days = (purge.policy(result.record) or {}).get("purge_days")
         out.line(f"{the_plan.prefix} is purged after {days} days unread; keep a copy in $WORK: {hint}")
     data["advice"] = hint
-    if failed:
-        exc = ValidationFailed(
-            f"the env was built at {result.record.prefix}, but its smoke check failed: {', '.join(failed)}",
-            hint=f"see {result.log}" if result.log else "envbuilder show " + result.record.name,
-        )
-        exc.data = data
-        raise exc
+    _failing(result, data)
     return data
 
 
@@ -160,26 +158,27 @@ def same_arch(the_plan: planner.Plan, here: str) -> None:
 
 
 def _validate(
-    record: state.EnvRecord,
+    created: creator.CreateResult,
     recipe: loader.Recipe,
     facts: HostFacts,
     env: dict[str, str],
     *,
     args: argparse.Namespace,
     out: Out,
-) -> Optional[dict[str, Any]]:
-    """The full suite right after the build, where this host can run it; otherwise say how to."""
+) -> tuple[Optional[dict[str, Any]], creator.CreateResult]:
+    """The full suite right after the build, where this host can run it: its ranks import torch and write the
+    bytecode, in place of the smoke check. Where it cannot run here, say how to, and run the smoke check."""
     from envbuilder.validate import runner as validator  # noqa: PLC0415
     from envbuilder.validate import session  # noqa: PLC0415 - not imported by --no-validate
 
     quiet = bool(args.quiet or args.json)
     try:
         result = session.execute(
-            record,
+            created.record,
             recipe,
             facts,
             env,
-            validator.Options(partition=args.partition),
+            validator.Options(partition=args.partition, write_bytecode=True),
             out=out,
             quiet=quiet,
             home=settings.home(env),
@@ -189,8 +188,64 @@ def _validate(
             out.line(f"{exc.message}")
             if exc.hint:
                 out.line(f"  {exc.hint}")
-        return None
-    return session.finish(result)
+        return None, _smoke(created, facts, env, out=out, quiet=quiet)
+    created = dataclasses.replace(
+        created, record=dataclasses.replace(created.record, validation=result.to_json())
+    )
+    if checks.FIRST in result.failed:
+        # torch does not import (the launcher may not even start): the smoke check says why, and records it, as
+        # a create that it had preceded would have.
+        return result.to_json(), _smoke(created, facts, env, out=out, quiet=quiet)
+    if set(result.failed) & set(checks.SMOKE):
+        # What the smoke check would have found: the caller fails as it did, with the create's data.
+        return result.to_json(), created
+    return session.finish(result), created
+
+
+def _smoke(
+    created: creator.CreateResult, facts: HostFacts, env: dict[str, str], *, out: Out, quiet: bool
+) -> creator.CreateResult:
+    """The smoke check that a validation which cannot run here did not replace, logged in the create's log."""
+    if not quiet:
+        out.line("checking that torch imports")
+    log = BuildLog(Path(created.log)) if created.log else open_log(settings.home(env), created.record.name)
+    with proc.sigterm_as_interrupt():
+        try:
+            record = creator.smoke_recorded(
+                created.record,
+                modules.detect(env),
+                env,
+                settings.home(env),
+                log=log,
+                gpus=len(facts.gpus or []),
+            )
+        finally:
+            log.close()
+    smoke = record.validation or {}
+    failed = _failed(smoke)
+    if not quiet and smoke and not failed:
+        imp = (smoke.get("checks") or {}).get("import", {})
+        out.result.field("smoke check", f"torch {imp.get('torch')} imports (cuda {imp.get('cuda')})")
+    return dataclasses.replace(created, record=record)
+
+
+def _failing(result: creator.CreateResult, data: dict[str, Any]) -> None:
+    """A smoke check that failed, or a validation that found what it would have: the env is built and recorded,
+    and the command fails with its data."""
+    failed = _failed(result.record.validation or {})
+    if not failed:
+        return
+    what = "smoke check" if (result.record.validation or {}).get("kind") == "smoke" else "validation"
+    exc = ValidationFailed(
+        f"the env was built at {result.record.prefix}, but its {what} failed: {', '.join(failed)}",
+        hint=f"see {result.log}" if result.log else "envbuilder show " + result.record.name,
+    )
+    exc.data = data
+    raise exc
+
+
+def _failed(result: Mapping[str, Any]) -> list[str]:
+    return [k for k, v in (result.get("checks") or {}).items() if v.get("status") == "fail"]
 
 
 def _backup_hint(record: state.EnvRecord, env: dict[str, str]) -> Optional[str]:

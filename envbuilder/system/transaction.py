@@ -23,6 +23,7 @@ import glob
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,7 +42,8 @@ REMOVING = ".removing-"
 PENDING = "envbuilder/pending.json"
 #: Test hook, read in one place (``pause``): ``after-rename`` stops a transaction for an hour right after its
 #: swap and before what follows it (create's, restore's and pack's record), ``pack-recorded`` a pack between
-#: its record and its rename, so tests can kill them in that window.
+#: its record and its rename, ``removing-old`` the removal of the directory a swap replaced (``Later``), so
+#: tests can kill them in that window.
 PAUSE_VAR = "ENVBUILDER_TEST_PAUSE"
 
 
@@ -101,12 +103,20 @@ class Transaction:
     manager: leaving the block by any exception (Ctrl-C and SIGTERM included) before the swap removes the partial.
     With ``mode``, entering makes the partial a directory of exactly that mode (else the builder makes it)."""
 
-    def __init__(self, final: Path, partial: Optional[Path] = None, mode: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        final: Path,
+        partial: Optional[Path] = None,
+        mode: Optional[int] = None,
+        later: Optional[Later] = None,
+    ) -> None:
         self.final = final
         self.partial = partial or partial_of(final)
         self.mode = mode
         self.swapped = False
         self._old: Optional[Path] = None
+        #: Where the directory a swap replaced is removed, after ``finish`` (None: in ``swap`` itself).
+        self.later = later
 
     def __enter__(self) -> Transaction:
         fsutil.mkdirs(self.final.parent)
@@ -138,13 +148,55 @@ class Transaction:
         self.partial.replace(self.final)
         self.swapped = True
         fsutil.fsync_dir(self.final.parent)
-        if self._old is not None:
+        if self._old is not None and self.later is None:
             removal.remove_tree(self._old, ignore_errors=True)
 
     def finish(self, env: Mapping[str, str], complete: Callable[[], list[str]]) -> list[str]:
-        """After the swap: ``complete`` does what the marker said is pending, then the marker goes."""
+        """After the swap: ``complete`` does what the marker said is pending, then the marker goes; then the
+        directory the swap replaced starts going, in the background of what the command does next (``later``)."""
         pause(env, "after-rename")
-        return settle(self.final, complete)
+        notes = settle(self.final, complete)
+        if self._old is not None and self.later is not None:
+            self.later.remove(self._old, env)
+        return notes
+
+
+class Later:
+    """Old directories removed while the command goes on (an env's smoke check or validation), each in a thread
+    of its own, all joined when the ``with`` block ends: nothing is left running when the command exits.
+
+    Only an aside that a swap has replaced comes here (``.NAME.old-PID``, the new directory already in place).
+    Leaving the block by an error waits for them too; an interrupt (Ctrl-C, SIGTERM as one) does not: the threads
+    are daemons that end with the process, and what they left of the aside is removed by the next run's
+    ``recover`` (as after a kill)."""
+
+    def __init__(self) -> None:
+        self._threads: list[threading.Thread] = []
+
+    def __enter__(self) -> Later:
+        return self
+
+    def __exit__(
+        self,
+        kind: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        if kind is None or issubclass(kind, Exception):
+            self.join()
+
+    def remove(self, old: Path, env: Mapping[str, str]) -> None:
+        def work() -> None:
+            pause(env, "removing-old")
+            removal.remove_tree(old, ignore_errors=True)
+
+        thread = threading.Thread(target=work, name=f"remove {old.name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def join(self) -> None:
+        while self._threads:
+            self._threads.pop().join()
 
 
 def settle(final: Path, complete: Callable[[], list[str]]) -> list[str]:

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from envbuilder import payloads, plan
+from envbuilder.backends import smoke
+from envbuilder.backends.buildlog import build_umask
 from envbuilder.core import kinds, launchers, schedulers
 from envbuilder.core.errors import CommandFailed, StateError, UsageError, ValidationFailed
 from envbuilder.core.facts import HostFacts
@@ -66,6 +68,10 @@ class Options:
     wait: Optional[float] = None
     #: Where the runs' files go (None: the env's envbuilder/validation; an image's read-only mount cannot hold them).
     runs: Optional[str] = None
+    #: The ranks write the bytecode of what they import, as the smoke check would (the validation right after a
+    #: create, which the smoke check does not precede), and the rest of what it writes is compiled meanwhile
+    #: (smoke.warming). Only a run here, in an env that holds its own packages.
+    write_bytecode: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,9 +167,20 @@ def run(
     else:
         run_env = environment(record, recipe, activate, env, modules)
         run_env.setdefault("OMP_NUM_THREADS", str(threads_here(the_launch, here)))
-        exit_code, stopped_after, tail = _here(
-            the_launch, run_dir, run_env, timeout=timeout, budget=budget, live=live, finished=finished
-        )
+        bytecode = opts.write_bytecode and smoke.writes_bytecode(record, None if own_python else python)
+        if bytecode:
+            run_env.pop("PYTHONDONTWRITEBYTECODE", None)
+        with smoke.warming(record, run_env) if bytecode else contextlib.nullcontext():
+            exit_code, stopped_after, tail = _here(
+                the_launch,
+                run_dir,
+                run_env,
+                timeout=timeout,
+                budget=budget,
+                live=live,
+                finished=finished,
+                umask=build_umask() if bytecode else -1,
+            )
         where = "here"
     events = _read_events(run_dir / "ranks")
     rows = report.merge(checks, events, the_launch.world, exit_code, stopped_after)
@@ -354,6 +371,7 @@ def _here(
     budget: float,
     live: Status,
     finished: Finished,
+    umask: int = -1,
 ) -> tuple[Optional[int], Optional[float], str]:
     """Run the launch here; returns the launcher's exit status, after how many seconds the run was stopped
     (None when it ended by itself) and the tail of its output."""
@@ -368,6 +386,7 @@ def _here(
             cwd=str(run_dir),
             timeout=budget,
             check=False,
+            umask=umask,
             stop=proc.Stop(watch=lambda: finished() or startup(), grace=GRACE_S, parent_death=signal.SIGTERM),
         )
         code: Optional[int] = res.returncode

@@ -395,3 +395,40 @@ def test_a_stored_wheel_truncated_or_missing_is_written_again(world):
     second = w.data("backup", "trunc")
     ok(w.cli("verify-backup", second["id"]))
     ok(w.cli("verify-backup", first["id"]))
+
+
+def test_restore_force_removes_the_old_env_after_the_swap_and_a_killed_removal_is_swept(world):
+    """As create --force (issue 36): the env that a restore --force replaces is removed after the new one is in
+    place, while the command goes on; a removal killed mid-way leaves an aside that the next run sweeps."""
+    from envbuilder.system import transaction
+
+    w = world
+    ok(w.cli("create", w.small("rf", "ebdemo==1.0"), "--no-validate"))
+    ok(w.cli("backup", "rf"))
+    prefix = w.prefix("rf")
+    (prefix / "marker").write_text("old env")
+    proc = w.spawn("restore", "rf", "--force", "--no-validate", extra={transaction.PAUSE_VAR: "removing-old"})
+    try:
+        deadline = time.monotonic() + 120
+        # In place and recorded (its pending marker gone), the old env aside, its removal under way.
+        while not (
+            list(prefix.parent.glob(".rf.old-*"))
+            and (prefix / "bin" / "python").exists()
+            and not (prefix / transaction.PENDING).exists()
+        ):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the removal was never reached"
+            time.sleep(0.05)
+        time.sleep(0.2)  # at the pause by now
+        (aside,) = prefix.parent.glob(".rf.old-*")
+        assert (aside / "marker").read_text() == "old env" and not (prefix / "marker").exists()
+        proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert f"{transaction.PAUSE_VAR}: paused removing-old" in err
+    again = w.data("restore", "rf", "--force", "--no-validate")
+    assert any(f"removed {aside.name}, the env a finished --force replaced" in n for n in again["notes"])
+    assert not list(prefix.parent.glob(".rf.*"))

@@ -606,3 +606,88 @@ def test_a_package_with_build_modules_keeps_the_installer_settings(world):
     in_env = sorted(p["name"] for p in data["env"]["packages"] if p["in_env"])
     assert in_env == ["ebdemo", "ebdep", "ebtool"]
     assert not (Path(world.env["HOME"]) / ".local").exists()
+
+
+# --- torch imported once per create; --force removes the old env after the swap (issue 36) ----------------------
+
+
+def _payload_runs(world, log: str) -> tuple[int, int]:
+    """How often a create ran the payload (an import of torch): smoke checks in its build log, validation runs in
+    the env."""
+    smokes = sum("payloads/validate.py" in line for line in Path(log).read_text().splitlines())
+    return smokes, len(list((world.prefix() / "envbuilder" / "validation").glob("run-*")))
+
+
+def test_a_validation_after_create_whose_import_fails_ends_as_its_smoke_check_did(world):
+    # An overlay: the validation (and the smoke check) import torch from the site python, which has none here.
+    world.recipe(kind="overlay")
+    res = world.create("demo", "--json")
+    assert res.returncode == 8, res.stderr
+    data = json.loads(res.stdout)["data"]
+    # The validation ran first, in place of the smoke check; its import failed (its launcher could not even
+    # start), so the smoke check ran after it to say why, and the create ends as when it failed first.
+    assert _payload_runs(world, data["log"]) == (1, 1)
+    assert data["validation"]["checks"]["import"]["status"] == "fail"
+    assert data["env"]["validation"]["kind"] == "smoke"
+    assert "torch" in data["env"]["validation"]["checks"]["import"]["cause"]
+    assert "smoke check failed: import" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_where_the_validation_cannot_run_here_create_runs_the_smoke_check(world):
+    # An env for GPU nodes, built on this host without GPUs: the validation cannot run here, the smoke check does.
+    gpus = '[compute]\ngpus_per_node = 2\ngpu = "NVIDIA H100"\ncompute_capability = "9.0"\n'
+    world.recipe(kind="overlay", extra=gpus)
+    res = world.create("demo")
+    assert res.returncode == 8, res.stderr
+    said = res.stdout + res.stderr
+    assert "has no GPU; the env is for 2× NVIDIA H100" in said
+    assert "smoke check failed: import" in said and "Traceback" not in said
+    (log,) = (world.home / "logs").glob("demo-*.log")
+    assert _payload_runs(world, str(log)) == (1, 0)
+    shown = json.loads(ok(world.cli("show", "demo", "--json")).stdout)["data"]
+    assert shown["validation"]["kind"] == "smoke"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_force_removes_the_old_env_after_the_swap_and_a_stopped_removal_is_swept(world, sig):
+    world.recipe(kind="overlay")
+    ok(world.create("demo", "--no-validate"))
+    (world.prefix() / "marker").write_text("old env")
+    record = world.home / "envs" / "demo.json"
+    assert json.loads(record.read_text())["validation"] is None
+    # Its removal stopped for good at its start (the test hook), so that it can be caught while it runs.
+    proc = world.spawn(
+        "create",
+        "demo",
+        "--prefix",
+        str(world.prefix()),
+        "--force",
+        extra={transaction.PAUSE_VAR: "removing-old"},
+    )
+    try:
+        # The new env is in place and recorded, and its checks ran (their report is in the record) while the old
+        # env, moved aside, was still being removed: the removal is off the critical path.
+        def validated() -> bool:
+            return json.loads(record.read_text()).get("validation") is not None
+
+        assert _wait_for(validated, timeout=120), proc.poll()
+        aside = list(world.envs.glob(".demo.old-*"))
+        assert len(aside) == 1 and (aside[0] / "marker").read_text() == "old env"
+        assert not (world.prefix() / "marker").exists()
+        assert proc.poll() is None  # it waits for the removal before it ends
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert f"{transaction.PAUSE_VAR}: paused removing-old" in err
+    assert proc.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 130), err
+    assert "Traceback" not in err
+    assert [p.name for p in world.envs.glob(".demo.*")] == [aside[0].name]  # left for the next run
+    # The next run for the env sweeps what the stopped removal left, and leaves the new env alone.
+    again = ok(world.create("demo", "--force", "--no-validate", "--json"))
+    notes = json.loads(again.stdout)["data"]["notes"]
+    assert any(f"removed {aside[0].name}, the env a finished --force replaced" in n for n in notes), notes
+    assert world.leftovers() == []
+    assert (world.prefix() / "bin" / "python").exists()

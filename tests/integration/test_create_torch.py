@@ -30,7 +30,7 @@ def test_local_recipe_creates_a_working_torch_env(torch_index, tmp_path):
         "NO_COLOR": "1",
         "ENVBUILDER_HOME": str(tmp_path / "envbuilder-home"),
         "ENVBUILDER_INDEX_MIRROR": mirror_env(torch_index),
-        # As on this machine and many sites: the smoke check writes the env's bytecode all the same.
+        # As on this machine and many sites: the validation after the create writes the env's bytecode all the same.
         "PYTHONDONTWRITEBYTECODE": "1",
     }
     torch_index.requested.clear()
@@ -49,11 +49,15 @@ def test_local_recipe_creates_a_working_torch_env(torch_index, tmp_path):
     assert len(installs) == 1 and installs[0].endswith("-- torch==2.13.0+cpu numpy"), installs
     assert "--index-strategy unsafe-best-match" in installs[0]
     assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
-    # The smoke check's import compiled what torch loads, so later imports (ranks, jobs) read bytecode.
+    # torch was imported once: by the validation's ranks, which replaced the smoke check (none in the build log).
+    assert data["env"]["validation"]["kind"] == "suite" and data["validation"]["ok"]
+    assert "payloads/validate.py" not in Path(data["log"]).read_text()
+    assert len(list((prefix / "envbuilder" / "validation").glob("run-*"))) == 1
+    # The ranks' import compiled what torch loads, so later imports (ranks, jobs) read bytecode.
     site = next(prefix.glob("lib/python3*/site-packages"))
     compiled = list((site / "torch").rglob("*.pyc"))
     assert (site / "torch" / "__pycache__").is_dir() and len(compiled) > 100, len(compiled)
-    # And what DDP's constructor imports beyond torch (the smoke check's warm-up, after its checks).
+    # And what DDP's constructor imports beyond torch (compiled in the background while the validation ran).
     assert list((site / "torch" / "_dynamo" / "__pycache__").glob("eval_frame.*.pyc"))
     assert not [p for p in compiled if p.stat().st_mode & 0o002]
     # uv's cache went beside the envs on $SCRATCH, and hardlinks were chosen because they share a file system.
