@@ -67,32 +67,10 @@ def main() -> int:
     nbytes = reports[0]["checks"]["nccl"]["figures"]["busbw"]["bytes"]
 
     raw_busbw, raw_walls = [], []
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     for _ in range(args.runs):
-        t0 = time.perf_counter()
-        res = subprocess.run(
-            [
-                python,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc-per-node={world}",
-                str(HERE / "raw_allreduce.py"),
-                "--bytes",
-                str(nbytes),
-                "--device",
-                device,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-        )
-        raw_walls.append(time.perf_counter() - t0)
-        line = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
-        if not line:
-            sys.exit(f"raw loop failed (rc {res.returncode}): {res.stderr[-2000:]}")
-        raw_busbw.append(json.loads(line[-1])["busbw"])
+        wall, busbw = bare_loop(python, world, nbytes, device)
+        raw_walls.append(wall)
+        raw_busbw.append(busbw)
 
     figures = {
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
@@ -119,6 +97,21 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 0
+
+
+def bare_loop(python: str, world: int, nbytes: int, device: str) -> tuple[float, float]:
+    """The bare program (raw_allreduce.py under torchrun, ``world`` ranks of ``python``): its wall time and the
+    busbw it prints. Also scripts/bench_create.py's bare probe."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    argv = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+            str(HERE / "raw_allreduce.py"), "--bytes", str(nbytes), "--device", device]  # fmt: skip
+    t0 = time.perf_counter()
+    res = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    wall = time.perf_counter() - t0
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    if not line:
+        sys.exit(f"raw loop failed (rc {res.returncode}): {res.stderr[-2000:]}")
+    return wall, float(json.loads(line[-1])["busbw"])
 
 
 def bytecode(prefix: Path) -> dict[str, bool]:
