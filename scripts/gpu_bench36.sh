@@ -6,6 +6,8 @@
 # probe, `backup` + `restore` against raw uv, interleaved, $ROUNDS rounds (default 3), medians and ratios.
 #   TREES="OLD=.devrun/old NEW=."  source trees to compare in one run (default: this checkout)
 #   PARTS=create,default,restore   which parts (one call of 10 minutes fits about one part of 3 rounds, 2 trees)
+#   BENCH_ARGS="--cpu"             more bench_create.py arguments (--cpu: a CPU torch and gloo ranks, to try it out)
+#   WORKDIR=/tmp/eb-bench36        envs, caches and backups (emptied first, removed at the end)
 # Results go to $OUT (or ./gpu-bench36): bench36.md (the table), bench36.json (every run), steps.txt.
 set -uo pipefail
 out=${OUT:-gpu-bench36}
@@ -21,7 +23,8 @@ if ! compgen -G "$wheels/torch-*.whl" > /dev/null; then
 fi
 trees=()
 for t in ${TREES:-this=$PWD}; do trees+=(--tree "$t"); done
-step bench env PYTHONPATH="$PWD" python3 scripts/bench_create.py --wheels "$wheels" "${trees[@]}" --parts "${PARTS:-create,default,restore}" \
-  --repeat "${ROUNDS:-3}" --out "$out" --work /tmp/eb-bench36
+# shellcheck disable=SC2086 # BENCH_ARGS: words
+step bench env PYTHONPATH="$PWD" python3 scripts/bench_create.py --wheels "$wheels" "${trees[@]}" \
+  --parts "${PARTS:-create,default,restore}" --repeat "${ROUNDS:-3}" --out "$out" --work "${WORKDIR:-/tmp/eb-bench36}" ${BENCH_ARGS:-}
 grep -E "FAILED|round" "$out/bench.err" | tail -n 40
 cat "$out/bench36.md"
