@@ -12,6 +12,8 @@ holds no torch file. One recipe (``bench36``: a uv venv with that torch, the ind
            world and largest message)
   restore  ``backup`` (wheelhouse) of a cold-created env, then ``restore`` to a new prefix (warm cache); against raw
            uv warm
+  validate (not by default) scripts/bench_validate.py on a created env: the suite against the bare program, wall
+           time and busbw
 
 Every round runs raw uv and each ``--tree NAME=PATH`` (``python -m envbuilder`` with PYTHONPATH=PATH) in turn, so
 before/after are measured in one run on one machine. Medians, ratios and differences go to a markdown table
@@ -222,12 +224,12 @@ def uv_install(bench: Bench, prefix: Path, cache: Path) -> subprocess.CompletedP
     return subprocess.run(argv, check=False, capture_output=True, text=True, env=env)
 
 
-def envbuilder(bench: Bench, tree: str, state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m envbuilder ARGS`` (this python: it has envbuilder's dependencies) from ``tree`` with its own home, uv cache, scratch and work under ``state``."""
+def tree_env(bench: Bench, tree: str, state: Path) -> dict[str, str]:
+    """The environment of ``tree``'s envbuilder: its own home, uv cache, scratch and work under ``state``."""
     mirror = str(bench.wheels)
     for d in ("scratch", "work"):  # the suite's filesystem check writes in them
         (state / d).mkdir(parents=True, exist_ok=True)
-    env = {
+    return {
         **base_env(bench, state / "uv-cache"),
         "PYTHONPATH": str(bench.trees[tree]),
         "ENVBUILDER_HOME": str(state / "home"),
@@ -236,15 +238,14 @@ def envbuilder(bench: Bench, tree: str, state: Path, *args: str) -> subprocess.C
         "SCRATCH": str(state / "scratch"),
         "WORK": str(state / "work"),
     }
+
+
+def envbuilder(bench: Bench, tree: str, state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m envbuilder ARGS`` from ``tree`` (this python: it has envbuilder's dependencies)."""
     # Run from the work directory: `python -m` puts the current one first on sys.path, before PYTHONPATH.
-    return subprocess.run(
-        [sys.executable, "-m", "envbuilder", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=bench.work,
-    )
+    argv = [sys.executable, "-m", "envbuilder", *args]
+    env = tree_env(bench, tree, state)
+    return subprocess.run(argv, check=False, capture_output=True, text=True, env=env, cwd=bench.work)
 
 
 def timed(bench: Bench, round_: int, way: str, what: str, call: Any, *args: Any) -> Optional[float]:
@@ -343,7 +344,37 @@ def part_restore(bench: Bench, i: int, order: list[str]) -> None:
     shutil.rmtree(d, ignore_errors=True)
 
 
-PARTS = {"create": part_create, "default": part_default, "restore": part_restore}
+def part_validate(bench: Bench, i: int, order: list[str]) -> None:
+    """Per tree: a create (untimed), then scripts/bench_validate.py once: the suite (``validate``) and the bare
+    program on the same ranks, one after the other."""
+    d = bench.work / f"validate-{i}"
+    for tree in order:
+        state, report = d / tree, d / f"{tree}.json"
+        made = envbuilder(bench, tree, state, "create", RECIPE, "--prefix", str(d / f"{tree}-env"), "--name", "v",
+                          "--no-validate", "-q")  # fmt: skip
+        argv = [sys.executable, str(HERE / "bench_validate.py"), "v", "--runs", "1", "--json", str(report)]
+        argv += ["--cpu"] if bench.cpu else []
+        res = made if made.returncode != 0 else subprocess.run(
+            argv, check=False, capture_output=True, text=True, env=tree_env(bench, tree, state), cwd=bench.work
+        )  # fmt: skip
+        if res.returncode != 0:
+            timed(bench, i, tree, "suite", lambda r: r, res)  # recorded as failed, with its error
+            continue
+        fig = json.loads(report.read_text())
+        ratio = fig["busbw_ratio_median"]
+        for way, what, secs in (
+            (tree, "suite", fig["suite_wall_median_s"]),
+            (tree, "bare", fig["raw_wall_s"][0]),
+        ):
+            bench.runs.append({"round": i, "way": way, "what": what, "seconds": secs, "busbw_ratio": ratio})
+        print(f"round {i + 1}  {tree:10s} suite {fig['suite_wall_median_s']:.2f} s, bare {fig['raw_wall_s'][0]:.2f} s,"
+              f" busbw ratio {ratio}", file=sys.stderr)  # fmt: skip
+        save(bench)
+        shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+PARTS = {"create": part_create, "default": part_default, "restore": part_restore, "validate": part_validate}
 
 
 # -- the report --------------------------------------------------------------------------------------------------
@@ -366,6 +397,7 @@ ROWS = [
     ("--force rebuild (warm)", "force", ["self:default"], "<= 1.0x"),
     ("restore (warm)", "restore", ["uv:r-warm"], "<= 1.2x"),
     ("backup", "backup", [], ""),
+    ("validation suite (bench_validate.py)", "suite", ["self:bare"], "<= 1.3x"),
 ]
 
 
@@ -400,6 +432,13 @@ def table(bench: Bench) -> str:
             f"{bench.probe.get('bytes', PROBE_BYTES[bench.device])} bytes)"
         )
     for tree in bench.trees:
+        ratios = [
+            r["busbw_ratio"] for r in bench.runs if r["way"] == tree and r.get("busbw_ratio") is not None
+        ]
+        if ratios:
+            lines.append(
+                f"{tree} suite busbw / bare busbw, median: {statistics.median(ratios):.3f} (target >= 0.97)"
+            )
         diff = paired(bench, tree, "warm")
         if diff is not None:
             lines.append(f"{tree} warm - raw uv warm, median of the rounds' own differences: {diff:+.2f} s")

@@ -5,7 +5,8 @@
 # cold and warm, the default create (validation on every GPU) and its `--force` rebuild against raw uv + the bare
 # probe, `backup` + `restore` against raw uv, interleaved, $ROUNDS rounds (default 3), medians and ratios.
 #   TREES="OLD=.devrun/old NEW=."  source trees to compare in one run (default: this checkout)
-#   PARTS=create,default,restore   which parts (one call of 10 minutes fits about one part of 3 rounds, 2 trees)
+#   PARTS=create,default,restore   which parts (one call of 10 minutes fits about one part of 3 rounds, 2 trees);
+#                                  also `validate`: bench_validate.py's suite against the bare program, per tree
 #   BENCH_ARGS="--cpu"             more bench_create.py arguments (--cpu: a CPU torch and gloo ranks, to try it out)
 #   WORKDIR=/tmp/eb-bench36        envs, caches and backups (emptied first, removed at the end)
 # Results go to $OUT (or ./gpu-bench36): bench36.md (the table), bench36.json (every run), steps.txt.
