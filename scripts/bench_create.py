@@ -99,7 +99,11 @@ def main() -> int:
     node.add_argument(
         "--tree", action="append", metavar="NAME=PATH", help="a source tree to measure (repeat)"
     )
-    node.add_argument("--parts", default="create,default,restore", help="of create, default, restore")
+    node.add_argument(
+        "--parts",
+        default="create,default,restore",
+        help="comma-separated: create, default, restore, validate",
+    )
     node.add_argument("--python", default="python3", help="the python of raw uv's venv and of the recipe")
     node.add_argument("--variant", help="torch variant where the torch file's version has no label")
     node.add_argument("--nproc", type=int, default=2, help="bare probe ranks where no suite report says")

@@ -71,11 +71,13 @@ class Bench:
 
 
 def run(args: Any, uv: str) -> int:
+    unknown = set(args.parts.split(",")) - set(PARTS)
+    if unknown:
+        raise SystemExit(f"--parts: unknown {sorted(unknown)}; expected some of {', '.join(PARTS)}")
     out = Path(args.out or ".").resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench36-")).resolve()  # not under OUT: envs come back
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    clear_work(work)
     bench = Bench(
         wheels=Path(args.wheels).resolve(),
         work=work,
@@ -98,6 +100,19 @@ def run(args: Any, uv: str) -> int:
     print(table(bench))
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def clear_work(work: Path) -> None:
+    """An empty work directory: one this script made before (its marker inside: a run cut short) is emptied, any
+    other that holds files is refused."""
+    marker = work / ".bench36-work"
+    if work.is_dir() and any(work.iterdir()) and not marker.is_file():
+        raise SystemExit(
+            f"--work {work}: not empty and not made by this script; give a new or empty directory"
+        )
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    marker.touch()
 
 
 def parse_trees(given: Optional[list[str]]) -> dict[str, Path]:
