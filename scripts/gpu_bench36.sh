@@ -26,6 +26,7 @@ trees=()
 for t in ${TREES:-this=$PWD}; do trees+=(--tree "$t"); done
 # shellcheck disable=SC2086 # BENCH_ARGS: words
 step bench env PYTHONPATH="$PWD" python3 scripts/bench_create.py --wheels "$wheels" "${trees[@]}" \
-  --parts "${PARTS:-create,default,restore}" --repeat "${ROUNDS:-3}" --out "$out" --work "${WORKDIR:-/tmp/eb-bench36}" ${BENCH_ARGS:-}
+  --parts "${PARTS:-create,default,restore}" --repeat "${ROUNDS:-3}" --out "$out" --work "${WORKDIR:-/tmp/eb-bench36}" \
+  --variant "$variant" ${BENCH_ARGS:-}
 grep -E "FAILED|round" "$out/bench.err" | tail -n 40
 cat "$out/bench36.md"
