@@ -14,6 +14,12 @@ times; the median is reported with ratios. Usage:
     python scripts/bench_create.py [--repeat 3] [--skip-pip] [--json FILE]
 
 Needs the CPU torch 2.13.0 file that pip finds here (find-links) for CPython 3.11.
+
+Node mode (``--wheels DIR``, scripts/bench_node.py; scripts/gpu_bench36.sh runs it on a GPU node): raw uv against
+``envbuilder create`` from a local wheel directory (cold, warm, with validation, ``--force``, backup and restore),
+for one or more source trees in one run:
+
+    python scripts/bench_create.py --wheels DIR [--cpu] [--tree OLD=PATH --tree NEW=PATH] [--parts create,default,restore]
 """
 
 from __future__ import annotations
@@ -85,7 +91,34 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-pip", action="store_true", help="leave out the slow pip way")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    node = ap.add_argument_group("node mode (scripts/bench_node.py): a local wheel directory, no network")
+    node.add_argument(
+        "--wheels", metavar="DIR", help="the wheel directory (torch and what it needs): node mode"
+    )
+    node.add_argument("--cpu", action="store_true", help="CPU torch (fetched into DIR if absent), gloo ranks")
+    node.add_argument(
+        "--tree", action="append", metavar="NAME=PATH", help="a source tree to measure (repeat)"
+    )
+    node.add_argument(
+        "--parts",
+        default="create,default,restore",
+        help="comma-separated: create, default, restore, validate",
+    )
+    node.add_argument("--python", default="python3", help="the python of raw uv's venv and of the recipe")
+    node.add_argument("--variant", help="torch variant where the torch file's version has no label")
+    node.add_argument("--nproc", type=int, default=2, help="bare probe ranks where no suite report says")
+    node.add_argument("--out", metavar="DIR", help="bench36.md and bench36.json go here (default .)")
+    node.add_argument(
+        "--work", metavar="DIR", help="envs and caches (default a new temporary directory; emptied)"
+    )
     args = ap.parse_args()
+    if args.wheels:
+        import bench_node  # noqa: PLC0415 - a sibling script, only for this mode
+
+        uv = uv_binary()
+        if not uv:
+            raise SystemExit("uv is needed (pip install uv)")
+        return bench_node.run(args, uv)
 
     work = Path(tempfile.mkdtemp(prefix="envbuilder-bench-"))
     files = work / "files"

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 HERE = Path(__file__).resolve().parent
 
@@ -71,33 +71,10 @@ def main() -> int:
     nbytes = reports[0]["checks"]["nccl"]["figures"]["busbw"]["bytes"]
 
     raw_busbw, raw_walls, raw_parts = [], [], []
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     for _ in range(args.runs):
-        begun, t0 = time.time(), time.perf_counter()
-        res = subprocess.run(
-            [
-                python,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc-per-node={world}",
-                str(HERE / "raw_allreduce.py"),
-                "--bytes",
-                str(nbytes),
-                "--device",
-                device,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-        )
-        raw_walls.append(time.perf_counter() - t0)
-        line = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
-        if not line:
-            sys.exit(f"raw loop failed (rc {res.returncode}): {res.stderr[-2000:]}")
-        raw_busbw.append(json.loads(line[-1])["busbw"])
-        raw_parts.append(raw_breakdown(json.loads(line[-1]), begun, begun + raw_walls[-1]))
+        wall, busbw = bare_loop(python, world, nbytes, device, parts=raw_parts)
+        raw_walls.append(wall)
+        raw_busbw.append(busbw)
 
     figures = {
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
@@ -127,6 +104,26 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
     return 0
+
+
+def bare_loop(
+    python: str, world: int, nbytes: int, device: str, parts: Optional[list[dict[str, Any]]] = None
+) -> tuple[float, float]:
+    """The bare program (raw_allreduce.py under torchrun, ``world`` ranks of ``python``): its wall time and the
+    busbw it prints (and, into ``parts``, where that time went). Also scripts/bench_create.py's bare probe."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    argv = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+            str(HERE / "raw_allreduce.py"), "--bytes", str(nbytes), "--device", device]  # fmt: skip
+    begun, t0 = time.time(), time.perf_counter()
+    res = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    wall = time.perf_counter() - t0
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    if not line:
+        sys.exit(f"raw loop failed (rc {res.returncode}): {res.stderr[-2000:]}")
+    data = json.loads(line[-1])
+    if parts is not None:
+        parts.append(raw_breakdown(data, begun, begun + wall))
+    return wall, float(data["busbw"])
 
 
 def bytecode(prefix: Path) -> dict[str, bool]:

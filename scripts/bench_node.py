@@ -1,0 +1,535 @@
+"""The node mode of scripts/bench_create.py (``--wheels DIR``): envbuilder against raw uv on one machine, from a local
+wheel directory, with no network (issue 36).
+
+The wheels: on a GPU node, the node's CUDA torch and what it needs, repacked by scripts/repack_wheels.py (see
+scripts/gpu_bench36.sh); with ``--cpu``, the CPU torch file pip finds here (find-links), fetched into DIR when it
+holds no torch file. One recipe (``bench36``: a uv venv with that torch, the index mirrored to DIR) and the raw way
+(``uv venv`` + ``uv pip install --no-index --find-links DIR torch==V``) on the same python. Parts (``--parts``):
+
+  create   raw uv and ``create --no-validate``: cold (fresh uv cache and envbuilder home), then warm (same ones)
+  default  the default create (validation on every GPU; gloo ranks with --cpu), cold, then ``--force`` of that env
+           (warm); against raw uv cold + the bare probe (scripts/raw_allreduce.py under torchrun, the suite's
+           world and largest message)
+  restore  ``backup`` (wheelhouse) of a cold-created env, then ``restore`` to a new prefix (warm cache); against raw
+           uv warm
+  validate (not by default) scripts/bench_validate.py on a created env: the suite against the bare program, wall
+           time and busbw
+
+Every round runs raw uv and each ``--tree NAME=PATH`` (``python -m envbuilder`` with PYTHONPATH=PATH) in turn, so
+before/after are measured in one run on one machine. Medians, ratios and differences go to a markdown table
+(stdout and OUT/bench36.md) and JSON (OUT/bench36.json, rewritten after every run, so a run cut short keeps what
+it measured).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_validate import bare_loop  # noqa: E402 - a sibling script
+
+RECIPE = "bench36"
+#: The suite's largest all_reduce message (envbuilder/plan/suite.py), used when no report says it.
+PROBE_BYTES = {"cuda": 1 << 30, "cpu": 16 << 20}
+#: What a run's environment must not inherit: the caller's installer and envbuilder settings.
+SCRUB = ("PIP_", "UV_", "VIRTUAL_ENV", "ENVBUILDER_", "PYTHONPATH", "CONDA_")
+
+
+@dataclass
+class Bench:
+    wheels: Path
+    work: Path
+    out: Path
+    trees: dict[str, Path]
+    python: str
+    uv: str
+    cpu: bool
+    nproc: int
+    torch: str = ""
+    variant: str = ""
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    probe: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.cpu else "cuda"
+
+
+def run(args: Any, uv: str) -> int:
+    unknown = set(args.parts.split(",")) - set(PARTS)
+    if unknown:
+        raise SystemExit(f"--parts: unknown {sorted(unknown)}; expected some of {', '.join(PARTS)}")
+    out = Path(args.out or ".").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench36-")).resolve()  # not under OUT: envs come back
+    clear_work(work)
+    bench = Bench(
+        wheels=Path(args.wheels).resolve(),
+        work=work,
+        out=out,
+        trees=parse_trees(args.tree),
+        python=real_python(args.python),
+        uv=uv,
+        cpu=args.cpu,
+        nproc=args.nproc,
+    )
+    if args.cpu and not list(bench.wheels.glob("torch-*.whl")):
+        fetch_cpu_wheels(bench.wheels)
+    check_trees(bench)
+    bench.torch, bench.variant = torch_of(bench.wheels, args.variant)
+    write_recipe(bench)
+    for i in range(args.repeat):
+        order = list(bench.trees) if i % 2 == 0 else list(reversed(bench.trees))
+        for part in args.parts.split(","):
+            PARTS[part](bench, i, order)
+    print(table(bench))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def clear_work(work: Path) -> None:
+    """An empty work directory: one this script made before (its marker inside: a run cut short) is emptied, any
+    other that holds files is refused."""
+    marker = work / ".bench36-work"
+    if work.is_dir() and any(work.iterdir()) and not marker.is_file():
+        raise SystemExit(
+            f"--work {work}: not empty and not made by this script; give a new or empty directory"
+        )
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    marker.touch()
+
+
+def parse_trees(given: Optional[list[str]]) -> dict[str, Path]:
+    trees: dict[str, Path] = {}
+    for item in given or [f"this={HERE.parent}"]:
+        name, sep, path = item.partition("=")
+        tree = Path(path).resolve()
+        if not sep or not name or not (tree / "envbuilder" / "__init__.py").is_file():
+            raise SystemExit(f"--tree {item!r}: expected NAME=PATH, PATH a source tree holding envbuilder/")
+        trees[name] = tree
+    return trees
+
+
+def check_trees(bench: Bench) -> None:
+    """Each tree's ``python -m envbuilder`` must import that tree's package, not an installed one. Its bytecode is
+    written first (untimed), so no tree's first run pays for compiling it."""
+    for name, tree in bench.trees.items():
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "envbuilder")], check=False)
+        code = "import envbuilder; print(envbuilder.__file__)"
+        res = subprocess.run(
+            [sys.executable, "-c", code],
+            check=False,
+            capture_output=True,
+            text=True,
+            cwd=bench.work,
+            env={**base_env(bench, bench.work), "PYTHONPATH": str(tree)},
+        )
+        if res.returncode != 0 or not Path(res.stdout.strip()).is_relative_to(tree):
+            raise SystemExit(
+                f"--tree {name}: {sys.executable} imports {res.stdout.strip() or res.stderr[-500:]}"
+            )
+
+
+def real_python(command: str) -> str:
+    """The interpreter behind ``command`` (a pyenv shim, a venv's link): raw uv and the recipe get the same one."""
+    res = subprocess.run(
+        [command, "-c", "import sys; print(sys.executable)"], check=False, capture_output=True, text=True
+    )
+    if res.returncode != 0:
+        raise SystemExit(f"--python {command}: {res.stderr.strip()}")
+    return res.stdout.strip()
+
+
+def fetch_cpu_wheels(dest: Path) -> None:
+    """The CPU torch file pip finds on this machine (find-links; the tests' cache) and what it needs."""
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--dest", str(dest), "torch==2.13.0"]
+    res = subprocess.run(argv, check=False, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"no CPU torch wheel here: {res.stderr[-1500:]}")
+
+
+def torch_of(wheels: Path, variant: Optional[str]) -> tuple[str, str]:
+    """torch's release and variant from the one torch file in ``wheels`` (2.11.0+cu130: 2.11.0, cu130)."""
+    files = sorted(wheels.glob("torch-*.whl"))
+    if len(files) != 1:
+        raise SystemExit(f"{wheels}: expected one torch-*.whl, found {[f.name for f in files]}")
+    version = files[0].name.split("-")[1]
+    release, _, label = version.partition("+")
+    if not (variant or re.fullmatch(r"cpu|cu\d+|rocm[\d.]+", label)):
+        raise SystemExit(f"{files[0].name}: no variant in its version; give --variant (cu130, cpu, ...)")
+    return release, variant or label
+
+
+def write_recipe(bench: Bench) -> None:
+    recipes = bench.work / "recipes"
+    recipes.mkdir()
+    (recipes / f"{RECIPE}.toml").write_text(
+        f"""schema_version = 1
+[recipe]
+name = "{RECIPE}"
+description = "uv venv with torch from a local wheel directory, for scripts/bench_create.py --wheels"
+[env]
+kind = "venv"
+installer = "uv"
+prefix = "${{SCRATCH}}/envs/{{name}}"
+[python]
+command = "{bench.python}"
+[torch]
+version = "{bench.torch}"
+variant = "{bench.variant}"
+packages = ["torch"]
+[activate]
+env = {{ NCCL_NVLS_ENABLE = "0", TORCH_SYMM_MEM_DISABLE_MULTICAST = "1", NVSHMEM_DISABLE_NVLS = "1" }}
+"""
+    )
+
+
+# -- the ways ----------------------------------------------------------------------------------------------------
+
+
+def base_env(bench: Bench, cache: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUB)}
+    return {
+        **env,
+        "UV_CACHE_DIR": str(cache),
+        "NO_COLOR": "1",
+        "COLUMNS": "160",
+    }
+
+
+def uv_install(bench: Bench, prefix: Path, cache: Path) -> subprocess.CompletedProcess[str]:
+    env = base_env(bench, cache)
+    made = subprocess.run(
+        [bench.uv, "venv", "-q", "--python", bench.python, str(prefix)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if made.returncode != 0:
+        return made
+    argv = [
+        bench.uv,
+        "pip",
+        "install",
+        "-q",
+        "--python",
+        str(prefix / "bin" / "python"),
+        "--no-index",
+        "--find-links",
+        str(bench.wheels),
+        f"torch=={bench.torch}",
+    ]
+    return subprocess.run(argv, check=False, capture_output=True, text=True, env=env)
+
+
+def tree_env(bench: Bench, tree: str, state: Path) -> dict[str, str]:
+    """The environment of ``tree``'s envbuilder: its own home, uv cache, scratch and work under ``state``."""
+    mirror = str(bench.wheels)
+    for d in ("scratch", "work"):  # the suite's filesystem check writes in them
+        (state / d).mkdir(parents=True, exist_ok=True)
+    return {
+        **base_env(bench, state / "uv-cache"),
+        "PYTHONPATH": str(bench.trees[tree]),
+        "ENVBUILDER_HOME": str(state / "home"),
+        "ENVBUILDER_RECIPE_PATH": str(bench.work / "recipes"),
+        "ENVBUILDER_INDEX_MIRROR": f"https://download.pytorch.org/whl/={mirror} pypi={mirror}",
+        "SCRATCH": str(state / "scratch"),
+        "WORK": str(state / "work"),
+    }
+
+
+def envbuilder(bench: Bench, tree: str, state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m envbuilder ARGS`` from ``tree`` (this python: it has envbuilder's dependencies)."""
+    # Run from the work directory: `python -m` puts the current one first on sys.path, before PYTHONPATH.
+    argv = [sys.executable, "-m", "envbuilder", *args]
+    env = tree_env(bench, tree, state)
+    return subprocess.run(argv, check=False, capture_output=True, text=True, env=env, cwd=bench.work)
+
+
+def timed(bench: Bench, round_: int, way: str, what: str, call: Any, *args: Any) -> Optional[float]:
+    """Run ``call(*args)`` (after writing out what earlier runs left dirty, untimed) and record its wall time, or
+    its failure (None, with the tail of its stderr in the JSON and on stderr)."""
+    os.sync()
+    t0 = time.perf_counter()
+    res = call(*args)
+    seconds = time.perf_counter() - t0
+    entry: dict[str, Any] = {"round": round_, "way": way, "what": what, "seconds": round(seconds, 3)}
+    if res.returncode != 0:
+        entry.update(seconds=None, rc=res.returncode, error=(res.stderr or res.stdout)[-3000:])
+    bench.runs.append(entry)
+    shown = f"{seconds:7.2f} s" if res.returncode == 0 else f"FAILED rc={res.returncode}: {res.stderr[-600:]}"
+    print(f"round {round_ + 1}  {way:10s} {what:8s} {shown}", file=sys.stderr, flush=True)
+    entry["output"] = res.stdout
+    save(bench)
+    return entry["seconds"]
+
+
+def part_create(bench: Bench, i: int, order: list[str]) -> None:
+    """Cold, then warm: raw uv and each tree's ``create --no-validate`` in turn."""
+    d = bench.work / f"create-{i}"
+    for what in ("cold", "warm"):  # each env is removed once timed (disk: a copied CUDA env is 4.5 GB)
+        timed(bench, i, "uv", what, uv_install, bench, d / f"uv-{what}", d / "uv-cache")
+        shutil.rmtree(d / f"uv-{what}", ignore_errors=True)
+        for tree in order:
+            prefix = d / f"{tree}-{what}"
+            argv = ["create", RECIPE, "--prefix", str(prefix), "--name", f"b-{what}", "--no-validate", "-q"]
+            timed(bench, i, tree, what, envbuilder, bench, tree, d / tree, *argv)
+            shutil.rmtree(prefix, ignore_errors=True)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def part_default(bench: Bench, i: int, order: list[str]) -> None:
+    """The default create (validation) cold and its ``--force`` rebuild warm, per tree; raw uv cold + the bare
+    probe on that env."""
+    d = bench.work / f"default-{i}"
+    timed(bench, i, "uv", "d-cold", uv_install, bench, d / "uv", d / "uv-cache")
+    for tree in order:
+        state, prefix = d / tree, d / f"{tree}-env"
+        argv = ("create", RECIPE, "--prefix", str(prefix), "--json")
+        timed(bench, i, tree, "default", envbuilder, bench, tree, state, *argv)
+        note_suite(bench, bench.runs[-1])
+        timed(bench, i, tree, "force", envbuilder, bench, tree, state, *argv, "--force")
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(prefix, ignore_errors=True)
+    probe(bench, i, d / "uv")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def note_suite(bench: Bench, entry: dict[str, Any]) -> None:
+    """The world and the largest message of the suite a default create ran, for the bare probe."""
+    try:
+        report = json.loads(entry["output"])["data"]["validation"]
+        busbw = report["checks"]["nccl"]["figures"]["busbw"]
+        bench.probe.setdefault("world", int(report["world"]))
+        bench.probe.setdefault("bytes", int(busbw["bytes"]))
+        entry["suite"] = {"world": report["world"], "seconds": report.get("seconds"), "busbw": busbw["value"]}
+    except (KeyError, TypeError, ValueError):
+        pass
+
+
+def probe(bench: Bench, i: int, prefix: Path) -> None:
+    world = bench.probe.get("world", bench.nproc)
+    nbytes = bench.probe.get("bytes", PROBE_BYTES[bench.device])
+    os.sync()
+    wall, busbw = bare_loop(str(prefix / "bin" / "python"), world, nbytes, bench.device)
+    entry = {
+        "round": i,
+        "way": "uv",
+        "what": "probe",
+        "seconds": round(wall, 3),
+        "busbw": busbw,
+        "world": world,
+    }
+    bench.runs.append({**entry, "bytes": nbytes})
+    save(bench)
+    print(f"round {i + 1}  {'probe':10s} {world} ranks {wall:7.2f} s, busbw {busbw:.2f}", file=sys.stderr)
+
+
+def part_restore(bench: Bench, i: int, order: list[str]) -> None:
+    """Per tree: a cold create (untimed here), ``backup``, then ``restore`` to a new prefix on the warm cache;
+    raw uv cold then warm as the baseline."""
+    d = bench.work / f"restore-{i}"
+    for what in ("cold", "warm"):
+        timed(bench, i, "uv", f"r-{what}", uv_install, bench, d / f"uv-{what}", d / "uv-cache")
+    for tree in order:
+        state, bk = d / tree, str(d / f"{tree}-backups")
+        argv = ["create", RECIPE, "--prefix", str(d / f"{tree}-env"), "--name", "b", "--no-validate", "-q"]
+        made = envbuilder(bench, tree, state, *argv)
+        if made.returncode != 0:
+            print(f"round {i + 1}  {tree}: create failed: {made.stderr[-600:]}", file=sys.stderr)
+            continue
+        timed(bench, i, tree, "backup", envbuilder, bench, tree, state, "backup", "b", "--to", bk, "-q")
+        argv = ["restore", "b", "--from", bk, "--prefix", str(d / f"{tree}-restored"), "--name", "b-restored"]
+        timed(bench, i, tree, "restore", envbuilder, bench, tree, state, *argv, "-q")
+        shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def part_validate(bench: Bench, i: int, order: list[str]) -> None:
+    """Per tree: a create (untimed), then scripts/bench_validate.py once: the suite (``validate``) and the bare
+    program on the same ranks, one after the other."""
+    d = bench.work / f"validate-{i}"
+    for tree in order:
+        state, report = d / tree, d / f"{tree}.json"
+        made = envbuilder(bench, tree, state, "create", RECIPE, "--prefix", str(d / f"{tree}-env"), "--name", "v",
+                          "--no-validate", "-q")  # fmt: skip
+        argv = [sys.executable, str(HERE / "bench_validate.py"), "v", "--runs", "1", "--json", str(report)]
+        argv += ["--cpu"] if bench.cpu else []
+        res = made if made.returncode != 0 else subprocess.run(
+            argv, check=False, capture_output=True, text=True, env=tree_env(bench, tree, state), cwd=bench.work
+        )  # fmt: skip
+        if res.returncode != 0:
+            timed(bench, i, tree, "suite", lambda r: r, res)  # recorded as failed, with its error
+            continue
+        fig = json.loads(report.read_text())
+        ratio = fig["busbw_ratio_median"]
+        for way, what, secs in (
+            (tree, "suite", fig["suite_wall_median_s"]),
+            (tree, "bare", fig["raw_wall_s"][0]),
+        ):
+            bench.runs.append({"round": i, "way": way, "what": what, "seconds": secs, "busbw_ratio": ratio})
+        print(f"round {i + 1}  {tree:10s} suite {fig['suite_wall_median_s']:.2f} s, bare {fig['raw_wall_s'][0]:.2f} s,"
+              f" busbw ratio {ratio}", file=sys.stderr)  # fmt: skip
+        save(bench)
+        shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+PARTS = {"create": part_create, "default": part_default, "restore": part_restore, "validate": part_validate}
+
+
+# -- the report --------------------------------------------------------------------------------------------------
+
+
+def medians(bench: Bench) -> dict[str, dict[str, float]]:
+    got: dict[str, dict[str, list[float]]] = {}
+    for r in bench.runs:
+        if r["seconds"] is not None:
+            got.setdefault(r["way"], {}).setdefault(r["what"], []).append(r["seconds"])
+    return {way: {what: statistics.median(v) for what, v in whats.items()} for way, whats in got.items()}
+
+
+#: Each row: the tree's figure, its baseline (a sum of raw figures, or the tree's own cold default create) and the
+#: target the issue sets.
+ROWS = [
+    ("cold create --no-validate", "cold", ["uv:cold"], "<= 1.15x"),
+    ("warm create --no-validate", "warm", ["uv:warm"], "<= +0.5 s"),
+    ("default create (validation)", "default", ["uv:d-cold", "uv:probe"], "<= +2 s"),
+    ("--force rebuild (warm)", "force", ["self:default"], "<= 1.0x"),
+    ("restore (warm)", "restore", ["uv:r-warm"], "<= 1.2x"),
+    ("backup", "backup", [], ""),
+    ("validation suite (bench_validate.py)", "suite", ["self:bare"], "<= 1.3x"),
+]
+
+
+def table(bench: Bench) -> str:
+    med = medians(bench)
+    raw = med.get("uv", {})
+    n = max((r["round"] for r in bench.runs), default=-1) + 1
+    lines = [
+        f"machine: {machine()}; torch {bench.torch}+{bench.variant}, {wheels_size(bench.wheels)} of wheels; "
+        f"median of {n} round(s)",
+        "",
+        "| | baseline | baseline s | "
+        + " | ".join(f"{t} s | {t} vs baseline" for t in bench.trees)
+        + " | target |",
+        "|---|---|---|" + "---|---|" * len(bench.trees) + "---|",
+    ]
+    for label, what, base, target in ROWS:
+        cells = []
+        for tree in bench.trees:
+            mine = med.get(tree, {})
+            ref = baseline(base, raw, mine)
+            value = mine.get(what)
+            cells.append(fmt(value))
+            cells.append(compare(value, ref) if base else "")
+        if any(c not in ("-", "") for c in cells):
+            own = any(b.startswith("self:") for b in base)  # each tree's own figure: no one number
+            ref0 = "each tree's" if own else fmt(baseline(base, raw, {}))
+            lines.append(f"| {label} | {' + '.join(base)} | {ref0} | {' | '.join(cells)} | {target} |")
+    if "probe" in raw:
+        lines.append(
+            f"\nbare probe: {raw['probe']:.2f} s ({bench.probe.get('world', bench.nproc)} ranks, "
+            f"{bench.probe.get('bytes', PROBE_BYTES[bench.device])} bytes)"
+        )
+    for tree in bench.trees:
+        ratios = [
+            r["busbw_ratio"] for r in bench.runs if r["way"] == tree and r.get("busbw_ratio") is not None
+        ]
+        if ratios:
+            lines.append(
+                f"{tree} suite busbw / bare busbw, median: {statistics.median(ratios):.3f} (target >= 0.97)"
+            )
+        diff = paired(bench, tree, "warm")
+        if diff is not None:
+            lines.append(f"{tree} warm - raw uv warm, median of the rounds' own differences: {diff:+.2f} s")
+    lines += [f"{t}: {tree_rev(p)}" for t, p in bench.trees.items()]
+    failed = [r for r in bench.runs if r["seconds"] is None]
+    if failed:
+        lines.append(
+            f"FAILED runs: {', '.join(sorted({r['way'] + ':' + r['what'] for r in failed}))} (see JSON)"
+        )
+    return "\n".join(lines)
+
+
+def paired(bench: Bench, tree: str, what: str) -> Optional[float]:
+    """The median over rounds of the tree's figure less raw uv's of the same round (same slow spells)."""
+    by_round: dict[int, dict[str, float]] = {}
+    for r in bench.runs:
+        if r["what"] == what and r["seconds"] is not None and r["way"] in ("uv", tree):
+            by_round.setdefault(r["round"], {})[r["way"]] = r["seconds"]
+    diffs = [d[tree] - d["uv"] for d in by_round.values() if len(d) == 2]
+    return statistics.median(diffs) if diffs else None
+
+
+def baseline(base: list[str], raw: dict[str, float], mine: dict[str, float]) -> Optional[float]:
+    parts = [(mine if src == "self" else raw).get(what) for src, _, what in (b.partition(":") for b in base)]
+    return None if not parts or None in parts else sum(p for p in parts if p is not None)
+
+
+def compare(value: Optional[float], ref: Optional[float]) -> str:
+    if value is None or not ref:
+        return "-"
+    return f"{value / ref:.2f}x, {value - ref:+.2f} s"
+
+
+def fmt(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+@functools.cache
+def machine() -> str:
+    gpus = ""
+    if shutil.which("nvidia-smi"):
+        res = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        names = res.stdout.split("\n")
+        gpus = f", {len([x for x in names if x.strip()])}x {names[0].strip()}"
+    return f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores{gpus}, Python {platform.python_version()}"
+
+
+def wheels_size(wheels: Path) -> str:
+    return f"{sum(f.stat().st_size for f in wheels.glob('*.whl')) / 2**30:.2f} GiB"
+
+
+def tree_rev(tree: Path) -> str:
+    res = subprocess.run(
+        ["git", "-C", str(tree), "log", "-1", "--format=%h %s"], check=False, capture_output=True, text=True
+    )
+    return f"{tree} ({res.stdout.strip()[:90] or 'not a git checkout'})"
+
+
+def save(bench: Bench) -> None:
+    doc = {
+        "machine": machine(),
+        "torch": f"{bench.torch}+{bench.variant}",
+        "wheels": str(bench.wheels),
+        "python": bench.python,
+        "trees": {t: str(p) for t, p in bench.trees.items()},
+        "probe": bench.probe,
+        "median": medians(bench),
+        "runs": [{k: v for k, v in r.items() if k != "output"} for r in bench.runs],
+    }
+    (bench.out / "bench36.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (bench.out / "bench36.md").write_text(table(bench) + "\n")
