@@ -19,8 +19,6 @@ import logging
 import os
 import sys
 
-from torch.distributed.run import main as torchrun_main
-
 #: How often the agent looks whether its workers have ended (seconds).
 MONITOR_S = "0.05"
 
@@ -36,6 +34,10 @@ def _status(code: object) -> int:
 
 
 def main() -> None:
+    try:
+        from torch.distributed.run import main as torchrun_main
+    except ImportError as exc:  # as `python -m torch.distributed.run` says it: one line, no traceback
+        sys.exit(f"{sys.executable}: cannot run torch.distributed.run ({type(exc).__name__}: {exc})")
     os.environ.setdefault("PET_MONITOR_INTERVAL", MONITOR_S)  # torchrun's parser reads it when main builds it
     try:
         torchrun_main(sys.argv[1:])
