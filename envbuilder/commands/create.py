@@ -183,9 +183,14 @@ def _validate(
             quiet=quiet,
             home=settings.home(env),
         )
-    except validator.NotHere as exc:
+    except (validator.NotHere, UsageError) as exc:
+        # Not runnable here (a login node, a multi-node run outside an allocation): say how to, and smoke instead.
         if not quiet:
-            out.line(f"{exc.message}")
+            out.line(
+                f"not validating {created.record.name} here: {exc.message}"
+                if isinstance(exc, UsageError)
+                else exc.message
+            )
             if exc.hint:
                 out.line(f"  {exc.hint}")
         return None, _smoke(created, facts, env, out=out, quiet=quiet)
