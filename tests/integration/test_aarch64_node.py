@@ -171,10 +171,13 @@ def test_vista_venv_is_created_and_validated_on_an_aarch64_node(arm_node):
         "0.25.0",
         "2.10.0",
     )
+    # The validation that follows the build (issue 36: it replaces the smoke check where it runs here) or, where it
+    # cannot run here, the smoke check: either way the create's record holds what the import found.
     smoke = env["validation"]["checks"]
     assert smoke["import"]["status"] == "pass", smoke["import"]
-    assert (smoke["import"]["torch"], smoke["import"]["cuda"]) == ("2.10.0+cpu", None)
-    assert smoke["import"]["python"].startswith("3.11.")  # the node's python3.11, through the module
+    found = smoke["import"] if "torch" in smoke["import"] else smoke["import"]["per_rank"]["0"]
+    assert (found["torch"], found["cuda"]) == ("2.10.0+cpu", None)
+    assert found["python"].startswith("3.11.")  # the node's python3.11, through the module
     assert smoke["gpu"]["status"] == "fail"
     assert "this torch (2.10.0+cpu) is a CPU build" in smoke["gpu"]["cause"]
     # The env's python is the module's, which is the node's arm64 CPython (ELF machine 183: EM_AARCH64).
