@@ -183,13 +183,11 @@ def _validate(
             quiet=quiet,
             home=settings.home(env),
         )
-    except (validator.NotHere, UsageError) as exc:
+    except (validator.NotHere, validator.NoAllocation) as exc:
         # Not runnable here (a login node, a multi-node run outside an allocation): say how to, and smoke instead.
         if not quiet:
             out.line(
-                f"not validating {created.record.name} here: {exc.message}"
-                if isinstance(exc, UsageError)
-                else exc.message
+                exc.message if isinstance(exc, validator.NotHere) else f"not validating here: {exc.message}"
             )
             if exc.hint:
                 out.line(f"  {exc.hint}")

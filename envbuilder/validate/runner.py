@@ -53,6 +53,11 @@ class NotHere(ValidationFailed):
     """This host cannot run the checks the env needs (a login node for a GPU env); the hint says where to."""
 
 
+class NoAllocation(UsageError):
+    """A multi-node run started outside the allocation that would name its first host (a usage error for
+    ``validate``; after a build, ``create`` runs the smoke check instead)."""
+
+
 @dataclass(frozen=True)
 class Options:
     checks: Optional[tuple[str, ...]] = None
@@ -522,7 +527,7 @@ def _first_host(env: Mapping[str, str]) -> str:
     """The allocation's first host, where its scheduler lists them (:meth:`schedulers.Scheduler.hosts`)."""
     hosts = schedulers.host_list(env)
     if hosts is None:
-        raise UsageError(
+        raise NoAllocation(
             f"a multi-node run needs an allocation ({schedulers.hosts_vars()}) to find its first host",
             hint="run inside the job, or pass --submit",
         )
