@@ -49,7 +49,9 @@ class LaunchSpec:
     nproc_per_node: int = 1
     #: How to call torchrun with the env's python (``python -m torch.distributed.run``).
     torchrun: tuple[str, ...] = ()
-    port: int = 29500
+    #: The rendezvous port of a multi-node run; None: ``$MASTER_PORT``, which the job script (or the runner inside an
+    #: allocation) derives from the job's number, so two jobs whose first node is the same meet at different ports.
+    port: Optional[int] = None
     rdzv_id: Arg = "envbuilder"
     mpi: Optional[str] = None  # srun --mpi plugin
     cpu_bind: Optional[str] = None
@@ -83,6 +85,17 @@ class LaunchSpec:
 
 
 MASTER_ADDR = ShellVar("MASTER_ADDR")
+MASTER_PORT = ShellVar("MASTER_PORT")
+#: A job's own rendezvous port: PORT_BASE + (its number modulo PORT_SPAN), below Linux's ephemeral range.
+PORT_BASE = 15000
+PORT_SPAN = 15000
+
+
+def job_port(number: int) -> int:
+    """The rendezvous port of job ``number`` (jobs a node runs at once have different numbers, hence ports)."""
+    return PORT_BASE + number % PORT_SPAN
+
+
 #: The address a one-node torchrun gives its workers for its store (torch >= 2.0 has --local-addr).
 LOOPBACK = "--local-addr=127.0.0.1"
 
@@ -97,7 +110,7 @@ def torchrun_argv(spec: LaunchSpec, master: Arg = MASTER_ADDR) -> list[Arg]:
         # does not resolve (no DNS, not in /etc/hosts) the workers retried that name until killed.
         argv += ["--standalone", LOOPBACK, "--nnodes=1", f"--nproc-per-node={spec.nproc_per_node}"]
     else:
-        # One shared endpoint for every node: the allocation's first host, one fixed port. Never localhost.
+        # One shared endpoint for every node: the allocation's first host, the job's port. Never localhost.
         argv += [
             f"--nnodes={spec.nodes}",
             f"--nproc-per-node={spec.nproc_per_node}",
@@ -111,22 +124,21 @@ def torchrun_argv(spec: LaunchSpec, master: Arg = MASTER_ADDR) -> list[Arg]:
     return argv + list(spec.script)
 
 
-def _join_host_port(host: Arg, port: int) -> Arg:
-    if isinstance(host, ShellVar):
-        return _Joined(host, f":{port}")
-    return f"{host}:{port}"
+def _join_host_port(host: Arg, port: Optional[int]) -> Arg:
+    tail: Arg = MASTER_PORT if port is None else str(port)
+    if isinstance(host, ShellVar) or isinstance(tail, ShellVar):
+        return _Joined(host, ":", tail)
+    return f"{host}:{tail}"
 
 
 class _Joined(str):
-    """A ShellVar followed by literal text (``$MASTER_ADDR:29500``)."""
+    """Shell variables and literal text as one argument (``$MASTER_ADDR:$MASTER_PORT``)."""
 
-    var: ShellVar
-    suffix: str
+    parts: tuple[Arg, ...]
 
-    def __new__(cls, var: ShellVar, suffix: str) -> _Joined:
-        obj = super().__new__(cls, str(var) + suffix)
-        obj.var = var
-        obj.suffix = suffix
+    def __new__(cls, *parts: Arg) -> _Joined:
+        obj = super().__new__(cls, "".join(parts))
+        obj.parts = parts
         return obj
 
 
@@ -250,28 +262,28 @@ def render(argv: Sequence[Arg]) -> str:
     """Shell text for a batch script: every element quoted, shell variables expanded inside double quotes."""
     parts = []
     for arg in argv:
-        if isinstance(arg, _Joined):
-            parts.append(f'"${{{arg.var.var}}}"' + shlex.quote(arg.suffix))
-        elif isinstance(arg, ShellVar):
-            parts.append(f'"${{{arg.var}}}"')
-        else:
-            parts.append(shlex.quote(arg))
+        pieces = arg.parts if isinstance(arg, _Joined) else (arg,)
+        parts.append(
+            "".join(f'"${{{p.var}}}"' if isinstance(p, ShellVar) else shlex.quote(p) for p in pieces)
+        )
     return " ".join(parts)
 
 
 def display(argv: Sequence[str]) -> str:
-    """A plan's argv as text a user can paste: quoted, with $NAME kept expandable."""
-    parts = []
-    for arg in argv:
-        match = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)(.*)", arg)
-        parts.append(
-            f'"${{{match.group(1)}}}"' + shlex.quote(match.group(2))
-            if match and match.group(2)
-            else f'"${{{match.group(1)}}}"'
-            if match
-            else shlex.quote(arg)
-        )
-    return " ".join(parts)
+    """A plan's argv as text a user can paste: quoted, with the $NAMEs of an argument that starts with one kept
+    expandable (``$MASTER_ADDR:$MASTER_PORT``)."""
+    return " ".join(_display_one(arg) for arg in argv)
+
+
+def _display_one(arg: str) -> str:
+    if not re.match(r"\$[A-Za-z_]", arg):
+        return shlex.quote(arg)
+    pieces = re.split(r"\$([A-Za-z_][A-Za-z0-9_]*)", arg)  # text, name, text, name, ..., text
+    return "".join(
+        (f'"${{{piece}}}"' if i % 2 else shlex.quote(piece))
+        for i, piece in enumerate(pieces)
+        if i % 2 or piece
+    )
 
 
 def bind(argv: Sequence[Arg], values: dict[str, str]) -> list[str]:
@@ -279,7 +291,7 @@ def bind(argv: Sequence[Arg], values: dict[str, str]) -> list[str]:
     out = []
     for arg in argv:
         if isinstance(arg, _Joined):
-            out.append(_value(arg.var.var, values) + arg.suffix)
+            out.append("".join(_value(p.var, values) if isinstance(p, ShellVar) else p for p in arg.parts))
         elif isinstance(arg, ShellVar):
             out.append(_value(arg.var, values))
         else:

@@ -226,13 +226,20 @@ def path_lines(activate: Activation) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where a multi-node job's ranks meet: its first host, at the recipe's ``port`` or (None) the job's own."""
+
+    port: Optional[int] = None
+
+
 def script(
     *,
     scheduler: str,
     directives: Sequence[str],
     activate: Activation,
-    multinode: bool,
     launch: Sequence[launchers.Arg],
+    rendezvous: Optional[Rendezvous] = None,
     workdir: str,
     stage: Sequence[str] = (),
     env: Optional[JobEnv] = None,
@@ -240,8 +247,8 @@ def script(
     """The job script: directives, then the modules ``activate`` loads (after the module system's init where the
     job's shell has no ``module``), its conda env, and the variables it sets and unsets (it refused what a script
     cannot carry when it was made), then the env entered (``env``: its bin on PATH, its threads), then the launch
-    in ``workdir`` (after ``stage``, the command that stages the env's image on the job's nodes, where one is
-    given)."""
+    in ``workdir`` (a multi-node one meeting at its ``rendezvous``), after ``stage`` (the command that stages the
+    env's image on the job's nodes), where one is given."""
     for directive in directives:
         require_carriable(directive, "scheduler (a batch directive)")
     require_carriable(workdir, "validation work directory")
@@ -266,8 +273,8 @@ def script(
         lines += env.lines()
         if env.threads is not None and "OMP_NUM_THREADS" not in activate.env:
             lines += env.threads.lines(adapter.cpus_var)
-    if multinode:
-        lines += [adapter.first_host, "export MASTER_ADDR"]
+    if rendezvous is not None:
+        lines += [adapter.first_host, "export MASTER_ADDR", *adapter.port_lines(rendezvous.port)]
     lines.append(f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)}")
     if stage:
         lines.append(launchers.render(stage))

@@ -70,6 +70,8 @@ class Launch:
     partition: Optional[str]
     interactive: Optional[tuple[str, ...]]
     script: Optional[str]
+    #: The recipe's rendezvous port; None: the job's own (``$MASTER_PORT``).
+    port: Optional[int] = None
 
     @property
     def world(self) -> int:
@@ -277,7 +279,9 @@ def launch_program(
     )
     argv = tuple(shape.launcher.argv(spec))
     if adapter is None:
-        return Launch(shape.launcher.name, argv, shape.nodes, shape.nproc, None, None, None, None)
+        return Launch(
+            shape.launcher.name, argv, shape.nodes, shape.nproc, None, None, None, None, site_launcher.port
+        )
     job = _job_shape(recipe, shape)
     if shape.partition_facts.max_nodes and shape.nodes > shape.partition_facts.max_nodes:
         warnings.append(
@@ -296,8 +300,8 @@ def launch_program(
         scheduler=adapter.name,
         directives=directives,
         activate=replace(env.activate, modules=tuple(job_modules(recipe, env.activate))),
-        multinode=shape.nodes > 1,
         launch=argv,
+        rendezvous=batch.Rendezvous(site_launcher.port) if shape.nodes > 1 else None,
         workdir=workdir or f"{env.prefix}/envbuilder/validation",
         stage=stage,
         env=batch.JobEnv(
@@ -305,7 +309,15 @@ def launch_program(
         ),
     )
     return Launch(
-        shape.launcher.name, argv, shape.nodes, shape.nproc, adapter.name, shape.partition, interactive, text
+        shape.launcher.name,
+        argv,
+        shape.nodes,
+        shape.nproc,
+        adapter.name,
+        shape.partition,
+        interactive,
+        text,
+        site_launcher.port,
     )
 
 

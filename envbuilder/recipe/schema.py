@@ -385,7 +385,12 @@ SCHEMA = Table(
                     int, "mpiexec --depth (cores per rank)", minimum=1, maximum=MAX_CORES_PER_NODE
                 ),
                 "gpu_affinity": Field(str, choices=GPU_AFFINITY),
-                "port": Field(int, "rendezvous port shared by all nodes", minimum=1, maximum=65535),
+                "port": Field(
+                    int,
+                    "rendezvous port shared by all nodes (default: one per job, from its number)",
+                    minimum=1,
+                    maximum=65535,
+                ),
             }
         ),
         "env": Table(

@@ -203,7 +203,7 @@ class Launcher:
     cpu_bind: Optional[str] = None
     depth: Optional[int] = None
     gpu_affinity: str = seeded("none")
-    port: int = seeded(29500)
+    port: Optional[int] = None  # None: each job its own (launchers.job_port)
 
 
 @dataclass(frozen=True)

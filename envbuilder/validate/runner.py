@@ -357,7 +357,8 @@ def bind_here(the_launch: suite.Launch, env: Mapping[str, str]) -> tuple[list[st
     if the_launch.nodes > 1:
         values["MASTER_ADDR"] = _first_host(env)
         env.setdefault("MASTER_ADDR", values["MASTER_ADDR"])
-        env.setdefault("MASTER_PORT", "29500")
+        env.setdefault("MASTER_PORT", str(the_launch.port or schedulers.job_port(env)))
+        values["MASTER_PORT"] = env["MASTER_PORT"]
     elif not launchers.get(the_launch.launcher).agent:
         env["MASTER_ADDR"] = "127.0.0.1"
         env["MASTER_PORT"] = str(_free_port())

@@ -324,7 +324,6 @@ def test_renderers_refuse_what_they_cannot_carry(bad):
         "scheduler": "slurm",
         "directives": ["--job-name=demo"],
         "activate": Activation(),
-        "multinode": False,
         "launch": ["python", "x.py"],
         "workdir": "/w",
     }
@@ -344,7 +343,7 @@ def test_renderers_refuse_what_they_cannot_carry(bad):
 
 
 def test_renderers_refuse_unset_names_that_are_not_variables():
-    job = {"scheduler": "slurm", "directives": [], "multinode": False, "launch": ["python"], "workdir": "/w"}
+    job = {"scheduler": "slurm", "directives": [], "launch": ["python"], "workdir": "/w"}
     with pytest.raises(RecipeError, match="not a variable name"):
         batch.script(**job, activate=Activation(unset=("X; touch pwned",)))
     with pytest.raises(RecipeError, match="not a variable name"):

@@ -123,7 +123,7 @@ def test_validate_submitted_across_two_nodes(cpu_torch_world, slurm_nodes) -> No
     _one_agent_per_node(data["command"])
     # The batch script finds the first host itself: the plan keeps it a variable.
     endpoint = data["command"][data["command"].index("--rdzv-endpoint") + 1]
-    assert endpoint == "$MASTER_ADDR:29500"
+    assert endpoint == "$MASTER_ADDR:$MASTER_PORT"
 
 
 def test_validate_inside_salloc_across_two_nodes(cpu_torch_world, slurm_nodes) -> None:

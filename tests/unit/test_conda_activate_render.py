@@ -97,7 +97,6 @@ def test_batch_script_activates_after_the_modules_with_nounset_off_around_conda(
         scheduler="pbs",
         directives=["-l select=1"],
         activate=ACT,
-        multinode=False,
         launch=["python", "x.py"],
         workdir="/w",
     ).splitlines()

@@ -152,6 +152,53 @@ def test_render_joined_endpoint():
     assert '--rdzv-endpoint "${MASTER_ADDR}":29500' in text
 
 
+def test_a_job_meets_at_its_own_port_unless_the_recipe_names_one():
+    """Two multi-node jobs whose first node is the same must not both listen at one port (two CI jobs did and
+    one failed its rendezvous): the endpoint is $MASTER_PORT, which the script derives from the job's number;
+    a recipe's port is kept as it is (a site that opens one port)."""
+    argv = launchers.torchrun_argv(spec(nodes=2, nproc_per_node=1))
+    endpoint = argv[argv.index("--rdzv-endpoint") + 1]
+    assert str(endpoint) == "$MASTER_ADDR:$MASTER_PORT"
+    assert '--rdzv-endpoint "${MASTER_ADDR}":"${MASTER_PORT}"' in launchers.render(argv)
+    assert launchers.bind([endpoint], {"MASTER_ADDR": "n1", "MASTER_PORT": "15123"}) == ["n1:15123"]
+    with pytest.raises(UsageError, match="MASTER_PORT"):
+        launchers.bind([endpoint], {"MASTER_ADDR": "n1"})
+    shown = launchers.display(launchers.plain(argv))
+    out = subprocess.run(
+        ["bash", "-c", f"MASTER_ADDR=n1 MASTER_PORT=15123; printf '%s\\n' {shown}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert "n1:15123" in out
+    fixed = launchers.torchrun_argv(spec(nodes=2, nproc_per_node=1, port=29400))
+    assert str(fixed[fixed.index("--rdzv-endpoint") + 1]) == "$MASTER_ADDR:29400"
+
+
+@pytest.mark.parametrize(
+    ("name", "job_var", "job_id", "number"),
+    [("slurm", "SLURM_JOB_ID", "1234567", 1234567), ("pbs", "PBS_JOBID", "4242.polaris-pbs-01", 4242)],
+)
+def test_the_job_script_and_the_runner_agree_on_the_jobs_port(name, job_var, job_id, number):
+    """The batch script's shell arithmetic and the runner's Python give one port for one job, below the
+    ephemeral range, different for the next job; a recipe's port is exported as it is."""
+    adapter = schedulers.get(name)
+    lines = "\n".join(adapter.port_lines(None))
+    printed = subprocess.run(
+        ["bash", "-c", f'set -euo pipefail\n{lines}\necho "$MASTER_PORT"'],
+        env={"PATH": "/usr/bin:/bin", job_var: job_id},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert int(printed) == adapter.job_port({job_var: job_id}) == launchers.job_port(number)
+    assert launchers.PORT_BASE <= int(printed) < 32768
+    assert adapter.job_port({job_var: str(number + 1)}) != int(printed)
+    assert schedulers.job_port({job_var: job_id}) == int(printed)
+    assert schedulers.job_port({}) == 29500  # no job: torch's own default
+    assert adapter.port_lines(29400) == ["export MASTER_PORT=29400"]
+
+
 def test_shellvar_rejects_non_names():
     with pytest.raises(ValueError):
         ShellVar("A; rm")
@@ -290,7 +337,6 @@ def test_script_quotes_recipe_values(tmp_path):
             modules=("conda/2025-09-25",),
             env={"NCCL_NET": "AWS Libfabric", "X": "$(touch pwned)"},
         ),
-        multinode=False,
         launch=["echo", "done"],
         workdir=str(tmp_path / "w d"),
     )
@@ -323,7 +369,6 @@ def test_script_adds_list_entries_quoted_and_without_an_empty_entry(tmp_path):
         scheduler="slurm",
         directives=["--nodes=1"],
         activate=Activation(prepend={"LD_LIBRARY_PATH": (odd, "/soft/b")}, append={"CPATH": ("/inc",)}),
-        multinode=False,
         launch=["sh", "-c", 'printf "%s|%s" "$LD_LIBRARY_PATH" "$CPATH"'],
         workdir=str(tmp_path / "w"),
     )

@@ -189,7 +189,7 @@ def test_every_recipe_starts_from_the_seeded_defaults():
             "packages": ["torch", "torchvision", "torchaudio"],
             "allow": [],
         },
-        "launcher": {"default": "torchrun", "gpu_affinity": "none", "port": 29500},
+        "launcher": {"default": "torchrun", "gpu_affinity": "none"},
         "activate": {"modules": [], "env": {}, "profiles": []},
         "validation": {
             "checks": ["import", "gpu", "arch", "cuda", "libraries", "affinity", "nccl", "ddp", "filesystem"],

@@ -254,9 +254,7 @@ def test_a_job_script_sources_the_module_init_where_its_shell_has_no_module():
     """A job script is a bash that reads no profile: before its `module` lines it sources the module system's
     bash init unless the job inherited bash's exported `module` (set -u off around it); none without modules."""
     act = Activation(modules=("python3/3.9.2",), module_init="/opt/apps/lmod/lmod/init")
-    text = batch.script(
-        scheduler="slurm", directives=[], activate=act, multinode=False, launch=["x"], workdir="/w"
-    )
+    text = batch.script(scheduler="slurm", directives=[], activate=act, launch=["x"], workdir="/w")
     lines = text.splitlines()
     at = lines.index("module load python3/3.9.2")
     assert lines[at - 1] == (
@@ -264,9 +262,7 @@ def test_a_job_script_sources_the_module_init_where_its_shell_has_no_module():
         ". /opt/apps/lmod/lmod/init/bash; set -u; fi"
     )
     bare = replace(act, modules=())
-    text = batch.script(
-        scheduler="slurm", directives=[], activate=bare, multinode=False, launch=["x"], workdir="/w"
-    )
+    text = batch.script(scheduler="slurm", directives=[], activate=bare, launch=["x"], workdir="/w")
     assert "init/bash" not in text
 
 
@@ -276,7 +272,7 @@ def test_a_job_script_enters_the_env_so_python_is_the_envs(own_python, var):
     module's), after the modules; VIRTUAL_ENV, or PYTHONUSERBASE for an env over the site's python."""
     act = Activation(modules=("python3/3.9.2",))
     env = batch.JobEnv("/scratch/u/my env", own_python)
-    text = batch.script(scheduler="slurm", directives=[], activate=act, multinode=False, launch=["python", "t.py"],
+    text = batch.script(scheduler="slurm", directives=[], activate=act, launch=["python", "t.py"],
                         workdir="/w", env=env)  # fmt: skip
     lines = text.splitlines()
     at = lines.index(f"export {var}='/scratch/u/my env'")

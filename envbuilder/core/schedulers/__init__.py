@@ -13,6 +13,7 @@ from envbuilder.core.schedulers.registry import (
     get,
     host_list,
     hosts_vars,
+    job_port,
     locate,
 )
 
@@ -28,5 +29,6 @@ __all__ = [
     "get",
     "host_list",
     "hosts_vars",
+    "job_port",
     "locate",
 ]

@@ -20,7 +20,7 @@ from typing import Optional
 
 from envbuilder.core import values
 from envbuilder.core.errors import UsageError
-from envbuilder.core.launchers import Arg, ShellVar
+from envbuilder.core.launchers import PORT_BASE, PORT_SPAN, Arg, ShellVar, job_port
 from envbuilder.core.structs import dataclass
 
 
@@ -144,6 +144,21 @@ class Scheduler(ABC):
     def unstageable(self, here: Where) -> Optional[tuple[str, str]]:
         """Why ``stage`` cannot reach the nodes of ``here``, and the hint; None where it can."""
         return None
+
+    def port_lines(self, port: Optional[int]) -> list[str]:
+        """Script lines that export MASTER_PORT: the recipe's ``port``, else the job's own (from the digits its
+        id starts with: PBS's is ``1234.server``), as :meth:`job_port` finds it for a run inside the job."""
+        if port is not None:
+            return [f"export MASTER_PORT={int(port)}"]
+        return [
+            f'job_number="${{{self.job_id_var}%%[!0-9]*}}"',
+            f"export MASTER_PORT=$(( {PORT_BASE} + 10#${{job_number:-0}} % {PORT_SPAN} ))",
+        ]
+
+    def job_port(self, env: Mapping[str, str]) -> Optional[int]:
+        """The rendezvous port of the job ``env`` runs in (None outside one of this scheduler's jobs)."""
+        number = re.match(r"[0-9]+", env.get(self.job_id_var, ""))
+        return job_port(int(number.group())) if number else None
 
     def bound_values(self, env: Mapping[str, str]) -> dict[str, str]:
         """The values of this scheduler's shell variables in a launch (the rendezvous id) for a run here."""

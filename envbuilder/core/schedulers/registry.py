@@ -16,6 +16,8 @@ from envbuilder.core.schedulers import pbs, slurm
 from envbuilder.core.schedulers.base import HostList, Scheduler, Where
 
 #: The adapter modules, in the order the probe tries them; each has ``SCHEDULER``, its adapter.
+#: torch's own MASTER_PORT default, for a multi-node run no scheduler numbered.
+DEFAULT_PORT = 29500
 _ADAPTERS = (slurm, pbs)
 
 #: Every scheduler a recipe can name (besides "none"), in the order the probe tries them.
@@ -67,6 +69,15 @@ def bound_values(env: Mapping[str, str]) -> dict[str, str]:
     for adapter in SCHEDULERS.values():
         values.update(adapter.bound_values(env))
     return values
+
+
+def job_port(env: Mapping[str, str]) -> int:
+    """The rendezvous port of the job this process runs in; torch's own default outside any job."""
+    for adapter in SCHEDULERS.values():
+        port = adapter.job_port(env)
+        if port is not None:
+            return port
+    return DEFAULT_PORT
 
 
 def get(name: Optional[str]) -> Optional[Scheduler]:
