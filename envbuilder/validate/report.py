@@ -14,7 +14,7 @@ import json
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import field, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from envbuilder.core.checks import FIRST
 from envbuilder.core.structs import dataclass
@@ -23,6 +23,18 @@ from envbuilder.validate import affinity
 REPORT_VERSION = 1
 #: Figures where a larger value is worse: the slowest rank sets them. For the others the smallest value does.
 _LOWER_IS_BETTER_UNITS = frozenset({"s", "us", "ms"})
+
+
+@dataclass(frozen=True)
+class Status:
+    """Callbacks for the live line: ``status(text)`` replaces it, ``note(text)`` prints a line."""
+
+    status: Callable[[str], None] = lambda text: None
+    note: Callable[[str], None] = lambda text: None
+
+
+#: No live line (a frozen value: one is shared by every call that passes none).
+QUIET = Status()
 
 
 @dataclass(frozen=True)

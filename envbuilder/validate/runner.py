@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from envbuilder import payloads, plan
 from envbuilder.backends import smoke
@@ -37,12 +37,12 @@ from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
 from envbuilder.system import fsutil, proc, removal, state
 from envbuilder.system.modules import ModuleSystem
-from envbuilder.validate import report
+from envbuilder.validate import report, submit
+from envbuilder.validate.report import QUIET, Status
 
 KEEP_RUNS = 5
 #: Startup allowance on top of the per-check timeouts (interpreter start, rendezvous, module loads).
 SLACK_S = 120.0
-POLL_S = 0.5
 #: Between SIGTERM and SIGKILL when a run here is stopped for its time: the ranks record where they were.
 GRACE_S = 5.0
 #: The payload's lifeline: envbuilder's pid, start time, boot id and pid namespace (payloads/validate.py).
@@ -77,18 +77,6 @@ class Options:
     #: create, which the smoke check does not precede), and the rest of what it writes is compiled meanwhile
     #: (smoke.warming). Only a run here, in an env that holds its own packages.
     write_bytecode: bool = False
-
-
-@dataclass(frozen=True)
-class Status:
-    """Callbacks for the live line: ``status(text)`` replaces it, ``note(text)`` prints a line."""
-
-    status: Callable[[str], None] = lambda text: None
-    note: Callable[[str], None] = lambda text: None
-
-
-#: No live line (a frozen value: one is shared by every call that passes none).
-QUIET = Status()
 
 
 def run(
@@ -165,8 +153,8 @@ def run(
     t0 = time.monotonic()
     finished = Finished(run_dir / "ranks", the_launch.world, live, device)
     if opts.submit:
-        exit_code, timed_out, where, tail = _submit(
-            the_launch, run_dir, env, opts, live=live, finished=finished
+        exit_code, timed_out, where, tail = submit.submit(
+            the_launch, run_dir, env, opts.wait, live=live, finished=finished
         )
         stopped_after = budget if timed_out else None
     else:
@@ -535,77 +523,3 @@ def _first_host(env: Mapping[str, str]) -> str:
     if hosts.path is not None:
         return Path(hosts.path).read_text(encoding="utf-8").split()[0]
     return proc.run(list(hosts.argv), env=dict(env)).stdout.split()[0]
-
-
-# --- submit ---------------------------------------------------------------------------------------------------
-
-
-def _submit(
-    the_launch: suite.Launch,
-    run_dir: Path,
-    env: Mapping[str, str],
-    opts: Options,
-    *,
-    live: Status,
-    finished: Finished,
-) -> tuple[Optional[int], bool, str, str]:
-    adapter = schedulers.get(the_launch.scheduler)
-    if not the_launch.script or adapter is None:
-        raise UsageError(
-            "this recipe names no scheduler, so there is nothing to submit to",
-            hint="run `envbuilder validate ENV` on the node itself",
-        )
-    script = run_dir / "job.sh"
-    script.write_text(the_launch.script, encoding="utf-8")
-    script.chmod(0o755)
-    out_file = run_dir / "job.out"
-    sub_env = proc.scrubbed_env(env)
-    argv = adapter.submit(str(script), str(out_file))
-    try:
-        res = proc.run(argv, env=sub_env, cwd=str(run_dir))
-    except FileNotFoundError:
-        raise UsageError(f"{argv[0]} is not on PATH: is this a login node of the site?") from None
-    job = adapter.job_id(res.stdout)
-    live.note(f"submitted job {job}: {script}")
-    try:
-        code, timed_out = _wait(adapter, job, sub_env, opts.wait, live=live, finished=finished)
-    except BaseException:  # Ctrl-C or SIGTERM: the job this run submitted goes too
-        _cancel(adapter, job, sub_env)
-        raise
-    tail = proc.tail(out_file.read_text(encoding="utf-8", errors="replace")) if out_file.exists() else ""
-    return code, timed_out, job, tail
-
-
-def _wait(
-    adapter: schedulers.Scheduler,
-    job: str,
-    env: Mapping[str, str],
-    limit: Optional[float],
-    *,
-    live: Status,
-    finished: Finished,
-) -> tuple[Optional[int], bool]:
-    t0 = time.monotonic()
-    while True:
-        res = proc.run(adapter.state_query(job), env=dict(env), check=False)
-        state_ = adapter.state(res.returncode, res.stdout)
-        finished()  # the checks the job's ranks finished since the last poll (a shared file system)
-        if state_ is None:
-            break
-        live.status(f"job {job}: {state_.lower()} ({time.monotonic() - t0:.0f} s)")
-        if limit is not None and time.monotonic() - t0 > limit:
-            return None, True
-        time.sleep(POLL_S)
-    return _job_exit(adapter, job, env), False
-
-
-def _cancel(adapter: schedulers.Scheduler, job: str, env: Mapping[str, str]) -> None:
-    with contextlib.suppress(OSError, CommandFailed):
-        proc.run(adapter.cancel(job), env=dict(env), check=False, timeout=60)
-
-
-def _job_exit(adapter: schedulers.Scheduler, job: str, env: Mapping[str, str]) -> Optional[int]:
-    argv = adapter.exit_query(job)
-    if argv is None:
-        return None
-    return adapter.exit_code(proc.run(argv, env=dict(env), check=False).stdout)

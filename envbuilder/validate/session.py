@@ -36,7 +36,7 @@ def execute(
 ) -> report.Report:
     """Run, store in the record (unless ``home`` is None: the caller stores it), render (unless quiet)."""
     status_ctx = out.console.status("validating", spinner="dots") if not quiet else None
-    live = validator.Status(
+    live = report.Status(
         status=(lambda text: status_ctx.update(plain(text))) if status_ctx else (lambda text: None),
         note=out.line if not quiet else (lambda text: None),
     )
