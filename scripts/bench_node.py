@@ -277,8 +277,19 @@ def timed(bench: Bench, round_: int, way: str, what: str, call: Any, *args: Any)
     shown = f"{seconds:7.2f} s" if res.returncode == 0 else f"FAILED rc={res.returncode}: {res.stderr[-600:]}"
     print(f"round {round_ + 1}  {way:10s} {what:8s} {shown}", file=sys.stderr, flush=True)
     entry["output"] = res.stdout
+    if call is envbuilder:
+        keep_log(bench, args[2], f"{round_ + 1}-{way}-{what}")
     save(bench)
     return entry["seconds"]
+
+
+def keep_log(bench: Bench, state: Path, name: str) -> None:
+    """The newest build log of the envbuilder run just timed, as OUT/logs/NAME.log: each command in it with its
+    time (``(exit 0, 3.2 s)``), so a create's wall time can be read phase by phase."""
+    logs = sorted((state / "home" / "logs").glob("*.log"), key=lambda p: p.stat().st_mtime)
+    if logs:
+        (bench.out / "logs").mkdir(exist_ok=True)
+        shutil.copyfile(logs[-1], bench.out / "logs" / f"{name}.log")
 
 
 def part_create(bench: Bench, i: int, order: list[str]) -> None:

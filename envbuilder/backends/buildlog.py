@@ -49,11 +49,19 @@ class BuildLog:
     def ended(self, returncode: int, seconds: float) -> None:
         self.write(f"[{time.strftime('%H:%M:%S')}] (exit {returncode}, {seconds:.1f} s)")
 
-    def command(self, argv: Sequence[str], extra_env: Mapping[str, str], result: proc.Result) -> None:
+    def command(
+        self,
+        argv: Sequence[str],
+        extra_env: Mapping[str, str],
+        result: proc.Result,
+        seconds: Optional[float] = None,
+    ) -> None:
+        """A command that ran to its end, its output after it (``seconds``: how long it took, where timed)."""
         stamp = time.strftime("%H:%M:%S")
         for key, value in extra_env.items():
             self.write(f"[{stamp}]   {key}={value}")
-        self.write(f"[{stamp}] + {proc.quote(argv)}  (exit {result.returncode})")
+        took = f", {seconds:.1f} s" if seconds is not None else ""
+        self.write(f"[{stamp}] + {proc.quote(argv)}  (exit {result.returncode}{took})")
         for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
             if text.strip():
                 self.write(f"--- {name}\n{text.rstrip()}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Optional
@@ -61,8 +62,9 @@ def smoke(
         argv += ["--device", "cpu"]
     for module in WARM if warm else ():
         argv += ["--warm", module]
+    began = time.monotonic()
     res = proc.run(argv, env=run_env, check=False, timeout=600, umask=build_umask())
-    log.command(argv, {}, res)
+    log.command(argv, {}, res, seconds=time.monotonic() - began)
     try:
         result = json.loads(res.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

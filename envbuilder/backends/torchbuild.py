@@ -19,6 +19,7 @@ import ast
 import json
 import os
 import re
+import time
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -386,7 +387,9 @@ def _run_payload(
 ) -> dict[str, Any]:
     argv = [python, str(PAYLOAD), *(["--arch-flags"] if arch else [])]
     log("+ " + proc.quote(argv))
+    began = time.monotonic()
     res = proc.run(argv, env=dict(env), check=False, timeout=ARCH_TIMEOUT_S)
+    log(f"(exit {res.returncode}, {time.monotonic() - began:.1f} s)")
     lines = res.stdout.strip().splitlines()
     try:
         data = json.loads(lines[-1]) if lines else None

@@ -159,3 +159,18 @@ def test_moving_in_rewrites_the_build_path_only_where_the_installer_wrote_it(tmp
         build.log.close()
     moved = f"VIRTUAL_ENV='{build.final}'\n"
     assert ((build.partial / "bin" / "activate").read_text() == moved) == (name == "pip")
+
+
+def test_the_build_log_says_how_long_each_command_took(tmp_path):
+    """A create's time is read phase by phase from its build log: a streamed command ends with its time, and so
+    does a command logged whole (the smoke check) where it was timed."""
+    log = buildlog.BuildLog(tmp_path / "build.log")
+    res = proc.run([sys.executable, "-c", "print('ok')"])
+    log.command(res.argv, {}, res, seconds=3.25)
+    log.command(res.argv, {}, res)
+    buildlog.run_logged([sys.executable, "-c", "pass"], dict(os.environ), log)
+    log.close()
+    lines = (tmp_path / "build.log").read_text().splitlines()
+    timed = [line for line in lines if "(exit 0" in line]
+    assert timed[0].endswith("(exit 0, 3.2 s)") and timed[1].endswith("(exit 0)"), lines
+    assert timed[2].split("] ", 1)[1].startswith("(exit 0, ") and timed[2].endswith(" s)"), lines
