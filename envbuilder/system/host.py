@@ -95,7 +95,8 @@ def _scheduler(env: Mapping[str, str]) -> Optional[str]:
 
 
 _DRIVER_RE = re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)")
-_CUDA_HEADER_RE = re.compile(r"CUDA Version:\s*(\d+\.\d+)")
+#: "CUDA Version: 13.0" in the table's header; "CUDA Version        : 13.0" in ``nvidia-smi --version``.
+_CUDA_HEADER_RE = re.compile(r"CUDA Version\s*:\s*(\d+\.\d+)")
 
 
 def _probe_nvidia(
@@ -165,12 +166,18 @@ def _smi_query(smi: str, env: Mapping[str, str]) -> tuple[Optional[tuple[Gpu, ..
 
 
 def _smi_cuda_version(smi: str, env: Mapping[str, str]) -> Optional[str]:
-    try:
-        res = proc.run([smi], env=env, timeout=20, check=True)
-    except (CommandFailed, OSError):
-        return None
-    match = _CUDA_HEADER_RE.search(res.stdout)
-    return match.group(1) if match else None
+    """The highest CUDA the driver supports: ``nvidia-smi --version`` says it without querying a GPU (R535 and
+    later); else the header of the full table, which queries every GPU (a second or more on a node whose GPUs
+    sleep between jobs)."""
+    for argv in ([smi, "--version"], [smi]):
+        try:
+            res = proc.run(argv, env=env, timeout=20, check=True)
+        except (CommandFailed, OSError):
+            continue
+        match = _CUDA_HEADER_RE.search(res.stdout)
+        if match:
+            return match.group(1)
+    return None
 
 
 def _proc_gpus(proc_dir: Path) -> Optional[tuple[Gpu, ...]]:

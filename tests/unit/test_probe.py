@@ -94,6 +94,21 @@ def test_nvidia_smi_shim_gives_gpus_driver_and_max_cuda(tmp_path):
     assert facts.gpus[0].memory_mib == 143771
 
 
+def test_max_cuda_comes_from_the_version_line_without_the_full_table(tmp_path):
+    """The full table queries every GPU (slow where they sleep between jobs): `nvidia-smi --version` gives the
+    highest CUDA alone; a driver without --version still gets it from the table."""
+    calls = tmp_path / "calls"
+    env = {**_shim(tmp_path, H200_NODE), "NVIDIA_SMI_SHIM_LOG": str(calls)}
+    assert probe(env=env, root=str(tmp_path)).max_cuda == "13.0"
+    assert calls.read_text().splitlines()[-1] == "--version"
+    assert "" not in calls.read_text().splitlines()  # the table was never asked for
+    calls.unlink()
+    old = {**H200_NODE, "cuda": "12.2", "old_driver": True}
+    env = {**_shim(tmp_path, old), "NVIDIA_SMI_SHIM_LOG": str(calls)}
+    assert probe(env=env, root=str(tmp_path)).max_cuda == "12.2"
+    assert calls.read_text().splitlines()[-2:] == ["--version", ""]
+
+
 def test_old_driver_without_compute_cap_field_still_lists_gpus(tmp_path):
     env = _shim(
         tmp_path,
