@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,11 +257,28 @@ def tree_env(bench: Bench, tree: str, state: Path) -> dict[str, str]:
 
 
 def envbuilder(bench: Bench, tree: str, state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m envbuilder ARGS`` from ``tree`` (this python: it has envbuilder's dependencies)."""
+    """``python -m envbuilder ARGS`` from ``tree`` (this python: it has envbuilder's dependencies). Its stderr
+    comes back traced: each line with the seconds since the start at which it arrived, so a create's steps can be
+    read off one by one (the JSON's ``trace``)."""
     # Run from the work directory: `python -m` puts the current one first on sys.path, before PYTHONPATH.
     argv = [sys.executable, "-m", "envbuilder", *args]
     env = tree_env(bench, tree, state)
-    return subprocess.run(argv, check=False, capture_output=True, text=True, env=env, cwd=bench.work)
+    t0 = time.perf_counter()
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=bench.work
+    ) as child:
+        pipe_out, pipe_err = child.stdout, child.stderr
+        if pipe_out is None or pipe_err is None:  # both are pipes (PIPE above)
+            raise RuntimeError("no pipes")
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.append(pipe_out.read()))
+        reader.start()  # stdout drained meanwhile: a full pipe would stop the child
+        traced = [f"[{time.perf_counter() - t0:7.3f}] {line.rstrip()}" for line in pipe_err]
+        reader.join()
+        stdout = "".join(out)
+        code = child.wait()
+    traced.append(f"[{time.perf_counter() - t0:7.3f}] (exit {code})")
+    return subprocess.CompletedProcess(argv, code, stdout, "\n".join(traced) + "\n")
 
 
 def timed(bench: Bench, round_: int, way: str, what: str, call: Any, *args: Any) -> Optional[float]:
@@ -278,6 +296,7 @@ def timed(bench: Bench, round_: int, way: str, what: str, call: Any, *args: Any)
     print(f"round {round_ + 1}  {way:10s} {what:8s} {shown}", file=sys.stderr, flush=True)
     entry["output"] = res.stdout
     if call is envbuilder:
+        entry["trace"] = res.stderr
         keep_log(bench, args[2], f"{round_ + 1}-{way}-{what}")
     save(bench)
     return entry["seconds"]
@@ -300,7 +319,7 @@ def part_create(bench: Bench, i: int, order: list[str]) -> None:
         shutil.rmtree(d / f"uv-{what}", ignore_errors=True)
         for tree in order:
             prefix = d / f"{tree}-{what}"
-            argv = ["create", RECIPE, "--prefix", str(prefix), "--name", f"b-{what}", "--no-validate", "-q"]
+            argv = ["create", RECIPE, "--prefix", str(prefix), "--name", f"b-{what}", "--no-validate"]
             timed(bench, i, tree, what, envbuilder, bench, tree, d / tree, *argv)
             shutil.rmtree(prefix, ignore_errors=True)
     shutil.rmtree(d, ignore_errors=True)

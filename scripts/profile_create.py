@@ -39,18 +39,21 @@ from wheelindex import mirror_env, serve  # noqa: E402 - the tests' index server
 PHASES = (
     ("recipe catalog + load", "envbuilder.recipe.loader", "load"),
     ("host probe", "envbuilder.system.host", "probe"),
-    ("lock lookup", "envbuilder.lockfile", "find"),
-    ("lock lookup", "envbuilder.lockfile.lockers", "find"),
     ("lock lookup", "envbuilder.recipe.catalog", "find_lock"),
     ("index read (plan facts)", "envbuilder.resolver.indexread", "read_torch"),
     ("plan", "envbuilder.plan", "build"),
     ("prepare (installer, modules, python)", "envbuilder.build.create", "_prepare"),
     ("installer commands", "envbuilder.backends.buildlog", "run_logged"),
+    ("install (venv + packages)", "envbuilder.build.create", "_install"),
     ("torch build guard", "envbuilder.build.create", "_guard"),
+    ("guard: wheel digest (RECORD)", "envbuilder.backends.torcharch", "wheel_digest"),
+    ("guard: read the build (files)", "envbuilder.backends.torchbuild", "read_build"),
     ("activate extension", "envbuilder.build.create", "_activate"),
     ("package inventory", "envbuilder.backends.base", "inventory"),
     ("world-write sweep", "envbuilder.backends.buildlog", "drop_world_write"),
     ("record (inventory, version, sweep)", "envbuilder.build.create", "_record"),
+    ("installer version", "envbuilder.backends.toolversion", "version"),
+    ("record saved", "envbuilder.system.state", "save"),
     ("create, all stages", "envbuilder.build.create", "create"),
 )
 
