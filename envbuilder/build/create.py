@@ -41,7 +41,7 @@ from envbuilder.plan import Plan, lockfit
 from envbuilder.plan.activation import Activation, build_loads
 from envbuilder.plan.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
 from envbuilder.recipe.loader import Recipe
-from envbuilder.system import envfiles, fsutil, proc, purge, removal, state, strictmodes, transaction
+from envbuilder.system import envfiles, fsutil, host, proc, purge, removal, state, strictmodes, transaction
 from envbuilder.system.modules import EnvDelta, ModuleSystem
 
 
@@ -265,6 +265,12 @@ def _build(job: _Job, where: _Where, log: BuildLog, notes: list[str]) -> state.E
     return _smoke(job, backend, build, record, act=act, delta=delta, home=where.home)
 
 
+def _own_packages(plan: Plan) -> bool:
+    """Whether every package the env's python imports is the env's own (whose bytecode it may write): not an
+    overlay's or a user prefix's site python, not system site packages."""
+    return kinds.kind_info(plan.kind).own_python and not plan.system_site_packages
+
+
 def _cloning(plan: Plan) -> bool:
     return any(step.argv[0] == CLONE for step in plan.install_steps)
 
@@ -311,6 +317,11 @@ def _prepare(
         log.write(reason)
     notes.extend(reasons)
     tool_env.update(backend.own_env(partial, job.env))
+    if isinstance(choice.installer, installers.Uv) and _own_packages(plan):
+        compiles, why = settings.compiles_at_install(job.env, host.usable_cpus())
+        log.write(why)
+        if compiles:
+            tool_env["UV_COMPILE_BYTECODE"] = "1"
     build_env.update(tool_env)
     build = base.Build(
         plan.prefix,

@@ -23,6 +23,7 @@ VARIABLES = {
     "ENVBUILDER_INDEX_TIMEOUT": "seconds to wait for the wheel indexes to answer, name lookup included",
     "UV_CACHE_DIR": "uv's package cache (else $ENVBUILDER_UV_CACHE, else beside the envs)",
     "ENVBUILDER_CONDA_PKGS": "the conda package cache (default $SCRATCH/envbuilder/conda-pkgs)",
+    "ENVBUILDER_COMPILE_BYTECODE": "1 or 0: uv writes all bytecode as it installs (default: with 8+ CPUs)",
     "ENVBUILDER_BACKUP_ROOT": "where backups go (default $WORK/envbuilder/backups)",
     "SLURM_JOB_ID": "inside a Slurm (or PBS) job, checks and programs use its allocation",
     "PBS_NODEFILE": "inside a PBS job, its hosts: stage copies the image to each",
@@ -39,6 +40,7 @@ _INDEX = ("ENVBUILDER_INDEX_MIRROR", "ENVBUILDER_OFFLINE", "ENVBUILDER_INDEX_TIM
 _RECORDS = ("ENVBUILDER_HOME", "WORK")
 _BACKUPS = ("ENVBUILDER_BACKUP_ROOT", "WORK")
 _PROGRESS = "ENVBUILDER_PROGRESS_EVERY"
+_COMPILE = "ENVBUILDER_COMPILE_BYTECODE"
 
 #: Per command (``recipes list`` for nested ones): its examples (without the leading ``envbuilder``, each one
 #: a command line the parser accepts, which a test checks) and the variables it reads.
@@ -65,7 +67,16 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "create local --prefix ~/envs/local --force",
             "create local --no-validate -q",
         ),
-        (*_RECIPES, *_INDEX, *_RECORDS, "SCRATCH", "UV_CACHE_DIR", "ENVBUILDER_CONDA_PKGS", _PROGRESS),
+        (
+            *_RECIPES,
+            *_INDEX,
+            *_RECORDS,
+            "SCRATCH",
+            "UV_CACHE_DIR",
+            "ENVBUILDER_CONDA_PKGS",
+            _COMPILE,
+            _PROGRESS,
+        ),
     ),
     "validate": (
         (

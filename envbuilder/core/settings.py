@@ -89,6 +89,26 @@ SITE_CONFIG = Path("/etc/envbuilder/config.toml")
 #: The conda package cache the embedded engine uses (create sets it; a user may too).
 CONDA_CACHE_VAR = "ENVBUILDER_CONDA_PKGS"
 
+COMPILE_VAR = "ENVBUILDER_COMPILE_BYTECODE"
+#: From how many usable CPUs uv compiles every module's bytecode as it installs.
+COMPILE_MIN_CPUS = 8
+
+
+def compiles_at_install(env: Mapping[str, str], cpus: int) -> tuple[bool, str]:
+    """Whether uv writes all the bytecode while it installs, and why. On many CPUs that costs well under a second
+    (uv compiles in parallel), where each process that imports torch otherwise compiles what it loads, one module
+    after another: the guard's read of a new wheel's arch list, the validation's ranks (torch and torch._dynamo,
+    some seconds each), the first job. On a few CPUs compiling all of torch costs more than it saves (pip compiles
+    at install whatever the CPUs). ``ENVBUILDER_COMPILE_BYTECODE`` 1 or 0 decides instead."""
+    given = env.get(COMPILE_VAR, "")
+    if given in ("0", "1"):
+        return given == "1", f"bytecode at install: {'yes' if given == '1' else 'no'} ({COMPILE_VAR}={given})"
+    yes = cpus >= COMPILE_MIN_CPUS
+    return yes, (
+        f"bytecode at install: {'yes' if yes else 'no'} ({cpus} usable CPUs; "
+        f"{'at least' if yes else 'fewer than'} {COMPILE_MIN_CPUS})"
+    )
+
 
 def uv_cache(env: Mapping[str, str]) -> tuple[Path, str]:
     """Where uv caches packages for a build, and why there (the uv settings move it where flock fails)."""

@@ -63,6 +63,14 @@ def probe(env: Optional[Mapping[str, str]] = None, root: str = "/") -> HostFacts
     )
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (a job step's or a cpuset's share of the node), else
+    the machine's count."""
+    if hasattr(os, "sched_getaffinity"):  # Linux
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _glibc_version() -> Optional[str]:
     try:
         text = os.confstr("CS_GNU_LIBC_VERSION")

@@ -35,7 +35,7 @@ from envbuilder.plan import suite
 from envbuilder.plan.activation import Activation, activation_for
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
-from envbuilder.system import fsutil, proc, removal, state
+from envbuilder.system import fsutil, host, proc, removal, state
 from envbuilder.system.modules import ModuleSystem
 from envbuilder.validate import report, submit
 from envbuilder.validate.report import QUIET, Status
@@ -244,19 +244,13 @@ def locate(env: Mapping[str, str]) -> schedulers.Where:
     if path:
         with contextlib.suppress(OSError, UnicodeDecodeError), Path(path).open(encoding="utf-8") as fh:
             text = fh.read(NODEFILE_LIMIT)
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return schedulers.locate(env, nodefile=text, usable_cpus=usable)
+    return schedulers.locate(env, nodefile=text, usable_cpus=host.usable_cpus())
 
 
 def threads_here(the_launch: suite.Launch, here: schedulers.Where) -> int:
     """OMP threads per rank for a launch on this node: the CPUs the job holds here (else those this process
     may run on) divided among the node's ranks. The activation's or the user's own value wins."""
-    if here.in_job and here.cpus_per_node:
-        cpus = here.cpus_per_node
-    elif hasattr(os, "sched_getaffinity"):  # Linux
-        cpus = len(os.sched_getaffinity(0))
-    else:
-        cpus = os.cpu_count() or 1
+    cpus = here.cpus_per_node if here.in_job and here.cpus_per_node else host.usable_cpus()
     return suite.omp_threads(cpus, the_launch.nproc_per_node)
 
 

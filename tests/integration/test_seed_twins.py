@@ -67,8 +67,10 @@ from test_seed_sites import CIRRUS_EXTRAS, HOROVOD, horovod_sdist, toml_value
 from wheelindex import build_wheel, mirror_env
 from wheelindex import serve as serve_files
 
+from envbuilder.core import settings
 from envbuilder.core._toml import loads
 from envbuilder.recipe.catalog import builtin_dir
+from envbuilder.system import host
 
 pytestmark = pytest.mark.integration
 
@@ -288,10 +290,22 @@ def test_tacc_system_in_its_twin(tacc_world, site):
     assert plan["modules"] == plan["activate"]["from_build"] == [site.twin_module]
     assert plan["launcher"] == "torchrun"
 
-    data = world.data("create", layer)
+    # One of the three has uv write all the bytecode as it installs (as on a node's many CPUs); the others as on
+    # this machine's few (the validation's ranks compile what they import).
+    compiled = site.system == "frontera" or host.usable_cpus() >= settings.COMPILE_MIN_CPUS
+    data = world.data(
+        "create", layer, **({"ENVBUILDER_COMPILE_BYTECODE": "1"} if site.system == "frontera" else {})
+    )
     prefix = Path(data["env"]["prefix"])
     assert prefix == world.scratch / "envbuilder" / "envs" / layer
     assert data["env"]["modules"]["delta_set"]["LOADEDMODULES"] == site.twin_module
+    assert f"bytecode at install: {'yes' if compiled else 'no'} (" in Path(data["log"]).read_text()
+    site_packages = next(prefix.glob("lib/python3*/site-packages"))
+    # A module neither `import torch` nor the checks load: compiled only where uv compiled everything.
+    assert (
+        bool(list((site_packages / "torch" / "utils" / "hipify").glob("__pycache__/hipify_python.*.pyc")))
+        == compiled
+    )
     assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
     # A new shell: activation loads the module, without which the site-built python cannot start.
     assert activated(prefix, world.env, str(LMOD_INIT)) == [str(prefix), "2.13.0+cpu", site.twin_module]

@@ -5,6 +5,7 @@ kind gets its backend, and a backend builds with the installer it is handed (rea
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -174,3 +175,42 @@ def test_the_build_log_says_how_long_each_command_took(tmp_path):
     timed = [line for line in lines if "(exit 0" in line]
     assert timed[0].endswith("(exit 0, 3.2 s)") and timed[1].endswith("(exit 0)"), lines
     assert timed[2].split("] ", 1)[1].startswith("(exit 0, ") and timed[2].endswith(" s)"), lines
+
+
+@pytest.mark.parametrize(
+    ("env", "cpus", "compiles", "why"),
+    [
+        ({}, 2, False, "2 usable CPUs; fewer than 8"),
+        ({}, 8, True, "8 usable CPUs; at least 8"),
+        ({"ENVBUILDER_COMPILE_BYTECODE": "1"}, 2, True, "ENVBUILDER_COMPILE_BYTECODE=1"),
+        ({"ENVBUILDER_COMPILE_BYTECODE": "0"}, 64, False, "ENVBUILDER_COMPILE_BYTECODE=0"),
+        ({"ENVBUILDER_COMPILE_BYTECODE": "yes"}, 2, False, "2 usable CPUs"),  # not 0 or 1: the rule decides
+    ],
+)
+def test_uv_compiles_the_bytecode_at_install_where_cpus_are_many(env, cpus, compiles, why):
+    """Compiling all of torch costs about a second on a node's many CPUs and more than it saves on a few; the
+    build log says which and why."""
+    decided, said = settings.compiles_at_install(env, cpus)
+    assert decided is compiles
+    assert said.startswith(f"bytecode at install: {'yes' if compiles else 'no'} (") and why in said
+
+
+def test_usable_cpus_are_this_process_affinity():
+    """A job step's share of a node, not the node's count (os.cpu_count)."""
+    from envbuilder.system import host
+
+    assert host.usable_cpus() == len(os.sched_getaffinity(0))
+    child = subprocess.run(
+        [
+            "taskset",
+            "-c",
+            "0",
+            sys.executable,
+            "-c",
+            "from envbuilder.system import host; print(host.usable_cpus())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.strip() == "1"
