@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Optional
 
 from envbuilder.backends import uvcache
+from envbuilder.core import settings
 from envbuilder.core.errors import BackendError
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import installers as planned
+from envbuilder.system import host
 
 #: Characters that the virtualenv/venv activate templates and pip's script shebangs cannot carry safely.
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9._/+@%:,=~-]+")
@@ -104,3 +106,16 @@ def choose(wanted: str, prefix: str, source: str) -> Choice:
             hint="use the uv installer (relocatable, quotes every path), or a prefix of letters, digits and ._/-",
         )
     return Choice(installer, tuple(program), f"{installer.name} ({source})")
+
+
+def bytecode_env(
+    installer: Installer, own_packages: bool, env: Mapping[str, str]
+) -> tuple[dict[str, str], str]:
+    """``UV_COMPILE_BYTECODE=1`` where uv installs an env's own packages on a machine with many CPUs
+    (:func:`settings.compiles_at_install`), and why, for the build log (empty where it does not apply: pip
+    compiles at install anyway, and an overlay's or a user prefix's python may import packages that are not the
+    env's)."""
+    if not isinstance(installer, Uv) or not own_packages:
+        return {}, ""
+    compiles, why = settings.compiles_at_install(env, host.usable_cpus())
+    return ({"UV_COMPILE_BYTECODE": "1"} if compiles else {}), why

@@ -41,7 +41,7 @@ from envbuilder.plan import Plan, lockfit
 from envbuilder.plan.activation import Activation, build_loads
 from envbuilder.plan.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
 from envbuilder.recipe.loader import Recipe
-from envbuilder.system import envfiles, fsutil, host, proc, purge, removal, state, strictmodes, transaction
+from envbuilder.system import envfiles, fsutil, proc, purge, removal, state, strictmodes, transaction
 from envbuilder.system.modules import EnvDelta, ModuleSystem
 
 
@@ -317,11 +317,10 @@ def _prepare(
         log.write(reason)
     notes.extend(reasons)
     tool_env.update(backend.own_env(partial, job.env))
-    if isinstance(choice.installer, installers.Uv) and _own_packages(plan):
-        compiles, why = settings.compiles_at_install(job.env, host.usable_cpus())
+    compiled, why = installers.bytecode_env(choice.installer, _own_packages(plan), job.env)
+    if why:
         log.write(why)
-        if compiles:
-            tool_env["UV_COMPILE_BYTECODE"] = "1"
+    tool_env.update(compiled)
     build_env.update(tool_env)
     build = base.Build(
         plan.prefix,

@@ -432,3 +432,17 @@ def test_restore_force_removes_the_old_env_after_the_swap_and_a_killed_removal_i
     again = w.data("restore", "rf", "--force", "--no-validate")
     assert any(f"removed {aside.name}, the env a finished --force replaced" in n for n in again["notes"])
     assert not list(prefix.parent.glob(".rf.*"))
+
+
+def test_uv_writes_the_bytecode_of_a_restore_as_of_a_create_where_told(world):
+    """A restore by uv follows create's rule for bytecode at install (ENVBUILDER_COMPILE_BYTECODE decides here,
+    where 8 CPUs would): every module of the restored packages compiled, the build log saying why; the digests
+    still equal the backup's (bytecode is not part of a package's digest)."""
+    w = world
+    ok(w.cli("create", w.small("pyc", "ebdemo==1.0"), "--no-validate"))
+    ok(w.cli("backup", "pyc"))
+    new = w.root / "again" / "pyc"
+    data = w.data("restore", "pyc", "--prefix", str(new), "--name", "pyc2", ENVBUILDER_COMPILE_BYTECODE="1")
+    site = next(new.glob("lib/python3*/site-packages"))
+    assert list((site / "ebdemo" / "__pycache__").glob("__init__.*.pyc"))  # nothing imported it
+    assert "bytecode at install: yes (ENVBUILDER_COMPILE_BYTECODE=1)" in Path(data["log"]).read_text()
