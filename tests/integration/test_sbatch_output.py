@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO, UserWorld, cli_argv, cli_env, ok, refused, run_in
+from sharedfs import tmpfs
 
 pytestmark = [pytest.mark.integration]
 
@@ -154,3 +155,19 @@ def test_a_hostile_or_unusable_output_is_refused_before_anything_is_submitted(sm
         refused(res, 2, said)
     assert not spool.exists()  # qsub never ran
     assert (sorted(jobs_dir(small, "spbs").glob("*")) if jobs_dir(small, "spbs").exists() else []) == made
+
+
+def test_an_output_directory_the_job_could_not_write_is_refused(small, tmp_path):
+    """A read-only directory (a mount: root cannot write there either) would lose the job's output, found only
+    after the job ran: refused at submission, as the default (where sbatch runs) and as --output."""
+    spool = tmp_path / "spool"
+    extra = {"PATH": f"{REPO / 'tests' / 'shims' / 'pbs'}:{small.env['PATH']}", "PBS_SHIM_SPOOL": str(spool)}
+    with tmpfs(tmp_path / "ro", read_only=True) as ro:
+        here = sbatch(small, "spbs", cwd=ro, extra=extra)
+        refused(
+            here, 2, f"the job's output goes to the directory sbatch runs from, {ro}, which is not writable"
+        )
+        assert "or pass --output PATH" in here.stderr
+        there = sbatch(small, "spbs", "--output", str(ro / "job.log"), cwd=tmp_path, extra=extra)
+        refused(there, 2, f"the directory {ro} is not writable by you")
+    assert not spool.exists()
