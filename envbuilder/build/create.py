@@ -20,8 +20,6 @@ env elsewhere is moved only with ``--force`` (``transaction.claim``).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import field, replace
@@ -40,6 +38,7 @@ from envbuilder.core.structs import dataclass
 from envbuilder.plan import Plan, lockfit
 from envbuilder.plan.activation import Activation, build_loads
 from envbuilder.plan.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
+from envbuilder.recipe import edits
 from envbuilder.recipe.loader import Recipe
 from envbuilder.system import envfiles, fsutil, proc, purge, removal, state, strictmodes, transaction
 from envbuilder.system.modules import EnvDelta, ModuleSystem
@@ -85,13 +84,17 @@ class CreateResult:
     notes: list[str] = field(default_factory=list)
     #: The smoke check was left to the validation that follows (``CreateOptions.validate_after``).
     smoke_deferred: bool = False
+    #: An env that exists: its recipe now against the one it was built from.
+    recipe_edit: Optional[edits.Edit] = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "log": self.log, "notes": self.notes, "env": self.record.to_json()}
-
-
-def recipe_digest(recipe: Recipe) -> str:
-    return hashlib.sha256(json.dumps(recipe.data, sort_keys=True, default=str).encode()).hexdigest()
+        return {
+            "status": self.status,
+            "log": self.log,
+            "notes": self.notes,
+            "env": self.record.to_json(),
+            "recipe_edit": self.recipe_edit.to_json() if self.recipe_edit else None,
+        }
 
 
 def create(
@@ -134,9 +137,9 @@ def create(
         moving = transaction.claim(home, name, final, opts.force)
         existing = _existing(home, name, final)
         if existing is not None and not opts.force:
-            return CreateResult(
-                "exists", existing, None, [*notes, f"{final} exists; left alone (--force rebuilds)"]
-            )
+            edit = edits.compare(existing.recipe_digest, existing.recipe_values, recipe)
+            left = f"{final} exists; left alone (--force rebuilds)"
+            return CreateResult("exists", existing, None, [*notes, left], recipe_edit=edit)
         if final.exists() and not removal.is_env(final):
             raise StateError(
                 f"{final} exists and is not an environment; refusing to touch it",
@@ -430,7 +433,8 @@ def _record(
         record = state.EnvRecord(
             name=where.name,
             recipe=job.plan.recipe,
-            recipe_digest=recipe_digest(job.recipe),
+            recipe_digest=edits.digest(job.recipe),
+            recipe_values=edits.values(job.recipe),
             prefix=str(where.final),
             created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             plan=job.plan.to_json(),

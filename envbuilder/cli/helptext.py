@@ -98,6 +98,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (
             "sbatch vista-venv-cu124 --nodes 4 -- python train.py",
             "sbatch zurada-conda-cu126 --dry-run -- python train.py",
+            "sbatch vista-venv-cu124 --output logs/ -- python train.py",
         ),
         _RECORDS,
     ),

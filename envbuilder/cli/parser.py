@@ -203,6 +203,13 @@ def _add_run(sub: _Sub) -> None:
         )
         if name == "sbatch":
             add_json(p)
+            p.add_argument(
+                "-o",
+                "--output",
+                metavar="PATH",
+                help="the job's output file, or a directory for the default name in it (default: "
+                "envbuilder-ENV-JOBID.out in the directory sbatch runs from; Slurm's patterns such as %%j apply)",
+            )
         else:
             _add_image(p, "run the env from its image (envbuilder pack), mounted on this node")
         p.add_argument(

@@ -19,7 +19,7 @@ from envbuilder.build import create as creator
 from envbuilder.core import checks, settings
 from envbuilder.core.errors import NetworkError, ResolverError, UsageError, ValidationFailed
 from envbuilder.core.facts import HostFacts
-from envbuilder.recipe import loader
+from envbuilder.recipe import edits, loader
 from envbuilder.recipe.catalog import Catalog, find_lock
 from envbuilder.resolver import mirror
 from envbuilder.resolver.matrix import table_age
@@ -107,6 +107,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         data = result.to_json()
         if not args.json:
             _render(result, out, [])
+        if result.recipe_edit and not args.quiet:
+            _edited(result.record, the_plan.recipe, result.recipe_edit, out)
         if result.smoke_deferred:
             data["validation"], result = _validate(result, recipe, facts, env, args=args, out=out)
             data["env"] = result.record.to_json()
@@ -274,10 +276,42 @@ def _saw(unread: list[str]) -> Iterator[None]:
         raise network.with_plan(exc, unread) from None
 
 
+def _edited(record: state.EnvRecord, recipe: str, edit: edits.Edit, out: Out) -> None:
+    """On stderr, under --json too: an env left alone although its recipe changed since it was built."""
+    if edit.status == "unchanged":
+        return
+    named = f" --name {record.name}" if record.name != recipe else ""
+    rebuild = f"`envbuilder create {recipe}{named} --force` rebuilds it"
+    if edit.status == "unknown":
+        out.warn(
+            f"{record.name}'s record keeps no recipe digest: whether its recipe changed cannot be told; "
+            f"{rebuild} from the recipe as it is now"
+        )
+        return
+    if not edit.described:
+        out.warn(
+            f"the recipe {recipe} changed since {record.name} was built (its record, from an older "
+            f"envbuilder, keeps no copy of the values to say which); {rebuild}"
+        )
+        return
+    keys = f": {len(edit.changes)} key(s) differ" if edit.changes else ""
+    out.warn(f"the recipe {recipe} changed since {record.name} was built{keys}; {rebuild}")
+    for change in edit.changes[:_CHANGES_SHOWN]:
+        out.line(f"  {change.shown()}")
+    if len(edit.changes) > _CHANGES_SHOWN:
+        out.line(f"  and {len(edit.changes) - _CHANGES_SHOWN} more (--json lists them all)")
+
+
+#: Changed keys listed on stderr (--json lists every one).
+_CHANGES_SHOWN = 12
+
+
 def _render(result: creator.CreateResult, out: Out, failed: list[str]) -> None:
     rec = result.record
     if result.status == "exists":
-        out.result.line(f"{rec.name} already exists at {rec.prefix}; nothing to do (--force rebuilds it)")
+        edited = result.recipe_edit is not None and result.recipe_edit.status != "unchanged"
+        done = "nothing done" if edited else "nothing to do (--force rebuilds it)"
+        out.result.line(f"{rec.name} already exists at {rec.prefix}; {done}")
         # Nothing was checked now: what the record says the env holds.
         variant = ((rec.plan or {}).get("torch") or {}).get("variant")
         if rec.torch:

@@ -83,14 +83,17 @@ def handle_run(args: argparse.Namespace, out: Out) -> ProgramStatus:
 
 
 def handle_sbatch(args: argparse.Namespace, out: Out) -> dict[str, Any]:
-    # The job's files go into the env's own directory, not where its ranks will find it.
+    # The job script goes into the env's own directory, where its ranks find what it names; its output into
+    # the directory sbatch runs from (or --output).
     env, _record, record, _recipe, prepared = _prepare(args, out, batch=True)
-    _adapter, script = program.job_script(record, prepared)
+    adapter, script = program.job_script(record, prepared)
     if args.dry_run:
+        stamp = "STAMP"  # the real run's time and pid
+        output = program.job_output(adapter, record.name, args.output, Path.cwd(), stamp)
         if not args.json:
             print(script, end="")
-        return {"env": record.name, "script": script, "submitted": False}
-    job = program.submit(record, prepared, env)
+        return {"env": record.name, "script": script, "output": output, "submitted": False}
+    job = program.submit(record, prepared, env, args.output)
     if not args.json:
         print(job.job)
         out.line(f"submitted job {job.job}: {job.script} (output: {job.output})")

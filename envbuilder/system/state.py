@@ -45,6 +45,9 @@ class EnvRecord:
     image: Mapping[str, Any] = field(default_factory=dict)
     #: What create (restore, touch) measured of the env's files, for the checks that read records (envfiles).
     files: Mapping[str, Any] = field(default_factory=dict)
+    #: The recipe's resolved values the env was built from (``recipe.edits``: what a later create says changed);
+    #: empty in records written before they were kept.
+    recipe_values: Mapping[str, Any] = field(default_factory=dict)
     version: int = RECORD_VERSION
 
     @property
@@ -67,6 +70,7 @@ class EnvRecord:
         """The record ``to_json`` gave (keys this release does not know are dropped)."""
         fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         fields["packages"] = tuple(fields.get("packages", ()))
+        fields.setdefault("recipe_digest", "")  # a record written by hand or by a tool: nothing to compare
         return cls(**fields)
 
     def dumps(self) -> bytes:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from envbuilder import payloads
-from envbuilder.core import kinds, schedulers
+from envbuilder.core import kinds, schedulers, values
 from envbuilder.core.errors import UsageError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
@@ -189,21 +189,76 @@ def job_script(record: state.EnvRecord, prepared: Prepared) -> tuple[schedulers.
     return adapter, the_launch.script
 
 
-def submit(record: state.EnvRecord, prepared: Prepared, env: Mapping[str, str]) -> Submitted:
-    """Write the job script into the env's job directory and submit it; the scheduler's job id."""
+def job_output(adapter: schedulers.Scheduler, name: str, given: Optional[str], cwd: Path, stamp: str) -> str:
+    """The output path the submit command gets for env ``name``'s job: ``given`` (``--output``: a file, or a
+    directory for the default name in it; the scheduler's patterns, Slurm's ``%j``, apply), else the default
+    name in ``cwd``, where sbatch runs (Slurm's and qsub's convention): ``envbuilder-NAME-JOBID.out`` where the
+    scheduler puts the job id in (Slurm), else ``envbuilder-NAME-STAMP.out``, ``stamp`` the job directory's."""
+    default = f"envbuilder-{name}-{adapter.output_job_id or stamp}.out"
+    here = adapter.output_literal(str(cwd))
+    if given is None:
+        what = f"the job's output goes to the directory sbatch runs from, {cwd}, which"
+        _writable(cwd, what, "run it from a directory you can write, or pass --output PATH")
+        output = f"{here}/{default}"
+    else:
+        _check_output(given)
+        real = cwd / given
+        directory = real if given.endswith("/") or real.is_dir() else real.parent
+        _writable(directory, f"--output {given!r}: the directory {directory}", "make it, or name another")
+        if directory == real:
+            output = f"{adapter.output_literal(str(real))}/{default}"
+        else:
+            output = given if given.startswith("/") else f"{here}/{given}"
+    problem = adapter.output_problem(output)
+    if problem:
+        raise UsageError(
+            f"the job's output path {output!r} cannot be given to {adapter.submit_tool}: {problem}",
+            hint="pass --output PATH with another path",
+        )
+    return output
+
+
+def _check_output(given: str) -> None:
+    """A path, as a word of its own: no option, nothing a command line or a directive line cannot carry."""
+    if not given:
+        raise UsageError("--output is empty", hint="name the job's output file, or a directory for it")
+    bad = values.control_problem(given)
+    if bad is not None:
+        raise UsageError(f"--output {given!r}: {bad[0]} is not allowed in a path", hint=bad[1])
+    if given.startswith("-"):
+        raise UsageError(
+            f"--output {given!r} looks like an option, not a path",
+            hint=f"for a file of that name write ./{given}",
+        )
+
+
+def _writable(directory: Path, what: str, hint: str) -> None:
+    """The scheduler writes the output file on the job's node and makes no directory: a missing or read-only
+    one would lose the job's output, found only after the job ran."""
+    if not directory.is_dir():
+        raise UsageError(f"{what} does not exist as a directory", hint=f"{hint}: the scheduler makes none")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"{what} is not writable by you", hint=hint)
+
+
+def submit(
+    record: state.EnvRecord, prepared: Prepared, env: Mapping[str, str], output: Optional[str] = None
+) -> Submitted:
+    """Write the job script into the env's job directory (the scheduler keeps its own copy at submission: this
+    one is the record of what ran) and submit it, its output to ``job_output``; the scheduler's job id."""
     adapter, text = job_script(record, prepared)
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    out_path = job_output(adapter, record.name, output, Path.cwd(), stamp)
     install_wrappers(record)
-    job_dir = (
-        Path(record.prefix) / "envbuilder" / "jobs" / f"job-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    )
+    job_dir = Path(record.prefix) / "envbuilder" / "jobs" / f"job-{stamp}"
     job_dir.mkdir(mode=0o755, parents=True)
     script = job_dir / "job.sh"
     script.write_text(text, encoding="utf-8")
     script.chmod(0o755)
-    output = job_dir / "job.out"
-    argv = adapter.submit(str(script), str(output))
+    argv = adapter.submit(str(script), out_path)
     try:
         res = proc.run(argv, env=proc.scrubbed_env(env), cwd=str(Path.cwd()))
     except FileNotFoundError:
         raise UsageError(f"{argv[0]} is not on PATH: is this a login node of the site?") from None
-    return Submitted(adapter.job_id(res.stdout), str(script), str(output))
+    job = adapter.job_id(res.stdout)
+    return Submitted(job, str(script), adapter.output_of(out_path, job))

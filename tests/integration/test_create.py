@@ -169,6 +169,61 @@ def test_second_create_leaves_the_env_alone_and_force_replaces_it(world):
     assert world.leftovers() == []
 
 
+def test_create_of_an_edited_recipe_says_what_changed_and_builds_nothing(world):
+    """An env that exists is left alone (exit 0, nothing built), but an edit of its recipe since is not met
+    with "nothing to do": the keys that differ, with the file that sets each, and that --force rebuilds."""
+    world.recipe()
+    ok(world.create())
+    marker = world.prefix() / "marker"
+    marker.write_text("old env")
+    same = ok(world.create())
+    assert "nothing to do" in same.stdout and "changed" not in same.stderr
+    assert (
+        world.data("create", "demo", "--prefix", str(world.prefix()))["recipe_edit"]["status"] == "unchanged"
+    )
+    edited = SMALL.format(name="demo", kind="venv", installer="uv", python="python3", extra="")
+    edited = edited.replace("ebdemo==1.0", "ebdemo==2.0") + '[activate.env]\nEB_FLAG = "on"\n'
+    world.recipe(text=edited)
+    again = ok(world.create())
+    recipe_file = str(world.recipes / "demo.toml")
+    assert "nothing done" in again.stdout and "nothing to do" not in again.stdout
+    assert "the recipe demo changed since demo was built: 2 key(s) differ" in again.stderr, again.stderr
+    assert "`envbuilder create demo --force` rebuilds it" in again.stderr
+    assert f'activate.env.EB_FLAG unset -> "on" ({recipe_file})' in again.stderr
+    assert "ebdemo==2.0" in again.stderr
+    res = ok(world.create("demo", "--json"))
+    edit = json.loads(res.stdout)["data"]["recipe_edit"]
+    assert edit["status"] == "changed" and edit["recorded_digest"] != edit["digest"]
+    assert {c["key"]: (c["recorded"], c["now"], c["source"]) for c in edit["changes"]} == {
+        "activate.env.EB_FLAG": (None, "on", recipe_file),
+        "packages": (
+            [{"name": "ebdemo", "spec": "ebdemo==1.0"}],
+            [{"name": "ebdemo", "spec": "ebdemo==2.0"}],
+            recipe_file,
+        ),
+    }
+    assert "changed since demo was built" in res.stderr  # the note is on stderr under --json too
+    assert marker.exists()  # nothing was rebuilt
+    # A record without a digest (written by hand or by another tool): nothing to compare, and it says so.
+    record = world.home / "envs" / "demo.json"
+    data = json.loads(record.read_text())
+    del data["recipe_digest"], data["recipe_values"]
+    record.write_text(json.dumps(data))
+    unknown = ok(world.create())
+    assert "keeps no recipe digest: whether its recipe changed cannot be told" in unknown.stderr
+    # A record from before the values were kept: it changed, but which keys cannot be told.
+    record.write_text(json.dumps({**data, "recipe_digest": "0" * 64}))
+    older = ok(world.create("demo", "--json"))
+    assert json.loads(older.stdout)["data"]["recipe_edit"] == {
+        "status": "changed",
+        "recorded_digest": "0" * 64,
+        "digest": edit["digest"],
+        "changes": None,
+    }
+    assert "keeps no copy of the values to say which" in older.stderr
+    assert marker.exists()
+
+
 def test_existing_directory_that_is_not_an_env_is_refused(world):
     world.recipe()
     world.prefix().mkdir(parents=True)

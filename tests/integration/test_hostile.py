@@ -507,9 +507,11 @@ def test_a_tampered_records_partition_never_reaches_a_job(world, slurm_cluster, 
     nothing_submitted(world, slurm_cluster)
     # The control: the clean record's job runs on the real Slurm, its stderr in its own output file.
     record_file.write_text(clean)
-    data = json.loads(ok(world.cli("sbatch", "demo", "--json", *JOB_PROGRAM, **slurm_cluster.env)).stdout)[
-        "data"
-    ]
+    # Its output where the test can read it (by default it goes where sbatch runs: this process's directory).
+    submitted = world.cli(
+        "sbatch", "demo", "--json", "--output", str(tmp_path), *JOB_PROGRAM, **slurm_cluster.env
+    )
+    data = json.loads(ok(submitted).stdout)["data"]
     assert job_ended(slurm_cluster, data["job"])["JobState"] == "COMPLETED"
     assert "from-the-job" in Path(data["output"]).read_text()
     assert not stolen.exists()

@@ -362,8 +362,8 @@ def test_a_tacc_twin_job_of_python_train_py_runs_the_envs_python(tacc_world, slu
     train = world.root / "train.py"
     train.write_text("import os, sys, torch\nprint(os.environ['RANK'], sys.prefix, torch.__version__)\n")
     env = {**world.env, **slurm_cluster.env}
-    res = run_cli("sbatch", layer, "--partition", slurm_cluster.partition, "--json", "--", "python", str(train),
-                  env=env)  # fmt: skip
+    res = run_cli("sbatch", layer, "--partition", slurm_cluster.partition, "--output", str(world.root), "--json",
+                  "--", "python", str(train), env=env)  # fmt: skip
     data = json.loads(ok(res).stdout)["data"]
     deadline = time.monotonic() + 240
     while job_record(data["job"], env).get("JobState") not in ENDED:

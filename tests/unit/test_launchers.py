@@ -286,6 +286,24 @@ def test_allowed_flags_whitelist():
         batch.check_dialect(directives, [], allowed[:-1], "site.toml")
 
 
+def test_an_output_path_is_kept_from_slurms_patterns_and_the_job_id_put_in():
+    """Slurm expands '%' patterns anywhere in --output: a directory's own '%' is doubled, %j (envbuilder's
+    default name) becomes the job id where the output is reported; qsub's -o expands nothing but reads
+    HOST:PATH."""
+    slurm, pbs = SLURM, schedulers.SCHEDULERS["pbs"]
+    given = slurm.output_literal("/w/100%x done") + "/envbuilder-e-" + slurm.output_job_id + ".out"
+    assert given == "/w/100%%x done/envbuilder-e-%j.out"
+    assert slurm.output_of(given, "42") == "/w/100%x done/envbuilder-e-42.out"
+    assert slurm.output_of("/w/%x-%A-%j.out", "42") == "/w/%x-42-42.out"  # the rest stay as written
+    assert (pbs.output_job_id, pbs.output_literal("/w/100%x"), pbs.output_of("/w/a%j", "7.pbs")) == (
+        "",
+        "/w/100%x",
+        "/w/a%j",
+    )
+    assert pbs.output_problem("/w/a:b") and pbs.output_problem("/w/ab") is None
+    assert slurm.output_problem("/w/a:b") is None
+
+
 def test_scheduler_adapters_build_exact_argv_and_read_what_the_commands_print():
     slurm, pbs = SLURM, schedulers.SCHEDULERS["pbs"]
     assert slurm.submit("/r/job.sh", "/r/job.out") == [

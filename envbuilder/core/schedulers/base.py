@@ -175,6 +175,22 @@ class Scheduler(ABC):
     def submit(self, script: str, output: str) -> list[str]:
         """argv that submits ``script`` with its output going to ``output``."""
 
+    #: The pattern the submit command's output option expands to the job id (Slurm's ``%j``); "" where it has
+    #: none (the output's name is then made before the job has an id).
+    output_job_id: str = ""
+
+    def output_literal(self, path: str) -> str:
+        """``path`` as the output option reads it literally, its characters kept from the pattern expansion."""
+        return path
+
+    def output_problem(self, path: str) -> Optional[str]:
+        """Why the output option cannot carry ``path`` (None where it can)."""
+        return None
+
+    def output_of(self, output: str, job: str) -> str:
+        """The file the job's output went to: ``output`` as the submit command got it, expanded for ``job``."""
+        return output
+
     def job_id(self, stdout: str) -> str:
         """The job id the submit command printed."""
         return stdout.strip().split(";", 1)[0]

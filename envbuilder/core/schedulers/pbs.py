@@ -65,6 +65,10 @@ class Pbs(Scheduler):
     def submit(self, script: str, output: str) -> list[str]:
         return ["qsub", "-o", output, "-j", "oe", script]
 
+    def output_problem(self, path: str) -> Optional[str]:
+        # qsub reads -o as [HOST:]PATH.
+        return "qsub would read the part before ':' as a host name" if ":" in path else None
+
     def state_query(self, job: str) -> list[str]:
         return ["qstat", job]
 

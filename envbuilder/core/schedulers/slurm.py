@@ -4,6 +4,7 @@ variables (tests/unit/test_scheduler_seam.py checks)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Optional
@@ -115,6 +116,16 @@ class Slurm(Scheduler):
 
     def submit(self, script: str, output: str) -> list[str]:
         return ["sbatch", "--parsable", f"--output={output}", script]
+
+    output_job_id = "%j"
+
+    def output_literal(self, path: str) -> str:
+        return path.replace("%", "%%")
+
+    def output_of(self, output: str, job: str) -> str:
+        # %j and %A are the job's id (a job that is no array's), %% a '%'; the other patterns stay as written.
+        jobid = job.split(";", 1)[0]
+        return re.sub(r"%([%jA])", lambda m: "%" if m.group(1) == "%" else jobid, output)
 
     def state_query(self, job: str) -> list[str]:
         return ["squeue", "-h", "-j", job, "-o", "%T"]
