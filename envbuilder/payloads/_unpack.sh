@@ -1,0 +1,185 @@
+#!/bin/sh
+# unpack.sh: put the env of this portable archive (written by `envbuilder backup ENV --portable`) at a new
+# prefix, with no envbuilder: POSIX sh, tar, awk, and zstd or gzip for the payload.
+#
+#   mkdir t && tar -xf NAME.portable.tar -C t && sh t/unpack.sh /new/prefix
+#
+# The files that name the env's old prefix as text (script headers and activate scripts in bin/, pyvenv.cfg,
+# .pth files, conda's activate.d/deactivate.d, envbuilder's activate extension; in a conda env every text file,
+# as conda-unpack does) are listed in rewrite.txt when the archive was made; this script rewrites exactly those,
+# never through a symlink. Files that name it in binary form are left (portable.json lists them).
+set -eu
+
+die() {
+    printf 'unpack.sh: error: %s\n' "$1" >&2
+    exit 1
+}
+
+[ "$#" -eq 1 ] || die "usage: sh unpack.sh NEW_PREFIX (a directory that does not exist yet, or is empty)"
+
+case "$0" in
+*/*) here=${0%/*} ;;
+*) here=. ;;
+esac
+here=$(cd -P -- "$here" && pwd) || die "cannot find the directory that holds unpack.sh"
+
+target=$1
+case "$target" in
+/*) ;;
+"") die "NEW_PREFIX is empty" ;;
+*) target=$(pwd)/$target ;;
+esac
+# Trailing slashes would end up in every rewritten path.
+while :; do
+    case "$target" in
+    */) [ "$target" = / ] && break; target=${target%/} ;;
+    *) break ;;
+    esac
+done
+[ "$target" != / ] || die "NEW_PREFIX cannot be /"
+
+# The new prefix is written into shell scripts (inside their quotes), JSON and .pth files, and goes on PATH:
+# only characters that need no escaping in any of them are accepted (a space is fine, a colon is not).
+case "$target" in
+*[!A-Za-z0-9/._+,@%=\ -]*)
+    die "cannot put the env at '$target': its path holds a character this script cannot write safely into shell scripts, JSON and PATH (letters, digits, spaces and / . _ + , @ % = - only); choose another prefix"
+    ;;
+esac
+case "$target" in
+*/./* | */../* | */. | */..) die "NEW_PREFIX must not contain . or .. components: $target" ;;
+esac
+
+if [ -L "$target" ]; then
+    die "$target is a symbolic link; name a directory that does not exist yet (nothing is written through a link)"
+elif [ -e "$target" ]; then
+    [ -d "$target" ] || die "$target exists and is not a directory"
+    [ -z "$(ls -A -- "$target")" ] || die "$target exists and is not empty; nothing was changed (remove it, or name a new directory)"
+fi
+
+for f in payload.sha256 prefix.txt rewrite.txt; do
+    [ -f "$here/$f" ] || die "$here/$f is missing: extract the whole archive (tar -xf NAME.portable.tar) next to unpack.sh"
+done
+payload=
+for f in payload.tar.zst payload.tar.gz; do
+    [ -f "$here/$f" ] && payload=$f
+done
+[ -n "$payload" ] || die "no payload.tar.zst or payload.tar.gz beside unpack.sh: extract the whole archive"
+
+if command -v sha256sum >/dev/null 2>&1; then
+    (cd "$here" && sha256sum -c payload.sha256) >/dev/null ||
+        die "the archive's contents do not match their SHA256 (payload.sha256): it is damaged or incomplete; nothing was unpacked"
+else
+    printf 'unpack.sh: warning: sha256sum is not on PATH: the payload was not checked\n' >&2
+fi
+
+case "$payload" in
+*.zst)
+    command -v zstd >/dev/null 2>&1 || die "the payload is zstd-compressed and zstd is not on PATH (load a zstd module)"
+    decompress=zstd
+    ;;
+*) decompress=gzip ;;
+esac
+
+old=$(cat "$here/prefix.txt")
+[ -n "$old" ] || die "prefix.txt is empty"
+
+parent=${target%/*}
+[ -n "$parent" ] || parent=/
+mkdir -p -- "$parent" || die "cannot make $parent"
+partial=$parent/.${target##*/}.unpack-$$
+cleanup() {
+    if [ -n "${partial:-}" ] && [ -d "$partial" ] && [ ! -L "$partial" ]; then
+        rm -rf -- "$partial"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+mkdir -- "$partial" || die "cannot make $partial"
+
+printf 'unpacking into %s\n' "$target" >&2
+"$decompress" -d -c -- "$here/$payload" | (cd "$partial" && tar -x -o -f -) ||
+    die "extracting $payload failed"
+
+# Rewrite OLD to NEW as a whole path (OLD/x, OLD followed by a quote, a space, : ; = ) ] or the end of the
+# line: /a/env never matches inside /a/env2). A python script's #! line that the kernel cannot hold (a space in
+# the path, or too long) becomes the /bin/sh trampoline pip and uv write in that case.
+rewrite() {
+    OLD=$old NEW=$target AWK_SCRIPT_HEADER=$2 awk -v trail="$3" '
+function fix(s,    out, i, n, c) {
+    out = ""
+    n = length(old)
+    while ((i = index(s, old)) > 0) {
+        c = substr(s, i + n, 1)
+        if (c == "" || index(bound, c) > 0) out = out substr(s, 1, i - 1) new
+        else out = out substr(s, 1, i - 1 + n)
+        s = substr(s, i + n)
+    }
+    return out s
+}
+function header(line,    rest, interp, args, sp, parts, n) {
+    rest = substr(line, 3)
+    sp = index(rest, " ")
+    if (sp > 0) { interp = substr(rest, 1, sp - 1); args = substr(rest, sp) } else { interp = rest; args = "" }
+    if (index(interp, old) != 1) return fix(line)
+    interp = fix(interp)
+    if (index(interp, " ") == 0 && length(interp args) + 2 <= 127) return "#!" interp args
+    n = split(interp, parts, "/")
+    if (parts[n] !~ /^python/) { bad = 1; return "#!" interp args }
+    return "#!/bin/sh\n" q q q "exec" q " " q interp q args " \"$0\" \"$@\"\n" q " " q q q
+}
+BEGIN { q = sprintf("%c", 39); old = ENVIRON["OLD"]; new = ENVIRON["NEW"]; bound = "/ \t\"" q ":;=)]"; bad = 0 }
+{
+    line = (FNR == 1 && ENVIRON["AWK_SCRIPT_HEADER"] == "1" && substr($0, 1, 2) == "#!") ? header($0) : fix($0)
+    if (NR > 1) printf "%s\n", prev
+    prev = line
+}
+END {
+    if (NR > 0) printf "%s%s", prev, (trail == "1" ? "\n" : "")
+    exit bad ? 3 : 0
+}' "$1"
+}
+
+count=0
+while IFS= read -r rel; do
+    [ -n "$rel" ] || continue
+    f=$partial/$rel
+    # Never through a link: the file itself and every directory on its way must be real.
+    d=$partial
+    rest=$rel
+    while :; do
+        case "$rest" in
+        */*) d=$d/${rest%%/*}; rest=${rest#*/} ;;
+        *) break ;;
+        esac
+        [ ! -L "$d" ] || die "$rel: $d is a symbolic link in the archive; refusing to rewrite through it"
+    done
+    [ -f "$f" ] && [ ! -L "$f" ] || die "$rel is listed for rewriting but is not a regular file"
+    script=0
+    case "$rel" in
+    bin/*/*) ;;
+    bin/*) script=1 ;;
+    esac
+    trail=1
+    [ -z "$(tail -c 1 "$f")" ] || trail=0
+    status=0
+    rewrite "$f" "$script" "$trail" >"$f.unpack-tmp" || status=$?
+    case "$status" in
+    0) ;;
+    3) printf 'unpack.sh: warning: %s: its #! line cannot name %s (not a python script); run it as INTERPRETER %s\n' "$rel" "$target" "$rel" >&2 ;;
+    *) die "rewriting $rel failed" ;;
+    esac
+    cat "$f.unpack-tmp" >"$f" # keeps the file's mode
+    rm -f -- "$f.unpack-tmp"
+    count=$((count + 1))
+done <"$here/rewrite.txt"
+
+if [ -d "$target" ]; then
+    rmdir -- "$target" || die "$target is no longer empty; the env is left in $partial"
+fi
+mv -- "$partial" "$target" || die "cannot rename $partial to $target"
+partial=
+printf 'unpacked the env at %s: %s file(s) rewritten from %s\n' "$target" "$count" "$old" >&2
+if [ -f "$target/pyvenv.cfg" ] && [ ! -e "$target/bin/python" ]; then
+    printf "unpack.sh: warning: %s/bin/python points to a python this machine does not have (pyvenv.cfg's home); the env needs the same python at the same path\n" "$target" >&2
+fi
+printf 'activate it with: . "%s/bin/activate"\n' "$target" >&2

@@ -1,0 +1,155 @@
+"""Portable archives for real (`backup ENV --portable`): a venv of small test wheels built with real uv from a local
+index, packed, its original removed, then unpacked with `sh unpack.sh NEW_PREFIX` where no envbuilder is on PATH and
+PYTHONPATH is empty; its python, bash activation and console scripts used at the new prefix (one with a space);
+refusals of an existing directory, an unsafe prefix and a damaged archive. One torch env is unpacked and imports
+torch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from backupworld import World
+from helpers import ok
+
+pytestmark = pytest.mark.integration
+
+#: What unpack.sh may use: the system's tools, nothing of this checkout (no envbuilder, no test venv).
+BARE_PATH = "/usr/bin:/bin"
+
+
+@pytest.fixture
+def world(tmp_path, backup_index):
+    return World(tmp_path, backup_index)
+
+
+def bare_env(home: Path) -> dict[str, str]:
+    env = {"PATH": BARE_PATH, "HOME": str(home), "PYTHONPATH": "", "LC_ALL": "C"}
+    assert shutil.which("envbuilder", path=BARE_PATH) is None
+    return env
+
+
+def pack(w: World, name: str, out: Path) -> dict:
+    data = w.data("backup", name, "--portable", "-o", str(out))
+    assert Path(data["path"]) == out and out.is_file()
+    return data
+
+
+def extract(archive: Path, into: Path) -> Path:
+    into.mkdir()
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(into)], check=True, env={"PATH": BARE_PATH})
+    return into
+
+
+def unpack(kit: Path, target: str, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", str(kit / "unpack.sh"), target],
+        capture_output=True,
+        text=True,
+        env=bare_env(home),
+        timeout=600,
+    )
+
+
+def bash(script: str, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", script], capture_output=True, text=True, env=bare_env(home)
+    )
+
+
+def test_a_portable_venv_unpacks_at_a_new_prefix_with_a_space_without_envbuilder(world):
+    w = world
+    ok(w.cli("create", w.small("port", "ebtool==1.0", "ebdemo==1.0", installer="pip"), "--no-validate"))
+    old = w.prefix("port")
+    made = pack(w, "port", w.root / "port.portable.tar")
+    assert made["env"] == "port" and made["prefix"] == str(old) and made["kind"] == "venv"
+    assert made["payload"]["compression"] == ("zstd" if shutil.which("zstd") else "gzip")
+    assert {"bin/ebtool", "bin/activate.csh", "envbuilder/record.json"} <= set(made["rewrite"])
+    with tarfile.open(w.root / "port.portable.tar") as tar:
+        assert tar.getnames()[0] == "unpack.sh"
+    kit = extract(w.root / "port.portable.tar", w.root / "kit")
+    assert json.loads((kit / "portable.json").read_text())["recipe"] == made["recipe"]
+    subprocess.run(["rm", "-rf", str(old)], check=True)  # nothing can work through the old prefix
+
+    new = w.root / "new place" / "port env"
+    res = unpack(kit, str(new), w.root / "home")
+    assert res.returncode == 0, res.stderr
+    py = subprocess.run(
+        [str(new / "bin" / "python"), "-c", "import sys, ebtool, ebdemo; print(sys.prefix, ebdemo.__file__)"],
+        capture_output=True,
+        text=True,
+        env=bare_env(w.root / "home"),
+    )
+    assert py.returncode == 0, py.stderr
+    assert py.stdout.strip().startswith(f"{new} {new}/lib/")
+    # bash's activate puts the new prefix first on PATH; the console script runs from there (its #! line, which
+    # the kernel cannot read with a space in it, became the /bin/sh trampoline).
+    run = bash(
+        f'. "{new}/bin/activate" && command -v ebtool && echo "$VIRTUAL_ENV" && ebtool', w.root / "home"
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [f"{new}/bin/ebtool", str(new), f"ebtool from {new}"]
+    path = bash(f'. "{new}/bin/activate" && echo "$PATH"', w.root / "home").stdout.strip()
+    assert path.startswith(f"{new}/bin:") and path.endswith(f":{BARE_PATH}")
+    # Every file unpack.sh rewrote names the new prefix and no longer the old one.
+    for rel in made["rewrite"]:
+        text = (new / rel).read_text()
+        assert str(old) not in text.replace(str(new), ""), rel
+    assert (new / "bin" / "ebtool").read_text().startswith("#!/bin/sh\n'''exec' ")
+
+    # The kit is used again: onto the unpacked env it refuses, and the env is as it was.
+    before = (new / "bin" / "ebtool").read_bytes()
+    res = unpack(kit, str(new), w.root / "home")
+    assert res.returncode == 1 and "exists and is not empty" in res.stderr, res.stderr
+    assert (new / "bin" / "ebtool").read_bytes() == before
+    assert list(new.parent.glob(".*unpack-*")) == []
+
+
+def test_unpack_refuses_what_it_cannot_do_safely(world):
+    w = world
+    ok(w.cli("create", w.small("ref", "ebtool==1.0"), "--no-validate"))
+    pack(w, "ref", w.root / "ref.tar")
+    kit = extract(w.root / "ref.tar", w.root / "kit")
+    home = w.root / "home"
+    for bad in (str(w.root / "it's"), str(w.root / "a$HOME"), str(w.root / "x\ny"), str(w.root / "a:b")):
+        res = unpack(kit, bad, home)
+        assert res.returncode == 1 and "cannot put the env at" in res.stderr, (bad, res.stderr)
+        assert not Path(bad).exists()
+    (w.root / "real").mkdir()
+    (w.root / "link").symlink_to(w.root / "real")
+    res = unpack(kit, str(w.root / "link"), home)
+    assert res.returncode == 1 and "symbolic link" in res.stderr and list((w.root / "real").iterdir()) == []
+    # An empty directory is taken; a payload changed by one byte is refused before anything is extracted.
+    (w.root / "empty").mkdir()
+    ok(unpack(kit, str(w.root / "empty"), home))
+    assert (w.root / "empty" / "bin" / "ebtool").is_file()
+    payload = next(kit.glob("payload.tar.*"))
+    raw = bytearray(payload.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    payload.write_bytes(bytes(raw))
+    res = unpack(kit, str(w.root / "fresh"), home)
+    assert res.returncode == 1 and "SHA256" in res.stderr and not (w.root / "fresh").exists()
+    # The CLI: an existing output file is never replaced.
+    res = w.cli("backup", "ref", "--portable", "-o", str(w.root / "ref.tar"))
+    assert res.returncode != 0 and "never replaces" in res.stderr
+
+
+def test_a_portable_torch_env_imports_torch_after_unpacking(cpu_torch_world, tmp_path):
+    w = cpu_torch_world
+    out = tmp_path / "vcpu.portable.tar"
+    data = json.loads(ok(w.cli("backup", "vcpu", "--portable", "-o", str(out), "--json")).stdout)["data"]
+    assert data["torch"]["version"].startswith("2.")
+    kit = extract(out, tmp_path / "kit")
+    new = tmp_path / "moved" / "vcpu"
+    res = unpack(kit, str(new), tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = bash(
+        f'. "{new}/bin/activate" && python -c "import sys, torch; print(sys.prefix, torch.__version__)"',
+        tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(new), data["torch"]["version"]]
