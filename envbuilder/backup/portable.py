@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable, cast
 
 from envbuilder import __version__, payloads
 from envbuilder.backup import archive, wheelhouse
@@ -119,7 +119,9 @@ def _payload(prefix: Path, work: Path, step: Callable[[str], None]) -> Path:
         return path
     path = work / "payload.tar.gz"
     with gzip.open(path, "wb", compresslevel=6) as fh:
-        archive.write_tar(prefix, fh)
+        archive.write_tar(
+            prefix, cast(IO[bytes], fh)
+        )  # a GzipFile is a binary file; typeshed says BufferedIOBase
     return path
 
 

@@ -6,7 +6,10 @@ torch."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -15,6 +18,8 @@ from pathlib import Path
 import pytest
 from backupworld import World
 from helpers import ok
+
+from envbuilder.backup import portable
 
 pytestmark = pytest.mark.integration
 
@@ -153,3 +158,75 @@ def test_a_portable_torch_env_imports_torch_after_unpacking(cpu_torch_world, tmp
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == [str(new), data["torch"]["version"]]
+
+
+def test_other_shells_activate_the_unpacked_env(world):
+    w = world
+    shells = [s for s in ("zsh", "fish", "tcsh") if shutil.which(s, path=BARE_PATH)]
+    if not shells:
+        pytest.skip("none of zsh, fish, tcsh is installed (.ci/run installs them)")
+    ok(w.cli("create", w.small("sh", "ebtool==1.0", installer="pip"), "--no-validate"))
+    pack(w, "sh", w.root / "sh.tar")
+    kit = extract(w.root / "sh.tar", w.root / "kit")
+    subprocess.run(["rm", "-rf", str(w.prefix("sh"))], check=True)
+    new = w.root / "other place" / "sh"
+    ok(unpack(kit, str(new), w.root / "home"))
+    lines = {
+        "zsh": f'. "{new}/bin/activate" && echo "$VIRTUAL_ENV" && ebtool',
+        "fish": f'source "{new}/bin/activate.fish"; and echo "$VIRTUAL_ENV"; and ebtool',
+        "tcsh": f'source "{new}/bin/activate.csh" && echo "$VIRTUAL_ENV" && ebtool',
+    }
+    for shell in shells:
+        argv = [shell, "-f", "-c", lines[shell]] if shell == "tcsh" else [shell, "-c", lines[shell]]
+        run = subprocess.run(argv, capture_output=True, text=True, env=bare_env(w.root / "home"))
+        assert run.returncode == 0, (shell, run.stderr)
+        assert run.stdout.splitlines()[-2:] == [str(new), f"ebtool from {new}"], (shell, run.stdout)
+
+
+def _kit(root: Path, old: str, files: dict[str, str], rewrite: list[str]) -> Path:
+    """A portable archive's parts made by hand (a gzip payload of ``files``), for unpack.sh's rewrite rules."""
+    kit = root / "kit"
+    kit.mkdir()
+    (kit / "unpack.sh").write_bytes(portable.SCRIPT.read_bytes())
+    with tarfile.open(kit / "payload.tar.gz", "w:gz") as tar:
+        for rel, text in files.items():
+            info = tarfile.TarInfo(rel)
+            data = text.encode()
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    (kit / "prefix.txt").write_text(old + "\n")
+    (kit / "rewrite.txt").write_text("".join(f"{r}\n" for r in rewrite))
+    sums = "".join(
+        f"{hashlib.sha256((kit / n).read_bytes()).hexdigest()}  {n}\n"
+        for n in ("prefix.txt", "rewrite.txt", "payload.tar.gz")
+    )
+    (kit / "payload.sha256").write_text(sums)
+    return kit
+
+
+def test_unpack_rewrites_whole_paths_only_in_the_listed_files(tmp_path):
+    old = "/old/e.v"  # a dot: a regex would match /old/eXv too
+    files = {
+        "bin/tool": f"#!{old}/bin/python3 -E\nimport sys  # {old}2 {old}X/y /old/eXv\n",
+        "bin/run": f"#!{old}/bin/bash\necho '{old}' \"{old}/lib\" {old}:{old}\n",
+        "envbuilder/activate.sh": f"X={old}",  # no newline at its end: none is added
+        "lib/data.txt": f"{old}/data\n",  # not listed: left as it is
+    }
+    kit = _kit(tmp_path, old, files, ["bin/tool", "bin/run", "envbuilder/activate.sh"])
+    new = tmp_path / "new env"
+    res = unpack(kit, str(new), tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (new / "bin" / "tool").read_text() == (
+        f"#!/bin/sh\n'''exec' '{new}/bin/python3' -E \"$0\" \"$@\"\n' '''\n"
+        f"import sys  # {old}2 {old}X/y /old/eXv\n"
+    )
+    # A shell script's #! line cannot hold a space and has no trampoline: the rest is rewritten, a warning says so.
+    assert (new / "bin" / "run").read_text() == f"#!{new}/bin/bash\necho '{new}' \"{new}/lib\" {new}:{new}\n"
+    assert "bin/run: its #! line cannot name" in res.stderr
+    assert (new / "envbuilder" / "activate.sh").read_text() == f"X={new}"
+    assert (new / "lib" / "data.txt").read_text() == f"{old}/data\n"
+    assert os.access(new / "bin" / "tool", os.X_OK)
+    # Without a space, the #! line stays a #! line.
+    plain = tmp_path / "plain"
+    ok(unpack(kit, str(plain), tmp_path))
+    assert (plain / "bin" / "tool").read_text().startswith(f"#!{plain}/bin/python3 -E\n")
