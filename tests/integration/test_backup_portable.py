@@ -16,48 +16,17 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from backupworld import World
+from backupworld import BARE_PATH, World, bare_env, extract, pack, unpack
 from helpers import ok
 
 from envbuilder.backup import portable
 
 pytestmark = pytest.mark.integration
 
-#: What unpack.sh may use: the system's tools, nothing of this checkout (no envbuilder, no test venv).
-BARE_PATH = "/usr/bin:/bin"
-
 
 @pytest.fixture
 def world(tmp_path, backup_index):
     return World(tmp_path, backup_index)
-
-
-def bare_env(home: Path) -> dict[str, str]:
-    env = {"PATH": BARE_PATH, "HOME": str(home), "PYTHONPATH": "", "LC_ALL": "C"}
-    assert shutil.which("envbuilder", path=BARE_PATH) is None
-    return env
-
-
-def pack(w: World, name: str, out: Path) -> dict:
-    data = w.data("backup", name, "--portable", "-o", str(out))
-    assert Path(data["path"]) == out and out.is_file()
-    return data
-
-
-def extract(archive: Path, into: Path) -> Path:
-    into.mkdir()
-    subprocess.run(["tar", "-xf", str(archive), "-C", str(into)], check=True, env={"PATH": BARE_PATH})
-    return into
-
-
-def unpack(kit: Path, target: str, home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["sh", str(kit / "unpack.sh"), target],
-        capture_output=True,
-        text=True,
-        env=bare_env(home),
-        timeout=600,
-    )
 
 
 def bash(script: str, home: Path) -> subprocess.CompletedProcess[str]:
@@ -138,9 +107,14 @@ def test_unpack_refuses_what_it_cannot_do_safely(world):
     payload.write_bytes(bytes(raw))
     res = unpack(kit, str(w.root / "fresh"), home)
     assert res.returncode == 1 and "SHA256" in res.stderr and not (w.root / "fresh").exists()
-    # The CLI: an existing output file is never replaced.
+    # The CLI: an existing output file is never replaced; the backup root's options are not the archive's.
     res = w.cli("backup", "ref", "--portable", "-o", str(w.root / "ref.tar"))
-    assert res.returncode != 0 and "never replaces" in res.stderr
+    assert res.returncode == 12 and "never replaces" in res.stderr, res.stderr
+    res = w.cli("backup", "ref", "--portable", "--mode", "archive", "--to", str(w.root / "b"))
+    assert res.returncode == 2 and "it takes no --to, --mode" in res.stderr, res.stderr
+    res = w.cli("backup", "ref", "-o", str(w.root / "other.tar"))
+    assert res.returncode == 2 and "--portable -o FILE" in res.stderr, res.stderr
+    assert not (w.root / "b").exists() and not (w.root / "other.tar").exists()
 
 
 def test_a_portable_torch_env_imports_torch_after_unpacking(cpu_torch_world, tmp_path):
