@@ -32,7 +32,8 @@ esac
 # Trailing slashes would end up in every rewritten path.
 while :; do
     case "$target" in
-    */) [ "$target" = / ] && break; target=${target%/} ;;
+    /) break ;;
+    */) target=${target%/} ;;
     *) break ;;
     esac
 done
@@ -61,15 +62,21 @@ for f in payload.sha256 prefix.txt rewrite.txt; do
 done
 payload=
 for f in payload.tar.zst payload.tar.gz; do
-    [ -f "$here/$f" ] && payload=$f
+    if [ -f "$here/$f" ]; then payload=$f; fi
 done
 [ -n "$payload" ] || die "no payload.tar.zst or payload.tar.gz beside unpack.sh: extract the whole archive"
 
 if command -v sha256sum >/dev/null 2>&1; then
-    (cd "$here" && sha256sum -c payload.sha256) >/dev/null ||
-        die "the archive's contents do not match their SHA256 (payload.sha256): it is damaged or incomplete; nothing was unpacked"
+    check="sha256sum -c"
+elif command -v shasum >/dev/null 2>&1; then
+    check="shasum -a 256 -c" # macOS, BSDs
 else
-    printf 'unpack.sh: warning: sha256sum is not on PATH: the payload was not checked\n' >&2
+    check=
+    printf 'unpack.sh: warning: neither sha256sum nor shasum is on PATH: the payload was not checked\n' >&2
+fi
+if [ -n "$check" ]; then
+    (cd "$here" && $check payload.sha256) >/dev/null ||
+        die "the archive's contents do not match their SHA256 (payload.sha256): it is damaged or incomplete; nothing was unpacked"
 fi
 
 case "$payload" in
@@ -87,14 +94,18 @@ parent=${target%/*}
 [ -n "$parent" ] || parent=/
 mkdir -p -- "$parent" || die "cannot make $parent"
 partial=$parent/.${target##*/}.unpack-$$
+work=$partial.work # the rewrites' temporary files: a directory of this run's own, never one in the env
 cleanup() {
-    if [ -n "${partial:-}" ] && [ -d "$partial" ] && [ ! -L "$partial" ]; then
-        rm -rf -- "$partial"
-    fi
+    for made in "${partial:-}" "$work"; do
+        if [ -n "$made" ] && [ -d "$made" ] && [ ! -L "$made" ]; then
+            rm -rf -- "$made"
+        fi
+    done
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 mkdir -- "$partial" || die "cannot make $partial"
+mkdir -- "$work" || die "cannot make $work"
 
 printf 'unpacking into %s\n' "$target" >&2
 "$decompress" -d -c -- "$here/$payload" | (cd "$partial" && tar -x -o -f -) ||
@@ -104,7 +115,8 @@ printf 'unpacking into %s\n' "$target" >&2
 # line: /a/env never matches inside /a/env2). A python script's #! line that the kernel cannot hold (a space in
 # the path, or too long) becomes the /bin/sh trampoline pip and uv write in that case.
 rewrite() {
-    OLD=$old NEW=$target AWK_SCRIPT_HEADER=$2 awk -v trail="$3" '
+    # Bytes, not characters: the files' encoding is not the locale's business.
+    LC_ALL=C OLD=$old NEW=$target AWK_SCRIPT_HEADER=$2 awk -v trail="$3" '
 function fix(s,    out, i, n, c) {
     out = ""
     n = length(old)
@@ -162,19 +174,22 @@ while IFS= read -r rel; do
     trail=1
     [ -z "$(tail -c 1 "$f")" ] || trail=0
     status=0
-    rewrite "$f" "$script" "$trail" >"$f.unpack-tmp" || status=$?
+    rewrite "$f" "$script" "$trail" >"$work/file" || status=$?
     case "$status" in
     0) ;;
     3) printf 'unpack.sh: warning: %s: its #! line cannot name %s (not a python script); run it as INTERPRETER %s\n' "$rel" "$target" "$rel" >&2 ;;
     *) die "rewriting $rel failed" ;;
     esac
-    cat "$f.unpack-tmp" >"$f" # keeps the file's mode
-    rm -f -- "$f.unpack-tmp"
+    cat "$work/file" >"$f" # keeps the file's mode
     count=$((count + 1))
 done <"$here/rewrite.txt"
 
-if [ -d "$target" ]; then
-    rmdir -- "$target" || die "$target is no longer empty; the env is left in $partial"
+if [ -d "$target" ] && [ ! -L "$target" ]; then
+    rmdir -- "$target" 2>/dev/null || die "$target is no longer empty; nothing was changed there"
+fi
+# mv into an existing directory would move the env inside it: one that came meanwhile is refused.
+if [ -e "$target" ] || [ -L "$target" ]; then
+    die "$target appeared while unpacking; nothing was changed there"
 fi
 mv -- "$partial" "$target" || die "cannot rename $partial to $target"
 partial=
