@@ -13,6 +13,7 @@ The outer tar is not compressed (its payload is). It is written beside its final
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import io
@@ -74,10 +75,7 @@ def make(record: state.EnvRecord, out: Path, step: Callable[[str], None] = lambd
         step(f"writing {out}")
         tmp = work / "portable.tar"
         _outer(tmp, files, payload)
-        try:
-            os.link(tmp, out)  # never replaces a file that came there meanwhile (a rename would)
-        except FileExistsError:
-            raise _exists(out) from None
+        _place(tmp, out)
     finally:
         removal.remove_below(work.parent, work, dirs=True)
     return Portable(out, manifest)
@@ -99,6 +97,21 @@ def _refuse(record: state.EnvRecord, prefix: Path, out: Path) -> None:
         raise _exists(out)
     if not out.parent.is_dir():
         raise BackupError(f"cannot write {out}: {out.parent} is not a directory")
+
+
+def _place(tmp: Path, out: Path) -> None:
+    """``tmp`` renamed to ``out``, which must not exist: a hard link never replaces a file that came there
+    meanwhile (a rename would); a file system without hard links gets the rename, after one more look."""
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise _exists(out) from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        if out.exists() or out.is_symlink():
+            raise _exists(out) from None
+        tmp.rename(out)
 
 
 def _exists(out: Path) -> BackupError:

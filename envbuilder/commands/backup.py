@@ -135,7 +135,8 @@ def _portable(args: argparse.Namespace, out: Out, steps: progress.Steps, home: P
         dest = Path(args.output).expanduser() if args.output else portable.default_path(record, Path.cwd())
         if not (args.json or args.quiet):
             out.heading(f"Packing {record.name} into a portable archive, {dest}")
-        made = portable.make(record, dest.absolute(), steps.start)
+        with fsutil.disk_errors((dest.absolute().parent, "write it elsewhere with -o FILE")):
+            made = portable.make(record, dest.absolute(), steps.start)
     if not (args.json or args.quiet):
         m = made.manifest
         out.result.line(

@@ -134,6 +134,25 @@ def test_a_portable_torch_env_imports_torch_after_unpacking(cpu_torch_world, tmp
     assert run.stdout.split() == [str(new), data["torch"]["version"]]
 
 
+def test_without_zstd_the_payload_is_gzip_and_unpacks_with_gzip(world):
+    w = world
+    ok(w.cli("create", w.small("gz", "ebdemo==1.0"), "--no-validate"))
+    no_zstd = w.root / "no-zstd-bin"  # envbuilder runs from this checkout; only zstd is looked up on PATH
+    no_zstd.mkdir()
+    out = w.root / "gz.portable.tar"
+    made = w.data("backup", "gz", "--portable", "-o", str(out), PATH=str(no_zstd))
+    assert made["payload"] == {**made["payload"], "compression": "gzip", "file": "payload.tar.gz"}
+    kit = extract(out, w.root / "kit")
+    assert sorted(p.name for p in kit.iterdir()) == [
+        "payload.sha256", "payload.tar.gz", "portable.json", "prefix.txt", "rewrite.txt", "unpack.sh"
+    ]  # fmt: skip
+    new = w.root / "gz2"
+    ok(unpack(kit, str(new), w.root / "home"))
+    py = subprocess.run([str(new / "bin" / "python"), "-c", "import ebdemo; print(ebdemo.__file__)"],
+                        capture_output=True, text=True, env=bare_env(w.root / "home"))  # fmt: skip
+    assert py.stdout.startswith(f"{new}/lib/"), py.stderr
+
+
 def test_other_shells_activate_the_unpacked_env(world):
     w = world
     shells = [s for s in ("zsh", "fish", "tcsh") if shutil.which(s, path=BARE_PATH)]
