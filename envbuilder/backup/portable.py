@@ -5,6 +5,8 @@ envbuilder, as conda-pack's and pixi-pack's do. It holds, at its top::
     portable.json    env name, recipe, torch build, old prefix, created-at, what names the old prefix
     prefix.txt       the old prefix, exactly
     rewrite.txt      the files unpack.sh rewrites, one a line (relocate's knowledge, decided here)
+    links.txt        the symlinks whose absolute target is in the old prefix: each one's path, then the rest
+                     of its target, one a line (unpack.sh makes them point into the new prefix)
     payload.tar.zst  the env's files (archive mode's tar), zstd where zstd is on PATH, else payload.tar.gz
     payload.sha256   sha256sum's format, for the payload and the three files above: unpack.sh checks it
 
@@ -31,7 +33,7 @@ from envbuilder.backup import archive, wheelhouse
 from envbuilder.core import kinds
 from envbuilder.core.errors import BackupError
 from envbuilder.core.structs import dataclass
-from envbuilder.system import proc, relocate, removal, state
+from envbuilder.system import fsutil, proc, relocate, removal, state
 
 VERSION = 1
 SCRIPT = payloads.DIR / "_unpack.sh"
@@ -56,18 +58,20 @@ def make(record: state.EnvRecord, out: Path, step: Callable[[str], None] = lambd
     _refuse(record, prefix, out)
     step(f"finding the files that name {prefix}")
     found = relocate.find(prefix, record.prefix, every_text_file=not kinds.kind_info(record.kind).venv)
-    odd = [rel for rel in found.safe if "\n" in rel or "\r" in rel]
+    links = _links(prefix, record.prefix)
+    odd = [rel for rel in [*found.safe, *(x for pair in links for x in pair)] if "\n" in rel or "\r" in rel]
     if odd:
-        raise BackupError(f"{record.name}: {odd[0]!r} has a line break in its name; unpack.sh cannot list it")
+        raise BackupError(f"{record.name}: {odd[0]!r} has a line break in it; unpack.sh cannot list it")
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         payload = _payload(prefix, work, step)
-        manifest = _manifest(record, payload, found)
+        manifest = _manifest(record, payload, found, [rel for rel, _ in links])
         files = {
             "unpack.sh": SCRIPT.read_bytes(),
             "portable.json": (json.dumps(manifest, indent=1) + "\n").encode(),
             "prefix.txt": (record.prefix + "\n").encode(),
             "rewrite.txt": "".join(f"{rel}\n" for rel in found.safe).encode(),
+            "links.txt": "".join(f"{rel}\n{rest}\n" for rel, rest in links).encode(),
         }
         sums = [f"{_sha256_bytes(data)}  {name}\n" for name, data in files.items() if name != "unpack.sh"]
         sums.append(f"{manifest['payload']['sha256']}  {payload.name}\n")
@@ -114,6 +118,18 @@ def _place(tmp: Path, out: Path) -> None:
         tmp.rename(out)
 
 
+def _links(prefix: Path, old: str) -> list[tuple[str, str]]:
+    """The symlinks under ``prefix`` whose target is an absolute path into ``old``: (the link, the rest of its
+    target after ``old``)."""
+    found = []
+    for path in fsutil.walk(prefix):
+        if path.is_symlink():
+            target = str(path.readlink())
+            if target == old or target.startswith(old + "/"):
+                found.append((str(path.relative_to(prefix)), target[len(old) :]))
+    return found
+
+
 def _exists(out: Path) -> BackupError:
     return BackupError(
         f"{out} exists; a portable archive never replaces a file",
@@ -138,7 +154,9 @@ def _payload(prefix: Path, work: Path, step: Callable[[str], None]) -> Path:
     return path
 
 
-def _manifest(record: state.EnvRecord, payload: Path, found: relocate.Found) -> dict[str, Any]:
+def _manifest(
+    record: state.EnvRecord, payload: Path, found: relocate.Found, links: list[str]
+) -> dict[str, Any]:
     torch = record.plan.get("torch")
     return {
         "version": VERSION,
@@ -160,6 +178,7 @@ def _manifest(record: state.EnvRecord, payload: Path, found: relocate.Found) -> 
             "sha256": wheelhouse.file_sha256(payload),
         },
         "rewrite": list(found.safe),
+        "links": links,
         "left": list(found.left),
         "bytecode": found.bytecode,
     }

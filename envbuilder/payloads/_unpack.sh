@@ -57,7 +57,7 @@ elif [ -e "$target" ]; then
     [ -z "$(ls -A -- "$target")" ] || die "$target exists and is not empty; nothing was changed (remove it, or name a new directory)"
 fi
 
-for f in payload.sha256 prefix.txt rewrite.txt; do
+for f in payload.sha256 prefix.txt rewrite.txt links.txt; do
     [ -f "$here/$f" ] || die "$here/$f is missing: extract the whole archive (tar -xf NAME.portable.tar) next to unpack.sh"
 done
 payload=
@@ -151,20 +151,24 @@ END {
 }' "$1"
 }
 
+# Never through a link: every directory on the way to an entry must be a real one.
+real_dirs() { # (sh has no local variables: _dir and _left are this function's alone)
+    _dir=$partial
+    _left=$1
+    while :; do
+        case "$_left" in
+        */*) _dir=$_dir/${_left%%/*}; _left=${_left#*/} ;;
+        *) break ;;
+        esac
+        [ ! -L "$_dir" ] || die "$1: $_dir is a symbolic link in the archive; refusing to write through it"
+    done
+}
+
 count=0
 while IFS= read -r rel; do
     [ -n "$rel" ] || continue
     f=$partial/$rel
-    # Never through a link: the file itself and every directory on its way must be real.
-    d=$partial
-    rest=$rel
-    while :; do
-        case "$rest" in
-        */*) d=$d/${rest%%/*}; rest=${rest#*/} ;;
-        *) break ;;
-        esac
-        [ ! -L "$d" ] || die "$rel: $d is a symbolic link in the archive; refusing to rewrite through it"
-    done
+    real_dirs "$rel"
     [ -f "$f" ] && [ ! -L "$f" ] || die "$rel is listed for rewriting but is not a regular file"
     script=0
     case "$rel" in
@@ -184,6 +188,18 @@ while IFS= read -r rel; do
     count=$((count + 1))
 done <"$here/rewrite.txt"
 
+# Symbolic links whose target is an absolute path into the old prefix (links.txt: the link, then the rest of its
+# target after the prefix, one a line): made again, pointing into the new prefix; the link itself is replaced,
+# never what it points to.
+links=0
+while IFS= read -r rel && IFS= read -r rest; do
+    real_dirs "$rel"
+    [ -L "$partial/$rel" ] || die "$rel is listed as a symbolic link but is not one"
+    rm -f -- "$partial/$rel"
+    ln -s -- "$target$rest" "$partial/$rel" || die "cannot make the link $rel"
+    links=$((links + 1))
+done <"$here/links.txt"
+
 if [ -d "$target" ] && [ ! -L "$target" ]; then
     rmdir -- "$target" 2>/dev/null || die "$target is no longer empty; nothing was changed there"
 fi
@@ -193,7 +209,7 @@ if [ -e "$target" ] || [ -L "$target" ]; then
 fi
 mv -- "$partial" "$target" || die "cannot rename $partial to $target"
 partial=
-printf 'unpacked the env at %s: %s file(s) rewritten from %s\n' "$target" "$count" "$old" >&2
+printf 'unpacked the env at %s: %s file(s) and %s link(s) rewritten from %s\n' "$target" "$count" "$links" "$old" >&2
 if [ -f "$target/pyvenv.cfg" ] && [ ! -e "$target/bin/python" ]; then
     printf "unpack.sh: warning: %s/bin/python points to a python this machine does not have (pyvenv.cfg's home); the env needs the same python at the same path\n" "$target" >&2
 fi

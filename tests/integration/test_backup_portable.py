@@ -144,7 +144,7 @@ def test_without_zstd_the_payload_is_gzip_and_unpacks_with_gzip(world):
     assert made["payload"] == {**made["payload"], "compression": "gzip", "file": "payload.tar.gz"}
     kit = extract(out, w.root / "kit")
     assert sorted(p.name for p in kit.iterdir()) == [
-        "payload.sha256", "payload.tar.gz", "portable.json", "prefix.txt", "rewrite.txt", "unpack.sh"
+        "links.txt", "payload.sha256", "payload.tar.gz", "portable.json", "prefix.txt", "rewrite.txt", "unpack.sh"
     ]  # fmt: skip
     new = w.root / "gz2"
     ok(unpack(kit, str(new), w.root / "home"))
@@ -176,8 +176,9 @@ def test_other_shells_activate_the_unpacked_env(world):
         assert run.stdout.splitlines()[-2:] == [str(new), f"ebtool from {new}"], (shell, run.stdout)
 
 
-def _kit(root: Path, old: str, files: dict[str, str], rewrite: list[str]) -> Path:
-    """A portable archive's parts made by hand (a gzip payload of ``files``), for unpack.sh's rewrite rules."""
+def _kit(root: Path, old: str, files: dict[str, str], rewrite: list[str], links: dict[str, str]) -> Path:
+    """A portable archive's parts made by hand (a gzip payload of ``files`` and the symlinks ``links``), for
+    unpack.sh's rewrite rules."""
     kit = root / "kit"
     kit.mkdir()
     (kit / "unpack.sh").write_bytes(portable.SCRIPT.read_bytes())
@@ -187,11 +188,17 @@ def _kit(root: Path, old: str, files: dict[str, str], rewrite: list[str]) -> Pat
             data = text.encode()
             info.size, info.mode = len(data), 0o755
             tar.addfile(info, io.BytesIO(data))
+        for rel, target in links.items():
+            info = tarfile.TarInfo(rel)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
     (kit / "prefix.txt").write_text(old + "\n")
     (kit / "rewrite.txt").write_text("".join(f"{r}\n" for r in rewrite))
+    into = {rel: t[len(old) :] for rel, t in links.items() if t.startswith(old + "/")}
+    (kit / "links.txt").write_text("".join(f"{rel}\n{rest}\n" for rel, rest in into.items()))
     sums = "".join(
         f"{hashlib.sha256((kit / n).read_bytes()).hexdigest()}  {n}\n"
-        for n in ("prefix.txt", "rewrite.txt", "payload.tar.gz")
+        for n in ("prefix.txt", "rewrite.txt", "links.txt", "payload.tar.gz")
     )
     (kit / "payload.sha256").write_text(sums)
     return kit
@@ -205,7 +212,8 @@ def test_unpack_rewrites_whole_paths_only_in_the_listed_files(tmp_path):
         "envbuilder/activate.sh": f"X={old}",  # no newline at its end: none is added
         "lib/data.txt": f"{old}/data\n",  # not listed: left as it is
     }
-    kit = _kit(tmp_path, old, files, ["bin/tool", "bin/run", "envbuilder/activate.sh"])
+    links = {"lib/abs": f"{old}/lib/data.txt", "lib/rel": "data.txt", "lib/away": "/etc/hostname"}
+    kit = _kit(tmp_path, old, files, ["bin/tool", "bin/run", "envbuilder/activate.sh"], links)
     new = tmp_path / "new env"
     res = unpack(kit, str(new), tmp_path)
     assert res.returncode == 0, res.stderr
@@ -219,6 +227,9 @@ def test_unpack_rewrites_whole_paths_only_in_the_listed_files(tmp_path):
     assert (new / "envbuilder" / "activate.sh").read_text() == f"X={new}"
     assert (new / "lib" / "data.txt").read_text() == f"{old}/data\n"
     assert os.access(new / "bin" / "tool", os.X_OK)
+    # A link into the old prefix points into the new one; the others are as they were.
+    assert {n: os.readlink(new / n) for n in links} == {**links, "lib/abs": f"{new}/lib/data.txt"}
+    assert (new / "lib" / "abs").read_text() == f"{old}/data\n"
     # Without a space, the #! line stays a #! line.
     plain = tmp_path / "plain"
     ok(unpack(kit, str(plain), tmp_path))
