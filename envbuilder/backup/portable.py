@@ -8,9 +8,10 @@ envbuilder, as conda-pack's and pixi-pack's do. It holds, at its top::
     links.txt        the symlinks whose absolute target is in the old prefix: each one's path, then the rest
                      of its target, one a line (unpack.sh makes them point into the new prefix)
     payload.tar.zst  the env's files (archive mode's tar), zstd where zstd is on PATH, else payload.tar.gz
-    payload.sha256   sha256sum's format, for the payload and the three files above: unpack.sh checks it
+    payload.sha256   sha256sum's format, for the payload and every file above but unpack.sh: unpack.sh checks it
 
-The outer tar is not compressed (its payload is). It is written beside its final name and renamed into place.
+The outer tar is not compressed (its payload is). It is written beside its final name and renamed into place,
+no more readable than the env (as a backup).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import IO, Any, Callable, cast
 
 from envbuilder import __version__, payloads
 from envbuilder.backup import archive, wheelhouse
+from envbuilder.backup.writer import modes
 from envbuilder.core import kinds
 from envbuilder.core.errors import BackupError
 from envbuilder.core.structs import dataclass
@@ -79,6 +81,7 @@ def make(record: state.EnvRecord, out: Path, step: Callable[[str], None] = lambd
         step(f"writing {out}")
         tmp = work / "portable.tar"
         _outer(tmp, files, payload)
+        tmp.chmod(modes(prefix)[0])
         _place(tmp, out)
     finally:
         removal.remove_below(work.parent, work, dirs=True)

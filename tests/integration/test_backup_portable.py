@@ -39,7 +39,9 @@ def test_a_portable_venv_unpacks_at_a_new_prefix_with_a_space_without_envbuilder
     w = world
     ok(w.cli("create", w.small("port", "ebtool==1.0", "ebdemo==1.0", installer="pip"), "--no-validate"))
     old = w.prefix("port")
+    old.chmod(0o750)  # the archive is no more readable than the env (as a backup)
     made = pack(w, "port", w.root / "port.portable.tar")
+    assert (w.root / "port.portable.tar").stat().st_mode & 0o777 == 0o640
     assert made["env"] == "port" and made["prefix"] == str(old) and made["kind"] == "venv"
     assert made["payload"]["compression"] == ("zstd" if shutil.which("zstd") else "gzip")
     assert {"bin/ebtool", "bin/activate.csh", "envbuilder/record.json"} <= set(made["rewrite"])
