@@ -5,6 +5,7 @@ digests."""
 from __future__ import annotations
 
 import random
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, Optional
@@ -119,3 +120,37 @@ class World(UserWorld):
 
 def digests(prefix: Path) -> dict[str, str]:
     return {d.key: d.digest for d in wheelhouse.scan(prefix)}
+
+
+# Portable archives (test_backup_portable*.py)
+
+#: What unpack.sh may use: the system's tools, nothing of this checkout (no envbuilder, no test venv).
+BARE_PATH = "/usr/bin:/bin"
+
+
+def bare_env(home: Path) -> dict[str, str]:
+    env = {"PATH": BARE_PATH, "HOME": str(home), "PYTHONPATH": "", "LC_ALL": "C"}
+    assert shutil.which("envbuilder", path=BARE_PATH) is None
+    return env
+
+
+def pack(w: UserWorld, name: str, out: Path) -> Any:
+    data = w.data("backup", name, "--portable", "-o", str(out))
+    assert Path(data["path"]) == out and out.is_file()
+    return data
+
+
+def extract(archive: Path, into: Path) -> Path:
+    into.mkdir()
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(into)], check=True, env={"PATH": BARE_PATH})
+    return into
+
+
+def unpack(kit: Path, target: str, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", str(kit / "unpack.sh"), target],
+        capture_output=True,
+        text=True,
+        env=bare_env(home),
+        timeout=600,
+    )

@@ -119,7 +119,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         _RECORDS,
     ),
     "backup": (
-        ("backup local", "backup --all", "backup local --mode archive --to /work/me/backups"),
+        ("backup --all", "backup local --mode archive --to /work/me/backups", "backup local --portable"),
         (*_BACKUPS, "ENVBUILDER_HOME", _PROGRESS),
     ),
     "backups": (("backups", "backups local --json"), (*_BACKUPS, "ENVBUILDER_HOME")),

@@ -329,6 +329,14 @@ def _add_backup(sub: _Sub) -> None:
         metavar="FORMAT",
         help="archive mode: %(choices)s (default tar, compressed with zstd)",
     )
+    p.add_argument(
+        "--portable",
+        action="store_true",
+        help="write one tar that unpacks at a new prefix with no envbuilder (its unpack.sh needs only sh and tar)",
+    )
+    p.add_argument(
+        "-o", "--output", metavar="FILE", help="--portable: the archive to write (default ./ENV.portable.tar)"
+    )
     p.add_argument("--wait", type=seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     add_json(p)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder import backup
+from envbuilder.backup import portable
 from envbuilder.backup import restore as restorer
 from envbuilder.core import settings
 from envbuilder.core.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
@@ -63,7 +64,6 @@ def _env_waiting(out: Out, name: str) -> Any:
 
 def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     home = settings.home(os.environ)
-    root = Path(args.to).expanduser().resolve() if args.to else settings.backup_root(os.environ)[0]
     if args.all == bool(args.env):
         raise UsageError(
             "name one env, or pass --all", hint="envbuilder backup NAME | envbuilder backup --all"
@@ -72,6 +72,9 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     # --json keeps stdout for the JSON; the steps and their bytes stay on stderr (-q silences them).
     steps = progress.Steps(out.console, quiet=args.quiet, every=progress.every_from_env(os.environ))
     step = steps.start
+    if args.portable or args.output:
+        return _portable(args, out, steps, home)  # a file of its own, not in a backup root
+    root = Path(args.to).expanduser().resolve() if args.to else settings.backup_root(os.environ)[0]
 
     strictmodes.backup_root(root, os.environ)
     mutex = backup.writer_mutex(root, args.wait, _waiting(out))
@@ -107,6 +110,48 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         err.data = data
         raise err
     return data
+
+
+def _portable(args: argparse.Namespace, out: Out, steps: progress.Steps, home: Path) -> dict[str, Any]:
+    """``backup ENV --portable``: one tar with an unpack.sh, written where --output says (not in a backup root)."""
+    wrong = [flag for flag, given in (("--all", args.all), ("--to", args.to), ("--mode", args.mode)) if given]
+    if args.format != "tar":
+        wrong.append("--format")
+    if not args.portable:
+        raise UsageError(
+            "--output names a portable archive", hint=f"envbuilder backup {args.env} --portable -o FILE"
+        )
+    if wrong or not args.env:
+        raise UsageError(
+            f"--portable packs one env into one file; it takes no {', '.join(wrong) or '--all'}",
+            hint="envbuilder backup NAME --portable [-o FILE]",
+        )
+    with (
+        proc.sigterm_as_interrupt(),
+        steps,
+        state.mutex(home, args.env, timeout=args.wait, on_wait=_env_waiting(out, args.env)),
+    ):
+        record = state.load(home, args.env)
+        dest = Path(args.output).expanduser() if args.output else portable.default_path(record, Path.cwd())
+        if not (args.json or args.quiet):
+            out.heading(f"Packing {record.name} into a portable archive, {dest}")
+        with fsutil.disk_errors((dest.absolute().parent, "write it elsewhere with -o FILE")):
+            made = portable.make(record, dest.absolute(), steps.start)
+    if not (args.json or args.quiet):
+        m = made.manifest
+        out.result.line(
+            f"wrote {made.path} ({_mib(m['payload']['size'])}, {m['payload']['compression']}): "
+            f"{len(m['rewrite'])} file(s) will be rewritten to the new prefix"
+        )
+        if m["left"]:
+            out.warn(
+                f"{len(m['left'])} file(s) name {m['prefix']} in binary form and stay as they are, "
+                f"e.g. {m['left'][0]}"
+            )
+        out.result.field(
+            "unpack", f"mkdir DIR && tar -xf {made.path.name} -C DIR && sh DIR/unpack.sh NEW_PREFIX"
+        )
+    return made.to_json()
 
 
 def _render_one(result: backup.BackupResult, out: Out) -> None:

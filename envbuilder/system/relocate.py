@@ -39,13 +39,20 @@ def _safe_to_rewrite(rel: Path) -> bool:
     return parts[0] == "envbuilder" and rel.suffix in (".sh", ".json", ".txt")
 
 
-def relocate(root: Path, old: str, new: str) -> Relocation:
-    """Rewrite ``old`` to ``new`` (as a whole path: ``/a/env`` never matches inside ``/a/env2``) in the files
-    where that is safe; list the rest. A new path that would need shell or JSON quoting is never written into
-    scripts: every file is then listed as left."""
-    plain = shlex.quote(new) == new and '"' not in new and "\\" not in new
-    pattern = re.compile(re.escape(old.encode()) + rb"(?=[/\s\"':;=)\]]|\x00|$)")
-    rewritten: list[str] = []
+@dataclass(frozen=True)
+class Found:
+    """The files of an env that name its prefix, by what a move may do with them."""
+
+    safe: tuple[str, ...]  # text files where the prefix is known to be safe to rewrite
+    left: tuple[str, ...]  # every other file that names it (binaries, data)
+    bytecode: int  # .pyc files naming it (only their tracebacks show it)
+
+
+def find(root: Path, old: str, *, every_text_file: bool = False) -> Found:
+    """The files under ``root`` (never through a link, nor a link itself) that name ``old``. ``every_text_file``:
+    any text file is safe to rewrite (a conda env's, whose packages had their prefix placeholders filled in as
+    text, as conda-unpack rewrites them)."""
+    safe: list[str] = []
     left: list[str] = []
     bytecode = 0
     for path in fsutil.walk(root):
@@ -59,11 +66,27 @@ def relocate(root: Path, old: str, new: str) -> Relocation:
             bytecode += 1
             continue
         text = b"\0" not in data[:8192]
-        if text and plain and _safe_to_rewrite(rel):
-            mode = path.stat().st_mode
-            path.write_bytes(pattern.sub(new.encode(), data))
-            path.chmod(stat.S_IMODE(mode))
-            rewritten.append(str(rel))
-        else:
-            left.append(str(rel))
-    return Relocation(tuple(rewritten), tuple(left), bytecode)
+        (safe if text and (every_text_file or _safe_to_rewrite(rel)) else left).append(str(rel))
+    return Found(tuple(safe), tuple(left), bytecode)
+
+
+def relocate(root: Path, old: str, new: str) -> Relocation:
+    """Rewrite ``old`` to ``new`` (as a whole path: ``/a/env`` never matches inside ``/a/env2``) in the files
+    where that is safe; list the rest. A new path that would need shell or JSON quoting is never written into
+    scripts: every file is then listed as left."""
+    plain = shlex.quote(new) == new and '"' not in new and "\\" not in new
+    found = find(root, old)
+    if not plain:
+        return Relocation((), found.safe + found.left, found.bytecode)
+    for rel in found.safe:
+        path = root / rel
+        mode = path.stat().st_mode
+        path.write_bytes(whole_path(old).sub(new.encode(), path.read_bytes()))
+        path.chmod(stat.S_IMODE(mode))
+    return Relocation(found.safe, found.left, found.bytecode)
+
+
+def whole_path(old: str) -> re.Pattern[bytes]:
+    """``old`` as a whole path: followed by ``/``, white space, a quote, ``:;=)]``, NUL or the end (unpack.sh's
+    awk rewrite, envbuilder/payloads/_unpack.sh, follows the same rule)."""
+    return re.compile(re.escape(old.encode()) + rb"(?=[/\s\"':;=)\]]|\x00|$)")
