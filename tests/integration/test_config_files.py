@@ -162,3 +162,22 @@ def test_the_user_files_home_reaches_the_commands(place):
     place.user('[settings]\nhome = "~/eb"\n')
     assert f"no envs recorded in {place.home}/eb " in ok(place.cli("list")).stderr
     assert f"no envs recorded in {place.home}/eb " in ok(place.cli("list", WORK="/w")).stderr
+
+
+def test_a_locked_key_sets_a_flag_aside(place):
+    """A site that locks ``offline`` off: ``--offline`` is ignored, with a warning, and the indexes are read (here
+    a loopback port where nothing listens, so every read fails and the plan falls back to the shipped table)."""
+    place.site('[settings]\noffline = false\n[locked]\nkeys = ["offline"]\n')
+    dead = "http://127.0.0.1:9/"
+    res = ok(
+        place.cli(
+            "recipes",
+            "show",
+            "local",
+            "--offline",
+            "--explain",
+            ENVBUILDER_INDEX_MIRROR=f"https://download.pytorch.org/whl/={dead} pypi={dead}",
+        )
+    )
+    assert f"the flag --offline is ignored: the site file {place.site_file} locks it" in res.stderr
+    assert "every index read failed" in res.stdout and "127.0.0.1:9" in res.stdout
