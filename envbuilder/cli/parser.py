@@ -463,8 +463,12 @@ def _add_publish(sub: _Sub) -> None:
 
 
 def _add_config(sub: _Sub) -> None:
+    from envbuilder.core.config import PRECEDENCE  # noqa: PLC0415 - pure text, from the precedence's one home
+
     p = sub.add_parser(
-        "config", help="the effective settings, and where each comes from (flag, env, file, default)"
+        "config",
+        help="the effective settings, and where each comes from (flag, env, file, default)",
+        description=PRECEDENCE,
     )
     csub = p.add_subparsers(dest="config_command", metavar="ACTION", parser_class=Parser)
     c = csub.add_parser("list", help="the effective settings with their sources (the default action)")

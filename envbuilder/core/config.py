@@ -27,6 +27,13 @@ from typing import Any, Optional
 from envbuilder.core.errors import RecipeError, did_you_mean
 from envbuilder.core.structs import dataclass
 
+#: The order in words, for ``envbuilder config --help`` and the man page.
+PRECEDENCE = (
+    "Each setting comes from the first of: a command-line flag, its environment variable, the user file "
+    "($XDG_CONFIG_HOME/envbuilder/config.toml, default ~/.config), the site file (/etc/envbuilder/config.toml "
+    "or $ENVBUILDER_CONFIG), the default. Both files hold a [settings] table; the site file's "
+    '[locked] keys = ["NAME", ...] makes its value (or the default) the only one for those keys.'
+)
 #: The table of settings in either file, and the site file's table of locked keys.
 SETTINGS_TABLE = "settings"
 LOCKED_TABLE = "locked"
@@ -227,62 +234,48 @@ def resolve(
     """Each setting's value and source, by the order in this module's docstring. ``flags``: setting name to the
     value the command line gave. ``legacy_home``: an existing ``~/.envbuilder``, the home where nothing names one
     and ``$WORK`` is unset (records made before the XDG data home stay found)."""
-    flags = flags or {}
     results, warnings = [], []
     for setting in SETTINGS:
-        given = _candidates(setting, env, user, flags)
+        given = _given(setting, env, user, flags or {})
         site_value = site.values.get(setting.name) if site else None
         if site and setting.name in site.locked:
-            for value, source in given:
-                if value != site_value:
-                    warnings.append(
-                        f"{setting.name}: {value!r} from {source} is ignored: the site file {site.path} "
-                        "locks it"
-                    )
+            warnings += [
+                f"{setting.name}: {one.value!r} from {_said[one.source]}{one.where} is ignored: the site file "
+                f"{site.path} locks it"
+                for one in given
+                if one.value != site_value
+            ]
             results.append(
                 Effective(setting, site_value, "site", f"{site.path} (locked)", locked=True)
                 if site_value is not None
                 else replace(_default(setting, env, legacy_home, f"locked by {site.path}"), locked=True)
             )
-            continue
-        if given:
-            value, _source = given[0]
-            results.append(_given(setting, value, env, user, flags))
-        elif site_value is not None and site:
+        elif given:
+            results.append(given[0])
+        elif site and site_value is not None:
             results.append(Effective(setting, site_value, "site", site.path))
         else:
             results.append(_default(setting, env, legacy_home, ""))
     return Resolved(tuple(results), tuple(warnings))
 
 
-def _candidates(
-    setting: Setting, env: Mapping[str, str], user: Optional[FileSettings], flags: Mapping[str, str]
-) -> list[tuple[str, str]]:
-    """What the user gave, highest first, each with its source in words: flag, variable, user file."""
-    out = []
-    if setting.name in flags:
-        out.append((flags[setting.name], f"the flag {setting.flag}"))
-    var = next((v for v in setting.variables if env.get(v)), None)
-    if var is not None:
-        out.append((env[var], f"${var}"))
-    if user is not None and setting.name in user.values:
-        out.append((user.values[setting.name], f"the user file {user.path}"))
-    return out
+#: How a warning names where a value came from, before the flag, the variable or the file.
+_said = {"flag": "the flag ", "env": "$", "user": "the user file "}
 
 
 def _given(
-    setting: Setting,
-    value: str,
-    env: Mapping[str, str],
-    user: Optional[FileSettings],
-    flags: Mapping[str, str],
-) -> Effective:
+    setting: Setting, env: Mapping[str, str], user: Optional[FileSettings], flags: Mapping[str, str]
+) -> list[Effective]:
+    """What the user gave, highest first: a flag, a variable (empty is unset), the user file."""
+    out = []
     if setting.name in flags:
-        return Effective(setting, value, "flag", setting.flag or "")
+        out.append(Effective(setting, flags[setting.name], "flag", setting.flag or ""))
     var = next((v for v in setting.variables if env.get(v)), None)
     if var is not None:
-        return Effective(setting, value, "env", var)
-    return Effective(setting, value, "user", user.path if user else "")
+        out.append(Effective(setting, env[var], "env", var))
+    if user is not None and setting.name in user.values:
+        out.append(Effective(setting, user.values[setting.name], "user", user.path))
+    return out
 
 
 def _default(setting: Setting, env: Mapping[str, str], legacy_home: Optional[str], why: str) -> Effective:

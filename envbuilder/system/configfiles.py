@@ -28,7 +28,7 @@ def read_user(env: Mapping[str, str]) -> Optional[config.FileSettings]:
     path = settings.user_config(env)
     if not _there(path):
         return None
-    return _read(path, env, site=False, elsewhere=f"chmod go-w {path}, and make it your own")
+    return _read(path, env, site=False, elsewhere="set XDG_CONFIG_HOME elsewhere")
 
 
 def read_site(env: Mapping[str, str]) -> Optional[config.FileSettings]:
