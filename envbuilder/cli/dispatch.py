@@ -80,6 +80,8 @@ def _dispatch(handler: Handler, args: argparse.Namespace, out: Out) -> int:
     command = args.command if args.command != "recipes" else f"recipes {args.recipes_command}"
     as_json = bool(getattr(args, "json", False))
     try:
+        if getattr(args, "reads_settings", True):
+            _apply_settings(args, out)
         data = handler(args, out)
         if isinstance(data, int):  # a program's exit status (envbuilder run), passed on as it is
             return int(data)
@@ -98,6 +100,30 @@ def _dispatch(handler: Handler, args: argparse.Namespace, out: Out) -> int:
     if as_json:
         _print_json(envelope(command, "ok", data))
     return EXIT_OK
+
+
+def _apply_settings(args: argparse.Namespace, out: Out) -> None:
+    """The config files' settings, the environment and the flags, resolved in their one place
+    (``core.config``), put where every module reads them: the process environment (so the programs a command
+    starts see the same), and a locked flag's option turned back off. ``args.settings`` keeps the answer for
+    ``envbuilder config``."""
+    from envbuilder.core import config  # noqa: PLC0415 - not for --help, --version and the completion scripts
+    from envbuilder.system import configfiles  # noqa: PLC0415
+
+    dests = {s.name: s.flag.lstrip("-").replace("-", "_") for s in config.SETTINGS if s.flag}
+    flags = {name: "1" for name, dest in dests.items() if getattr(args, dest, False) is True}
+    resolved = configfiles.effective(os.environ, flags)
+    if args.command != "__complete":  # a tab press prints nothing but names
+        for warning in resolved.warnings:
+            out.warn(warning)
+    for one in resolved.settings:
+        if one.locked and one.setting.name in flags:
+            setattr(args, dests[one.setting.name], one.value == "1")
+    environ = resolved.environ(os.environ)
+    for gone in set(os.environ) - set(environ):
+        del os.environ[gone]
+    os.environ.update(environ)
+    args.settings = resolved
 
 
 def _print_json(document: dict[str, Any]) -> None:

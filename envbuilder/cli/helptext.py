@@ -13,7 +13,10 @@ WIDTH = 80
 
 #: Every environment variable a command reads, described once.
 VARIABLES = {
-    "ENVBUILDER_HOME": "records, logs, lockfiles and caches (default $WORK/.envbuilder, else ~/.envbuilder)",
+    "ENVBUILDER_HOME": "records, logs, lockfiles and caches (default $WORK/.envbuilder, else an existing "
+    "~/.envbuilder, else $XDG_DATA_HOME/envbuilder)",
+    "XDG_CONFIG_HOME": "your config file is $XDG_CONFIG_HOME/envbuilder/config.toml (default ~/.config)",
+    "XDG_DATA_HOME": "the envbuilder home where no variable names one (default ~/.local/share)",
     "WORK": "where records and backups go when the variables naming them are unset",
     "SCRATCH": "envs are built in $SCRATCH/envbuilder/envs unless the recipe says otherwise",
     "ENVBUILDER_RECIPE_PATH": "your recipe directories, colon-separated, searched before the built-in ones",
@@ -148,6 +151,11 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ),
         (*_RECIPES, *_INDEX, "ENVBUILDER_HOME"),
     ),
+    "config": (
+        ("config", "config list --json"),
+        ("XDG_CONFIG_HOME", "ENVBUILDER_CONFIG", "ENVBUILDER_HOME", "XDG_DATA_HOME", "WORK"),
+    ),
+    "config list": (("config list", "config list --json"), ("XDG_CONFIG_HOME", "ENVBUILDER_CONFIG")),
     "completion": ((), ("SHELL",)),  # its examples: one a shell, from the shells' registry
     "man": (("man | man -l -", "man > ~/.local/share/man/man1/envbuilder.1"), ()),
 }

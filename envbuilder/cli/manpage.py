@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from envbuilder import __version__
 from envbuilder.cli import helptext
+from envbuilder.core.config import PRECEDENCE
 
 
 def _escape(text: str) -> str:
@@ -73,4 +74,5 @@ def render(parser: argparse.ArgumentParser) -> str:
         lines += _options(sub) + _examples(name)
         variables += [v for v in helptext.variables(name) if v not in variables]
     lines += _environment(variables)
+    lines += [".SH FILES", _escape(PRECEDENCE)]
     return "\n".join(lines) + "\n"

@@ -70,6 +70,7 @@ def _build() -> argparse.ArgumentParser:
         _add_probe,
         _add_recipes,
         _add_publish,
+        _add_config,
         _add_docs,
     ):
         add(sub)
@@ -476,6 +477,22 @@ def _add_publish(sub: _Sub) -> None:
     p.set_defaults(handler=command("publish", "handle_publish"))
 
 
+def _add_config(sub: _Sub) -> None:
+    from envbuilder.core.config import PRECEDENCE  # noqa: PLC0415 - pure text, from the precedence's one home
+
+    p = sub.add_parser(
+        "config",
+        help="the effective settings, and where each comes from (flag, env, file, default)",
+        description=PRECEDENCE,
+    )
+    csub = p.add_subparsers(dest="config_command", metavar="ACTION", parser_class=Parser)
+    c = csub.add_parser("list", help="the effective settings with their sources (the default action)")
+    add_json(c)
+    c.set_defaults(handler=command("config", "handle_list"))
+    add_json(p)
+    p.set_defaults(handler=command("config", "handle_list"))
+
+
 def _add_docs(sub: _Sub) -> None:
     """completion and man, and the hidden command completion scripts call back for names (no help: not listed)."""
     p = sub.add_parser(
@@ -488,9 +505,10 @@ def _add_docs(sub: _Sub) -> None:
         metavar="SHELL",
         help="%(choices)s (default: the one $SHELL names)",
     )
-    p.set_defaults(handler=command("docs", "handle_completion"))
+    # Neither reads a setting: they print without reading the config files.
+    p.set_defaults(handler=command("docs", "handle_completion"), reads_settings=False)
     p = sub.add_parser("man", help="print the envbuilder man page (roff)")
-    p.set_defaults(handler=command("docs", "handle_man"))
+    p.set_defaults(handler=command("docs", "handle_man"), reads_settings=False)
     p = sub.add_parser("__complete")
     p.add_argument("kind", choices=Choices("envbuilder.cli.completion", "KINDS"), metavar="KIND")
     p.set_defaults(handler=command("docs", "handle_names"))

@@ -10,12 +10,40 @@ from pathlib import Path
 
 
 def home(env: Mapping[str, str]) -> Path:
-    """Where records live: $ENVBUILDER_HOME, else $WORK/.envbuilder (not purged), else ~/.envbuilder."""
+    """Where records live: $ENVBUILDER_HOME, else $WORK/.envbuilder (not purged), else the XDG data home's
+    ``envbuilder`` (``$XDG_DATA_HOME``, default ~/.local/share). An existing ~/.envbuilder (the home before the XDG
+    one) is kept, so that nobody's records vanish: the CLI names it as the home's default
+    (``core.config.resolve``'s ``legacy_home``, passed on as ENVBUILDER_HOME), since this function reads no disk."""
     if env.get("ENVBUILDER_HOME"):
         return Path(env["ENVBUILDER_HOME"])
     if env.get("WORK"):
         return Path(env["WORK"]) / ".envbuilder"
-    return Path(env.get("HOME") or Path.home()) / ".envbuilder"
+    return data_home(env)
+
+
+def user_home(env: Mapping[str, str]) -> Path:
+    return Path(env.get("HOME") or Path.home())
+
+
+def _xdg(env: Mapping[str, str], var: str, default: str) -> Path:
+    """An XDG base directory: the variable where it holds an absolute path (the spec ignores a relative one)."""
+    given = env.get(var, "")
+    return Path(given) if given.startswith("/") else user_home(env) / default
+
+
+def data_home(env: Mapping[str, str]) -> Path:
+    """envbuilder's directory in the XDG data home: $XDG_DATA_HOME/envbuilder, default ~/.local/share/envbuilder."""
+    return _xdg(env, "XDG_DATA_HOME", ".local/share") / "envbuilder"
+
+
+def legacy_home(env: Mapping[str, str]) -> Path:
+    """The home before the XDG one, still used where it exists: ~/.envbuilder."""
+    return user_home(env) / ".envbuilder"
+
+
+def user_config(env: Mapping[str, str]) -> Path:
+    """The user's config file: $XDG_CONFIG_HOME/envbuilder/config.toml, default ~/.config/envbuilder/config.toml."""
+    return _xdg(env, "XDG_CONFIG_HOME", ".config") / "envbuilder" / "config.toml"
 
 
 def records_dir(home: Path) -> Path:
@@ -70,7 +98,7 @@ BACKUP_ROOT_VAR = "ENVBUILDER_BACKUP_ROOT"
 
 def backup_root(env: Mapping[str, str]) -> tuple[Path, str]:
     """Where backups go, and why: $ENVBUILDER_BACKUP_ROOT, else $WORK/envbuilder/backups (not purged), else
-    the envbuilder home's ``backups`` (with $WORK unset, that is ~/.envbuilder: small, but not purged)."""
+    the envbuilder home's ``backups`` (with $WORK unset, that is in $HOME: small, but not purged)."""
     if env.get(BACKUP_ROOT_VAR):
         return Path(env[BACKUP_ROOT_VAR]), BACKUP_ROOT_VAR
     if env.get("WORK"):

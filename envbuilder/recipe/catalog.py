@@ -105,14 +105,15 @@ def site_registries(env: Mapping[str, str]) -> list[Layer]:
     if path is None:
         return []
     doc = read_toml(path)
-    # [[shared_roots]]: the group-shared backup roots, read by strictmodes where a check needs them.
-    unknown = sorted(set(doc) - {"registries", "shared_roots"})
+    # [[shared_roots]]: the group-shared backup roots, read by strictmodes where a check needs them;
+    # [settings] and [locked]: the settings, read by system.configfiles.
+    unknown = sorted(set(doc) - {"registries", "shared_roots", "settings", "locked"})
     if unknown:
         raise RecipeError(
             f"unknown key {unknown[0]!r}",
             file=str(path),
             key=unknown[0],
-            hint="expected [[registries]] or [[shared_roots]]",
+            hint="expected [[registries]], [[shared_roots]], [settings] or [locked]",
         )
     items = doc.get("registries", [])
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):

@@ -30,10 +30,13 @@ def record(name="vista-venv-cu124", **kw):
     return state.EnvRecord(**{**base, **kw})
 
 
-def test_home_prefers_envbuilder_home_then_work_then_home(tmp_path):
+def test_home_prefers_envbuilder_home_then_work_then_the_xdg_data_home(tmp_path):
     assert settings.home({"ENVBUILDER_HOME": "/a", "WORK": "/w", "HOME": "/h"}) == state.Path("/a")
     assert settings.home({"WORK": "/w", "HOME": "/h"}) == state.Path("/w/.envbuilder")
-    assert settings.home({"HOME": "/h"}) == state.Path("/h/.envbuilder")
+    assert settings.home({"HOME": "/h"}) == state.Path("/h/.local/share/envbuilder")
+    assert settings.home({"HOME": "/h", "XDG_DATA_HOME": "/d"}) == state.Path("/d/envbuilder")
+    # The XDG spec ignores a relative base directory.
+    assert settings.home({"HOME": "/h", "XDG_DATA_HOME": "d"}) == state.Path("/h/.local/share/envbuilder")
 
 
 def test_record_round_trip(tmp_path):
