@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,9 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     if not args.json:
         out.result.line(
             f"{len(done.downloaded)} downloaded ({done.bytes_downloaded} bytes), "
-            f"{len(done.skipped)} already there with the locked hash, {len(files)} files in {root}"
+            f"{len(done.skipped)} already there with the locked hash; {done.held} files in {root}"
         )
-        out.result.line(f"{mirror.VAR}='{value}'")
+        out.result.line(f"export {mirror.VAR}={shlex.quote(value)}")
     return {
         "to": str(root),
         "layout": args.layout,
@@ -40,5 +41,6 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         "downloaded": list(done.downloaded),
         "skipped": list(done.skipped),
         "bytes": done.bytes_downloaded,
+        "held": done.held,
         "index_mirror": value,
     }

@@ -35,7 +35,8 @@ class Filled:
     downloaded: tuple[str, ...]
     skipped: tuple[str, ...]
     bytes_downloaded: int
-    pages: int
+    #: Every file the mirror holds now: these locks' and those earlier runs recorded.
+    held: int
 
 
 def fill(
@@ -45,11 +46,14 @@ def fill(
     env: Mapping[str, str],
     log: Callable[[str], None] = lambda _: None,
 ) -> Filled:
-    """Every file of ``files`` under ``root`` in ``layout``, and (simple) the index pages."""
+    """Every file of ``files`` under ``root`` in ``layout``, and (simple) the index pages over them and over what
+    earlier runs put there (the manifest records it)."""
     downloaded: list[str] = []
     skipped: list[str] = []
     total = 0
     with fsutil.disk_errors((root, "mirror to another directory with --to DIR")):
+        recorded = _recorded(root, layout)
+        held = sitemirror.merged([f for f in recorded if (root / f.relpath(layout)).is_file()], files)
         for f in files:
             dest = root / f.relpath(layout)
             if dest.is_file() and not dest.is_symlink() and _sha256(dest) == f.sha256:
@@ -59,10 +63,20 @@ def fill(
             log(f"{f.filename} ({size} bytes)")
             downloaded.append(f.filename)
             total += size
-        written = sitemirror.pages(files) if layout == "simple" else {}
+        written = sitemirror.pages(held) if layout == "simple" else {}
+        written[sitemirror.MANIFEST] = sitemirror.manifest(held, layout)
         for rel, text in written.items():
             fsutil.write_atomic(root / rel, text.encode())
-    return Filled(tuple(downloaded), tuple(skipped), total, len(written))
+    return Filled(tuple(downloaded), tuple(skipped), total, len(held))
+
+
+def _recorded(root: Path, layout: str) -> list[MirrorFile]:
+    path = root / sitemirror.MANIFEST
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    return sitemirror.read_manifest(text, str(path), layout)
 
 
 def _sha256(path: Path) -> str:

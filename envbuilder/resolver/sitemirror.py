@@ -10,6 +10,7 @@ read with ``--find-links``). Downloading them is :mod:`envbuilder.backends.sitem
 from __future__ import annotations
 
 import html
+import json
 import re
 import urllib.parse
 from collections.abc import Sequence
@@ -23,6 +24,9 @@ from envbuilder.resolver.mirror import PYPI, VAR
 LAYOUTS = MIRROR_LAYOUTS
 FILES = "files"
 SIMPLE = "simple"
+#: What a mirror directory holds, so that a later run with other locks adds to its pages instead of replacing them.
+MANIFEST = ".envbuilder-mirror.json"
+MANIFEST_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,52 @@ def _add(found: dict[str, MirrorFile], new: MirrorFile) -> None:
         found[new.filename] = MirrorFile(
             old.project, old.filename, old.url, old.sha256, (*old.locks, *new.locks)
         )
+
+
+def merged(recorded: Sequence[MirrorFile], new: Sequence[MirrorFile]) -> list[MirrorFile]:
+    """What a mirror holds after ``new`` joins the files it ``recorded``; a file of a recorded name with another
+    hash is refused (it would replace the bytes an earlier lock names)."""
+    found = {f.filename: f for f in recorded}
+    for f in new:
+        _add(found, f)
+    return sorted(found.values(), key=lambda f: (f.project, f.filename))
+
+
+def manifest(files: Sequence[MirrorFile], layout: str) -> str:
+    entries = [
+        {"project": f.project, "file": f.filename, "url": f.url, "sha256": f.sha256, "locks": list(f.locks)}
+        for f in files
+    ]
+    return json.dumps({"version": MANIFEST_VERSION, "layout": layout, "files": entries}, indent=1) + "\n"
+
+
+def read_manifest(text: str, where: str, layout: str) -> list[MirrorFile]:
+    """The files a mirror's manifest records; one of another layout or form is refused."""
+    try:
+        doc = json.loads(text)
+        if doc.get("version") != MANIFEST_VERSION:
+            raise ValueError(f"version {doc.get('version')!r}, expected {MANIFEST_VERSION}")
+        files = [
+            MirrorFile(
+                str(e["project"]),
+                filename_of(str(e["url"]), where),
+                str(e["url"]),
+                str(e["sha256"]),
+                tuple(str(x) for x in e["locks"]),
+            )
+            for e in doc["files"]
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(
+            f"{where}: not a mirror manifest envbuilder can read ({exc})",
+            hint="mirror into a new directory with --to, or remove the manifest to start the mirror's pages afresh",
+        ) from None
+    if doc.get("layout") != layout:
+        raise UsageError(
+            f"{where}: this mirror has the {doc.get('layout')!r} layout, not {layout!r}",
+            hint=f"run again with --layout {doc.get('layout')}, or mirror into another directory",
+        )
+    return files
 
 
 def pages(files: Sequence[MirrorFile]) -> dict[str, str]:

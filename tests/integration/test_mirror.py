@@ -82,6 +82,7 @@ def locked(tmp_path: Path) -> Iterator[World]:
     fastmath(files, "1.0", ARM)
     fastmath(files, "1.1", X86)
     build_wheel(files, "helper", "2.0", {"helper/__init__.py": ""}, requires=["fastmath>=1.0"])
+    build_wheel(files, "extra", "1.0", {"extra/__init__.py": ""})
     with serve(files) as index:
         yield World(tmp_path, files, index)
 
@@ -108,7 +109,8 @@ def test_mirror_then_create_from_it_with_the_index_gone(tmp_path, layout):
     assert {f["name"] for f in data["files"]} == LOCKED  # both platforms' files, and nothing else
     assert sorted(data["downloaded"]) == sorted(LOCKED) and data["skipped"] == []
     held = to / "files" if layout == "simple" else to
-    assert {p.name for p in held.iterdir() if p.is_file()} == LOCKED
+    manifest = {".envbuilder-mirror.json"} if layout == "wheelhouse" else set()  # simple: beside files/
+    assert {p.name for p in held.iterdir() if p.is_file()} == LOCKED | manifest
     for name in LOCKED:
         assert sha(held / name) == sha(world.files / name)
     assert data["bytes"] == sum((world.files / n).stat().st_size for n in LOCKED)
@@ -135,7 +137,7 @@ def test_mirror_then_create_from_it_with_the_index_gone(tmp_path, layout):
 
 def test_the_printed_value_is_shown(world, tmp_path):
     res = ok(world.mirror(tmp_path / "m"))
-    assert f"ENVBUILDER_INDEX_MIRROR='pypi=file://{tmp_path}/m/simple/'" in res.stdout
+    assert f"export ENVBUILDER_INDEX_MIRROR=pypi=file://{tmp_path}/m/simple/\n" in res.stdout
     assert "3 downloaded" in res.stdout
 
 
@@ -175,3 +177,18 @@ def test_an_unreachable_index_names_the_file_and_the_lock(tmp_path):
     assert str(world.lock) in res.stderr and world.index.url in res.stderr
     assert "refused" in res.stderr.lower()
     assert not (tmp_path / "m" / "simple").exists()  # no pages over files that are not there
+
+
+def test_a_later_run_with_another_lock_adds_to_the_pages(world, tmp_path):
+    to = tmp_path / "m"
+    ok(world.mirror(to))
+    world.write_recipe("other", RECIPE.replace('"demo"', '"other"').replace('"helper"', '"extra"').replace(
+        "helper==2.0", "extra==1.0"))  # fmt: skip
+    other = tmp_path / "other.lock.toml"
+    ok(world.cli("lock", "other", "--platform", "x86_64", "-o", str(other)))
+    data = json.loads(ok(world.cli("mirror", str(other), "--to", str(to), "--json")).stdout)["data"]
+    assert data["downloaded"] == ["extra-1.0-py3-none-any.whl"] and data["held"] == 4
+    root = (to / "simple" / "index.html").read_text()
+    assert 'href="extra/"' in root and 'href="helper/"' in root and 'href="fastmath/"' in root
+    assert "helper-2.0-py3-none-any.whl" in (to / "simple" / "helper" / "index.html").read_text()
+    refused(world.mirror(to, "--layout", "wheelhouse"), 2, "this mirror has the 'simple' layout")

@@ -88,3 +88,28 @@ def test_the_value_sends_every_locked_index_to_the_mirror():
     assert mirror.sources_for(mirror.PYPI, house) == ([], ["/srv/wheels"])
     with pytest.raises(UsageError, match="a wheelhouse path with a space"):
         sitemirror.env_value(indexes, "/srv/site mirror", "wheelhouse")
+
+
+def test_a_later_run_keeps_what_the_mirror_holds_and_refuses_other_bytes_under_a_held_name():
+    one = sitemirror.collect(
+        [lock("/l/one", ("x86_64", (pkg("x", "https://a.example/x-1.0-py3-none-any.whl"),), []))]
+    )
+    text = sitemirror.manifest(one, "simple")
+    recorded = sitemirror.read_manifest(text, "/m/.envbuilder-mirror.json", "simple")
+    assert recorded == one
+    two = sitemirror.collect(
+        [lock("/l/two", ("x86_64", (pkg("y", "https://a.example/y-1.0-py3-none-any.whl"),), []))]
+    )
+    assert [f.filename for f in sitemirror.merged(recorded, two)] == [
+        "x-1.0-py3-none-any.whl",
+        "y-1.0-py3-none-any.whl",
+    ]
+    other = sitemirror.collect(
+        [lock("/l/3", ("x86_64", (pkg("x", "https://b.example/x-1.0-py3-none-any.whl", sha=B),), []))]
+    )
+    with pytest.raises(LockError, match="has another hash than the file of that name in /l/one"):
+        sitemirror.merged(recorded, other)
+    with pytest.raises(UsageError, match="has the 'simple' layout, not 'wheelhouse'"):
+        sitemirror.read_manifest(text, "/m/.envbuilder-mirror.json", "wheelhouse")
+    with pytest.raises(UsageError, match=r"/m/\.envbuilder-mirror\.json: not a mirror manifest"):
+        sitemirror.read_manifest("{}", "/m/.envbuilder-mirror.json", "simple")
