@@ -131,7 +131,8 @@ def _add_mirror(sub: _Sub) -> None:
         choices=Choices("envbuilder.core.formats", "MIRROR_LAYOUTS"),
         default="simple",
         metavar="LAYOUT",
-        help="%(choices)s (default simple: DIR/simple/<project>/index.html; wheelhouse: one flat --find-links DIR)",
+        help="%(choices)s (default simple: DIR/simple/<project>/index.html; wheelhouse: one flat --find-links DIR); "
+        "conda packages go to the channel DIR/conda either way",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     add_json(p)

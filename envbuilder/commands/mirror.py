@@ -18,7 +18,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     locks = [lockfile.read(Path(p).expanduser()) for p in args.locks]
     files = sitemirror.collect(locks)
     root = Path(args.to).expanduser().absolute()
-    value = sitemirror.env_value(sitemirror.upstreams(locks), str(root), args.layout)
+    conda = sitemirror.channels(locks) if any(f.subdir for f in files) else []
+    value = sitemirror.env_value(sitemirror.upstreams(locks), str(root), args.layout, conda)
     quiet = bool(args.json or args.quiet)
     if not quiet:
         out.heading(f"Mirroring {len(files)} files from {len(locks)} lockfile(s) into {root} ({args.layout})")

@@ -1,5 +1,5 @@
 """Filling a site mirror: each file the locks name downloaded once, its sha256 checked before it takes its name,
-and the simple layout's pages written over them: the network half of the site mirror (what goes where is
+and the simple layout's pages (and a conda channel's repodata.json) written over them: the network half of the site mirror (what goes where is
 :mod:`envbuilder.resolver.sitemirror`'s, pure).
 
 A download goes to a hidden temporary name beside its place and is renamed only once its hash matches the lock, so
@@ -63,11 +63,29 @@ def fill(
             log(f"{f.filename} ({size} bytes)")
             downloaded.append(f.filename)
             total += size
+        if any(f.subdir for f in held):
+            _index_channel(root / sitemirror.CONDA)
         written = sitemirror.pages(held) if layout == "simple" else {}
         written[sitemirror.MANIFEST] = sitemirror.manifest(held, layout)
         for rel, text in written.items():
             fsutil.write_atomic(root / rel, text.encode())
     return Filled(tuple(downloaded), tuple(skipped), total, len(held))
+
+
+def _index_channel(channel: Path) -> None:
+    """repodata.json for every subdir of the mirror's conda channel, written by py-rattler's indexer."""
+    try:
+        import asyncio  # noqa: PLC0415 - only a mirror with conda packages needs them
+
+        from rattler.index import index_fs  # noqa: PLC0415
+    except ImportError:
+        raise LockError(
+            "the locks name conda packages, and the mirror's channel is indexed with py-rattler, which is not "
+            "installed here",
+            hint="install envbuilder on Python 3.10 or newer (py-rattler comes with it), or mirror wheel locks only",
+        ) from None
+    fsutil.mkdirs(channel / "noarch")  # conda asks every channel for noarch too
+    asyncio.run(index_fs(channel, write_zst=False, write_shards=False, force=True))
 
 
 def _recorded(root: Path, layout: str) -> list[MirrorFile]:

@@ -2,7 +2,8 @@
 mirrored into a PEP 503 tree or a wheelhouse, the index stopped, and `create --locked` building the env from the
 mirror alone (the ENVBUILDER_INDEX_MIRROR value the command printed, every proxy a dead port, uv's cache empty).
 A file the index serves with other bytes than the lock's is refused and never lies under its name; a rerun
-downloads nothing; an unreachable index names the file and the lock."""
+downloads nothing; an unreachable index names the file and the lock. A conda lock's packages become a conda
+channel in the mirror that create --locked builds from."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from condaworld import World as CondaWorld
+from condaworld import conda_meta
 from helpers import UserWorld, ok, refused
 from wheelindex import build_wheel, mirror_env, serve
 
@@ -192,3 +195,39 @@ def test_a_later_run_with_another_lock_adds_to_the_pages(world, tmp_path):
     assert 'href="extra/"' in root and 'href="helper/"' in root and 'href="fastmath/"' in root
     assert "helper-2.0-py3-none-any.whl" in (to / "simple" / "helper" / "index.html").read_text()
     refused(world.mirror(to, "--layout", "wheelhouse"), 2, "this mirror has the 'simple' layout")
+
+
+def test_a_conda_lock_is_mirrored_into_a_channel_and_created_from_it(tmp_path, conda_channel):
+    """The conda recipe's packages (every platform's) into DIR/conda/<subdir> with repodata.json, its wheel into
+    the PEP 503 tree; the channel and the wheel index gone, create --locked builds from the mirror alone."""
+    pytest.importorskip(
+        "rattler", reason="py-rattler (the embedded conda engine and the channel indexer) is absent"
+    )
+
+    own = tmp_path / "channel"
+    shutil.copytree(conda_channel, own)
+    wheels = tmp_path / "wheels"
+    build_wheel(wheels, "condademo", "1.0", {"condademo/__init__.py": "OK = True\n"})
+    (tmp_path / "w").mkdir()
+    with serve(wheels) as idx:
+        world = CondaWorld(tmp_path / "w", own, idx, tmp_path / "uv-cache")
+        world.recipe()
+        lock = world.data("lock", "cdemo", "--platform", "x86_64", "--platform", "aarch64")["path"]
+        to = tmp_path / "m"
+        data = json.loads(ok(world.cli("mirror", lock, "--to", str(to), "--json")).stdout)["data"]
+    shutil.rmtree(own)
+    paths = {f["path"] for f in data["files"]}
+    assert "files/condademo-1.0-py3-none-any.whl" in paths
+    assert any(p.startswith("conda/linux-aarch64/hpc-lib-1.5-") for p in paths)  # the aarch64 half too
+    repodata = json.loads((to / "conda" / "linux-64" / "repodata.json").read_text())
+    assert any(name.startswith("hpc-lib-1.0-") for name in repodata["packages"])
+    assert f"https://conda.anaconda.org/conda-forge={to}/conda" in data["index_mirror"]
+
+    created = world.data(
+        "create", "cdemo", "--locked", "--no-validate",
+        ENVBUILDER_INDEX_MIRROR=data["index_mirror"], UV_CACHE_DIR=str(tmp_path / "fresh-uv-cache"), **DEAD,
+    )  # fmt: skip
+    assert created["env"]["plan"]["lock"]["status"] == "applies"
+    prefix = world.scratch / "envs" / "cdemo"
+    assert conda_meta(prefix)["hpc-lib"] == "1.0"
+    assert (prefix / "bin" / "python").exists()

@@ -4,6 +4,8 @@ the mirror rules send where the mirror lies."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from envbuilder.core.errors import LockError, UsageError
@@ -44,10 +46,19 @@ def test_every_platform_of_every_lock_once_each():
     assert files[1].relpath("wheelhouse") == "torch-2.5.0+cu124-cp311-cp311-linux_aarch64.whl"
 
 
-def test_conda_packages_are_refused_naming_the_lock_and_package():
-    conda = pkg("numpy", "https://conda.anaconda.org/conda-forge/linux-64/numpy-1.0-0.conda", source="conda")
-    with pytest.raises(LockError, match=r"/l/c.lock.toml: numpy 1.0 \(x86_64\) is a conda package"):
-        sitemirror.collect([lock("/l/c.lock.toml", ("x86_64", (conda,), []))])
+def test_conda_packages_go_to_one_channel_by_subdir_and_get_no_pages():
+    url = "https://conda.anaconda.org/conda-forge/{}/python-3.11.0-h0.tar.bz2"
+    x86 = pkg("python", url.format("linux-64"), source="conda")
+    arm = pkg("python", url.format("linux-aarch64"), sha=B, source="conda")  # the same name, other bytes
+    files = sitemirror.collect([lock("/l/c.lock.toml", ("x86_64", (x86,), []), ("aarch64", (arm,), []))])
+    assert [f.relpath("simple") for f in files] == [
+        "conda/linux-64/python-3.11.0-h0.tar.bz2",
+        "conda/linux-aarch64/python-3.11.0-h0.tar.bz2",
+    ]
+    assert sitemirror.pages(files) == {"simple/index.html": sitemirror.pages([])["simple/index.html"]}
+    bad = pkg("python", "https://conda.example/python-3.11.0-h0.tar.bz2", source="conda")
+    with pytest.raises(LockError, match="does not name its platform subdir"):
+        sitemirror.collect([lock("/l/c.lock.toml", ("x86_64", (bad,), []))])
 
 
 def test_two_files_of_one_name_with_other_hashes_are_refused():
@@ -86,8 +97,22 @@ def test_the_value_sends_every_locked_index_to_the_mirror():
     assert mirror.sources_for(TORCH, rules) == (["file:///srv/site%20mirror/simple/"], [])
     house = mirror.parse(sitemirror.env_value(indexes, "/srv/wheels", "wheelhouse"))
     assert mirror.sources_for(mirror.PYPI, house) == ([], ["/srv/wheels"])
-    with pytest.raises(UsageError, match="a wheelhouse path with a space"):
+    with pytest.raises(UsageError, match="a wheelhouse or conda channel path with a space"):
         sitemirror.env_value(indexes, "/srv/site mirror", "wheelhouse")
+
+
+def test_the_value_sends_every_locked_conda_channel_to_the_mirrors_channel():
+    inputs = {"index_flags": [], "conda_channels": ["conda-forge", "/srv/own"]}
+    locks = [replace(lock("/l"), platforms=(PlatformLock("x86_64", "linux-64", inputs, ()),))]
+    conda = sitemirror.channels(locks)
+    assert conda == ["https://conda.anaconda.org/conda-forge", "file:///srv/own"]
+    value = sitemirror.env_value([mirror.PYPI], "/srv/m", "simple", conda)
+    assert value == (
+        "pypi=file:///srv/m/simple/ https://conda.anaconda.org/conda-forge=/srv/m/conda file:///srv/own=/srv/m/conda"
+    )
+    assert mirror.remap_channels(["conda-forge", "/srv/own"], mirror.parse(value))[0] == [
+        "file:///srv/m/conda"
+    ]
 
 
 def test_a_later_run_keeps_what_the_mirror_holds_and_refuses_other_bytes_under_a_held_name():
