@@ -64,6 +64,13 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ),
         (*_RECIPES, *_INDEX, "ENVBUILDER_HOME"),
     ),
+    "mirror": (
+        (
+            "mirror ~/.envbuilder/lockfiles/local.lock.toml --to /srv/mirror",
+            "mirror a.lock.toml b.lock.toml --to /srv/wheels --layout wheelhouse",
+        ),
+        (),
+    ),
     "create": (
         (
             "create vista-venv-cu124",

@@ -55,6 +55,7 @@ def _build() -> argparse.ArgumentParser:
     for add in (
         _add_plan,
         _add_lock,
+        _add_mirror,
         _add_create,
         _add_validate,
         _add_run,
@@ -115,6 +116,28 @@ def _add_lock(sub: _Sub) -> None:
     _add_index(p)
     add_json(p)
     p.set_defaults(handler=command("lock", "handle"))
+
+
+def _add_mirror(sub: _Sub) -> None:
+    p = sub.add_parser(
+        "mirror",
+        help="download exactly the files lockfiles name into a site mirror (PEP 503 tree or wheelhouse)",
+    )
+    p.add_argument(
+        "locks", nargs="+", metavar="LOCK", help="lockfiles (NAME.lock.toml); every platform in each"
+    )
+    p.add_argument("--to", required=True, metavar="DIR", help="the mirror directory (made if missing)")
+    p.add_argument(
+        "--layout",
+        choices=Choices("envbuilder.core.formats", "MIRROR_LAYOUTS"),
+        default="simple",
+        metavar="LAYOUT",
+        help="%(choices)s (default simple: DIR/simple/<project>/index.html; wheelhouse: one flat --find-links DIR); "
+        "conda packages go to the channel DIR/conda either way",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
+    add_json(p)
+    p.set_defaults(handler=command("mirror", "handle"))
 
 
 def _add_create(sub: _Sub) -> None:

@@ -12,3 +12,6 @@ BACKUP_MODES = ("wheelhouse", "archive")
 
 #: The archive of an archive-mode backup: a tar (compressed with zstd where it is found) or a squashfs image.
 BACKUP_FORMATS = ("tar", "squashfs")
+
+#: A site mirror's layout (``envbuilder mirror``), the first the default: a PEP 503 tree or a flat wheelhouse.
+MIRROR_LAYOUTS = ("simple", "wheelhouse")
