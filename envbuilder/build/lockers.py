@@ -21,6 +21,7 @@ from envbuilder.backends.installers import uv_binary
 from envbuilder.core.errors import CommandFailed, EnvbuilderError, LockError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.kinds import AUTO, RATTLER, kind_info
+from envbuilder.lockfile import pylock
 from envbuilder.lockfile.model import (
     ARCHES,
     Lock,
@@ -89,8 +90,8 @@ class UvLocker:
                     + exc.stderr_tail.rstrip(),
                     hint="every package needs a wheel (or sdist) for that platform on the recipe's indexes",
                 ) from None
-            packages = from_pylock(out.read_text(encoding="utf-8"), f"the lock for {arch}")
-        return PlatformLock(arch, tag, dict(inputs), packages)
+            text = out.read_text(encoding="utf-8")
+        return PlatformLock(arch, tag, dict(inputs), from_pylock(text, f"the lock for {arch}"), pylock=text)
 
 
 class RattlerLocker:
@@ -391,3 +392,14 @@ def make(
 def write(lock: Lock, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fsutil.write_atomic(path, lock.dumps().encode(), 0o644)
+
+
+def write_pylocks(lock: Lock, directory: Path) -> list[Path]:
+    """One PEP 751 ``pylock.ARCH.toml`` per platform of a wheel lock, in ``directory``; the paths written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for platform in lock.platforms:
+        path = directory / pylock.file_name(platform.arch)
+        fsutil.write_atomic(path, pylock.render(lock, platform).encode(), 0o644)
+        written.append(path)
+    return written

@@ -109,6 +109,13 @@ def _add_lock(sub: _Sub) -> None:
         "--python", metavar="X.Y", help="Python to lock for (default: the recipe's python.version)"
     )
     p.add_argument("-o", "--output", metavar="FILE", help="default: NAME.lock.toml in your envbuilder home")
+    p.add_argument(
+        "--format",
+        choices=("envbuilder", "pylock"),
+        default="envbuilder",
+        help="pylock: also write a PEP 751 pylock.ARCH.toml per platform, which uv and pip install "
+        "(beside the lock given with -o, else in NAME/ beside yours); venv recipes",
+    )
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     _add_index(p)
