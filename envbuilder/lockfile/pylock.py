@@ -115,7 +115,7 @@ def _ours(
 def _arches(packages: tuple[LockedPackage, ...]) -> tuple[str, ...]:
     """The architectures the wheels are built for (a wheel's platform tag, its file name's last part); every
     one where all are pure."""
-    found = set()
+    found: set[str] = set()
     for pkg in packages:
         for f in pkg.files:
             name = f.url.rsplit("/", 1)[-1]
