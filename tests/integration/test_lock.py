@@ -509,6 +509,10 @@ def test_lock_format_pylock_writes_pep751_files_that_uv_installs_and_create_take
     refused(
         world.cli("plan", "demo", "--lock", str(where / "pylock.x86_64.toml"), "--locked"), 13, "is stale"
     )
+    # A registry ships envbuilder's own lock (all platforms, the provenance), not a pylock.
+    registry = str(tmp_path / "registry")
+    res = world.cli("publish", "demo", "--registry", registry, "--lock", str(where / "pylock.x86_64.toml"))
+    refused(res, 10, "is a PEP 751 pylock file: a recipe is published with envbuilder's own lock")
 
     # A pylock from elsewhere (no tool table) is taken as is, for the arch its wheels are built for.
     world.recipe()
