@@ -490,7 +490,9 @@ def _add_docs(sub: _Sub) -> None:
 
 def _add_lock_use(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--lock", metavar="FILE", help="use this lockfile (default: yours, else the published one)"
+        "--lock",
+        metavar="FILE",
+        help="use this lockfile, envbuilder's or a PEP 751 pylock.toml (default: yours, else the published one)",
     )
     group = p.add_mutually_exclusive_group()
     group.add_argument(

@@ -480,6 +480,10 @@ def test_lock_format_pylock_writes_pep751_files_that_uv_installs_and_create_take
     where = world.home / "lockfiles" / "demo"
     assert data["pylock"] == [str(where / "pylock.x86_64.toml"), str(where / "pylock.aarch64.toml")]
     assert (world.home / "lockfiles" / "demo.lock.toml").is_file()  # ours stays, with the plan's inputs
+    # With -o, beside the lock given.
+    mine = tmp_path / "locks" / "demo.lock.toml"
+    data = world.data("lock", "demo", "-o", str(mine), "--format", "pylock")
+    assert data["pylock"] == [str(mine.parent / "pylock.x86_64.toml")] and mine.is_file()
 
     for arch, tag, fm in (("x86_64", X86, "1.1"), ("aarch64", ARM, "1.0")):
         doc = loads((where / f"pylock.{arch}.toml").read_text())

@@ -482,3 +482,13 @@ def test_a_bad_pylock_names_the_file_and_what_is_wrong(text, message):
     with pytest.raises(LockError) as err:
         reader.parse(text, "pylock.toml")
     assert err.value.message.startswith("pylock.toml: ") and message in err.value.message
+
+
+def test_a_pylock_is_refused_for_a_conda_env_and_where_it_misses_a_pin():
+    lock = replace(_wheel_lock("helper-2.0-py3-none-any.whl"), format="pylock", path="pylock.toml")
+    conda = {**lock.platforms[0].inputs, "kind": "conda"}
+    with pytest.raises(LockError, match="but the recipe builds a conda env"):
+        lockfit.applicable_lock("demo", lock, conda, "x86_64", locked=False, warnings=[])
+    wanted = {**lock.platforms[0].inputs, "requirements": ["helper==2.0", "torch==2.13.0+cpu"]}
+    with pytest.raises(LockError, match=r"has no torch, but the plan installs torch==2\.13\.0\+cpu"):
+        lockfit.applicable_lock("demo", lock, wanted, "x86_64", locked=False, warnings=[])
