@@ -123,13 +123,16 @@ def applicable_lock(
 
 
 def _pylock_platform(platform: PlatformLock, wanted: Mapping[str, Any], where: str) -> PlatformLock:
-    """A PEP 751 lock's platform, when its packages satisfy what the plan pins (torch's build among them): one
-    from elsewhere records no inputs, so it takes the plan's (its markers are evaluated for them)."""
+    """A PEP 751 lock's platform. Ours (``lock --format pylock``) records its inputs: it is stale or not as our
+    lock is. One from elsewhere records none: it must satisfy what the plan pins (torch's release among them), and
+    then takes the plan's inputs (its markers are evaluated for them)."""
     if kind_info(str(wanted.get("kind", ""))).conda:
         raise LockError(
             f"{where} is a PEP 751 pylock.toml (wheels only), but the recipe builds a conda env",
             hint="use the recipe's own lock (`envbuilder lock NAME`) for a conda env",
         )
+    if platform.inputs:
+        return platform
     locked = {canonicalize_name(p.name): p.version for p in platform.packages}
     for line in wanted.get("requirements", ()):
         try:
@@ -145,7 +148,7 @@ def _pylock_platform(platform: PlatformLock, wanted: Mapping[str, Any], where: s
                 f"{where} has {found}, but the plan installs {line}: refused before anything is built",
                 hint="lock the recipe itself (`envbuilder lock NAME --format pylock`), or fix the recipe's pins",
             )
-    return platform if platform.inputs else replace(platform, inputs=dict(wanted))
+    return replace(platform, inputs=dict(wanted))
 
 
 _MANYLINUX_TAG = re.compile(r"-manylinux_(\d+)_(\d+)$")
