@@ -107,13 +107,16 @@ class RattlerLocker:
         self.uv = uv
         self.target = target
         self.log = log
+        #: conda-lock's output per arch, where conda-lock made it (its own format, kept for --format conda-lock).
+        self.native: dict[str, Any] = {}
 
     def lock(self, arch: str, tag: str, inputs: Mapping[str, Any]) -> PlatformLock:
         conda_pkgs = self._solve(arch, inputs)
         wheels: tuple[LockedPackage, ...] = ()
         if inputs["requirements"]:
             wheels = UvLocker(self.env, self.uv, self.log).lock(arch, tag, inputs).packages
-        return PlatformLock(arch, tag, dict(inputs), conda_pkgs + wheels)
+        native = json.dumps(self.native.pop(arch)) if arch in self.native else ""
+        return PlatformLock(arch, tag, dict(inputs), conda_pkgs + wheels, conda_lock=native)
 
     def _channels(self, inputs: Mapping[str, Any]) -> list[str]:
         channels, notes = mirror.remap_channels(inputs["conda_channels"], mirror.from_env(self.env))
@@ -245,7 +248,9 @@ class CondaLockLocker(RattlerLocker):
                     hint="check conda.channels and conda.packages; conda.engine = 'rattler' locks without conda",
                 )
             doc = _read_yaml(out)
-        return from_conda_lock(doc, subdir, f"conda-lock's output for {arch}")
+        locked = from_conda_lock(doc, subdir, f"conda-lock's output for {arch}")
+        self.native[arch] = doc
+        return locked
 
 
 def conda_lock_command() -> list[str]:
@@ -392,6 +397,12 @@ def make(
 def write(lock: Lock, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fsutil.write_atomic(path, lock.dumps().encode(), 0o644)
+
+
+def write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fsutil.write_atomic(path, text.encode(), 0o644)
+    return path
 
 
 def write_pylocks(lock: Lock, directory: Path) -> list[Path]:

@@ -111,10 +111,11 @@ def _add_lock(sub: _Sub) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="default: NAME.lock.toml in your envbuilder home")
     p.add_argument(
         "--format",
-        choices=("envbuilder", "pylock"),
+        choices=("envbuilder", "pylock", "conda-lock"),
         default="envbuilder",
-        help="pylock: also write a PEP 751 pylock.ARCH.toml per platform, which uv and pip install "
-        "(beside the lock given with -o, else in NAME/ beside yours); venv recipes",
+        help="also write the standard file(s) beside the lock given with -o (else in NAME/ beside yours): "
+        "pylock, a PEP 751 pylock.ARCH.toml per platform for uv and pip (venv recipes); conda-lock, "
+        "conda-lock's conda-lock.yml (conda recipes that conda-lock locks)",
     )
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")

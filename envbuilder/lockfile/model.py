@@ -77,6 +77,9 @@ class PlatformLock:
     #: The PEP 751 file the resolver wrote for this platform (uv's pylock.toml), as it wrote it; "" where none
     #: (conda packages, a lock read back): ``envbuilder lock --format pylock`` writes it beside the lock.
     pylock: str = field(default="", compare=False)
+    #: conda-lock's own lock of this platform's conda part (JSON text of its conda-lock.yml) where conda-lock
+    #: made it: ``envbuilder lock --format conda-lock`` joins the platforms' into one conda-lock.yml.
+    conda_lock: str = field(default="", compare=False)
 
     @property
     def wheels(self) -> list[LockedPackage]:

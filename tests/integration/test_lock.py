@@ -478,12 +478,12 @@ def test_lock_format_pylock_writes_pep751_files_that_uv_installs_and_create_take
     world.recipe()
     data = world.data("lock", "demo", "--platform", "x86_64", "--platform", "aarch64", "--format", "pylock")
     where = world.home / "lockfiles" / "demo"
-    assert data["pylock"] == [str(where / "pylock.x86_64.toml"), str(where / "pylock.aarch64.toml")]
+    assert data["standard_files"] == [str(where / "pylock.x86_64.toml"), str(where / "pylock.aarch64.toml")]
     assert (world.home / "lockfiles" / "demo.lock.toml").is_file()  # ours stays, with the plan's inputs
     # With -o, beside the lock given.
     mine = tmp_path / "locks" / "demo.lock.toml"
     data = world.data("lock", "demo", "-o", str(mine), "--format", "pylock")
-    assert data["pylock"] == [str(mine.parent / "pylock.x86_64.toml")] and mine.is_file()
+    assert data["standard_files"] == [str(mine.parent / "pylock.x86_64.toml")] and mine.is_file()
 
     for arch, tag, fm in (("x86_64", X86, "1.1"), ("aarch64", ARM, "1.0")):
         doc = loads((where / f"pylock.{arch}.toml").read_text())
@@ -537,7 +537,7 @@ def test_lock_format_pylock_writes_pep751_files_that_uv_installs_and_create_take
 def test_lock_format_pylock_refuses_a_conda_recipe(world):
     world.write_recipe("cdemo", CONDA_RECIPE)
     res = world.cli("lock", "cdemo", "--format", "pylock")
-    refused(res, 2, "--format pylock locks wheels, but cdemo is a conda recipe")
+    refused(res, 2, "--format pylock does not fit cdemo, a conda recipe (conda packages)")
     assert not (world.home / "lockfiles").exists()
 
 
