@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -284,7 +285,7 @@ def test_lock_format_conda_lock_writes_one_conda_lock_yml_that_conda_lock_reads(
 ):
     """``lock --format conda-lock``: conda-lock's own entries for each platform joined into one conda-lock.yml,
     with uv's pip part as conda-lock's pip entries; the real conda-lock parses it and renders the explicit files
-    its install runs (an install needs a real conda, which this machine has none of: see conda_shim)."""
+    its install runs, and ``conda-lock install`` installs it through the stand-in conda (see conda_shim)."""
     pytest.importorskip(
         "conda_lock", reason="conda-lock is not installed (pip install -e '.[test]' brings it)"
     )
@@ -317,6 +318,15 @@ def test_lock_format_conda_lock_writes_one_conda_lock_yml_that_conda_lock_reads(
     lib = next(p for p in ours.for_arch("x86_64").conda if p.name == "hpc-lib")
     assert f"{lib.files[0].url}#" in explicit
     assert "# pip condademo @ " in explicit
+
+    # The real conda-lock installs it (with the stand-in conda): the locked conda builds and the pip part.
+    prefix = tmp_path / "installed"
+    shim = next((tmp_path / "miniforge3" / "bin").glob("conda"))
+    res = subprocess.run([sys.executable, "-m", "conda_lock", "install", "--conda", str(shim), "-p", str(prefix),
+                          str(out)], cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **world.env})  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert conda_meta(prefix)["hpc-lib"] == lib.version
+    assert list(prefix.glob("lib/python*/site-packages/condademo*"))
 
     # A recipe that py-rattler locks (no conda here) has no conda-lock output to write: said before anything is.
     world.recipe(name="rdemo")
