@@ -174,6 +174,8 @@ def conda_shim(bin_dir: Path) -> Path:
     - ``conda create --dry-run --json ...``: prints the plan as conda does, every record in ``actions.FETCH`` and
       ``LINK``, for the subdir in ``CONDA_SUBDIR`` with the virtual packages from ``CONDA_OVERRIDE_*`` (conda's
       variables; conda-lock sets both); a failed solve prints conda's JSON error and exits 1;
+    - ``conda create --file EXPLICIT --prefix P`` and ``conda run --prefix P CMD`` (what ``conda-lock install``
+      runs);
     - ``conda --version`` and ``conda info --json`` (``pkgs_dirs`` from ``CONDA_PKGS_DIRS``)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     shim = bin_dir / "conda"
@@ -245,12 +247,52 @@ def shim_main(argv: Sequence[str]) -> int:
             )
         )
         return 0
+    if list(argv[:1]) == ["run"]:
+        return _shim_run(argv[1:])
+    if list(argv[:1]) == ["create"] and "--file" in argv:
+        argv = _shim_explicit(argv[1:])
     if list(argv[:1]) != ["create"] or any(a.startswith("--final-prefix") for a in argv):
         print(f"conda shim: `conda {' '.join(argv[:2])}` is not implemented", file=sys.stderr)
         return 2
     if "--dry-run" in argv:
         return _shim_dry_run([a for a in argv[1:] if a not in {"--dry-run", "--json", "--yes"}])
     return main(list(argv))
+
+
+def _shim_explicit(argv: Sequence[str]) -> list[str]:
+    """``conda create --file EXPLICIT --prefix P``, as conda-lock install runs it: the explicit file's URLs as
+    exact ``name=version=build`` specs from their channels (the stand-in solves them; conda would link them)."""
+    p = argparse.ArgumentParser(prog="conda create")
+    p.add_argument("--file", required=True)
+    p.add_argument("--prefix", required=True)
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--yes", action="store_true")
+    args = p.parse_args(argv)
+    channels: list[str] = []
+    specs = []
+    for line in Path(args.file).read_text().splitlines():
+        if "://" not in line or line.startswith("#"):
+            continue
+        url = line.split("#", 1)[0]
+        channel, stem = url.rsplit("/", 2)[0], url.rsplit("/", 1)[1]
+        stem = stem[: -len(".tar.bz2")] if stem.endswith(".tar.bz2") else stem[: -len(".conda")]
+        name, version, build = stem.rsplit("-", 2)
+        specs.append(f"{name}={version}={build}")
+        channels += [] if channel in channels else [channel]
+    return ["create", "--yes", "--prefix", args.prefix, "--override-channels",
+            *(a for c in channels for a in ("--channel", c)), *specs]  # fmt: skip
+
+
+def _shim_run(argv: Sequence[str]) -> int:
+    """``conda run ... --prefix P COMMAND...`` (conda-lock puts the prefix after ``run``): COMMAND with the env's
+    bin first on PATH."""
+    rest = list(argv)
+    prefix = rest[rest.index("--prefix") + 1]
+    del rest[rest.index("--prefix") : rest.index("--prefix") + 2]
+    env = {**os.environ, "PATH": f"{prefix}/bin:{os.environ.get('PATH', '')}", "CONDA_PREFIX": prefix}
+    import subprocess
+
+    return subprocess.run(rest, env=env, check=False).returncode
 
 
 def _shim_dry_run(argv: Sequence[str]) -> int:

@@ -21,6 +21,7 @@ from envbuilder.backends.installers import uv_binary
 from envbuilder.core.errors import CommandFailed, EnvbuilderError, LockError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.kinds import AUTO, RATTLER, kind_info
+from envbuilder.lockfile import pylock
 from envbuilder.lockfile.model import (
     ARCHES,
     Lock,
@@ -89,8 +90,8 @@ class UvLocker:
                     + exc.stderr_tail.rstrip(),
                     hint="every package needs a wheel (or sdist) for that platform on the recipe's indexes",
                 ) from None
-            packages = from_pylock(out.read_text(encoding="utf-8"), f"the lock for {arch}")
-        return PlatformLock(arch, tag, dict(inputs), packages)
+            text = out.read_text(encoding="utf-8")
+        return PlatformLock(arch, tag, dict(inputs), from_pylock(text, f"the lock for {arch}"), pylock=text)
 
 
 class RattlerLocker:
@@ -106,13 +107,16 @@ class RattlerLocker:
         self.uv = uv
         self.target = target
         self.log = log
+        #: conda-lock's output per arch, where conda-lock made it (its own format, kept for --format conda-lock).
+        self.native: dict[str, Any] = {}
 
     def lock(self, arch: str, tag: str, inputs: Mapping[str, Any]) -> PlatformLock:
         conda_pkgs = self._solve(arch, inputs)
         wheels: tuple[LockedPackage, ...] = ()
         if inputs["requirements"]:
             wheels = UvLocker(self.env, self.uv, self.log).lock(arch, tag, inputs).packages
-        return PlatformLock(arch, tag, dict(inputs), conda_pkgs + wheels)
+        native = json.dumps(self.native.pop(arch)) if arch in self.native else ""
+        return PlatformLock(arch, tag, dict(inputs), conda_pkgs + wheels, conda_lock=native)
 
     def _channels(self, inputs: Mapping[str, Any]) -> list[str]:
         channels, notes = mirror.remap_channels(inputs["conda_channels"], mirror.from_env(self.env))
@@ -244,7 +248,9 @@ class CondaLockLocker(RattlerLocker):
                     hint="check conda.channels and conda.packages; conda.engine = 'rattler' locks without conda",
                 )
             doc = _read_yaml(out)
-        return from_conda_lock(doc, subdir, f"conda-lock's output for {arch}")
+        locked = from_conda_lock(doc, subdir, f"conda-lock's output for {arch}")
+        self.native[arch] = doc
+        return locked
 
 
 def conda_lock_command() -> list[str]:
@@ -391,3 +397,20 @@ def make(
 def write(lock: Lock, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fsutil.write_atomic(path, lock.dumps().encode(), 0o644)
+
+
+def write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fsutil.write_atomic(path, text.encode(), 0o644)
+    return path
+
+
+def write_pylocks(lock: Lock, directory: Path) -> list[Path]:
+    """One PEP 751 ``pylock.ARCH.toml`` per platform of a wheel lock, in ``directory``; the paths written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for platform in lock.platforms:
+        path = directory / pylock.file_name(platform.arch)
+        fsutil.write_atomic(path, pylock.render(lock, platform).encode(), 0o644)
+        written.append(path)
+    return written

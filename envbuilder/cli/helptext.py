@@ -60,7 +60,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (
             "lock vista-venv-cu124",
             "lock local --platform x86_64 --platform aarch64",
-            "lock local -o local.lock.toml",
+            "lock local -o locks/local.lock.toml --format pylock",
         ),
         (*_RECIPES, *_INDEX, "ENVBUILDER_HOME"),
     ),

@@ -111,6 +111,14 @@ def _add_lock(sub: _Sub) -> None:
         "--python", metavar="X.Y", help="Python to lock for (default: the recipe's python.version)"
     )
     p.add_argument("-o", "--output", metavar="FILE", help="default: NAME.lock.toml in your envbuilder home")
+    p.add_argument(
+        "--format",
+        choices=("envbuilder", "pylock", "conda-lock"),
+        default="envbuilder",
+        help="also write the standard file(s) beside the lock given with -o (else in NAME/ beside yours): "
+        "pylock, a PEP 751 pylock.ARCH.toml per platform for uv and pip (venv recipes); conda-lock, "
+        "conda-lock's conda-lock.yml (conda recipes that conda-lock locks)",
+    )
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     _add_index(p)
@@ -539,7 +547,9 @@ def _add_docs(sub: _Sub) -> None:
 
 def _add_lock_use(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--lock", metavar="FILE", help="use this lockfile (default: yours, else the published one)"
+        "--lock",
+        metavar="FILE",
+        help="use this lockfile, envbuilder's or a PEP 751 pylock.toml (default: yours, else the published one)",
     )
     group = p.add_mutually_exclusive_group()
     group.add_argument(

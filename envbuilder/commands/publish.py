@@ -131,6 +131,11 @@ def _locks(files: list[str], names: list[str]) -> dict[str, lockfile.Lock]:
             lock = lockfile.read(Path(f).expanduser(), "--lock")
         except LockError as exc:
             raise PublishError(exc.message, hint=exc.hint) from None
+        if lock.format != "envbuilder":  # it holds one platform and none of the lock's provenance
+            raise PublishError(
+                f"{f} is a PEP 751 pylock file: a recipe is published with envbuilder's own lock",
+                hint="envbuilder lock NAME -o NAME.lock.toml, then publish --lock NAME.lock.toml",
+            )
         if lock.recipe not in names:
             raise PublishError(
                 f"{f} locks {lock.recipe}, which is not among the recipes being published",

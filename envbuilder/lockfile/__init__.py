@@ -8,6 +8,7 @@ plan is ``plan.lockfit``'s, making one ``build.lockers``'.
 
 from __future__ import annotations
 
+from envbuilder.lockfile import condalock, pylock
 from envbuilder.lockfile.model import (
     ARCHES,
     ENGINES,
@@ -35,9 +36,11 @@ __all__ = [
     "PlatformLock",
     "arch_name",
     "conda_subdir",
+    "condalock",
     "inputs",
     "nightly_warning",
     "parse",
+    "pylock",
     "python_platform",
     "read",
     "recipe_sha256",

@@ -74,6 +74,12 @@ class PlatformLock:
     tag: str
     inputs: Mapping[str, Any]
     packages: tuple[LockedPackage, ...]
+    #: The PEP 751 file the resolver wrote for this platform (uv's pylock.toml), as it wrote it; "" where none
+    #: (conda packages, a lock read back): ``envbuilder lock --format pylock`` writes it beside the lock.
+    pylock: str = field(default="", compare=False)
+    #: conda-lock's own lock of this platform's conda part (JSON text of its conda-lock.yml) where conda-lock
+    #: made it: ``envbuilder lock --format conda-lock`` joins the platforms' into one conda-lock.yml.
+    conda_lock: str = field(default="", compare=False)
 
     @property
     def wheels(self) -> list[LockedPackage]:
@@ -108,6 +114,8 @@ class Lock:
     path: Optional[str] = None
     #: Where the lock was found: "--lock", "yours" (the lock directory), or "published".
     origin: str = ""
+    #: What it was read from: "envbuilder" (this format) or "pylock" (a PEP 751 file, see ``reader.from_pylock_file``).
+    format: str = "envbuilder"
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
     def arches(self) -> list[str]:

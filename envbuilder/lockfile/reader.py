@@ -21,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 from envbuilder.core import settings
 from envbuilder.core._toml import TOMLDecodeError, loads
 from envbuilder.core.errors import LockError, did_you_mean
+from envbuilder.lockfile import pylock
 from envbuilder.lockfile.model import (
     ARCHES,
     ENGINES,
@@ -37,21 +38,32 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def from_pylock(text: str, where: str) -> tuple[LockedPackage, ...]:
-    """The packages of a pylock.toml (PEP 751) as uv writes it."""
+    """The packages of a pylock.toml (PEP 751), as uv writes it or a user hands it in."""
     try:
         doc = loads(text)
     except TOMLDecodeError as exc:
         raise LockError(f"{where}: the resolver wrote unreadable TOML: {exc}") from None
+    return _pylock_packages(doc, where)
+
+
+def _pylock_packages(doc: Mapping[str, Any], where: str) -> tuple[LockedPackage, ...]:
+    raw = doc.get("packages", [])
+    if not isinstance(raw, list) or not all(isinstance(pkg, dict) for pkg in raw):
+        raise LockError(f"{where}: packages must be an array of tables (PEP 751)")
     out = []
-    for pkg in doc.get("packages", []):
+    for pkg in raw:
+        if not isinstance(pkg.get("name"), str) or not isinstance(pkg.get("version"), str):
+            raise LockError(
+                f"{where}: every package needs a name and an exact version (a package without a version, "
+                "from a directory or VCS, cannot be locked by hash)"
+            )
         files = []
         source = "wheel"
         for wheel in pkg.get("wheels", []) or []:
-            files.append(LockedFile(str(wheel["url"]), str(wheel.get("hashes", {}).get("sha256", ""))))
-        if not files and pkg.get("sdist"):
+            files.append(_pylock_file(wheel))
+        if not files and isinstance(pkg.get("sdist"), dict):
             source = "sdist"
-            sd = pkg["sdist"]
-            files.append(LockedFile(str(sd.get("url", "")), str(sd.get("hashes", {}).get("sha256", ""))))
+            files.append(_pylock_file(pkg["sdist"]))
         if not files or any(not _SHA256.match(f.sha256) for f in files):
             raise LockError(
                 f"{where}: {pkg.get('name')} {pkg.get('version')} has no file with a sha256",
@@ -65,6 +77,16 @@ def from_pylock(text: str, where: str) -> tuple[LockedPackage, ...]:
             )
         )
     return tuple(out)
+
+
+def _pylock_file(entry: Any) -> LockedFile:
+    """A wheel's or sdist's url and sha256 ("" where it lacks one: the caller refuses it)."""
+    if not isinstance(entry, dict):
+        return LockedFile("", "")
+    hashes = entry.get("hashes")
+    return LockedFile(
+        str(entry.get("url", "")), str(hashes.get("sha256", "")) if isinstance(hashes, dict) else ""
+    )
 
 
 def from_conda_lock(doc: Any, subdir: str, where: str) -> tuple[LockedPackage, ...]:
@@ -145,6 +167,8 @@ def parse(text: str, where: str) -> Lock:
         doc = loads(text)
     except TOMLDecodeError as exc:
         raise LockError(f"{where}: not valid TOML: {exc}") from None
+    if pylock.is_pylock(doc):
+        return pylock.lock_from(doc, _pylock_packages(doc, where), where)
     _strict(doc, (*_TOP, "platform"), where, "")
     version = _need(doc, "lock_version", int, where)
     if version != LOCK_VERSION:

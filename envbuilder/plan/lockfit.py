@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from packaging.markers import Marker
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
@@ -98,6 +99,8 @@ def applicable_lock(
     problem = ""
     hint = f"regenerate it: {fix}"
     platform = lock.for_arch(arch)
+    if platform is not None and lock.format == "pylock":
+        platform = _pylock_platform(platform, wanted, str(lock.path))
     if platform is None:
         problem = f"{lock.path} has no {arch} platform (it locks {', '.join(lock.arches()) or 'none'})"
     elif dict(platform.inputs) != dict(wanted):
@@ -117,6 +120,35 @@ def applicable_lock(
         raise LockError(problem, hint=hint)
     warnings.append(f"{problem}; building without the lock")
     return None, LockStatus(lock.summary(), arch, applies=False, reason=problem)
+
+
+def _pylock_platform(platform: PlatformLock, wanted: Mapping[str, Any], where: str) -> PlatformLock:
+    """A PEP 751 lock's platform. Ours (``lock --format pylock``) records its inputs: it is stale or not as our
+    lock is. One from elsewhere records none: it must satisfy what the plan pins (torch's release among them), and
+    then takes the plan's inputs (its markers are evaluated for them)."""
+    if kind_info(str(wanted.get("kind", ""))).conda:
+        raise LockError(
+            f"{where} is a PEP 751 pylock.toml (wheels only), but the recipe builds a conda env",
+            hint="use the recipe's own lock (`envbuilder lock NAME`) for a conda env",
+        )
+    if platform.inputs:
+        return platform
+    locked = {canonicalize_name(p.name): p.version for p in platform.packages}
+    for line in wanted.get("requirements", ()):
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:  # the loader checked the recipe's; nothing here to hold the lock to
+            continue
+        if req.marker is not None:
+            continue
+        have = locked.get(canonicalize_name(req.name))
+        if have is None or not req.specifier.contains(have, prereleases=True):
+            found = f"{req.name} {have}" if have else f"no {req.name}"
+            raise LockError(
+                f"{where} has {found}, but the plan installs {line}: refused before anything is built",
+                hint="lock the recipe itself (`envbuilder lock NAME --format pylock`), or fix the recipe's pins",
+            )
+    return replace(platform, inputs=dict(wanted))
 
 
 _MANYLINUX_TAG = re.compile(r"-manylinux_(\d+)_(\d+)$")

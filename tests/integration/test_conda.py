@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -277,3 +278,59 @@ def test_conda_lock_with_the_sites_conda_then_create_from_it(
     data = world.data("lock", "ccuda", "--platform", "x86_64", MODULEPATH=str(tree))
     assert data["engine"] == "conda-lock"
     assert "hpc-cuda" in {p.name for p in lockfile.read(Path(data["path"])).for_arch("x86_64").conda}
+
+
+def test_lock_format_conda_lock_writes_one_conda_lock_yml_that_conda_lock_reads(
+    tmp_path, conda_channel, conda_wheels, conda_uv_cache
+):
+    """``lock --format conda-lock``: conda-lock's own entries for each platform joined into one conda-lock.yml,
+    with uv's pip part as conda-lock's pip entries; the real conda-lock parses it and renders the explicit files
+    its install runs, and ``conda-lock install`` installs it through the stand-in conda (see conda_shim)."""
+    pytest.importorskip(
+        "conda_lock", reason="conda-lock is not installed (pip install -e '.[test]' brings it)"
+    )
+    from conda_lock.lockfile import parse_conda_lock_file
+
+    own = tmp_path / "channel"
+    shutil.copytree(conda_channel, own)
+    (tmp_path / "w").mkdir()
+    world = World(tmp_path / "w", own, conda_wheels, conda_uv_cache)
+    tree = miniforge_module(tmp_path)
+    world.recipe(extra='[modules]\nsystem = "lmod"\nload = ["miniforge3/25.3.1-gcc-11.4.1"]\n')
+    args = ("lock", "cdemo", "--platform", "x86_64", "--platform", "aarch64", "--format", "conda-lock")
+    data = world.data(*args, MODULEPATH=str(tree))
+    assert data["engine"] == "conda-lock"
+    out = Path(data["path"]).parent / "cdemo" / "conda-lock.yml"
+    assert data["standard_files"] == [str(out)]
+    ours = lockfile.read(Path(data["path"]))
+
+    theirs = parse_conda_lock_file(out)  # conda-lock's own reader and its models
+    assert sorted(theirs.metadata.platforms) == ["linux-64", "linux-aarch64"]
+    for arch, subdir in (("x86_64", "linux-64"), ("aarch64", "linux-aarch64")):
+        got = {(p.name, p.version, p.manager, p.hash.sha256) for p in theirs.package if p.platform == subdir}
+        want = {(p.name, p.version, "pip" if not p.is_conda else "conda", p.files[0].sha256)
+                for p in ours.for_arch(arch).packages}  # fmt: skip
+        assert got == want
+
+    subprocess.run([sys.executable, "-m", "conda_lock", "render", "--kind", "explicit", "-p", "linux-64", str(out)],
+                   cwd=tmp_path, check=True, capture_output=True)  # fmt: skip
+    explicit = (tmp_path / "conda-linux-64.lock").read_text()
+    lib = next(p for p in ours.for_arch("x86_64").conda if p.name == "hpc-lib")
+    assert f"{lib.files[0].url}#" in explicit
+    assert "# pip condademo @ " in explicit
+
+    # The real conda-lock installs it (with the stand-in conda): the locked conda builds and the pip part.
+    prefix = tmp_path / "installed"
+    shim = next((tmp_path / "miniforge3" / "bin").glob("conda"))
+    res = subprocess.run([sys.executable, "-m", "conda_lock", "install", "--conda", str(shim), "-p", str(prefix),
+                          str(out)], cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **world.env})  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert conda_meta(prefix)["hpc-lib"] == lib.version
+    assert list(prefix.glob("lib/python*/site-packages/condademo*"))
+
+    # A recipe that py-rattler locks (no conda here) has no conda-lock output to write: said before anything is.
+    world.recipe(name="rdemo")
+    res = world.cli("lock", "rdemo", "--format", "conda-lock", "-o", str(tmp_path / "r" / "rdemo.lock.toml"))
+    assert res.returncode == 13, res.stderr
+    assert "was locked by rattler for x86_64, not by conda-lock" in res.stderr
+    assert not (tmp_path / "r").exists()

@@ -8,6 +8,7 @@ CUDA version, ``torch._C._cuda_getArchFlags()``) and nothing else. The planner r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -420,3 +421,38 @@ def test_a_corrupt_or_foreign_cache_entry_is_ignored_and_never_passes_a_wrong_bu
         st = entry.stat()
         assert (st.st_uid, st.st_mode & 0o022) == (os.geteuid(), 0), why
         assert json.loads(entry.read_text())["arch_flags"] == NO_HOPPER.split(), why
+
+
+def _pylock(path: Path, wheel: Path, version: str) -> Path:
+    """A PEP 751 file from elsewhere (no [tool.envbuilder] table) naming one torch wheel."""
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    path.write_text(
+        'lock-version = "1.0"\ncreated-by = "a colleague"\n\n[[packages]]\nname = "torch"\n'
+        f'version = "{version}"\nwheels = [{{ url = "{wheel.as_uri()}", hashes = {{ sha256 = "{sha}" }} }}]\n'
+    )
+    return path
+
+
+def test_a_pylock_naming_another_torch_build_is_refused_before_anything_is_put_in_place(world, wheels):
+    world.recipe("gcpu", "cpu")
+    # Another release: refused by the plan, before anything is installed.
+    other = stand_in_torch(world.root / "other", "2.14.1+cpu", None)
+    res = world.create(
+        "gcpu", world.cpu_facts, "--lock", str(_pylock(world.root / "pylock.toml", other, "2.14.1+cpu"))
+    )
+    refused(res, 13, "has torch 2.14.1+cpu, but the plan installs torch==2.13.0")
+    assert not world.prefix("gcpu").exists() and world.leftovers("gcpu") == []
+
+    # The planned release in another build (cu126 for a CPU plan): the build guard refuses what it installed.
+    world.serve_only(wheels["cu126"])
+    lock = _pylock(world.root / "pylock.toml", wheels["cu126"], f"{PIN}+cu126")
+    res = world.create("gcpu", world.cpu_facts, "--lock", str(lock))
+    refused(res, 7, "torch build mismatch")
+    assert "the installer brought 2.13.0+cu126" in res.stderr
+    assert not world.prefix("gcpu").exists() and world.leftovers("gcpu") == []
+
+    # The planned build: the pylock's file is what is installed.
+    world.serve_only(wheels["cpu"])
+    lock = _pylock(world.root / "pylock.toml", wheels["cpu"], f"{PIN}+cpu")
+    ok(world.create("gcpu", world.cpu_facts, "--lock", str(lock), "--locked"))
+    assert world.installed("gcpu") == f"{PIN}+cpu"

@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 from wheelindex import build_wheel, mirror_env, serve
 
 from envbuilder import lockfile
-from envbuilder.core._toml import dumps
+from envbuilder.core._toml import dumps, loads
 
 pytestmark = pytest.mark.integration
 UV = shutil.which("uv")
@@ -456,3 +456,104 @@ def test_a_signed_registry_signs_the_lock_and_refuses_it_unsigned(world, tmp_pat
     sig2.chmod(0o644)
     sig2.unlink()
     refused(world.cli("plan", "demo", **user), 10, "the lock of demo@2 is not signed")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PEP 751: pylock.ARCH.toml beside the lock, installed by the real uv, and taken back by create
+
+
+def _uv_installs(pylock: Path, venv: Path) -> dict[str, str]:
+    """What the real uv installs from ``pylock`` into a fresh venv (name -> version), envbuilder not involved."""
+    subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    subprocess.run([UV, "pip", "install", "-q", "--python", py, "--no-index", "-r", str(pylock)], check=True,
+                   capture_output=True, text=True)  # fmt: skip
+    listed = subprocess.run([UV, "pip", "list", "--python", py, "--format", "json"], check=True,
+                            capture_output=True, text=True).stdout  # fmt: skip
+    return {p["name"]: p["version"] for p in json.loads(listed)}
+
+
+@pytest.mark.skipif(UV is None, reason="uv is not installed")
+def test_lock_format_pylock_writes_pep751_files_that_uv_installs_and_create_takes(world, tmp_path):
+    world.recipe()
+    data = world.data("lock", "demo", "--platform", "x86_64", "--platform", "aarch64", "--format", "pylock")
+    where = world.home / "lockfiles" / "demo"
+    assert data["standard_files"] == [str(where / "pylock.x86_64.toml"), str(where / "pylock.aarch64.toml")]
+    assert (world.home / "lockfiles" / "demo.lock.toml").is_file()  # ours stays, with the plan's inputs
+    # With -o, beside the lock given.
+    mine = tmp_path / "locks" / "demo.lock.toml"
+    data = world.data("lock", "demo", "-o", str(mine), "--format", "pylock")
+    assert data["standard_files"] == [str(mine.parent / "pylock.x86_64.toml")] and mine.is_file()
+
+    for arch, tag, fm in (("x86_64", X86, "1.1"), ("aarch64", ARM, "1.0")):
+        doc = loads((where / f"pylock.{arch}.toml").read_text())
+        assert doc["lock-version"] == "1.0" and doc["created-by"] == "uv"
+        pkgs = {p["name"]: p for p in doc["packages"]}
+        assert {n: p["version"] for n, p in pkgs.items()} == {"fastmath": fm, "helper": "2.0"}
+        wheel = world.files / f"fastmath-{fm}-{tag}.whl"
+        [entry] = pkgs["fastmath"]["wheels"]
+        assert entry["url"].endswith("/" + wheel.name) and entry["hashes"]["sha256"] == sha(wheel)
+        assert doc["tool"]["envbuilder"]["arch"] == arch
+
+    # The real uv installs the x86_64 file as it stands (its tool table ignored): the locked versions.
+    fastmath(world.files, "1.2", X86)
+    assert _uv_installs(where / "pylock.x86_64.toml", tmp_path / "uvenv") == {
+        "fastmath": "1.1",
+        "helper": "2.0",
+    }
+    assert (tmp_path / "uvenv" / "lib").exists()
+
+    # create --lock takes the pylock (its tool table keeps the inputs: it applies, and stays checked for staleness).
+    created = world.data(
+        "create", "demo", "--lock", str(where / "pylock.x86_64.toml"), "--locked", "--no-validate"
+    )
+    assert created["env"]["plan"]["lock"]["status"] == "applies"
+    assert world.x() == "x86 1.1"
+    world.recipe(specs=("helper>=2.0",))
+    refused(
+        world.cli("plan", "demo", "--lock", str(where / "pylock.x86_64.toml"), "--locked"), 13, "is stale"
+    )
+    # A registry ships envbuilder's own lock (all platforms, the provenance), not a pylock.
+    registry = str(tmp_path / "registry")
+    res = world.cli("publish", "demo", "--registry", registry, "--lock", str(where / "pylock.x86_64.toml"))
+    refused(res, 10, "is a PEP 751 pylock file: a recipe is published with envbuilder's own lock")
+
+    # A pylock from elsewhere (no tool table) is taken as is, for the arch its wheels are built for.
+    world.recipe()
+    theirs = tmp_path / "pylock.toml"
+    text = (where / "pylock.x86_64.toml").read_text()
+    theirs.write_text(text[: text.index("[tool.envbuilder]")])
+    ok(world.cli("create", "demo", "--force", "--lock", str(theirs), "--locked", "--no-validate"))
+    assert world.x() == "x86 1.1"
+    # ... and refused where it does not hold what the recipe pins.
+    theirs.write_text(
+        theirs.read_text().replace('name = "helper"\nversion = "2.0"', 'name = "helper"\nversion = "1.9"')
+    )
+    res = world.cli("create", "demo", "--force", "--lock", str(theirs), "--no-validate")
+    refused(res, 13, f"{theirs} has helper 1.9, but the plan installs helper==2.0")
+    assert world.x() == "x86 1.1"
+
+
+def test_lock_format_pylock_refuses_a_conda_recipe(world):
+    world.write_recipe("cdemo", CONDA_RECIPE)
+    res = world.cli("lock", "cdemo", "--format", "pylock")
+    refused(res, 2, "--format pylock does not fit cdemo, a conda recipe (conda packages)")
+    assert not (world.home / "lockfiles").exists()
+
+
+CONDA_RECIPE = """
+schema_version = 1
+[recipe]
+name = "cdemo"
+[env]
+kind = "conda"
+prefix = "${SCRATCH}/envs/{name}"
+[conda]
+channels = ["conda-forge"]
+packages = []
+[python]
+command = "python"
+version = "3.11"
+[torch]
+install = false
+"""

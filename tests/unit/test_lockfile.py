@@ -12,7 +12,7 @@ from envbuilder import lockfile, plan
 from envbuilder.build import lockers
 from envbuilder.core.errors import LockError
 from envbuilder.core.facts import Gpu, HostFacts
-from envbuilder.lockfile import reader
+from envbuilder.lockfile import pylock, reader
 from envbuilder.plan import lockfit
 from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
 from envbuilder.recipe.loader import load
@@ -406,3 +406,91 @@ def test_a_source_build_is_never_taken_from_the_installers_cache(tmp_path, insta
     assert own[own.index("--no-binary") :][:3] == ("--no-binary", "mpi4py", fresh)
     others = [s.argv for s in built.install_steps if s.argv[-1] != "mpi4py"]
     assert others and not any(fresh in argv for argv in others)  # the rest still comes from the cache
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PEP 751 pylock files
+
+
+def _wheel_lock(*files: str) -> lockfile.Lock:
+    pkgs = tuple(
+        lockfile.LockedPackage(
+            name.split("-")[0],
+            name.split("-")[1],
+            "wheel",
+            (lockfile.LockedFile(f"https://i/{name}", SHA_A),),
+        )
+        for name in files
+    )
+    inputs = {
+        "kind": "venv",
+        "python": "3.11",
+        "requirements": ["helper==2.0"],
+        "index_flags": [],
+        "channel": "",
+    }
+    return lockfile.Lock(
+        "demo",
+        "",
+        "d" * 64,
+        "venv",
+        "uv",
+        "",
+        "envbuilder 1",
+        (lockfile.PlatformLock("x86_64", "t", inputs, pkgs),),
+    )
+
+
+def test_a_pylock_rendered_without_uvs_text_reads_back_as_the_same_lock():
+    lock = _wheel_lock("fastmath-1.1-cp311-cp311-manylinux_2_28_x86_64.whl", "helper-2.0-py3-none-any.whl")
+    text = pylock.render(lock, lock.platforms[0])
+    assert text.startswith('lock-version = "1.0"')
+    back = reader.parse(text, "pylock.x86_64.toml")
+    assert back.format == "pylock" and back.recipe == "demo"
+    assert back.platforms == lock.platforms  # packages, files, hashes and inputs
+
+
+def test_a_foreign_pylock_is_for_the_arches_its_wheels_are_built_for():
+    arm = _wheel_lock("fastmath-1.0-cp311-cp311-manylinux_2_28_aarch64.whl", "helper-2.0-py3-none-any.whl")
+    text = pylock.render(arm, arm.platforms[0])
+    theirs = reader.parse(text[: text.index("[tool.envbuilder]")], "pylock.toml")
+    assert theirs.arches() == ["aarch64"] and theirs.platforms[0].inputs == {}
+    pure = _wheel_lock("helper-2.0-py3-none-any.whl")
+    text = pylock.render(pure, pure.platforms[0])
+    assert reader.parse(text[: text.index("[tool.envbuilder]")], "pylock.toml").arches() == [
+        "x86_64",
+        "aarch64",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('lock-version = "2.0"\n', "lock-version '2.0' is not one this envbuilder reads"),
+        ('lock-version = "1.0"\n[[packages]]\nname = "a"\nversion = "1"\n', "a 1 has no file with a sha256"),
+        (
+            'lock-version = "1.0"\n[[packages]]\nname = "a"\ndirectory = { path = "." }\n',
+            "every package needs a name",
+        ),
+        (
+            'lock-version = "1.0"\n[tool.envbuilder]\nrecipe = "d"\narch = "x86_64"\ntag = "t"\n',
+            "tool.envbuilder.inputs",
+        ),
+    ],
+)
+def test_a_bad_pylock_names_the_file_and_what_is_wrong(text, message):
+    with pytest.raises(LockError) as err:
+        reader.parse(text, "pylock.toml")
+    assert err.value.message.startswith("pylock.toml: ") and message in err.value.message
+
+
+def test_a_pylock_is_refused_for_a_conda_env_and_where_it_misses_a_pin():
+    lock = replace(_wheel_lock("helper-2.0-py3-none-any.whl"), format="pylock", path="pylock.toml")
+    conda = {**lock.platforms[0].inputs, "kind": "conda"}
+    with pytest.raises(LockError, match="but the recipe builds a conda env"):
+        lockfit.applicable_lock("demo", lock, conda, "x86_64", locked=False, warnings=[])
+    # One from elsewhere records no inputs: it is held to the plan's pins.
+    wanted = {**lock.platforms[0].inputs, "requirements": ["helper==2.0", "torch==2.13.0+cpu"]}
+    lock = replace(lock, platforms=(replace(lock.platforms[0], inputs={}),))
+    with pytest.raises(LockError, match=r"has no torch, but the plan installs torch==2\.13\.0\+cpu"):
+        lockfit.applicable_lock("demo", lock, wanted, "x86_64", locked=False, warnings=[])
