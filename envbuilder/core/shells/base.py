@@ -19,8 +19,9 @@ IF_PRESENT = "if_present"
 OWN = "own"
 VENV_HOOKS = (ALWAYS, IF_PRESENT, OWN)
 
-#: A completer for one kind of name: given the shell function's name and the command that prints the names, what
-#: shtab attaches to the argument and the code it puts before the script (None: none needed).
+#: A completer for one kind of name: given the shell function's name and the command that prints the names (its
+#: stderr the completer's to silence), what shtab attaches to the argument and the code it puts before the script
+#: (None: none needed).
 Completer = Callable[[str, str], "tuple[str, Optional[str]]"]
 
 

@@ -18,4 +18,21 @@ def _dq(text: str) -> str:
 
 
 CSH = Syntax("csh.csh", _quote, _dq, "csh", "activate.csh", venv=OWN, undo_script=True, added_later=True)
-SHELLS = (Shell("tcsh", CSH, aliases=("csh",), comments=False),)
+
+
+def _completer(function: str, ask: str) -> tuple[str, None]:
+    """tcsh's ``complete`` builtin runs a backquoted command for the words; tcsh has no functions, and its
+    backquotes cannot silence stderr alone (``__complete`` prints nothing there for a foreseeable error)."""
+    return f"`{ask}`", None
+
+
+SHELLS = (
+    Shell(
+        "tcsh",
+        CSH,
+        aliases=("csh",),
+        comments=False,
+        completer=_completer,
+        completion_file="~/.tcsh_completion.envbuilder",
+    ),
+)
