@@ -50,15 +50,8 @@ def script(parser: argparse.ArgumentParser, shell: str) -> str:
 
     _mark_names(parser)
     text = str(shtab.complete(parser, shell=shell))
-    return _recipes_first(text) if shell == "tcsh" else text
-
-
-def _recipes_first(text: str) -> str:
-    """tcsh's rules name a command by the word before the cursor (``n/show/``), so shtab's rule for ``show ENV``
-    also caught ``recipes show RECIPE``; tcsh takes the first rule that matches, so a rule for the word two
-    back (``N/recipes/``: ``recipes show``, ``recipes diff``) goes before them all."""
-    first = text.index("'n/")
-    return f"{text[:first]}'N/recipes/`envbuilder __complete recipes`/' \\\n        {text[first:]}"
+    finish = shells.COMPLETED[shell].finish_completion
+    return text if finish is None else finish(text)
 
 
 def names(kind: str) -> list[str]:

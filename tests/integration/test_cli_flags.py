@@ -12,6 +12,7 @@ import subprocess
 import time
 
 import pytest
+import test_cli_completion
 from helpers import run_cli, run_cli_process
 
 from envbuilder.cli import manpage, parts
@@ -91,6 +92,9 @@ def test_a_program_without_dashes_shows_the_corrected_line(command):
     assert res.stdout == ""
 
 
+#: The user of the other shells' completion tests: `envbuilder` on PATH is this checkout, one env recorded.
+shell_env = test_cli_completion.shell_env
+
 TCSH = shutil.which("tcsh")
 needs_tcsh = pytest.mark.skipif(TCSH is None, reason="tcsh is not installed")
 
@@ -102,14 +106,6 @@ def tcsh_script(tmp_path, shell_env):
     path = tmp_path / "envbuilder.tcsh"
     path.write_text(res.stdout)
     return path
-
-
-@pytest.fixture
-def shell_env(tmp_path):
-    """`envbuilder` on PATH is this checkout, with one env recorded (see test_cli_completion.py)."""
-    from test_cli_completion import shell_env as make  # noqa: PLC0415 - the same user as the other shells'
-
-    return make.__wrapped__(tmp_path)
 
 
 @needs_tcsh
@@ -129,7 +125,7 @@ def typed(shell_env, script, line):
     """What an interactive tcsh shows after ``line`` and a tab, in a real terminal (a pty)."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: the user's shell
-        os.execve(TCSH, [TCSH, "-f", "-i"], {**shell_env, "TERM": "dumb"})
+        os.execve(TCSH, [TCSH, "-f", "-i"], {**shell_env, "TERM": "dumb"})  # noqa: S606 - tcsh is the test
     os.write(fd, f"set edit; set prompt='> '; source {script}\n".encode())
     time.sleep(1)
     os.write(fd, f"{line}\t".encode())

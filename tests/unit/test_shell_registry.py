@@ -64,7 +64,8 @@ def test_the_cli_offers_a_registered_shell(ebtest, tmp_path):
     assert "bash, zsh, fish, tcsh, ebtest:" in run_cli("activate", "--help", env=env).stdout
     shown = run_cli("completion", "--help", env=env).stdout
     assert (
-        "bash, zsh, fish, ebtest" in shown and "envbuilder completion ebtest > ~/.ebtest_completion" in shown
+        "bash, zsh, fish, tcsh, ebtest" in shown
+        and "envbuilder completion ebtest > ~/.ebtest_completion" in shown
     )
     assert "for bash, zsh, fish or ebtest" in run_cli("--help", env=env).stdout
     # Its name completer is attached where shtab reads it, beside the others'.

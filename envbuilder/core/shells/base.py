@@ -102,5 +102,7 @@ class Shell:
     comments: bool = True
     #: Its tab completion, where shtab writes it (None: ``envbuilder completion`` does not offer it).
     completer: Optional[Completer] = None
+    #: What the script shtab writes for it needs put right, if anything (the script in, the script out).
+    finish_completion: Optional[Callable[[str], str]] = None
     #: Where a user keeps the completion script (the example in ``envbuilder completion --help``).
     completion_file: str = ""

@@ -26,6 +26,14 @@ def _completer(function: str, ask: str) -> tuple[str, None]:
     return f"`{ask}`", None
 
 
+def _recipes_first(text: str) -> str:
+    """tcsh's rules name a command by the word before the cursor (``n/show/``), so shtab's rule for ``show ENV``
+    also caught ``recipes show RECIPE``; tcsh takes the first rule that matches, so a rule for the word two
+    back (``N/recipes/``: ``recipes show``, ``recipes diff``) goes before them all."""
+    first = text.index("'n/")
+    return f"{text[:first]}'N/recipes/`envbuilder __complete recipes`/' \\\n        {text[first:]}"
+
+
 SHELLS = (
     Shell(
         "tcsh",
@@ -33,6 +41,7 @@ SHELLS = (
         aliases=("csh",),
         comments=False,
         completer=_completer,
+        finish_completion=_recipes_first,
         completion_file="~/.tcsh_completion.envbuilder",
     ),
 )
