@@ -67,7 +67,7 @@ def test_the_cli_offers_a_registered_shell(ebtest, tmp_path):
         "bash, zsh, fish, tcsh, ebtest" in shown
         and "envbuilder completion ebtest > ~/.ebtest_completion" in shown
     )
-    assert "for bash, zsh, fish, tcsh or ebtest" in run_cli("--help", env=env).stdout
+    assert "for bash, zsh, fish, tcsh or ebtest" in " ".join(run_cli("--help", env=env).stdout.split())
     # Its name completer is attached where shtab reads it, beside the others'.
     parser = build_parser()
     completion.script(parser, "bash")
