@@ -20,9 +20,9 @@ _NAMED_BY = {"recipe": "recipes", "recipes": "recipes", "env": "envs"}
 
 def _names_completer(kind: str) -> dict[str, Any]:
     """shtab's per-shell completer for one kind of name, from each shell's adapter (a shell function, or a
-    command substitution), each calling back into envbuilder; errors stay off the user's prompt."""
+    command substitution), each calling back into envbuilder; each adapter keeps errors off the user's prompt."""
     function = f"_envbuilder_{kind}"
-    ask = f"envbuilder __complete {kind} 2>/dev/null"
+    ask = f"envbuilder __complete {kind}"
     out: dict[str, Any] = {}
     preambles: dict[str, str] = {}
     for name, shell in shells.COMPLETED.items():
@@ -49,7 +49,9 @@ def script(parser: argparse.ArgumentParser, shell: str) -> str:
     import shtab  # noqa: PLC0415 - only this command needs it
 
     _mark_names(parser)
-    return str(shtab.complete(parser, shell=shell))
+    text = str(shtab.complete(parser, shell=shell))
+    finish = shells.COMPLETED[shell].finish_completion
+    return text if finish is None else finish(text)
 
 
 def names(kind: str) -> list[str]:

@@ -11,7 +11,15 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from envbuilder.cli.parser import build_parser
-from envbuilder.cli.parts import Handler, UsageExit, unrecognized
+from envbuilder.cli.parts import (
+    PROGRAM_COMMANDS,
+    Handler,
+    UsageExit,
+    merge_global_options,
+    missing_dashes,
+    unrecognized,
+    wants_json,
+)
 from envbuilder.core.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -19,6 +27,7 @@ from envbuilder.core.errors import (
     EXIT_PIPE,
     EXIT_USAGE,
     EnvbuilderError,
+    UsageError,
 )
 from envbuilder.system.console import Out
 
@@ -42,18 +51,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args, extras = parser.parse_known_args(argv)
         if extras:
-            raise unrecognized(args.parsed_by, extras)
+            raise missing_dashes(args, argv, extras) or unrecognized(args.parsed_by, extras)
+        merge_global_options(args)
         if program is not None:
             args.program = tuple(program)
     except UsageExit as exc:
-        out.error(str(exc), hint=exc.hint)
-        return EXIT_USAGE
+        return _usage_error(exc, argv, out)
     except SystemExit as exc:  # --help / --version
         return int(exc.code or 0)
+    out.quiet = args.quiet > 0
     if args.verbose:
-        import logging  # noqa: PLC0415 - only --verbose needs it here
-
-        logging.basicConfig(level=logging.DEBUG, format="%(message)s", stream=sys.stderr)
+        _log(args.verbose)
     handler: Optional[Handler] = getattr(args, "handler", None)
     if handler is None:
         (getattr(args, "subparser", None) or parser).print_help(sys.stderr)
@@ -61,15 +69,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return _dispatch(handler, args, out)
 
 
-#: The commands that take a program after ``--``.
-_PROGRAM_COMMANDS = ("run", "sbatch")
+def _usage_error(exc: UsageExit, argv: Sequence[str], out: Out) -> int:
+    """A usage error: on stderr as every error is, and under ``--json`` (anywhere on the line) also the envelope
+    on stdout, so a script reading it gets a document for this failure too."""
+    out.error(str(exc), hint=exc.hint)
+    if wants_json(argv):
+        failure = UsageError(str(exc), hint=exc.hint).to_json()
+        _print_json(envelope(" ".join(exc.prog.split()[1:]), "error", None, [failure]))
+    return EXIT_USAGE
+
+
+def _log(verbosity: int) -> None:
+    """-v: every command envbuilder runs (its own log); -vv: every library's debug log too, each line named."""
+    import logging  # noqa: PLC0415 - only --verbose needs it here
+
+    if verbosity > 1:
+        logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s", stream=sys.stderr)
+        return
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("envbuilder").setLevel(logging.DEBUG)
 
 
 def _split_program(argv: list[str]) -> tuple[list[str], Optional[list[str]]]:
     """``envbuilder run ENV [OPTIONS] -- PROGRAM ARGS...``: the program and its arguments are split off at the
     first ``--`` (for run and sbatch only), so none of them is read as an envbuilder option."""
     command = next((a for a in argv if not a.startswith("-")), None)
-    if command not in _PROGRAM_COMMANDS or "--" not in argv:
+    if command not in PROGRAM_COMMANDS or "--" not in argv:
         return argv, None
     cut = argv.index("--")
     return argv[:cut], argv[cut + 1 :]

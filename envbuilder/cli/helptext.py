@@ -8,6 +8,8 @@ import argparse
 import textwrap
 from collections.abc import Iterator
 
+from envbuilder.cli.parts import HelpFormatter
+
 #: Help text is written for this width: the width of a pipe, of a default terminal, of ``man``.
 WIDTH = 80
 
@@ -224,6 +226,6 @@ def apply(parser: argparse.ArgumentParser) -> None:
         if command not in COMMANDS:  # a command without examples yet: its help stays as it was (a test fails)
             continue
         parsed.epilog = epilog(command)
-        parsed.formatter_class = argparse.RawDescriptionHelpFormatter
+        parsed.formatter_class = HelpFormatter
         if parsed.description:  # kept as written too now, so filled here
             parsed.description = textwrap.fill(parsed.description, WIDTH - 2)

@@ -16,8 +16,10 @@ from envbuilder.cli.parts import (
     Handler,
     Parser,
     SchedulerValue,
+    add_global_options,
     add_json,
     command,
+    hide_aliases,
     positive,
     seconds,
 )
@@ -48,8 +50,6 @@ def _build() -> argparse.ArgumentParser:
         description="Build, validate and keep PyTorch environments on HPC clusters, from tested site recipes.",
     )
     parser.add_argument("--version", action="version", version=f"envbuilder {__version__}")
-    parser.add_argument("--traceback", action="store_true", help="show the Python stack on errors")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every command run")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     # In the order `envbuilder --help` lists them.
     for add in (
@@ -75,6 +75,7 @@ def _build() -> argparse.ArgumentParser:
         _add_docs,
     ):
         add(sub)
+    add_global_options(parser)
     helptext.apply(parser)
     return parser
 
@@ -120,7 +121,6 @@ def _add_lock(sub: _Sub) -> None:
         "conda-lock's conda-lock.yml (conda recipes that conda-lock locks)",
     )
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
-    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     _add_index(p)
     add_json(p)
     p.set_defaults(handler=command("lock", "handle"))
@@ -178,7 +178,6 @@ def _add_create(sub: _Sub) -> None:
     )
     _add_lock_use(p)
     _add_index(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     add_json(p)
     p.set_defaults(handler=command("create", "handle"))
 
@@ -227,7 +226,7 @@ def _add_run(sub: _Sub) -> None:
             name, help=help_text, usage=f"envbuilder {name} [OPTIONS] ENV -- PROGRAM [ARGS...]"
         )
         p.add_argument("env")
-        _add_launch(p, per_node="--gpus-per-node", per_node_help="ranks per node, one per GPU (default: all)")
+        _add_launch(p, per_node_help="ranks per node, one per GPU (default: all)")
         p.add_argument(
             "--dry-run",
             action="store_true",
@@ -370,7 +369,6 @@ def _add_backup(sub: _Sub) -> None:
         "-o", "--output", metavar="FILE", help="--portable: the archive to write (default ./ENV.portable.tar)"
     )
     p.add_argument("--wait", type=seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
-    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     add_json(p)
     p.set_defaults(handler=command("backup", "handle_backup"))
 
@@ -396,7 +394,6 @@ def _add_restore(sub: _Sub) -> None:
     p.add_argument("--validate", action="store_true", help="run the full validation suite afterwards")
     p.add_argument("--no-validate", action="store_true", help="skip even the torch import check")
     p.add_argument("--wait", type=seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
-    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     add_json(p)
     p.set_defaults(handler=command("backup", "handle_restore"))
 
@@ -573,9 +570,7 @@ def _add_index(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_launch(
-    p: argparse.ArgumentParser, per_node: str = "--nproc-per-node", per_node_help: Optional[str] = None
-) -> None:
+def _add_launch(p: argparse.ArgumentParser, per_node_help: Optional[str] = None) -> None:
     """How a launch is shaped (plan shows it, validate and run start it): launcher, nodes, ranks per node,
     account, partition."""
     p.add_argument(
@@ -585,7 +580,16 @@ def _add_launch(
         help="%(choices)s (default: the recipe's)",
     )
     p.add_argument("--nodes", type=positive, metavar="N")
-    p.add_argument(per_node, type=positive, metavar="N", help=per_node_help)
+    # One name on every command; torchrun's word and the one run and sbatch had are aliases (man page only).
+    per_node = p.add_argument(
+        "--ranks-per-node",
+        "--nproc-per-node",
+        "--gpus-per-node",
+        type=positive,
+        metavar="N",
+        help=per_node_help,
+    )
+    hide_aliases(per_node)
     p.add_argument(
         "--account", type=SchedulerValue("ACCOUNT"), metavar="NAME", help="allocation account for batch jobs"
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import shlex
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -100,6 +101,7 @@ class UsageExit(Exception):
 
     def __init__(self, message: str, prog: str, close: Optional[str] = None) -> None:
         super().__init__(message)
+        self.prog = prog
         #: The hint: the close match, if any, and the typed command's help.
         self.hint = f"{close} See `{prog} --help`" if close else f"see `{prog} --help`"
 
@@ -156,3 +158,94 @@ class SchedulerValue:
         if problem is not None:
             raise argparse.ArgumentTypeError(f"{problem[0]}; {problem[1]}")
         return text
+
+
+#: The options every command takes before or after its name, repeatable: (flags, dest, action, help).
+GLOBAL_OPTIONS = (
+    (("-v", "--verbose"), "verbose", "count", "log every command run; -vv also every library's debug log"),
+    (("-q", "--quiet"), "quiet", "count", "print only warnings, errors and the result"),
+    (("--traceback",), "traceback", "store_true", "show the Python stack on errors"),
+)
+#: The dest ``--json`` typed before the command lands in (the command's own is ``json``).
+JSON_BEFORE = "json@"
+
+
+def add_global_options(parser: argparse.ArgumentParser) -> None:
+    """Give ``parser`` and every parser below it the global options. argparse parses a command's options into a
+    fresh namespace and copies it over its caller's, so each level keeps its own dest (``verbose@LEVEL``, absent
+    unless typed) and :func:`merge_global_options` adds them up: ``-v plan -v`` is ``-vv``."""
+    parser.add_argument(
+        "--json", dest=JSON_BEFORE, action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+    for each in _all_parsers(parser):
+        group = each.add_argument_group("global options (before or after the command)")
+        for flags, dest, action, help_text in GLOBAL_OPTIONS:
+            shown = help_text if each is parser else argparse.SUPPRESS
+            group.add_argument(
+                *flags, dest=f"{dest}@{each.prog}", action=action, default=argparse.SUPPRESS, help=shown
+            )
+
+
+def _all_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    yield parser
+    for action in parser._actions:  # argparse keeps its subcommands here only
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                yield from _all_parsers(sub)
+
+
+def merge_global_options(args: argparse.Namespace) -> None:
+    """The global options wherever they were typed: ``args.verbose`` and ``args.quiet`` (counts) and
+    ``args.traceback``; ``--json`` before the command is the command's own ``--json``."""
+    typed = vars(args)
+    for _flags, dest, _action, _help in GLOBAL_OPTIONS:
+        found = [typed.pop(key) for key in [k for k in typed if k.startswith(f"{dest}@")]]
+        setattr(args, dest, sum(found) if dest != "traceback" else any(found))
+    if typed.pop(JSON_BEFORE, False):
+        parser = getattr(args, "parsed_by", None)
+        if parser is not None and "--json" not in parser._option_string_actions:
+            raise UsageExit(f"{parser.prog}: --json: this command has no JSON output", parser.prog)
+        args.json = True
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    """``--json`` anywhere on the line (the program's words after ``--`` are split off before)."""
+    return "--json" in argv
+
+
+def hide_aliases(action: argparse.Action) -> None:
+    """``--help`` shows the action by its first name only; the man page lists its other names too."""
+    setattr(action, "hidden_aliases", tuple(action.option_strings[1:]))  # noqa: B010 - Action has no such field
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The help's layout, kept as written (argparse would refill the epilog), with an option's aliases left out."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        hidden = getattr(action, "hidden_aliases", ())
+        if hidden:
+            action = copy.copy(action)
+            action.option_strings = [s for s in action.option_strings if s not in hidden]
+        return super()._format_action_invocation(action)
+
+
+#: The commands that take a program after ``--``.
+PROGRAM_COMMANDS = ("run", "sbatch")
+
+
+def missing_dashes(
+    args: argparse.Namespace, argv: Sequence[str], extras: Sequence[str]
+) -> Optional[UsageExit]:
+    """``run ENV train.py --epochs 3``: a program typed without ``--`` before it. It is refused, not guessed at:
+    its options would be read as envbuilder's wherever the names meet (``-v``, ``-q``, ``--dry-run``, ``--nodes``
+    go anywhere on the line), so the error shows the line with ``--`` put in."""
+    if getattr(args, "command", None) not in PROGRAM_COMMANDS or not extras or extras[0].startswith("-"):
+        return None
+    words = list(argv)
+    after_env = words.index(args.env, words.index(args.command) + 1) + 1
+    start = words.index(extras[0], after_env)
+    fixed = shlex.join(["envbuilder", *words[:start], "--", *words[start:]])
+    prog = args.parsed_by.prog
+    exc = UsageExit(f"{prog}: the program must come after `--` (found {extras[0]!r} without it)", prog)
+    exc.hint = f"everything after `--` is the program's: {fixed}"
+    return exc

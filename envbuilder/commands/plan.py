@@ -45,7 +45,7 @@ def handle(args: argparse.Namespace, out: Out) -> planner.RecordedPlan:
         prefix=args.prefix,
         launcher=args.launcher,
         nodes=args.nodes,
-        nproc_per_node=args.nproc_per_node,
+        nproc_per_node=args.ranks_per_node,
         account=args.account,
         locked=args.locked,
         partition=args.partition,

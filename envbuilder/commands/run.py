@@ -26,7 +26,7 @@ def _request(args: argparse.Namespace) -> program.Request:
     return program.Request(
         program=tuple(args.program),
         nodes=args.nodes,
-        ranks_per_node=args.gpus_per_node,
+        ranks_per_node=args.ranks_per_node,
         partition=args.partition,
         account=args.account,
         launcher=args.launcher,

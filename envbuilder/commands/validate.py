@@ -29,7 +29,7 @@ def options(args: argparse.Namespace) -> validator.Options:
         checks=tuple(args.checks.split(",")) if getattr(args, "checks", None) else None,
         launcher=getattr(args, "launcher", None),
         nodes=getattr(args, "nodes", None),
-        nproc_per_node=getattr(args, "nproc_per_node", None),
+        nproc_per_node=getattr(args, "ranks_per_node", None),
         cpu=bool(getattr(args, "cpu", False)),
         submit=bool(getattr(args, "submit", False)),
         account=getattr(args, "account", None),

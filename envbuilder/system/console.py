@@ -116,11 +116,17 @@ class Out(Lines):
     def __init__(self, console: Optional[Console] = None, results: Optional[Console] = None) -> None:
         super().__init__(console)
         self.result = Results(results, sys.stdout)
+        #: -q: only warnings, errors and the result (stdout) are shown.
+        self.quiet = False
+
+    def show(self, *parts: Cell) -> None:
+        if not self.quiet:
+            super().show(*parts)
 
     def warn(self, text: str) -> None:
-        self.show(plain("warning:", "yellow"), " ", text)
+        super().show(plain("warning:", "yellow"), " ", text)
 
     def error(self, text: str, hint: Optional[str] = None) -> None:
-        self.show(plain("error:", "bold red"), " ", text)
+        super().show(plain("error:", "bold red"), " ", text)
         if hint:
-            self.show(plain("hint:", "green"), " ", hint)
+            super().show(plain("hint:", "green"), " ", hint)

@@ -19,8 +19,9 @@ IF_PRESENT = "if_present"
 OWN = "own"
 VENV_HOOKS = (ALWAYS, IF_PRESENT, OWN)
 
-#: A completer for one kind of name: given the shell function's name and the command that prints the names, what
-#: shtab attaches to the argument and the code it puts before the script (None: none needed).
+#: A completer for one kind of name: given the shell function's name and the command that prints the names (its
+#: stderr the completer's to silence), what shtab attaches to the argument and the code it puts before the script
+#: (None: none needed).
 Completer = Callable[[str, str], "tuple[str, Optional[str]]"]
 
 
@@ -101,5 +102,7 @@ class Shell:
     comments: bool = True
     #: Its tab completion, where shtab writes it (None: ``envbuilder completion`` does not offer it).
     completer: Optional[Completer] = None
+    #: What the script shtab writes for it needs put right, if anything (the script in, the script out).
+    finish_completion: Optional[Callable[[str], str]] = None
     #: Where a user keeps the completion script (the example in ``envbuilder completion --help``).
     completion_file: str = ""

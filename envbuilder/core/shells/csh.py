@@ -18,4 +18,30 @@ def _dq(text: str) -> str:
 
 
 CSH = Syntax("csh.csh", _quote, _dq, "csh", "activate.csh", venv=OWN, undo_script=True, added_later=True)
-SHELLS = (Shell("tcsh", CSH, aliases=("csh",), comments=False),)
+
+
+def _completer(function: str, ask: str) -> tuple[str, None]:
+    """tcsh's ``complete`` builtin runs a backquoted command for the words; tcsh has no functions, and its
+    backquotes cannot silence stderr alone (``__complete`` prints nothing there for a foreseeable error)."""
+    return f"`{ask}`", None
+
+
+def _recipes_first(text: str) -> str:
+    """tcsh's rules name a command by the word before the cursor (``n/show/``), so shtab's rule for ``show ENV``
+    also caught ``recipes show RECIPE``; tcsh takes the first rule that matches, so a rule for the word two
+    back (``N/recipes/``: ``recipes show``, ``recipes diff``) goes before them all."""
+    first = text.index("'n/")
+    return f"{text[:first]}'N/recipes/`envbuilder __complete recipes`/' \\\n        {text[first:]}"
+
+
+SHELLS = (
+    Shell(
+        "tcsh",
+        CSH,
+        aliases=("csh",),
+        comments=False,
+        completer=_completer,
+        finish_completion=_recipes_first,
+        completion_file="~/.tcsh_completion.envbuilder",
+    ),
+)

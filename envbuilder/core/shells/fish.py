@@ -22,7 +22,7 @@ FISH = Syntax("fish.fish", _quote, _dq, "fish", "activate.fish", venv=IF_PRESENT
 
 def _completer(function: str, ask: str) -> tuple[str, None]:
     """A command substitution: fish needs no function."""
-    return f"({ask})", None
+    return f"({ask} 2>/dev/null)", None
 
 
 SHELLS = (

@@ -18,13 +18,13 @@ POSIX = Syntax("posix.sh", shlex.quote, _dq, "sh", "activate", venv=ALWAYS, runs
 
 
 def _bash_completer(function: str, ask: str) -> tuple[str, str]:
-    return function, f'{function}() {{\n  compgen -W "$({ask})" -- "$1"\n}}'
+    return function, f'{function}() {{\n  compgen -W "$({ask} 2>/dev/null)" -- "$1"\n}}'
 
 
 def _zsh_completer(function: str, ask: str) -> tuple[str, str]:
     return (
         function,
-        f'{function}() {{\n  local -a names\n  names=(${{(f)"$({ask})"}})\n  compadd -a names\n}}',
+        f'{function}() {{\n  local -a names\n  names=(${{(f)"$({ask} 2>/dev/null)"}})\n  compadd -a names\n}}',
     )
 
 
