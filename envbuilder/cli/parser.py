@@ -143,7 +143,6 @@ def _add_mirror(sub: _Sub) -> None:
         help="%(choices)s (default simple: DIR/simple/<project>/index.html; wheelhouse: one flat --find-links DIR); "
         "conda packages go to the channel DIR/conda either way",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="print only errors and the result")
     add_json(p)
     p.set_defaults(handler=command("mirror", "handle"))
 

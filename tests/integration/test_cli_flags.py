@@ -116,7 +116,8 @@ def test_tcsh_loads_the_rules(tcsh_script, shell_env):
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert res.stderr == ""
-    assert "p/1/(plan lock create" in res.stdout
+    verbs = res.stdout.split("p/1/(", 1)[1].split(")", 1)[0].split()  # the first word: every command
+    assert {"plan", "lock", "create", "validate", "mirror", "config", "completion"} <= set(verbs), verbs
     assert "n/activate/`envbuilder __complete envs`/" in res.stdout
     assert "N/recipes/`envbuilder __complete recipes`/" in res.stdout
 
