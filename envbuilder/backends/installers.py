@@ -14,10 +14,10 @@ import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from envbuilder.backends import uvcache
-from envbuilder.core import settings
+from envbuilder.core import kinds, settings
 from envbuilder.core.errors import BackendError
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import installers as planned
@@ -109,13 +109,18 @@ def choose(wanted: str, prefix: str, source: str) -> Choice:
 
 
 def bytecode_env(
-    installer: Installer, own_packages: bool, env: Mapping[str, str]
-) -> tuple[dict[str, str], str]:
-    """``UV_COMPILE_BYTECODE=1`` where uv installs an env's own packages on a machine with many CPUs
-    (:func:`settings.compiles_at_install`), and why, for the build log (empty where it does not apply: pip
-    compiles at install anyway, and an overlay's or a user prefix's python may import packages that are not the
-    env's)."""
-    if not isinstance(installer, Uv) or not own_packages:
-        return {}, ""
+    installer: Installer,
+    kind: str,
+    system_site_packages: bool,
+    env: Mapping[str, str],
+    log: Callable[[str], None],
+) -> dict[str, str]:
+    """``UV_COMPILE_BYTECODE=1`` where uv installs an env that holds its own packages (``kind`` with its own
+    python, no system site packages) on a machine with many CPUs (:func:`settings.compiles_at_install`, whose
+    reason goes to ``log``). Nothing where it does not apply: pip compiles at install anyway, and an overlay's or
+    a user prefix's python imports packages that are not the env's."""
+    if not isinstance(installer, Uv) or not kinds.kind_info(kind).own_python or system_site_packages:
+        return {}
     compiles, why = settings.compiles_at_install(env, host.usable_cpus())
-    return ({"UV_COMPILE_BYTECODE": "1"} if compiles else {}), why
+    log(why)
+    return {"UV_COMPILE_BYTECODE": "1"} if compiles else {}

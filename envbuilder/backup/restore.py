@@ -288,11 +288,9 @@ def _prepare(job: _Job, partial: Path, log: BuildLog, backend: base.Backend) -> 
             hint=f"pip install {installer.name}",
         )
     tool_env, _ = installer.settings(final, env)
-    own = kinds.kind_info(old.kind).own_python and not plan.get("system_site_packages")
-    compiled, why = installers.bytecode_env(installer, own, env)
-    if why:
-        log.write(why)
-    tool_env.update(compiled)
+    tool_env.update(
+        installers.bytecode_env(installer, old.kind, bool(plan.get("system_site_packages")), env, log.write)
+    )
     build_env.update(tool_env)
     prefix = str(plan.get("prefix") or old.prefix)
     build = base.Build(prefix, final, partial, installer, program, python, base_env, build_env, tool_env, log)

@@ -268,12 +268,6 @@ def _build(job: _Job, where: _Where, log: BuildLog, notes: list[str]) -> state.E
     return _smoke(job, backend, build, record, act=act, delta=delta, home=where.home)
 
 
-def _own_packages(plan: Plan) -> bool:
-    """Whether every package the env's python imports is the env's own (whose bytecode it may write): not an
-    overlay's or a user prefix's site python, not system site packages."""
-    return kinds.kind_info(plan.kind).own_python and not plan.system_site_packages
-
-
 def _cloning(plan: Plan) -> bool:
     return any(step.argv[0] == CLONE for step in plan.install_steps)
 
@@ -320,10 +314,9 @@ def _prepare(
         log.write(reason)
     notes.extend(reasons)
     tool_env.update(backend.own_env(partial, job.env))
-    compiled, why = installers.bytecode_env(choice.installer, _own_packages(plan), job.env)
-    if why:
-        log.write(why)
-    tool_env.update(compiled)
+    tool_env.update(
+        installers.bytecode_env(choice.installer, plan.kind, plan.system_site_packages, job.env, log.write)
+    )
     build_env.update(tool_env)
     build = base.Build(
         plan.prefix,
