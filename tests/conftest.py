@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import compileall
 import contextlib
 import fcntl
 import os
@@ -177,21 +176,11 @@ def pytest_configure(config: pytest.Config) -> None:
     the first worker to need it fills."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    _write_bytecode()
     files = config._tmp_path_factory.getbasetemp() / "torch-files"  # shared_dir's "torch-files"
     files.mkdir(exist_ok=True)
     served = contextlib.ExitStack()
     os.environ[TORCH_INDEX_URL] = served.enter_context(serve(files)).url
     config.add_cleanup(served.close)
-
-
-def _write_bytecode() -> None:
-    """envbuilder's bytecode, written once before the workers start, as installing its wheel writes it. The tests
-    start several hundred ``python -m envbuilder`` processes from this editable checkout; where
-    PYTHONDONTWRITEBYTECODE is set (this machine's default) each of them compiled every module it imported, about
-    0.3 s of CPU for a create's."""
-    if not compileall.compile_dir(str(TESTS.parent / "envbuilder"), quiet=1):
-        raise pytest.UsageError("envbuilder/ does not compile")
 
 
 def shared_dir(factory: pytest.TempPathFactory, name: str) -> Path:
