@@ -446,12 +446,20 @@ def read_arch_flags(
     cache: Optional[ArchCache],
 ) -> Optional[tuple[str, ...]]:
     """The compiled arch list of the torch ``build`` (read from its dist-info ``build.where``): remembered in
-    ``cache`` for this wheel's digest, else read through ``python`` and remembered; None where unreadable."""
+    ``cache`` for this wheel's digest, else read from its library's bytes or, where they cannot tell, through
+    ``python`` (an import), and remembered; None where unreadable."""
     digest = torcharch.wheel_digest(Path(build.where)) if cache is not None and build.where else None
     if cache is not None and digest is not None:
         flags = cache.recall(digest)
         if flags is not None:
             log(f"torch arch list: remembered for this wheel ({cache.path(digest)})")
+            return flags
+    if build.where:
+        flags = torcharch.library_flags(Path(build.where).parent / "torch")
+        if flags is not None:
+            log(f"torch arch list: read from {Path(build.where).parent / 'torch' / torcharch.LIBRARY}")
+            if cache is not None and digest is not None:
+                cache.remember(digest, build.version, flags)
             return flags
     located = _run_payload(python, dict(env), True, log)
     if located.get("arch_flags") is None:

@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -313,9 +314,11 @@ def test_other_env_kinds_are_guarded_too(world, wheels, kind, installer):
 # The arch list is read once per wheel (issue 36): remembered in the home, keyed by the wheel's RECORD
 
 
-def counted_torch(out: Path, arch_flags: str, reads: Path) -> Path:
+def counted_torch(out: Path, arch_flags: str, reads: Path, library: Sequence[str] = ()) -> Path:
     """A STAND-IN cu126 torch wheel of version PIN+cu126 whose ``torch._C._cuda_getArchFlags()`` appends a line to
-    ``reads`` each time it runs: the count of arch reads, seen from outside envbuilder."""
+    ``reads`` each time it runs: the count of arch reads, seen from outside envbuilder. ``library``: the C strings
+    of its ``torch/lib/libtorch_python.so`` (a real CUDA build's holds the arch list as one), between other bytes;
+    none: the wheel has no such library."""
     full = f"{PIN}+cu126"
     modules = {
         "torch/__init__.py": "from torch import _C, cuda, version\n\n__version__ = version.__version__\n",
@@ -328,6 +331,9 @@ def counted_torch(out: Path, arch_flags: str, reads: Path) -> Path:
             f"    return {arch_flags!r}\n"
         ),
     }
+    if library:
+        strings = ["\x7fELF\x02\x01\x01", "sm_ is not a list", *library, "CUDA_ARCH_FLAGS", "sm_90a-ish"]
+        modules["torch/lib/libtorch_python.so"] = "\x00".join(strings) + "\x00"
     return build_wheel(out, "torch", full, modules)
 
 
@@ -456,3 +462,28 @@ def test_a_pylock_naming_another_torch_build_is_refused_before_anything_is_put_i
     lock = _pylock(world.root / "pylock.toml", wheels["cpu"], f"{PIN}+cpu")
     ok(world.create("gcpu", world.cpu_facts, "--lock", str(lock), "--locked"))
     assert world.installed("gcpu") == f"{PIN}+cpu"
+
+
+def test_the_arch_list_is_read_from_the_bindings_library_without_importing_torch(world, tmp_path):
+    """A real CUDA torch holds its arch list as a C string in libtorch_python.so (measured on 2.11.0+cu130): the
+    guard reads it there, even for a wheel it has never seen, and imports torch only where the bytes cannot tell."""
+    reads = tmp_path / "arch-reads"
+    world.serve_only(counted_torch(tmp_path / "good", CU126_ARCH, reads, library=[CU126_ARCH]))
+    world.recipe("g126", "cu126")
+    log = guard_log(world.create("g126", world.h100_facts, "--json"))
+    assert arch_reads(reads) == 0 and "--arch-flags" not in log
+    [said] = [x for x in log.splitlines() if x.startswith("torch arch list: read from ")]
+    assert said.endswith("/site-packages/torch/lib/libtorch_python.so"), said
+    line = next(x for x in log.splitlines() if x.startswith("torch build: "))
+    assert " sm_90" in line and "is the planned" in line, line
+
+    # Built without Hopper: refused from the library's own bytes, torch still not imported.
+    world.serve_only(counted_torch(tmp_path / "no-hopper", NO_HOPPER, reads, library=[NO_HOPPER]))
+    refused(world.create("g126", world.h100_facts, "--force"), 7, "no code for the target GPU's sm_90")
+    assert arch_reads(reads) == 0
+    assert world.installed("g126") == "2.13.0+cu126"
+
+    # Two different lists in the library: the bytes cannot tell, so torch is asked (and its answer kept).
+    world.serve_only(counted_torch(tmp_path / "two", CU126_ARCH, reads, library=[CU126_ARCH, "sm_80 sm_86"]))
+    log = guard_log(world.create("g126", world.h100_facts, "--force", "--json"))
+    assert arch_reads(reads) == 1 and "--arch-flags" in log

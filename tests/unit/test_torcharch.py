@@ -8,7 +8,9 @@ import hashlib
 from base64 import urlsafe_b64encode
 from pathlib import Path
 
-from envbuilder.backends.torcharch import wheel_digest
+import pytest
+
+from envbuilder.backends.torcharch import library_flags, wheel_digest
 
 DIST = "torch-2.13.0+cu126.dist-info"
 
@@ -74,3 +76,44 @@ def test_records_it_does_not_trust_give_no_digest(tmp_path):
     assert wheel_digest(dist) is None
     (dist / "RECORD").unlink()
     assert wheel_digest(dist) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The arch list as its library's bytes hold it (library_flags)
+
+
+def bindings(root: Path, *strings: bytes) -> Path:
+    """A torch package whose lib/libtorch_python.so holds ``strings`` as C strings between other bytes."""
+    lib = root / "torch" / "lib" / "libtorch_python.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"\x7fELF\x02\x01\x01\x00" + b"\x00".join(strings) + b"\x00\xff\xfe")
+    return root / "torch"
+
+
+def test_the_one_arch_list_string_of_the_library_is_the_list(tmp_path):
+    package = bindings(tmp_path, b"sm_ is a prefix", b"sm_75 sm_80 sm_86 sm_90 sm_100 sm_120", b"CUDA")
+    assert library_flags(package) == ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
+
+
+def test_a_list_inside_a_longer_string_is_not_taken(tmp_path):
+    # The bytes around a run must end the C string on both sides: "-arch sm_90" is not a list of archs.
+    assert library_flags(bindings(tmp_path, b"-arch sm_80 sm_90", b"sm_90 sm_100a")) == ("sm_90", "sm_100a")
+
+
+@pytest.mark.parametrize(
+    "strings",
+    [
+        pytest.param([b"sm_80 sm_90", b"sm_70"], id="two-different"),
+        pytest.param([b"no arch here"], id="none"),
+        pytest.param([b"-arch sm_80 sm_90"], id="inside-another"),
+    ],
+)
+def test_a_library_that_cannot_tell_gives_nothing(tmp_path, strings):
+    assert library_flags(bindings(tmp_path, *strings)) is None
+
+
+def test_no_library_or_an_empty_one_gives_nothing(tmp_path):
+    assert library_flags(tmp_path / "torch") is None
+    package = bindings(tmp_path, b"sm_90")
+    (package / "lib" / "libtorch_python.so").write_bytes(b"")
+    assert library_flags(package) is None
