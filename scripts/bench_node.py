@@ -322,7 +322,21 @@ def part_create(bench: Bench, i: int, order: list[str]) -> None:
             argv = ["create", RECIPE, "--prefix", str(prefix), "--name", f"b-{what}", "--no-validate"]
             timed(bench, i, tree, what, envbuilder, bench, tree, d / tree, *argv)
             shutil.rmtree(prefix, ignore_errors=True)
+    if i == 0 and os.environ.get("BENCH_PROFILE"):
+        profile_warm(bench, d, order)
     shutil.rmtree(d, ignore_errors=True)
+
+
+def profile_warm(bench: Bench, d: Path, order: list[str]) -> None:
+    """One more warm create per tree, under cProfile (scripts/profile_create.py): OUT/profile-TREE.txt, untimed."""
+    for tree in order:
+        prefix = d / f"{tree}-profiled"
+        script = str(bench.trees[tree] / "scripts" / "profile_create.py")
+        out = str(bench.out / f"profile-{tree}.txt")
+        argv = [sys.executable, script, out, "create", RECIPE, "--prefix", str(prefix), "--no-validate"]
+        env = tree_env(bench, tree, d / tree)
+        subprocess.run(argv, check=False, capture_output=True, env=env, cwd=bench.work)
+        shutil.rmtree(prefix, ignore_errors=True)
 
 
 def part_default(bench: Bench, i: int, order: list[str]) -> None:

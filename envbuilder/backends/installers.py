@@ -114,13 +114,16 @@ def bytecode_env(
     system_site_packages: bool,
     env: Mapping[str, str],
     log: Callable[[str], None],
+    *,
+    imports_next: bool,
 ) -> dict[str, str]:
     """``UV_COMPILE_BYTECODE=1`` where uv installs an env that holds its own packages (``kind`` with its own
-    python, no system site packages) on a machine with many CPUs (:func:`settings.compiles_at_install`, whose
-    reason goes to ``log``). Nothing where it does not apply: pip compiles at install anyway, and an overlay's or
-    a user prefix's python imports packages that are not the env's."""
+    python, no system site packages) on a machine with many CPUs, for a command that imports them next
+    (``imports_next``: its smoke check or validation; :func:`settings.compiles_at_install`, whose reason goes to
+    ``log``). Nothing where it does not apply: pip compiles at install anyway, and an overlay's or a user prefix's
+    python imports packages that are not the env's."""
     if not isinstance(installer, Uv) or not kinds.kind_info(kind).own_python or system_site_packages:
         return {}
-    compiles, why = settings.compiles_at_install(env, host.usable_cpus())
+    compiles, why = settings.compiles_at_install(env, host.usable_cpus(), imports_next)
     log(why)
     return {"UV_COMPILE_BYTECODE": "1"} if compiles else {}

@@ -112,7 +112,8 @@ def restore(
                 log.write(note)
             log.close()
         else:
-            job = _Job(b, old, name, final, env, modules, step)
+            imports_next = opts.smoke_check and bool(old.plan.get("torch"))
+            job = _Job(b, old, name, final, env, modules, step, imports_next)
             record, status, log, relocation = _restore(job, home, opts, notes)
     if opts.smoke_check and record.plan.get("torch"):
         step("checking that torch imports")
@@ -144,6 +145,8 @@ class _Job:
     env: Mapping[str, str]
     modules: ModuleSystem
     step: Callable[[str], None]
+    #: The smoke check follows the install (it imports torch): uv writes the bytecode as it installs.
+    imports_next: bool = True
 
 
 def _restore(
@@ -289,7 +292,14 @@ def _prepare(job: _Job, partial: Path, log: BuildLog, backend: base.Backend) -> 
         )
     tool_env, _ = installer.settings(final, env)
     tool_env.update(
-        installers.bytecode_env(installer, old.kind, bool(plan.get("system_site_packages")), env, log.write)
+        installers.bytecode_env(
+            installer,
+            old.kind,
+            bool(plan.get("system_site_packages")),
+            env,
+            log.write,
+            imports_next=job.imports_next,
+        )
     )
     build_env.update(tool_env)
     prefix = str(plan.get("prefix") or old.prefix)

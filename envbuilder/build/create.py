@@ -315,7 +315,14 @@ def _prepare(
     notes.extend(reasons)
     tool_env.update(backend.own_env(partial, job.env))
     tool_env.update(
-        installers.bytecode_env(choice.installer, plan.kind, plan.system_site_packages, job.env, log.write)
+        installers.bytecode_env(
+            choice.installer,
+            plan.kind,
+            plan.system_site_packages,
+            job.env,
+            log.write,
+            imports_next=job.opts.validate_after or (job.opts.smoke_check and _wants_smoke(plan)),
+        )
     )
     build_env.update(tool_env)
     build = base.Build(

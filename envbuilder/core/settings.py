@@ -122,15 +122,22 @@ COMPILE_VAR = "ENVBUILDER_COMPILE_BYTECODE"
 COMPILE_MIN_CPUS = 8
 
 
-def compiles_at_install(env: Mapping[str, str], cpus: int) -> tuple[bool, str]:
-    """Whether uv writes all the bytecode while it installs, and why. On many CPUs that costs well under a second
-    (uv compiles in parallel), where each process that imports torch otherwise compiles what it loads, one module
-    after another: the guard's read of a new wheel's arch list, the validation's ranks (torch and torch._dynamo,
-    some seconds each), the first job. On a few CPUs compiling all of torch costs more than it saves (pip compiles
-    at install whatever the CPUs). ``ENVBUILDER_COMPILE_BYTECODE`` 1 or 0 decides instead."""
+def compiles_at_install(env: Mapping[str, str], cpus: int, imports_next: bool) -> tuple[bool, str]:
+    """Whether uv writes all the bytecode while it installs, and why. On many CPUs that costs about a second (uv
+    compiles in parallel; 1.4 s for a CUDA torch on 16 CPUs), where each process that imports torch otherwise
+    compiles what it loads, one module after another: the smoke check or the validation's ranks (torch and
+    torch._dynamo, some seconds each) that follow in the same command (``imports_next``). A command that imports
+    nothing after (``--no-validate``) leaves it, as raw uv does, to the first import. On a few CPUs compiling all
+    of torch costs more than it saves (pip compiles at install whatever the CPUs). ``ENVBUILDER_COMPILE_BYTECODE``
+    1 or 0 decides instead."""
     given = env.get(COMPILE_VAR, "")
     if given in ("0", "1"):
         return given == "1", f"bytecode at install: {'yes' if given == '1' else 'no'} ({COMPILE_VAR}={given})"
+    if not imports_next:
+        return (
+            False,
+            "bytecode at install: no (nothing imports the env in this command; its first import writes it)",
+        )
     yes = cpus >= COMPILE_MIN_CPUS
     return yes, (
         f"bytecode at install: {'yes' if yes else 'no'} ({cpus} usable CPUs; "

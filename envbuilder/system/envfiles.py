@@ -57,12 +57,13 @@ def sentinels(prefix: Path) -> list[str]:
     distribution and SPREAD more spread evenly over all of them."""
     first, every = [], []
     for record in sorted(prefix.glob("lib/python*/site-packages/*.dist-info/RECORD")):
-        site = record.parent.parent
+        site = os.path.relpath(record.parent.parent, prefix)
         try:
             lines = record.read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             continue
-        listed = [str((site / rel).relative_to(prefix)) for rel in map(_listed, lines) if rel]
+        # Strings, not Paths: a CUDA torch's RECORDs list some 30,000 files.
+        listed = [f"{site}/{rel}" for rel in map(_listed, lines) if rel]
         first += listed[:1]
         every += listed
     step = max(1, len(every) // SPREAD)

@@ -178,19 +178,21 @@ def test_the_build_log_says_how_long_each_command_took(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("env", "cpus", "compiles", "why"),
+    ("env", "cpus", "imports_next", "compiles", "why"),
     [
-        ({}, 2, False, "2 usable CPUs; fewer than 8"),
-        ({}, 8, True, "8 usable CPUs; at least 8"),
-        ({"ENVBUILDER_COMPILE_BYTECODE": "1"}, 2, True, "ENVBUILDER_COMPILE_BYTECODE=1"),
-        ({"ENVBUILDER_COMPILE_BYTECODE": "0"}, 64, False, "ENVBUILDER_COMPILE_BYTECODE=0"),
-        ({"ENVBUILDER_COMPILE_BYTECODE": "yes"}, 2, False, "2 usable CPUs"),  # not 0 or 1: the rule decides
+        ({}, 2, True, False, "2 usable CPUs; fewer than 8"),
+        ({}, 8, True, True, "8 usable CPUs; at least 8"),
+        ({}, 64, False, False, "nothing imports the env in this command"),
+        ({"ENVBUILDER_COMPILE_BYTECODE": "1"}, 2, False, True, "ENVBUILDER_COMPILE_BYTECODE=1"),
+        ({"ENVBUILDER_COMPILE_BYTECODE": "0"}, 64, True, False, "ENVBUILDER_COMPILE_BYTECODE=0"),
+        ({"ENVBUILDER_COMPILE_BYTECODE": "yes"}, 2, True, False, "2 usable CPUs"),  # not 0 or 1: the rule
     ],
 )
-def test_uv_compiles_the_bytecode_at_install_where_cpus_are_many(env, cpus, compiles, why):
-    """Compiling all of torch costs about a second on a node's many CPUs and more than it saves on a few; the
-    build log says which and why."""
-    decided, said = settings.compiles_at_install(env, cpus)
+def test_uv_compiles_the_bytecode_at_install_where_cpus_are_many(env, cpus, imports_next, compiles, why):
+    """Compiling all of torch costs about a second on a node's many CPUs and more than it saves on a few, and
+    nothing for a command that imports nothing after its install (--no-validate); the build log says which and
+    why."""
+    decided, said = settings.compiles_at_install(env, cpus, imports_next)
     assert decided is compiles
     assert said.startswith(f"bytecode at install: {'yes' if compiles else 'no'} (") and why in said
 
