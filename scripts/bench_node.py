@@ -387,8 +387,8 @@ def probe(bench: Bench, i: int, prefix: Path) -> None:
 
 
 def part_restore(bench: Bench, i: int, order: list[str]) -> None:
-    """Per tree: a cold create (untimed here), ``backup``, then ``restore`` to a new prefix on the warm cache;
-    raw uv cold then warm as the baseline."""
+    """Per tree: a cold create (untimed here), ``backup``, then ``restore`` to a new prefix on the warm cache, with
+    and without its smoke check (``--no-validate``); raw uv cold then warm as the baseline."""
     d = bench.work / f"restore-{i}"
     for what in ("cold", "warm"):
         timed(bench, i, "uv", f"r-{what}", uv_install, bench, d / f"uv-{what}", d / "uv-cache")
@@ -402,6 +402,9 @@ def part_restore(bench: Bench, i: int, order: list[str]) -> None:
         timed(bench, i, tree, "backup", envbuilder, bench, tree, state, "backup", "b", "--to", bk, "-q")
         argv = ["restore", "b", "--from", bk, "--prefix", str(d / f"{tree}-restored"), "--name", "b-restored"]
         timed(bench, i, tree, "restore", envbuilder, bench, tree, state, *argv, "-q")
+        # The same without its smoke check (an import of torch): the install and the guard alone.
+        argv = ["restore", "b", "--from", bk, "--prefix", str(d / f"{tree}-restored-nv"), "--name", "b-nv"]
+        timed(bench, i, tree, "restore-nv", envbuilder, bench, tree, state, *argv, "--no-validate", "-q")
         shutil.rmtree(state, ignore_errors=True)
     shutil.rmtree(d, ignore_errors=True)
 
@@ -458,6 +461,7 @@ ROWS = [
     ("default create (validation)", "default", ["uv:d-cold", "uv:probe"], "<= +2 s"),
     ("--force rebuild (warm)", "force", ["self:default"], "<= 1.0x"),
     ("restore (warm)", "restore", ["uv:r-warm"], "<= 1.2x"),
+    ("restore --no-validate (warm)", "restore-nv", ["uv:r-warm"], "<= 1.2x"),
     ("backup", "backup", [], ""),
     ("validation suite (bench_validate.py)", "suite", ["self:bare"], "<= 1.3x"),
 ]
