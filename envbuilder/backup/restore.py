@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder import payloads
-from envbuilder.backends import activation, base, installers, lookup, torchbuild
+from envbuilder.backends import activation, base, installers, lookup, managedpython, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.backup import Backup, archive, pack_workers, verify, wheelhouse
@@ -279,7 +279,11 @@ def _prepare(job: _Job, partial: Path, log: BuildLog, backend: base.Backend) -> 
     job.step(f"loading modules ({modules.kind})" if plan.get("modules") else "no modules to load")
     delta = modules.apply(plan.get("module_use", []), plan.get("modules", []), base_env)
     build_env = delta.apply(base_env)
-    python = backend.python((plan.get("python") or {}).get("command") or "python3", build_env, final)
+    recorded = plan.get("python") or {}
+    # A managed python is installed again where it is gone (the env's pyvenv.cfg names it), by the same rules.
+    python = managedpython.interpreter(recorded, env, log, job.step) or backend.python(
+        recorded.get("command") or "python3", build_env, final
+    )
     installer = installers.INSTALLERS[plan.get("installer", "uv")]
     program = installer.find()
     if program is None:
