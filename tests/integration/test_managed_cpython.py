@@ -91,9 +91,12 @@ class World(UserWorld):
             self.mirror["ENVBUILDER_PYTHON_DOWNLOADS_JSON"] = f"{downloads.url}/{manifest['listing']}"
         downloads.requested.clear()
 
+    @property
+    def minor(self) -> str:
+        return ".".join(self.version.split(".")[:2])
+
     def recipe(self, name: str = "mp") -> str:
-        minor = ".".join(self.version.split(".")[:2])
-        return self.write_recipe(name, RECIPE.format(name=name, version=minor))
+        return self.write_recipe(name, RECIPE.format(name=name, version=self.minor))
 
     def prefix(self, name: str = "mp") -> Path:
         return self.root / "envs" / name
@@ -141,6 +144,8 @@ def test_create_makes_the_env_from_a_managed_cpython_downloaded_from_the_mirror(
         record["tools"]["python_path"].startswith(f"{w.pythons}/") and record["tools"]["python"] == w.version
     )
     assert data["env"]["tools"]["python_path"] == record["tools"]["python_path"]
+    shown = ok(w.cli("show", "mp", COLUMNS="200")).stdout
+    assert f"python from: uv-managed CPython {w.minor} in {w.pythons}" in shown
     # A second env of the same version finds it installed: nothing is downloaded again, even offline.
     w.recipe("mp2")
     ok(w.create("mp2", ENVBUILDER_OFFLINE="1"))
@@ -155,7 +160,7 @@ def test_offline_without_a_mirror_and_without_the_python_is_a_clear_error(world)
     w.recipe()
     res = w.create("mp", ENVBUILDER_OFFLINE="1")
     assert res.returncode == EXIT_BACKEND, res.stderr
-    assert f"CPython {'.'.join(w.version.split('.')[:2])} is not installed in {w.pythons}" in res.stderr
+    assert f"CPython {w.minor} is not installed in {w.pythons}" in res.stderr
     assert (
         "ENVBUILDER_OFFLINE=1 forbids downloading it" in res.stderr
         and "ENVBUILDER_PYTHON_MIRROR" in res.stderr
