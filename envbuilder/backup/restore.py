@@ -435,6 +435,9 @@ def _archive(
     except OSError as exc:
         raise BackupError(f"cannot read {b.path / 'manifest.json'}: {exc.strerror}") from None
     relocation = None
+    # The archived venv names its managed CPython (pyvenv.cfg's home), which is not in the archive: installed
+    # again by the same rules where it is gone from this home.
+    managedpython.interpreter(old.plan.get("python") or {}, job.env, log, step)
     step(f"extracting {arc['file']}")
     archive.unpack(b.path / arc["file"], partial, archive.Tools.find(), root=b.root)
     problems = archive.check_tree(partial, manifest)

@@ -169,11 +169,12 @@ def test_offline_without_a_mirror_and_without_the_python_is_a_clear_error(world)
     assert w.downloads.archives() == []
 
 
-def test_restore_installs_the_managed_python_again_where_it_is_gone(world):
+@pytest.mark.parametrize("mode", ["wheelhouse", "archive"])
+def test_restore_installs_the_managed_python_again_where_it_is_gone(world, mode):
     w = world
     w.recipe()
     ok(w.create("mp", "--no-validate", **w.mirror))
-    ok(w.cli("backup", "mp"))
+    ok(w.cli("backup", "mp", "--mode", mode))
     shutil.rmtree(w.prefix())
     shutil.rmtree(w.pythons)
     ok(w.cli("restore", "mp", **w.mirror))
