@@ -10,7 +10,7 @@ and npm only), the archive is made here from a local CPython 3.12 with a shared 
 layout (``python/bin``, ``python/lib``; the interpreter's run path made ``$ORIGIN/../lib`` with patchelf, as the
 real builds have it; stripped, without its tests: about 7 MB). uv checks every download against the sha256 its
 built-in list pins, which only the real archive has; for the stand-in a downloads list in uv's JSON format names
-its own sha256 (``downloads.json``, given to envbuilder as ``python_downloads_json``), keeping the release URL that
+its own sha256 (``downloads.json``, given to envbuilder as ``python_downloads``), keeping the release URL that
 the mirror setting replaces. ``manifest.json`` says which one is here."""
 
 from __future__ import annotations

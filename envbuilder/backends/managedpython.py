@@ -31,7 +31,7 @@ def interpreter(
     if not planned.allowed(env):
         raise BackendError(
             f"the env's python is a uv-managed CPython {version}, which this site does not allow "
-            f"(allow_managed_python is off: {planned.ALLOW_VAR}={env.get(planned.ALLOW_VAR)})",
+            f"(managed_python is off: {planned.ALLOW_VAR}={env.get(planned.ALLOW_VAR)})",
             hint="build it from the site's python instead (drop python.source from its recipe)",
         )
     where = settings.pythons_dir(settings.home(env))

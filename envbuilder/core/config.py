@@ -78,9 +78,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("no_fuse", "ENVBUILDER_NO_FUSE", BOOL),
     # python.source = "managed": whether it is allowed (a site forbids it: false, locked), where uv downloads
     # CPython from (replacing python-build-standalone's release URL), and a downloads list in uv's JSON format.
-    Setting("allow_managed_python", "ENVBUILDER_ALLOW_MANAGED_PYTHON", BOOL),
+    Setting("managed_python", "ENVBUILDER_MANAGED_PYTHON", BOOL),
     Setting("python_mirror", "ENVBUILDER_PYTHON_MIRROR", TEXT),
-    Setting("python_downloads_json", "ENVBUILDER_PYTHON_DOWNLOADS_JSON", TEXT),
+    Setting("python_downloads", "ENVBUILDER_PYTHON_DOWNLOADS", TEXT),
 )
 NAMES = tuple(s.name for s in SETTINGS)
 _BY_NAME = {s.name: s for s in SETTINGS}

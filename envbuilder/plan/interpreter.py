@@ -2,7 +2,7 @@
 PATH the modules give: a module's python, or the system's), or a uv-managed CPython of ``python.version``
 (``python.source = "managed"``) that create installs under the envbuilder home when it is not there yet,
 downloading it from where the mirror rules send uv (``resolver.mirror.python_downloads``). A site forbids
-managed Pythons with the ``allow_managed_python`` setting (false, locked in its config file)."""
+managed Pythons with the ``managed_python`` setting (false, locked in its config file)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ if TYPE_CHECKING:
     from envbuilder.recipe.loader import Recipe
 
 MANAGED = "managed"
-#: The setting that allows managed Pythons (``allow_managed_python``), and what turns it off.
-ALLOW_VAR = "ENVBUILDER_ALLOW_MANAGED_PYTHON"
+#: The setting that allows managed Pythons (``managed_python``), and what turns it off.
+ALLOW_VAR = "ENVBUILDER_MANAGED_PYTHON"
 _OFF = ("0", "false", "no", "off")
 #: The setting that lists Python downloads in uv's JSON format instead of uv's own list.
-DOWNLOADS_JSON_VAR = "ENVBUILDER_PYTHON_DOWNLOADS_JSON"
+DOWNLOADS_JSON_VAR = "ENVBUILDER_PYTHON_DOWNLOADS"
 
 
 def managed_request(version: str) -> str:
@@ -91,7 +91,7 @@ def _managed(recipe: Recipe, env: Mapping[str, str]) -> RecordedManaged:
         )
     if not allowed(env):
         raise RecipeError(
-            f"this site does not allow uv-managed Pythons (allow_managed_python is off: {ALLOW_VAR}="
+            f"this site does not allow uv-managed Pythons (managed_python is off: {ALLOW_VAR}="
             f"{env.get(ALLOW_VAR)}); the env would run a python the site does not provide",
             file=file,
             key=key,

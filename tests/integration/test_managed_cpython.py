@@ -88,7 +88,7 @@ class World(UserWorld):
         self.version = manifest["version"]
         self.mirror = {"ENVBUILDER_PYTHON_MIRROR": downloads.url}
         if manifest["listing"]:
-            self.mirror["ENVBUILDER_PYTHON_DOWNLOADS_JSON"] = f"{downloads.url}/{manifest['listing']}"
+            self.mirror["ENVBUILDER_PYTHON_DOWNLOADS"] = f"{downloads.url}/{manifest['listing']}"
         downloads.requested.clear()
 
     @property
@@ -155,6 +155,28 @@ def test_create_makes_the_env_from_a_managed_cpython_downloaded_from_the_mirror(
     assert not shims.exists() or list(shims.iterdir()) == []
 
 
+def test_an_index_mirror_rule_for_the_release_url_sends_the_download_as_for_wheels(world):
+    w = world
+    w.recipe()
+    rules = f"{w.env['ENVBUILDER_INDEX_MIRROR']} {standinpython.UPSTREAM}/={w.downloads.url}/"
+    env = {k: v for k, v in w.mirror.items() if k != "ENVBUILDER_PYTHON_MIRROR"}
+    planned = w.data("plan", "mp", ENVBUILDER_INDEX_MIRROR=rules, **env)["python"]["managed"]
+    assert planned["mirror"] == w.downloads.url and "ENVBUILDER_INDEX_MIRROR rule" in planned["mirror_source"]
+    ok(w.create("mp", "--no-validate", ENVBUILDER_INDEX_MIRROR=rules, **env))
+    assert len(w.downloads.archives()) == 1 and w.shown()[2] == "ebmanaged 1.0"
+
+
+def test_a_python_mirror_that_cannot_be_reached_is_a_network_error_naming_it(world):
+    w = world
+    w.recipe()
+    refused = "http://127.0.0.1:9"  # the discard port: nothing listens on loopback
+    res = w.create("mp", **{**w.mirror, "ENVBUILDER_PYTHON_MIRROR": refused})
+    assert res.returncode == 11, res.stderr  # a command that failed: the network family
+    assert f"uv could not reach {refused}/" in res.stderr and "the connection was refused" in res.stderr
+    assert f"this node cannot download Pythons from {refused}: set ENVBUILDER_PYTHON_MIRROR" in res.stderr
+    assert "Traceback" not in res.stderr and not w.prefix().exists()
+
+
 def test_offline_without_a_mirror_and_without_the_python_is_a_clear_error(world):
     w = world
     w.recipe()
@@ -189,8 +211,8 @@ def test_a_site_that_forbids_managed_pythons_refuses_the_plan_and_the_create(wor
     w.recipe()
     site = w.root / "site" / "config.toml"
     site.parent.mkdir()
-    site.write_text('[settings]\nallow_managed_python = false\n[locked]\nkeys = ["allow_managed_python"]\n')
-    forbid = {"ENVBUILDER_CONFIG": str(site), "ENVBUILDER_ALLOW_MANAGED_PYTHON": "1", **w.mirror}
+    site.write_text('[settings]\nmanaged_python = false\n[locked]\nkeys = ["managed_python"]\n')
+    forbid = {"ENVBUILDER_CONFIG": str(site), "ENVBUILDER_MANAGED_PYTHON": "1", **w.mirror}
     for verb in (("plan", "mp"), ("create", "mp", "--prefix", str(w.prefix()))):
         res = w.cli(*verb, **forbid)
         assert res.returncode == EXIT_RECIPE, res.stderr

@@ -118,17 +118,17 @@ def test_managed_for_a_kind_that_is_not_a_plain_venv_is_refused(tmp_path, kind):
         )
 
 
-def test_a_site_that_locks_allow_managed_python_off_refuses_the_plan_whatever_the_user_says(tmp_path):
-    site = config.FileSettings("/etc/envbuilder/config.toml", {"allow_managed_python": "0"}, frozenset())
-    locked = config.FileSettings(site.path, site.values, frozenset({"allow_managed_python"}))
-    user_env = {**PLAN_ENV, "ENVBUILDER_ALLOW_MANAGED_PYTHON": "1"}
+def test_a_site_that_locks_managed_python_off_refuses_the_plan_whatever_the_user_says(tmp_path):
+    site = config.FileSettings("/etc/envbuilder/config.toml", {"managed_python": "0"}, frozenset())
+    locked = config.FileSettings(site.path, site.values, frozenset({"managed_python"}))
+    user_env = {**PLAN_ENV, "ENVBUILDER_MANAGED_PYTHON": "1"}
     # Unlocked, the user's variable wins over the site's default...
     assert make(tmp_path, MANAGED, config.resolve(user_env, site=site).environ(user_env)).python[
         "origin"
     ] == ("managed")
     # ...locked, it is set aside with a warning, and the plan refuses with the reason and the way out.
     resolved = config.resolve(user_env, site=locked)
-    assert any("allow_managed_python" in w and "locks it" in w for w in resolved.warnings)
+    assert any("managed_python" in w and "locks it" in w for w in resolved.warnings)
     with pytest.raises(RecipeError, match="this site does not allow uv-managed Pythons") as err:
         make(tmp_path, MANAGED, resolved.environ(user_env))
     assert err.value.key == "python.source" and "envbuilder config" in (err.value.hint or "")
@@ -137,8 +137,8 @@ def test_a_site_that_locks_allow_managed_python_off_refuses_the_plan_whatever_th
 
 
 def test_the_site_file_setting_is_checked_as_a_boolean():
-    doc = {"settings": {"allow_managed_python": "no"}}
+    doc = {"settings": {"managed_python": "no"}}
     with pytest.raises(RecipeError, match="expected true or false"):
         config.read_table(doc, "/etc/envbuilder/config.toml", "/h", site=True)
-    ok = config.read_table({"settings": {"allow_managed_python": False}}, "/etc/x.toml", "/h", site=True)
-    assert ok.values == {"allow_managed_python": "0"}
+    ok = config.read_table({"settings": {"managed_python": False}}, "/etc/x.toml", "/h", site=True)
+    assert ok.values == {"managed_python": "0"}
