@@ -39,6 +39,8 @@ MINOR = "3.12"
 UPSTREAM = "https://github.com/astral-sh/python-build-standalone/releases/download"
 #: The release label of a stand-in archive (a real archive keeps its own).
 STANDIN_RELEASE = "20260101"
+#: What this module makes (2: with ensurepip, as the real builds have it); a cache made otherwise is made again.
+LAYOUT = 2
 
 
 def load() -> tuple[Optional[dict[str, Any]], str]:
@@ -50,6 +52,8 @@ def load() -> tuple[Optional[dict[str, Any]], str]:
             None,
             f"no CPython download in {DIR}: run `python tests/standinpython.py` (tests/prepare.py does)",
         )
+    if manifest.get("layout") != LAYOUT:
+        return None, f"{DIR} was made by an older tests/standinpython.py: run it again"
     if not (DIR / manifest["release"] / manifest["file"]).is_file():
         return None, f"{DIR} lost its archive: run `python tests/standinpython.py` again"
     return manifest, ""
@@ -61,7 +65,7 @@ def prepare() -> dict[str, Any]:
         print(f"standinpython: {DIR} holds {found['file']} ({found['origin']})")
         return found
     DIR.mkdir(parents=True, exist_ok=True)
-    manifest = _real() or _standin()
+    manifest = {**(_real() or _standin()), "layout": LAYOUT}
     MANIFEST.write_text(json.dumps(manifest, indent=1))
     print(f"standinpython: {DIR} now holds {manifest['file']} ({manifest['origin']})")
     return manifest
@@ -162,7 +166,7 @@ def _standin() -> dict[str, Any]:
     }
 
 
-_SKIPPED = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip", "site-packages", "__pycache__")
+_SKIPPED = ("test", "idlelib", "tkinter", "turtledemo", "site-packages", "__pycache__")
 
 
 def _copy_install(src: Path, root: Path, patchelf: str) -> None:

@@ -6,6 +6,7 @@ nothing is downloaded: the python must be there already. create and restore both
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable, Optional
@@ -19,6 +20,9 @@ from envbuilder.plan import interpreter as planned
 from envbuilder.resolver import indexread, mirror
 from envbuilder.system import proc
 
+#: The versions a recipe's python.version may hold (its schema's pattern).
+_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
+
 
 def interpreter(
     recorded: RecordedPython, env: Mapping[str, str], log: BuildLog, say: Callable[[str], None]
@@ -28,6 +32,13 @@ def interpreter(
     if recorded.get("origin") != planned.MANAGED:
         return None
     version = (recorded.get("managed") or {}).get("version") or recorded.get("version") or ""
+    if not _VERSION.fullmatch(
+        version
+    ):  # a record is JSON anyone may have edited: uv gets a version or nothing
+        raise BackendError(
+            f"the env's record asks for a managed CPython of version {version!r}, which is not X.Y or X.Y.Z",
+            hint="rebuild the env from its recipe: envbuilder create NAME --force",
+        )
     if not planned.allowed(env):
         raise BackendError(
             f"the env's python is a uv-managed CPython {version}, which this site does not allow "

@@ -28,6 +28,7 @@ RECIPE = """schema_version = 1
 name = "{name}"
 [env]
 kind = "venv"
+installer = "{installer}"
 [python]
 version = "{version}"
 source = "managed"
@@ -95,8 +96,8 @@ class World(UserWorld):
     def minor(self) -> str:
         return ".".join(self.version.split(".")[:2])
 
-    def recipe(self, name: str = "mp") -> str:
-        return self.write_recipe(name, RECIPE.format(name=name, version=self.minor))
+    def recipe(self, name: str = "mp", installer: str = "uv") -> str:
+        return self.write_recipe(name, RECIPE.format(name=name, version=self.minor, installer=installer))
 
     def prefix(self, name: str = "mp") -> Path:
         return self.root / "envs" / name
@@ -153,6 +154,16 @@ def test_create_makes_the_env_from_a_managed_cpython_downloaded_from_the_mirror(
     # uv put no python3.X shim in the user's ~/.local/bin (uv's default place for them): only the home's pythons.
     shims = Path(w.env["HOME"]) / ".local" / "bin"
     assert not shims.exists() or list(shims.iterdir()) == []
+
+
+@pytest.mark.parametrize("installer", ["pip", "virtualenv"])
+def test_the_other_installers_make_the_venv_from_the_managed_python_too(world, installer):
+    w = world
+    w.recipe(installer=installer)
+    ok(w.create("mp", "--no-validate", **w.mirror))
+    base, version, who = w.shown()
+    assert Path(base).resolve().is_relative_to(w.pythons.resolve()) and version == w.version
+    assert who == "ebmanaged 1.0"
 
 
 def test_an_index_mirror_rule_for_the_release_url_sends_the_download_as_for_wheels(world):

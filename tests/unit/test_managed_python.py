@@ -13,7 +13,7 @@ from helpers import PLAN_ENV
 
 from envbuilder import plan
 from envbuilder.core import config
-from envbuilder.core.errors import RecipeError, UsageError
+from envbuilder.core.errors import BackendError, RecipeError, UsageError
 from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
@@ -142,3 +142,20 @@ def test_the_site_file_setting_is_checked_as_a_boolean():
         config.read_table(doc, "/etc/envbuilder/config.toml", "/h", site=True)
     ok = config.read_table({"settings": {"managed_python": False}}, "/etc/x.toml", "/h", site=True)
     assert ok.values == {"managed_python": "0"}
+
+
+@pytest.mark.parametrize("version", ["--help", "3.12; rm", ""])
+def test_a_record_whose_managed_version_is_not_a_version_never_reaches_uv(tmp_path, version):
+    from envbuilder.backends import managedpython
+    from envbuilder.backends.buildlog import BuildLog
+
+    log = BuildLog(tmp_path / "build.log")
+    recorded = {"origin": "managed", "version": version, "managed": {"version": version}}
+    said: list[str] = []
+    try:
+        with pytest.raises(BackendError, match=re.escape("is not X.Y or X.Y.Z")):
+            managedpython.interpreter(recorded, {"ENVBUILDER_HOME": str(tmp_path)}, log, said.append)
+    finally:
+        log.close()
+    assert said == [] and "+ " not in (tmp_path / "build.log").read_text()  # no command ran
+    assert managedpython.interpreter({"origin": "module"}, {}, log, said.append) is None
