@@ -106,3 +106,16 @@ def _managed(recipe: Recipe, env: Mapping[str, str]) -> RecordedManaged:
         "mirror_source": downloads.why,
         "downloads_json": env.get(DOWNLOADS_JSON_VAR, "").strip(),
     }
+
+
+def managed_remarks(recipe: Recipe) -> list[str]:
+    """Warnings for a managed python: a python module the recipe still loads (a site python's PYTHONPATH or
+    PYTHONHOME would reach an env of another Python)."""
+    if not recipe.python.managed or recipe.modules.system == "none":
+        return []
+    return [
+        f"modules.load loads {mod}, a python module, though the env's python is the managed CPython "
+        f"{recipe.python.version}: drop it unless the env needs it (its PYTHONPATH would reach the env)"
+        for mod in recipe.modules.load
+        if mod.split("/")[0].lower().rstrip("0123456789.") == "python"
+    ]

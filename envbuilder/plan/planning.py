@@ -92,6 +92,7 @@ def build(
     fs = filesystem_for(recipe, prefix, env, warnings)
 
     python = interpreter.plan_python(recipe, env, target.python, env_python(recipe, host)[1])
+    warnings.extend(interpreter.managed_remarks(recipe))
     python_cmd = python["command"]
     launch_python = f"{prefix}/bin/python" if kind_info(kind).own_python else python_cmd
 

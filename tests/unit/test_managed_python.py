@@ -159,3 +159,16 @@ def test_a_record_whose_managed_version_is_not_a_version_never_reaches_uv(tmp_pa
         log.close()
     assert said == [] and "+ " not in (tmp_path / "build.log").read_text()  # no command ran
     assert managedpython.interpreter({"origin": "module"}, {}, log, said.append) is None
+
+
+def test_a_python_module_still_loaded_beside_a_managed_python_is_warned_about(tmp_path):
+    modules = '[modules]\nsystem = "lmod"\nload = ["gcc/13.2.0", "python3/3.9.2", "cuda/12.4"]'
+    p = make(tmp_path, MANAGED, extra=modules)
+    said = [w for w in p.warnings if "a python module" in w]
+    assert said == [
+        "modules.load loads python3/3.9.2, a python module, though the env's python is the managed CPython 3.12: "
+        "drop it unless the env needs it (its PYTHONPATH would reach the env)"
+    ]
+    assert not [
+        w for w in make(tmp_path, 'version = "3.9"', extra=modules).warnings if "a python module" in w
+    ]
