@@ -31,30 +31,12 @@ def interpreter(
     the plan's python is the site's. ``env``: the environment envbuilder runs in (its settings)."""
     if recorded.get("origin") != planned.MANAGED:
         return None
-    version = (recorded.get("managed") or {}).get("version") or recorded.get("version") or ""
-    if not _VERSION.fullmatch(
-        version
-    ):  # a record is JSON anyone may have edited: uv gets a version or nothing
-        raise BackendError(
-            f"the env's record asks for a managed CPython of version {version!r}, which is not X.Y or X.Y.Z",
-            hint="rebuild the env from its recipe: envbuilder create NAME --force",
-        )
-    if not planned.allowed(env):
-        raise BackendError(
-            f"the env's python is a uv-managed CPython {version}, which this site does not allow "
-            f"(managed_python is off: {planned.ALLOW_VAR}={env.get(planned.ALLOW_VAR)})",
-            hint="build it from the site's python instead (drop python.source from its recipe)",
-        )
+    version = _version(recorded, env)
     where = settings.pythons_dir(settings.home(env))
     downloads = mirror.python_downloads(env)
     offline = indexread.offline_reason(env)
-    uv = installers.uv_binary()
-    if uv is None:
-        raise BackendError(
-            "a managed python is installed by uv, which is not here",
-            hint="pip install uv (or load its module)",
-        )
     uv_env = _uv_env(env, where, downloads, offline_only=bool(offline and not downloads.mirror))
+    uv = _uv()
     found = _find(uv, version, uv_env, log)
     if found:
         log.write(f"managed python: CPython {version} found in {where}: {found}")
@@ -75,6 +57,34 @@ def interpreter(
             hint=f"see the build log; `uv python list` with UV_PYTHON_INSTALL_DIR={where} shows what is there",
         )
     return found
+
+
+def _version(recorded: RecordedPython, env: Mapping[str, str]) -> str:
+    """The version asked for, where it is a version (a record is JSON anyone may edit: uv gets a version or
+    nothing) and the site allows managed Pythons."""
+    version = (recorded.get("managed") or {}).get("version") or recorded.get("version") or ""
+    if not _VERSION.fullmatch(version):
+        raise BackendError(
+            f"the env's record asks for a managed CPython of version {version!r}, which is not X.Y or X.Y.Z",
+            hint="rebuild the env from its recipe: envbuilder create NAME --force",
+        )
+    if not planned.allowed(env):
+        raise BackendError(
+            f"the env's python is a uv-managed CPython {version}, which this site does not allow "
+            f"(managed_python is off: {planned.ALLOW_VAR}={env.get(planned.ALLOW_VAR)})",
+            hint="build it from the site's python instead (drop python.source from its recipe)",
+        )
+    return version
+
+
+def _uv() -> str:
+    uv = installers.uv_binary()
+    if uv is None:
+        raise BackendError(
+            "a managed python is installed by uv, which is not here",
+            hint="pip install uv (or load its module)",
+        )
+    return uv
 
 
 def _uv_env(
