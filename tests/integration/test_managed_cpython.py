@@ -130,6 +130,12 @@ def test_create_makes_the_env_from_a_managed_cpython_downloaded_from_the_mirror(
     planned = w.data("plan", "mp", **w.mirror)["python"]
     assert planned["origin"] == "managed" and planned["managed"]["dir"] == str(w.pythons)
     assert planned["managed"]["mirror"] == w.downloads.url
+    text = ok(w.cli("plan", "mp", COLUMNS="250", **w.mirror)).stdout
+    assert (
+        f"python from: uv-managed CPython {w.minor} in {w.pythons}; create installs it where missing, "
+        f"downloading from {w.downloads.url} (ENVBUILDER_PYTHON_MIRROR)"
+    ) in text
+    assert f"--python cpython@{w.minor} " in text
     data = w.data("create", "mp", "--prefix", str(w.prefix()), **w.mirror)
     assert len(w.downloads.archives()) == 1  # the archive came from the loopback mirror, once
     # The env's python is the managed one: its base is under the home's pythons, at the version downloaded.
