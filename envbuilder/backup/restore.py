@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder import payloads
-from envbuilder.backends import activation, base, installers, lookup, torchbuild
+from envbuilder.backends import activation, base, installers, lookup, managedpython, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.backup import Backup, archive, pack_workers, verify, wheelhouse
@@ -282,7 +282,11 @@ def _prepare(job: _Job, partial: Path, log: BuildLog, backend: base.Backend) -> 
     job.step(f"loading modules ({modules.kind})" if plan.get("modules") else "no modules to load")
     delta = modules.apply(plan.get("module_use", []), plan.get("modules", []), base_env)
     build_env = delta.apply(base_env)
-    python = backend.python((plan.get("python") or {}).get("command") or "python3", build_env, final)
+    recorded = plan.get("python") or {}
+    # A managed python is installed again where it is gone (the env's pyvenv.cfg names it), by the same rules.
+    python = managedpython.interpreter(recorded, env, log, job.step) or backend.python(
+        recorded.get("command") or "python3", build_env, final
+    )
     installer = installers.INSTALLERS[plan.get("installer", "uv")]
     program = installer.find()
     if program is None:
@@ -441,6 +445,9 @@ def _archive(
     except OSError as exc:
         raise BackupError(f"cannot read {b.path / 'manifest.json'}: {exc.strerror}") from None
     relocation = None
+    # The archived venv names its managed CPython (pyvenv.cfg's home), which is not in the archive: installed
+    # again by the same rules where it is gone from this home.
+    managedpython.interpreter(old.plan.get("python") or {}, job.env, log, step)
     step(f"extracting {arc['file']}")
     archive.unpack(b.path / arc["file"], partial, archive.Tools.find(), root=b.root)
     problems = archive.check_tree(partial, manifest)

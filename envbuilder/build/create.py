@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 from packaging.utils import canonicalize_name
 
 from envbuilder import __version__, lockfile, payloads
-from envbuilder.backends import activation, base, installers, lookup, torchbuild
+from envbuilder.backends import activation, base, installers, lookup, managedpython, torchbuild
 from envbuilder.backends.buildlog import BuildLog, open_log, world_write_swept
 from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.core import kinds, settings
@@ -301,7 +301,9 @@ def _prepare(
     delta = job.modules.apply(plan.module_use, build_loads(plan.modules, plan.build_modules), base_env)
     build_env = delta.apply(base_env)
     log.write(f"module delta: {len(delta.set)} set, {len(delta.unset)} unset")
-    python = backend.python(plan.python["command"] or "python3", build_env, final)
+    python = managedpython.interpreter(plan.python, job.env, log, job.report.step) or backend.python(
+        plan.python["command"] or "python3", build_env, final
+    )
     # Envs that see the base python's packages: is it a venv itself (whose packages a venv on top would not see)?
     parent = base.python_info(python, build_env, log) if backend.needs_parent() else {}
     log.write(f"python: {python}")

@@ -26,6 +26,10 @@ VARIABLES = {
     "ENVBUILDER_INDEX_MIRROR": "UPSTREAM=TARGET pairs: where wheel index and channel reads really go",
     "ENVBUILDER_OFFLINE": "1 reads no index: plan from the shipped table (like --offline)",
     "ENVBUILDER_INDEX_TIMEOUT": "seconds to wait for the wheel indexes to answer, name lookup included",
+    "ENVBUILDER_MANAGED_PYTHON": '0 refuses recipes with python.source = "managed" (a site may lock it)',
+    "ENVBUILDER_PYTHON_MIRROR": "where uv downloads managed CPython from (a URL or directory standing for "
+    "python-build-standalone's releases)",
+    "ENVBUILDER_PYTHON_DOWNLOADS": "a list of Python downloads in uv's JSON format, instead of uv's own",
     "UV_CACHE_DIR": "uv's package cache (else $ENVBUILDER_UV_CACHE, else beside the envs)",
     "ENVBUILDER_CONDA_PKGS": "the conda package cache (default $SCRATCH/envbuilder/conda-pkgs)",
     "ENVBUILDER_COMPILE_BYTECODE": "1 or 0: uv writes all bytecode as it installs (default: with 8+ CPUs)",
@@ -42,6 +46,7 @@ VARIABLES = {
 
 _RECIPES = ("ENVBUILDER_RECIPE_PATH", "ENVBUILDER_CONFIG")
 _INDEX = ("ENVBUILDER_INDEX_MIRROR", "ENVBUILDER_OFFLINE", "ENVBUILDER_INDEX_TIMEOUT")
+_PYTHONS = ("ENVBUILDER_MANAGED_PYTHON", "ENVBUILDER_PYTHON_MIRROR", "ENVBUILDER_PYTHON_DOWNLOADS")
 _RECORDS = ("ENVBUILDER_HOME", "WORK")
 _BACKUPS = ("ENVBUILDER_BACKUP_ROOT", "WORK")
 _PROGRESS = "ENVBUILDER_PROGRESS_EVERY"
@@ -56,7 +61,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "plan": (
         ("plan vista-venv-cu124", "plan local --offline --json", "plan local --facts gh200.json"),
-        (*_RECIPES, *_INDEX, "ENVBUILDER_HOME", "SCRATCH"),
+        (*_RECIPES, *_INDEX, _PYTHONS[0], "ENVBUILDER_HOME", "SCRATCH"),
     ),
     "lock": (
         (
@@ -82,6 +87,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (
             *_RECIPES,
             *_INDEX,
+            *_PYTHONS,
             *_RECORDS,
             "SCRATCH",
             "UV_CACHE_DIR",
@@ -137,7 +143,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "backups": (("backups", "backups local --json"), (*_BACKUPS, "ENVBUILDER_HOME")),
     "restore": (
         ("restore local", "restore local --backup local@20261123T101500Z --force"),
-        (*_BACKUPS, "ENVBUILDER_HOME", _PROGRESS),
+        (*_BACKUPS, "ENVBUILDER_HOME", _PROGRESS, _PYTHONS[1], _PYTHONS[2]),
     ),
     "verify-backup": (("verify-backup local", "verify-backup local@20261123T101500Z"), _BACKUPS),
     "prune-backups": (("prune-backups --keep 3", "prune-backups --keep 1 --env local --dry-run"), _BACKUPS),

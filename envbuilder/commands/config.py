@@ -69,6 +69,9 @@ def _defaults(env: Mapping[str, str]) -> dict[str, str]:
         "progress_every": f"{progress.EVERY_S:g}",
         "compile_bytecode": f"with {settings.COMPILE_MIN_CPUS}+ usable CPUs",
         "no_fuse": "0",
+        "managed_python": "1",
+        "python_mirror": "",
+        "python_downloads": "",
     }
 
 

@@ -141,6 +141,8 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         )
         in_env = [p for p in record.packages if p.get("in_env")]
         out.result.field("packages", ", ".join(f"{p['name']}=={p['version']}" for p in in_env))
+        if (plan.get("python") or {}).get("where"):
+            out.result.field("python from", plan["python"]["where"])
         if plan.get("modules"):
             out.result.field("built with", " ".join(plan["modules"]))
         if act.modules or plan.get("modules") or plan.get("build_modules"):

@@ -107,6 +107,8 @@ def _render_target(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:
     out.result.field("env", f"{p.kind} at {p.prefix}")
     if p.python.get("source"):
         out.result.field("python", f"{p.python.get('version') or '?'} ({p.python['source']})")
+    if p.python.get("where"):
+        out.result.field("python from", p.python["where"])
     if p.resolution:
         r = p.resolution
         label = f" (+{r.local} builds only)" if r.local else ""

@@ -76,6 +76,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("progress_every", "ENVBUILDER_PROGRESS_EVERY", SECONDS),
     Setting("compile_bytecode", "ENVBUILDER_COMPILE_BYTECODE", BOOL),
     Setting("no_fuse", "ENVBUILDER_NO_FUSE", BOOL),
+    # python.source = "managed": whether it is allowed (a site forbids it: false, locked), where uv downloads
+    # CPython from (replacing python-build-standalone's release URL), and a downloads list in uv's JSON format.
+    Setting("managed_python", "ENVBUILDER_MANAGED_PYTHON", BOOL),
+    Setting("python_mirror", "ENVBUILDER_PYTHON_MIRROR", TEXT),
+    Setting("python_downloads", "ENVBUILDER_PYTHON_DOWNLOADS", TEXT),
 )
 NAMES = tuple(s.name for s in SETTINGS)
 _BY_NAME = {s.name: s for s in SETTINGS}

@@ -28,6 +28,20 @@ class RecordedPython(TypedDict, total=False):
     version: Optional[str]
     #: Where the version came from (target.env_python); records written before issue 33 lack it.
     source: str
+    #: Where the interpreter comes from (plan.interpreter): ``module``, ``system`` or ``managed``; and in words.
+    #: Records written before issue 37 lack both (their python is the site's).
+    origin: str
+    where: str
+    #: A managed python's request: version, uv's install dir, download mirror (empty: uv's default) and why.
+    managed: RecordedManaged
+
+
+class RecordedManaged(TypedDict, total=False):
+    version: str
+    dir: str
+    mirror: str
+    mirror_source: str
+    downloads_json: str
 
 
 class RecordedPlan(TypedDict, total=False):

@@ -87,6 +87,11 @@ def catalog_cache(home: Path) -> Path:
     return home / "cache" / "catalog.json"
 
 
+def pythons_dir(home: Path) -> Path:
+    """The uv-managed CPythons that envs with ``python.source = "managed"`` are made from (uv's install dir)."""
+    return home / "pythons"
+
+
 def trust_dir(home: Path) -> Path:
     """Registries' trust settings, pinned on first use (outside any registry, so its writers cannot change them)."""
     return home / "trust"

@@ -183,6 +183,12 @@ def python_findings(record: EnvRecord, py: PythonState) -> list[Finding]:
     name = record.name
     rebuild = f"rebuild it with a Python this node has: envbuilder create {name} --force"
     if py.base and not py.base_exists:
+        if ((record.plan or {}).get("python") or {}).get("origin") == "managed":
+            # The uv-managed CPython under the envbuilder home was removed: either verb installs it again.
+            rebuild = (
+                f"envbuilder restore {name} --force (or create {name} --force) "
+                "installs the managed CPython again"
+            )
         return [Finding(ACTION, name, "python", f"the Python it was built from is gone: {py.base}", rebuild)]
     if py.runs is False:
         return [Finding(ACTION, name, "python", f"its python does not start: {py.detail}", rebuild)]

@@ -17,9 +17,8 @@ from envbuilder import lockfile
 from envbuilder.core import launchers
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.kinds import AUTO, CLI_ENGINES, kind_info
-from envbuilder.core.records import RecordedPython
 from envbuilder.core.structs import dataclass
-from envbuilder.plan import lockfit, suite
+from envbuilder.plan import interpreter, lockfit, suite
 from envbuilder.plan.activation import activation_for
 from envbuilder.plan.listing import steps_in_words
 from envbuilder.plan.prefix import filesystem_for, prefix_for
@@ -92,12 +91,9 @@ def build(
     prefix, prefix_missing = prefix_for(recipe, env, opts.prefix, warnings)
     fs = filesystem_for(recipe, prefix, env, warnings)
 
-    python_cmd = recipe.python.command
-    python: RecordedPython = {
-        "command": python_cmd,
-        "version": target.python,
-        "source": env_python(recipe, host)[1],
-    }
+    python = interpreter.plan_python(recipe, env, target.python, env_python(recipe, host)[1])
+    warnings.extend(interpreter.managed_remarks(recipe))
+    python_cmd = python["command"]
     launch_python = f"{prefix}/bin/python" if kind_info(kind).own_python else python_cmd
 
     if kind_info(kind).conda:  # the recipe's own channel mistake first: it holds whatever the index says

@@ -41,6 +41,8 @@ from envbuilder.recipe.spec import ArrayOf, Field, MapOf, Spec, Table, join_key,
 
 SCHEMA_VERSION = 1
 
+#: Where a venv's interpreter comes from (``python.source``): the site's, or a uv-managed CPython.
+PYTHON_SOURCES = ("site", "managed")
 #: A recipe may name no scheduler.
 SCHEDULERS = (*schedulers.SCHEDULERS, "none")
 MODULE_SYSTEMS = ("lmod", "environment-modules", "none")
@@ -417,6 +419,12 @@ SCHEMA = Table(
                     "its version (major.minor); the resolver checks wheels against it",
                     pattern=r"\d+\.\d+(\.\d+)?",
                     example="3.11",
+                ),
+                "source": Field(
+                    str,
+                    "site: python.command on the PATH the modules give; managed: a uv-managed CPython of "
+                    "python.version in the envbuilder home (venv envs; a site may forbid it)",
+                    choices=PYTHON_SOURCES,
                 ),
             }
         ),

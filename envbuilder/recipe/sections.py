@@ -220,6 +220,12 @@ class Env:
 class Python:
     command: str = seeded("python3")
     version: Optional[str] = None
+    #: ``site`` (``command`` on the modules' PATH) or ``managed`` (a uv-managed CPython of ``version``).
+    source: str = "site"
+
+    @property
+    def managed(self) -> bool:
+        return self.source == "managed"
 
     @property
     def conda_version(self) -> str:

@@ -201,3 +201,58 @@ def remap_channels(channels: Sequence[str], rules: Sequence[Rule]) -> tuple[list
         notes.append(f"channel {url} -> {', '.join(targets)} ({VAR})")
         out.extend(targets)
     return list(dict.fromkeys(out)), notes
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Managed Pythons (python.source = "managed"): where uv downloads CPython from
+
+#: The variable (setting ``python_mirror``) that names where uv downloads CPython builds from.
+PYTHON_VAR = "ENVBUILDER_PYTHON_MIRROR"
+#: The release URL uv's downloads list names (python-build-standalone's) and the one newer uv releases use; a
+#: mirror stands for either, with the same ``<release>/<file>`` below it (uv's UV_PYTHON_INSTALL_MIRROR).
+PYTHON_UPSTREAMS = (
+    "https://github.com/astral-sh/python-build-standalone/releases/download",
+    "https://releases.astral.sh/github/python-build-standalone/releases/download",
+)
+
+
+@dataclass(frozen=True)
+class PythonDownloads:
+    """Where uv downloads a managed CPython: ``mirror`` (a URL; None: uv's own default) and why, in words."""
+
+    mirror: Optional[str]
+    why: str
+
+    @property
+    def shown(self) -> str:
+        return f"{self.mirror} ({self.why})" if self.mirror else self.why
+
+
+def python_downloads(env: Mapping[str, str]) -> PythonDownloads:
+    """The download source of managed Pythons: ``ENVBUILDER_PYTHON_MIRROR`` (a URL, or a directory holding
+    ``<release>/<file>`` as the releases do); else an ``ENVBUILDER_INDEX_MIRROR`` rule for the release URL, as for
+    wheels (its first URL, else its first directory); else uv's default."""
+    given = env.get(PYTHON_VAR, "").strip()
+    if given:
+        return PythonDownloads(_python_target(given, PYTHON_VAR), PYTHON_VAR)
+    rules = from_env(env)
+    for upstream in PYTHON_UPSTREAMS:
+        rule = _match(rules, upstream)
+        if rule is not None:
+            urls, dirs = rule.apply(upstream)
+            first = next((u for u in urls if u != PYPI), None) or (dirs[0] if dirs else None)
+            if first is not None:
+                return PythonDownloads(_python_target(first, VAR), f"{VAR} rule for {upstream}")
+    return PythonDownloads(None, "uv's default: python-build-standalone's releases")
+
+
+def _python_target(given: str, var: str) -> str:
+    """A Python mirror as uv takes it: a URL, or a directory as a ``file://`` URL."""
+    if given.startswith("/"):
+        return "file://" + given.rstrip("/")
+    if not given.startswith(("http://", "https://", "file://")):
+        raise UsageError(
+            f"{var}: {given!r} is neither a URL nor an absolute directory",
+            hint=f"e.g. {PYTHON_VAR}=https://mirror.site/python-build-standalone (holding <release>/<file>)",
+        )
+    return given.rstrip("/")

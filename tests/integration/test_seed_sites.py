@@ -401,6 +401,8 @@ def test_tacc_recipe_builds_as_shipped_on_its_emulated_site(world, soft, site, s
         "command": "python3",
         "version": site.python,
         "source": "the recipe's [python] version",
+        "origin": "module",
+        "where": f"python3 on the PATH after loading {', '.join(plan['modules'])}",
     }
     assert plan["torch"]["requirements"] == site.requirements
 
@@ -587,6 +589,8 @@ def test_cirrus_recipe_builds_horovod_with_its_build_environment(tmp_path, mirro
         "command": "python",
         "version": CIRRUS.python,
         "source": "the recipe's [python] version",
+        "origin": "module",
+        "where": f"python on the PATH after loading {CIRRUS.module}",
     }
 
     data = world.data("create", CIRRUS.recipe)

@@ -196,6 +196,18 @@ def test_python_findings():
     assert replan.python_findings(rec, patch) == []
 
 
+def test_a_managed_python_gone_from_the_home_says_restore_or_create_installs_it_again():
+    rec = record(plan={"python": {"origin": "managed", "version": "3.12"}})
+    gone = replan.PythonState(
+        "/h/.envbuilder/pythons/cpython-3.12-linux-x86_64-gnu/bin", False, "/p/bin/python"
+    )
+    [f] = replan.python_findings(rec, gone)
+    assert "/h/.envbuilder/pythons/" in f.message
+    assert (
+        f.fix == "envbuilder restore gpu --force (or create gpu --force) installs the managed CPython again"
+    )
+
+
 def test_python_state_runs_the_env_python(tmp_path):
     prefix = tmp_path / "env"
     (prefix / "bin").mkdir(parents=True)

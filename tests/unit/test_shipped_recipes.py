@@ -211,7 +211,13 @@ def test_stampede3_plans_the_python_of_taccs_module_not_the_planning_hosts():
     login = dataclasses.replace(load_facts("cpu-only"), python="3.13.0")
     p = plan.build(loader.load("stampede3-venv-cu126", CATALOG), login, PLAN_ENV, OPTS)
     assert p.modules == ("python/3.9.18",)
-    assert p.python == {"command": "python3", "version": "3.9", "source": "the recipe's [python] version"}
+    assert p.python == {
+        "command": "python3",
+        "version": "3.9",
+        "source": "the recipe's [python] version",
+        "origin": "module",
+        "where": "python3 on the PATH after loading python/3.9.18",
+    }
     assert p.target.python == "3.9"
 
 
