@@ -85,6 +85,10 @@ class Recipe:
         return sections.view(sections.Env, self.data.get("env", {}))
 
     @cached_property
+    def container(self) -> sections.Container:
+        return sections.view(sections.Container, self.data.get("container", {}))
+
+    @cached_property
     def python(self) -> sections.Python:
         return sections.view(sections.Python, self.data.get("python", {}))
 
