@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Optional
 
 from envbuilder import plan as planner
-from envbuilder.core import launchers
+from envbuilder.core import containers, launchers
 from envbuilder.core.errors import EnvbuilderError
+from envbuilder.core.facts import HostFacts
+from envbuilder.core.kinds import kind_info
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, find_lock
 from envbuilder.resolver import mirror
@@ -33,11 +36,37 @@ def make_plan(
     catalog = Catalog.from_env(env)
     recipe = loader.load(name, catalog)
     facts = host.facts_for(facts_file)
+    if kind_info(recipe.env.kind).container:
+        return container_plan(recipe, facts, env, opts, offline=no_network)
     lock = find_lock(recipe, catalog, env, lock_file) if use_lock else None
     from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
 
     index = indexread.read_torch(planner.torch_request(recipe), env, refresh=refresh, offline=no_network)
     return planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age())
+
+
+def container_plan(
+    recipe: loader.Recipe,
+    facts: HostFacts,
+    env: dict[str, str],
+    opts: Optional[planner.Options],
+    *,
+    offline: bool,
+) -> planner.Plan:
+    """A container env's plan, with what the image's registry says of it where the registry answers."""
+    from envbuilder.resolver import imagefetch  # noqa: PLC0415 - urllib only when a registry is read
+
+    image, why = None, ""
+    problem = containers.image_problem(recipe.container.image or "")
+    if recipe.container.image and problem is None:
+        ref = containers.parse_image(recipe.container.image)
+        arch = (opts.arch if opts else None) or recipe.compute.arch or facts.arch
+        image, why = imagefetch.read_image(ref, env, arch=arch, offline=offline)
+    the_plan = planner.build_container(recipe, facts, env, opts, image=image.facts if image else None)
+    notes = [f"registry: {why}"] if why else []
+    if image is not None and image.digest:
+        notes.append(f"registry: {recipe.container.image} is {image.digest} now")
+    return replace(the_plan, notes=(*the_plan.notes, *notes))
 
 
 def handle(args: argparse.Namespace, out: Out) -> planner.RecordedPlan:
@@ -77,7 +106,8 @@ def render(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:
     for i, step in enumerate(p.steps, 1):
         out.result.line(f"  {i:2d}. {step}")
     out.result.line()
-    _render_validation(p, out)
+    if p.launch_command or not p.container:
+        _render_validation(p, out)
     if p.resolution and p.resolution.facts_source:
         _render_list("Where the torch facts come from", p.resolution.facts_source, out)
     if p.notes:
@@ -113,9 +143,33 @@ def _render_target(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:
         inferred = ", inferred facts" if r.inferred else ""
         index = mirror.shown(r.index_url, mirror.from_env(env))
         out.result.field("torch", f"{r.torch} {r.variant} ({r.channel}{inferred}) from {index}{label}")
+    if p.container:
+        _render_container(p.container, out)
     if p.lock:
         status = "applies" if p.lock.applies else "ignored (stale)"
         out.result.field("lock", f"{p.lock.summary.path} ({p.lock.summary.origin}), {p.lock.arch}: {status}")
+
+
+def _render_container(box: planner.ContainerPlan, out: Out) -> None:
+    """The image, where it comes from, what it holds, and why it fits the target."""
+    ref, facts = box.pick.ref, box.pick.facts
+    where = f"the local file {ref.path}" if ref.local else f"registry {ref.host}"
+    out.result.field("image", f"{ref.text} ({where}), run by {box.runtime}, kept as {box.file}")
+    cuda = "none (CPU only)" if facts.cuda == "" else (facts.cuda or "unknown")
+    archs = ", ".join(facts.archs) if facts.archs is not None else "unknown"
+    out.result.field(
+        "image holds",
+        f"torch {facts.torch or 'unknown'}, CUDA {cuda}, Python {facts.python or 'unknown'}; for {archs}",
+    )
+    by_origin: dict[str, list[str]] = {}
+    for name, origin in facts.origins.items():
+        by_origin.setdefault(origin, []).append(name)
+    for origin, names in by_origin.items():
+        out.result.field(f"  {', '.join(names)} from", origin)
+    for why in box.pick.fits:
+        out.result.field("fits", why)
+    binds = ",".join(box.binds) or "none"
+    out.result.field("runs with", f"binds {binds}; GPU {'on' if box.gpu else 'off'}; MPI from the {box.mpi}")
 
 
 def _render_validation(p: planner.Plan, out: Out) -> None:

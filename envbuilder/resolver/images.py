@@ -56,11 +56,13 @@ class ImageFacts:
     archs: Optional[tuple[str, ...]] = None
     origins: Mapping[str, str] = field(default_factory=dict)
     confidence: str = "P"
+    #: The table row's source, where the table said anything.
+    source: str = ""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {name: getattr(self, name) for name in _FACTS}
         data["archs"] = list(self.archs) if self.archs is not None else None
-        return {**data, "origins": dict(self.origins), "confidence": self.confidence}
+        return {**data, "origins": dict(self.origins), "confidence": self.confidence, "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -87,21 +89,22 @@ def table_facts(ref: ImageRef, table: ImageTable) -> ImageFacts:
         release = re.fullmatch(r"(\d{2}\.\d{2})-py3", ref.tag)
         row = table.ngc.get(release.group(1)) if release else None
         if row is not None:
-            return _row_facts(row, f"table: NGC PyTorch {release.group(1) if release else ''}")
+            return _row_facts(row, f"image table: NGC PyTorch {release.group(1) if release else ''}")
     if ref.host == "docker.io" and ref.repository == "pytorch/pytorch" and table.dockerhub:
         spelled = re.fullmatch(table.dockerhub["pattern"], ref.tag)
         if spelled is not None:
             row = {**table.dockerhub, "torch": spelled.group("torch"), "cuda": spelled.group("cuda")}
-            return _row_facts(row, "table: the pytorch/pytorch tag")
+            return _row_facts(row, "image table: the pytorch/pytorch tag")
     return ImageFacts()
 
 
 def _row_facts(row: Mapping[str, Any], origin: str) -> ImageFacts:
-    where = f"{origin} ({row.get('source', '')}, checked {row.get('checked', '?')})"
+    where = f"{origin}, checked {row.get('checked', '?')}"
     values = {name: row.get(name) for name in _FACTS}
     values["archs"] = tuple(row["archs"]) if "archs" in row else None
     origins = {name: where for name, value in values.items() if value is not None}
-    return ImageFacts(**values, origins=origins, confidence=str(row.get("confidence", "U")))
+    confidence = str(row.get("confidence", "U"))
+    return ImageFacts(**values, origins=origins, confidence=confidence, source=str(row.get("source", "")))
 
 
 def label_facts(config: Mapping[str, Any], platforms: Sequence[str] = ()) -> ImageFacts:
