@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Optional
 
 from envbuilder import plan as planner
-from envbuilder.core import containers, launchers
+from envbuilder.build import images
+from envbuilder.core import launchers
 from envbuilder.core.errors import EnvbuilderError
-from envbuilder.core.facts import HostFacts
 from envbuilder.core.kinds import kind_info
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, find_lock
@@ -37,36 +36,12 @@ def make_plan(
     recipe = loader.load(name, catalog)
     facts = host.facts_for(facts_file)
     if kind_info(recipe.env.kind).container:
-        return container_plan(recipe, facts, env, opts, offline=no_network)
+        return images.container_plan(recipe, facts, env, opts, offline=no_network)
     lock = find_lock(recipe, catalog, env, lock_file) if use_lock else None
     from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
 
     index = indexread.read_torch(planner.torch_request(recipe), env, refresh=refresh, offline=no_network)
     return planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age())
-
-
-def container_plan(
-    recipe: loader.Recipe,
-    facts: HostFacts,
-    env: dict[str, str],
-    opts: Optional[planner.Options],
-    *,
-    offline: bool,
-) -> planner.Plan:
-    """A container env's plan, with what the image's registry says of it where the registry answers."""
-    from envbuilder.resolver import imagefetch  # noqa: PLC0415 - urllib only when a registry is read
-
-    image, why = None, ""
-    problem = containers.image_problem(recipe.container.image or "")
-    if recipe.container.image and problem is None:
-        ref = containers.parse_image(recipe.container.image)
-        arch = (opts.arch if opts else None) or recipe.compute.arch or facts.arch
-        image, why = imagefetch.read_image(ref, env, arch=arch, offline=offline)
-    the_plan = planner.build_container(recipe, facts, env, opts, image=image.facts if image else None)
-    notes = [f"registry: {why}"] if why else []
-    if image is not None and image.digest:
-        notes.append(f"registry: {recipe.container.image} is {image.digest} now")
-    return replace(the_plan, notes=(*the_plan.notes, *notes))
 
 
 def handle(args: argparse.Namespace, out: Out) -> planner.RecordedPlan:

@@ -116,6 +116,8 @@ def image_problem(text: str) -> Optional[Problem]:
     match = _REGISTRY_RE.fullmatch(text)
     if match is None:
         return f"not an image reference: {found(text)}", _IMAGE_HINT
+    if not match.group("tag") and not match.group("digest") and text.endswith(_LOCAL_SUFFIXES):
+        return f"a local image is named by its absolute path, found {found(text)}", "write the path out: /..."
     return None
 
 

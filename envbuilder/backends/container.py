@@ -1,0 +1,165 @@
+"""A container env (env.kind = "container"): one image file under the prefix that a container runtime fetched
+(pulled from a registry, or converted or copied from a local image), and the torch inside it read back through the
+runtime before the env is put in place: an image whose torch, CUDA, Python or machine is not what the plan checked
+is refused, as the torch build guard refuses a wheel (``torchbuild``). The file's sha256 goes into the record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from envbuilder import __version__
+from envbuilder.backends.base import Backend, Build
+from envbuilder.backends.buildlog import run_logged
+from envbuilder.core import containers
+from envbuilder.core.errors import BackendError
+from envbuilder.plan import ContainerPlan
+from envbuilder.plan.container import DEST
+from envbuilder.plan.steps import InstallStep
+
+#: How long the probe inside the image may take (its first start unpacks nothing, but a cold file system is slow).
+PROBE_TIMEOUT_S = 600.0
+
+
+class ContainerBackend(Backend):
+    """Fetches the plan's image into the env and checks the torch inside."""
+
+    def __init__(
+        self,
+        system_site_packages: bool = False,
+        arch: str = "",
+        locked: Optional[Mapping[str, str]] = None,
+        box: Optional[ContainerPlan] = None,
+    ) -> None:
+        super().__init__(system_site_packages, arch, locked)
+        self.box = box
+        #: What the probe read inside the image, once it has.
+        self.found: dict[str, str] = {}
+        self.sha256 = ""
+
+    @property
+    def plan(self) -> ContainerPlan:
+        if self.box is None:
+            raise BackendError(
+                "a container env is built from its plan's [container] part, and this plan has none"
+            )
+        return self.box
+
+    def python(self, command: str, env: Mapping[str, str], final: Path) -> str:
+        """The runtime's program on the PATH the modules give (the image brings its own python)."""
+        program = containers.runtime(self.plan.runtime).program
+        found = shutil.which(program, path=env.get("PATH", ""))
+        if not found:
+            raise BackendError(
+                f"{program} ({self.plan.runtime}) was not found on the PATH the recipe's modules give",
+                hint="load the site's module for it in modules.load (TACC: tacc-apptainer), or set container.runtime",
+            )
+        return found
+
+    def create(self, build: Build, step: Optional[InstallStep], env: Mapping[str, str]) -> None:
+        """Fetch the image into the partial env, then read and check the torch inside."""
+        box = self.plan
+        build.partial.mkdir(mode=0o755)
+        dest = build.partial / containers.runtime(box.runtime).image_file
+        build.say(f"fetching {box.pick.ref.text} with {box.runtime}")
+        if not box.fetch:
+            shutil.copyfile(box.pick.ref.path, dest)
+        for argv in box.fetch:
+            run_logged(_at(argv, dest, build.python), env, build.log)
+        if not dest.is_file():
+            raise BackendError(
+                f"{box.runtime} left no image at {dest}", hint=f"the build log {build.log.path} says why"
+            )
+        self.sha256 = _sha256(dest)
+        build.log.write(f"image: {dest.name} sha256:{self.sha256}")
+        build.say("reading the torch inside the image")
+        res = run_logged(_at(box.probe, dest, build.python), env, build.log, timeout=PROBE_TIMEOUT_S)
+        self.found = _probe_result(res.stdout)
+        guard(box, self.found)
+
+    def install(self, build: Build, step: InstallStep, env: Mapping[str, str]) -> None:
+        raise BackendError(f"a container env installs nothing into its image (step {step.display()!r})")
+
+    def activate(self, build: Build, act: Any) -> None:
+        """How to enter the image is phase 2's (activate prints it); nothing is written into the env now."""
+
+    def inventory(self, build: Build) -> list[dict[str, Any]]:
+        torch = self.found.get("torch")
+        return [{"name": "torch", "version": torch, "installer": "image"}] if torch else []
+
+    def tools(self, build: Build) -> dict[str, str]:
+        box = self.plan
+        return {
+            "envbuilder": __version__,
+            "runtime": box.runtime,
+            "runtime_path": build.python,
+            "image": box.pick.ref.text,
+            "image_file": containers.runtime(box.runtime).image_file,
+            "image_sha256": self.sha256,
+            "python": self.found.get("python", ""),
+            "cuda": self.found.get("cuda", ""),
+        }
+
+
+def _at(argv: Sequence[str], dest: Path, program: str) -> list[str]:
+    """``argv`` with the image at ``dest`` and the runtime's program found on PATH."""
+    out = [str(dest) if arg == DEST else arg for arg in argv]
+    return [program, *out[1:]] if Path(out[0]).name == Path(program).name else out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _probe_result(stdout: str) -> dict[str, str]:
+    """The probe's JSON line (the last line that is one: a runtime may print its own lines first)."""
+    for line in reversed(stdout.splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            return {str(k): str(v) for k, v in data.items()}
+    raise BackendError(
+        "the torch probe inside the image printed no result",
+        hint="the build log shows what the runtime printed; does the image have python3 and torch?",
+    )
+
+
+def guard(box: ContainerPlan, found: Mapping[str, str]) -> None:
+    """Refuse an image whose torch, CUDA, Python or machine is not what the plan checked."""
+    facts = box.pick.facts
+    wrong = []
+    if facts.torch and _public(found.get("torch", "")) != _public(facts.torch):
+        wrong.append(f"torch {found.get('torch') or 'none'}, not {facts.torch}")
+    if facts.cuda is not None and _minor(found.get("cuda", "")) != _minor(facts.cuda):
+        wrong.append(f"CUDA {found.get('cuda') or 'none'}, not {facts.cuda or 'none (CPU only)'}")
+    if facts.python and _minor(found.get("python", "")) != _minor(facts.python):
+        wrong.append(f"Python {found.get('python')}, not {facts.python}")
+    if facts.archs is not None and found.get("machine") not in facts.archs:
+        wrong.append(f"a {found.get('machine')} machine, not {', '.join(facts.archs)}")
+    if wrong:
+        raise BackendError(
+            f"the image {box.pick.ref.text} holds {'; '.join(wrong)} (as its "
+            f"{'labels' if any(o.startswith('image') for o in facts.origins.values()) else 'table row'} said): "
+            "the env was not put in place",
+            hint="pin the image by digest, or correct what the table or the image's labels say",
+        )
+
+
+def _public(version: str) -> str:
+    """A version without its local label (2.5.1+cu124 -> 2.5.1)."""
+    return version.split("+", 1)[0]
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])

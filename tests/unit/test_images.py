@@ -1,0 +1,278 @@
+"""The right image, like the right wheel: the image table, what a registry says of an image (read over HTTP from
+a registry on 127.0.0.1), the gates, and what ``plan`` shows of a container env."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envbuilder import plan
+from envbuilder.core.containers import parse_image
+from envbuilder.core.errors import RecipeError, ResolverErrors
+from envbuilder.core.facts import HostFacts
+from envbuilder.recipe.catalog import Catalog, Layer
+from envbuilder.recipe.loader import load
+from envbuilder.resolver import imagefetch, images
+from envbuilder.resolver.matrix import load_matrix
+from tests.helpers import PLAN_ENV, load_facts, run_cli
+
+NGC = "nvcr.io/nvidia/pytorch:24.05-py3"
+HUB = "docker://pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+INDEX = "application/vnd.oci.image.index.v1+json"
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A registry on 127.0.0.1 that answers the OCI distribution API's two reads (manifests, blobs) from a dict: the
+# real docker-registry of the test world comes in phase 2; this one is as small as the API it answers.
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.manifests: dict[str, tuple[bytes, str]] = {}
+        self.url = ""
+
+    def blob(self, data: Any) -> str:
+        body = json.dumps(data).encode()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        self.blobs[digest] = body
+        return digest
+
+    def image(self, repo: str, tag: str, labels: dict[str, str], archs: tuple[str, ...] = ("amd64",)) -> str:
+        """An image whose config carries ``labels``, for ``archs`` (an index where there are several)."""
+        entries = []
+        for arch in archs:
+            config = self.blob({"architecture": arch, "os": "linux", "config": {"Labels": labels}})
+            body = json.dumps(
+                {"schemaVersion": 2, "mediaType": MANIFEST, "config": {"digest": config}}
+            ).encode()
+            digest = "sha256:" + hashlib.sha256(body).hexdigest()
+            self.manifests[f"{repo}@{digest}"] = (body, MANIFEST)
+            entries.append({"digest": digest, "platform": {"os": "linux", "architecture": arch}})
+        if len(archs) == 1:
+            body, kind = self.manifests[f"{repo}@{entries[0]['digest']}"]
+        else:
+            body, kind = (
+                json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": entries}).encode(),
+                INDEX,
+            )
+        self.manifests[f"{repo}:{tag}"] = (body, kind)
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+@pytest.fixture
+def registry() -> Iterator[Registry]:
+    reg = Registry()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            head, _, ref = path.removeprefix("/v2/").rpartition("/")
+            repo, _, what = head.rpartition("/")
+            if what == "manifests":
+                key = f"{repo}@{ref}" if ref.startswith("sha256:") else f"{repo}:{ref}"
+                found = reg.manifests.get(key)
+                body, kind = found if found else (b"", "")
+            else:
+                body, kind = reg.blobs.get(ref, b""), "application/octet-stream"
+            if not body:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Docker-Content-Digest", "sha256:" + hashlib.sha256(body).hexdigest())
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    reg.url = f"127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield reg
+    server.shutdown()
+    server.server_close()
+
+
+CPU_LABELS = {"org.envbuilder.torch": "2.5.1", "org.envbuilder.cuda": "none", "org.envbuilder.python": "3.11"}
+CU13_LABELS = {"com.nvidia.pytorch.version": "2.9.0a0+abc", "com.nvidia.cuda.version": "13.0.1.012"}
+ONLINE = {**PLAN_ENV, "ENVBUILDER_OFFLINE": "0"}
+
+
+def _pick(text: str, facts: images.ImageFacts, host: str) -> images.ImagePick:
+    return images.pick(parse_image(text), facts, load_facts(host), load_matrix())
+
+
+def _gates(info: pytest.ExceptionInfo[ResolverErrors]) -> list[str]:
+    return [e.gate for e in info.value.errors]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The table and the gates
+
+
+def test_the_table_knows_ngc_releases_and_reads_torch_and_cuda_from_a_hub_tag() -> None:
+    table = images.load_table()
+    ngc = images.table_facts(parse_image(NGC), table)
+    assert (ngc.torch, ngc.cuda, ngc.python, ngc.archs) == (
+        "2.4.0a0",
+        "12.4.1",
+        "3.10",
+        ("x86_64", "aarch64"),
+    )
+    assert ngc.origins["cuda"].startswith("image table: NGC PyTorch 24.05, checked ")
+    hub = images.table_facts(parse_image(HUB), table)
+    assert (hub.torch, hub.cuda, hub.python, hub.archs) == ("2.5.1", "12.4", None, ("x86_64",))
+    unknown = images.table_facts(parse_image("nvcr.io/nvidia/pytorch:19.01-py3"), table)
+    assert unknown == images.ImageFacts()
+
+
+def test_an_amd64_only_image_for_an_aarch64_target_is_refused() -> None:
+    facts = images.table_facts(parse_image(HUB), images.load_table())
+    with pytest.raises(ResolverErrors) as info:
+        _pick(HUB, facts, "gh200-aarch64")
+    assert _gates(info) == ["platform"]
+    assert "published for x86_64 only; the target is aarch64" in info.value.errors[0].message
+    assert "nvcr.io/nvidia/pytorch" in (info.value.errors[0].hint or "")
+    assert _pick(NGC, images.table_facts(parse_image(NGC), images.load_table()), "gh200-aarch64").fits
+
+
+def test_a_cuda_13_image_on_a_driver_12_node_is_refused() -> None:
+    facts = images.label_facts({"Labels": CU13_LABELS}, ("linux/amd64",))
+    with pytest.raises(ResolverErrors) as info:
+        _pick("nvcr.io/nvidia/pytorch:25.09-py3", facts, "a100-pcie-x3")  # driver 560: CUDA 12.6 at most
+    assert _gates(info) == ["driver"]
+    assert "CUDA 13.0.1.012 (image: com.nvidia.cuda.version) needs a newer NVIDIA driver" in str(info.value)
+
+
+def test_a_cuda_12_image_fits_a_driver_12_node_and_says_why() -> None:
+    pick = _pick(NGC, images.table_facts(parse_image(NGC), images.load_table()), "a100-pcie-x3")
+    assert any(f.startswith("published for x86_64") for f in pick.fits)
+    assert "CUDA 12.4.1 runs on driver 560.35.05" in pick.fits
+    older = HostFacts(
+        arch="x86_64", driver_version="535.54.03", max_cuda="12.2", gpus=load_facts("v100").gpus
+    )
+    with pytest.raises(ResolverErrors) as info:  # 24.05 states driver 545 as its floor
+        images.pick(
+            parse_image(NGC), images.table_facts(parse_image(NGC), images.load_table()), older, load_matrix()
+        )
+    assert "below the 545 it needs" in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["pytorch/pytorch", "pytorch/pytorch:latest"])
+def test_a_moving_tag_is_refused_unless_a_digest_pins_it(text: str) -> None:
+    with pytest.raises(ResolverErrors) as info:
+        _pick(text, images.ImageFacts(), "cpu-only")
+    assert _gates(info) == ["image-tag"]
+    pinned = f"{text}@sha256:{'0' * 64}"
+    assert _pick(pinned, images.ImageFacts(), "cpu-only").warnings  # unknown facts: said, not refused
+
+
+def test_the_images_labels_take_the_place_of_the_tables_row() -> None:
+    table = images.table_facts(parse_image(NGC), images.load_table())
+    labels = images.label_facts(
+        {"Labels": {"com.nvidia.pytorch.version": "2.4.0a0+07cecf4"}}, ("linux/amd64",)
+    )
+    both = images.merged(table, labels)
+    assert (both.torch, both.cuda, both.archs) == ("2.4.0a0+07cecf4", "12.4.1", ("x86_64",))
+    assert both.origins["torch"] == "image: com.nvidia.pytorch.version"
+    assert both.origins["archs"] == "registry: the manifest's platforms"
+    assert both.origins["cuda"].startswith("image table")
+    with pytest.raises(ResolverErrors):  # the registry's platform list, not the table's, decides now
+        images.pick(parse_image(NGC), both, load_facts("gh200-aarch64"), load_matrix())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The registry read (resolver.imagefetch) against a registry on 127.0.0.1
+
+
+def test_the_registry_gives_labels_platforms_and_digest(registry: Registry) -> None:
+    digest = registry.image("torch/cpu", "2.5.1", CPU_LABELS, archs=("amd64", "arm64"))
+    got, why = imagefetch.read_image(parse_image(f"{registry.url}/torch/cpu:2.5.1"), ONLINE, arch="aarch64")
+    assert why == ""
+    assert got is not None
+    assert (got.digest, got.platforms) == (digest, ("linux/amd64", "linux/arm64"))
+    assert (got.facts.torch, got.facts.cuda, got.facts.python) == ("2.5.1", "", "3.11")
+    assert got.facts.archs == ("x86_64", "aarch64")
+
+
+def test_an_unreachable_or_offline_registry_leaves_the_table_and_says_why(registry: Registry) -> None:
+    ref = parse_image(f"{registry.url}/torch/none:1")
+    assert imagefetch.read_image(ref, PLAN_ENV, arch="x86_64") == (
+        None,
+        "offline (ENVBUILDER_OFFLINE=1): the image table alone",
+    )
+    got, why = imagefetch.read_image(ref, ONLINE, arch="x86_64")
+    assert got is None
+    assert why.startswith(f"{registry.url}: HTTP 404")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# plan
+
+
+def _recipe(tmp_path: Path, image: str, extra: str = "") -> Path:
+    (tmp_path / "box.toml").write_text(
+        f'schema_version = 1\n[recipe]\nname = "box"\n[env]\nkind = "container"\nprefix = "{tmp_path}/envs/box"\n'
+        f'[filesystems.scratch]\npath = "$SCRATCH"\n[filesystems.home]\npath = "$HOME"\nvisible_on_compute = false\n'
+        f'[container]\nimage = "{image}"\n{extra}'
+    )
+    return tmp_path
+
+
+def test_plan_json_shows_the_image_its_facts_and_how_it_runs(tmp_path: Path, registry: Registry) -> None:
+    digest = registry.image("torch/cpu", "2.5.1", CPU_LABELS)
+    ref = f"{registry.url}/torch/cpu:2.5.1"
+    env = {**ONLINE, "ENVBUILDER_RECIPE_PATH": str(_recipe(tmp_path, ref))}
+    res = run_cli("plan", "box", "--json", "--facts", "tests/data/facts/cpu-only.json", env=env)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)["data"]
+    box = data["container"]
+    assert data["kind"] == "container"
+    assert (box["facts"]["torch"], box["facts"]["cuda"], box["facts"]["archs"]) == ("2.5.1", "", ["x86_64"])
+    assert box["facts"]["origins"]["torch"] == "image: org.envbuilder.torch"
+    assert box["fits"] == [
+        "published for x86_64 (registry: the manifest's platforms)",
+        "a CPU-only image: no driver needed",
+    ]
+    assert box["fetch"] == [["apptainer", "pull", "--no-https", "--", "{dest}", f"docker://{ref}"]]
+    assert box["binds"] == ["/scratch/u1"]  # $HOME is not seen on compute nodes
+    assert (box["file"], box["gpu"], box["mpi"]) == (f"{tmp_path}/envs/box/image.sif", False, "host")
+    assert f"registry: {ref} is {digest} now" in data["notes"]
+    human = run_cli("plan", "box", "--facts", "tests/data/facts/cpu-only.json", env=env)
+    assert "image holds: torch 2.5.1, CUDA none (CPU only), Python 3.11; for x86_64" in human.stdout
+    assert "runs with: binds /scratch/u1; GPU off; MPI from the host" in human.stdout
+
+
+def test_plan_refuses_a_cuda_13_tag_on_a_driver_12_node(tmp_path: Path, registry: Registry) -> None:
+    registry.image("torch/cu13", "25.09", CU13_LABELS)
+    env = {**ONLINE, "ENVBUILDER_RECIPE_PATH": str(_recipe(tmp_path, f"{registry.url}/torch/cu13:25.09"))}
+    res = run_cli("plan", "box", "--facts", "tests/data/facts/a100-pcie-x3.json", env=env)
+    assert res.returncode == 4, res.stderr
+    assert (
+        "the image's CUDA 13.0.1.012 (image: com.nvidia.cuda.version) needs a newer NVIDIA driver"
+        in res.stderr
+    )
+    assert "hint: choose an image tag of an older CUDA" in res.stderr
+
+
+def test_a_container_recipe_without_an_image_names_the_key(tmp_path: Path) -> None:
+    (tmp_path / "box.toml").write_text(
+        'schema_version = 1\n[recipe]\nname = "box"\n[env]\nkind = "container"\n'
+    )
+    recipe = load("box", Catalog([Layer("t", tmp_path)]))
+    with pytest.raises(RecipeError) as info:
+        plan.build(recipe, load_facts("cpu-only"), PLAN_ENV)
+    assert info.value.key == "container.image"
+    assert info.value.message.endswith("container.image is not set")
