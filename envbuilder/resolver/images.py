@@ -111,8 +111,8 @@ def label_facts(config: Mapping[str, Any], platforms: Sequence[str] = ()) -> Ima
     """What an image's config (``Labels``, ``Env``) and its manifest's platform list (``linux/arm64``) say."""
     labels = dict(config.get("Labels") or {})
     for item in config.get("Env") or ():
-        key, _, value = str(item).partition("=")
-        labels.setdefault(key, value)
+        name, _, text = str(item).partition("=")
+        labels.setdefault(name, text)
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
     for fact, keys in LABELS.items():

@@ -3,13 +3,9 @@ a registry on 127.0.0.1), the gates, and what ``plan`` shows of a container env.
 
 from __future__ import annotations
 
-import hashlib
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,6 +18,7 @@ from envbuilder.recipe.loader import load
 from envbuilder.resolver import imagefetch, images
 from envbuilder.resolver.matrix import load_matrix
 from tests.helpers import PLAN_ENV, load_facts, run_cli
+from tests.imageregistry import Registry, serve
 
 NGC = "nvcr.io/nvidia/pytorch:24.05-py3"
 HUB = "docker://pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
@@ -29,80 +26,10 @@ INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# A registry on 127.0.0.1 that answers the OCI distribution API's two reads (manifests, blobs) from a dict: the
-# real docker-registry of the test world comes in phase 2; this one is as small as the API it answers.
-
-
-class Registry:
-    def __init__(self) -> None:
-        self.blobs: dict[str, bytes] = {}
-        self.manifests: dict[str, tuple[bytes, str]] = {}
-        self.url = ""
-
-    def blob(self, data: Any) -> str:
-        body = json.dumps(data).encode()
-        digest = "sha256:" + hashlib.sha256(body).hexdigest()
-        self.blobs[digest] = body
-        return digest
-
-    def image(self, repo: str, tag: str, labels: dict[str, str], archs: tuple[str, ...] = ("amd64",)) -> str:
-        """An image whose config carries ``labels``, for ``archs`` (an index where there are several)."""
-        entries = []
-        for arch in archs:
-            config = self.blob({"architecture": arch, "os": "linux", "config": {"Labels": labels}})
-            body = json.dumps(
-                {"schemaVersion": 2, "mediaType": MANIFEST, "config": {"digest": config}}
-            ).encode()
-            digest = "sha256:" + hashlib.sha256(body).hexdigest()
-            self.manifests[f"{repo}@{digest}"] = (body, MANIFEST)
-            entries.append({"digest": digest, "platform": {"os": "linux", "architecture": arch}})
-        if len(archs) == 1:
-            body, kind = self.manifests[f"{repo}@{entries[0]['digest']}"]
-        else:
-            body, kind = (
-                json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": entries}).encode(),
-                INDEX,
-            )
-        self.manifests[f"{repo}:{tag}"] = (body, kind)
-        return "sha256:" + hashlib.sha256(body).hexdigest()
-
-
 @pytest.fixture
 def registry() -> Iterator[Registry]:
-    reg = Registry()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            head, _, ref = path.removeprefix("/v2/").rpartition("/")
-            repo, _, what = head.rpartition("/")
-            if what == "manifests":
-                key = f"{repo}@{ref}" if ref.startswith("sha256:") else f"{repo}:{ref}"
-                found = reg.manifests.get(key)
-                body, kind = found if found else (b"", "")
-            else:
-                body, kind = reg.blobs.get(ref, b""), "application/octet-stream"
-            if not body:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", kind)
-            self.send_header("Docker-Content-Digest", "sha256:" + hashlib.sha256(body).hexdigest())
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    reg.url = f"127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield reg
-    server.shutdown()
-    server.server_close()
+    with serve() as reg:
+        yield reg
 
 
 CPU_LABELS = {"org.envbuilder.torch": "2.5.1", "org.envbuilder.cuda": "none", "org.envbuilder.python": "3.11"}
