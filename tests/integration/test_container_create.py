@@ -130,6 +130,9 @@ def test_create_pulls_one_image_file_checks_its_torch_and_records_its_digest(
     assert record["packages"] == [{"name": "torch", "version": "2.5.1", "installer": "image"}]
     assert record["plan"]["container"]["facts"]["torch"] == "2.5.1"
     assert [p.name for p in prefix.parent.iterdir()] == ["box"]  # nothing left beside it
+    # Whole while its image file is there (a container env has no bin/python).
+    listed = json.loads(run_cli("list", "--json", env=env).stdout)["data"]
+    assert [(e["name"], e["health"]["status"]) for e in listed] == [("box", "ok")]
     # --force replaces it with the image the tag names now.
     newer = _squashfs(tmp_path, "2.5.1", name="newer")
     registry.image("torch/cpu", "2.5.1", LABELS, layer=newer)
