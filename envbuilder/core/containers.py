@@ -5,8 +5,9 @@ it (binds, GPU, environment), opens a shell in it and reads its labels.
 
 An image reference never reaches a command line as an option: it matches :func:`image_problem`'s grammar (no
 whitespace, no leading ``-``, no shell metacharacter) and every argv puts ``--`` before the operands where the
-tool's parser takes it (Apptainer and SingularityCE are Go programs whose flag parser ends options at ``--``,
-Charliecloud's are argparse programs that do the same; Podman's ``run`` and ``pull`` too).
+tool's parser takes it (Apptainer and SingularityCE are Go programs whose flag parser ends options at ``--``;
+``ch-image`` is an argparse program and ``ch-run`` takes ``IMAGE -- CMD``; Podman's ``run`` and ``pull`` too), and
+where it does not (``ch-convert``) every operand is one that cannot start with '-'.
 """
 
 from __future__ import annotations
@@ -113,6 +114,10 @@ def image_problem(text: str) -> Optional[Problem]:
         return f"an image reference holds no whitespace or shell character, found {found(text)}", _IMAGE_HINT
     if text.startswith(("/", "oci:", "oci-archive:")):
         return _local_problem(text)
+    return _registry_problem(text)
+
+
+def _registry_problem(text: str) -> Optional[Problem]:
     match = _REGISTRY_RE.fullmatch(text)
     if match is None:
         return f"not an image reference: {found(text)}", _IMAGE_HINT
@@ -234,17 +239,19 @@ class Runtime:
 @dataclass(frozen=True)
 class Charliecloud(Runtime):
     """Charliecloud: ``ch-image pull`` into its store, ``ch-convert`` to one squashfs, ``ch-run`` on it. It has
-    no GPU flag: the host's driver libraries go into an image with ``ch-fromhost --nvidia``."""
+    no GPU flag: the host's driver libraries go into an image with ``ch-fromhost --nvidia``. ``ch-convert`` (a
+    shell script) reads ``--`` as a third operand, so its operands go bare: a reference the grammar checked and an
+    absolute path, neither of which can start with '-'. ``ch-image`` (0.31) reads registries over HTTPS only."""
 
     def fetch(self, ref: ImageRef, dest: str) -> list[list[str]]:
         if ref.local:
             if ref.path.endswith(self.native) and not ref.transport:
                 return []
-            return [["ch-convert", "--", ref.path, dest]]
+            return [["ch-convert", ref.path, dest]]
         insecure = ["--tls-no-verify"] if ref.loopback else []
         return [
             ["ch-image", "pull", *insecure, "--", ref.name],
-            ["ch-convert", "-i", "ch-image", "-o", "squash", "--", ref.name, dest],
+            ["ch-convert", "-i", "ch-image", "-o", "squash", ref.name, dest],
         ]
 
     def exec(

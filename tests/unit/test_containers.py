@@ -110,11 +110,9 @@ def test_charliecloud_pulls_into_its_store_and_converts_to_one_squashfs() -> Non
     assert not rt.gpu_flag
     assert rt.fetch(parse_image("127.0.0.1:5000/t/cpu:1"), "/p/image.sqfs") == [
         ["ch-image", "pull", "--tls-no-verify", "--", "127.0.0.1:5000/t/cpu:1"],
-        ["ch-convert", "-i", "ch-image", "-o", "squash", "--", "127.0.0.1:5000/t/cpu:1", "/p/image.sqfs"],
+        ["ch-convert", "-i", "ch-image", "-o", "squash", "127.0.0.1:5000/t/cpu:1", "/p/image.sqfs"],
     ]
-    assert rt.fetch(parse_image("/s/t.tar"), "/p/image.sqfs") == [
-        ["ch-convert", "--", "/s/t.tar", "/p/image.sqfs"]
-    ]
+    assert rt.fetch(parse_image("/s/t.tar"), "/p/image.sqfs") == [["ch-convert", "/s/t.tar", "/p/image.sqfs"]]
     assert rt.exec("/p/image.sqfs", ["python3", "-V"], binds=["/s"], env={"A": "1"}) == [
         "ch-run", "--unset-env=*", "--bind=/s", "--set-env=A=1", "/p/image.sqfs", "--", "python3", "-V",
     ]  # fmt: skip
@@ -139,4 +137,7 @@ def test_every_runtime_keeps_an_option_shaped_argument_out_of_option_position() 
         argv = rt.exec("/p/image", ["--help"], binds=["/s"])
         assert argv.index("--") < argv.index("--help")
         for fetch in rt.fetch(parse_image(NGC), "/p/image"):
-            assert "--" in fetch
+            # ch-convert takes no `--`: its operands (a checked reference, an absolute path) cannot start with '-'.
+            assert "--" in fetch or (
+                fetch[0] == "ch-convert" and not any(a.startswith("-") for a in fetch[-2:])
+            )
