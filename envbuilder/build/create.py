@@ -281,6 +281,8 @@ def _backend(plan: Plan) -> base.Backend:
 
 
 def _installer(plan: Plan, final: Path, source: str, log: BuildLog) -> installers.Choice:
+    if kinds.kind_info(plan.kind).container:  # nothing is installed into an image: no installer need run here
+        return installers.Choice(installers.INSTALLERS["pip"], (), "none: a container env installs nothing")
     choice = installers.choose(plan.installer, str(final), source)
     if choice.name != plan.installer:
         raise BackendError(
