@@ -22,6 +22,7 @@ from envbuilder.core.values import Problem, Rule, control_problem, found
 __all__ = [
     "BIND",
     "IMAGE",
+    "IMAGE_GATES",
     "MPI_MODES",
     "RUNTIMES",
     "ImageRef",
@@ -35,6 +36,8 @@ __all__ = [
 #: How a container's ranks reach MPI: the host's MPI bound in, or the one inside the image (with PMI from the
 #: launcher).
 MPI_MODES = ("host", "image")
+#: The image gates a recipe may list in ``container.allow`` to turn the gate's error into a warning.
+IMAGE_GATES = ("image-tag", "platform", "driver")
 #: The registry a reference without a host names (Docker Hub), and where its one-word names live.
 DOCKER_HUB = "docker.io"
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]")

@@ -84,7 +84,7 @@ def container_plan(
     facts = images.table_facts(ref, images.load_table())
     if image is not None:
         facts = images.merged(facts, image)
-    pick = images.pick(ref, facts, target, matrix or load_matrix())
+    pick = images.pick(ref, facts, target, matrix or load_matrix(), frozenset(spec.allow))
     warnings.extend(pick.warnings)
     runtime = containers.runtime(spec.runtime)
     binds = _binds(recipe, env, warnings)

@@ -19,7 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder.core import checks, launchers
+from envbuilder.core import checks, containers, launchers
 from envbuilder.core.errors import RecipeError, did_you_mean
 from envbuilder.core.kinds import kind_info
 from envbuilder.core.structs import dataclass
@@ -334,6 +334,7 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
 
     members("activate.profiles", list(data.get("env_profiles", {})), "no env_profiles entry named")
     members("torch.allow", schema.GATES, "unknown resolver gate")
+    members("container.allow", containers.IMAGE_GATES, "unknown image gate")
     members(
         "torch.packages",
         schema.TORCH_PACKAGES,

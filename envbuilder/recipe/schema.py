@@ -427,6 +427,7 @@ SCHEMA = Table(
                 "mpi": Field(
                     str, "the ranks' MPI: the host's bound in, or the image's", choices=containers.MPI_MODES
                 ),
+                "allow": Field(list, "image gates to downgrade to warnings", items=str),
             },
             'env.kind = "container": the image the env is, and how it runs',
         ),

@@ -228,6 +228,7 @@ class Container:
     #: None: on where the target has NVIDIA GPUs.
     gpu: Optional[bool] = None
     mpi: str = "host"
+    allow: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -159,15 +159,20 @@ class ImagePick:
         }
 
 
-def pick(ref: ImageRef, facts: ImageFacts, host: HostFacts, matrix: Matrix) -> ImagePick:
-    """``ref`` with ``facts`` checked against ``host``; raises ResolverErrors with every failed gate."""
+def pick(
+    ref: ImageRef, facts: ImageFacts, host: HostFacts, matrix: Matrix, allow: frozenset[str] = frozenset()
+) -> ImagePick:
+    """``ref`` with ``facts`` checked against ``host``; raises ResolverErrors with every failed gate that
+    ``allow`` (``container.allow``) does not turn into a warning."""
     fits: list[str] = []
     warnings: list[str] = []
-    findings = [
+    found = [
         *tag_findings(ref),
         *arch_findings(ref, facts, host, fits, warnings),
         *driver_findings(facts, host, matrix, fits, warnings),
     ]
+    warnings += [f"{f.message} (allowed: container.allow has {f.gate})" for f in found if f.gate in allow]
+    findings = [f for f in found if f.gate not in allow]
     if findings:
         raise ResolverErrors([ResolverError(f.message, gate=f.gate, hint=f.hint) for f in findings])
     unknown = [name for name in ("torch", "cuda", "python") if getattr(facts, name) is None]

@@ -4,6 +4,7 @@ a registry on 127.0.0.1), the gates, and what ``plan`` shows of a container env.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -203,3 +204,30 @@ def test_a_container_recipe_without_an_image_names_the_key(tmp_path: Path) -> No
         plan.build(recipe, load_facts("cpu-only"), PLAN_ENV)
     assert info.value.key == "container.image"
     assert info.value.message.endswith("container.image is not set")
+
+
+def test_container_allow_turns_a_gate_into_a_warning(tmp_path: Path) -> None:
+    recipe = load("box", Catalog([Layer("t", _recipe(tmp_path, HUB[9:], 'allow = ["platform"]\n'))]))
+    the_plan = plan.build(recipe, load_facts("gh200-aarch64"), PLAN_ENV)
+    assert the_plan.container is not None
+    assert any(w.endswith("(allowed: container.allow has platform)") for w in the_plan.warnings)
+    (tmp_path / "box.toml").write_text(
+        (tmp_path / "box.toml").read_text().replace('"platform"', '"platfrom"')
+    )
+    with pytest.raises(RecipeError) as info:
+        load("box", Catalog([Layer("t", tmp_path)]))
+    assert (info.value.key, info.value.hint) == ("container.allow[0]", "did you mean 'platform'?")
+
+
+def test_every_row_of_the_image_table_says_where_it_comes_from_and_when() -> None:
+    table = images.load_table()
+    rows = [*table.ngc.values(), table.dockerhub]
+    assert len(rows) >= 2
+    for row in rows:
+        assert row["source"] and row["confidence"] in ("P", "S", "U"), row
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", row["checked"]), row
+        assert set(row["archs"]) <= {"x86_64", "aarch64"}, row
+    assert table.as_of == max(row["checked"] for row in rows)
+    for release, row in table.ngc.items():
+        assert re.fullmatch(r"\d{2}\.\d{2}", release)
+        assert {"torch", "cuda", "python", "driver"} <= set(row), release
