@@ -61,10 +61,20 @@ class ContainerBackend(Backend):
             )
         return found
 
+    def own_env(self, partial: Path, env: Mapping[str, str]) -> dict[str, str]:
+        """The runtime's cache and temporary directories beside the env, where the user's environment names none
+        (site rules: build nothing from $HOME; a compute node's /tmp is small)."""
+        work = partial.parent / f".envbuilder-{self.plan.runtime}"
+        wanted = containers.runtime(self.plan.runtime).work_env(str(work / "cache"), str(work / "tmp"))
+        return {key: value for key, value in wanted.items() if not env.get(key)}
+
     def create(self, build: Build, step: Optional[InstallStep], env: Mapping[str, str]) -> None:
         """Fetch the image into the partial env, then read and check the torch inside."""
         box = self.plan
         build.partial.mkdir(mode=0o755)
+        for key, value in self.own_env(build.partial, {}).items():
+            if build.env.get(key) == value:  # ours, not the user's: made here
+                Path(value).mkdir(mode=0o700, parents=True, exist_ok=True)
         dest = build.partial / containers.runtime(box.runtime).image_file
         build.say(f"fetching {box.pick.ref.text} with {box.runtime}")
         if not box.fetch:

@@ -199,6 +199,12 @@ class Runtime:
     #: Whether exec has a flag that brings the host's NVIDIA driver in (else the image must carry it).
     gpu_flag: bool = True
 
+    def work_env(self, cache: str, tmp: str) -> dict[str, str]:
+        """Where its fetch keeps layers and unpacks (by default under $HOME and /tmp, which a site's quota and a
+        node's small /tmp cannot hold): ``cache`` and ``tmp``, beside the env."""
+        upper = self.program.upper()
+        return {f"{upper}_CACHEDIR": cache, f"{upper}_TMPDIR": tmp}
+
     def fetch(self, ref: ImageRef, dest: str) -> list[list[str]]:
         """The commands that make ``dest`` from ``ref``, in order; [] where the file is copied as it is."""
         if ref.local and ref.path.endswith(self.native) and not ref.transport:
@@ -246,6 +252,9 @@ class Charliecloud(Runtime):
     shell script) reads ``--`` as a third operand, so its operands go bare: a reference the grammar checked and an
     absolute path, neither of which can start with '-'. ``ch-image`` (0.31) reads registries over HTTPS only."""
 
+    def work_env(self, cache: str, tmp: str) -> dict[str, str]:
+        return {"CH_IMAGE_STORAGE": cache}
+
     def fetch(self, ref: ImageRef, dest: str) -> list[list[str]]:
         if ref.local:
             if ref.path.endswith(self.native) and not ref.transport:
@@ -283,6 +292,9 @@ class Charliecloud(Runtime):
 @dataclass(frozen=True)
 class Podman(Runtime):
     """Podman: pulled into its store, saved as one OCI archive, run from it (``oci-archive:``); GPUs through CDI."""
+
+    def work_env(self, cache: str, tmp: str) -> dict[str, str]:
+        return {"TMPDIR": tmp}  # its store is the user's containers storage, which storage.conf places
 
     def fetch(self, ref: ImageRef, dest: str) -> list[list[str]]:
         if ref.local:

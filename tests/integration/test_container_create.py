@@ -39,6 +39,8 @@ args = sys.argv[1:]
 verb, rest = args[0], args[args.index("--") + 1:]
 if verb == "pull":
     dest, uri = rest
+    with open(os.path.join(os.path.dirname(__file__), "pulled-with"), "w") as f:
+        json.dump({{k: os.environ.get(k) for k in ("APPTAINER_CACHEDIR", "APPTAINER_TMPDIR")}}, f)
     host, _, ref = uri.removeprefix("docker://").partition("/")
     repo, _, tag = ref.rpartition(":")
     get = lambda path: urllib.request.urlopen(f"http://{{host}}/v2/{{repo}}/{{path}}").read()
@@ -129,7 +131,11 @@ def test_create_pulls_one_image_file_checks_its_torch_and_records_its_digest(
     assert record["tools"]["runtime"] == "apptainer"
     assert record["packages"] == [{"name": "torch", "version": "2.5.1", "installer": "image"}]
     assert record["plan"]["container"]["facts"]["torch"] == "2.5.1"
-    assert [p.name for p in prefix.parent.iterdir()] == ["box"]  # nothing left beside it
+    # Nothing left beside it but the runtime's cache, which the pull used in place of $HOME's and /tmp.
+    work = prefix.parent / ".envbuilder-apptainer"
+    assert sorted(p.name for p in prefix.parent.iterdir()) == [".envbuilder-apptainer", "box"]
+    pulled = json.loads((tmp_path / "bin" / "pulled-with").read_text())
+    assert pulled == {"APPTAINER_CACHEDIR": str(work / "cache"), "APPTAINER_TMPDIR": str(work / "tmp")}
     # Whole while its image file is there (a container env has no bin/python).
     listed = json.loads(run_cli("list", "--json", env=env).stdout)["data"]
     assert [(e["name"], e["health"]["status"]) for e in listed] == [("box", "ok")]
@@ -156,4 +162,4 @@ def test_an_image_whose_torch_is_not_what_its_labels_say_is_refused_and_the_old_
     assert res.returncode != 0
     assert "holds torch 2.4.0, not 2.5.1 (as its labels said): the env was not put in place" in res.stderr
     assert (prefix / "image.sif").read_bytes() == good
-    assert [p.name for p in prefix.parent.iterdir()] == ["box"]
+    assert sorted(p.name for p in prefix.parent.iterdir()) == [".envbuilder-apptainer", "box"]

@@ -141,3 +141,13 @@ def test_every_runtime_keeps_an_option_shaped_argument_out_of_option_position() 
             assert "--" in fetch or (
                 fetch[0] == "ch-convert" and not any(a.startswith("-") for a in fetch[-2:])
             )
+
+
+def test_each_runtime_keeps_its_layers_and_unpacking_where_it_is_told() -> None:
+    work = {name: rt.work_env("/s/c", "/s/t") for name, rt in containers.RUNTIMES.items()}
+    assert work == {
+        "apptainer": {"APPTAINER_CACHEDIR": "/s/c", "APPTAINER_TMPDIR": "/s/t"},
+        "singularity": {"SINGULARITY_CACHEDIR": "/s/c", "SINGULARITY_TMPDIR": "/s/t"},
+        "charliecloud": {"CH_IMAGE_STORAGE": "/s/c"},
+        "podman": {"TMPDIR": "/s/t"},
+    }

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from envbuilder import plan
+from envbuilder.backends.container import ContainerBackend
 from envbuilder.core.containers import parse_image
 from envbuilder.core.errors import RecipeError, ResolverErrors
 from envbuilder.core.facts import HostFacts
@@ -231,3 +232,18 @@ def test_every_row_of_the_image_table_says_where_it_comes_from_and_when() -> Non
     for release, row in table.ngc.items():
         assert re.fullmatch(r"\d{2}\.\d{2}", release)
         assert {"torch", "cuda", "python", "driver"} <= set(row), release
+
+
+def test_the_runtimes_cache_goes_beside_the_env_unless_the_user_names_one(tmp_path: Path) -> None:
+    recipe = load("box", Catalog([Layer("t", _recipe(tmp_path, NGC))]))
+    box = plan.build(recipe, load_facts("cpu-only"), PLAN_ENV).container
+    backend = ContainerBackend(box=box)
+    partial = tmp_path / "envs" / ".box.partial-1"
+    work = tmp_path / "envs" / ".envbuilder-apptainer"
+    assert backend.own_env(partial, {}) == {
+        "APPTAINER_CACHEDIR": str(work / "cache"),
+        "APPTAINER_TMPDIR": str(work / "tmp"),
+    }
+    assert backend.own_env(partial, {"APPTAINER_CACHEDIR": "/mine"}) == {
+        "APPTAINER_TMPDIR": str(work / "tmp")
+    }
