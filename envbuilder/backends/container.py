@@ -111,6 +111,8 @@ class ContainerBackend(Backend):
             "image": box.pick.ref.text,
             "image_file": containers.runtime(box.runtime).image_file,
             "image_sha256": self.sha256,
+            # The manifest the reference named: what pulls the same image again (name@digest).
+            "image_digest": box.registry_digest or box.pick.ref.digest,
             "python": self.found.get("python", ""),
             "cuda": self.found.get("cuda", ""),
         }

@@ -31,6 +31,8 @@ def container_plan(
         image, why = imagefetch.read_image(containers.parse_image(text), env, arch=arch, offline=offline)
     the_plan = planner.build_container(recipe, facts, env, opts, image=image.facts if image else None)
     notes = [f"registry: {why}"] if why else []
-    if image is not None and image.digest:
+    box = the_plan.container
+    if image is not None and image.digest and box is not None:
         notes.append(f"registry: {text} is {image.digest} now")
-    return replace(the_plan, notes=(*the_plan.notes, *notes))
+        box = replace(box, registry_digest=image.digest)
+    return replace(the_plan, container=box, notes=(*the_plan.notes, *notes))

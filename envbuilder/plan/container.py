@@ -42,6 +42,8 @@ class ContainerPlan:
     mpi: str
     #: The runtime's argv that prints the torch inside (TORCH_PROBE), on the image at ``{dest}``.
     probe: tuple[str, ...]
+    #: The manifest digest the registry gave for the reference when the plan was made ("" where it was not read).
+    registry_digest: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +55,7 @@ class ContainerPlan:
             "gpu": self.gpu,
             "mpi": self.mpi,
             "probe": list(self.probe),
+            "registry_digest": self.registry_digest or None,
         }
 
 

@@ -7,6 +7,7 @@ read. Every failure becomes the reason the plan gives for using the table alone,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import urllib.error
@@ -129,7 +130,8 @@ class _Reader:
             raise _Failed(_why(e, self.seconds)) from None
         if len(body) > _MAX_BYTES:
             raise _Failed(f"{url} is larger than a manifest")
-        return body, digest
+        # A manifest's digest is the sha256 of its bytes, whether or not the registry names it.
+        return body, digest or "sha256:" + hashlib.sha256(body).hexdigest()
 
     def _bearer(self, challenge: str) -> str:
         """An anonymous pull token from the realm the 401's challenge names."""

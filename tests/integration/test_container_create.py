@@ -121,7 +121,7 @@ def test_create_pulls_one_image_file_checks_its_torch_and_records_its_digest(
 ) -> None:
     env, prefix = world
     layer = _squashfs(tmp_path, "2.5.1")
-    registry.image("torch/cpu", "2.5.1", LABELS, layer=layer)
+    digest = registry.image("torch/cpu", "2.5.1", LABELS, layer=layer)
     res = _create(env)
     assert res.returncode == 0, res.stderr
     image = prefix / "image.sif"
@@ -129,6 +129,7 @@ def test_create_pulls_one_image_file_checks_its_torch_and_records_its_digest(
     record = json.loads((prefix / "envbuilder" / "record.json").read_text())
     assert record["tools"]["image_sha256"] == hashlib.sha256(layer).hexdigest()
     assert record["tools"]["runtime"] == "apptainer"
+    assert record["tools"]["image_digest"] == record["plan"]["container"]["registry_digest"] == digest
     assert record["packages"] == [{"name": "torch", "version": "2.5.1", "installer": "image"}]
     assert record["plan"]["container"]["facts"]["torch"] == "2.5.1"
     # Nothing left beside it but the runtime's cache, which the pull used in place of $HOME's and /tmp.

@@ -134,6 +134,10 @@ def test_the_registry_gives_labels_platforms_and_digest(registry: Registry) -> N
     assert (got.digest, got.platforms) == (digest, ("linux/amd64", "linux/arm64"))
     assert (got.facts.torch, got.facts.cuda, got.facts.python) == ("2.5.1", "", "3.11")
     assert got.facts.archs == ("x86_64", "aarch64")
+    registry.digest_header = False  # the digest is the sha256 of the manifest's bytes all the same
+    again, _ = imagefetch.read_image(parse_image(f"{registry.url}/torch/cpu:2.5.1"), ONLINE, arch="aarch64")
+    assert again is not None
+    assert again.digest == digest
 
 
 def test_an_unreachable_or_offline_registry_leaves_the_table_and_says_why(registry: Registry) -> None:
