@@ -37,7 +37,7 @@ __all__ = [
 #: launcher).
 MPI_MODES = ("host", "image")
 #: The image gates a recipe may list in ``container.allow`` to turn the gate's error into a warning.
-IMAGE_GATES = ("image-tag", "platform", "driver")
+IMAGE_GATES = ("image-tag", "platform", "driver", "gpu-arch")
 #: The registry a reference without a host names (Docker Hub), and where its one-word names live.
 DOCKER_HUB = "docker.io"
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]")

@@ -17,13 +17,15 @@ from functools import lru_cache
 from importlib.resources import files
 from typing import Any, Optional
 
+from packaging.specifiers import SpecifierSet
+
 from envbuilder.core._toml import loads
 from envbuilder.core.containers import ImageRef
 from envbuilder.core.errors import ResolverError, ResolverErrors
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
 from envbuilder.resolver.gates import Finding, driver_max_cuda, ver
-from envbuilder.resolver.matrix import Matrix, minor_tuple
+from envbuilder.resolver.matrix import ArchList, Matrix, covers, gpu_capability, minor_tuple
 
 #: What each fact is read from in an image's labels (then its environment), first found wins.
 LABELS: dict[str, tuple[str, ...]] = {
@@ -31,6 +33,7 @@ LABELS: dict[str, tuple[str, ...]] = {
     "cuda": ("org.envbuilder.cuda", "com.nvidia.cuda.version", "CUDA_VERSION"),
     "python": ("org.envbuilder.python", "PYTHON_VERSION"),
     "driver": ("org.envbuilder.driver",),
+    "cuda_archs": ("org.envbuilder.cuda_archs", "TORCH_CUDA_ARCH_LIST"),
 }
 #: OCI platform architectures, as host facts name them.
 OCI_ARCHS = {
@@ -40,7 +43,9 @@ OCI_ARCHS = {
     "s390x": "s390x",
     "riscv64": "riscv64",
 }
-_FACTS = ("torch", "cuda", "python", "driver", "archs")
+_FACTS = ("torch", "cuda", "python", "driver", "archs", "cuda_archs")
+#: The facts that are lists.
+_LISTS = ("archs", "cuda_archs")
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,8 @@ class ImageFacts:
     #: The lowest NVIDIA driver its CUDA needs, where its publisher states one.
     driver: Optional[str] = None
     archs: Optional[tuple[str, ...]] = None
+    #: The GPU code its torch carries, as TORCH_CUDA_ARCH_LIST spells it (8.0, 9.0+PTX).
+    cuda_archs: Optional[tuple[str, ...]] = None
     origins: Mapping[str, str] = field(default_factory=dict)
     confidence: str = "P"
     #: The table row's source, where the table said anything.
@@ -61,7 +68,8 @@ class ImageFacts:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {name: getattr(self, name) for name in _FACTS}
-        data["archs"] = list(self.archs) if self.archs is not None else None
+        for name in _LISTS:
+            data[name] = list(data[name]) if data[name] is not None else None
         return {**data, "origins": dict(self.origins), "confidence": self.confidence, "source": self.source}
 
 
@@ -101,7 +109,8 @@ def table_facts(ref: ImageRef, table: ImageTable) -> ImageFacts:
 def _row_facts(row: Mapping[str, Any], origin: str) -> ImageFacts:
     where = f"{origin}, checked {row.get('checked', '?')}"
     values = {name: row.get(name) for name in _FACTS}
-    values["archs"] = tuple(row["archs"]) if "archs" in row else None
+    for name in _LISTS:
+        values[name] = tuple(row[name]) if name in row else None
     origins = {name: where for name, value in values.items() if value is not None}
     confidence = str(row.get("confidence", "U"))
     return ImageFacts(**values, origins=origins, confidence=confidence, source=str(row.get("source", "")))
@@ -120,6 +129,8 @@ def label_facts(config: Mapping[str, Any], platforms: Sequence[str] = ()) -> Ima
         if key is not None:
             value = str(labels[key]).strip()
             values[fact] = "" if fact == "cuda" and value.lower() in ("", "none", "cpu") else value
+            if fact == "cuda_archs":
+                values[fact] = tuple(a for a in re.split(r"[\s;,]+", value) if a)
             origins[fact] = f"image: {key}"
     archs = tuple(OCI_ARCHS.get(p.split("/")[1], p.split("/")[1]) for p in platforms if p.count("/") >= 1)
     if archs:
@@ -170,6 +181,7 @@ def pick(
         *tag_findings(ref),
         *arch_findings(ref, facts, host, fits, warnings),
         *driver_findings(facts, host, matrix, fits, warnings),
+        *gpu_findings(facts, host, matrix, fits, warnings),
     ]
     warnings += [f"{f.message} (allowed: container.allow has {f.gate})" for f in found if f.gate in allow]
     findings = [f for f in found if f.gate not in allow]
@@ -246,6 +258,37 @@ def driver_findings(
         )
     fits.append(f"CUDA {facts.cuda} runs on driver {host.driver_version or 'of CUDA ' + str(host.max_cuda)}")
     return []
+
+
+def gpu_findings(
+    facts: ImageFacts, host: HostFacts, m: Matrix, fits: list[str], warnings: list[str]
+) -> list[Finding]:
+    """GPUs the image's torch carries no code for (where the image says which: TORCH_CUDA_ARCH_LIST)."""
+    if not facts.cuda or not host.gpus:
+        return []
+    if facts.cuda_archs is None:
+        warnings.append("the GPU code the image's torch carries is unknown; checked when it runs")
+        return []
+    sm = tuple(a for a in facts.cuda_archs if not a.endswith("+PTX"))
+    ptx = tuple(a[: -len("+PTX")] for a in facts.cuda_archs if a.endswith("+PTX"))
+    entry = ArchList("image", "", SpecifierSet(), (*sm, *ptx), ptx, facts.confidence, "")
+    findings = []
+    for cc in sorted({c for c in (gpu_capability(g, m) for g in host.gpus) if c}):
+        runs, jit = covers(entry, cc)
+        if runs:
+            fits.append(
+                f"sm_{cc.replace('.', '')} is in its torch's arch list" + (" (as PTX: JIT)" if jit else "")
+            )
+            continue
+        findings.append(
+            Finding(
+                "gpu-arch",
+                f"the target's GPUs are sm_{cc.replace('.', '')}, which the image's torch carries no code for "
+                f"(it has {' '.join(facts.cuda_archs)}, {facts.origins.get('cuda_archs', '')})",
+                "choose an image built for this GPU (a newer release)",
+            )
+        )
+    return findings
 
 
 def _needs_driver(facts: ImageFacts, host: HostFacts, fits: list[str], warnings: list[str]) -> bool:

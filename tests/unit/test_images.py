@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,22 @@ def test_the_runtimes_cache_goes_beside_the_env_unless_the_user_names_one(tmp_pa
     assert backend.own_env(partial, {"APPTAINER_CACHEDIR": "/mine"}) == {
         "APPTAINER_TMPDIR": str(work / "tmp")
     }
+
+
+def test_a_gpu_the_images_torch_carries_no_code_for_is_refused() -> None:
+    config = {
+        "Labels": {"com.nvidia.cuda.version": "12.4.1"},
+        "Env": ["TORCH_CUDA_ARCH_LIST=7.0 7.5 8.0+PTX"],
+    }
+    facts = images.label_facts(config, ("linux/amd64", "linux/arm64"))
+    assert facts.cuda_archs == ("7.0", "7.5", "8.0+PTX")
+    with pytest.raises(ResolverErrors) as info:  # no PTX: nothing of it runs on a GH200 (sm_90)
+        _pick(NGC, replace(facts, cuda_archs=("7.0", "8.0")), "gh200-aarch64")
+    assert _gates(info) == ["gpu-arch"]
+    assert (
+        "sm_90, which the image's torch carries no code for (it has 7.0 8.0, image: TORCH_CUDA_ARCH_LIST)"
+        in str(info.value)
+    )
+    jit = _pick(NGC, facts, "gh200-aarch64")  # 8.0's PTX runs on sm_90 through the JIT
+    assert "sm_90 is in its torch's arch list (as PTX: JIT)" in jit.fits
+    assert "sm_80 is in its torch's arch list" in _pick(NGC, facts, "a100-pcie-x3").fits
