@@ -17,7 +17,7 @@ from envbuilder import __version__
 from envbuilder.backends.base import Backend, Build
 from envbuilder.backends.buildlog import run_logged
 from envbuilder.core import containers
-from envbuilder.core.errors import BackendError
+from envbuilder.core.errors import BackendError, NetworkError
 from envbuilder.plan import ContainerPlan
 from envbuilder.plan.container import DEST
 from envbuilder.plan.steps import InstallStep
@@ -80,7 +80,7 @@ class ContainerBackend(Backend):
         if not box.fetch:
             shutil.copyfile(box.pick.ref.path, dest)
         for argv in box.fetch:
-            run_logged(_at(argv, dest, build.python), env, build.log)
+            _fetch(_at(argv, dest, build.python), box, env, build)
         if not dest.is_file():
             raise BackendError(
                 f"{box.runtime} left no image at {dest}", hint=f"the build log {build.log.path} says why"
@@ -116,6 +116,24 @@ class ContainerBackend(Backend):
             "python": self.found.get("python", ""),
             "cuda": self.found.get("cuda", ""),
         }
+
+
+def _fetch(argv: Sequence[str], box: ContainerPlan, env: Mapping[str, str], build: Build) -> None:
+    """One fetch command; a registry it cannot reach named as the registry, with the ways round it."""
+    try:
+        run_logged(argv, env, build.log)
+    except NetworkError as exc:
+        ref = box.pick.ref
+        raise NetworkError(
+            exc.argv,
+            exc.returncode,
+            exc.stderr_tail,
+            url=f"the registry {ref.host}",
+            cause=exc.cause,
+            hint=f"fetch the image where {ref.host} answers ({box.runtime}'s pull or build, or envbuilder create "
+            "there), copy the file here and name its path in container.image; or set the runtime's registry "
+            "mirror",
+        ) from None
 
 
 def _at(argv: Sequence[str], dest: Path, program: str) -> list[str]:

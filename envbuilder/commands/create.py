@@ -64,7 +64,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     talk = _Progress(out, args.quiet or args.json, progress.every_from_env(env), steps_quiet=args.quiet)
     if not (args.quiet or args.json):
         what = f"{args.name} (recipe {the_plan.recipe}, " if args.name else f"{the_plan.recipe} ("
-        out.heading(f"Creating {what}{the_plan.kind}, {the_plan.installer}) at {the_plan.prefix}")
+        tool = the_plan.container.runtime if the_plan.container else the_plan.installer
+        out.heading(f"Creating {what}{the_plan.kind}, {tool}) at {the_plan.prefix}")
         if the_plan.resolution:
             r = the_plan.resolution
             out.field(

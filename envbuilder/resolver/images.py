@@ -191,7 +191,7 @@ def pick(
     if unknown:
         warnings.append(
             f"unknown for {ref.text}: {', '.join(unknown)} (neither the table nor the image says); create reads "
-            "the torch inside the image and refuses one that is not what the image claims"
+            "the torch inside the image and records what it finds"
         )
     if facts.confidence != "P" and facts.origins:
         warnings.append(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -164,3 +165,18 @@ def test_an_image_whose_torch_is_not_what_its_labels_say_is_refused_and_the_old_
     assert "holds torch 2.4.0, not 2.5.1 (as its labels said): the env was not put in place" in res.stderr
     assert (prefix / "image.sif").read_bytes() == good
     assert sorted(p.name for p in prefix.parent.iterdir()) == [".envbuilder-apptainer", "box"]
+
+
+def test_a_registry_the_fetch_cannot_reach_is_named_with_the_way_round_it(
+    world: tuple[dict[str, str], Path],
+) -> None:
+    env, prefix = world
+    recipe = Path(env["ENVBUILDER_RECIPE_PATH"]) / "box.toml"
+    # Nothing listens on port 9 (discard); planned offline, so only the pull meets it.
+    recipe.write_text(re.sub(r'image = "[^"]*"', 'image = "127.0.0.1:9/torch/cpu:2.5.1"', recipe.read_text()))
+    res = _create({**env, "ENVBUILDER_OFFLINE": "1"})
+    assert res.returncode == 11, res.stderr
+    assert "apptainer could not reach the registry 127.0.0.1:9: the connection was refused" in res.stderr
+    assert "copy the file here and name its path in container.image" in res.stderr
+    assert "ENVBUILDER_INDEX_MIRROR" not in res.stderr
+    assert not prefix.exists()
