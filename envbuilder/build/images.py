@@ -28,7 +28,8 @@ def container_plan(
     text = recipe.container.image
     if text and containers.image_problem(text) is None:
         arch = (opts.arch if opts else None) or recipe.compute.arch or facts.arch
-        image, why = imagefetch.read_image(containers.parse_image(text), env, arch=arch, offline=offline)
+        ref = containers.mirrored(containers.parse_image(text), containers.registry_mirrors(env))
+        image, why = imagefetch.read_image(ref, env, arch=arch, offline=offline)
     the_plan = planner.build_container(recipe, facts, env, opts, image=image.facts if image else None)
     notes = [f"registry: {why}"] if why else []
     box = the_plan.container

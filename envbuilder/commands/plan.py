@@ -129,6 +129,7 @@ def _render_container(box: planner.ContainerPlan, out: Out) -> None:
     """The image, where it comes from, what it holds, and why it fits the target."""
     ref, facts = box.pick.ref, box.pick.facts
     where = f"the local file {ref.path}" if ref.local else f"registry {ref.host}"
+    where += f", fetched from the site mirror {box.mirror}" if box.mirror else ""
     out.result.field("image", f"{ref.text} ({where}), run by {box.runtime}, kept as {box.file}")
     cuda = "none (CPU only)" if facts.cuda == "" else (facts.cuda or "unknown")
     archs = ", ".join(facts.archs) if facts.archs is not None else "unknown"

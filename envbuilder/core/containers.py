@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Optional
 
+from envbuilder.core.errors import UsageError
 from envbuilder.core.structs import dataclass
 from envbuilder.core.values import Problem, Rule, control_problem, found
 
@@ -29,7 +31,9 @@ __all__ = [
     "Runtime",
     "bind_problem",
     "image_problem",
+    "mirrored",
     "parse_image",
+    "registry_mirrors",
     "runtime",
 ]
 
@@ -158,6 +162,37 @@ def parse_image(text: str) -> ImageRef:
     return ImageRef(
         text, host=host, repository=repo, tag=tag or "latest", digest=digest, tag_given=tag is not None
     )
+
+
+#: Site registry mirrors: ``HOST=MIRROR`` pairs separated by whitespace or ``;``; MIRROR is a registry host
+#: (``host[:port]``), optionally with a path its copies live under (``mirror.site:5000/dockerhub``).
+MIRROR_VAR = "ENVBUILDER_REGISTRY_MIRROR"
+_MIRROR_RE = re.compile(rf"(?P<host>{_HOST})=(?P<mirror>{_HOST})(?P<path>(?:/{_COMPONENT})*)")
+
+
+def registry_mirrors(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """The site's registry mirrors (:data:`MIRROR_VAR`): upstream host -> (mirror host, path prefix)."""
+    out: dict[str, tuple[str, str]] = {}
+    for pair in re.split(r"[\s;]+", env.get(MIRROR_VAR, "").strip()):
+        if not pair:
+            continue
+        match = _MIRROR_RE.fullmatch(pair)
+        if match is None:
+            raise UsageError(
+                f"{MIRROR_VAR}: not a HOST=MIRROR pair: {pair!r}",
+                hint=f"e.g. {MIRROR_VAR}='docker.io=mirror.site:5000/dockerhub nvcr.io=mirror.site:5000/ngc'",
+            )
+        out[match.group("host")] = (match.group("mirror"), match.group("path").lstrip("/"))
+    return out
+
+
+def mirrored(ref: ImageRef, mirrors: Mapping[str, tuple[str, str]]) -> ImageRef:
+    """Where ``ref`` is fetched from: its registry's mirror, where the site names one."""
+    if ref.local or ref.host not in mirrors:
+        return ref
+    host, path = mirrors[ref.host]
+    repository = f"{path}/{ref.repository}" if path else ref.repository
+    return replace(ref, host=host, repository=repository)
 
 
 _BIND_HINT = (

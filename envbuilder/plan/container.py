@@ -44,6 +44,8 @@ class ContainerPlan:
     probe: tuple[str, ...]
     #: The manifest digest the registry gave for the reference when the plan was made ("" where it was not read).
     registry_digest: str = ""
+    #: Where it is fetched from when a site mirror (ENVBUILDER_REGISTRY_MIRROR) stands in for its registry.
+    mirror: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +58,7 @@ class ContainerPlan:
             "mpi": self.mpi,
             "probe": list(self.probe),
             "registry_digest": self.registry_digest or None,
+            "mirror": self.mirror or None,
         }
 
 
@@ -90,6 +93,7 @@ def container_plan(
     pick = images.pick(ref, facts, target, matrix or load_matrix(), frozenset(spec.allow))
     warnings.extend(pick.warnings)
     runtime = containers.runtime(spec.runtime)
+    source = containers.mirrored(ref, containers.registry_mirrors(env))
     binds = _binds(recipe, env, warnings)
     gpu = spec.gpu if spec.gpu is not None else bool(target.gpus)
     if gpu and not runtime.gpu_flag:
@@ -101,11 +105,12 @@ def container_plan(
         pick=pick,
         runtime=runtime.name,
         file=file,
-        fetch=tuple(tuple(c) for c in runtime.fetch(ref, DEST)),
+        fetch=tuple(tuple(c) for c in runtime.fetch(source, DEST)),
         binds=binds,
         gpu=gpu,
         mpi=spec.mpi,
         probe=tuple(runtime.exec(DEST, ["python3", "-c", TORCH_PROBE], gpu=False)),
+        mirror=source.name if source != ref else "",
     )
 
 
@@ -127,9 +132,10 @@ def _binds(recipe: Recipe, env: Mapping[str, str], warnings: list[str]) -> tuple
 
 def steps_in_words(plan: ContainerPlan, prefix: str) -> list[str]:
     """A container env's steps, as ``envbuilder plan`` lists them."""
+    mirror = f" from the site mirror {plan.mirror}" if plan.mirror else ""
     steps = [
-        f"fetch {plan.pick.ref.text} with {plan.runtime} into a temporary sibling of {plan.file}; move it into "
-        "place once complete"
+        f"fetch {plan.pick.ref.text}{mirror} with {plan.runtime} into a temporary sibling of {plan.file}; move it "
+        "into place once complete"
     ]
     shown = [[plan.file if arg == DEST else arg for arg in c] for c in (*plan.fetch, plan.probe[:-1])]
     steps += [shlex.join(c) for c in shown[:-1]] or [f"copy {plan.pick.ref.path} as it is"]

@@ -6,6 +6,7 @@ import pytest
 
 from envbuilder.core import containers
 from envbuilder.core.containers import parse_image
+from envbuilder.core.errors import UsageError
 
 HUB_TAG = "docker://pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
 NGC = "nvcr.io/nvidia/pytorch:24.05-py3"
@@ -151,3 +152,23 @@ def test_each_runtime_keeps_its_layers_and_unpacking_where_it_is_told() -> None:
         "charliecloud": {"CH_IMAGE_STORAGE": "/s/c"},
         "podman": {"TMPDIR": "/s/t"},
     }
+
+
+def test_a_site_registry_mirror_stands_in_for_the_upstream_registry() -> None:
+    mirrors = containers.registry_mirrors(
+        {containers.MIRROR_VAR: "docker.io=127.0.0.1:5000/hub; nvcr.io=mirror.site"}
+    )
+    assert mirrors == {"docker.io": ("127.0.0.1:5000", "hub"), "nvcr.io": ("mirror.site", "")}
+    hub = containers.mirrored(parse_image(HUB_TAG), mirrors)
+    assert (hub.text, hub.uri, hub.loopback) == (HUB_TAG, f"docker://127.0.0.1:5000/hub/{HUB_TAG[9:]}", True)
+    assert containers.mirrored(parse_image(NGC), mirrors).name == "mirror.site/nvidia/pytorch:24.05-py3"
+    other = parse_image("ghcr.io/a/b:1")
+    assert containers.mirrored(other, mirrors) is other
+    assert containers.registry_mirrors({}) == {}
+
+
+@pytest.mark.parametrize("text", ["docker.io", "docker.io=", "docker.io=-x", "docker.io=a b", "=m.site"])
+def test_a_bad_registry_mirror_setting_is_a_usage_error(text: str) -> None:
+    with pytest.raises(UsageError) as info:
+        containers.registry_mirrors({containers.MIRROR_VAR: text})
+    assert info.value.message.startswith(f"{containers.MIRROR_VAR}: not a HOST=MIRROR pair")

@@ -271,3 +271,21 @@ def test_a_gpu_the_images_torch_carries_no_code_for_is_refused() -> None:
     jit = _pick(NGC, facts, "gh200-aarch64")  # 8.0's PTX runs on sm_90 through the JIT
     assert "sm_90 is in its torch's arch list (as PTX: JIT)" in jit.fits
     assert "sm_80 is in its torch's arch list" in _pick(NGC, facts, "a100-pcie-x3").fits
+
+
+def test_plan_reads_and_fetches_through_the_sites_registry_mirror(tmp_path: Path, registry: Registry) -> None:
+    labels = {"org.envbuilder.torch": "2.5.1", "org.envbuilder.cuda": "12.4", "org.envbuilder.python": "3.11"}
+    registry.image("hub/pytorch/pytorch", "2.5.1-cuda12.4-cudnn9-runtime", labels)
+    env = {
+        **ONLINE,
+        "ENVBUILDER_RECIPE_PATH": str(_recipe(tmp_path, HUB)),
+        "ENVBUILDER_REGISTRY_MIRROR": f"docker.io={registry.url}/hub",
+    }
+    res = run_cli("plan", "box", "--json", "--facts", "tests/data/facts/a100-pcie-x3.json", env=env)
+    assert res.returncode == 0, res.stderr
+    box = json.loads(res.stdout)["data"]["container"]
+    mirror = f"{registry.url}/hub/pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
+    assert (box["image"], box["mirror"]) == (HUB, mirror)
+    assert box["facts"]["python"] == "3.11"  # the mirror's labels: the table does not know the tag's Python
+    assert box["facts"]["origins"]["python"] == "image: org.envbuilder.python"
+    assert box["fetch"] == [["apptainer", "pull", "--no-https", "--", "{dest}", f"docker://{mirror}"]]
