@@ -61,6 +61,10 @@ _PATH = r"(?:/[A-Za-z0-9._+@%,-]+)+"
 _LOCAL_RE = re.compile(rf"(?P<transport>oci:|oci-archive:)?(?P<path>{_PATH})")
 _LOCAL_SUFFIXES = (".sif", ".sqfs", ".squashfs", ".tar")
 IMAGE_PATTERN = rf"(?:docker://)?[A-Za-z0-9\[][A-Za-z0-9._/:@\[\]-]*|(?:oci:|oci-archive:)?{_PATH}"
+#: How a recipe names its image, in words (the hint where it names none).
+IMAGE_EXAMPLE = (
+    'set container.image = "nvcr.io/nvidia/pytorch:24.05-py3" (a registry reference) or a local .sif path'
+)
 _IMAGE_HINT = (
     "a registry reference (docker://pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime, nvcr.io/nvidia/pytorch:24.05-py3, "
     "optionally @sha256:DIGEST) or an absolute path to a .sif, .sqfs or OCI archive (.tar; oci: for a layout "

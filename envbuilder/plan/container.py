@@ -79,12 +79,11 @@ def container_plan(
     """The plan's container part; ``image`` is what the registry said of the image (its labels and platforms),
     None where it was not asked. Raises RecipeError without an image, ResolverErrors on a failed gate."""
     spec = recipe.container
-    if not spec.image:
+    if not spec.image:  # the loader refuses such a recipe; a Recipe made some other way meets this
         raise RecipeError(
             'env.kind = "container" needs the image it is: container.image is not set',
-            file=recipe.chain[-1] if recipe.chain else None,
             key="container.image",
-            hint='set container.image = "nvcr.io/nvidia/pytorch:24.05-py3" (a registry reference) or a local .sif path',
+            hint=containers.IMAGE_EXAMPLE,
         )
     ref = containers.parse_image(spec.image)
     facts = images.table_facts(ref, images.load_table())

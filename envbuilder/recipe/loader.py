@@ -342,6 +342,13 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
         hint="put other packages in [[packages]]",
     )
     members("validation.checks", checks.NAMES, "unknown validation check")
+    if data.get("env", {}).get("kind") == "container" and not data.get("container", {}).get("image"):
+        raise RecipeError(
+            'env.kind = "container" needs the image it is: container.image is not set',
+            file=where("env.kind"),
+            key="container.image",
+            hint=containers.IMAGE_EXAMPLE,
+        )
     fs_name = data.get("env", {}).get("filesystem")
     if fs_name and fs_name not in data.get("filesystems", {}):
         raise RecipeError(

@@ -201,17 +201,6 @@ def test_plan_refuses_a_cuda_13_tag_on_a_driver_12_node(tmp_path: Path, registry
     assert "hint: choose an image tag of an older CUDA" in res.stderr
 
 
-def test_a_container_recipe_without_an_image_names_the_key(tmp_path: Path) -> None:
-    (tmp_path / "box.toml").write_text(
-        'schema_version = 1\n[recipe]\nname = "box"\n[env]\nkind = "container"\n'
-    )
-    recipe = load("box", Catalog([Layer("t", tmp_path)]))
-    with pytest.raises(RecipeError) as info:
-        plan.build(recipe, load_facts("cpu-only"), PLAN_ENV)
-    assert info.value.key == "container.image"
-    assert info.value.message.endswith("container.image is not set")
-
-
 def test_container_allow_turns_a_gate_into_a_warning(tmp_path: Path) -> None:
     recipe = load("box", Catalog([Layer("t", _recipe(tmp_path, HUB[9:], 'allow = ["platform"]\n'))]))
     the_plan = plan.build(recipe, load_facts("gh200-aarch64"), PLAN_ENV)
