@@ -78,7 +78,7 @@ class ContainerBackend(Backend):
         dest = build.partial / containers.runtime(box.runtime).image_file
         build.say(f"fetching {box.pick.ref.text} with {box.runtime}")
         if not box.fetch:
-            shutil.copyfile(box.pick.ref.path, dest)
+            _copy(Path(box.pick.ref.path), dest)
         for argv in box.fetch:
             _fetch(_at(argv, dest, build.python), box, env, build)
         if not dest.is_file():
@@ -96,7 +96,7 @@ class ContainerBackend(Backend):
         raise BackendError(f"a container env installs nothing into its image (step {step.display()!r})")
 
     def activate(self, build: Build, act: Any) -> None:
-        """How to enter the image is phase 2's (activate prints it); nothing is written into the env now."""
+        """Nothing is written into a container env: how to enter its image is for ``activate`` to print."""
 
     def inventory(self, build: Build) -> list[dict[str, Any]]:
         torch = self.found.get("torch")
@@ -134,6 +134,16 @@ def _fetch(argv: Sequence[str], box: ContainerPlan, env: Mapping[str, str], buil
             "there), copy the file here and name its path in container.image; or set the runtime's registry "
             "mirror",
         ) from None
+
+
+def _copy(source: Path, dest: Path) -> None:
+    """A local image in the runtime's own format, copied in as it is."""
+    if not source.is_file():
+        raise BackendError(
+            f"container.image {source} is not a file here",
+            hint="name the image file as compute nodes see it (an absolute path), or a registry reference",
+        )
+    shutil.copyfile(source, dest)
 
 
 def _at(argv: Sequence[str], dest: Path, program: str) -> list[str]:

@@ -180,3 +180,27 @@ def test_a_registry_the_fetch_cannot_reach_is_named_with_the_way_round_it(
     assert "copy the file here and name its path in container.image" in res.stderr
     assert "ENVBUILDER_INDEX_MIRROR" not in res.stderr
     assert not prefix.exists()
+
+
+def test_a_local_image_in_the_runtimes_format_is_copied_in_and_a_missing_one_is_named(
+    tmp_path: Path, world: tuple[dict[str, str], Path]
+) -> None:
+    env, prefix = world
+    local = tmp_path / "images" / "torch.sif"
+    local.parent.mkdir()
+    local.write_bytes(_squashfs(tmp_path, "2.5.1"))
+    recipe = Path(env["ENVBUILDER_RECIPE_PATH"]) / "box.toml"
+    text = re.sub(r'image = "[^"]*"', f'image = "{tmp_path}/images/gone.sif"', recipe.read_text())
+    recipe.write_text(text)
+    res = _create(env)
+    assert res.returncode == 7, res.stderr
+    assert f"container.image {tmp_path}/images/gone.sif is not a file here" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not prefix.exists()
+    recipe.write_text(text.replace("gone.sif", "torch.sif"))
+    res = _create(env)
+    assert res.returncode == 0, res.stderr
+    assert (prefix / "image.sif").read_bytes() == local.read_bytes()
+    record = json.loads((prefix / "envbuilder" / "record.json").read_text())
+    assert record["packages"][0]["version"] == "2.5.1"  # unknown to plan: what is inside is recorded
+    assert record["tools"]["image_digest"] == ""
