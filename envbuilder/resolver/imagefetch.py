@@ -57,7 +57,7 @@ def read_image(
 ) -> tuple[Optional[RegistryImage], str]:
     """What the registry says of ``ref`` (the manifest for ``arch`` where it lists several), or None and why not."""
     if ref.local:
-        return None, "a local image: its labels are read once it is fetched"
+        return None, "a local image: no registry to ask; create reads the torch inside it"
     why_offline = "--offline" if offline else offline_reason(env)
     if why_offline:
         return None, f"offline ({why_offline}): the image table alone"
