@@ -10,6 +10,7 @@ import hashlib
 import json
 import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,10 +18,11 @@ from envbuilder import __version__
 from envbuilder.backends.base import Backend, Build
 from envbuilder.backends.buildlog import run_logged
 from envbuilder.core import containers
-from envbuilder.core.errors import BackendError, NetworkError
+from envbuilder.core.errors import BackendError, CommandFailed, NetworkError
 from envbuilder.plan import ContainerPlan
 from envbuilder.plan.container import DEST
 from envbuilder.plan.steps import InstallStep
+from envbuilder.resolver import images
 
 #: How long the probe inside the image may take (its first start unpacks nothing, but a cold file system is slow).
 PROBE_TIMEOUT_S = 600.0
@@ -87,6 +89,8 @@ class ContainerBackend(Backend):
             )
         self.sha256 = _sha256(dest)
         build.log.write(f"image: {dest.name} sha256:{self.sha256}")
+        if box.pick.ref.local:  # nothing asked a registry: what the image says of itself, from the file
+            box = _labelled(box, dest, env, build)
         build.say("reading the torch inside the image")
         res = run_logged(_at(box.probe, dest, build.python), env, build.log, timeout=PROBE_TIMEOUT_S)
         self.found = _probe_result(res.stdout)
@@ -134,6 +138,21 @@ def _fetch(argv: Sequence[str], box: ContainerPlan, env: Mapping[str, str], buil
             "there), copy the file here and name its path in container.image; or set the runtime's registry "
             "mirror",
         ) from None
+
+
+def _labelled(box: ContainerPlan, dest: Path, env: Mapping[str, str], build: Build) -> ContainerPlan:
+    """``box`` with the facts the image file's labels state in place of the plan's (the runtime's inspect)."""
+    runtime = containers.runtime(box.runtime)
+    try:
+        res = run_logged(_at(runtime.inspect(DEST), dest, build.python), env, build.log)
+    except CommandFailed as exc:  # an image without labels, or a runtime that cannot say: the probe decides
+        build.log.write(f"no labels read ({exc.message})")
+        return box
+    said = images.label_facts(runtime.config(res.stdout))
+    if not said.origins:
+        return box
+    build.log.write(f"the image's labels: {', '.join(f'{k} {getattr(said, k)}' for k in said.origins)}")
+    return replace(box, pick=replace(box.pick, facts=images.merged(box.pick.facts, said)))
 
 
 def _copy(source: Path, dest: Path) -> None:

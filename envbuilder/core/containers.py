@@ -12,10 +12,11 @@ where it does not (``ch-convert``) every operand is one that cannot start with '
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Optional
+from typing import Any, Optional
 
 from envbuilder.core.errors import UsageError
 from envbuilder.core.structs import dataclass
@@ -273,6 +274,13 @@ class Runtime:
         """Print the image's labels as JSON."""
         return [self.program, "inspect", "--json", "--labels", "--", image]
 
+    def config(self, printed: str) -> dict[str, Any]:
+        """What :meth:`inspect` printed, as an OCI image config's ``Labels`` (and ``Env``); {} where it is not
+        what the runtime prints (``{"data": {"attributes": {"labels": {...}}}}`` for Apptainer)."""
+        data = _json_object(printed)
+        labels = ((data.get("data") or {}).get("attributes") or {}).get("labels")
+        return {"Labels": labels} if isinstance(labels, dict) else {}
+
     def _options(
         self, binds: Sequence[str], gpu: bool, env: Optional[Mapping[str, str]], cleanenv: bool
     ) -> list[str]:
@@ -327,6 +335,14 @@ class Charliecloud(Runtime):
         # ch-image keeps the image's config (its labels among it) in the image, at /ch/metadata.json.
         return [self.program, image, "--", "cat", "/ch/metadata.json"]
 
+    def config(self, printed: str) -> dict[str, Any]:
+        data = _json_object(printed)
+        labels, env = data.get("labels"), data.get("env")
+        out: dict[str, Any] = {"Labels": labels} if isinstance(labels, dict) else {}
+        if isinstance(env, dict):
+            out["Env"] = [f"{key}={value}" for key, value in env.items()]
+        return out
+
 
 @dataclass(frozen=True)
 class Podman(Runtime):
@@ -371,6 +387,24 @@ class Podman(Runtime):
 
     def inspect(self, image: str) -> list[str]:
         return [self.program, "image", "inspect", "--", f"oci-archive:{image}"]
+
+    def config(self, printed: str) -> dict[str, Any]:
+        try:
+            data = json.loads(printed)
+        except ValueError:
+            return {}
+        first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+        config = first.get("Config")
+        return config if isinstance(config, dict) else {}
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """The JSON object ``text`` holds, or {}."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _podman_bind(bind: str) -> str:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -53,6 +54,10 @@ elif verb == "exec":
     subprocess.run(["unsquashfs", "-q", "-f", "-d", root, image], check=True, stdout=subprocess.DEVNULL)
     env = {{"PATH": "/usr/bin:/bin", "PYTHONPATH": os.path.join(root, "site")}}
     sys.exit(subprocess.run(argv, env=env).returncode)
+elif verb == "inspect":  # apptainer's JSON, from the labels file a SIF keeps
+    cat = subprocess.run(["unsquashfs", "-cat", rest[0], ".singularity.d/labels.json"], capture_output=True)
+    labels = json.loads(cat.stdout) if cat.returncode == 0 and cat.stdout else {{}}
+    print(json.dumps({{"data": {{"attributes": {{"labels": labels}}}}, "type": "container"}}))
 else:
     sys.exit(f"apptainer stand-in: {{verb}} is not stood in for")
 """
@@ -62,13 +67,17 @@ TORCH_INIT = "__version__ = {version!r}\nfrom . import version\n"
 TORCH_VERSION = "cuda = None\n"
 
 
-def _squashfs(tmp_path: Path, torch: str, name: str = "") -> bytes:
-    """A squashfs of a root whose site directory holds torch ``torch``; ``name`` tells two such apart."""
+def _squashfs(tmp_path: Path, torch: str, name: str = "", labels: Optional[dict[str, str]] = None) -> bytes:
+    """A squashfs of a root whose site directory holds torch ``torch``, with ``labels`` where a SIF keeps them;
+    ``name`` tells two such apart."""
     root = tmp_path / f"root-{torch}{name}"
     (root / "site" / "torch").mkdir(parents=True)
     (root / "site" / "torch" / "__init__.py").write_text(TORCH_INIT.format(version=torch))
     (root / "site" / "torch" / "version.py").write_text(TORCH_VERSION)
     (root / "site" / "name").write_text(name)
+    if labels is not None:
+        (root / ".singularity.d").mkdir()
+        (root / ".singularity.d" / "labels.json").write_text(json.dumps(labels))
     out = tmp_path / f"{torch}{name}.sqfs"
     subprocess.run(["mksquashfs", str(root), str(out), "-quiet", "-no-progress", "-noappend"], check=True)
     return out.read_bytes()
@@ -204,3 +213,20 @@ def test_a_local_image_in_the_runtimes_format_is_copied_in_and_a_missing_one_is_
     record = json.loads((prefix / "envbuilder" / "record.json").read_text())
     assert record["packages"][0]["version"] == "2.5.1"  # unknown to plan: what is inside is recorded
     assert record["tools"]["image_digest"] == ""
+
+
+def test_a_local_image_whose_torch_is_not_what_its_own_labels_say_is_refused(
+    tmp_path: Path, world: tuple[dict[str, str], Path]
+) -> None:
+    env, prefix = world
+    (tmp_path / "images").mkdir()
+    lying = tmp_path / "images" / "torch.sif"
+    lying.write_bytes(_squashfs(tmp_path, "2.4.0", labels={**LABELS, "org.envbuilder.torch": "2.5.1"}))
+    recipe = Path(env["ENVBUILDER_RECIPE_PATH"]) / "box.toml"
+    recipe.write_text(re.sub(r'image = "[^"]*"', f'image = "{lying}"', recipe.read_text()))
+    res = _create(env)
+    assert res.returncode == 7, res.stderr
+    assert "holds torch 2.4.0, not 2.5.1 (as its labels said): the env was not put in place" in res.stderr
+    assert not prefix.exists()
+    lying.write_bytes(_squashfs(tmp_path, "2.5.1", name="true", labels=LABELS))
+    assert _create(env).returncode == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from envbuilder.core import containers
@@ -172,3 +174,19 @@ def test_a_bad_registry_mirror_setting_is_a_usage_error(text: str) -> None:
     with pytest.raises(UsageError) as info:
         containers.registry_mirrors({containers.MIRROR_VAR: text})
     assert info.value.message.startswith(f"{containers.MIRROR_VAR}: not a HOST=MIRROR pair")
+
+
+def test_each_runtime_reads_the_labels_its_inspect_printed() -> None:
+    labels = {"org.envbuilder.torch": "2.5.1"}
+    apptainer = json.dumps({"data": {"attributes": {"labels": labels}}, "type": "container"})
+    assert containers.runtime("apptainer").config(apptainer) == {"Labels": labels}
+    charlie = json.dumps({"labels": labels, "env": {"CUDA_VERSION": "12.4.1"}, "arch": "amd64"})
+    assert containers.runtime("charliecloud").config(charlie) == {
+        "Labels": labels,
+        "Env": ["CUDA_VERSION=12.4.1"],
+    }
+    podman = json.dumps([{"Config": {"Labels": labels, "Env": ["A=1"]}}])
+    assert containers.runtime("podman").config(podman) == {"Labels": labels, "Env": ["A=1"]}
+    for rt in containers.RUNTIMES.values():
+        assert rt.config("not json") == {}
+        assert rt.config("[]") == {}
