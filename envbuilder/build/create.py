@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 from packaging.utils import canonicalize_name
 
 from envbuilder import __version__, lockfile, payloads
-from envbuilder.backends import activation, base, installers, lookup, managedpython, torchbuild
+from envbuilder.backends import activation, base, container, installers, lookup, managedpython, torchbuild
 from envbuilder.backends.buildlog import BuildLog, open_log, world_write_swept
 from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.core import kinds, settings
@@ -274,10 +274,15 @@ def _cloning(plan: Plan) -> bool:
 
 def _backend(plan: Plan) -> base.Backend:
     backend = lookup.backend(plan.kind, "clone" if _cloning(plan) else "venv")
-    return backend(plan.system_site_packages, plan.target.arch or "", plan.lock_conda)
+    made = backend(plan.system_site_packages, plan.target.arch or "", plan.lock_conda)
+    if isinstance(made, container.ContainerBackend):
+        made.box = plan.container
+    return made
 
 
 def _installer(plan: Plan, final: Path, source: str, log: BuildLog) -> installers.Choice:
+    if kinds.kind_info(plan.kind).container:  # nothing is installed into an image: no installer need run here
+        return installers.Choice(installers.INSTALLERS["pip"], (), "none: a container env installs nothing")
     choice = installers.choose(plan.installer, str(final), source)
     if choice.name != plan.installer:
         raise BackendError(

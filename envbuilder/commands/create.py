@@ -16,7 +16,8 @@ from envbuilder import plan as planner
 from envbuilder.backends import activation, network
 from envbuilder.backends.buildlog import BuildLog, open_log
 from envbuilder.build import create as creator
-from envbuilder.core import checks, settings
+from envbuilder.build import images
+from envbuilder.core import checks, kinds, settings
 from envbuilder.core.errors import NetworkError, ResolverError, UsageError, ValidationFailed
 from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import edits, loader
@@ -56,22 +57,15 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if not args.prefix:  # the recipe's prefix, for this name ({name} in env.prefix)
             opts = dataclasses.replace(opts, prefix=named_prefix(recipe, env, args.name))
     facts = host.facts_for(args.facts)
-    lock = None if args.no_lock else find_lock(recipe, catalog, env, args.lock)
-    from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
-
-    index = indexread.read_torch(
-        planner.torch_request(recipe), env, refresh=args.refresh, offline=args.offline
-    )
-    # The install meets them too, even where the plan had a copy read before.
-    unread = [e for p in index.pages.values() for e in (p.error or p.failed,) if e] if index else []
-    the_plan = planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age())
+    the_plan, unread = _plan(recipe, facts, env, opts, catalog=catalog, args=args)
     same_arch(the_plan, platform.machine())
     # --json keeps stdout for the JSON; the steps and their progress stay on stderr, or a batch job's output
     # says nothing for the minutes of an install. -q silences them.
     talk = _Progress(out, args.quiet or args.json, progress.every_from_env(env), steps_quiet=args.quiet)
     if not (args.quiet or args.json):
         what = f"{args.name} (recipe {the_plan.recipe}, " if args.name else f"{the_plan.recipe} ("
-        out.heading(f"Creating {what}{the_plan.kind}, {the_plan.installer}) at {the_plan.prefix}")
+        tool = the_plan.container.runtime if the_plan.container else the_plan.installer
+        out.heading(f"Creating {what}{the_plan.kind}, {tool}) at {the_plan.prefix}")
         if the_plan.resolution:
             r = the_plan.resolution
             out.field(
@@ -122,6 +116,29 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def _plan(
+    recipe: loader.Recipe,
+    facts: HostFacts,
+    env: dict[str, str],
+    opts: planner.Options,
+    *,
+    catalog: Catalog,
+    args: argparse.Namespace,
+) -> tuple[planner.Plan, list[str]]:
+    """The plan, and the index pages that could not be read (the install meets them too, even where the plan had
+    a copy read before)."""
+    if kinds.kind_info(recipe.env.kind).container:
+        return images.container_plan(recipe, facts, env, opts, offline=args.offline), []
+    lock = None if args.no_lock else find_lock(recipe, catalog, env, args.lock)
+    from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
+
+    index = indexread.read_torch(
+        planner.torch_request(recipe), env, refresh=args.refresh, offline=args.offline
+    )
+    unread = [e for p in index.pages.values() for e in (p.error or p.failed,) if e] if index else []
+    return planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age()), unread
 
 
 def check_name(name: str) -> None:

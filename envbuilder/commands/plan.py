@@ -8,8 +8,10 @@ from collections.abc import Iterable, Mapping
 from typing import Optional
 
 from envbuilder import plan as planner
+from envbuilder.build import images
 from envbuilder.core import launchers
 from envbuilder.core.errors import EnvbuilderError
+from envbuilder.core.kinds import kind_info
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, find_lock
 from envbuilder.resolver import mirror
@@ -33,6 +35,8 @@ def make_plan(
     catalog = Catalog.from_env(env)
     recipe = loader.load(name, catalog)
     facts = host.facts_for(facts_file)
+    if kind_info(recipe.env.kind).container:
+        return images.container_plan(recipe, facts, env, opts, offline=no_network)
     lock = find_lock(recipe, catalog, env, lock_file) if use_lock else None
     from envbuilder.resolver import indexread  # noqa: PLC0415 - urllib and threads only when an index is read
 
@@ -77,7 +81,8 @@ def render(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:
     for i, step in enumerate(p.steps, 1):
         out.result.line(f"  {i:2d}. {step}")
     out.result.line()
-    _render_validation(p, out)
+    if p.launch_command or not p.container:
+        _render_validation(p, out)
     if p.resolution and p.resolution.facts_source:
         _render_list("Where the torch facts come from", p.resolution.facts_source, out)
     if p.notes:
@@ -115,9 +120,34 @@ def _render_target(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:
         inferred = ", inferred facts" if r.inferred else ""
         index = mirror.shown(r.index_url, mirror.from_env(env))
         out.result.field("torch", f"{r.torch} {r.variant} ({r.channel}{inferred}) from {index}{label}")
+    if p.container:
+        _render_container(p.container, out)
     if p.lock:
         status = "applies" if p.lock.applies else "ignored (stale)"
         out.result.field("lock", f"{p.lock.summary.path} ({p.lock.summary.origin}), {p.lock.arch}: {status}")
+
+
+def _render_container(box: planner.ContainerPlan, out: Out) -> None:
+    """The image, where it comes from, what it holds, and why it fits the target."""
+    ref, facts = box.pick.ref, box.pick.facts
+    where = f"the local file {ref.path}" if ref.local else f"registry {ref.host}"
+    where += f", fetched from the site mirror {box.mirror}" if box.mirror else ""
+    out.result.field("image", f"{ref.text} ({where}), run by {box.runtime}, kept as {box.file}")
+    cuda = "none (CPU only)" if facts.cuda == "" else (facts.cuda or "unknown")
+    archs = ", ".join(facts.archs) if facts.archs is not None else "unknown"
+    out.result.field(
+        "image holds",
+        f"torch {facts.torch or 'unknown'}, CUDA {cuda}, Python {facts.python or 'unknown'}; for {archs}",
+    )
+    by_origin: dict[str, list[str]] = {}
+    for name, origin in facts.origins.items():
+        by_origin.setdefault(origin, []).append(name)
+    for origin, names in by_origin.items():
+        out.result.field(f"  {', '.join(names)} from", origin)
+    for why in box.pick.fits:
+        out.result.field("fits", why)
+    binds = ",".join(box.binds) or "none"
+    out.result.field("runs with", f"binds {binds}; GPU {'on' if box.gpu else 'off'}; MPI from the {box.mpi}")
 
 
 def _render_validation(p: planner.Plan, out: Out) -> None:

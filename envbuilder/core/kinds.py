@@ -5,6 +5,7 @@ choices, the plan, create, restore and lock read them here. Names only: nothing 
   class): ``venv`` holds the venv, overlay and user-prefix backends, ``conda`` the conda one and the overlay clone;
   ``backends.lookup.backend`` imports the one asked for. To add a kind: its backend, and its ``Kind`` in ``KINDS``
   (what the plan, backups, validation, doctor and lock ask of it).
+- A container env (``container``) is one image file that a runtime of ``core.containers`` fetches and runs.
 - An installer is a class in ``plan.installers`` (its command lines) and one in ``backends.installers`` (how it
   is found), named in ``INSTALLER_NAMES`` here; ``tests/unit/test_backends.py`` checks the two agree.
 - A conda engine is a conda command line (``CLI_ENGINES``, found on PATH once the recipe's modules are loaded) or
@@ -43,6 +44,9 @@ class Kind:
     conda: bool = False
     #: On top of the site python: a venv that sees its packages, or a copy of its env (``env.overlay``, OVERLAYS).
     overlay: bool = False
+    #: One image file a container runtime runs (``[container]``; core.containers): pulled or converted, not built
+    #: by an installer, its python the image's own.
+    container: bool = False
 
 
 #: Each kind, by the name recipes give it (``env.kind``).
@@ -51,6 +55,7 @@ KINDS: dict[str, Kind] = {
     "conda": Kind(("conda", "CondaBackend"), conda=True),
     "user-prefix": Kind(("venv", "UserPrefixBackend"), own_python=False),
     "overlay": Kind(("venv", "VenvBackend"), venv=True, overlay=True),
+    "container": Kind(("container", "ContainerBackend"), container=True),
 }
 #: The two ways of an overlay env (``env.overlay``): a venv on top of the site python, or a copy of its env.
 OVERLAYS: dict[str, tuple[str, str]] = {"venv": KINDS["overlay"].backend, "clone": ("conda", "CloneBackend")}

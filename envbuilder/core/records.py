@@ -81,3 +81,4 @@ class RecordedPlan(TypedDict, total=False):
     warnings: list[str]
     notes: list[str]
     partition: Optional[str]
+    container: Optional[dict[str, Any]]  # ContainerPlan.to_json: the image, its facts, runtime, file, fetch

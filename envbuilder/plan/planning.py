@@ -17,9 +17,12 @@ from envbuilder import lockfile
 from envbuilder.core import launchers
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.kinds import AUTO, CLI_ENGINES, kind_info
+from envbuilder.core.records import RecordedPython
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import interpreter, lockfit, suite
 from envbuilder.plan.activation import activation_for
+from envbuilder.plan.container import container_plan
+from envbuilder.plan.container import steps_in_words as container_steps
 from envbuilder.plan.listing import steps_in_words
 from envbuilder.plan.prefix import filesystem_for, prefix_for
 from envbuilder.plan.record import Plan
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     # indexfacts is read at plan time by envbuilder.resolver.indexread; the planner only receives the value. loader is only
     # named: it reaches the registry (ssh-keygen), which a pure module must not import.
     from envbuilder.recipe.loader import Recipe
+    from envbuilder.resolver.images import ImageFacts
     from envbuilder.resolver.indexfacts import IndexFacts
 
 
@@ -80,7 +84,10 @@ def build(
 ) -> Plan:
     """The Plan for ``recipe`` on the machine ``host`` describes, from the shipped table corrected by ``index``
     (what the wheel indexes said; the table alone without it). Raises ResolverErrors on a failed gate, and
-    LockError when ``opts.locked`` and ``lock`` does not apply to the target."""
+    LockError when ``opts.locked`` and ``lock`` does not apply to the target. A container env's plan is
+    :func:`build_container`'s (from the image table alone, here)."""
+    if kind_info(recipe.env.kind).container:
+        return build_container(recipe, host, env, opts, matrix=matrix)
     opts = opts or Options()
     warnings: list[str] = []
     notes: list[str] = []
@@ -173,6 +180,92 @@ def build(
         locked=locked,
         partition=opts.partition,
         target_facts=origins,
+    )
+
+
+def build_container(
+    recipe: Recipe,
+    host: HostFacts,
+    env: Mapping[str, str],
+    opts: Optional[Options] = None,
+    *,
+    image: Optional[ImageFacts] = None,
+    matrix: Optional[Matrix] = None,
+) -> Plan:
+    """The Plan of a container env (env.kind = "container"): its image from the image table corrected by
+    ``image`` (what its registry said of it), checked against the target. Raises RecipeError without an image,
+    ResolverErrors on a failed gate."""
+    opts = opts or Options()
+    warnings: list[str] = []
+    notes: list[str] = []
+    _recipe_remarks(recipe, warnings, notes)
+    target = target_facts(recipe, host, warnings, notes, arch_override=opts.arch, partition=opts.partition)
+    kind = recipe.env.kind
+    prefix, prefix_missing = prefix_for(recipe, env, opts.prefix, warnings)
+    fs = filesystem_for(recipe, prefix, env, warnings)
+    base = Plan(
+        recipe=recipe.name,
+        site=recipe.site.name,
+        status=recipe.site.status,
+        kind=kind,
+        prefix=prefix,
+        python={"command": "python3", "version": None, "source": "the image"},
+        module_system=recipe.modules.system,
+        module_use=recipe.modules.use,
+        modules=recipe.modules.load,
+        build_modules=recipe.modules.build_only,
+        resolution=None,
+        extra_index_urls=(),
+        requirements=(),
+        install_steps=(),
+        activate=activation_for(recipe),
+        launcher=opts.launcher or recipe.launcher.default,
+        launch_command=(),
+        interactive_command=None,
+        batch_script=None,
+        target=target,
+        warnings=(),
+        notes=(),
+        corrections=recipe.corrections,
+        filesystem=fs,
+        chain=recipe.chain,
+        recipe_version=recipe.version,
+        prefix_missing=tuple(prefix_missing),
+        partition=opts.partition,
+    )
+    return _with_container(base, recipe, env, warnings, notes, image=image, matrix=matrix)
+
+
+def _with_container(
+    base: Plan,
+    recipe: Recipe,
+    env: Mapping[str, str],
+    warnings: list[str],
+    notes: list[str],
+    *,
+    image: Optional[ImageFacts],
+    matrix: Optional[Matrix],
+) -> Plan:
+    """A container env's plan: the image checked against the target, how it is fetched and run."""
+    box = container_plan(recipe, base.target, env, base.prefix, warnings, image=image, matrix=matrix)
+    notes.append(
+        "validation, run and sbatch inside the container are not planned yet: create fetches the image, checks "
+        "the torch inside and records it"
+    )
+    python: RecordedPython = {
+        "command": "python3",
+        "version": box.pick.facts.python,
+        "source": "the image",
+        "origin": "image",
+        "where": "the image's own python3, run through the container runtime",
+    }
+    return replace(
+        base,
+        python=python,
+        container=box,
+        steps=tuple(container_steps(box, base.prefix)),
+        warnings=tuple(dict.fromkeys(warnings)),
+        notes=tuple(dict.fromkeys(notes)),
     )
 
 

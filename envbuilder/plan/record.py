@@ -4,7 +4,7 @@ as :class:`envbuilder.core.records.RecordedPlan`); ``envbuilder.plan.build`` mak
 from __future__ import annotations
 
 from dataclasses import field, fields
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder import lockfile
 from envbuilder.core.facts import HostFacts
@@ -16,6 +16,9 @@ from envbuilder.plan.steps import InstallStep
 from envbuilder.plan.target import TargetFact
 from envbuilder.recipe import sections
 from envbuilder.resolver.wheels import Resolution
+
+if TYPE_CHECKING:  # plan.container names the prefix's expansion, which imports this module
+    from envbuilder.plan.container import ContainerPlan
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class Plan:
     partition: Optional[str] = None
     #: Where the target's os, glibc and python came from (the site, the recipe, this host); () without a site.
     target_facts: tuple[TargetFact, ...] = ()
+    #: A container env's image, runtime and how it is fetched and run (env.kind = "container"); None otherwise.
+    container: Optional[ContainerPlan] = None
 
     @property
     def install_commands(self) -> tuple[tuple[str, ...], ...]:
@@ -120,4 +125,5 @@ class Plan:
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "partition": self.partition,
+            "container": self.container.to_json() if self.container else None,
         }

@@ -19,7 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder.core import checks, launchers
+from envbuilder.core import checks, containers, launchers
 from envbuilder.core.errors import RecipeError, did_you_mean
 from envbuilder.core.kinds import kind_info
 from envbuilder.core.structs import dataclass
@@ -83,6 +83,10 @@ class Recipe:
     @cached_property
     def env(self) -> sections.Env:
         return sections.view(sections.Env, self.data.get("env", {}))
+
+    @cached_property
+    def container(self) -> sections.Container:
+        return sections.view(sections.Container, self.data.get("container", {}))
 
     @cached_property
     def python(self) -> sections.Python:
@@ -330,6 +334,7 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
 
     members("activate.profiles", list(data.get("env_profiles", {})), "no env_profiles entry named")
     members("torch.allow", schema.GATES, "unknown resolver gate")
+    members("container.allow", containers.IMAGE_GATES, "unknown image gate")
     members(
         "torch.packages",
         schema.TORCH_PACKAGES,
@@ -337,6 +342,13 @@ def _cross_checks(data: Mapping[str, Any], prov: Mapping[str, str], top: str) ->
         hint="put other packages in [[packages]]",
     )
     members("validation.checks", checks.NAMES, "unknown validation check")
+    if data.get("env", {}).get("kind") == "container" and not data.get("container", {}).get("image"):
+        raise RecipeError(
+            'env.kind = "container" needs the image it is: container.image is not set',
+            file=where("env.kind"),
+            key="container.image",
+            hint=containers.IMAGE_EXAMPLE,
+        )
     fs_name = data.get("env", {}).get("filesystem")
     if fs_name and fs_name not in data.get("filesystems", {}):
         raise RecipeError(

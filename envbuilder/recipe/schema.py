@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from packaging.utils import canonicalize_name
 
-from envbuilder.core import kinds, launchers, schedulers
+from envbuilder.core import containers, kinds, launchers, schedulers
 from envbuilder.core.errors import did_you_mean
 from envbuilder.core.values import (
     CONDA_ENV,
@@ -408,6 +408,30 @@ SCHEMA = Table(
                 ),
                 "installer": Field(str, choices=kinds.INSTALLER_NAMES),
             }
+        ),
+        "container": Table(
+            {
+                "image": Field(
+                    str, "the base image: a registry reference or a local image path", rule=containers.IMAGE
+                ),
+                "runtime": Field(
+                    str, "the container runtime that fetches and runs it", choices=tuple(containers.RUNTIMES)
+                ),
+                "binds": Field(
+                    list,
+                    "paths bound into the container (default: the [filesystems] entries visible on compute nodes)",
+                    items=str,
+                    rule=containers.BIND,
+                ),
+                "gpu": Field(
+                    bool, "bring the host's NVIDIA driver in (--nv; default: when the target has GPUs)"
+                ),
+                "mpi": Field(
+                    str, "the ranks' MPI: the host's bound in, or the image's", choices=containers.MPI_MODES
+                ),
+                "allow": Field(list, "image gates to downgrade to warnings", items=str),
+            },
+            'env.kind = "container": the image the env is, and how it runs',
         ),
         "python": Table(
             {

@@ -15,6 +15,7 @@ from dataclasses import field, fields
 from typing import Any, ClassVar, Optional, Protocol, TypeVar
 
 from envbuilder.core.checks import DEFAULTS as DEFAULT_CHECKS
+from envbuilder.core.containers import DEFAULT_RUNTIME
 from envbuilder.core.kinds import AUTO
 from envbuilder.core.structs import dataclass
 
@@ -214,6 +215,20 @@ class Env:
     system_site_packages: bool = seeded(False)
     filesystem: Optional[str] = None
     overlay: str = "venv"
+
+
+@dataclass(frozen=True)
+class Container:
+    """[container] (env.kind = "container")"""
+
+    image: Optional[str] = None
+    runtime: str = DEFAULT_RUNTIME
+    #: None: the site's file systems that compute nodes see.
+    binds: Optional[tuple[str, ...]] = None
+    #: None: on where the target has NVIDIA GPUs.
+    gpu: Optional[bool] = None
+    mpi: str = "host"
+    allow: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -162,13 +162,12 @@ def health(record: EnvRecord, full: bool = False) -> Health:
     missing: list[str] = []
     #: What a link of the env leads to that this host lacks (a python built on another host), in words.
     elsewhere = ""
-    if kinds.kind_info(record.kind).own_python:
-        for rel in ("bin/python", "bin/activate"):
-            path = prefix / rel
-            if not path.exists():
-                missing.append(rel)
-                if path.is_symlink() and not elsewhere:
-                    elsewhere = f"{rel} leads to {path.resolve()}, which is not on this host"
+    for rel in _required(record):
+        path = prefix / rel
+        if not path.exists():
+            missing.append(rel)
+            if path.is_symlink() and not elsewhere:
+                elsewhere = f"{rel} leads to {path.resolve()}, which is not on this host"
     if full or not envfiles.recorded(record.files):
         missing += _unlisted(prefix)
     else:
@@ -180,6 +179,15 @@ def health(record: EnvRecord, full: bool = False) -> Health:
     if missing:
         return Health("damaged", f"{len(missing)} file(s) missing, e.g. {missing[0]}", tuple(missing))
     return Health("ok", "all files present")
+
+
+def _required(record: EnvRecord) -> tuple[str, ...]:
+    """The files an env of its kind cannot work without: its python and activate script, or a container env's
+    image file."""
+    kind = kinds.kind_info(record.kind)
+    if kind.container:
+        return (str(record.tools.get("image_file") or "image.sif"),)
+    return ("bin/python", "bin/activate") if kind.own_python else ()
 
 
 def _unlisted(prefix: Path) -> list[str]:

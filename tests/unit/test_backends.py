@@ -13,7 +13,7 @@ import pytest
 from wheelindex import build_wheel
 
 from envbuilder import cli
-from envbuilder.backends import base, buildlog, conda, installers, lookup, venv
+from envbuilder.backends import base, buildlog, conda, container, installers, lookup, venv
 from envbuilder.cli import parser as cliparser
 from envbuilder.core import kinds, settings
 from envbuilder.core.errors import EXIT_USAGE
@@ -33,6 +33,7 @@ def test_every_kind_and_overlay_way_has_its_backend():
         "overlay": venv.VenvBackend,
         "user-prefix": venv.UserPrefixBackend,
         "conda": conda.CondaBackend,
+        "container": container.ContainerBackend,
     }
     assert {kind: lookup.backend(kind) for kind in kinds.KINDS} == expected
     assert lookup.backend("overlay", "clone") is conda.CloneBackend
@@ -48,7 +49,7 @@ def test_the_names_in_core_kinds_are_the_names_of_the_classes_that_build(tmp_pat
     assert all(isinstance(i, type(commands.INSTALLERS[name])) for name, i in installers.INSTALLERS.items())
     assert {i.fallback for i in commands.INSTALLERS.values()} - {None} <= set(kinds.INSTALLER_NAMES)
     named = {*(k.backend for k in kinds.KINDS.values()), *kinds.OVERLAYS.values()}
-    modules = {"venv": venv, "conda": conda}
+    modules = {"venv": venv, "conda": conda, "container": container}
     assert all(issubclass(getattr(modules[module], cls), base.Backend) for module, cls in named)
     # core.kinds stays below the backends: importing it alone loads none of them.
     out = proc.run([sys.executable, "-c", _LOADED_BY_KINDS], env=dict(os.environ), cwd=str(tmp_path)).stdout

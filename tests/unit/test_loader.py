@@ -212,6 +212,7 @@ def _views() -> dict[str, type]:
         "env_profiles": sections.Profile,
         "launcher": sections.Launcher,
         "env": sections.Env,
+        "container": sections.Container,
         "python": sections.Python,
         "conda": sections.Conda,
         "torch": sections.Torch,

@@ -1,0 +1,224 @@
+"""A container env (env.kind = "container"): one image file under the prefix that a container runtime fetched
+(pulled from a registry, or converted or copied from a local image), and the torch inside it read back through the
+runtime before the env is put in place: an image whose torch, CUDA, Python or machine is not what the plan checked
+is refused, as the torch build guard refuses a wheel (``torchbuild``). The file's sha256 goes into the record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+from envbuilder import __version__
+from envbuilder.backends.base import Backend, Build
+from envbuilder.backends.buildlog import run_logged
+from envbuilder.core import containers
+from envbuilder.core.errors import BackendError, CommandFailed, NetworkError
+from envbuilder.plan import ContainerPlan
+from envbuilder.plan.container import DEST
+from envbuilder.plan.steps import InstallStep
+from envbuilder.resolver import images
+
+#: How long the probe inside the image may take (its first start unpacks nothing, but a cold file system is slow).
+PROBE_TIMEOUT_S = 600.0
+
+
+class ContainerBackend(Backend):
+    """Fetches the plan's image into the env and checks the torch inside."""
+
+    def __init__(
+        self,
+        system_site_packages: bool = False,
+        arch: str = "",
+        locked: Optional[Mapping[str, str]] = None,
+        box: Optional[ContainerPlan] = None,
+    ) -> None:
+        super().__init__(system_site_packages, arch, locked)
+        self.box = box
+        #: What the probe read inside the image, once it has.
+        self.found: dict[str, str] = {}
+        self.sha256 = ""
+
+    @property
+    def plan(self) -> ContainerPlan:
+        if self.box is None:
+            raise BackendError(
+                "a container env is built from its plan's [container] part, and this plan has none"
+            )
+        return self.box
+
+    def python(self, command: str, env: Mapping[str, str], final: Path) -> str:
+        """The runtime's program on the PATH the modules give (the image brings its own python)."""
+        program = containers.runtime(self.plan.runtime).program
+        found = shutil.which(program, path=env.get("PATH", ""))
+        if not found:
+            raise BackendError(
+                f"{program} ({self.plan.runtime}) was not found on the PATH the recipe's modules give",
+                hint="load the site's module for it in modules.load (TACC: tacc-apptainer), or set container.runtime",
+            )
+        return found
+
+    def own_env(self, partial: Path, env: Mapping[str, str]) -> dict[str, str]:
+        """The runtime's cache and temporary directories beside the env, where the user's environment names none
+        (site rules: build nothing from $HOME; a compute node's /tmp is small)."""
+        work = partial.parent / f".envbuilder-{self.plan.runtime}"
+        wanted = containers.runtime(self.plan.runtime).work_env(str(work / "cache"), str(work / "tmp"))
+        return {key: value for key, value in wanted.items() if not env.get(key)}
+
+    def create(self, build: Build, step: Optional[InstallStep], env: Mapping[str, str]) -> None:
+        """Fetch the image into the partial env, then read and check the torch inside."""
+        box = self.plan
+        build.partial.mkdir(mode=0o755)
+        for key, value in self.own_env(build.partial, {}).items():
+            if build.env.get(key) == value:  # ours, not the user's: made here
+                Path(value).mkdir(mode=0o700, parents=True, exist_ok=True)
+        dest = build.partial / containers.runtime(box.runtime).image_file
+        build.say(f"fetching {box.pick.ref.text} with {box.runtime}")
+        if not box.fetch:
+            _copy(Path(box.pick.ref.path), dest)
+        for argv in box.fetch:
+            _fetch(_at(argv, dest, build.python), box, env, build)
+        if not dest.is_file():
+            raise BackendError(
+                f"{box.runtime} left no image at {dest}", hint=f"the build log {build.log.path} says why"
+            )
+        self.sha256 = _sha256(dest)
+        build.log.write(f"image: {dest.name} sha256:{self.sha256}")
+        if box.pick.ref.local:  # nothing asked a registry: what the image says of itself, from the file
+            box = _labelled(box, dest, env, build)
+        build.say("reading the torch inside the image")
+        res = run_logged(_at(box.probe, dest, build.python), env, build.log, timeout=PROBE_TIMEOUT_S)
+        self.found = _probe_result(res.stdout)
+        guard(box, self.found)
+
+    def install(self, build: Build, step: InstallStep, env: Mapping[str, str]) -> None:
+        raise BackendError(f"a container env installs nothing into its image (step {step.display()!r})")
+
+    def activate(self, build: Build, act: Any) -> None:
+        """Nothing is written into a container env: how to enter its image is for ``activate`` to print."""
+
+    def inventory(self, build: Build) -> list[dict[str, Any]]:
+        torch = self.found.get("torch")
+        return [{"name": "torch", "version": torch, "installer": "image"}] if torch else []
+
+    def tools(self, build: Build) -> dict[str, str]:
+        box = self.plan
+        return {
+            "envbuilder": __version__,
+            "runtime": box.runtime,
+            "runtime_path": build.python,
+            "image": box.pick.ref.text,
+            "image_file": containers.runtime(box.runtime).image_file,
+            "image_sha256": self.sha256,
+            # The manifest the reference named: what pulls the same image again (name@digest).
+            "image_digest": box.registry_digest or box.pick.ref.digest,
+            "python": self.found.get("python", ""),
+            "cuda": self.found.get("cuda", ""),
+        }
+
+
+def _fetch(argv: Sequence[str], box: ContainerPlan, env: Mapping[str, str], build: Build) -> None:
+    """One fetch command; a registry it cannot reach named as the registry, with the ways round it."""
+    try:
+        run_logged(argv, env, build.log)
+    except NetworkError as exc:
+        ref = box.pick.ref
+        raise NetworkError(
+            exc.argv,
+            exc.returncode,
+            exc.stderr_tail,
+            url=f"the registry {ref.host}",
+            cause=exc.cause,
+            hint=f"fetch the image where {ref.host} answers ({box.runtime}'s pull or build, or envbuilder create "
+            "there), copy the file here and name its path in container.image; or set the runtime's registry "
+            "mirror",
+        ) from None
+
+
+def _labelled(box: ContainerPlan, dest: Path, env: Mapping[str, str], build: Build) -> ContainerPlan:
+    """``box`` with the facts the image file's labels state in place of the plan's (the runtime's inspect)."""
+    runtime = containers.runtime(box.runtime)
+    try:
+        res = run_logged(_at(runtime.inspect(DEST), dest, build.python), env, build.log)
+    except CommandFailed as exc:  # an image without labels, or a runtime that cannot say: the probe decides
+        build.log.write(f"no labels read ({exc.message})")
+        return box
+    said = images.label_facts(runtime.config(res.stdout))
+    if not said.origins:
+        return box
+    build.log.write(f"the image's labels: {', '.join(f'{k} {getattr(said, k)}' for k in said.origins)}")
+    return replace(box, pick=replace(box.pick, facts=images.merged(box.pick.facts, said)))
+
+
+def _copy(source: Path, dest: Path) -> None:
+    """A local image in the runtime's own format, copied in as it is."""
+    if not source.is_file():
+        raise BackendError(
+            f"container.image {source} is not a file here",
+            hint="name the image file as compute nodes see it (an absolute path), or a registry reference",
+        )
+    shutil.copyfile(source, dest)
+
+
+def _at(argv: Sequence[str], dest: Path, program: str) -> list[str]:
+    """``argv`` with the image at ``dest`` and the runtime's program found on PATH."""
+    out = [str(dest) if arg == DEST else arg for arg in argv]
+    return [program, *out[1:]] if Path(out[0]).name == Path(program).name else out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _probe_result(stdout: str) -> dict[str, str]:
+    """The probe's JSON line (the last line that is one: a runtime may print its own lines first)."""
+    for line in reversed(stdout.splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            return {str(k): str(v) for k, v in data.items()}
+    raise BackendError(
+        "the torch probe inside the image printed no result",
+        hint="the build log shows what the runtime printed; does the image have python3 and torch?",
+    )
+
+
+def guard(box: ContainerPlan, found: Mapping[str, str]) -> None:
+    """Refuse an image whose torch, CUDA, Python or machine is not what the plan checked."""
+    facts = box.pick.facts
+    wrong = []
+    if facts.torch and _public(found.get("torch", "")) != _public(facts.torch):
+        wrong.append(f"torch {found.get('torch') or 'none'}, not {facts.torch}")
+    if facts.cuda is not None and _minor(found.get("cuda", "")) != _minor(facts.cuda):
+        wrong.append(f"CUDA {found.get('cuda') or 'none'}, not {facts.cuda or 'none (CPU only)'}")
+    if facts.python and _minor(found.get("python", "")) != _minor(facts.python):
+        wrong.append(f"Python {found.get('python')}, not {facts.python}")
+    if facts.archs is not None and found.get("machine") not in facts.archs:
+        wrong.append(f"a {found.get('machine')} machine, not {', '.join(facts.archs)}")
+    if wrong:
+        raise BackendError(
+            f"the image {box.pick.ref.text} holds {'; '.join(wrong)} (as its "
+            f"{'labels' if any(o.startswith('image') for o in facts.origins.values()) else 'table row'} said): "
+            "the env was not put in place",
+            hint="pin the image by digest, or correct what the table or the image's labels say",
+        )
+
+
+def _public(version: str) -> str:
+    """A version without its local label (2.5.1+cu124 -> 2.5.1)."""
+    return version.split("+", 1)[0]
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
