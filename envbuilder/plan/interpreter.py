@@ -52,6 +52,14 @@ def plan_python(
             ),
             "managed": managed,
         }
+    if kind_info(recipe.env.kind).conda:
+        return {
+            "command": py.command,
+            "version": version,
+            "source": source,
+            "origin": "conda",
+            "where": f"python {version or '(the engine picks)'} from the recipe's conda channels, in the env",
+        }
     loads = recipe.modules.load if recipe.modules.system != "none" else ()
     where = (
         f"{py.command} on the PATH after loading {', '.join(loads)}"

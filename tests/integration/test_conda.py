@@ -81,7 +81,13 @@ def test_a_conda_env_without_python_version_is_planned_and_built_for_one_python(
     text = RECIPE.format(name="cnover", conda=json.dumps(["hpc-hello"]), py=PY)
     world.write_recipe("cnover", text.replace(f'version = "{PY}"\n', ""))
     plan = world.data("plan", "cnover")
-    assert plan["python"] == {"command": "python", "version": CONDA_PYTHON, "source": DEFAULT}
+    assert plan["python"] == {
+        "command": "python",
+        "version": CONDA_PYTHON,
+        "source": DEFAULT,
+        "origin": "conda",
+        "where": f"python {CONDA_PYTHON} from the recipe's conda channels, in the env",
+    }
     assert (
         plan["target"]["python"] == plan["lock_inputs"]["python"] == CONDA_PYTHON
     )  # what torch resolves for
