@@ -1,6 +1,6 @@
 """What the tests need fetched before they run, made once per machine under /var/cache/envbuilder-tests: PyPI's
-files the tests install (tests/testwheels.py), the aarch64 node (tests/armtwin.py) and the bullseye compute nodes
-(tests/computetwin.py). Only this step uses the network (PyPI, Debian's mirror); the tests reach loopback only.
+files the tests install (tests/testwheels.py), the aarch64 node (tests/armtwin.py), the bullseye compute nodes
+(tests/computetwin.py) and the container tests' OCI images (tests/containers.py, made from the PyPI files). Only this step uses the network (PyPI, Debian's mirror); the tests reach loopback only.
 The README's test command runs it first. A node that cannot be made here is named, and its tests skip saying why;
 PyPI's files are needed by every torch test, so without them this exits 1."""
 
@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import armtwin
 import computetwin
+import containers
 import testwheels
 
 
@@ -27,6 +28,7 @@ def main() -> int:
         return 1
     _try("the aarch64 node (tests/armtwin.py)", armtwin.prepare)
     _try("the bullseye compute nodes (tests/computetwin.py)", computetwin.prepare)
+    _try("the container images (tests/containers.py)", containers.prepare)
     return 0
 
 
