@@ -133,6 +133,7 @@ def stamp() -> dict[str, object]:
         "wheels": list(WHEELS),
         "tags": tags,
         "storage": STORAGE.name,
+        "dev": "empty",
     }
 
 
@@ -220,7 +221,9 @@ def _make_root(root: Path) -> None:
     _run(
         ["ch-run", "-w", "-b", f"{testwheels.CACHE}:/mnt", str(root), "--", "/bin/sh", "-c", install], env=env
     )
-    for junk in ("var/cache/apt", "var/lib/apt/lists", "root/.cache"):
+    # /dev's device nodes too: an image's /dev is empty (the runtime binds the host's), and a user who is not
+    # root cannot unpack them.
+    for junk in ("var/cache/apt", "var/lib/apt/lists", "root/.cache", "dev"):
         for child in (root / junk).glob("*"):
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)
