@@ -21,6 +21,7 @@ from typing import Optional
 import containers
 import pytest
 from slurm import which
+from wheelindex import build_wheel
 
 pytestmark = pytest.mark.integration
 
@@ -180,3 +181,33 @@ def test_two_gloo_ranks_run_inside_the_image_under_slurm(cpu_sif, apptainer, slu
     ranks = sorted((json.loads(line) for line in res.stdout.splitlines()), key=lambda r: r["rank"])
     assert [(r["rank"], r["world"], r["sum"]) for r in ranks] == [(0, 2, 3.0), (1, 2, 3.0)]
     assert {(r["torch"], r["python"]) for r in ranks} == {("2.13.0+cpu", "/opt/venv/bin/python")}
+
+
+def test_build_from_a_definition_file_adds_packages_labels_and_environment(cpu_sif, apptainer, tmp_path):
+    """A definition file on the pulled image: %post pip-installs a wheel from a directory into the image's venv,
+    %environment and %labels add to the image's own."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    build_wheel(wheels, "containerdemo", "1.0", {"containerdemo.py": "WHERE = 'in the image'\n"})
+    definition = tmp_path / "on-top.def"
+    definition.write_text(
+        f"Bootstrap: localimage\nFrom: {cpu_sif}\n\n%post\n"
+        f"    pip install --quiet --no-index --find-links {wheels} containerdemo\n\n"
+        "%environment\n    export GREETING=hello\n\n%labels\n    org.example.added yes\n"
+    )
+    image = tmp_path / "on-top.sif"
+    res = apptainer_run(apptainer, "build", str(image), str(definition), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    probe = "import containerdemo, os, torch; print(containerdemo.WHERE, os.environ['GREETING'], torch.__version__)"
+    res = apptainer_run(apptainer, "exec", str(image), "python", "-c", probe, cwd=tmp_path)
+    assert (res.returncode, res.stdout) == (0, "in the image hello 2.13.0+cpu\n"), res.stderr
+    labels = json.loads(apptainer_run(apptainer, "inspect", "--json", str(image)).stdout)["data"][
+        "attributes"
+    ]
+    assert labels["labels"]["org.example.added"] == "yes"
+    assert labels["labels"]["org.envbuilder.torch.build"] == "2.13.0+cpu"  # the base image's, kept
+    failing = tmp_path / "failing.def"
+    failing.write_text(f"Bootstrap: localimage\nFrom: {cpu_sif}\n\n%post\n    false\n    touch /never\n")
+    res = apptainer_run(apptainer, "build", str(tmp_path / "failing.sif"), str(failing), cwd=tmp_path)
+    assert res.returncode == 255 and "while running engine: exit status 1" in res.stderr
+    assert not (tmp_path / "failing.sif").exists()
