@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Optional
 
 import containers
 import pytest
+from sharedfs import give_to, other_user
 from slurm import which
 from wheelindex import build_wheel
 
@@ -211,3 +214,26 @@ def test_build_from_a_definition_file_adds_packages_labels_and_environment(cpu_s
     res = apptainer_run(apptainer, "build", str(tmp_path / "failing.sif"), str(failing), cwd=tmp_path)
     assert res.returncode == 255 and "while running engine: exit status 1" in res.stderr
     assert not (tmp_path / "failing.sif").exists()
+
+
+def test_a_user_who_is_not_root_runs_the_image_in_a_user_namespace(cpu_sif, apptainer):
+    """The second user runs the image unprivileged (ch-run's user namespace); where /dev/fuse is closed to them
+    (0600 on this machine), through a temporary sandbox as Apptainer does."""
+    user = other_user()
+    shared = Path(
+        tempfile.mkdtemp(prefix="envbuilder-container-", dir="/tmp")
+    )  # pytest's tree is root's alone
+    try:
+        give_to(shared, user, 0o755)
+        image = shared / "cpu.sif"
+        os.link(cpu_sif, image)
+        probe = "import os, torch; print(os.getuid(), torch.__version__)"
+        argv = ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "env", "-i",
+                "PATH=/usr/bin:/bin", str(apptainer.exe), "exec", str(image), "python", "-c", probe]  # fmt: skip
+        res = subprocess.run(argv, cwd=shared, capture_output=True, text=True, timeout=600)
+        assert (res.returncode, res.stdout) == (0, f"{user.uid} 2.13.0+cpu\n"), res.stderr
+        # ebother is neither /dev/fuse's owner nor in its group: the bits for others decide.
+        closed = not os.path.exists("/dev/fuse") or os.stat("/dev/fuse").st_mode & 0o006 != 0o006
+        assert ("Converting SIF file to temporary sandbox" in res.stderr) == closed
+    finally:
+        shutil.rmtree(shared)
