@@ -82,6 +82,18 @@ def test_the_distribution_api_answers_over_plain_http(oci_registry):
             assert res.headers["Docker-Content-Digest"] == oci_registry.digests[tag]
 
 
+def test_the_stand_in_answers_its_version_and_refuses_what_it_does_not_know(apptainer):
+    assert apptainer_run(apptainer, "--version").stdout == "apptainer version 1.3.6\n"
+    singularity = subprocess.run(
+        [str(apptainer.bin / "singularity"), "--version"], capture_output=True, text=True
+    )
+    assert singularity.stdout == "singularity-ce version 4.1.5\n"
+    res = apptainer_run(apptainer, "exec", "--writable", "x.sif", "true")
+    assert (res.returncode, res.stderr.splitlines()[0]) == (255, "Error: unknown flag: --writable")
+    res = apptainer_run(apptainer, "exec", "/nonexistent.sif", "true")
+    assert res.returncode == 255 and res.stderr.startswith("FATAL:   could not open image /nonexistent.sif")
+
+
 def test_the_stand_in_pulls_a_tag_into_an_image_file_with_its_labels(cpu_sif, apptainer):
     with open(cpu_sif, "rb") as f:
         assert f.read(4) == b"hsqs"  # a SquashFS file system, as Apptainer also runs
