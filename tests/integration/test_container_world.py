@@ -177,8 +177,9 @@ rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["RDZV_PORT"], rank=rank, world_size=world)
 total = torch.tensor([rank + 1.0])
 dist.all_reduce(total)
-print(json.dumps({"rank": rank, "world": world, "sum": total.item(), "torch": torch.__version__,
-                  "python": __import__("sys").executable}), flush=True)
+line = json.dumps({"rank": rank, "world": world, "sum": total.item(), "torch": torch.__version__,
+                   "python": __import__("sys").executable})
+os.write(1, (line + "\\n").encode())  # one write: srun merges the ranks' output
 dist.destroy_process_group()
 """
 
@@ -249,3 +250,28 @@ def test_a_user_who_is_not_root_runs_the_image_in_a_user_namespace(cpu_sif, appt
         assert ("Converting SIF file to temporary sandbox" in res.stderr) == closed
     finally:
         shutil.rmtree(shared)
+
+
+TORCHRUN_RANK = """
+import json, os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(total)
+line = json.dumps({"rank": dist.get_rank(), "local": int(os.environ["LOCAL_RANK"]), "sum": total.item()})
+os.write(1, (line + "\\n").encode())  # one write: the two ranks share torchrun's stdout
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slurm
+def test_torchrun_inside_the_image_in_one_slurm_step(cpu_sif, apptainer, slurm_cluster, tmp_path):
+    """The TACC seed's form: one task whose torchrun, inside the image, starts the ranks."""
+    script = tmp_path / "rank.py"
+    script.write_text(TORCHRUN_RANK)
+    env = {**slurm_cluster.environ(), "PATH": apptainer.env["PATH"], "GLOO_SOCKET_IFNAME": "lo"}
+    argv = [which("srun") or "srun", "-n1", "-c2", "apptainer", "exec", str(cpu_sif), "python", "-m",
+            "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]  # fmt: skip
+    res = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr + slurm_cluster.log_tails()
+    ranks = sorted((json.loads(line) for line in res.stdout.splitlines()), key=lambda r: r["rank"])
+    assert [(r["rank"], r["local"], r["sum"]) for r in ranks] == [(0, 0, 3.0), (1, 1, 3.0)]
