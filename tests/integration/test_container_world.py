@@ -1,13 +1,15 @@
 """The container tests' world (tests/containers.py) proved with its real parts: Debian's OCI registry on 127.0.0.1
 serving the tags made from Debian's packages with the CPU torch inside, each with its labels and platform list;
-the Apptainer stand-in (tests/shims/apptainer/apptainer) pulling a tag into an image file, refusing what Apptainer
-refuses, and running the image's torch through Charliecloud's ch-run with Apptainer's environment and bind rules;
-and two gloo ranks started by the tests' real Slurm, each inside the image, as a container env's validation will
-start them.
+the Apptainer stand-in (tests/shims/apptainer/apptainer) pulling a tag into an image file, building on it from a
+definition file, refusing what Apptainer refuses, and running the image's torch through Charliecloud's ch-run
+with Apptainer's environment and bind rules, as root and as the second user; and gloo ranks started by the
+tests' real Slurm inside the image, as a container env's validation will start them (one task per rank, or one
+task whose torchrun starts them).
 
-Times on this 2-core machine, shared: the registry starts in about a second (its storage is a linked copy of the
-prepared one); the one pull of the session (``cpu_sif``) takes 20-35 s (skopeo, umoci unpack, mksquashfs of the
-1.2 GB root); an ``exec`` importing torch 2-4 s; the Slurm test about 15 s."""
+Times on this 2-core machine, shared (the spread is the machine's load): the registry starts in about a second
+(its storage a linked copy of the prepared one); the session's one pull (``cpu_sif``: skopeo, umoci unpack,
+mksquashfs of the 1.2 GB root) 17-135 s; the definition-file build 40-60 s; the second user's run, through a
+sandbox, 15-22 s; an ``exec`` importing torch 2-7 s; each Slurm test 3-7 s."""
 
 from __future__ import annotations
 
