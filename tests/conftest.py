@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import containers
 import mpitwin
 import pytest
 import sitepython
@@ -43,6 +44,7 @@ LONGEST_FIRST = (
     "integration/test_create.py",
     "integration/test_validate_kill.py",
     "integration/test_validate.py",
+    "integration/test_container_world.py",
     "integration/test_lock.py",
     "integration/test_activation_shells.py",
     "integration/test_activation.py",
@@ -331,6 +333,47 @@ def conda_wheels(tmp_path_factory, torch_files):
 def conda_uv_cache(tmp_path_factory) -> Path:
     """uv's cache for a conda module's envs: torch, from the module's one index, is unpacked once, not per test."""
     return tmp_path_factory.mktemp("conda-uv-cache")
+
+
+@pytest.fixture(scope="session")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[containers.Registry]:
+    """Debian's OCI registry serving the container world's tags (tests/containers.py: TAGS) over plain HTTP on
+    127.0.0.1, for the session: ``.url``, ``.host`` (127.0.0.1:PORT), ``.ref(tag)`` and ``.docker(tag)`` (the
+    reference as Apptainer takes it), ``.digests`` (tag -> digest), ``.tags``, ``.inspect(tag, raw=, config=)``
+    (skopeo's view) and ``.push(source, tag)``. Skips, saying why, where the world cannot be had here."""
+    reason = containers.missing()
+    if reason is not None:
+        pytest.skip(f"no container world: {reason}")
+    with containers.Registry(tmp_path_factory.mktemp("oci-registry"), seeded=True) as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def apptainer() -> SimpleNamespace:
+    """The Apptainer stand-in (tests/shims/apptainer/apptainer, over Charliecloud): ``.exe`` its path, ``.bin``
+    its directory, ``.env`` this environment with it first on PATH and APPTAINER_NOHTTPS=1 (the test registry is
+    plain HTTP). Skips, saying why, where its tools are missing."""
+    reason = containers.missing_tools()
+    if reason is not None:
+        pytest.skip(f"no Apptainer stand-in: {reason}")
+    bin_dir = TESTS / "shims" / "apptainer"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "APPTAINER_NOHTTPS": "1"}
+    return SimpleNamespace(exe=bin_dir / "apptainer", bin=bin_dir, env=env)
+
+
+@pytest.fixture(scope="session")
+def cpu_sif(tmp_path_factory: pytest.TempPathFactory, oci_registry, apptainer) -> Path:
+    """The container world's CPU tag pulled once per run by the Apptainer stand-in (xdist's workers share it):
+    the image file (a SquashFS, as tests/shims/apptainer/apptainer writes it). Tests only read and run it."""
+    tag = containers.TAGS[0].name
+
+    def pull(d: Path) -> None:
+        argv = [str(apptainer.exe), "-q", "pull", str(d / "cpu.sif"), oci_registry.docker(tag)]
+        res = subprocess.run(argv, env=apptainer.env, capture_output=True, text=True, timeout=600)
+        if res.returncode != 0:
+            pytest.fail(f"apptainer pull of {tag} failed: {res.stderr[-2000:]}")
+
+    return made_once(shared_dir(tmp_path_factory, "cpu-sif"), pull) / "cpu.sif"
 
 
 @pytest.fixture
