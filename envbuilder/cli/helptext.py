@@ -153,6 +153,10 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (*_RECORDS, *_RECIPES, *_INDEX),
     ),
     "probe": (("probe", "probe --json > facts.json"), ("SLURM_JOB_ID",)),
+    "report": (
+        ("report local -o report.html", "report --all -o site.html", "report local --format md"),
+        _RECORDS,
+    ),
     "recipes": (("recipes list", "recipes show local --explain"), _RECIPES),
     "recipes list": (("recipes list", "recipes list --json"), _RECIPES),
     "recipes show": (("recipes show local", "recipes show vista-venv-cu124 --explain"), (*_RECIPES, *_INDEX)),

@@ -69,6 +69,7 @@ def _build() -> argparse.ArgumentParser:
         _add_touch,
         _add_doctor,
         _add_probe,
+        _add_report,
         _add_recipes,
         _add_publish,
         _add_config,
@@ -438,6 +439,19 @@ def _add_probe(sub: _Sub) -> None:
     p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
     add_json(p)
     p.set_defaults(handler=command("probe", "handle"))
+
+
+def _add_report(sub: _Sub) -> None:
+    p = sub.add_parser(
+        "report", help="the validation history of envs as one HTML page (plots inline) or Markdown tables"
+    )
+    p.add_argument("env", nargs="*", metavar="ENV", help="envs to report on")
+    p.add_argument("--all", action="store_true", help="every env with a validation history")
+    p.add_argument(
+        "--format", choices=("html", "md"), default="html", help="a self-contained HTML page, or Markdown for tickets"
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (default: stdout)")
+    p.set_defaults(handler=command("report", "handle"), json=False)
 
 
 def _add_recipes(sub: _Sub) -> None:

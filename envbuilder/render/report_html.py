@@ -1,0 +1,120 @@
+"""The history report as one self-contained HTML page: its style inline, its plots inline SVG
+(:mod:`.svgplot`), no script, no font, no link to anything outside the file, so that it opens from a mail or a
+ticket on a machine without a network. Per env: its newest run and facts, the fact changes, each check's status
+per partition over time, every figure over time with the changes marked, the NCCL sweep and the figures per rank
+where a run holds them. Every text taken from a record is escaped. Pure: records in, text out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from envbuilder.render import reportdata as data
+from envbuilder.render.svgplot import LOG2, TIME, Axis, esc, line_chart, status_grid
+
+_STYLE = """
+body { font-family: sans-serif; margin: 24px; color: #24292f; background: #ffffff; }
+h1 { font-size: 22px; } h2 { font-size: 18px; border-bottom: 1px solid #d0d7de; padding-bottom: 4px; }
+h3 { font-size: 14px; margin-top: 18px; }
+table { border-collapse: collapse; font-size: 13px; }
+td, th { border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; vertical-align: top; }
+.status-pass { color: #1a7f37; font-weight: bold; } .status-fail { color: #d1242f; font-weight: bold; }
+.status-other { color: #6e7781; font-weight: bold; }
+.plots { display: flex; flex-wrap: wrap; gap: 12px; }
+svg.plot { border: 1px solid #eaeef2; background: #ffffff; }
+.note { color: #57606a; font-size: 12px; }
+"""
+
+
+def render(envs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], generated: str) -> str:
+    """The page for ``envs``: (name, that env's history records) pairs, in the order given."""
+    names = ", ".join(name for name, _ in envs)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>envbuilder report: {esc(names)}</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        "<h1>envbuilder validation history</h1>",
+        f'<p class="note">Generated {esc(generated)} from the history store; {len(envs)} env(s).</p>',
+    ]
+    for name, runs in envs:
+        parts += _env(name, data.timed(runs))
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _status(value: str) -> str:
+    css = {"pass": "status-pass", "fail": "status-fail"}.get(value, "status-other")
+    return f'<span class="{css}">{esc(value or "?")}</span>'
+
+
+def _env(name: str, runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[str]:
+    parts = [f'<section class="env"><h2>{esc(name)}</h2>']
+    if not runs:
+        return [*parts, '<p class="note">No validation recorded for this env.</p></section>']
+    when, newest = runs[-1]
+    parts.append(
+        f"<p>{len(runs)} run(s) from {esc(data.stamp(runs[0][0]))} to {esc(data.stamp(when))}; newest: "
+        f"{_status(data.text(newest.get('status')))} on {esc(data.partition(newest))}.</p>"
+    )
+    parts.append(
+        "<table>"
+        + "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in data.latest_facts(newest))
+        + "</table>"
+    )
+    changes = data.fact_changes(runs)
+    if changes:
+        parts.append("<h3>Fact changes</h3><ul>")
+        parts += [f"<li>{esc(data.stamp(c.time))}: {esc(c.label)}</li>" for c in changes]
+        parts.append("</ul>")
+    parts.append("<h3>Checks per partition over time</h3>")
+    parts.append(status_grid(f"{name}: checks over time (oldest left)", data.status_rows(runs)))
+    parts += _figures(name, runs, changes)
+    parts.append("</section>")
+    return parts
+
+
+def _figures(
+    name: str, runs: Sequence[tuple[float, Mapping[str, Any]]], changes: Sequence[data.Change]
+) -> list[str]:
+    parts = []
+    sweep = data.sweep_series(runs)
+    if sweep:
+        parts.append("<h3>NCCL bus bandwidth against message size</h3>")
+        parts.append(
+            line_chart(
+                f"{name}: NCCL bus bandwidth by message size",
+                sweep,
+                x=Axis("message size (bytes)", LOG2),
+                y=Axis("bus bandwidth (GB/s)"),
+            )
+        )
+    per_rank = data.rank_series(runs)
+    if per_rank:
+        parts.append("<h3>Per rank</h3>")
+        parts.append('<div class="plots">')
+        parts += [
+            line_chart(f"{name}: {figure} per rank", series, x=Axis("rank"), y=Axis(figure), width=460)
+            for figure, series in per_rank.items()
+        ]
+        parts.append("</div>")
+    figures = data.figure_series(runs)
+    parts.append("<h3>Figures over time</h3>")
+    if not figures:
+        parts.append('<p class="note">No run recorded a figure.</p>')
+        return parts
+    marks = data.markers(changes)
+    parts.append('<div class="plots">')
+    parts += [
+        line_chart(
+            f"{name}: {figure}",
+            series,
+            x=Axis("run time (UTC)", TIME),
+            y=Axis(figure),
+            markers=marks,
+            width=600,
+        )
+        for figure, series in figures.items()
+    ]
+    parts.append("</div>")
+    return parts

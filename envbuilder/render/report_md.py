@@ -1,0 +1,88 @@
+"""The history report as Markdown tables, for a ticket: per env its newest facts, the fact changes, each check's
+record per partition (newest status, passes out of runs) and each figure's newest value beside its median and
+range. Record text is escaped for Markdown and for the HTML a ticket system renders inside it. Pure."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from envbuilder.render import reportdata as data
+
+
+def cell(value: object) -> str:
+    """A table cell: HTML-escaped (``&`` and ``<``: no tag, no entity), pipes and backslashes escaped, one line,
+    and the characters that start Markdown emphasis, code or links escaped too."""
+    out = str(value).replace("&", "&amp;").replace("<", "&lt;").replace("\\", "\\\\").replace("|", "\\|")
+    for mark in ("`", "*", "_", "[", "]"):
+        out = out.replace(mark, "\\" + mark)
+    return " ".join(out.split()) or " "
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def render(envs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], generated: str) -> str:
+    lines = [
+        "# envbuilder validation history",
+        "",
+        f"Generated {cell(generated)} from the history store.",
+        "",
+    ]
+    for name, runs in envs:
+        lines += _env(name, data.timed(runs))
+    return "\n".join(lines) + "\n"
+
+
+def _env(name: str, runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[str]:
+    lines = [f"## {cell(name)}", ""]
+    if not runs:
+        return [*lines, "No validation recorded for this env.", ""]
+    when, newest = runs[-1]
+    lines += [
+        f"{len(runs)} run(s) from {data.stamp(runs[0][0])} to {data.stamp(when)}; newest: "
+        f"**{cell(data.text(newest.get('status')) or '?')}** on {cell(data.partition(newest))}.",
+        "",
+    ]
+    lines += _table(("fact", "value"), data.latest_facts(newest))
+    changes = data.fact_changes(runs)
+    if changes:
+        lines += ["### Fact changes", ""]
+        lines += _table(("time", "change"), [(data.stamp(c.time), c.label) for c in changes])
+    lines += ["### Checks", ""]
+    lines += _table(("check", "newest", "passed", "statuses, oldest first"), _check_rows(runs))
+    lines += ["### Figures", ""]
+    lines += _table(("figure", "partition", "newest", "median", "min", "max", "runs"), _figure_rows(runs))
+    return lines
+
+
+def _check_rows(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[tuple[object, ...]]:
+    rows = []
+    for label, cells in data.status_rows(runs):
+        statuses = [c.status for c in cells]
+        passed = sum(s == "pass" for s in statuses)
+        rows.append((label, statuses[-1], f"{passed}/{len(statuses)}", " ".join(statuses[-20:])))
+    return rows
+
+
+def _figure_rows(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[tuple[object, ...]]:
+    rows: list[tuple[object, ...]] = []
+    for figure, series in data.figure_series(runs).items():
+        for one in series:
+            values = [y for _, y in one.points]
+            rows.append(
+                (
+                    figure,
+                    one.label,
+                    f"{values[-1]:.4g}",
+                    f"{statistics.median(values):.4g}",
+                    f"{min(values):.4g}",
+                    f"{max(values):.4g}",
+                    len(values),
+                )
+            )
+    return rows

@@ -1,0 +1,213 @@
+"""What a history report shows, taken from an env's history records (one JSON object per validation run, oldest
+first, as ``validate`` keeps them in the
+history store: ``validate.history``): each check's status per partition
+over time, every figure over time, the fact changes between runs (driver, CUDA, torch, glibc, modules), the NCCL
+sweep (bus bandwidth against message size) and import time per rank where a run holds them. Pure: records in,
+plain values out. A record written by another version may lack a field or hold the wrong type: that part is left
+out, never an error."""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from envbuilder.render.svgplot import Cell, Marker, Series
+
+#: The facts whose change between two runs is marked on the time plots, in the order they are named.
+FACT_KEYS = ("driver", "cuda", "torch", "glibc")
+
+#: Runs of one env a report draws at most (the newest; the store keeps 200).
+MAX_RUNS = 200
+
+
+@dataclass(frozen=True)
+class Change:
+    time: float
+    label: str
+
+
+def text(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
+
+
+def number(value: Any) -> Optional[float]:
+    """A finite number, or None (a bool, a string, NaN and infinity are not figures)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def checks(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    found = run.get("checks")
+    return (
+        [c for c in found if isinstance(c, Mapping) and text(c.get("name"))]
+        if isinstance(found, list)
+        else []
+    )
+
+
+def parse_time(value: Any) -> Optional[float]:
+    """An ISO-8601 time as seconds since the epoch (a time without a zone is UTC), or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()
+
+
+def timed(runs: Sequence[Any]) -> list[tuple[float, Mapping[str, Any]]]:
+    """The runs that are records with a readable time, oldest first, the newest MAX_RUNS."""
+    out = [
+        (t, r) for r in runs if isinstance(r, Mapping) for t in [parse_time(r.get("time"))] if t is not None
+    ]
+    return sorted(out, key=lambda p: p[0])[-MAX_RUNS:]
+
+
+def partition(run: Mapping[str, Any]) -> str:
+    return text(run.get("partition")) or "(no partition)"
+
+
+def fact_changes(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[Change]:
+    """Each run whose facts differ from the run before it, with what changed: ``driver 550.54 -> 570.86``,
+    ``+cuda/12.8``, ``-gcc/12.2``, ``cuda/12.4 -> 12.8``."""
+    out: list[Change] = []
+    for (_, before), (when, after) in zip(runs, runs[1:]):
+        words = _changed(mapping(before.get("facts")), mapping(after.get("facts")))
+        if words:
+            out.append(Change(when, ", ".join(words)))
+    return out
+
+
+def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    words = [
+        f"{key} {text(old.get(key)) or '?'} -> {text(new.get(key)) or '?'}"
+        for key in FACT_KEYS
+        if text(old.get(key)) != text(new.get(key))
+    ]
+    old_mods, new_mods = mapping(old.get("modules")), mapping(new.get("modules"))
+    for name in sorted(set(old_mods) | set(new_mods)):
+        if name not in old_mods:
+            words.append(f"+{name}/{text(new_mods[name])}")
+        elif name not in new_mods:
+            words.append(f"-{name}/{text(old_mods[name])}")
+        elif text(old_mods[name]) != text(new_mods[name]):
+            words.append(f"{name}/{text(old_mods[name])} -> {text(new_mods[name])}")
+    return words
+
+
+def markers(changes: Sequence[Change]) -> list[Marker]:
+    return [Marker(c.time, c.label) for c in changes]
+
+
+def stamp(when: float) -> str:
+    return datetime.datetime.fromtimestamp(when, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def status_rows(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[tuple[str, list[Cell]]]:
+    """Per check and partition (``nccl on gpu-a100``), one cell per run on that partition that ran the check."""
+    rows: dict[str, list[Cell]] = {}
+    for when, run in runs:
+        for check in checks(run):
+            label = f"{text(check['name'])} on {partition(run)}"
+            status = text(check.get("status")) or "?"
+            rows.setdefault(label, []).append(Cell(status, f"{label}, {stamp(when)}: {status}"))
+    return sorted(rows.items())
+
+
+def figure_series(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> dict[str, list[Series]]:
+    """Per figure (``nccl busbw``), one series per partition: its value at each run's time."""
+    found: dict[str, dict[str, list[tuple[float, float, str]]]] = {}
+    for when, run in runs:
+        part = partition(run)
+        for check in checks(run):
+            for name, value in mapping(check.get("figures")).items():
+                got = number(value)
+                if got is None:
+                    continue
+                key = f"{text(check['name'])} {name}"
+                tip = f"{key} on {part}, {stamp(when)}: {got:.4g}"
+                found.setdefault(key, {}).setdefault(part, []).append((when, got, tip))
+    return {
+        key: [_series(part, points) for part, points in sorted(parts.items())]
+        for key, parts in sorted(found.items())
+    }
+
+
+def _series(label: str, points: Sequence[tuple[float, float, str]]) -> Series:
+    return Series(label, tuple((x, y) for x, y, _ in points), tuple(t for _, _, t in points))
+
+
+def _newest_check(
+    runs: Sequence[tuple[float, Mapping[str, Any]]], field: str
+) -> list[tuple[float, Mapping[str, Any], Any]]:
+    """Per partition, the newest run whose checks hold ``field`` (a list or mapping): (time, run, that field)."""
+    newest: dict[str, tuple[float, Mapping[str, Any], Any]] = {}
+    for when, run in runs:
+        for check in checks(run):
+            value = check.get(field)
+            if isinstance(value, (list, Mapping)) and value:
+                newest[partition(run)] = (when, run, value)
+    return [newest[p] for p in sorted(newest)]
+
+
+def sweep_series(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[Series]:
+    """Bus bandwidth (GB/s) against message size (bytes): per partition, the newest run's NCCL sweep (a check's
+    ``sweep``: ``[{"bytes": n, "busbw": GB/s}, ...]``)."""
+    out = []
+    for when, run, sweep in _newest_check(runs, "sweep"):
+        points = [
+            (b, bw, f"{partition(run)}, {int(b)} bytes: {bw:.4g} GB/s")
+            for row in (sweep if isinstance(sweep, list) else [])
+            for b, bw in [(number(mapping(row).get("bytes")), number(mapping(row).get("busbw")))]
+            if b is not None and bw is not None
+        ]
+        out.append(_series(f"{partition(run)} ({stamp(when)})", points))
+    return out
+
+
+def rank_series(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> dict[str, list[Series]]:
+    """Per figure held per rank (a check's ``per_rank``: ``{"0": {"import_s": 1.2}, ...}``), one series per
+    partition from its newest such run: the value against the rank."""
+    found: dict[str, list[Series]] = {}
+    for when, run, per_rank in _newest_check(runs, "per_rank"):
+        by_figure: dict[str, list[tuple[float, float, str]]] = {}
+        for rank, figures in per_rank.items() if isinstance(per_rank, Mapping) else ():
+            if not text(rank).isdigit():
+                continue
+            for name, value in mapping(figures).items():
+                got = number(value)
+                if got is not None:
+                    by_figure.setdefault(name, []).append((int(rank), got, f"rank {rank}: {got:.4g}"))
+        for name, points in by_figure.items():
+            found.setdefault(name, []).append(_series(f"{partition(run)} ({stamp(when)})", points))
+    return dict(sorted(found.items()))
+
+
+def latest_facts(run: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The newest run's facts as (name, value) rows: the facts, the GPUs, the modules, the nodes."""
+    facts = mapping(run.get("facts"))
+    rows = [(key, text(facts.get(key))) for key in FACT_KEYS if text(facts.get(key))]
+    gpus = facts.get("gpus")
+    if isinstance(gpus, list) and gpus:
+        rows.append(("gpus", ", ".join(text(g) for g in gpus)))
+    modules = mapping(facts.get("modules"))
+    if modules:
+        rows.append(("modules", " ".join(f"{text(k)}/{text(v)}" for k, v in sorted(modules.items()))))
+    nodes = run.get("nodes")
+    if isinstance(nodes, list) and nodes:
+        rows.append(("nodes", ", ".join(text(n) for n in nodes)))
+    for key in ("launcher", "ranks", "recipe", "recipe_version"):
+        if text(run.get(key)):
+            rows.append((key, text(run.get(key))))
+    return rows
