@@ -61,7 +61,7 @@ def two_weeks(home: Path, env: str = "site-torch", partitions: Optional[list[str
         for index, part in enumerate(partitions or ["gpu-a100", "gpu-h100"]):
             upgraded = day >= 7
             busbw = (211.0 if upgraded else 330.0) + day % 3 + 40 * index
-            imports = [1.1 + 0.05 * r + 0.01 * day for r in range(4)]
+            imports = [1.1 + 0.05 * r + 0.01 * day + 0.2 * index for r in range(4)]
             status = "fail" if day == 4 and index == 0 else "pass"
             checks = [
                 {

@@ -77,44 +77,45 @@ def _env(name: str, runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[str
 def _figures(
     name: str, runs: Sequence[tuple[float, Mapping[str, Any]]], changes: Sequence[data.Change]
 ) -> list[str]:
-    parts = []
-    sweep = data.sweep_series(runs)
-    if sweep:
-        parts.append("<h3>NCCL bus bandwidth against message size</h3>")
-        parts.append(
-            line_chart(
-                f"{name}: NCCL bus bandwidth by message size",
-                sweep,
-                x=Axis("message size (bytes)", LOG2),
-                y=Axis("bus bandwidth (GB/s)"),
-            )
-        )
-    per_rank = data.rank_series(runs)
-    if per_rank:
-        parts.append("<h3>Per rank</h3>")
-        parts.append('<div class="plots">')
-        parts += [
-            line_chart(f"{name}: {figure} per rank", series, x=Axis("rank"), y=Axis(figure), width=460)
-            for figure, series in per_rank.items()
-        ]
-        parts.append("</div>")
+    """Every figure over time with the fact changes marked; then, from each partition's newest run that holds
+    them, the NCCL sweep and the figures per rank."""
+    parts = ["<h3>Figures over time</h3>"]
     figures = data.figure_series(runs)
-    parts.append("<h3>Figures over time</h3>")
-    if not figures:
-        parts.append('<p class="note">No run recorded a figure.</p>')
-        return parts
     marks = data.markers(changes)
-    parts.append('<div class="plots">')
-    parts += [
+    parts += _row(
+        [
+            line_chart(
+                f"{name}: {figure}",
+                series,
+                x=Axis("run time (UTC)", TIME),
+                y=Axis(figure),
+                markers=marks,
+                width=600,
+            )
+            for figure, series in figures.items()
+        ]
+        or ['<p class="note">No run recorded a figure.</p>']
+    )
+    newest = [
         line_chart(
-            f"{name}: {figure}",
-            series,
-            x=Axis("run time (UTC)", TIME),
-            y=Axis(figure),
-            markers=marks,
+            f"{name}: NCCL bus bandwidth by message size",
+            sweep,
+            x=Axis("message size (bytes)", LOG2),
+            y=Axis("bus bandwidth (GB/s)"),
             width=600,
         )
-        for figure, series in figures.items()
+        for sweep in [data.sweep_series(runs)]
+        if sweep
     ]
-    parts.append("</div>")
+    newest += [
+        line_chart(f"{name}: {figure} per rank", series, x=Axis("rank"), y=Axis(figure), width=600)
+        for figure, series in data.rank_series(runs).items()
+    ]
+    if newest:
+        parts += ["<h3>NCCL bus bandwidth by message size, figures per rank (newest run per partition)</h3>"]
+        parts += _row(newest)
     return parts
+
+
+def _row(plots: Sequence[str]) -> list[str]:
+    return ['<div class="plots">', *plots, "</div>"]

@@ -79,13 +79,19 @@ def partition(run: Mapping[str, Any]) -> str:
 
 
 def fact_changes(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[Change]:
-    """Each run whose facts differ from the run before it, with what changed: ``driver 550.54 -> 570.86``,
-    ``+cuda/12.8``, ``-gcc/12.2``, ``cuda/12.4 -> 12.8``."""
+    """Each run whose facts differ from those of the run before it that had facts, with what changed:
+    ``driver 550.54 -> 570.86``, ``+cuda/12.8``, ``-gcc/12.2``, ``cuda/12.4 -> 12.8``. A run without facts
+    changes nothing."""
     out: list[Change] = []
-    for (_, before), (when, after) in zip(runs, runs[1:]):
-        words = _changed(mapping(before.get("facts")), mapping(after.get("facts")))
+    before: Mapping[str, Any] = {}
+    for when, run in runs:
+        facts = mapping(run.get("facts"))
+        if not facts:
+            continue
+        words = _changed(before, facts) if before else []
         if words:
             out.append(Change(when, ", ".join(words)))
+        before = facts
     return out
 
 
