@@ -448,7 +448,10 @@ def _add_report(sub: _Sub) -> None:
     p.add_argument("env", nargs="*", metavar="ENV", help="envs to report on")
     p.add_argument("--all", action="store_true", help="every env with a validation history")
     p.add_argument(
-        "--format", choices=("html", "md"), default="html", help="a self-contained HTML page, or Markdown for tickets"
+        "--format",
+        choices=("html", "md"),
+        default="html",
+        help="a self-contained HTML page, or Markdown for tickets",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (default: stdout)")
     p.set_defaults(handler=command("report", "handle"), json=False)

@@ -61,7 +61,7 @@ def _env(name: str, runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[str
 
 
 def _check_rows(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[tuple[object, ...]]:
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for label, cells in data.status_rows(runs):
         statuses = [c.status for c in cells]
         passed = sum(s == "pass" for s in statuses)

@@ -86,8 +86,8 @@ class _Scale:
     def ticks(self) -> list[float]:
         if self.kind == LOG2:
             first, last = math.ceil(self.lo), math.floor(self.hi)
-            step = max(1, math.ceil((last - first + 1) / 8))
-            return [2.0**e for e in range(first, last + 1, step)]
+            every = max(1, math.ceil((last - first + 1) / 8))
+            return [2.0**e for e in range(first, last + 1, every)]
         step = nice_step((self.hi - self.lo) / 5)
         start = math.ceil(self.lo / step) * step
         count = math.floor((self.hi - start) / step + 1e-9) + 1
