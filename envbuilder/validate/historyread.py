@@ -69,8 +69,11 @@ def _read(path: Path) -> Optional[dict[str, Any]]:
         if exc.errno in (errno.ELOOP, errno.ENOENT, errno.EACCES, errno.EPERM):
             return None  # a symlink, a file a pruning writer just removed, another user's
         raise
-    with os.fdopen(fd, "rb") as fh:
-        data = fh.read(_MAX_BYTES + 1)
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(_MAX_BYTES + 1)
+    except IsADirectoryError:
+        return None
     if len(data) > _MAX_BYTES:
         return None
     try:

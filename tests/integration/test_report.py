@@ -219,11 +219,18 @@ def test_records_that_are_not_runs_are_left_out_and_named(tmp_path: Path) -> Non
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text(json.dumps({"time": "2026-11-02T00:00:00Z", "status": "planted"}))
     (good.parent / "20261102T000000Z-x-3.json").symlink_to(elsewhere)
+    (good.parent / "20261103T000000Z-x-4.json").mkdir()
     res = ok(
         run_cli("report", "e", "--format", "md", env={"ENVBUILDER_HOME": str(home), "HOME": str(tmp_path)})
     )
     assert "1 run(s)" in res.stdout and "planted" not in res.stdout
-    for name in ("20261101T090000Z-x-1.json", "20261101T100000Z-x-2.json", "20261102T000000Z-x-3.json"):
+    bad = (
+        "20261101T090000Z-x-1.json",
+        "20261101T100000Z-x-2.json",
+        "20261102T000000Z-x-3.json",
+        "20261103T000000Z-x-4.json",
+    )
+    for name in bad:
         assert f"left out {good.parent / name}: not a history record" in res.stderr
 
 
