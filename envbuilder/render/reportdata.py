@@ -79,20 +79,33 @@ def partition(run: Mapping[str, Any]) -> str:
 
 
 def fact_changes(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[Change]:
-    """Each run whose facts differ from those of the run before it that had facts, with what changed:
-    ``driver 550.54 -> 570.86``, ``+cuda/12.8``, ``-gcc/12.2``, ``cuda/12.4 -> 12.8``. A run without facts
-    changes nothing."""
-    out: list[Change] = []
-    before: Mapping[str, Any] = {}
+    """Each run whose facts differ from those of the run before it on the same partition (nodes of another
+    partition may run another driver all along), with what changed: ``driver 550.54 -> 570.86``, ``+cuda/12.8``,
+    ``-gcc/12.2``, ``cuda/12.4 -> 12.8``. The same change on several partitions within a day is one change that
+    names them; a run without facts changes nothing."""
+    last: dict[str, Mapping[str, Any]] = {}
+    merged: list[tuple[float, list[str], str]] = []
     for when, run in runs:
-        facts = mapping(run.get("facts"))
+        facts, part = mapping(run.get("facts")), partition(run)
         if not facts:
             continue
-        words = _changed(before, facts) if before else []
-        if words:
-            out.append(Change(when, ", ".join(words)))
-        before = facts
-    return out
+        words = _changed(last[part], facts) if part in last else []
+        last[part] = facts
+        if not words:
+            continue
+        label = ", ".join(words)
+        same = next((m for m in merged if m[2] == label and when - m[0] <= _ONE_CHANGE_S), None)
+        if same:
+            same[1].append(part)
+        else:
+            merged.append((when, [part], label))
+    if len(last) < 2:
+        return [Change(when, label) for when, _, label in merged]
+    return [Change(when, f"{label} (on {', '.join(parts)})") for when, parts, label in merged]
+
+
+#: Changes of the same facts on several partitions this close together are one upgrade.
+_ONE_CHANGE_S = 86400.0
 
 
 def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

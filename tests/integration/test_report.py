@@ -156,7 +156,8 @@ def test_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     text = " ".join(" ".join(dom.text).split())
     assert "envbuilder validation history" in text
     assert "28 run(s) from 2026-11-01 08:00 UTC to 2026-11-14 08:05 UTC" in text
-    assert "2026-11-08 08:00 UTC: driver 550.54 -> 570.86, cuda 12.4 -> 12.8, +cuda/12.8" in text
+    upgrade = "driver 550.54 -> 570.86, cuda 12.4 -> 12.8, +cuda/12.8 (on gpu-a100, gpu-h100)"
+    assert f"2026-11-08 08:00 UTC: {upgrade}" in text
     # site-torch: the check grid, the sweep, import time per rank, four figures over time; the hostile env: its
     # grid and one figure.
     assert dom.count("svg") == 7 + 2
@@ -202,7 +203,8 @@ def test_markdown_report_for_tickets(tmp_path: Path) -> None:
     res = ok(run_cli("report", "site-torch", HOSTILE_ENV, "--format", "md", env=env))
     text = res.stdout
     assert text.startswith("# envbuilder validation history\n")
-    assert "| 2026-11-08 08:00 UTC | driver 550.54 -> 570.86, cuda 12.4 -> 12.8, +cuda/12.8 |" in text
+    upgrade = "driver 550.54 -> 570.86, cuda 12.4 -> 12.8, +cuda/12.8 (on gpu-a100, gpu-h100)"
+    assert f"| 2026-11-08 08:00 UTC | {upgrade} |" in text
     assert "| import on gpu-a100 | pass | 13/14 |" in text
     assert "| nccl busbw | gpu-a100 | 212 | 271.5 | 211 | 332 | 14 |" in text
     assert "<img" not in text and "<script" not in text and "&lt;img src=x" in text

@@ -84,6 +84,31 @@ def test_fact_changes_name_what_changed_between_runs() -> None:
     assert changes[0].time == runs[2][0]
 
 
+def test_fact_changes_are_per_partition_and_one_upgrade_names_its_partitions() -> None:
+    def on(part: str, day: int, driver: str) -> dict[str, Any]:
+        return run(f"2026-11-0{day}T08:0{len(part) % 10}:00Z", partition=part, facts={"driver": driver})
+
+    # Two partitions on different drivers all along: no change, however their runs interleave.
+    runs = reportdata.timed(
+        [on("a100", 1, "550"), on("h100x", 1, "570"), on("a100", 2, "550"), on("h100x", 2, "570")]
+    )
+    assert reportdata.fact_changes(runs) == []
+    # The same upgrade on both within a day is one change naming both; on one of them later, another change.
+    runs = reportdata.timed(
+        [
+            on("a100", 1, "550"),
+            on("h100x", 1, "550"),
+            on("a100", 2, "570"),
+            on("h100x", 2, "570"),
+            on("a100", 4, "575"),
+        ]
+    )
+    assert [c.label for c in reportdata.fact_changes(runs)] == [
+        "driver 550 -> 570 (on a100, h100x)",
+        "driver 570 -> 575 (on a100)",
+    ]
+
+
 def test_records_of_the_wrong_shape_are_left_out() -> None:
     runs = reportdata.timed(
         [
@@ -149,7 +174,7 @@ def test_html_page_is_self_contained_and_escapes_every_record_text() -> None:
         ],
         status=HOSTILE,
     )
-    page = report_html.render([(HOSTILE, [run("2026-11-01T08:00:00Z"), hostile])], HOSTILE)
+    page = report_html.render([(HOSTILE, [run("2026-11-01T08:00:00Z", partition=HOSTILE), hostile])], HOSTILE)
     tags = parsed(page)
     assert "script" not in tags.tags and "img" not in tags.tags
     assert not {"src", "href", "onerror", "onload"} & set(tags.attrs)
@@ -177,7 +202,7 @@ def test_markdown_tables_escape_record_text() -> None:
         facts={"driver": "570", "modules": {HOSTILE: "1|2"}},
         checks=[{"name": HOSTILE, "status": "fail", "figures": {"x|y": 2.0}}],
     )
-    text = report_md.render([(HOSTILE, [run("2026-11-01T08:00:00Z"), hostile])], "now")
+    text = report_md.render([(HOSTILE, [run("2026-11-01T08:00:00Z", partition=HOSTILE), hostile])], "now")
     assert "<script" not in text and "<img" not in text
     assert "&lt;script&gt;" not in text  # only & and < need escaping: > opens nothing
     assert "&lt;script>" in text
@@ -193,4 +218,4 @@ def test_markdown_tables_escape_record_text() -> None:
         assert count == header_widths[table], line  # an escaped pipe splits no cell
     assert "\\*\\*bold\\*\\*" in text
     assert "driver 550.54 -> 570" in text
-    assert "| nccl busbw | gpu | 300 | 300 | 300 | 300 | 1 |" in text
+    assert f"| nccl busbw | {report_md.cell(HOSTILE)} | 300 | 300 | 300 | 300 | 1 |" in text
