@@ -178,10 +178,10 @@ def line_chart(
             f'stroke-dasharray="4 3"><title>{esc(marker.label)}</title></line>'
         )
         # A label reads rightwards from its line in the left half, leftwards in the right half: never off the edge.
-        anchor, dx = ("start", 3) if px < (left + right) / 2 else ("end", -3)
+        anchor, dx, room = ("start", 3, right - px) if px < (left + right) / 2 else ("end", -3, px - left)
         parts.append(
             f'<text class="marker-label" x="{px + dx:.1f}" y="{top + 10}" text-anchor="{anchor}" fill="#57606a">'
-            f"{esc(marker.label)}</text>"
+            f"{esc(clipped(marker.label, room))}</text>"
         )
     for index, (one, pts) in enumerate(kept):
         colour = PALETTE[index % len(PALETTE)]
@@ -197,6 +197,13 @@ def line_chart(
             )
     parts += [part for row in legend for part in row]
     return "\n".join([*parts, "</svg>"])
+
+
+def clipped(label: str, room: float) -> str:
+    """``label`` cut to the characters that fit in ``room`` pixels (about 6 a character at 11 px), with an
+    ellipsis; the whole label stays in the marker line's tooltip."""
+    fits = max(int(room / 6), 4)
+    return label if len(label) <= fits else label[: fits - 1] + "\u2026"
 
 
 def _axes(

@@ -93,6 +93,19 @@ def test_time_axis_and_markers_inside_the_range_only() -> None:
     assert marker_x == pytest.approx(cx[5], abs=0.11)
 
 
+def test_a_long_marker_label_is_cut_to_the_plot_and_whole_in_its_tooltip() -> None:
+    label = "driver 550.54 -> 570.86, cuda 12.4 -> 12.8, +cuda/12.8 (on gpu-a100, gpu-h100)"
+    series = [Series("a", ((0, 1), (10, 2)))]
+    for at in (2.0, 8.0):  # left half: the label reads rightwards; right half: leftwards
+        root = parse(
+            line_chart("t", series, x=Axis("x"), y=Axis("y"), markers=[Marker(at, label)], width=400)
+        )
+        (shown,) = texts(root, "marker-label")
+        assert shown.endswith("\u2026") and label.startswith(shown[:-1])
+        assert len(shown) * 6 <= 400 - 64 - 40
+        assert [e.text for e in elements(root, "line", "marker")[0]] == [label]
+
+
 def test_every_text_is_escaped() -> None:
     svg = line_chart(
         HOSTILE,
