@@ -76,6 +76,7 @@ def two_weeks(home: Path, env: str = "site-torch", partitions: Optional[list[str
                     "status": "pass",
                     "seconds": 9.0,
                     "figures": {"busbw": round(busbw, 1), "busbw_peak": round(busbw + 5, 1)},
+                    "units": {"busbw": "GB/s", "busbw_peak": "GB/s"},
                     "sweep": sweep(busbw),
                 },
                 {"name": "matmul", "status": "pass", "seconds": 4.0, "figures": {"bf16_tflops": 250.0 + day}},

@@ -81,6 +81,7 @@ def _figures(
     them, the NCCL sweep and the figures per rank."""
     parts = ["<h3>Figures over time</h3>"]
     figures = data.figure_series(runs)
+    units = data.figure_units(runs)
     marks = data.markers(changes)
     parts += _row(
         [
@@ -88,7 +89,7 @@ def _figures(
                 f"{name}: {figure}",
                 series,
                 x=Axis("run time (UTC)", TIME),
-                y=Axis(figure),
+                y=Axis(f"{figure} ({units[figure]})" if figure in units else figure),
                 markers=marks,
                 width=600,
             )

@@ -56,7 +56,9 @@ def _env(name: str, runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[str
     lines += ["### Checks", ""]
     lines += _table(("check", "newest", "passed", "statuses, oldest first"), _check_rows(runs))
     lines += ["### Figures", ""]
-    lines += _table(("figure", "partition", "newest", "median", "min", "max", "runs"), _figure_rows(runs))
+    lines += _table(
+        ("figure", "unit", "partition", "newest", "median", "min", "max", "runs"), _figure_rows(runs)
+    )
     return lines
 
 
@@ -71,12 +73,14 @@ def _check_rows(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[tuple[o
 
 def _figure_rows(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[tuple[object, ...]]:
     rows: list[tuple[object, ...]] = []
+    units = data.figure_units(runs)
     for figure, series in data.figure_series(runs).items():
         for one in series:
             values = [y for _, y in one.points]
             rows.append(
                 (
                     figure,
+                    units.get(figure, ""),
                     one.label,
                     f"{values[-1]:.4g}",
                     f"{statistics.median(values):.4g}",

@@ -163,6 +163,18 @@ def figure_series(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> dict[str, 
     }
 
 
+def figure_units(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> dict[str, str]:
+    """Per figure (``nccl busbw``), its unit as the newest run that names one gives it (a check's ``units``:
+    ``{"busbw": "GB/s"}``)."""
+    out: dict[str, str] = {}
+    for _, run in runs:
+        for check in checks(run):
+            for name, unit in mapping(check.get("units")).items():
+                if text(unit):
+                    out[f"{text(check['name'])} {name}"] = text(unit)
+    return out
+
+
 def _series(label: str, points: Sequence[tuple[float, float, str]]) -> Series:
     return Series(label, tuple((x, y) for x, y, _ in points), tuple(t for _, _, t in points))
 

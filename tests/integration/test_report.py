@@ -168,6 +168,7 @@ def test_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     # The upgrade on each of site-torch's four figures over time; the hostile env's two module changes.
     assert dom.count("line", "marker") == 4 + 2
     assert dom.count("path", "series") == 2 + 2 + 4 * 2 + 1
+    assert "nccl busbw (GB/s)" in text  # the unit the record gives
     # The hostile names are text on the page: no element came from them, and nothing ran.
     assert not [t for t, _ in dom.tags if t in ("img", "script")]
     assert HOSTILE_ENV in text
@@ -206,7 +207,7 @@ def test_markdown_report_for_tickets(tmp_path: Path) -> None:
     upgrade = "driver 550.54 -> 570.86, cuda 12.4 -> 12.8, +cuda/12.8 (on gpu-a100, gpu-h100)"
     assert f"| 2026-11-08 08:00 UTC | {upgrade} |" in text
     assert "| import on gpu-a100 | pass | 13/14 |" in text
-    assert "| nccl busbw | gpu-a100 | 212 | 271.5 | 211 | 332 | 14 |" in text
+    assert "| nccl busbw | GB/s | gpu-a100 | 212 | 271.5 | 211 | 332 | 14 |" in text
     assert "<img" not in text and "<script" not in text and "&lt;img src=x" in text
     out = tmp_path / "r.md"
     ok(run_cli("report", "site-torch", "--format", "md", "-o", str(out), env=env))

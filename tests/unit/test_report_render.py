@@ -218,4 +218,55 @@ def test_markdown_tables_escape_record_text() -> None:
         assert count == header_widths[table], line  # an escaped pipe splits no cell
     assert "\\*\\*bold\\*\\*" in text
     assert "driver 550.54 -> 570" in text
-    assert f"| nccl busbw | {report_md.cell(HOSTILE)} | 300 | 300 | 300 | 300 | 1 |" in text
+    assert f"| nccl busbw |   | {report_md.cell(HOSTILE)} | 300 | 300 | 300 | 300 | 1 |" in text
+
+
+def test_a_record_as_the_history_writer_makes_it() -> None:
+    """The shape validate.history's writer gives a run (a time with microseconds and an offset, each check's
+    ``units``), twice with a module upgraded between."""
+
+    def record(time: str, cuda: str, busbw: float) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "env": "e",
+            "recipe": "r",
+            "recipe_version": "",
+            "time": time,
+            "partition": "",
+            "nodes": ["n1"],
+            "launcher": "torchrun",
+            "ranks": 2,
+            "device": "cpu",
+            "facts": {
+                "driver": "",
+                "cuda": "",
+                "torch": "2.5.1+cpu",
+                "glibc": "2.36",
+                "modules": {"cuda": cuda},
+                "gpus": [],
+            },
+            "checks": [
+                {
+                    "name": "nccl",
+                    "status": "pass",
+                    "seconds": 1.5,
+                    "figures": {"busbw": busbw},
+                    "units": {"busbw": "GB/s"},
+                }
+            ],
+            "status": "pass",
+        }
+
+    runs = [
+        record("2026-11-28T11:05:25.123456+00:00", "12.4", 3.0),
+        record("2026-11-28T12:05:25.5+00:00", "12.8", 2.0),
+    ]
+    tags = parsed(report_html.render([("e", runs)], "now"))
+    shown = " ".join("".join(tags.text).split())
+    assert "2 run(s) from 2026-11-28 11:05 UTC to 2026-11-28 12:05 UTC" in shown
+    assert "cuda/12.4 -> 12.8" in shown
+    assert "nccl busbw (GB/s)" in shown
+    assert tags.tags.count("circle") == 2
+    assert "| nccl busbw | GB/s | (no partition) | 2 | 2.5 | 2 | 3 | 2 |" in report_md.render(
+        [("e", runs)], "now"
+    )
