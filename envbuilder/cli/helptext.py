@@ -152,6 +152,14 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("doctor", "doctor local --json", "doctor --facts gh200.json"),
         (*_RECORDS, *_RECIPES, *_INDEX),
     ),
+    "impact": (
+        (
+            "impact --facts after.json",
+            "impact --facts after.json --registry /shared/recipes --records /shared/envs",
+        ),
+        (*_RECIPES, *_INDEX),
+    ),
+    "share": (("share local --to /shared/envs",), _RECORDS),
     "probe": (("probe", "probe --json > facts.json"), ("SLURM_JOB_ID",)),
     "recipes": (("recipes list", "recipes show local --explain"), _RECIPES),
     "recipes list": (("recipes list", "recipes list --json"), _RECIPES),
