@@ -155,11 +155,12 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "impact": (
         (
             "impact --facts after.json",
-            "impact --facts after.json --registry /shared/recipes --records /shared/envs",
+            "impact --facts after.json --before now.json --json",
+            "impact --facts new.json --registry /srv/reg --records /srv/envs",
         ),
         (*_RECIPES, *_INDEX),
     ),
-    "share": (("share local --to /shared/envs",), _RECORDS),
+    "share": (("share local --to /shared/envs", "share local --to /shared/envs --json"), _RECORDS),
     "probe": (("probe", "probe --json > facts.json"), ("SLURM_JOB_ID",)),
     "recipes": (("recipes list", "recipes show local --explain"), _RECIPES),
     "recipes list": (("recipes list", "recipes list --json"), _RECIPES),

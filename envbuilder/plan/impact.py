@@ -40,6 +40,8 @@ _CAUSES = {
     "glibc": "glibc",
     "python": "python",
     "platform": "platform",
+    "index": "not on the index",
+    "aarch64-no-cuda-wheel": "not on the index",
     "variant-not-built": "not on the index",
     "package-missing": "not on the index",
     "unknown-release": "not on the index",
