@@ -160,6 +160,9 @@ def shared(directory: Path) -> list[tuple[Path, Optional[EnvRecord], str]]:
     for path in sorted(directory.glob("*.json")):
         if path.name.startswith("."):
             continue  # a writer's temporary file
+        if path.is_symlink():
+            out.append((path, None, "a symlink: not followed (share writes a file)"))
+            continue
         try:
             data = json.loads(read_text(path, MAX_SHARED, "shared record"))
         except UnreadableFile as exc:

@@ -113,7 +113,10 @@ def test_an_old_driver_breaks_cuda_12_recipes_with_the_driver_floor_and_exits_16
     assert f"before: {before}" in text and "driver 470.57.02 (CUDA 11.4)" in text
     assert re.search(r"^BREAKS +frontera-venv-cu126 +driver floor: cu126 wheels need", res.stdout, re.M)
 
-    data = site.report("--facts", after, "--before", before, code=16)
+    envelope = json.loads(site.impact("--facts", after, "--before", before, "--json").stdout)
+    assert envelope["status"] == "error" and envelope["command"] == "impact"
+    assert (envelope["errors"][0]["exit_code"], envelope["errors"][0]["family"]) == (16, "impact")
+    data = envelope["data"]
     assert data["breaks"] is True
     broken = {name: s for name, s in rows(data).items() if s["status"] == "BREAKS"}
     assert {"frontera-venv-cu126", "lonestar6-venv-cu128", "zurada-conda-cu128"} <= set(broken)
@@ -314,6 +317,8 @@ def test_a_shared_record_that_the_change_breaks(site, tmp_path):
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
     assert not list(shared.glob("mine@*")), "only what the user shared is there"
     (shared / "junk.json").write_text("{")
+    private = site.home / "envs" / "mine.json"  # another user's own record, linked in by someone
+    (shared / "link.json").symlink_to(private)
 
     before = node(tmp_path, "d580", modules=["gcc/13.2.0"], **D580)
     after = node(tmp_path, "d550", modules=["gcc/15.1.0"], **D550)
@@ -325,6 +330,7 @@ def test_a_shared_record_that_the_change_breaks(site, tmp_path):
     assert old["status"] == "BREAKS" and [r["cause"] for r in old["after"]["reasons"]] == ["module"], old
     assert "gcc/13.2.0" in old["after"]["reasons"][0]["message"]
     assert found["junk"]["status"] == "BROKEN" and "not valid JSON" in found["junk"]["why"]
+    assert found["link"]["status"] == "BROKEN" and "a symlink: not followed" in found["link"]["why"]
 
     # On a node keeping the modules, only the CUDA 13 build breaks.
     keeps = node(tmp_path, "d550-keeps", modules=["gcc/13.2.0"], **D550)
