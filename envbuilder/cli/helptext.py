@@ -161,7 +161,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (*_RECIPES, *_INDEX),
     ),
     "share": (("share local --to /shared/envs", "share local --to /shared/envs --json"), _RECORDS),
-    "probe": (("probe", "probe --json > facts.json"), ("SLURM_JOB_ID",)),
+    "probe": (("probe", "probe --json > facts.json", "probe --modules --json > now.json"), ("SLURM_JOB_ID",)),
     "recipes": (("recipes list", "recipes show local --explain"), _RECIPES),
     "recipes list": (("recipes list", "recipes list --json"), _RECIPES),
     "recipes show": (("recipes show local", "recipes show vista-venv-cu124 --explain"), (*_RECIPES, *_INDEX)),

@@ -456,6 +456,7 @@ def _add_impact(sub: _Sub) -> None:
 
 def _add_probe(sub: _Sub) -> None:
     p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
+    p.add_argument("--modules", action="store_true", help="also list the modules `module avail` offers")
     add_json(p)
     p.set_defaults(handler=command("probe", "handle"))
 

@@ -17,17 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import UserWorld, ok, refused
+from helpers import DATA, UserWorld, ok, refused
 from torchindex import pytorch_like, serve, torch_mirror
 
 from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
-from envbuilder.system import state
+from envbuilder.system import modules, state
 
 pytestmark = pytest.mark.integration
 SSH_KEYGEN = shutil.which("ssh-keygen")
 PY = ".".join(map(str, sys.version_info[:3]))
 CP = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-A100 = json.loads((Path(__file__).parent.parent / "data" / "facts" / "a100-sxm4-x4.json").read_text())
+A100 = json.loads((DATA / "facts" / "a100-sxm4-x4.json").read_text())
 #: The drivers of the tests: a CUDA 13 one, a 12.x one (CUDA 13 wheels do not run there) and an 11.x one.
 D580 = {"driver_version": "580.65.06", "max_cuda": "13.0"}
 D550 = {"driver_version": "550.54.15", "max_cuda": "12.4"}
@@ -341,3 +341,39 @@ def test_a_shared_record_that_the_change_breaks(site, tmp_path):
 def test_share_refuses_a_directory_that_is_not_there(site, tmp_path):
     _record(site, "gone", "cu126", [])
     refused(site.cli("share", "gone", "--to", str(tmp_path / "nowhere")), 9, "is not a directory")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The node's modules, as `probe --modules` lists them (real Lmod and Tcl Environment Modules)
+
+LMOD_CMD = Path("/usr/share/lmod/lmod/libexec/lmod")
+
+
+@pytest.mark.skipif(not LMOD_CMD.is_file(), reason="Lmod not installed (.ci/run installs Debian's lmod)")
+def test_probe_lists_lmods_modules_and_impact_names_the_one_a_new_tree_drops(site, tmp_path):
+    lmod = {"LMOD_CMD": str(LMOD_CMD), "MODULEPATH": str(DATA / "modules" / "site")}
+    res = ok(site.cli("probe", "--modules", "--json", **lmod))
+    now = json.loads(res.stdout)["data"]
+    assert {"python3/3.9.7", "gcc/13.2.0", "cuda/12.6"} <= set(now["modules"])
+    assert not [m for m in now["modules"] if m.endswith(("/", ":"))]
+    human = ok(site.cli("probe", "--modules", **lmod)).stdout
+    assert "python3/3.9.7" in human
+    before = tmp_path / "now.json"
+    before.write_text(res.stdout)  # the envelope, as `probe --json > now.json` saves it
+    after = tmp_path / "after.json"
+    after.write_text(json.dumps({**now, "modules": [m for m in now["modules"] if m != "python3/3.9.7"]}))
+    found = rows(site.report("--facts", str(after), "--before", str(before), code=16))
+    broken = [name for name, s in found.items() if s["status"] == "BREAKS"]
+    assert broken == ["lonestar6-venv-cu128"], found
+    assert found["lonestar6-venv-cu128"]["after"]["reasons"][0]["message"].startswith(
+        "module python3/3.9.7 is not among the node's modules (it offers python3/3.11.8, python3/3.9.2)"
+    )
+
+
+def test_tcl_environment_modules_list_their_modules(envmodules_init):
+    ms = modules.ModuleSystem("environment-modules", str(envmodules_init / "bash"))
+    env = {"HOME": str(Path.home()), "PATH": "/usr/bin:/bin", "MODULEPATH": str(DATA / "modules" / "site")}
+    listed = ms.available(env)
+    # The tree's Tcl modulefiles (Tcl modules do not read the .lua ones).
+    assert set(listed) == {"cmake/3.25.2", "python/3.12.1-gpu"}, listed
+    assert modules.ModuleSystem("none").available(env) == ()
