@@ -43,7 +43,7 @@ class HostFacts:
     allocation: Mapping[str, str] = field(default_factory=dict)
     filesystems: Mapping[str, str] = field(default_factory=dict)
     #: The modules the node offers, as ``name/version`` (written into a facts file by hand, e.g. for
-    #: ``envbuilder impact``; the probe does not list them). None: unknown.
+    #: ``envbuilder impact``; ``probe --modules`` lists them). None: unknown.
     modules: Optional[tuple[str, ...]] = None
     source: str = "probe"
 
