@@ -152,7 +152,16 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("doctor", "doctor local --json", "doctor --facts gh200.json"),
         (*_RECORDS, *_RECIPES, *_INDEX),
     ),
-    "probe": (("probe", "probe --json > facts.json"), ("SLURM_JOB_ID",)),
+    "impact": (
+        (
+            "impact --facts after.json",
+            "impact --facts after.json --before now.json --json",
+            "impact --facts new.json --registry /srv/reg --records /srv/envs",
+        ),
+        (*_RECIPES, *_INDEX),
+    ),
+    "share": (("share local --to /shared/envs", "share local --to /shared/envs --json"), _RECORDS),
+    "probe": (("probe", "probe --json > facts.json", "probe --modules --json > now.json"), ("SLURM_JOB_ID",)),
     "report": (
         ("report local -o report.html", "report --all -o site.html", "report local --format md"),
         _RECORDS,

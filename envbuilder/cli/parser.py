@@ -68,6 +68,7 @@ def _build() -> argparse.ArgumentParser:
         _add_prune_backups,
         _add_touch,
         _add_doctor,
+        _add_impact,
         _add_probe,
         _add_report,
         _add_recipes,
@@ -435,8 +436,28 @@ def _add_doctor(sub: _Sub) -> None:
     p.set_defaults(handler=command("doctor", "handle"))
 
 
+def _add_impact(sub: _Sub) -> None:
+    p = sub.add_parser(
+        "impact", help="what a planned node change (driver, OS, modules) breaks, before it is made"
+    )
+    p.add_argument("--facts", required=True, metavar="FILE", help="the node's facts after the change (JSON)")
+    p.add_argument("--before", metavar="FILE", help="the node's facts now (default: probe this node)")
+    p.add_argument(
+        "--registry", metavar="DIR", help="re-plan every published version here (default: shipped)"
+    )
+    p.add_argument("--records", metavar="DIR", help="also judge the env records users shared here")
+    _add_index(p)
+    add_json(p)
+    p.set_defaults(handler=command("impact", "handle"))
+    e = _env_verb(
+        sub, "share", "copy an env's record to the site (impact reads it)", command("envs", "handle_share")
+    )
+    e.add_argument("--to", required=True, metavar="DIR", help="the site's directory of shared records")
+
+
 def _add_probe(sub: _Sub) -> None:
     p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
+    p.add_argument("--modules", action="store_true", help="also list the modules `module avail` offers")
     add_json(p)
     p.set_defaults(handler=command("probe", "handle"))
 

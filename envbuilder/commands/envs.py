@@ -119,6 +119,18 @@ def _is_recipe(name: str) -> bool:
         return False
 
 
+def handle_share(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    """A copy of the env's record in the site's directory, readable by all (the user's consent to ``impact``)."""
+    record = _load_built(args.env)
+    with fsutil.disk_errors():
+        path = state.share(record, Path(args.to))
+    if not args.json:
+        out.result.line(
+            f"shared {record.name}'s record as {path} (readable by all; remove it to stop sharing)"
+        )
+    return {"env": record.name, "path": str(path)}
+
+
 def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     record = _load_built(args.env)
     data = record.to_json()

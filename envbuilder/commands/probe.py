@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
+from dataclasses import replace
 from typing import Any
 
-from envbuilder.system import host
+from envbuilder.system import host, modules
 from envbuilder.system.console import Out
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     facts = host.probe()
+    if args.modules:
+        # What `module -t avail` lists here: an admin edits this list to plan a module tree's change (impact).
+        facts = replace(facts, modules=modules.detect(os.environ).available(os.environ))
     data = facts.to_json()
     if not args.json:
         out.result.heading(f"Host {facts.hostname or '?'}")
@@ -28,5 +33,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             out.result.field(key, value)
         for key, value in facts.filesystems.items():
             out.result.field(f"${key}", value)
+        if facts.modules is not None:
+            out.result.field("modules", " ".join(facts.modules) or "none listed")
         out.line("(save with `envbuilder probe --json > facts.json`; replay with `plan --facts facts.json`)")
     return data

@@ -199,6 +199,13 @@ class DoctorFindings(EnvbuilderError):
     family = "doctor"
 
 
+class ImpactBreaks(EnvbuilderError):
+    """``envbuilder impact`` found a recipe or a shared env that the planned change breaks."""
+
+    exit_code = 16
+    family = "impact"
+
+
 class DiskError(EnvbuilderError):
     """The file system said no: read-only, full, over quota, missing, or not permitted. Carries the path, the
     errno in words and what to do (another ``--to``, ``ENVBUILDER_HOME``, ``ENVBUILDER_BACKUP_ROOT``, free space)."""

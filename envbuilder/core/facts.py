@@ -42,6 +42,9 @@ class HostFacts:
     scheduler: Optional[str] = None
     allocation: Mapping[str, str] = field(default_factory=dict)
     filesystems: Mapping[str, str] = field(default_factory=dict)
+    #: The modules the node offers, as ``name/version`` (written into a facts file by hand, e.g. for
+    #: ``envbuilder impact``; ``probe --modules`` lists them). None: unknown.
+    modules: Optional[tuple[str, ...]] = None
     source: str = "probe"
 
     def to_json(self) -> dict[str, Any]:
@@ -49,6 +52,10 @@ class HostFacts:
         data["gpus"] = None if self.gpus is None else [asdict(g) for g in self.gpus]
         data["allocation"] = dict(self.allocation)
         data["filesystems"] = dict(self.filesystems)
+        if self.modules is None:
+            del data["modules"]  # the probe's document stays as it was
+        else:
+            data["modules"] = list(self.modules)
         data["facts_version"] = FACTS_VERSION
         return data
 
@@ -73,7 +80,7 @@ _STR_KEYS = (
     "module_system",
     "scheduler",
 )
-_KNOWN_KEYS = (*_STR_KEYS, "gpus", "allocation", "filesystems", "source", "facts_version")
+_KNOWN_KEYS = (*_STR_KEYS, "gpus", "allocation", "filesystems", "modules", "source", "facts_version")
 _GPU_KEYS = ("name", "compute_capability", "memory_mib")
 #: Other spellings of an architecture (``platform.machine()`` on some systems, hand-written facts) -> ours.
 ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
@@ -104,6 +111,13 @@ def facts_from_json(data: Any, source: str) -> HostFacts:
         if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
             raise HostProbeError(f"{source}: {key}: expected an object of strings")
         values[key] = dict(table)
+    modules = data.get("modules")
+    if modules is not None:
+        if not isinstance(modules, list) or not all(isinstance(m, str) and m.strip() for m in modules):
+            raise HostProbeError(
+                f'{source}: modules: expected a list of module names like "cuda/12.8", found {modules!r}'
+            )
+        values["modules"] = tuple(m.strip() for m in modules)
     return HostFacts(source=source, **values)
 
 

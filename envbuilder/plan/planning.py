@@ -53,6 +53,8 @@ class Options:
     locked: bool = False
     #: Plan for this partition's nodes (its GPUs and cores) instead of the site's default one.
     partition: Optional[str] = None
+    #: The host facts are a compute node's own (edited to describe it after a planned change: ``impact``).
+    node_facts: bool = False
 
 
 def torch_request(recipe: Recipe) -> Optional[TorchRequest]:
@@ -92,7 +94,9 @@ def build(
     warnings: list[str] = []
     notes: list[str] = []
     _recipe_remarks(recipe, warnings, notes)
-    target = target_facts(recipe, host, warnings, notes, arch_override=opts.arch, partition=opts.partition)
+    target = target_facts(
+        recipe, host, warnings, notes, arch_override=opts.arch, partition=opts.partition, node=opts.node_facts
+    )
     kind = recipe.env.kind
     installer = opts.installer or recipe.env.installer
     prefix, prefix_missing = prefix_for(recipe, env, opts.prefix, warnings)
@@ -199,7 +203,9 @@ def build_container(
     warnings: list[str] = []
     notes: list[str] = []
     _recipe_remarks(recipe, warnings, notes)
-    target = target_facts(recipe, host, warnings, notes, arch_override=opts.arch, partition=opts.partition)
+    target = target_facts(
+        recipe, host, warnings, notes, arch_override=opts.arch, partition=opts.partition, node=opts.node_facts
+    )
     kind = recipe.env.kind
     prefix, prefix_missing = prefix_for(recipe, env, opts.prefix, warnings)
     fs = filesystem_for(recipe, prefix, env, warnings)

@@ -27,10 +27,12 @@ def target_facts(
     *,
     arch_override: Optional[str] = None,
     partition: Optional[str] = None,
+    node: bool = False,
 ) -> HostFacts:
     """The machine the env is for: the site's compute partition, refined by the host when it is such a node.
     ``arch_override`` plans for nodes of another architecture (a lock for them), whatever this host is;
-    ``partition`` for the nodes of that partition."""
+    ``partition`` for the nodes of that partition; ``node``: ``host`` is a compute node's own facts (a node
+    after a planned change, for ``impact``), so its glibc is the target's whatever the site file says."""
     compute = partition_compute(recipe, partition, warnings)
     python = env_python(recipe, host, compute)[0]
     if arch_override:
@@ -72,7 +74,7 @@ def target_facts(
     same_os = not host.arch or host.arch == arch
     return HostFacts(
         arch=arch,
-        glibc=_glibc(recipe, host, same_os, warnings),
+        glibc=_glibc(recipe, host, same_os, warnings, node),
         python=python,
         driver_version=driver,
         max_cuda=max_cuda,
@@ -86,12 +88,14 @@ def target_facts(
     )
 
 
-def _glibc(recipe: Recipe, host: HostFacts, same_os: bool, warnings: list[str]) -> Optional[str]:
+def _glibc(recipe: Recipe, host: HostFacts, same_os: bool, warnings: list[str], node: bool) -> Optional[str]:
     """The target's glibc: on a compute node (this host, probed inside a job) the node's own, whatever the site
     file says (a file that disagrees is out of date, and is named); elsewhere the site's, else this host's."""
     said = stated(recipe.compute.glibc)
     if not same_os:
         return said
+    if host.glibc and node:
+        return host.glibc
     if host.glibc and on_a_node(host):
         if said and said != host.glibc:
             warnings.append(

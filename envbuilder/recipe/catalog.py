@@ -26,6 +26,7 @@ from envbuilder.core import settings
 from envbuilder.core.errors import PublishError, RecipeError, RecipeNotFound, did_you_mean
 from envbuilder.core.structs import dataclass
 from envbuilder.recipe.document import Document
+from envbuilder.recipe.registry import INDEX as REGISTRY_INDEX
 from envbuilder.recipe.registry import Published, Registry
 from envbuilder.recipe.scancache import FIELDS, ScanCache
 from envbuilder.recipe.trust import Policy, pin_dir
@@ -147,6 +148,20 @@ def site_registries(env: Mapping[str, str]) -> list[Layer]:
         )
         out.append(Layer(f"site config ({path})", root, Registry(root, policy)))
     return out
+
+
+def registry_layer(root: Path, env: Mapping[str, str]) -> Layer:
+    """The registry at ``root`` as a layer of its own: with the policy the site config gives it where it names
+    it (its signatures required, its signers), else with the user's pins, as on the recipe path."""
+    for layer in site_registries(env):
+        if resolved(layer.root) == resolved(root):
+            return layer
+    if not Registry.looks_like(root):
+        raise RecipeError(
+            f"{root} is not a recipe registry (no {REGISTRY_INDEX} in it)",
+            hint="name the directory `envbuilder publish --registry` wrote",
+        )
+    return Layer(str(root), root, Registry(root, Policy(pins=pin_dir(settings.home(env)))))
 
 
 def resolved(path: Path) -> Path:

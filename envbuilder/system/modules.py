@@ -148,6 +148,18 @@ class ModuleSystem:
         removed = tuple(sorted(k for k in env if k not in after and not _noise(k)))
         return EnvDelta(changed, removed)
 
+    def available(self, env: Mapping[str, str], timeout: float = 120) -> tuple[str, ...]:
+        """Every module ``module -t avail`` lists from ``env``'s MODULEPATH, as ``name/version`` (a hierarchy's
+        modules behind another module are not listed until it is loaded); empty without a module system."""
+        if self.kind == "none" or not self.init:
+            return ()
+        argv = ["bash", "--noprofile", "--norc", "-c", _AVAIL, "envbuilder-modules", self.init]
+        try:
+            res = proc.run(argv, env=dict(env), timeout=timeout)
+        except CommandFailed as exc:
+            raise self._error(exc.returncode, exc.stderr_tail, [], None) from None
+        return tuple(dict.fromkeys(_avail_names(res.stdout)))
+
     def _error(
         self, code: int, stderr: str, load: Sequence[str], conda_env: Optional[str]
     ) -> ModuleSystemError:
@@ -190,6 +202,24 @@ class ModuleSystem:
         if not load:
             return []
         return ["module unload " + " ".join(shlex.quote(m) for m in reversed(load))]
+
+
+#: ``module -t avail`` writes to stderr: one directory (``DIR:``) or module per line.
+_AVAIL = r"""
+source "$1" >/dev/null 2>&1 || { echo "envbuilder: cannot source $1" >&2; exit 90; }
+module -t avail 2>&1
+"""
+#: What Lmod and Tcl modules mark a listed module with: its default, an alias, a load marker.
+_MARKS = re.compile(r"\s*(\([^()]*\)|<[^<>]*>)\s*$")
+
+
+def _avail_names(text: str) -> list[str]:
+    out = []
+    for line in text.splitlines():
+        name = _MARKS.sub("", line.strip())
+        if name and not name.endswith((":", "/")) and values.module_name_problem(name) is None:
+            out.append(name)
+    return out
 
 
 def _noise(name: str) -> bool:

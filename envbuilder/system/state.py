@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, field
 from pathlib import Path
@@ -17,8 +18,13 @@ from envbuilder.core.records import RecordedPlan
 from envbuilder.core.structs import dataclass
 from envbuilder.system import envfiles, strictmodes
 from envbuilder.system.fsutil import Mutex, Owner, write_atomic
+from envbuilder.system.textfile import UnreadableFile, read_text
 
 RECORD_VERSION = 1
+#: A shared record is readable by the site (its admin's ``envbuilder impact --records DIR``).
+SHARED_MODE = 0o644
+#: Bound on a shared record read from a directory others write.
+MAX_SHARED = 4 * 1024 * 1024
 
 
 def _no_plan() -> RecordedPlan:
@@ -121,6 +127,61 @@ def names(root: Path) -> list[str]:
     if not envs.is_dir():
         return []
     return sorted(p.stem for p in envs.glob("*.json") if not p.name.startswith("."))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Records shared with the site
+
+
+def share(record: EnvRecord, directory: Path) -> Path:
+    """A copy of ``record`` in the site's ``directory`` as ``NAME@USER.json`` (mode 0644, written atomically:
+    a link planted at that name is replaced, never followed). The directory is the site's: it is not made."""
+    import pwd  # noqa: PLC0415 - only sharing names the user
+
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        user = f"uid{os.geteuid()}"
+    if not directory.is_dir():
+        raise StateError(
+            f"{directory} is not a directory: records are shared into one the site made",
+            hint="ask the site for its directory of shared records (e.g. /shared/envbuilder/records)",
+        )
+    path = directory / f"{record.name}@{user}.json"
+    write_atomic(path, record.dumps(), mode=SHARED_MODE)
+    return path
+
+
+def shared(directory: Path) -> list[tuple[Path, Optional[EnvRecord], str]]:
+    """Every ``*.json`` record in ``directory``, each with its record or, where it cannot be read, why not."""
+    if not directory.is_dir():
+        raise StateError(f"{directory} is not a directory of shared records")
+    out: list[tuple[Path, Optional[EnvRecord], str]] = []
+    for path in sorted(directory.glob("*.json")):
+        if path.name.startswith("."):
+            continue  # a writer's temporary file
+        if path.is_symlink():
+            out.append((path, None, "a symlink: not followed (share writes a file)"))
+            continue
+        try:
+            data = json.loads(read_text(path, MAX_SHARED, "shared record"))
+        except UnreadableFile as exc:
+            out.append((path, None, exc.reason))
+            continue
+        except json.JSONDecodeError as exc:
+            out.append((path, None, f"not valid JSON: {exc.msg} (line {exc.lineno})"))
+            continue
+        if not isinstance(data, dict):
+            out.append((path, None, "not a JSON object"))
+            continue
+        version = data.get("version")
+        lacks = [k for k in ("name", "recipe", "prefix", "created") if not isinstance(data.get(k), str)]
+        if version != RECORD_VERSION or lacks or not isinstance(data.get("plan", {}), dict):
+            why = f"lacks {lacks[0]!r}" if version == RECORD_VERSION and lacks else "has another format"
+            out.append((path, None, f"not an env record of format version {RECORD_VERSION} (it {why})"))
+            continue
+        out.append((path, EnvRecord.from_json(data), ""))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
