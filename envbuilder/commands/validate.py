@@ -67,6 +67,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         ran, recipe, facts, env, opts, out=out, quiet=args.json, home=None if used else home
     )
     if used:
+        result = session.keep_history(home, record, recipe=recipe, facts=facts, result=result, out=out)
         validator.store(home, record, result)
     if args.junit:
         Path(args.junit).write_text(report.junit(result), encoding="utf-8")

@@ -354,6 +354,8 @@ def main(argv: list[str]) -> None:
         # (scripts/bench_validate.py).
         started=_started_at(os.getpid()),
         agent_started=_started_at(os.getppid()) if rank.torchrun else None,
+        # The modules loaded where the rank runs (a job loads its own): the run's history records their versions.
+        modules=os.environ.get("LOADEDMODULES"),
     )
     Lifeline(log, rank.torchrun)
     watchdog = Watchdog(log)

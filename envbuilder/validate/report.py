@@ -83,6 +83,10 @@ class Report:
     stderr_tail: str = ""
     #: Each rank's host, as the rank said (:func:`hosts_of`); a rank that never started has none.
     hosts: Mapping[int, str] = field(default_factory=dict)
+    #: The modules loaded where rank 0 ran (``name/version``, as the module system lists them).
+    modules: tuple[str, ...] = ()
+    #: The drift alarms (historymodel.Drift.to_json): figures well off their history's median.
+    drift: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def layout(self) -> dict[str, tuple[int, ...]]:
@@ -91,11 +95,17 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return all(r.status != "fail" for r in self.rows) and any(r.status == "pass" for r in self.rows)
+        rows_ok = all(r.status != "fail" for r in self.rows) and any(r.status == "pass" for r in self.rows)
+        return rows_ok and not self.drift_failed
 
     @property
     def failed(self) -> list[str]:
         return [r.check for r in self.rows if r.status == "fail"]
+
+    @property
+    def drift_failed(self) -> list[str]:
+        """The figures whose drift passed the recipe's ``drift_threshold``."""
+        return [str(d["figure"]) for d in self.drift if d.get("fails")]
 
     def row(self, check: str) -> Optional[Row]:
         return next((r for r in self.rows if r.check == check), None)
@@ -121,6 +131,8 @@ class Report:
             "checks": {r.check: r.to_json() for r in self.rows},
             "order": [r.check for r in self.rows],
             "stderr_tail": self.stderr_tail,
+            "modules": list(self.modules),
+            "drift": [dict(d) for d in self.drift],
         }
 
 
@@ -132,6 +144,16 @@ def hosts_of(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, str
         if isinstance(host, str) and host:
             out[rank] = host
     return out
+
+
+def modules_of(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> tuple[str, ...]:
+    """The modules loaded where the lowest rank that said hello ran (its hello's ``modules``: LOADEDMODULES)."""
+    for rank in sorted(events):
+        for ev in events[rank]:
+            if ev.get("event") == "hello":
+                text = ev.get("modules")
+                return tuple(m for m in text.split(":") if m) if isinstance(text, str) else ()
+    return ()
 
 
 def layout_of(hosts: Mapping[int, str]) -> dict[str, tuple[int, ...]]:
