@@ -41,7 +41,11 @@ def test_real_runs_fill_the_history_and_a_slower_import_raises_the_alarm_naming_
     path = validate_world.variant("vdrift", lambda text: text)
     home = Path(validate_world.env["ENVBUILDER_HOME"])
     record = state.load(home, "vdrift")
-    activate = {**(record.plan.get("activate") or {}), "module_use": [str(modulefiles)], "modules": ["drifty"]}
+    activate = {
+        **(record.plan.get("activate") or {}),
+        "module_use": [str(modulefiles)],
+        "modules": ["drifty"],
+    }
     state.save(home, dataclasses.replace(record, plan={**record.plan, "activate": activate}))
     extra = {"ENVBUILDER_RECIPE_PATH": path}
 
@@ -60,7 +64,9 @@ def test_real_runs_fill_the_history_and_a_slower_import_raises_the_alarm_naming_
         assert run["ranks"] == 2 and run["status"] == "pass" and len(run["nodes"]) == 1
         assert run["facts"]["modules"] == {"drifty": "1.0"} and run["facts"]["torch"].startswith("2.13.0")
         imp = next(c for c in run["checks"] if c["name"] == "import")
-        assert imp["status"] == "pass" and imp["units"] == {"import_s": "s"} and imp["figures"]["import_s"] > 0
+        assert (
+            imp["status"] == "pass" and imp["units"] == {"import_s": "s"} and imp["figures"]["import_s"] > 0
+        )
     fast = max(next(c for c in r["checks"] if c["name"] == "import")["figures"]["import_s"] for r in runs)
 
     # The regression: no bytecode for the ranks, and the site's module got a new default version.
@@ -78,7 +84,9 @@ def test_real_runs_fill_the_history_and_a_slower_import_raises_the_alarm_naming_
 
     # The recipe sets a threshold: the same drift now fails the run with the report's exit code.
     recipe = validate_world.root / "vdrift-recipes" / "vdrift.toml"
-    recipe.write_text(recipe.read_text().replace("timeout = 60\n", "timeout = 60\ndrift_threshold = 0.2\n", 1))
+    recipe.write_text(
+        recipe.read_text().replace("timeout = 60\n", "timeout = 60\ndrift_threshold = 0.2\n", 1)
+    )
     code, envelope, stderr = _validate(validate_world, slow)
     assert code == 8, stderr
     assert "drifted past the recipe's drift_threshold" in stderr, stderr

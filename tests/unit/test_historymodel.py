@@ -24,9 +24,20 @@ def _run(
         "env": "e",
         "partition": partition,
         "nodes": ["n1", "n2"],
-        "facts": {"driver": driver, "cuda": "12.4", "torch": "2.5.1", "glibc": "2.35", "modules": modules or {}},
+        "facts": {
+            "driver": driver,
+            "cuda": "12.4",
+            "torch": "2.5.1",
+            "glibc": "2.35",
+            "modules": modules or {},
+        },
         "checks": [
-            {"name": "import", "status": "pass", "figures": {"import_s": import_s}, "units": {"import_s": "s"}},
+            {
+                "name": "import",
+                "status": "pass",
+                "figures": {"import_s": import_s},
+                "units": {"import_s": "s"},
+            },
             {"name": "nccl", "status": status, "figures": {"busbw": busbw}, "units": {"busbw": "GB/s"}},
         ],
     }
