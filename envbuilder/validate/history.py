@@ -6,6 +6,9 @@ other writer takes: its host and pid), atomically (temporary file, then rename),
 the bound; a file another writer removed first is simply gone. Nothing here follows a symlink: the store's
 directories must be real directories, a link among the runs is neither read nor removed (only unlinked names of
 regular files are), and files are opened with O_NOFOLLOW. The store is private (0700 directories, 0600 files).
+
+A site may name a shared store (the ``history_dir`` setting): the runs of envs built from published recipes go
+there too, as ``<history_dir>/<user>/<recipe>/<env>/``, in directories each user owns, readable by the admin.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ KEEP = 200
 MAX_BYTES = 1 << 20
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+#: The site's store: the admin reads every user's runs.
+SHARED_DIR_MODE = 0o755
+SHARED_FILE_MODE = 0o644
 _NAME = re.compile(r"\d{8}T\d{6}\.\d{6}Z-[A-Za-z0-9._-]+-\d+\.json")
 _ENV = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
@@ -56,12 +62,36 @@ def append_to(
 ) -> Path:
     directory = _env_dir(root, str(record.get("env") or ""))
     fsutil.mkdirs(root.parent)
-    _private_dir(root)
-    _private_dir(directory)
+    _own_dir(root, DIR_MODE)
+    _own_dir(directory, DIR_MODE)
+    return _write(directory, record, FILE_MODE, keep, now)
+
+
+def append_shared(
+    root: Path, record: Mapping[str, Any], *, user: str, keep: int = KEEP, now: Optional[datetime] = None
+) -> Path:
+    """Write ``record`` to the site's store (``history_dir``, which the admin made, writable by every user and
+    sticky as /tmp is) as ``<root>/<user>/<recipe>/<env>/``: the user's own directories, readable by the admin
+    (0755 and 0644), never another user's nor a link."""
+    _checked(root)
+    if not root.is_dir():
+        raise StateError(
+            f"the site's validation history {root} (history_dir) is not a directory",
+            hint="the admin makes it, writable by every user and sticky (chmod 1777), or unsets history_dir",
+        )
+    user_dir = root / _safe(user, "user name")
+    recipe_dir = user_dir / _safe(str(record.get("recipe") or ""), "recipe name")
+    directory = _env_dir(recipe_dir, str(record.get("env") or ""))
+    for path in (user_dir, recipe_dir, directory):
+        _own_dir(path, SHARED_DIR_MODE)
+    return _write(directory, record, SHARED_FILE_MODE, keep, now)
+
+
+def _write(directory: Path, record: Mapping[str, Any], mode: int, keep: int, now: Optional[datetime]) -> Path:
     when = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "host"
     path = directory / f"{when.strftime('%Y%m%dT%H%M%S.%fZ')}-{host}-{os.getpid()}.json"
-    fsutil.write_atomic(path, (json.dumps(record, sort_keys=True) + "\n").encode(), mode=FILE_MODE)
+    fsutil.write_atomic(path, (json.dumps(record, sort_keys=True) + "\n").encode(), mode=mode)
     prune(directory, keep)
     return path
 
@@ -120,18 +150,31 @@ def _read(path: Path) -> Optional[dict[str, Any]]:
 
 
 def _env_dir(root: Path, env: str) -> Path:
-    if not _ENV.fullmatch(env):
+    return root / _safe(env, "env name")
+
+
+def _safe(name: str, what: str) -> str:
+    if not _ENV.fullmatch(name):
         raise StateError(
-            f"invalid env name {env!r} for the validation history", hint="letters, digits, . _ + -"
+            f"invalid {what} {name!r} for the validation history", hint="letters, digits, . _ + -"
         )
-    return root / env
+    return name
 
 
-def _private_dir(path: Path) -> None:
-    """``path`` as a directory of its own (0700), made if missing; a symlink or a file there is refused."""
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=DIR_MODE)
+def _own_dir(path: Path, mode: int) -> None:
+    """``path`` as a directory of this user's, made with ``mode`` if missing; a symlink, a file or another
+    user's directory there is refused."""
+    try:
+        path.mkdir(mode=mode)
+        path.chmod(mode)  # mkdir's mode is filtered by the umask
+    except FileExistsError:
+        pass
     _checked(path)
+    if path.lstat().st_uid != os.geteuid():
+        raise StateError(
+            f"the validation history {path} belongs to another user",
+            hint="envbuilder writes its history only into directories of your own: remove it, or ask its owner",
+        )
 
 
 def _checked(path: Path) -> None:

@@ -5,6 +5,9 @@ and turn a failed report into the error the CLI exits with."""
 from __future__ import annotations
 
 import contextlib
+import os
+import pwd
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
@@ -54,7 +57,9 @@ def execute(
     with status_ctx or contextlib.nullcontext(), proc.sigterm_as_interrupt(), fsutil.disk_errors(runs):
         result = validator.run(record, recipe, facts, env, modules.detect(env), opts=opts, live=live)
     if home is not None:
-        result = keep_history(home, record, recipe=recipe, facts=facts, result=result, out=out)
+        result = keep_history(
+            home, record, recipe=recipe, facts=facts, result=result, out=out, site=site_store(env)
+        )
         validator.store(home, record, result)
     if not quiet:
         render(result, out)
@@ -69,9 +74,11 @@ def keep_history(
     facts: HostFacts,
     result: report.Report,
     out: Out,
+    site: Optional[Path] = None,
 ) -> report.Report:
     """Compare the run's figures with the env's history (the drift alarms, on stderr and in the report), then add
-    the run to it. A history that cannot be read or written is a warning: the checks' verdict stands."""
+    the run to it, and to the ``site`` store where the env comes from a published recipe. A history that cannot
+    be read or written is a warning: the checks' verdict stands."""
     current = historymodel.record_of(
         result,
         recipe=record.recipe,
@@ -94,7 +101,18 @@ def keep_history(
         history.append(home, current)
     except (OSError, StateError) as exc:
         out.warn(f"validation history not written: {exc}")
+    if site is not None and current["recipe_version"]:
+        try:
+            history.append_shared(site, current, user=pwd.getpwuid(os.geteuid()).pw_name)
+        except (OSError, StateError, KeyError) as exc:
+            out.warn(f"the site's validation history (history_dir) not written: {exc}")
     return result
+
+
+def site_store(env: Mapping[str, str]) -> Optional[Path]:
+    """The site's shared validation history (the ``history_dir`` setting), where one is named."""
+    named = env.get("ENVBUILDER_HISTORY_DIR")
+    return Path(named).expanduser() if named else None
 
 
 def finish(result: report.Report) -> dict[str, Any]:
