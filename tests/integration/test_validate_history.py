@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from envbuilder.system import state
+from envbuilder.validate import history
 
 pytestmark = [pytest.mark.integration]
 
@@ -24,8 +25,25 @@ def _modulefile(root: Path, version: str) -> None:
     (root / "drifty" / f"{version}.lua").write_text(f'setenv("DRIFTY_VERSION", "{version}")\n')
 
 
-def _validate(world: Any, extra: dict[str, str]) -> tuple[int, dict[str, Any], str]:
-    res = world.cli("validate", "vdrift", "--json", "--checks", "import", extra=extra)
+def _variant(world: Any, name: str, modulefiles: Path) -> dict[str, str]:
+    """The vcpu env recorded again as ``name``, activated with the module ``drifty`` from ``modulefiles``: the
+    variables that find its recipe."""
+    path = world.variant(name, lambda text: text)
+    home = Path(world.env["ENVBUILDER_HOME"])
+    record = state.load(home, name)
+    activate = {
+        **(record.plan.get("activate") or {}),
+        "module_use": [str(modulefiles)],
+        "modules": ["drifty"],
+    }
+    state.save(home, dataclasses.replace(record, plan={**record.plan, "activate": activate}))
+    return {"ENVBUILDER_RECIPE_PATH": path}
+
+
+def _validate(world: Any, extra: dict[str, str], *args: str) -> tuple[int, dict[str, Any], str]:
+    res = world.cli(
+        "validate", args[0] if args else "vdrift", "--json", "--checks", "import", *args[1:], extra=extra
+    )
     try:
         envelope = json.loads(res.stdout)
     except ValueError:
@@ -38,16 +56,8 @@ def test_real_runs_fill_the_history_and_a_slower_import_raises_the_alarm_naming_
 ):
     modulefiles = tmp_path / "modulefiles"
     _modulefile(modulefiles, "1.0")
-    path = validate_world.variant("vdrift", lambda text: text)
+    extra = _variant(validate_world, "vdrift", modulefiles)
     home = Path(validate_world.env["ENVBUILDER_HOME"])
-    record = state.load(home, "vdrift")
-    activate = {
-        **(record.plan.get("activate") or {}),
-        "module_use": [str(modulefiles)],
-        "modules": ["drifty"],
-    }
-    state.save(home, dataclasses.replace(record, plan={**record.plan, "activate": activate}))
-    extra = {"ENVBUILDER_RECIPE_PATH": path}
 
     for _ in range(3):
         code, envelope, stderr = _validate(validate_world, extra)
@@ -94,3 +104,18 @@ def test_real_runs_fill_the_history_and_a_slower_import_raises_the_alarm_naming_
     assert alarm["fails"] and alarm["changes"] == ["module drifty 1.0 -> 2.0"]
     last = json.loads(sorted(store.iterdir())[-1].read_text())
     assert last["status"] == "fail" and last["facts"]["modules"] == {"drifty": "2.0"}
+
+
+@pytest.mark.slurm
+def test_a_submitted_job_adds_its_run_with_the_modules_the_job_loaded(
+    validate_world, slurm_cluster, tmp_path
+):
+    modulefiles = tmp_path / "modulefiles"
+    _modulefile(modulefiles, "1.0")
+    extra = {**slurm_cluster.env, **_variant(validate_world, "vjob", modulefiles)}
+    code, envelope, stderr = _validate(validate_world, extra, "vjob", "--submit")
+    assert code == 0, stderr
+    assert envelope["data"]["where"].isdigit() and envelope["data"]["modules"] == ["drifty/1.0"]
+    (run,) = history.runs(Path(validate_world.env["ENVBUILDER_HOME"]), "vjob")
+    assert run["partition"] == "debug" and run["status"] == "pass" and run["ranks"] == 2
+    assert run["facts"]["modules"] == {"drifty": "1.0"}  # as the job loaded it, where the ranks ran
