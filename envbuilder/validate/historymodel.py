@@ -34,14 +34,14 @@ _UNIT_WORDS = {"us": "µs"}
 
 
 def facts_of(host: HostFacts, result: Report) -> dict[str, Any]:
-    """What a run's figures may depend on: the host's driver, glibc and GPUs, the torch and CUDA build the import
-    check saw, the modules the ranks ran with."""
+    """What a run's figures may depend on: the driver and glibc where rank 0 ran (else this host's), this host's
+    GPUs, the torch and CUDA build the import check saw, the modules the ranks ran with."""
     first = _first_rank(result, "import")
     return {
-        "driver": host.driver_version or "",
+        "driver": result.node.get("driver") or host.driver_version or "",
         "cuda": str(first.get("cuda") or ""),
         "torch": str(first.get("torch") or ""),
-        "glibc": host.glibc or "",
+        "glibc": result.node.get("glibc") or host.glibc or "",
         "modules": module_versions(result.modules),
         "gpus": [g.name for g in host.gpus or ()],
     }

@@ -85,6 +85,8 @@ class Report:
     hosts: Mapping[int, str] = field(default_factory=dict)
     #: The modules loaded where rank 0 ran (``name/version``, as the module system lists them).
     modules: tuple[str, ...] = ()
+    #: Where rank 0 ran, as it saw it: ``driver`` (the NVIDIA kernel module's version) and ``glibc``.
+    node: Mapping[str, str] = field(default_factory=dict)
     #: The drift alarms (historymodel.Drift.to_json): figures well off their history's median.
     drift: tuple[Mapping[str, Any], ...] = ()
 
@@ -132,6 +134,7 @@ class Report:
             "order": [r.check for r in self.rows],
             "stderr_tail": self.stderr_tail,
             "modules": list(self.modules),
+            "node": dict(self.node),
             "drift": [dict(d) for d in self.drift],
         }
 
@@ -148,12 +151,22 @@ def hosts_of(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, str
 
 def modules_of(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> tuple[str, ...]:
     """The modules loaded where the lowest rank that said hello ran (its hello's ``modules``: LOADEDMODULES)."""
+    text = _first_hello(events).get("modules")
+    return tuple(m for m in text.split(":") if m) if isinstance(text, str) else ()
+
+
+def node_of(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, str]:
+    """The NVIDIA driver and glibc versions where the lowest rank that said hello ran (those it knew)."""
+    hello = _first_hello(events)
+    return {k: hello[k] for k in ("driver", "glibc") if isinstance(hello.get(k), str) and hello[k]}
+
+
+def _first_hello(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> Mapping[str, Any]:
     for rank in sorted(events):
         for ev in events[rank]:
             if ev.get("event") == "hello":
-                text = ev.get("modules")
-                return tuple(m for m in text.split(":") if m) if isinstance(text, str) else ()
-    return ()
+                return ev
+    return {}
 
 
 def layout_of(hosts: Mapping[int, str]) -> dict[str, tuple[int, ...]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -119,3 +120,5 @@ def test_a_submitted_job_adds_its_run_with_the_modules_the_job_loaded(
     (run,) = history.runs(Path(validate_world.env["ENVBUILDER_HOME"]), "vjob")
     assert run["partition"] == "debug" and run["status"] == "pass" and run["ranks"] == 2
     assert run["facts"]["modules"] == {"drifty": "1.0"}  # as the job loaded it, where the ranks ran
+    assert run["facts"]["glibc"] == os.confstr("CS_GNU_LIBC_VERSION").split()[1]  # as the job's rank 0 saw it
+    assert envelope["data"]["node"]["glibc"] == run["facts"]["glibc"]

@@ -120,6 +120,7 @@ def test_the_record_of_a_report_holds_the_agreed_fields():
         started="",
         hosts={0: "n1", 1: "n1"},
         modules=("drifty/1.0", "plain"),
+        node={"glibc": "2.39"},  # where rank 0 ran (a job's node), which wins over this host's
     )
     host = HostFacts(driver_version="550.54", glibc="2.36", gpus=(Gpu(name="A100"),))
     facts = historymodel.facts_of(host, result)
@@ -127,7 +128,7 @@ def test_the_record_of_a_report_holds_the_agreed_fields():
         "driver": "550.54",
         "cuda": "",
         "torch": "2.13.0",
-        "glibc": "2.36",
+        "glibc": "2.39",
         "modules": {"drifty": "1.0", "plain": ""},
         "gpus": ["A100"],
     }
