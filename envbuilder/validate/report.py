@@ -574,8 +574,22 @@ def junit(report: Report) -> str:
             lines.append(row.detail)
         if lines:
             ET.SubElement(case, "system-out").text = "\n".join(lines)
+    if report.drift:
+        _drift_case(suite, report)
     ET.indent(suite)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+def _drift_case(suite: ET.Element, report: Report) -> None:
+    """The drift alarms as one more testcase: failed where the recipe's threshold failed the run."""
+    suite.set("tests", str(len(report.rows) + 1))
+    case = ET.SubElement(suite, "testcase", classname=f"envbuilder.{report.env}", name="drift", time="0")
+    texts = [str(d.get("text")) for d in report.drift]
+    if report.drift_failed:
+        suite.set("failures", str(int(suite.get("failures") or 0) + 1))
+        failed = "; ".join(str(d.get("text")) for d in report.drift if d.get("fails"))
+        ET.SubElement(case, "failure", message=failed, type="ValidationFailed")
+    ET.SubElement(case, "system-out").text = "\n".join(texts)
 
 
 # --- for people ---------------------------------------------------------------------------------------------
