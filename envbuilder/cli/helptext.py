@@ -42,6 +42,7 @@ VARIABLES = {
     "SHELL": "the shell to write completion for when none is named",
     "TMPDIR": "node-local directory for image mounts and unpacked copies (default /tmp)",
     "ENVBUILDER_NO_FUSE": "1 unpacks an image instead of mounting it with squashfuse (a node without FUSE)",
+    "ENVBUILDER_HISTORY_DIR": "the site's shared validation history: runs of envs of published recipes go there too",
 }
 
 _RECIPES = ("ENVBUILDER_RECIPE_PATH", "ENVBUILDER_CONFIG")
@@ -102,7 +103,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "validate vista-venv-cu124 --nodes 2 --submit",
             "validate local --checks gpu,nccl",
         ),
-        (*_RECORDS, "SCRATCH", "SLURM_JOB_ID", "TMPDIR", "ENVBUILDER_NO_FUSE"),
+        (*_RECORDS, "SCRATCH", "SLURM_JOB_ID", "TMPDIR", "ENVBUILDER_NO_FUSE", "ENVBUILDER_HISTORY_DIR"),
     ),
     "run": (
         (

@@ -67,6 +67,10 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         ran, recipe, facts, env, opts, out=out, quiet=args.json, home=None if used else home
     )
     if used:
+        site = session.site_store(env)
+        result = session.keep_history(
+            home, record, recipe=recipe, facts=facts, result=result, out=out, site=site
+        )
         validator.store(home, record, result)
     if args.junit:
         Path(args.junit).write_text(report.junit(result), encoding="utf-8")

@@ -81,6 +81,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("managed_python", "ENVBUILDER_MANAGED_PYTHON", BOOL),
     Setting("python_mirror", "ENVBUILDER_PYTHON_MIRROR", TEXT),
     Setting("python_downloads", "ENVBUILDER_PYTHON_DOWNLOADS", TEXT),
+    # The site's shared validation history: the runs of envs built from published recipes go there too.
+    Setting("history_dir", "ENVBUILDER_HISTORY_DIR", PATH),
 )
 NAMES = tuple(s.name for s in SETTINGS)
 _BY_NAME = {s.name: s for s in SETTINGS}

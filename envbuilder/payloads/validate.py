@@ -30,6 +30,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -275,6 +276,26 @@ def _start_time(pid: int) -> Optional[int]:
     return int(fields[19])
 
 
+def _driver_version() -> Optional[str]:
+    """The NVIDIA kernel module's version on this node (``550.54.14``); None without one."""
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8", errors="replace") as fh:
+            first = fh.readline(4096)
+    except OSError:
+        return None
+    found = re.search(r"Kernel Module(?: for \S+)?\s+([0-9]+(?:\.[0-9]+)+)", first)
+    return found.group(1) if found else None
+
+
+def _glibc_version() -> Optional[str]:
+    """This node's glibc (``2.36``); None on another C library."""
+    with contextlib.suppress(ValueError, OSError):
+        text = os.confstr("CS_GNU_LIBC_VERSION") or ""
+        if text.startswith("glibc "):
+            return text.split()[1]
+    return None
+
+
 def _started_at(pid: int) -> Optional[float]:
     """When process ``pid`` started, in epoch seconds (to a clock tick); None where /proc does not tell."""
     ticks = _start_time(pid)
@@ -354,6 +375,10 @@ def main(argv: list[str]) -> None:
         # (scripts/bench_validate.py).
         started=_started_at(os.getpid()),
         agent_started=_started_at(os.getppid()) if rank.torchrun else None,
+        # The modules loaded where the rank runs (a job loads its own): the run's history records their versions.
+        modules=os.environ.get("LOADEDMODULES"),
+        driver=_driver_version(),
+        glibc=_glibc_version(),
     )
     Lifeline(log, rank.torchrun)
     watchdog = Watchdog(log)

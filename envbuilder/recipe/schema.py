@@ -137,6 +137,18 @@ def list_keys(spec: Optional[Spec] = None, path: str = "") -> list[str]:
     return []
 
 
+def _drift_problem(table: Mapping[str, Any]) -> Optional[tuple[str, str, Optional[str]]]:
+    """(key, message, hint) where ``drift_threshold`` is no fraction between 0 and 1."""
+    value = table.get("drift_threshold")
+    if value is None or (not isinstance(value, bool) and 0 < value < 1):
+        return None
+    return (
+        "drift_threshold",
+        f"expected a fraction between 0 and 1 (0.2 fails a figure 20 % worse than its median), found {value!r}",
+        "set it to 0.2, say, or leave it unset to report drift without failing",
+    )
+
+
 def _replace_problem(doc: Mapping[str, Any]) -> Optional[tuple[str, str, Optional[str]]]:
     """(key, message, hint) of the first entry of the top-level ``replace`` that names no list this file sets."""
     names = doc.get("replace")
@@ -583,7 +595,13 @@ SCHEMA = Table(
                     # One bound per figure, partition and rank count: a child's takes its parent's place.
                     key=lambda ref: (ref["figure"], ref.get("partition"), ref.get("ranks")),
                 ),
-            }
+                "drift_threshold": Field(
+                    (int, float),
+                    "fail validate when a figure is this fraction worse than its median over the env's last runs "
+                    "on the partition (0.2 = 20 %); unset: the drop is reported, the exit status unchanged",
+                ),
+            },
+            check=_drift_problem,
         ),
     },
     check=_replace_problem,

@@ -332,6 +332,8 @@ class Validation:
     filesystems: tuple[str, ...] = ()
     #: Handed to the report as written (it shows each one beside the figure it bounds).
     references: tuple[Mapping[str, Any], ...] = ()
+    #: A figure this fraction worse than its history's median fails the run (None: drift is only reported).
+    drift_threshold: Optional[float] = None
 
 
 #: The tables with seeded defaults, in the order a recipe's values list them.

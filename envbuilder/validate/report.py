@@ -83,6 +83,12 @@ class Report:
     stderr_tail: str = ""
     #: Each rank's host, as the rank said (:func:`hosts_of`); a rank that never started has none.
     hosts: Mapping[int, str] = field(default_factory=dict)
+    #: The modules loaded where rank 0 ran (``name/version``, as the module system lists them).
+    modules: tuple[str, ...] = ()
+    #: Where rank 0 ran, as it saw it: ``driver`` (the NVIDIA kernel module's version) and ``glibc``.
+    node: Mapping[str, str] = field(default_factory=dict)
+    #: The drift alarms (historymodel.Drift.to_json): figures well off their history's median.
+    drift: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def layout(self) -> dict[str, tuple[int, ...]]:
@@ -91,11 +97,17 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return all(r.status != "fail" for r in self.rows) and any(r.status == "pass" for r in self.rows)
+        rows_ok = all(r.status != "fail" for r in self.rows) and any(r.status == "pass" for r in self.rows)
+        return rows_ok and not self.drift_failed
 
     @property
     def failed(self) -> list[str]:
         return [r.check for r in self.rows if r.status == "fail"]
+
+    @property
+    def drift_failed(self) -> list[str]:
+        """The figures whose drift passed the recipe's ``drift_threshold``."""
+        return [str(d["figure"]) for d in self.drift if d.get("fails")]
 
     def row(self, check: str) -> Optional[Row]:
         return next((r for r in self.rows if r.check == check), None)
@@ -121,6 +133,9 @@ class Report:
             "checks": {r.check: r.to_json() for r in self.rows},
             "order": [r.check for r in self.rows],
             "stderr_tail": self.stderr_tail,
+            "modules": list(self.modules),
+            "node": dict(self.node),
+            "drift": [dict(d) for d in self.drift],
         }
 
 
@@ -132,6 +147,26 @@ def hosts_of(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, str
         if isinstance(host, str) and host:
             out[rank] = host
     return out
+
+
+def modules_of(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> tuple[str, ...]:
+    """The modules loaded where the lowest rank that said hello ran (its hello's ``modules``: LOADEDMODULES)."""
+    text = _first_hello(events).get("modules")
+    return tuple(m for m in text.split(":") if m) if isinstance(text, str) else ()
+
+
+def node_of(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, str]:
+    """The NVIDIA driver and glibc versions where the lowest rank that said hello ran (those it knew)."""
+    hello = _first_hello(events)
+    return {k: hello[k] for k in ("driver", "glibc") if isinstance(hello.get(k), str) and hello[k]}
+
+
+def _first_hello(events: Mapping[int, Sequence[Mapping[str, Any]]]) -> Mapping[str, Any]:
+    for rank in sorted(events):
+        for ev in events[rank]:
+            if ev.get("event") == "hello":
+                return ev
+    return {}
 
 
 def layout_of(hosts: Mapping[int, str]) -> dict[str, tuple[int, ...]]:
@@ -539,8 +574,22 @@ def junit(report: Report) -> str:
             lines.append(row.detail)
         if lines:
             ET.SubElement(case, "system-out").text = "\n".join(lines)
+    if report.drift:
+        _drift_case(suite, report)
     ET.indent(suite)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+def _drift_case(suite: ET.Element, report: Report) -> None:
+    """The drift alarms as one more testcase: failed where the recipe's threshold failed the run."""
+    suite.set("tests", str(len(report.rows) + 1))
+    case = ET.SubElement(suite, "testcase", classname=f"envbuilder.{report.env}", name="drift", time="0")
+    texts = [str(d.get("text")) for d in report.drift]
+    if report.drift_failed:
+        suite.set("failures", str(int(suite.get("failures") or 0) + 1))
+        failed = "; ".join(str(d.get("text")) for d in report.drift if d.get("fails"))
+        ET.SubElement(case, "failure", message=failed, type="ValidationFailed")
+    ET.SubElement(case, "system-out").text = "\n".join(texts)
 
 
 # --- for people ---------------------------------------------------------------------------------------------

@@ -195,6 +195,8 @@ def run(
         partition=partition,
         stderr_tail=tail,
         hosts=report.hosts_of(events),
+        modules=report.modules_of(events),
+        node=report.node_of(events),
     )
     fsutil.write_atomic(run_dir / "report.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
     _prune(run_dir.parent)

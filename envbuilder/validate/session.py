@@ -5,20 +5,30 @@ and turn a failed report into the error the CLI exits with."""
 from __future__ import annotations
 
 import contextlib
+import os
+import pwd
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder.core.errors import ValidationFailed
+from envbuilder.core.errors import StateError, ValidationFailed
 from envbuilder.core.facts import HostFacts
 from envbuilder.recipe import loader
 from envbuilder.system import fsutil, modules, proc, state
 from envbuilder.system.console import Cell, Out, plain
 from envbuilder.system.tables import Column
-from envbuilder.validate import report
+from envbuilder.validate import history, historymodel, report
 from envbuilder.validate import runner as validator
 
 #: The way out when a validation's run directory (inside the env) cannot be written.
 RUNS_HINT = "the checks write their run directory inside the env (envbuilder/validation): it must be writable"
+
+#: The way on from a run failed by the recipe's drift_threshold.
+DRIFT_HINT = (
+    "a figure fell well behind its median over this env's last runs: see what changed beside it above "
+    "(envbuilder report shows the history); the recipe's [validation] drift_threshold made it a failure"
+)
 
 _STYLE = {"pass": "green", "warn": "bold yellow", "fail": "bold red", "skip": "yellow"}
 
@@ -34,7 +44,8 @@ def execute(
     quiet: bool,
     home: Optional[Path],
 ) -> report.Report:
-    """Run, store in the record (unless ``home`` is None: the caller stores it), render (unless quiet)."""
+    """Run, compare with the env's history and add the run to it, store in the record (unless ``home`` is None:
+    the caller does both, :func:`keep_history` and ``runner.store``), render (unless quiet)."""
     status_ctx = out.console.status("validating", spinner="dots") if not quiet else None
     live = report.Status(
         status=(lambda text: status_ctx.update(plain(text))) if status_ctx else (lambda text: None),
@@ -46,17 +57,72 @@ def execute(
     with status_ctx or contextlib.nullcontext(), proc.sigterm_as_interrupt(), fsutil.disk_errors(runs):
         result = validator.run(record, recipe, facts, env, modules.detect(env), opts=opts, live=live)
     if home is not None:
+        result = keep_history(
+            home, record, recipe=recipe, facts=facts, result=result, out=out, site=site_store(env)
+        )
         validator.store(home, record, result)
     if not quiet:
         render(result, out)
     return result
 
 
+def keep_history(
+    home: Path,
+    record: state.EnvRecord,
+    *,
+    recipe: loader.Recipe,
+    facts: HostFacts,
+    result: report.Report,
+    out: Out,
+    site: Optional[Path] = None,
+) -> report.Report:
+    """Compare the run's figures with the env's history (the drift alarms, on stderr and in the report), then add
+    the run to it, and to the ``site`` store where the env comes from a published recipe. A history that cannot
+    be read or written is a warning: the checks' verdict stands."""
+    current = historymodel.record_of(
+        result,
+        recipe=record.recipe,
+        recipe_version=str(record.plan.get("recipe_version") or ""),
+        facts=historymodel.facts_of(facts, result),
+        at=history.now_text(),
+    )
+    try:
+        past = history.runs(home, record.name)
+    except (OSError, StateError) as exc:
+        out.warn(f"validation history not read: {exc}")
+        past = []
+    threshold = recipe.validation.drift_threshold
+    alarms = historymodel.compare(current, past, None if threshold is None else float(threshold))
+    for alarm in alarms:
+        out.warn(f"drift: {alarm.text}" + (" (past the recipe's drift_threshold)" if alarm.fails else ""))
+    result = replace(result, drift=tuple(a.to_json() for a in alarms))
+    current["status"] = "pass" if result.ok else "fail"
+    try:
+        history.append(home, current)
+    except (OSError, StateError) as exc:
+        out.warn(f"validation history not written: {exc}")
+    if site is not None and current["recipe_version"]:
+        try:
+            history.append_shared(site, current, user=pwd.getpwuid(os.geteuid()).pw_name)
+        except (OSError, StateError, KeyError) as exc:
+            out.warn(f"the site's validation history (history_dir) not written: {exc}")
+    return result
+
+
+def site_store(env: Mapping[str, str]) -> Optional[Path]:
+    """The site's shared validation history (the ``history_dir`` setting), where one is named."""
+    named = env.get("ENVBUILDER_HISTORY_DIR")
+    return Path(named).expanduser() if named else None
+
+
 def finish(result: report.Report) -> dict[str, Any]:
     data = result.to_json()
     if not result.ok:
+        what = result.failed + [
+            f"{name} drifted past the recipe's drift_threshold" for name in result.drift_failed
+        ]
         exc = ValidationFailed(
-            f"validation of {result.env} failed: {', '.join(result.failed) or 'no check passed'}",
+            f"validation of {result.env} failed: {', '.join(what) or 'no check passed'}",
             hint=_hint(result),
         )
         exc.data = data
@@ -68,7 +134,7 @@ def _hint(result: report.Report) -> Optional[str]:
     for row in result.rows:
         if row.status == "fail" and row.hint:
             return row.hint
-    return None
+    return DRIFT_HINT if result.drift_failed else None
 
 
 _REPORT_COLUMNS = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import xml.etree.ElementTree as ET
 
@@ -249,6 +250,22 @@ def test_junit_has_one_case_per_check():
     assert "hint: see the log" in cases["nccl"].find("failure").text
     assert cases["mpi"].find("skipped").get("message") == "mpi4py is not installed"
     assert cases["import"].find("system-out").text == "import_s = 1.2 s"
+
+
+def test_drift_fails_the_report_and_its_junit_only_past_the_threshold():
+    rows = [report.Row("nccl", "pass", (0, 1), {"busbw": {"value": 2.0, "unit": "GB/s"}})]
+    told = {"figure": "nccl.busbw", "text": "nccl bus bandwidth 2 GB/s, 50% below", "fails": False}
+    reported = dataclasses.replace(_report(rows), drift=(told,))
+    assert reported.ok and reported.drift_failed == []
+    suite = ET.fromstring(report.junit(reported).split("\n", 1)[1])  # noqa: S314 - our own output
+    assert (suite.get("tests"), suite.get("failures")) == ("2", "0")
+    case = next(c for c in suite.iter("testcase") if c.get("name") == "drift")
+    assert case.find("failure") is None and case.find("system-out").text == told["text"]
+    failed = dataclasses.replace(_report(rows), drift=({**told, "fails": True},))
+    assert not failed.ok and failed.drift_failed == ["nccl.busbw"]
+    suite = ET.fromstring(report.junit(failed).split("\n", 1)[1])  # noqa: S314 - our own output
+    assert (suite.get("tests"), suite.get("failures")) == ("2", "1")
+    assert failed.to_json()["drift"] == [{**told, "fails": True}] and failed.to_json()["ok"] is False
 
 
 def test_report_ok_needs_a_pass_and_no_fail():

@@ -1,0 +1,124 @@
+"""The validation history written by real validations (torchrun, two gloo ranks of the CPU torch env) and the
+drift alarm a planted regression raises: the import check's time grows when the ranks' python may use none of the
+env's bytecode (PYTHONPYCACHEPREFIX on an empty directory, PYTHONDONTWRITEBYTECODE: every module of torch is
+compiled again on import), while a real Lmod modulefile the env loads gets a new default version; the alarm names
+that module change, and the recipe's drift_threshold turns it into a failed run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envbuilder.system import state
+from envbuilder.validate import history
+
+pytestmark = [pytest.mark.integration]
+
+
+def _modulefile(root: Path, version: str) -> None:
+    (root / "drifty").mkdir(parents=True, exist_ok=True)
+    (root / "drifty" / f"{version}.lua").write_text(f'setenv("DRIFTY_VERSION", "{version}")\n')
+
+
+def _variant(world: Any, name: str, modulefiles: Path) -> dict[str, str]:
+    """The vcpu env recorded again as ``name``, activated with the module ``drifty`` from ``modulefiles``: the
+    variables that find its recipe."""
+    path = world.variant(name, lambda text: text)
+    home = Path(world.env["ENVBUILDER_HOME"])
+    record = state.load(home, name)
+    activate = {
+        **(record.plan.get("activate") or {}),
+        "module_use": [str(modulefiles)],
+        "modules": ["drifty"],
+    }
+    state.save(home, dataclasses.replace(record, plan={**record.plan, "activate": activate}))
+    return {"ENVBUILDER_RECIPE_PATH": path}
+
+
+def _validate(world: Any, extra: dict[str, str], *args: str) -> tuple[int, dict[str, Any], str]:
+    res = world.cli(
+        "validate", args[0] if args else "vdrift", "--json", "--checks", "import", *args[1:], extra=extra
+    )
+    try:
+        envelope = json.loads(res.stdout)
+    except ValueError:
+        pytest.fail(f"no JSON (rc {res.returncode}): {res.stderr[-2000:]}")
+    return res.returncode, envelope, res.stderr
+
+
+def test_real_runs_fill_the_history_and_a_slower_import_raises_the_alarm_naming_the_module(
+    validate_world, tmp_path
+):
+    modulefiles = tmp_path / "modulefiles"
+    _modulefile(modulefiles, "1.0")
+    extra = _variant(validate_world, "vdrift", modulefiles)
+    home = Path(validate_world.env["ENVBUILDER_HOME"])
+
+    for _ in range(3):
+        code, envelope, stderr = _validate(validate_world, extra)
+        assert code == 0, stderr
+        assert envelope["data"]["drift"] == [] and "drift:" not in stderr
+    store = home / "history" / "vdrift"
+    files = sorted(store.iterdir())
+    assert len(files) == 3
+    assert stat.S_IMODE(store.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    runs = [json.loads(f.read_text()) for f in files]
+    for run in runs:
+        assert run["env"] == "vdrift" and run["recipe"] == "vdrift" and run["launcher"] == "torchrun"
+        assert run["ranks"] == 2 and run["status"] == "pass" and len(run["nodes"]) == 1
+        assert run["facts"]["modules"] == {"drifty": "1.0"} and run["facts"]["torch"].startswith("2.13.0")
+        imp = next(c for c in run["checks"] if c["name"] == "import")
+        assert (
+            imp["status"] == "pass" and imp["units"] == {"import_s": "s"} and imp["figures"]["import_s"] > 0
+        )
+    fast = max(next(c for c in r["checks"] if c["name"] == "import")["figures"]["import_s"] for r in runs)
+
+    # The regression: no bytecode for the ranks, and the site's module got a new default version.
+    _modulefile(modulefiles, "2.0")
+    empty = tmp_path / "no-bytecode"
+    empty.mkdir()
+    slow = {**extra, "PYTHONPYCACHEPREFIX": str(empty), "PYTHONDONTWRITEBYTECODE": "1"}
+    code, envelope, stderr = _validate(validate_world, slow)
+    assert code == 0, stderr  # no threshold in the recipe: reported, the exit status unchanged
+    (alarm,) = envelope["data"]["drift"]
+    assert alarm["figure"] == "import.import_s" and alarm["value"] > fast, (alarm, fast)
+    assert alarm["changes"] == ["module drifty 1.0 -> 2.0"] and alarm["runs"] == 3 and not alarm["fails"]
+    assert "drift: import time" in stderr and "since module drifty 1.0 -> 2.0" in stderr, stderr
+    assert len(list(store.iterdir())) == 4
+
+    # The recipe sets a threshold: the same drift now fails the run with the report's exit code.
+    recipe = validate_world.root / "vdrift-recipes" / "vdrift.toml"
+    recipe.write_text(
+        recipe.read_text().replace("timeout = 60\n", "timeout = 60\ndrift_threshold = 0.2\n", 1)
+    )
+    code, envelope, stderr = _validate(validate_world, slow)
+    assert code == 8, stderr
+    assert "drifted past the recipe's drift_threshold" in stderr, stderr
+    (alarm,) = envelope["data"]["drift"]
+    assert alarm["fails"] and alarm["changes"] == ["module drifty 1.0 -> 2.0"]
+    last = json.loads(sorted(store.iterdir())[-1].read_text())
+    assert last["status"] == "fail" and last["facts"]["modules"] == {"drifty": "2.0"}
+
+
+@pytest.mark.slurm
+def test_a_submitted_job_adds_its_run_with_the_modules_the_job_loaded(
+    validate_world, slurm_cluster, tmp_path
+):
+    modulefiles = tmp_path / "modulefiles"
+    _modulefile(modulefiles, "1.0")
+    extra = {**slurm_cluster.env, **_variant(validate_world, "vjob", modulefiles)}
+    code, envelope, stderr = _validate(validate_world, extra, "vjob", "--submit")
+    assert code == 0, stderr
+    assert envelope["data"]["where"].isdigit() and envelope["data"]["modules"] == ["drifty/1.0"]
+    (run,) = history.runs(Path(validate_world.env["ENVBUILDER_HOME"]), "vjob")
+    assert run["partition"] == "debug" and run["status"] == "pass" and run["ranks"] == 2
+    assert run["facts"]["modules"] == {"drifty": "1.0"}  # as the job loaded it, where the ranks ran
+    assert run["facts"]["glibc"] == os.confstr("CS_GNU_LIBC_VERSION").split()[1]  # as the job's rank 0 saw it
+    assert envelope["data"]["node"]["glibc"] == run["facts"]["glibc"]
