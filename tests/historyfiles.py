@@ -43,7 +43,7 @@ def write_run(
     }
     directory = home / "history" / env
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{when.strftime('%Y%m%dT%H%M%SZ')}-{host}-{pid}.json"
+    path = directory / f"{when.strftime('%Y%m%dT%H%M%S.%fZ')}-{host}-{pid}.json"
     path.write_text(json.dumps(record))
     return path
 

@@ -15,18 +15,23 @@ from envbuilder.core.errors import StateError, UsageError
 from envbuilder.render import report_html, report_md
 from envbuilder.system import fsutil
 from envbuilder.system.console import Out
-from envbuilder.validate import historyread
+from envbuilder.validate import history
 
 
 def handle(args: argparse.Namespace, out: Out) -> None:
     home = settings.home(os.environ)
     if args.all and args.env:
         raise UsageError("name envs or give --all, not both")
-    names = historyread.envs(home) if args.all else list(dict.fromkeys(args.env))
+    names = history.envs(home) if args.all else list(dict.fromkeys(args.env))
+    for name in names:
+        if not history.is_env_name(name):
+            raise UsageError(
+                f"{name!r} is not an env name", hint="env names hold letters, digits and . _ + -"
+            )
     if not names:
         if args.all:
             raise StateError(
-                f"no validation history in {historyread.store(home)}",
+                f"no validation history in {history.store(home)}",
                 hint="each `envbuilder validate ENV` adds a run to it",
             )
         raise UsageError("name the envs to report on, or give --all", hint="envbuilder report ENV [ENV...]")
@@ -34,7 +39,7 @@ def handle(args: argparse.Namespace, out: Out) -> None:
     missing = [name for name, runs in envs if not runs]
     if missing and not args.all:
         raise StateError(
-            f"no validation history for {', '.join(missing)} in {historyread.store(home)}",
+            f"no validation history for {', '.join(missing)} in {history.store(home)}",
             hint=f"run `envbuilder validate {missing[0]}` first",
         )
     generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -53,7 +58,7 @@ def handle(args: argparse.Namespace, out: Out) -> None:
 
 def _runs(home: Path, name: str, out: Out) -> list[dict[str, Any]]:
     skipped: list[str] = []
-    runs = historyread.runs(home, name, skipped)
+    runs = history.runs(home, name, skipped)
     for path in skipped:
         out.warn(f"left out {path}: not a history record")
     return runs

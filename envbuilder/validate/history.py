@@ -45,9 +45,23 @@ def store(home: Path) -> Path:
     return home / "history"
 
 
-def runs(home: Path, env: str) -> list[dict[str, Any]]:
-    """The env's runs, oldest first (unreadable or foreign files left out)."""
-    return read_dir(_env_dir(store(home), env))
+def runs(home: Path, env: str, skipped: Optional[list[str]] = None) -> list[dict[str, Any]]:
+    """The env's runs, oldest first (unreadable or foreign files left out: named in ``skipped`` where given)."""
+    return read_dir(_env_dir(store(home), env), skipped)
+
+
+def envs(home: Path) -> list[str]:
+    """Every env with a directory of runs in the store, sorted (a link there is not one)."""
+    try:
+        entries = list(os.scandir(store(home)))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(e.name for e in entries if _ENV.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
+
+
+def is_env_name(name: str) -> bool:
+    """Can ``name`` have runs in the store (no separator, no ``..``)?"""
+    return bool(_ENV.fullmatch(name))
 
 
 def append(
@@ -101,14 +115,17 @@ def now_text(now: Optional[datetime] = None) -> str:
     return (now or datetime.now(timezone.utc)).astimezone(timezone.utc).isoformat()
 
 
-def read_dir(directory: Path) -> list[dict[str, Any]]:
-    """The records of one env's directory, oldest first (by name: the UTC time leads it)."""
+def read_dir(directory: Path, skipped: Optional[list[str]] = None) -> list[dict[str, Any]]:
+    """The records of one env's directory, oldest first (by name: the UTC time leads it). Each entry named as a
+    run that is not one (not a regular file, a link, not a record) is left out, its path added to ``skipped``."""
     _checked(directory)
     out = []
-    for name in _names(directory):
-        record = _read(directory / name)
+    for name, regular in _entries(directory):
+        record = _read(directory / name) if regular else None
         if record is not None:
             out.append(record)
+        elif skipped is not None:
+            skipped.append(str(directory / name))
     return out
 
 
@@ -122,11 +139,16 @@ def prune(directory: Path, keep: int) -> None:
 
 def _names(directory: Path) -> list[str]:
     """The regular files named as runs are, oldest first."""
+    return [name for name, regular in _entries(directory) if regular]
+
+
+def _entries(directory: Path) -> list[tuple[str, bool]]:
+    """(name, is a regular file) of every entry named as runs are, oldest first."""
     try:
         entries = list(os.scandir(directory))
     except FileNotFoundError:
         return []
-    return sorted(e.name for e in entries if _NAME.fullmatch(e.name) and e.is_file(follow_symlinks=False))
+    return sorted((e.name, e.is_file(follow_symlinks=False)) for e in entries if _NAME.fullmatch(e.name))
 
 
 def _read(path: Path) -> Optional[dict[str, Any]]:

@@ -28,7 +28,10 @@ from historyfiles import START, two_weeks, write_run
 
 pytestmark = pytest.mark.integration
 
-HOSTILE_ENV = "<img src=x onerror=alert(1)>&lt;b&gt;"
+#: The store holds only env names of letters, digits and . _ + -; what a record says (its recipe, partition,
+#: modules) is anyone's text.
+HOSTILE_ENV = "hostile"
+HOSTILE_RECIPE = "<img src=x onerror=alert(1)>&lt;b&gt;"
 HOSTILE_MODULE = '</svg><script>document.title="owned"</script>'
 
 
@@ -116,13 +119,14 @@ def dom_of(text: str) -> Dom:
 
 
 def history(home: Path) -> None:
-    """Two envs: site-torch's two weeks on two partitions, and one whose name and module are hostile markup."""
+    """Two envs: site-torch's two weeks on two partitions, and one whose recipe and module are hostile markup."""
     two_weeks(home)
     for day in range(3):
         write_run(
             home,
             HOSTILE_ENV,
             START + datetime.timedelta(days=day),
+            recipe=HOSTILE_RECIPE,
             facts={"driver": "550.54", "modules": {HOSTILE_MODULE: str(day)}},
             checks=[{"name": "nccl", "status": "pass", "figures": {"busbw": 100.0 + day}}],
         )
@@ -171,7 +175,7 @@ def test_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert "nccl busbw (GB/s)" in text  # the unit the record gives
     # The hostile names are text on the page: no element came from them, and nothing ran.
     assert not [t for t, _ in dom.tags if t in ("img", "script")]
-    assert HOSTILE_ENV in text
+    assert HOSTILE_RECIPE in text
     assert f"{HOSTILE_MODULE}/0 -> 1" in text
     assert "owned" not in dumped.split("<title>")[1].split("</title>")[0]
 
@@ -217,21 +221,21 @@ def test_markdown_report_for_tickets(tmp_path: Path) -> None:
 def test_records_that_are_not_runs_are_left_out_and_named(tmp_path: Path) -> None:
     home = tmp_path / "home"
     good = write_run(home, "e", START, checks=[{"name": "nccl", "status": "pass", "figures": {"busbw": 5.0}}])
-    (good.parent / "20261101T090000Z-x-1.json").write_text("{not json")
-    (good.parent / "20261101T100000Z-x-2.json").write_text("[1, 2]")
+    (good.parent / "20261101T090000.000000Z-x-1.json").write_text("{not json")
+    (good.parent / "20261101T100000.000000Z-x-2.json").write_text("[1, 2]")
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text(json.dumps({"time": "2026-11-02T00:00:00Z", "status": "planted"}))
-    (good.parent / "20261102T000000Z-x-3.json").symlink_to(elsewhere)
-    (good.parent / "20261103T000000Z-x-4.json").mkdir()
+    (good.parent / "20261102T000000.000000Z-x-3.json").symlink_to(elsewhere)
+    (good.parent / "20261103T000000.000000Z-x-4.json").mkdir()
     res = ok(
         run_cli("report", "e", "--format", "md", env={"ENVBUILDER_HOME": str(home), "HOME": str(tmp_path)})
     )
     assert "1 run(s)" in res.stdout and "planted" not in res.stdout
     bad = (
-        "20261101T090000Z-x-1.json",
-        "20261101T100000Z-x-2.json",
-        "20261102T000000Z-x-3.json",
-        "20261103T000000Z-x-4.json",
+        "20261101T090000.000000Z-x-1.json",
+        "20261101T100000.000000Z-x-2.json",
+        "20261102T000000.000000Z-x-3.json",
+        "20261103T000000.000000Z-x-4.json",
     )
     for name in bad:
         assert f"left out {good.parent / name}: not a history record" in res.stderr
