@@ -46,6 +46,10 @@ def verify(
                 )
                 for more in found:
                     problems += more
+        elif b.mode == "image":
+            img = b.data.get("image", {})
+            rel = b.path.relative_to(b.root).as_posix()
+            problems += _check_file(b.root, f"{rel}/{img['file']}", img["size"], img["sha256"], "the image")
         else:
             arc = b.data.get("archive", {})
             rel = b.path.relative_to(b.root).as_posix()
