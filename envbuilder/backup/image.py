@@ -19,7 +19,7 @@ from envbuilder.system import removal, state
 def image_file(record: state.EnvRecord) -> str:
     """The image file's name under the env's prefix."""
     box = (record.plan or {}).get("container") or {}
-    return str(record.tools.get("image_file") or box.get("file") or "image.sif")
+    return Path(str(record.tools.get("image_file") or box.get("file") or "image.sif")).name
 
 
 def copy_hashing(source: IO[bytes], dest: Path, file_mode: int) -> tuple[str, int]:

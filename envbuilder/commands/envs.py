@@ -167,7 +167,9 @@ def _container_facts(record: state.EnvRecord) -> dict[str, Any]:
     tools, box = record.tools, (record.plan or {}).get("container") or {}
     return {
         "image": tools.get("image") or box.get("image"),
-        "file": str(Path(record.prefix) / str(tools.get("image_file") or box.get("file") or "image.sif")),
+        "file": str(
+            Path(record.prefix) / Path(str(tools.get("image_file") or box.get("file") or "image.sif")).name
+        ),
         "sha256": tools.get("image_sha256"),
         "digest": tools.get("image_digest") or None,
         "runtime": tools.get("runtime") or box.get("runtime"),
