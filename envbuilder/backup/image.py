@@ -77,6 +77,7 @@ def put_back(root: Path, rel: str, data: Mapping[str, Any], partial: Path) -> No
         ) from None
     if sha != image["sha256"]:
         raise BackupError(
-            f"the backup's image {root / rel / image['file']} changed while it was copied (sha256 {sha[:16]}…); "
-            "the env was not put in place"
+            f"the backup's image {root / rel / image['file']} does not match its sha256 (a changed or damaged "
+            f"byte: {sha[:16]}…, written as {image['sha256'][:16]}…), so nothing was restored",
+            hint="envbuilder verify-backup checks it; restore an older one: envbuilder backups NAME, then --backup ID",
         )

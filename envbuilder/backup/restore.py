@@ -90,8 +90,10 @@ def restore(
     # names for a shared root) can write the backup.
     strictmodes.backup_root(b.root, env, str(b.path.relative_to(b.root)))
     step(f"verifying {b.id}")
-    # A wheelhouse's wheels are hashed as they are decompressed (one read, not two), all before any is installed.
-    problems = verify(b, record_result=b.mode != "wheelhouse", hash_wheels=b.mode != "wheelhouse")
+    # A wheelhouse's wheels are hashed as they are decompressed (one read, not two), all before any is installed;
+    # a container env's image as it is copied, before it is renamed in.
+    hashed_later = b.mode in ("wheelhouse", "image")
+    problems = verify(b, record_result=not hashed_later, hash_wheels=not hashed_later)
     if problems:
         raise _unverified(b, problems)
     old = state.EnvRecord.from_json(b.data["record"])

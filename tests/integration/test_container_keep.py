@@ -168,9 +168,14 @@ def test_backup_copies_the_image_verified_and_restore_puts_it_back_atomically(bo
         byte = f.read(1)
         f.seek(4096)
         f.write(bytes([byte[0] ^ 1]))
+    # Read once: hashed as it is copied beside the env, before the rename.
     res = box.cli("restore", "box", "--force")
-    refused(res, 12, f"backup {made['id']} failed verification, so nothing was restored: the image: ")
+    refused(
+        res, 12, f"the backup's image {where / 'image.sif'} does not match its sha256 (a changed or damaged"
+    )
     assert sha256(box.image) == digest
+    assert sorted(p.name for p in box.prefix.parent.iterdir()) == [".envbuilder-apptainer", "box", "box2"]
+    refused(box.cli("verify-backup", "box"), 12, "does not match its sha256 (a changed or damaged byte)")
 
 
 def test_an_image_that_changed_since_it_was_built_is_not_backed_up(box):
