@@ -5,6 +5,7 @@ Layout under the backup root::
     envs/NAME/STAMP/backup.json      what the backup holds (the env's record, its wheels or its archive)
     envs/NAME/STAMP/manifest.json    archive mode: every entry of the env with its sha256
     envs/NAME/STAMP/env.tar.zst      archive mode: the env itself (or env.sqfs, env.tar)
+    envs/NAME/STAMP/image.sif        image mode: a container env's image file as it is (``image``)
     envs/NAME/STAMP/verify.json      the last verify-backup result
     store/ab/DIGEST.whl.zst          wheelhouse mode: each wheel once, shared by every backup
     locks/backups.lock               one writer at a time (fsutil.Mutex: works on Lustre and NFS)

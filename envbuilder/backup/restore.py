@@ -25,7 +25,7 @@ from envbuilder import payloads
 from envbuilder.backends import activation, base, installers, lookup, managedpython, torchbuild
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
-from envbuilder.backup import Backup, archive, pack_workers, verify, wheelhouse
+from envbuilder.backup import Backup, archive, image, pack_workers, verify, wheelhouse
 from envbuilder.core import kinds, settings
 from envbuilder.core.errors import BackupError, StateError
 from envbuilder.core.structs import dataclass
@@ -90,8 +90,10 @@ def restore(
     # names for a shared root) can write the backup.
     strictmodes.backup_root(b.root, env, str(b.path.relative_to(b.root)))
     step(f"verifying {b.id}")
-    # A wheelhouse's wheels are hashed as they are decompressed (one read, not two), all before any is installed.
-    problems = verify(b, record_result=b.mode != "wheelhouse", hash_wheels=b.mode != "wheelhouse")
+    # A wheelhouse's wheels are hashed as they are decompressed (one read, not two), all before any is installed;
+    # a container env's image as it is copied, before it is renamed in.
+    hashed_later = b.mode in ("wheelhouse", "image")
+    problems = verify(b, record_result=not hashed_later, hash_wheels=not hashed_later)
     if problems:
         raise _unverified(b, problems)
     old = state.EnvRecord.from_json(b.data["record"])
@@ -115,7 +117,8 @@ def restore(
             imports_next = opts.smoke_check and bool(old.plan.get("torch"))
             job = _Job(b, old, name, final, env, modules, step, imports_next)
             record, status, log, relocation = _restore(job, home, opts, notes)
-    if opts.smoke_check and record.plan.get("torch"):
+    # A container env's image is byte for byte (sha256) the one whose torch create read inside it.
+    if opts.smoke_check and record.plan.get("torch") and not kinds.kind_info(record.kind).container:
         step("checking that torch imports")
         act = activation.from_plan(Activation.of_record(record.plan) or Activation(), None, record.recipe)
         delta = modules.apply(
@@ -171,6 +174,8 @@ def _restore(
         with transaction.Transaction(final, later=opts.later) as tx:
             if b.mode == "wheelhouse":
                 record = _wheelhouse(job, tx.partial, log)
+            elif b.mode == "image":
+                record = _image(job, tx.partial, log)
             else:
                 record, relocation = _archive(job, tx.partial, log)
             pending = transaction.Pending("restore", status, record, str(moving) if moving else None, b.id)
@@ -418,6 +423,19 @@ def _from_uv_cache(b: Backup, plan: Mapping[str, Any], build: base.Build) -> boo
         return False
     build.log.write(f"restored {len(reqs)} packages from uv's cache; every digest equals the backup's")
     return True
+
+
+def _image(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
+    """Copy the backed-up image file into ``partial`` (verified again as it is read) and write the record there."""
+    b, old = job.b, job.old
+    if not kinds.kind_info(old.kind).container:
+        raise BackupError(f"an image backup of a {old.kind} env cannot be restored by this release")
+    job.step(f"copying {b.data['image']['file']}")
+    image.put_back(b.root, b.path.relative_to(b.root).as_posix(), b.data, partial)
+    log.write(f"image: {b.data['image']['file']} sha256:{b.data['image']['sha256']}")
+    record = _restored_record(old, b, job.name, (partial, job.final), [dict(p) for p in old.packages])
+    fsutil.write_atomic(partial / "envbuilder" / "record.json", record.dumps())
+    return record
 
 
 def _compare(b: Backup, partial: Path) -> None:

@@ -26,8 +26,8 @@ def verify(
     b: Backup, record_result: bool = True, hash_wheels: bool = True, cancel: Optional[threading.Event] = None
 ) -> list[str]:
     """Re-hash everything the backup holds; the problems found (none: it restores as written). With
-    ``hash_wheels`` false the stored wheels are only checked for presence and size (restore hashes them as it
-    decompresses them, before anything is installed). Once ``cancel`` is set, wheels not yet started are
+    ``hash_wheels`` false the stored wheels (or a container env's image) are only checked for presence and size
+    (restore hashes them as it decompresses or copies them, before anything is put in place). Once ``cancel`` is set, wheels not yet started are
     skipped (restore stops checking when it turns to decompressing, which checks them anyway)."""
     problems: list[str] = [b.error] if b.error else []
     if not b.error:
@@ -46,6 +46,11 @@ def verify(
                 )
                 for more in found:
                     problems += more
+        elif b.mode == "image":
+            img = b.data.get("image", {})
+            rel = b.path.relative_to(b.root).as_posix()
+            digest = img["sha256"] if hash_wheels else None
+            problems += _check_file(b.root, f"{rel}/{img['file']}", img["size"], digest, "the image")
         else:
             arc = b.data.get("archive", {})
             rel = b.path.relative_to(b.root).as_posix()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from envbuilder import __version__
-from envbuilder.backup import archive, wheelhouse
+from envbuilder.backup import archive, image, wheelhouse
 from envbuilder.backup.catalog import BACKUP_VERSION, Backup, backups, checksum, load
 from envbuilder.core import kinds, settings
 from envbuilder.core.errors import BackupError, CommandFailed, DiskError, EnvbuilderError
@@ -121,6 +121,8 @@ def make(
             }
             if mode == "wheelhouse":
                 data.update(_wheelhouse(record, prefix, root, file_mode, step=step, notes=notes))
+            elif mode == "image":
+                data.update(image.store(record, prefix, tx.partial, file_mode, step))
             else:
                 data.update(_archive(prefix, tx.partial, fmt, file_mode, step))
             data["verified"] = data["created"]
@@ -150,7 +152,16 @@ def _refuse_unbackable(record: state.EnvRecord, prefix: Path, mode: str) -> None
             f"{record.name} is gone ({prefix} does not exist); there is nothing to back up",
             hint=f"envbuilder restore {record.name}",
         )
-    # A wheelhouse backup finds missing files itself while reading RECORDs (one pass instead of two).
+    container = kinds.kind_info(record.kind).container
+    if (mode == "image") != container:
+        raise BackupError(
+            f"{record.name} is a {record.kind} env: an image backup holds a container env's image file"
+            if not container
+            else f"{record.name} is a container env: its backup is its image file (--mode image)",
+            hint=f"envbuilder backup {record.name} --mode {default_mode(record)}",
+        )
+    # A wheelhouse backup finds missing files itself while reading RECORDs (one pass instead of two); an image
+    # backup checks the one file it copies.
     health = state.health(record, full=True) if mode == "archive" else state.Health("ok", "")
     if health.status == "damaged":
         raise BackupError(
@@ -293,9 +304,9 @@ def make_all(
     *,
     home: Path,
 ) -> tuple[list[BackupResult], list[tuple[str, EnvbuilderError]]]:
-    """Back every env up (wheelhouse for venvs, archive otherwise, unless ``mode`` says), each under its env's
-    mutex (an env another envbuilder is changing is a failure, not a wait); failures are collected, not fatal,
-    so one broken env does not stop the rest."""
+    """Back every env up (wheelhouse for venvs, the image file for container envs, archive otherwise, unless
+    ``mode`` says), each under its env's mutex (an env another envbuilder is changing is a failure, not a wait);
+    failures are collected, not fatal, so one broken env does not stop the rest."""
     done, failed = [], []
     for record in records:
         try:
@@ -307,5 +318,6 @@ def make_all(
 
 
 def default_mode(record: state.EnvRecord) -> str:
-    """A wheelhouse for an env of wheels (venvs), else an archive."""
-    return "wheelhouse" if kinds.kind_info(record.kind).venv else "archive"
+    """A wheelhouse for an env of wheels (venvs), the image file for a container env, else an archive."""
+    kind = kinds.kind_info(record.kind)
+    return "wheelhouse" if kind.venv else "image" if kind.container else "archive"

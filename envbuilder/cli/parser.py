@@ -323,7 +323,9 @@ def _add_pack(sub: _Sub) -> None:
     )
     # The node side of stage, run on each node by its steps (no help: not listed); clean takes the env name as KEY.
     p = sub.add_parser("__stage-node")
-    p.add_argument("step", choices=("prepare", "unpack", "fetch", "clean"))
+    p.add_argument(
+        "step", choices=("prepare", "unpack", "fetch", "clean", "prepare-file", "place", "fetch-file")
+    )
     p.add_argument("key")
     p.add_argument("sha256", nargs="?", default="")
     p.add_argument(
@@ -352,7 +354,7 @@ def _add_backup(sub: _Sub) -> None:
         "--mode",
         choices=Choices("envbuilder.core.formats", "BACKUP_MODES"),
         metavar="MODE",
-        help="%(choices)s (default: wheelhouse for venvs, archive otherwise)",
+        help="%(choices)s (default: wheelhouse for venvs, image for container envs, archive otherwise)",
     )
     p.add_argument(
         "--format",

@@ -41,7 +41,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     records, extra = collect.read_records(home, names, explicit=bool(args.env))
     catalog = Catalog.from_env(env)
     root = settings.backup_root(env)[0]
-    inputs = [collect.gather(record, catalog, env, root) for record in records]
+    inputs = [collect.gather(record, catalog, env, root, home) for record in records]
     matrix = load_matrix()
     torch_urls = index_checks.torch_upstreams(inputs, matrix)
     indexes = collect.read_indexes(

@@ -143,6 +143,8 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         "loads": list(act.modules),
         "said": act.modules_said(plan.get("modules") or (), plan.get("build_modules") or ()),
     }
+    if record.kind == "container":
+        data["container"] = _container_facts(record)
     if not args.json:
         out.result.heading(f"{record.name} (recipe {record.recipe})")
         out.result.field("prefix", record.prefix)
@@ -162,10 +164,47 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if record.validation:
             checks = record.validation.get("checks", {})
             out.result.field("last check", ", ".join(f"{k}: {v.get('status')}" for k, v in checks.items()))
-        out.result.field("activate", _activate_field(record))
+        if record.kind == "container":
+            _show_container(data["container"], out)
+        else:  # a container env has no bin/activate: how to enter its image is `activate`'s to print
+            out.result.field("activate", _activate_field(record))
         if fresh.status != "none":
             out.result.field("image", f"{fresh.status}: {fresh.detail}")
     return data
+
+
+def _container_facts(record: state.EnvRecord) -> dict[str, Any]:
+    """A container env's image as its record has it: the file, its sha256 and registry digest, the runtime, the
+    binds, and the torch inside."""
+    tools, box = record.tools, (record.plan or {}).get("container") or {}
+    return {
+        "image": tools.get("image") or box.get("image"),
+        "file": str(
+            Path(record.prefix) / Path(str(tools.get("image_file") or box.get("file") or "image.sif")).name
+        ),
+        "sha256": tools.get("image_sha256"),
+        "digest": tools.get("image_digest") or None,
+        "runtime": tools.get("runtime") or box.get("runtime"),
+        "binds": list(box.get("binds") or ()),
+        "gpu": box.get("gpu"),
+        "torch": record.torch,
+        "cuda": tools.get("cuda") or None,
+        "python": tools.get("python") or None,
+    }
+
+
+def _show_container(box: dict[str, Any], out: Out) -> None:
+    out.result.field("image", f"{box['image']} ({box['file']})")
+    out.result.field("sha256", box["sha256"] or "not recorded")
+    out.result.field("digest", box["digest"] or "none (not from a registry, or not read)")
+    out.result.field("runtime", f"{box['runtime']}{' --nv' if box['gpu'] else ''}")
+    out.result.field("binds", ", ".join(box["binds"]) or "none")
+    inside = [
+        f"torch {box['torch'] or '?'}",
+        f"CUDA {box['cuda'] or 'none'}",
+        f"Python {box['python'] or '?'}",
+    ]
+    out.result.field("inside", ", ".join(inside))
 
 
 def _activate_field(record: state.EnvRecord) -> str:

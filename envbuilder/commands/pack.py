@@ -18,6 +18,8 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     to = Path(args.to).expanduser().resolve() if args.to else None
     with state.mutex(home, args.env):
         record = state.load(home, args.env)
+        if image.container_file(record) is not None:
+            return _one_file_already(record, out, args.json)
         with fsutil.disk_errors(
             (to or Path(record.prefix).parent, "write the image elsewhere with --to DIR")
         ):
@@ -32,3 +34,21 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             "use", f"envbuilder activate {record.name} --image (run and validate take --image too)"
         )
     return {"name": record.name, **{k: v for k, v in made.items() if k != "packages"}}
+
+
+def _one_file_already(record: state.EnvRecord, out: Out, as_json: bool) -> dict[str, Any]:
+    """A container env is one image file already: nothing to pack; stage copies that file node-local."""
+    path, digest = image.container_usable(record)
+    if not as_json:
+        out.result.line(
+            f"{record.name} is a container env: its image {path} is one file already; nothing packed"
+        )
+        out.result.field("sha256", digest)
+        out.result.field("use", f"envbuilder stage {record.name} (in an allocation) copies it to each node")
+    return {
+        "name": record.name,
+        "path": str(path),
+        "sha256": digest,
+        "bytes": path.stat().st_size,
+        "packed": False,
+    }

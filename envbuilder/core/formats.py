@@ -7,8 +7,9 @@ from __future__ import annotations
 #: The modulefile languages, the first the default: Lua for Lmod, Tcl for Environment Modules (and Lmod).
 MODULEFILE_FORMATS = ("lua", "tcl")
 
-#: A backup holds an env's wheels (once each, shared by every backup: venvs) or the env itself, as an archive.
-BACKUP_MODES = ("wheelhouse", "archive")
+#: A backup holds an env's wheels (once each, shared by every backup: venvs), the env itself as an archive, or a
+#: container env's image file as it is (``image``).
+BACKUP_MODES = ("wheelhouse", "archive", "image")
 
 #: The archive of an archive-mode backup: a tar (compressed with zstd where it is found) or a squashfs image.
 BACKUP_FORMATS = ("tar", "squashfs")

@@ -82,6 +82,12 @@ def tool_versions_cache(home: Path) -> Path:
     return home / "cache" / "tools.json"
 
 
+def image_hashes_cache(home: Path) -> Path:
+    """The sha256 of each container env's image file already read, kept with the file's identity and times
+    (system/imagehash.py): doctor reads a multi-GB image once, not on every run."""
+    return home / "cache" / "image-hashes.json"
+
+
 def catalog_cache(home: Path) -> Path:
     """What the recipe catalog's scans learned from each file, so unchanged files are not parsed again."""
     return home / "cache" / "catalog.json"

@@ -3,13 +3,15 @@ read before any check runs so that the checks stay pure and can be run on anothe
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
 from envbuilder import backup, lockfile
-from envbuilder.core import kinds
+from envbuilder.core import containers, kinds, settings
 from envbuilder.core.errors import CommandFailed, EnvbuilderError, StateError
+from envbuilder.doctor.container import ImageState
 from envbuilder.doctor.findings import ACTION, Finding
 from envbuilder.doctor.replan import PythonState
 from envbuilder.doctor.report import EnvInputs
@@ -18,7 +20,7 @@ from envbuilder.recipe.catalog import Catalog, find_lock
 from envbuilder.recipe.loader import Recipe
 from envbuilder.resolver.indexfacts import IndexFacts
 from envbuilder.scale import image
-from envbuilder.system import proc, purge, state
+from envbuilder.system import imagehash, proc, purge, state
 from envbuilder.system.state import EnvRecord
 
 
@@ -57,6 +59,39 @@ def env_lib_dirs(record: EnvRecord) -> tuple[str, ...]:
     return tuple(dirs)
 
 
+def _module_env(record: EnvRecord, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` scrubbed, with the changes the env's modules made to it at build time."""
+    modules = record.modules or {}
+    run_env = proc.scrubbed_env(env)
+    run_env.update({str(k): str(v) for k, v in (modules.get("delta_set") or {}).items()})
+    for var in modules.get("delta_unset") or []:
+        run_env.pop(var, None)
+    return run_env
+
+
+def image_state(record: EnvRecord, env: Mapping[str, str], home: Path) -> Optional[ImageState]:
+    """A container env's image file (its sha256 now, read once per change of the file) and its runtime on the
+    PATH its modules give; None for other kinds, and for an env whose image is gone (health says so)."""
+    if not kinds.kind_info(record.kind).container:
+        return None
+    tools = record.tools or {}
+    runtime = str(tools.get("runtime") or ((record.plan or {}).get("container") or {}).get("runtime") or "")
+    path = Path(record.prefix) / str(tools.get("image_file") or "image.sif")
+    if not path.is_file():
+        return None
+    sha, problem = "", ""
+    try:
+        sha = imagehash.cached_sha256(path, settings.image_hashes_cache(home))
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    search = _module_env(record, env).get("PATH", "")
+    program = containers.runtime(runtime).program if runtime in containers.RUNTIMES else runtime
+    found = shutil.which(program, path=search) if program else None
+    return ImageState(
+        str(path), str(tools.get("image_sha256") or ""), sha, problem, runtime or "?", found or "", search
+    )
+
+
 def python_state(record: EnvRecord, env: Mapping[str, str]) -> PythonState:
     """Whether the interpreter the env was built from still exists, and whether the env's python starts (with
     the environment its modules gave the build)."""
@@ -66,11 +101,7 @@ def python_state(record: EnvRecord, env: Mapping[str, str]) -> PythonState:
     exists = bool(base) and Path(base).exists()
     if not Path(record.prefix).is_dir() or (base and not exists):
         return PythonState(base, exists, python)
-    modules = record.modules or {}
-    run_env = proc.scrubbed_env(env)
-    run_env.update({str(k): str(v) for k, v in (modules.get("delta_set") or {}).items()})
-    for var in modules.get("delta_unset") or []:
-        run_env.pop(var, None)
+    run_env = _module_env(record, env)
     argv = [python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"]
     try:
         res = proc.run(argv, env=run_env, timeout=60, check=False)
@@ -92,8 +123,11 @@ def load_recipe(record: EnvRecord, catalog: Catalog) -> tuple[Optional[Recipe], 
         return None, exc
 
 
-def gather(record: EnvRecord, catalog: Catalog, env: Mapping[str, str], backup_root: Path) -> EnvInputs:
+def gather(
+    record: EnvRecord, catalog: Catalog, env: Mapping[str, str], backup_root: Path, home: Path
+) -> EnvInputs:
     recipe, recipe_error = load_recipe(record, catalog)
+    container = kinds.kind_info(record.kind).container
     fresh = image.freshness(record)
     lock: Optional[lockfile.Lock] = None
     lock_error: Optional[EnvbuilderError] = None
@@ -106,7 +140,9 @@ def gather(record: EnvRecord, catalog: Catalog, env: Mapping[str, str], backup_r
         record=record,
         recipe=recipe,
         recipe_error=recipe_error,
-        python=python_state(record, env),
+        # A container env's python is the image's, run through its runtime: its own checks stand for this one.
+        python=PythonState("", False, "") if container else python_state(record, env),
+        container=image_state(record, env, home) if container else None,
         health=state.health(record),
         purge=purge.status(record),
         backups=tuple(b.id for b in backup.backups(backup_root, record.name) if not b.error),

@@ -10,9 +10,11 @@ from dataclasses import field
 from typing import Any, Callable, Optional
 
 from envbuilder import lockfile
+from envbuilder.core import kinds
 from envbuilder.core.errors import EnvbuilderError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
+from envbuilder.doctor.container import ImageState, container_findings
 from envbuilder.doctor.findings import ACTION, INFO, SEVERITIES, WARNING, Finding, ordered
 from envbuilder.doctor.index_checks import (
     NIGHTLY_OLD_DAYS,
@@ -111,6 +113,8 @@ class EnvInputs:
     lock_error: Optional[EnvbuilderError] = None
     #: Whether its squashfs image still holds the env: (none | ok | stale | missing, detail).
     image: tuple[str, str] = ("none", "")
+    #: A container env's image file and runtime (None for other kinds, or where its image is gone).
+    container: Optional[ImageState] = None
 
 
 def image_findings(name: str, image: tuple[str, str]) -> list[Finding]:
@@ -151,7 +155,9 @@ def check_env(inp: EnvInputs, ctx: Context, listdir: Callable[[str], Sequence[st
     findings += replan_findings(
         record, inp.recipe, inp.recipe_error, ctx.facts, ctx.env, index=torch_index, matrix=ctx.matrix
     )
-    if inp.health.status != "gone":
+    if inp.container is not None:
+        findings += container_findings(record.name, inp.container)
+    elif inp.health.status != "gone" and not kinds.kind_info(record.kind).container:
         findings += python_findings(record, inp.python)
         if ctx.check_shell:
             shell = activation_env(record, ctx.env)

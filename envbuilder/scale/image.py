@@ -102,9 +102,22 @@ def freshness(record: state.EnvRecord) -> Freshness:
 # pack
 
 
+def container_file(record: state.EnvRecord) -> Optional[Path]:
+    """A container env's image file (None for other kinds): one file already, which pack leaves as it is and
+    stage copies node-local as it is."""
+    if not kinds.kind_info(record.kind).container:
+        return None
+    return Path(record.prefix) / str(record.tools.get("image_file") or "image.sif")
+
+
 def refusal(record: state.EnvRecord) -> Optional[str]:
     """Why the env cannot be used from an image mounted elsewhere (None: it can)."""
     kind = kinds.kind_info(record.kind)
+    if kind.container:
+        return (
+            "it is a container env: its image file is the env, run through its runtime (envbuilder stage copies "
+            "it node-local), not a squashfs of a venv to mount"
+        )
     if kind.overlay:
         return (
             "it is an overlay env: it uses the site's python and packages outside its own directory, "
@@ -349,8 +362,28 @@ def usable(record: state.EnvRecord) -> Path:
 
 
 def image_key(record: state.EnvRecord) -> str:
-    """The name of the env's image on a node: a new pack gets a new one."""
-    return f"{record.name}-{str(record.image['sha256'])[:16]}"
+    """The name of the env's image on a node: a new pack (a container env: a new image) gets a new one."""
+    digest = record.tools.get("image_sha256") if container_file(record) else record.image["sha256"]
+    return f"{record.name}-{str(digest)[:16]}"
+
+
+def container_usable(record: state.EnvRecord) -> tuple[Path, str]:
+    """A container env's image file and the sha256 it was recorded with, where it is there; else the error says
+    how to get it back."""
+    path = container_file(record)
+    digest = str(record.tools.get("image_sha256") or "")
+    if path is None or not path.is_file() or not digest:
+        raise StateError(
+            f"{record.name} has no image file to stage: {path} "
+            + ("is gone (purged or removed)" if digest else "has no sha256 recorded"),
+            hint=f"envbuilder restore {record.name} --force, or envbuilder create {record.name} --force",
+        )
+    return path, digest
+
+
+def staged_file(base: Path, key: str, name: str) -> Path:
+    """A container env's image file ``name`` (``image.sif``) staged on a node under ``base``."""
+    return base / f"{key}.{name}"
 
 
 def unpacked_path(base: Path, key: str) -> Path:

@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder.core import schedulers
+from envbuilder.core import containers, schedulers
 from envbuilder.core.errors import UsageError
 from envbuilder.core.structs import dataclass
 from envbuilder.render import activate_scripts
@@ -89,13 +89,20 @@ def _allocation(env: Mapping[str, str]) -> tuple[schedulers.Scheduler, scheduler
 def planned(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
     """Where :func:`stage` puts the env in this allocation, without copying (refusing what it would refuse)."""
     _, here = _allocation(env)
+    if image.container_file(record) is not None:  # the image file itself, copied as it is
+        source, _ = image.container_usable(record)
+        path = image.staged_file(image.node_base(env), image.image_key(record), source.name)
+        return Staged(record.name, path, here.nodes or 1, copied=False)
     image.usable(record)  # refuses a missing or stale image, saying which
     path = image.unpacked_path(image.node_base(env), image.image_key(record))
     return Staged(record.name, path, here.nodes or 1, copied=False)
 
 
 def stage(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
-    """Copy the env's image to every node of this allocation and unpack it there."""
+    """Copy the env's image to every node of this allocation and unpack it there (a container env's image file:
+    copied there as it is)."""
+    if image.container_file(record) is not None:
+        return _stage_file(record, env)
     record = image.settled(record, env)
     plan = planned(record, env)
     key, digest = image.image_key(record), str(record.image["sha256"])
@@ -115,6 +122,31 @@ def stage(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
     sent = _sent(into, key, str(here.job), adapter.title)
     proc.run(adapter.broadcast(str(image.usable(record)), str(sent)), env=run_env)
     proc.run(_on_each_node(adapter, here, "unpack", key, digest, str(sent)), env=run_env)
+    return replace(plan, copied=True)
+
+
+def _stage_file(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
+    """A container env's image file on every node, as :func:`stage` puts a squashfs image there (one broadcast,
+    or each node's own copy where the scheduler has none), checked against its sha256 there and renamed into
+    place: never unpacked, since the runtime runs the file."""
+    plan = planned(record, env)
+    source, digest = image.container_usable(record)
+    key = image.image_key(record)
+    adapter, here = _allocation(env)
+    run_env = proc.scrubbed_env(env)
+    if not adapter.broadcasts:
+        fetch = _on_each_node(adapter, here, "fetch-file", key, digest, str(source))
+        lines = proc.run(fetch, env=run_env).stdout.splitlines()
+        return replace(plan, copied=any(line.split(" ", 1)[0] != READY for line in lines if line))
+    prepare = proc.run(_on_each_node(adapter, here, "prepare-file", key, digest, source.name), env=run_env)
+    answers = [line.split(" ", 1) for line in prepare.stdout.splitlines()]
+    if answers and all(a[0] == READY for a in answers):
+        return plan
+    bases = {a[1] for a in answers if len(a) == 2}
+    into = Path(bases.pop()) if len(bases) == 1 else image.default_base()
+    sent = _sent(into, key, str(here.job), adapter.title, source.name)
+    proc.run(adapter.broadcast(str(source), str(sent)), env=run_env)
+    proc.run(_on_each_node(adapter, here, "place", key, digest, str(sent)), env=run_env)
     return replace(plan, copied=True)
 
 
@@ -166,13 +198,21 @@ def _copy(base: Path, key: str) -> Path:
 
 #: How the image broadcast to a node is named until its unpack there: ``.KEY.sqfs.partial-JOB``.
 _SENT = re.compile(r"\.(?P<key>.+)" + re.escape(image.SUFFIX + transaction.PARTIAL) + r"\d+")
+#: A container env's image file names (``image.sif``), one per runtime.
+_FILES = "|".join(sorted({re.escape(r.image_file) for r in containers.RUNTIMES.values()}))
+#: How a container env's image file broadcast to a node is named until it is checked: ``.KEY.image.sif.partial-JOB``.
+_SENT_FILE = re.compile(rf"\.(?P<key>.+)\.(?P<file>{_FILES}){re.escape(transaction.PARTIAL)}\d+")
 
 
-def _sent(base: Path, key: str, job: str, scheduler: str) -> Path:
-    """Where the broadcast writes the image on each node for job ``job`` of ``scheduler`` (its title): beside
-    the copy's name, never at it."""
-    name = f".{key}{image.SUFFIX}{transaction.PARTIAL}{job}"
-    if not _SENT.fullmatch(name):
+def _sent(base: Path, key: str, job: str, scheduler: str, file: str = "") -> Path:
+    """Where the broadcast writes the image (``file``: a container env's image file) on each node for job
+    ``job`` of ``scheduler`` (its title): beside the copy's name, never at it."""
+    name = (
+        f".{key}.{file}{transaction.PARTIAL}{job}"
+        if file
+        else f".{key}{image.SUFFIX}{transaction.PARTIAL}{job}"
+    )
+    if not (_SENT_FILE if file else _SENT).fullmatch(name):
         raise UsageError(f"job id {job!r} is not a {scheduler} job id (expected digits)")
     return base / name
 
@@ -274,11 +314,15 @@ def _fetch(key: str, digest: str, source: Path) -> str:
     return f"copied {_unpacked(key, digest, copy)}"
 
 
-def _link_alias(base: Path, key: str) -> None:
-    """The copy at its alias in the directory every node names alike (a link, unless the copy is there)."""
+def _link_alias(base: Path, key: str, file: str = "") -> None:
+    """The copy (``file``: of a container env's image file) at its alias in the directory every node names alike
+    (a link, unless the copy is there)."""
     alias_base = image.default_base()
-    alias, target = image.unpacked_path(alias_base, key), image.unpacked_path(base, key)
-    if alias_base == base or _complete(alias):
+    if file:
+        alias, target = image.staged_file(alias_base, key, file), image.staged_file(base, key, file)
+    else:
+        alias, target = image.unpacked_path(alias_base, key), image.unpacked_path(base, key)
+    if alias_base == base or (alias.is_file() if file else _complete(alias)):
         return  # a complete copy of the same digest (another job's, or an --image unpack) serves as well
     with fsutil.Mutex(alias_base / f".{key}.lock", timeout=image.MOUNT_WAIT_S):
         if alias.is_dir() and not alias.is_symlink():
@@ -290,12 +334,80 @@ def _link_alias(base: Path, key: str) -> None:
         link.replace(alias)
 
 
+def _file_name(file: str) -> str:
+    """``file`` as a container env's image file name of a runtime, else a UsageError (it comes from a command
+    line: never a path)."""
+    if not re.fullmatch(_FILES, file):
+        raise UsageError(f"{file!r} is not a container image file name envbuilder writes ({_FILES})")
+    return file
+
+
+def _prepare_file(key: str, file: str) -> str:
+    """:func:`_prepare` for a container env's image file: made only once checked, so there means complete."""
+    base, _ = _bases()
+    if image.staged_file(base, key, _file_name(file)).is_file():
+        _link_alias(base, key, file)
+        return f"{READY} {base}"
+    return f"empty {base}"
+
+
+def _place(key: str, digest: str, sent: Path) -> str:
+    """The image file broadcast to ``sent``, checked against its digest, renamed to its copy's name; the env's
+    older copies on the node dropped."""
+    base, alias_base = _bases()
+    match = _SENT_FILE.fullmatch(sent.name)
+    if not match or match["key"] != key or sent.parent not in (base, alias_base):
+        raise UsageError(
+            f"{sent} is not where stage broadcasts the image file {key} (.{key}.FILE.partial-JOB)"
+        )
+    return _placed(key, digest, match["file"], sent)
+
+
+def _fetch_file(key: str, digest: str, source: Path) -> str:
+    """This node's copy of a container env's image file from the shared file system (no broadcast: PBS)."""
+    base, _ = _bases()
+    file = _file_name(source.name)
+    if image.staged_file(base, key, file).is_file():
+        _link_alias(base, key, file)
+        return f"{READY} {base}"
+    with fsutil.Mutex(base / f".{key}.lock", timeout=image.MOUNT_WAIT_S):
+        partial = base / f".{key}.{file}{transaction.PARTIAL}{os.getpid()}"
+        try:
+            shutil.copyfile(source, partial)
+        except BaseException:
+            transaction.delete(partial)
+            raise
+    return f"copied {_placed(key, digest, file, partial)}"
+
+
+def _placed(key: str, digest: str, file: str, partial: Path) -> str:
+    base, _ = _bases()
+    copy = image.staged_file(base, key, file)
+    with fsutil.Mutex(base / f".{key}.lock", timeout=image.MOUNT_WAIT_S):
+        try:
+            if not copy.is_file():
+                image.verify(partial, digest)
+                if partial.parent != base:  # broadcast to the directory every node names alike
+                    moved = base / partial.name
+                    shutil.move(str(partial), str(moved))
+                    partial = moved
+                partial.replace(copy)  # checked whole: only now under the copy's own name
+        finally:
+            transaction.delete(partial)
+    _link_alias(base, key, file)
+    name = key.rsplit("-", 1)[0]
+    for where in {base, image.default_base()}:
+        _remove_copies(where, name, keep=key)
+    return f"{socket.gethostname()} {copy}"
+
+
 def _keys_of(name: str, entry: str) -> bool:
     """Whether ``entry`` (a file name in a node directory) is one of env ``name``'s staged files: a copy, its
     alias, activate script, broadcast image, or a killed unpack's or link's leftover."""
     key = re.escape(name) + r"-[0-9a-f]{16}"
     scripts = "|".join(re.escape(t) for t in activate_scripts.image_script_tails())
     tail = rf"\.unpacked({scripts}|\.partial-\d+|\.link-\d+)?|{re.escape(image.SUFFIX)}(\.partial-\d+)?"
+    tail += rf"|\.({_FILES})(\.partial-\d+|\.link-\d+)?"
     return re.fullmatch(rf"\.?{key}({tail})", entry) is not None
 
 
@@ -306,12 +418,20 @@ def _remove_copies(base: Path, name: str, keep: str = "") -> int:
         if not _keys_of(name, entry.name) or (keep and entry.name.lstrip(".").startswith(f"{keep}.")):
             continue
         copy = entry.is_dir() and not entry.is_symlink()
+        counted = (copy and entry.name.endswith(".unpacked")) or _is_file_copy(entry)
         if copy:
             removal.remove_tree(entry)
         else:
             entry.unlink(missing_ok=True)
-        gone += copy and entry.name.endswith(".unpacked")
+        gone += counted
     return gone
+
+
+def _is_file_copy(entry: Path) -> bool:
+    """Whether ``entry`` is a container env's staged image file (a copy, not its alias's link or a partial)."""
+    if entry.name.startswith(".") or entry.is_symlink():
+        return False
+    return re.search(rf"\.({_FILES})$", entry.name) is not None
 
 
 def _clean(name: str) -> str:
@@ -320,12 +440,23 @@ def _clean(name: str) -> str:
     return f"{socket.gethostname()} {gone}"
 
 
+#: A container env's image file: staged as it is (``prepare-file`` with its file name, ``place`` the broadcast
+#: file, ``fetch-file`` from the env's prefix).
+_FILE_STEPS = {
+    "prepare-file": lambda key, digest, into: _prepare_file(key, into),
+    "place": lambda key, digest, into: _place(key, digest, Path(into)),
+    "fetch-file": lambda key, digest, into: _fetch_file(key, digest, Path(into)),
+}
+
+
 def on_node(step: str, key: str, digest: str = "", into: str = "") -> str:
     """One node's part of a staging step (``prepare``, ``unpack``, ``fetch`` from the image at ``into``, or
     ``clean`` with the env's name as ``key``; ``into``: for ``unpack`` the image sbcast wrote): the line it
     reports."""
     if step == "clean":
         return _clean(key)
+    if step in _FILE_STEPS:
+        return _FILE_STEPS[step](key, digest, into)
     if step == "fetch":
         return _fetch(key, digest, Path(into))
     return _prepare(key) if step == "prepare" else _unpack(key, digest, Path(into))

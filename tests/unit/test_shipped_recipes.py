@@ -16,6 +16,7 @@ from helpers import PLAN_ENV, REPO, load_facts
 
 from envbuilder import plan
 from envbuilder.core._toml import loads
+from envbuilder.core.errors import EnvbuilderError
 from envbuilder.recipe import loader, schemajson
 from envbuilder.recipe.catalog import Catalog
 
@@ -140,6 +141,20 @@ CASES = [
 ]
 
 
+#: Container recipes: recipe, facts fixture, the image it plans, its modules (the runtime's), its binds.
+CONTAINER_CASES = [
+    (
+        "vista-apptainer",
+        "gh200-aarch64",
+        "nvcr.io/nvidia/pytorch:24.10-py3",
+        ["tacc-apptainer"],
+        ("/scratch/u1", "/work/u1"),
+    ),
+]
+#: The image TACC's container page pulls (Docker Hub's pytorch/pytorch: amd64 only).
+SEED_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-devel"
+
+
 def make(name, facts_name, **opts):
     return plan.build(loader.load(name, CATALOG), load_facts(facts_name), PLAN_ENV, plan.Options(**opts))
 
@@ -161,7 +176,42 @@ def test_recipe_plans_for_its_site(*, name, facts_name, index, modules, use, lau
 
 
 def test_every_shipped_recipe_has_a_case():
-    assert sorted(CATALOG.names()) == sorted(c[0] for c in CASES)
+    assert sorted(CATALOG.names()) == sorted(c[0] for c in [*CASES, *CONTAINER_CASES])
+
+
+@pytest.mark.parametrize(
+    ("name", "facts_name", "image", "modules", "binds"), CONTAINER_CASES, ids=[c[0] for c in CONTAINER_CASES]
+)
+def test_container_recipe_plans_an_image_its_site_runs(*, name, facts_name, image, modules, binds):
+    p = make(name, facts_name)
+    box = p.container
+    assert box is not None
+    facts = load_facts(facts_name)
+    assert box.pick.ref.text == image
+    assert facts.arch in box.pick.facts.archs  # published for the node's CPU
+    assert list(p.modules) == modules
+    assert (box.runtime, box.gpu, box.binds) == ("apptainer", True, binds)
+    # Pulled into one file under the env's prefix in $SCRATCH, where the site says containers live.
+    assert p.prefix == f"{S}/{name}"
+    assert box.fetch == (("apptainer", "pull", "--", "{dest}", f"docker://{image}"),)
+
+
+def test_the_seeds_amd64_only_image_is_refused_on_vista(tmp_path):
+    """The container page's image, in place of the recipe's: Docker Hub publishes it for amd64 only, and the
+    plan for a GH200 node refuses it, saying which image to take instead."""
+    shipped = REPO / "recipes" / "tacc" / "vista" / "vista-apptainer.toml"
+    (tmp_path / "seed-image.toml").write_text(
+        f'schema_version = 1\nextends = "{shipped}"\n[recipe]\nname = "seed-image"\n'
+        f'[container]\nimage = "{SEED_IMAGE}"\n'
+    )
+    catalog = Catalog.from_env({"ENVBUILDER_RECIPE_PATH": str(tmp_path)})
+    with pytest.raises(EnvbuilderError) as caught:
+        plan.build(loader.load("seed-image", catalog), load_facts("gh200-aarch64"), PLAN_ENV, OPTS)
+    assert caught.value.message == f"{SEED_IMAGE} is published for x86_64 only; the target is aarch64"
+    assert "nvcr.io/nvidia/pytorch" in (caught.value.hint or "")
+    corrections = loader.load("vista-apptainer", CATALOG).get("corrections")
+    assert any(SEED_IMAGE in c["seed"] and "amd64" in c["fix"] for c in corrections)
+    assert any("--standalone" in c["fix"] for c in corrections)
 
 
 def test_seven_seed_systems_are_covered():

@@ -21,6 +21,10 @@ KEY = "vcpu-0123456789abcdef"
         f".{KEY}.unpacked.link-9",
         f"{KEY}{image.SUFFIX}",
         f".{KEY}{image.SUFFIX}.partial-77",
+        f"{KEY}.image.sif",  # a container env's image file, staged as it is (each runtime's name)
+        f"{KEY}.image.sqfs",
+        f".{KEY}.image.tar.partial-5",
+        f".{KEY}.image.sif.link-9",
     ],
 )
 def test_every_file_a_stage_or_an_activation_leaves_is_the_envs(entry):
@@ -34,6 +38,9 @@ def test_every_file_a_stage_or_an_activation_leaves_is_the_envs(entry):
         f"{KEY}.unpacked.activate.ps1",
         f"{KEY}.unpacked.validation",  # validation runs beside a mount are not a staged copy
         "vcpu-0123.unpacked",
+        "vcpu-extra-0123456789abcdef.image.sif",
+        f"{KEY}.image.sif.validation",
+        f"{KEY}.other.sif",  # not a file name a runtime's image has
     ],
 )
 def test_other_files_are_left_alone(entry):
