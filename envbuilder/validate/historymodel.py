@@ -64,15 +64,15 @@ def record_of(
     for row in result.rows:
         seconds = [float(r.get("seconds") or 0) for r in row.per_rank.values()]
         numbers = {k: f for k, f in row.figures.items() if isinstance(f.get("value"), (int, float))}
-        checks.append(
-            {
-                "name": row.check,
-                "status": row.status,
-                "seconds": round(max(seconds), 3) if seconds else None,
-                "figures": {k: f["value"] for k, f in numbers.items()},
-                "units": {k: str(f.get("unit") or "") for k, f in numbers.items()},
-            }
-        )
+        check: dict[str, Any] = {
+            "name": row.check,
+            "status": row.status,
+            "seconds": round(max(seconds), 3) if seconds else None,
+            "figures": {k: f["value"] for k, f in numbers.items()},
+            "units": {k: str(f.get("unit") or "") for k, f in numbers.items()},
+        }
+        check.update(_per_rank(row.per_rank))
+        checks.append(check)
     return {
         "version": HISTORY_VERSION,
         "env": result.env,
@@ -88,6 +88,37 @@ def record_of(
         "checks": checks,
         "status": "pass" if result.ok else "fail",
     }
+
+
+def _per_rank(per_rank: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """What the report plots per rank and per message size: each rank's time and numeric figures
+    (``per_rank``), and the lowest rank's bus bandwidth sweep (``sweep``: bytes and GB/s), where the check holds
+    them."""
+    ranks: dict[str, dict[str, float]] = {}
+    for rank, res in sorted(per_rank.items()):
+        numbers = {
+            name: float(fig["value"])
+            for name, fig in (res.get("figures") or {}).items()
+            if isinstance(fig, Mapping) and isinstance(fig.get("value"), (int, float))
+        }
+        if isinstance(res.get("seconds"), (int, float)):
+            numbers["seconds"] = round(float(res["seconds"]), 3)
+        if numbers:
+            ranks[str(rank)] = numbers
+    out: dict[str, Any] = {"per_rank": ranks} if len(ranks) > 1 else {}
+    first = per_rank[min(per_rank)] if per_rank else {}
+    sweep = first.get("sweep")
+    if isinstance(sweep, list):
+        rows = [
+            {"bytes": int(r["bytes"]), "busbw": float(r["busbw"])}
+            for r in sweep
+            if isinstance(r, Mapping)
+            and isinstance(r.get("bytes"), int)
+            and isinstance(r.get("busbw"), (int, float))
+        ]
+        if rows:
+            out["sweep"] = rows
+    return out
 
 
 @dataclass(frozen=True)

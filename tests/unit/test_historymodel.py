@@ -103,7 +103,13 @@ def test_the_record_of_a_report_holds_the_agreed_fields():
         "pass",
         (0, 1),
         {"busbw": {"value": 12.5, "unit": "GB/s"}},
-        per_rank={0: {"seconds": 1.0}, 1: {"seconds": 1.5}},
+        per_rank={
+            0: {
+                "seconds": 1.0,
+                "sweep": [{"bytes": 1024, "busbw": 0.5, "us": 40.0}, {"bytes": 4096, "busbw": 1.5}],
+            },
+            1: {"seconds": 1.5, "figures": {"busbw": {"value": 12.0, "unit": "GB/s"}}},
+        },
     )
     imp = Row("import", "pass", (0,), per_rank={0: {"seconds": 0.5, "torch": "2.13.0", "cuda": None}})
     result = Report(
@@ -140,4 +146,7 @@ def test_the_record_of_a_report_holds_the_agreed_fields():
         "seconds": 1.5,
         "figures": {"busbw": 12.5},
         "units": {"busbw": "GB/s"},
+        # What the report plots: each rank's time and figures, rank 0's bandwidth by message size.
+        "per_rank": {"0": {"seconds": 1.0}, "1": {"busbw": 12.0, "seconds": 1.5}},
+        "sweep": [{"bytes": 1024, "busbw": 0.5}, {"bytes": 4096, "busbw": 1.5}],
     }
