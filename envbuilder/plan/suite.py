@@ -122,6 +122,9 @@ class LaunchedEnv:
     activate: Activation
     #: Whether the env has a python of its own (a venv, a conda env), not the site's (runner.environment).
     own_python: bool = True
+    #: A container env's: the runtime's argv that runs the rest inside its image (plan.container.exec_prefix);
+    #: ``python`` is then the image's.
+    wrap: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -266,7 +269,7 @@ def launch_program(
         script=program.argv,
         nodes=shape.nodes,
         nproc_per_node=shape.nproc,
-        torchrun=(env.python, *program.torchrun, *(() if program.python else ("--no-python",))),
+        torchrun=(*env.wrap, env.python, *program.torchrun, *(() if program.python else ("--no-python",))),
         port=site_launcher.port,
         rdzv_id=adapter.rdzv_id if adapter else "envbuilder",
         mpi=site_launcher.mpi,
@@ -276,6 +279,7 @@ def launch_program(
         cpus_per_task=_cpus_per_task(shape, adapter),
         overlap=bool(shape.here and shape.here.in_step),
         direct=not program.python,
+        wrap=env.wrap,
     )
     argv = tuple(shape.launcher.argv(spec))
     if adapter is None:
@@ -305,7 +309,10 @@ def launch_program(
         workdir=workdir or f"{env.prefix}/envbuilder/validation",
         stage=stage,
         env=batch.JobEnv(
-            env.prefix, env.own_python, batch.Threads(shape.nproc, site_launcher.depth, shape.cores)
+            env.prefix,
+            env.own_python,
+            batch.Threads(shape.nproc, site_launcher.depth, shape.cores),
+            enter=not env.wrap,
         ),
     )
     return Launch(
