@@ -10,8 +10,9 @@ from typing import Any, Optional
 
 from envbuilder import backup
 from envbuilder.backends import activation
-from envbuilder.core import settings
+from envbuilder.core import kinds, settings
 from envbuilder.core.errors import EnvbuilderError, EnvNotFound, StateError, UnsafePath, UsageError
+from envbuilder.plan import container
 from envbuilder.plan.activation import Activation
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.render import modulefile
@@ -150,10 +151,27 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if record.validation:
             checks = record.validation.get("checks", {})
             out.result.field("last check", ", ".join(f"{k}: {v.get('status')}" for k, v in checks.items()))
-        out.result.field("activate", _activate_field(record))
+        if kinds.kind_info(record.kind).container:
+            _show_container(record, out)
+        else:
+            out.result.field("activate", _activate_field(record))
         if fresh.status != "none":
             out.result.field("image", f"{fresh.status}: {fresh.detail}")
     return data
+
+
+def _show_container(record: state.EnvRecord, out: Out) -> None:
+    """A container env's image, where it came from, its digests, runtime and binds (in place of bin/activate)."""
+    box = (record.plan or {}).get("container") or {}
+    tools = record.tools
+    out.result.field(
+        "image", f"{container.image_path(record.prefix, tools)} (from {tools.get('image', '?')})"
+    )
+    out.result.field("sha256", str(tools.get("image_sha256") or "-"))
+    out.result.field("digest", str(tools.get("image_digest") or "- (a local image)"))
+    out.result.field("runtime", f"{box.get('runtime', '?')}{', GPU' if box.get('gpu') else ''}")
+    out.result.field("binds", ", ".join(box.get("binds") or ()) or "none")
+    out.result.field("enter", f'eval "$(envbuilder activate {record.name})"; {record.name} COMMAND...')
 
 
 def _activate_field(record: state.EnvRecord) -> str:
@@ -169,6 +187,12 @@ def handle_activate(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     shell = args.shell or activation.default_shell(os.environ)
     if args.image:
         return _activate_image(record, shell, out, args.json)
+    if kinds.kind_info(record.kind).container:
+        line = activation.container_line(record.name, record.prefix, record.plan, record.tools, shell)
+        if not args.json:
+            out.line(f"{record.name} ARGS... runs ARGS inside its image ({record.name} bash: a shell there)")
+            print(line)
+        return {"name": record.name, "command": line}
     line = activation.activate_line(record.prefix, shell)
     if not args.json:
         print(line)

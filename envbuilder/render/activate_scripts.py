@@ -391,3 +391,23 @@ def render_image_activate(path: str, fusermount: Optional[str], shell: Syntax = 
         script: _render("image", shell, how=how, activate=activate, undo=q(undo)),
         undo: _render("image_deactivate", shell, path=q(path), unmount=unmount),
     }
+
+
+#: What a csh alias's double-quoted words may hold: csh has no escapes inside them (``$``, ``!``, `````, ``"``).
+_CSH_WORD = re.compile(r"[^\"$!`\\\n]*")
+
+
+def render_container_entry(name: str, argv: Sequence[str], shell: Syntax = POSIX) -> str:
+    """How a container env is entered in ``shell``: a function (csh: an alias) named after the env, ``name``,
+    that runs its arguments inside the image (``argv``: the runtime's exec up to the image; each word quoted).
+    ``NAME python train.py`` runs the image's python; ``NAME bash`` opens a shell inside."""
+    for arg in argv:
+        require_carriable(arg, "container command")
+    if shell.suffix == "fish":
+        return f"function {name}; {' '.join(shell.quote(a) for a in argv)} $argv; end"
+    if shell.suffix == "csh":
+        bad = [a for a in argv if not _CSH_WORD.fullmatch(a)]
+        if bad:
+            raise ValueError(f"csh cannot carry {bad[0]!r} in an alias")
+        return f"alias {name} '{' '.join(chr(34) + a + chr(34) for a in argv)} \\!*'"
+    return f'{name}() {{ {" ".join(shell.quote(a) for a in argv)} "$@"; }}'

@@ -139,7 +139,7 @@ def test_sbatch_submits_a_job_whose_ranks_run_inside_the_image(boxed):
     assert [line.split(" omp=")[0] for line in rank_lines(text)] == ["rank 0/2 sum=3", "rank 1/2 sum=3"], text
 
 
-@pytest.mark.parametrize("shell", ["bash", "zsh"])
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
 def test_activate_sourced_enters_the_image(boxed, shell):
     assert boxed.created.returncode == 0, boxed.created.stderr
     if not shutil.which(shell):
