@@ -289,6 +289,11 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     # `module load` puts the env's bin first on PATH: no one else may be able to write there.
     strictmodes.env_scripts(Path(record.prefix), ["bin"])
     activate = Activation.of_record(record.plan) or Activation()
+    entry: tuple[str, ...] = ()
+    if kinds.kind_info(record.kind).container:  # `module load` defines a function that enters the image
+        entry = container.exec_prefix(
+            (record.plan or {}).get("container") or {}, container.image_path(record.prefix, record.tools)
+        )
     text = modulefile.render(
         name=record.name,
         prefix=record.prefix,
@@ -296,6 +301,7 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         activate=activate,
         constraints=activation.has_constraints(Path(record.prefix)),
         fmt=args.format,
+        entry=entry,
     )
     note = modulefile.conda_step_note(activate)
     if note:

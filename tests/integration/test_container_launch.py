@@ -152,3 +152,35 @@ def test_activate_sourced_enters_the_image(boxed, shell):
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[-1] == f"{TORCH} /opt/venv/bin/python"
+
+
+def test_show_prints_the_image_its_digests_runtime_and_binds(boxed, cpu_sif):
+    assert boxed.created.returncode == 0, boxed.created.stderr
+    res = boxed.world.cli("show", "box")
+    assert res.returncode == 0, res.stderr
+    text = res.stdout + res.stderr
+    assert f"{boxed.prefix}/image.sif (from {cpu_sif})" in text
+    record = json.loads((boxed.prefix / "envbuilder" / "record.json").read_text())
+    assert record["tools"]["image_sha256"] in text
+    assert "apptainer" in text and "bin/activate" not in text
+
+
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
+
+
+@pytest.mark.skipif(not LMOD_INIT.is_file(), reason="needs Lmod (its bash init)")
+def test_the_modulefile_loaded_by_real_lmod_enters_the_image(boxed):
+    assert boxed.created.returncode == 0, boxed.created.stderr
+    mdir = boxed.root / "modules"
+    res = boxed.world.cli("modulefile", "box", "-o", f"{mdir}/")
+    assert res.returncode == 0, res.stderr
+    script = (
+        f"source {LMOD_INIT}; module use {mdir}; module load box; "
+        "box python -c 'import torch, sys; print(torch.__version__, sys.executable)'; "
+        "module unload box; type box >/dev/null 2>&1 && echo still-there || echo gone"
+    )
+    res = subprocess.run(
+        ["bash", "-c", script], env=boxed.world.env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-2:] == [f"{TORCH} /opt/venv/bin/python", "gone"]
