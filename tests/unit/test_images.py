@@ -187,6 +187,12 @@ def test_plan_json_shows_the_image_its_facts_and_how_it_runs(tmp_path: Path, reg
     human = run_cli("plan", "box", "--facts", "tests/data/facts/cpu-only.json", env=env)
     assert "image holds: torch 2.5.1, CUDA none (CPU only), Python 3.11; for x86_64" in human.stdout
     assert "runs with: binds /scratch/u1; GPU off; MPI from the host" in human.stdout
+    # The validation's ranks run inside the image, the env's copy of the payload bound in read-only.
+    payloads = f"{tmp_path}/envs/box/envbuilder/payloads"
+    assert data["launch_command"][:6] == [
+        "apptainer", "exec", "--bind", f"/scratch/u1,{payloads}:{payloads}:ro", "--", box["file"],
+    ]  # fmt: skip
+    assert data["launch_command"][6:8] == ["python3", f"{payloads}/envbuilder_torchrun.py"]
 
 
 def test_plan_refuses_a_cuda_13_tag_on_a_driver_12_node(tmp_path: Path, registry: Registry) -> None:
