@@ -256,7 +256,9 @@ def _with_container(
         read_only=[f"{base.prefix}/envbuilder/payloads"],
         gpu=suite.device_for(base.target, cpu=False) == "cuda",
     )
-    launched = suite.LaunchedEnv(base.prefix, IMAGE_PYTHON, base.activate, own_python=False, wrap=wrap)
+    launched = suite.LaunchedEnv(
+        base.prefix, IMAGE_PYTHON, base.activate, own_python=False, wrap=wrap, mpi=box.mpi
+    )
     launcher_name, launch, interactive, script = _launch(
         recipe, base.target, launched, opts=opts, warnings=warnings
     )

@@ -125,6 +125,14 @@ class LaunchedEnv:
     #: A container env's: the runtime's argv that runs the rest inside its image (plan.container.exec_prefix);
     #: ``python`` is then the image's.
     wrap: tuple[str, ...] = ()
+    #: A container env's ``container.mpi``: "image" where the ranks use the image's MPI, which then needs the
+    #: launcher's PMI (srun --mpi=IMAGE_PMI unless the site's launcher.mpi names its plugin).
+    mpi: str = ""
+
+
+#: The PMI srun gives an image's MPI where the site names no plugin (Apptainer's hybrid model; Open MPI and
+#: MPICH images take PMIx).
+IMAGE_PMI = "pmix"
 
 
 @dataclass(frozen=True)
@@ -272,7 +280,7 @@ def launch_program(
         torchrun=(*env.wrap, env.python, *program.torchrun, *(() if program.python else ("--no-python",))),
         port=site_launcher.port,
         rdzv_id=adapter.rdzv_id if adapter else "envbuilder",
-        mpi=site_launcher.mpi,
+        mpi=site_launcher.mpi or (IMAGE_PMI if env.mpi == "image" else None),
         cpu_bind=site_launcher.cpu_bind,
         depth=site_launcher.depth,
         affinity_wrapper=affinity,

@@ -115,6 +115,7 @@ def prepare(
             replace(Activation.of_record(record.plan) or activation_for(recipe), module_init=module_init),
             own_python,
             wrap,
+            runner.container_mpi(record),
         ),
         program,
         warnings=warnings,

@@ -124,7 +124,7 @@ def run(
     the_launch = suite.launch(
         recipe,
         target,
-        suite.LaunchedEnv(str(prefix), python, activate, own_python, wrap),
+        suite.LaunchedEnv(str(prefix), python, activate, own_python, wrap, container_mpi(record)),
         payload,
         package_dir=str(run_dir),  # the run directory holds a copy of the payloads
         warnings=warnings,
@@ -283,6 +283,11 @@ def _launched(record: state.EnvRecord, device: str, run_dir: Path) -> tuple[str,
     if kinds.kind_info(record.kind).own_python:
         return str(Path(record.prefix) / "bin" / "python"), ()
     return _site_python(record), ()
+
+
+def container_mpi(record: state.EnvRecord) -> str:
+    """A container env's ``container.mpi`` (where its ranks' MPI comes from); "" for any other env."""
+    return str(((record.plan or {}).get("container") or {}).get("mpi") or "")
 
 
 def in_image(record: state.EnvRecord, gpu: bool, run_dir: Optional[Path] = None) -> tuple[str, ...]:
