@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from envbuilder.core.errors import StateError
 from envbuilder.core.shells import registry
 from envbuilder.core.shells.base import ALWAYS, OWN
+from envbuilder.plan import container
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS
 from envbuilder.render import activate_scripts
@@ -43,6 +44,19 @@ def activate_line(prefix: str, shell: Optional[str] = None) -> str:
     # Only a line that sources what no one else could have written (StrictModes, for activation).
     strictmodes.env_scripts(Path(prefix), [syntax.activate_rel, *syntax.sourced])
     return syntax.line(str(path))
+
+
+def container_line(name: str, prefix: str, plan: Mapping[str, Any], tools: Mapping[str, Any],
+                   shell: Optional[str] = None) -> str:  # fmt: skip
+    """A container env's line for ``shell``: a function named after the env that runs its arguments inside the
+    image, through the runtime, with the recipe's binds and GPU flag (``plan``, ``tools``: its record's)."""
+    chosen = registry.get(shell) if shell else registry.default()
+    strictmodes.env_prefix(Path(prefix))  # the image it runs: only where no one else could have put it
+    argv = container.exec_prefix(plan.get("container") or {}, container.image_path(prefix, tools))
+    try:
+        return activate_scripts.render_container_entry(name, argv, chosen.syntax)
+    except ValueError as exc:
+        raise StateError(f"{name}: {exc}", hint="ask for another shell's line with --shell") from None
 
 
 def has_constraints(prefix: Path) -> bool:

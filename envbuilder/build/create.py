@@ -158,7 +158,9 @@ def create(
             record = _build(job, where, log, notes)
         finally:
             log.close()
-        deferred = opts.smoke_check and opts.validate_after and _wants_smoke(plan)
+        deferred = (
+            opts.smoke_check and opts.validate_after and (_wants_smoke(plan) or plan.container is not None)
+        )
         return CreateResult(status, record, str(log.path), notes, smoke_deferred=deferred)
 
 

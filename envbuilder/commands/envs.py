@@ -10,8 +10,9 @@ from typing import Any, Optional
 
 from envbuilder import backup
 from envbuilder.backends import activation
-from envbuilder.core import settings
+from envbuilder.core import kinds, settings
 from envbuilder.core.errors import EnvbuilderError, EnvNotFound, StateError, UnsafePath, UsageError
+from envbuilder.plan import container
 from envbuilder.plan.activation import Activation
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.render import modulefile
@@ -166,7 +167,10 @@ def handle_show(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             out.result.field("last check", ", ".join(f"{k}: {v.get('status')}" for k, v in checks.items()))
         if record.kind == "container":
             _show_container(data["container"], out)
-        else:  # a container env has no bin/activate: how to enter its image is `activate`'s to print
+            out.result.field(
+                "enter", f'eval "$(envbuilder activate {record.name})"; {record.name} COMMAND...'
+            )
+        else:  # a container env has no bin/activate: `activate` prints the function that enters its image
             out.result.field("activate", _activate_field(record))
         if fresh.status != "none":
             out.result.field("image", f"{fresh.status}: {fresh.detail}")
@@ -220,6 +224,14 @@ def handle_activate(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     shell = args.shell or activation.default_shell(os.environ)
     if args.image:
         return _activate_image(record, shell, out, args.json)
+    if kinds.kind_info(record.kind).container:
+        line = activation.container_line(record.name, record.prefix, record.plan, record.tools, shell)
+        if not args.json:
+            out.line(
+                f"{record.name} ARGS... runs ARGS inside its image (give it a shell's name to open one there)"
+            )
+            print(line)
+        return {"name": record.name, "command": line}
     line = activation.activate_line(record.prefix, shell)
     if not args.json:
         print(line)
@@ -316,6 +328,11 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     # `module load` puts the env's bin first on PATH: no one else may be able to write there.
     strictmodes.env_scripts(Path(record.prefix), ["bin"])
     activate = Activation.of_record(record.plan) or Activation()
+    entry: tuple[str, ...] = ()
+    if kinds.kind_info(record.kind).container:  # `module load` defines a function that enters the image
+        entry = container.exec_prefix(
+            (record.plan or {}).get("container") or {}, container.image_path(record.prefix, record.tools)
+        )
     text = modulefile.render(
         name=record.name,
         prefix=record.prefix,
@@ -323,6 +340,7 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         activate=activate,
         constraints=activation.has_constraints(Path(record.prefix)),
         fmt=args.format,
+        entry=entry,
     )
     note = modulefile.conda_step_note(activate)
     if note:

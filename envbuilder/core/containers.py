@@ -266,6 +266,10 @@ class Runtime:
         """Run ``argv`` inside ``image``."""
         return [self.program, "exec", *self._options(binds, gpu, env, cleanenv), "--", image, *argv]
 
+    def read_only(self, path: str) -> str:
+        """A bind of the host's ``path`` at the same path, read-only where the runtime can say so."""
+        return f"{path}:{path}:ro"
+
     def shell(self, image: str, *, binds: Sequence[str] = (), gpu: bool = False) -> list[str]:
         """An interactive shell inside ``image``."""
         return [self.program, "shell", *self._options(binds, gpu, None, False), "--", image]
@@ -327,6 +331,9 @@ class Charliecloud(Runtime):
         out += [f"--bind={bind}" for bind in binds]
         out += [f"--set-env={key}={value}" for key, value in (env or {}).items()]
         return [*out, image, "--", *argv]
+
+    def read_only(self, path: str) -> str:
+        return path  # ch-run's binds take no options
 
     def shell(self, image: str, *, binds: Sequence[str] = (), gpu: bool = False) -> list[str]:
         return self.exec(image, ["/bin/sh", "-l"], binds=binds, cleanenv=False)

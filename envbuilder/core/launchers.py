@@ -65,6 +65,9 @@ class LaunchSpec:
     overlap: bool = False
     #: ``script`` is an executable, not a python script: MPI launchers start it without the env's python.
     direct: bool = False
+    #: The container runtime's argv that runs what follows inside the env's image (a container env), between
+    #: the launcher (and the GPU-affinity wrapper) and the program; () for an env on the host.
+    wrap: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """The recipe's launcher settings, each one option's value, checked again (the loader refused them)."""
@@ -81,7 +84,7 @@ class LaunchSpec:
     @property
     def program(self) -> tuple[str, ...]:
         """argv of one rank started directly (MPI launchers, local)."""
-        return self.script if self.direct else (self.python, *self.script)
+        return (*self.wrap, *(self.script if self.direct else (self.python, *self.script)))
 
 
 MASTER_ADDR = ShellVar("MASTER_ADDR")

@@ -186,9 +186,13 @@ class JobEnv:
     prefix: str
     own_python: bool = True
     threads: Optional[Threads] = None
+    #: False for a container env: its programs run inside its image (the launch says how), nothing on the host.
+    enter: bool = True
 
     def lines(self) -> list[str]:
         require_carriable(self.prefix, "env prefix")
+        if not self.enter:
+            return []
         var = "VIRTUAL_ENV" if self.own_python else "PYTHONUSERBASE"
         bin_dir = shlex.quote(f"{self.prefix}/bin")
         return [f"export {var}={shlex.quote(self.prefix)}", f'export PATH={bin_dir}"${{PATH:+:$PATH}}"']

@@ -6,7 +6,7 @@ an image whose torch is not the one planned)."""
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder.core import containers
@@ -64,6 +64,38 @@ class ContainerPlan:
 
 #: Where the fetch commands and the probe name the image being made (create substitutes the partial file).
 DEST = "{dest}"
+#: The python a container env's ranks and programs run: the image's, on its PATH (the one create's probe read).
+IMAGE_PYTHON = "python3"
+
+
+def image_path(prefix: str, tools: Mapping[str, Any]) -> str:
+    """A container env's image file under its prefix (the record's ``image_file``)."""
+    return f"{prefix}/{tools.get('image_file') or 'image.sif'}"
+
+
+def exec_prefix(
+    box: Mapping[str, Any],
+    image: str,
+    *,
+    binds: Sequence[str] = (),
+    read_only: Sequence[str] = (),
+    gpu: bool = True,
+) -> tuple[str, ...]:
+    """The runtime's argv that runs what follows it inside ``image`` (a container env's, as its record's
+    ``container`` entry ``box`` says: runtime, binds, GPU): the recipe's binds, then ``binds`` and ``read_only``
+    (what the launch needs from the host: the payload's directory read-only, where its ranks write), the GPU flag where the env is for GPUs and ``gpu``.
+    The host's environment passes in (Apptainer's default): a launcher's rank variables (srun's, MPI's PMI)
+    and the activation's reach the ranks."""
+    runtime = containers.runtime(str(box.get("runtime") or containers.DEFAULT_RUNTIME))
+    recorded = [str(b) for b in box.get("binds") or ()]
+    argv = runtime.exec(
+        image,
+        [],
+        binds=list(dict.fromkeys([*recorded, *binds, *(runtime.read_only(p) for p in read_only)])),
+        gpu=bool(box.get("gpu")) and gpu and runtime.gpu_flag,
+        cleanenv=False,
+    )
+    return tuple(argv)
 
 
 def container_plan(

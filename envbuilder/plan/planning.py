@@ -21,7 +21,7 @@ from envbuilder.core.records import RecordedPython
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import interpreter, lockfit, suite
 from envbuilder.plan.activation import activation_for
-from envbuilder.plan.container import container_plan
+from envbuilder.plan.container import IMAGE_PYTHON, container_plan, exec_prefix
 from envbuilder.plan.container import steps_in_words as container_steps
 from envbuilder.plan.listing import steps_in_words
 from envbuilder.plan.prefix import filesystem_for, prefix_for
@@ -239,7 +239,7 @@ def build_container(
         prefix_missing=tuple(prefix_missing),
         partition=opts.partition,
     )
-    return _with_container(base, recipe, env, warnings, notes, image=image, matrix=matrix)
+    return _with_container(base, recipe, env, warnings, notes, image=image, matrix=matrix, opts=opts)
 
 
 def _with_container(
@@ -251,12 +251,22 @@ def _with_container(
     *,
     image: Optional[ImageFacts],
     matrix: Optional[Matrix],
+    opts: Options,
 ) -> Plan:
-    """A container env's plan: the image checked against the target, how it is fetched and run."""
+    """A container env's plan: the image checked against the target, how it is fetched and run (the
+    validation's ranks inside it, through the runtime, with the env's copy of the payload bound in)."""
     box = container_plan(recipe, base.target, env, base.prefix, warnings, image=image, matrix=matrix)
-    notes.append(
-        "validation, run and sbatch inside the container are not planned yet: create fetches the image, checks "
-        "the torch inside and records it"
+    wrap = exec_prefix(
+        box.to_json(),
+        box.file,
+        read_only=[f"{base.prefix}/envbuilder/payloads"],
+        gpu=suite.device_for(base.target, cpu=False) == "cuda",
+    )
+    launched = suite.LaunchedEnv(
+        base.prefix, IMAGE_PYTHON, base.activate, own_python=False, wrap=wrap, mpi=box.mpi
+    )
+    launcher_name, launch, interactive, script = _launch(
+        recipe, base.target, launched, opts=opts, warnings=warnings
     )
     python: RecordedPython = {
         "command": "python3",
@@ -269,6 +279,10 @@ def _with_container(
         base,
         python=python,
         container=box,
+        launcher=launcher_name,
+        launch_command=tuple(launchers.plain(launch)),
+        interactive_command=tuple(interactive) if interactive else None,
+        batch_script=script,
         steps=tuple(container_steps(box, base.prefix)),
         warnings=tuple(dict.fromkeys(warnings)),
         notes=tuple(dict.fromkeys(notes)),

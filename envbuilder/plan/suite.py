@@ -122,6 +122,17 @@ class LaunchedEnv:
     activate: Activation
     #: Whether the env has a python of its own (a venv, a conda env), not the site's (runner.environment).
     own_python: bool = True
+    #: A container env's: the runtime's argv that runs the rest inside its image (plan.container.exec_prefix);
+    #: ``python`` is then the image's.
+    wrap: tuple[str, ...] = ()
+    #: A container env's ``container.mpi``: "image" where the ranks use the image's MPI, which then needs the
+    #: launcher's PMI (srun --mpi=IMAGE_PMI unless the site's launcher.mpi names its plugin).
+    mpi: str = ""
+
+
+#: The PMI srun gives an image's MPI where the site names no plugin (Apptainer's hybrid model; Open MPI and
+#: MPICH images take PMIx).
+IMAGE_PMI = "pmix"
 
 
 @dataclass(frozen=True)
@@ -266,16 +277,17 @@ def launch_program(
         script=program.argv,
         nodes=shape.nodes,
         nproc_per_node=shape.nproc,
-        torchrun=(env.python, *program.torchrun, *(() if program.python else ("--no-python",))),
+        torchrun=(*env.wrap, env.python, *program.torchrun, *(() if program.python else ("--no-python",))),
         port=site_launcher.port,
         rdzv_id=adapter.rdzv_id if adapter else "envbuilder",
-        mpi=site_launcher.mpi,
+        mpi=site_launcher.mpi or (IMAGE_PMI if env.mpi == "image" else None),
         cpu_bind=site_launcher.cpu_bind,
         depth=site_launcher.depth,
         affinity_wrapper=affinity,
         cpus_per_task=_cpus_per_task(shape, adapter),
         overlap=bool(shape.here and shape.here.in_step),
         direct=not program.python,
+        wrap=env.wrap,
     )
     argv = tuple(shape.launcher.argv(spec))
     if adapter is None:
@@ -305,7 +317,10 @@ def launch_program(
         workdir=workdir or f"{env.prefix}/envbuilder/validation",
         stage=stage,
         env=batch.JobEnv(
-            env.prefix, env.own_python, batch.Threads(shape.nproc, site_launcher.depth, shape.cores)
+            env.prefix,
+            env.own_python,
+            batch.Threads(shape.nproc, site_launcher.depth, shape.cores),
+            enter=not env.wrap,
         ),
     )
     return Launch(

@@ -391,3 +391,12 @@ def render_image_activate(path: str, fusermount: Optional[str], shell: Syntax = 
         script: _render("image", shell, how=how, activate=activate, undo=q(undo)),
         undo: _render("image_deactivate", shell, path=q(path), unmount=unmount),
     }
+
+
+def render_container_entry(name: str, argv: Sequence[str], shell: Syntax = POSIX) -> str:
+    """How a container env is entered in ``shell``: a function (csh: an alias) named after the env, ``name``,
+    that runs its arguments inside the image (``argv``: the runtime's exec up to the image; each word quoted).
+    ``NAME python train.py`` runs the image's python; ``NAME bash`` opens a shell inside."""
+    for arg in argv:
+        require_carriable(arg, "container command")
+    return shell.entry(name, argv)

@@ -20,6 +20,8 @@ modulefile leaves the step out and says so on load (and ``envbuilder modulefile`
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Sequence
 from dataclasses import field
 from typing import Optional
 
@@ -57,6 +59,9 @@ class Env:
     activate: Activation = field(default_factory=Activation)
     description: str = ""
     constraints: bool = False
+    #: A container env's: the runtime's exec of its image (plan.container.exec_prefix). The module then defines
+    #: a shell function named after the env that runs its arguments inside the image, and sets no venv.
+    entry: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Refuse a value no module system can be handed safely (``activate`` refused its own when made)."""
@@ -67,6 +72,13 @@ class Env:
             ("description", self.description),
         ):
             require_carriable(value, key)
+        for word in self.entry:
+            require_carriable(word, "container command")
+
+    @property
+    def posix_entry(self) -> str:
+        """The body of the env's shell function for sh-like shells."""
+        return " ".join(shlex.quote(word) for word in self.entry) + ' "$@"'
 
 
 def loads_said(activate: Activation) -> str:
@@ -97,11 +109,12 @@ def render(
     description: str = "",
     constraints: bool = False,
     fmt: str = "lua",
+    entry: Sequence[str] = (),
 ) -> str:
     """The modulefile in ``fmt`` (one of :data:`envbuilder.core.formats.MODULEFILE_FORMATS`); ``constraints``: the env at ``prefix`` has torch pins
     for pip and uv. Raises RecipeError for a value a module system cannot be handed safely (see the module
     docstring)."""
-    env = Env(name, prefix, recipe, activate or Activation(), description, constraints)
+    env = Env(name, prefix, recipe, activate or Activation(), description, constraints, tuple(entry))
     return _tcl(env) if fmt == "tcl" else _lua(env)
 
 
@@ -138,11 +151,16 @@ def _lua(env: Env) -> str:
     for mod in activate.modules:
         # depends_on loads what is missing and unloads on `module unload` only what it loaded.
         lines.append(f"depends_on({q(mod)})")
-    lines += [
-        'setenv("VIRTUAL_ENV", prefix)',
-        'prepend_path("PATH", pathJoin(prefix, "bin"))',
-        'pushenv("PYTHONHOME", false)',
-    ]
+    if env.entry:
+        # Lmod's second body is an alias, for the shells without functions: its words in double quotes.
+        alias = " ".join(f'"{word}"' for word in env.entry) + " \\!*"
+        lines.append(f"set_shell_function({q(name)}, {q(env.posix_entry)}, {q(alias)})")
+    else:
+        lines += [
+            'setenv("VIRTUAL_ENV", prefix)',
+            'prepend_path("PATH", pathJoin(prefix, "bin"))',
+            'pushenv("PYTHONHOME", false)',
+        ]
     # pushenv, not setenv/unsetenv: on unload Lmod gives back the user's previous value (or unsets it).
     for key, value in activate.env.items():
         lines.append(f"pushenv({q(key)}, {q(value)})")
@@ -228,7 +246,10 @@ def _tcl(env: Env) -> str:
     ]
     lines += [f"prepend-path MODULEPATH {q(path)}" for path in activate.module_use]
     lines += [f"module load {q(mod)}" for mod in activate.modules]
-    lines += ["setenv VIRTUAL_ENV $prefix", "prepend-path PATH $prefix/bin", *_tcl_unset("PYTHONHOME")]
+    if env.entry:  # Environment Modules 4.2+: a shell function for sh-like shells
+        lines.append(f"set-function {q(name)} {q(env.posix_entry)}")
+    else:
+        lines += ["setenv VIRTUAL_ENV $prefix", "prepend-path PATH $prefix/bin", *_tcl_unset("PYTHONHOME")]
     lines += [f"pushenv {q(key)} {q(value)}" for key, value in activate.env.items()]
     for key in activate.unset:
         lines += _tcl_unset(key)

@@ -24,6 +24,7 @@ from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import suite
 from envbuilder.plan.activation import Activation, activation_for
+from envbuilder.plan.container import IMAGE_PYTHON
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
 from envbuilder.system import proc, state
@@ -100,7 +101,10 @@ def prepare(
     python = (
         str(prefix / "bin" / "python") if own_python else str(record.tools.get("python_path") or "python3")
     )
-    if not batch:
+    wrap: tuple[str, ...] = ()
+    if kinds.kind_info(record.kind).container:  # the program runs inside the image
+        python, wrap = IMAGE_PYTHON, runner.in_image(record, device == "cuda")
+    elif not batch:
         runner.python_here(record, python, host)
     the_launch = suite.launch_program(
         recipe,
@@ -110,6 +114,8 @@ def prepare(
             python,
             replace(Activation.of_record(record.plan) or activation_for(recipe), module_init=module_init),
             own_python,
+            wrap,
+            runner.container_mpi(record),
         ),
         program,
         warnings=warnings,

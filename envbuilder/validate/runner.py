@@ -31,7 +31,7 @@ from envbuilder.core import kinds, launchers, schedulers
 from envbuilder.core.errors import CommandFailed, StateError, UsageError, ValidationFailed
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
-from envbuilder.plan import suite
+from envbuilder.plan import container, suite
 from envbuilder.plan.activation import Activation, activation_for
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
@@ -120,11 +120,11 @@ def run(
         timeout=timeout,
     )
     own_python = kinds.kind_info(record.kind).own_python
-    python = str(prefix / "bin" / "python") if own_python else _site_python(record)
+    python, wrap = _launched(record, device, run_dir)
     the_launch = suite.launch(
         recipe,
         target,
-        suite.LaunchedEnv(str(prefix), python, activate, own_python),
+        suite.LaunchedEnv(str(prefix), python, activate, own_python, wrap, container_mpi(record)),
         payload,
         package_dir=str(run_dir),  # the run directory holds a copy of the payloads
         warnings=warnings,
@@ -160,7 +160,9 @@ def run(
     else:
         run_env = environment(record, recipe, activate, env, modules)
         run_env.setdefault("OMP_NUM_THREADS", str(threads_here(the_launch, here)))
-        bytecode = opts.write_bytecode and smoke.writes_bytecode(record, None if own_python else python)
+        bytecode = (
+            opts.write_bytecode and not wrap and smoke.writes_bytecode(record, None if own_python else python)
+        )
         if bytecode:
             run_env.pop("PYTHONDONTWRITEBYTECODE", None)
         with smoke.warming(record, run_env) if bytecode else contextlib.nullcontext():
@@ -224,6 +226,8 @@ def environment(
     load = suite.job_modules(recipe, activate)
     out = modules.apply(use, load, base, conda_env=activate.conda_env).apply(base)
     out = activate.apply(out)
+    if kinds.kind_info(record.kind).container:  # nothing of it on the host: its programs run in the image
+        return out
     if kinds.kind_info(record.kind).own_python:
         out["VIRTUAL_ENV"] = record.prefix
     else:
@@ -270,6 +274,36 @@ def python_here(record: state.EnvRecord, python: str, host: HostFacts) -> None:
         f"{link.resolve()}, which is not here{made}",
         hint=f"build it where it runs: envbuilder create {record.name} --force on a compute node, with a Python "
         "the nodes have ([python] version, or compute.python in the site file)",
+    )
+
+
+def _launched(record: state.EnvRecord, device: str, run_dir: Path) -> tuple[str, tuple[str, ...]]:
+    """The python the ranks run, and the runtime's argv before it where they run inside a container env's image
+    (the payload bound in)."""
+    if kinds.kind_info(record.kind).container:
+        return container.IMAGE_PYTHON, in_image(record, device == "cuda", run_dir)
+    if kinds.kind_info(record.kind).own_python:
+        return str(Path(record.prefix) / "bin" / "python"), ()
+    return _site_python(record), ()
+
+
+def container_mpi(record: state.EnvRecord) -> str:
+    """A container env's ``container.mpi`` (where its ranks' MPI comes from); "" for any other env."""
+    return str(((record.plan or {}).get("container") or {}).get("mpi") or "")
+
+
+def in_image(record: state.EnvRecord, gpu: bool, run_dir: Optional[Path] = None) -> tuple[str, ...]:
+    """The runtime's argv that runs the rest inside a container env's image; ``run_dir`` (a validation's) bound
+    in: its payloads read-only, its ranks' directory for their records."""
+    box = record.plan.get("container") or {}
+    if run_dir is None:
+        return container.exec_prefix(box, container.image_path(record.prefix, record.tools), gpu=gpu)
+    return container.exec_prefix(
+        box,
+        container.image_path(record.prefix, record.tools),
+        binds=[str(run_dir / "ranks")],
+        read_only=[str(run_dir / "payloads")],
+        gpu=gpu,
     )
 
 

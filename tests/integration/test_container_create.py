@@ -123,7 +123,18 @@ LABELS = {
 
 
 def _create(env: dict[str, str], *more: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("create", "box", "--json", "--facts", "tests/data/facts/cpu-only.json", *more, env=env)
+    # --no-validate: the image here holds a stub torch that no rank can run (create validates a container env
+    # by default; tests/integration/test_container_launch.py validates a real image).
+    return run_cli(
+        "create",
+        "box",
+        "--json",
+        "--no-validate",
+        "--facts",
+        "tests/data/facts/cpu-only.json",
+        *more,
+        env=env,
+    )
 
 
 def test_create_pulls_one_image_file_checks_its_torch_and_records_its_digest(

@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -187,6 +188,12 @@ def test_plan_json_shows_the_image_its_facts_and_how_it_runs(tmp_path: Path, reg
     human = run_cli("plan", "box", "--facts", "tests/data/facts/cpu-only.json", env=env)
     assert "image holds: torch 2.5.1, CUDA none (CPU only), Python 3.11; for x86_64" in human.stdout
     assert "runs with: binds /scratch/u1; GPU off; MPI from the host" in human.stdout
+    # The validation's ranks run inside the image, the env's copy of the payload bound in read-only.
+    payloads = f"{tmp_path}/envs/box/envbuilder/payloads"
+    assert data["launch_command"][:6] == [
+        "apptainer", "exec", "--bind", f"/scratch/u1,{payloads}:{payloads}:ro", "--", box["file"],
+    ]  # fmt: skip
+    assert data["launch_command"][6:8] == ["python3", f"{payloads}/envbuilder_torchrun.py"]
 
 
 def test_plan_refuses_a_cuda_13_tag_on_a_driver_12_node(tmp_path: Path, registry: Registry) -> None:
@@ -278,3 +285,26 @@ def test_plan_reads_and_fetches_through_the_sites_registry_mirror(tmp_path: Path
     assert box["facts"]["python"] == "3.11"  # the mirror's labels: the table does not know the tag's Python
     assert box["facts"]["origins"]["python"] == "image: org.envbuilder.python"
     assert box["fetch"] == [["apptainer", "pull", "--no-https", "--", "{dest}", f"docker://{mirror}"]]
+
+
+@pytest.mark.parametrize(("mpi", "site", "plugin"), [("image", "", "--mpi=pmix"), ("image", 'mpi = "pmi2"\n',
+                         "--mpi=pmi2"), ("host", "", None)])  # fmt: skip
+def test_an_image_mpi_gets_the_launchers_pmi_and_the_host_mpi_none(
+    tmp_path: Path, mpi: str, site: str, plugin: Optional[str]
+) -> None:
+    extra = f'mpi = "{mpi}"\n[scheduler]\ntype = "slurm"\n[launcher]\ndefault = "srun"\n{site}'
+    recipe = load("box", Catalog([Layer("t", _recipe(tmp_path, HUB[9:], extra))]))
+    the_plan = plan.build(recipe, load_facts("a100-pcie-x3"), PLAN_ENV)
+    launch = list(the_plan.launch_command)
+    own = launch[: launch.index("apptainer")]
+    assert own[0] == "srun" and [a for a in own if a.startswith("--mpi")] == ([plugin] if plugin else [])
+    # A GPU env: the GPU flag, the image's python running torchrun.
+    at = launch.index("apptainer")
+    assert launch[at : at + 3] == ["apptainer", "exec", "--nv"]
+    image = launch.index("--", at) + 1
+    payloads = f"{tmp_path}/envs/box/envbuilder/payloads"
+    assert launch[image : image + 3] == [
+        the_plan.container.file,
+        "python3",
+        f"{payloads}/envbuilder_torchrun.py",
+    ]

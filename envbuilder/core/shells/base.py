@@ -7,6 +7,7 @@ reads these from :mod:`envbuilder.core.shells.registry` and names no shell itsel
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Callable, Optional
 
 from envbuilder.core.structs import dataclass
@@ -23,6 +24,10 @@ VENV_HOOKS = (ALWAYS, IF_PRESENT, OWN)
 #: stderr the completer's to silence), what shtab attaches to the argument and the code it puts before the script
 #: (None: none needed).
 Completer = Callable[[str, str], "tuple[str, Optional[str]]"]
+
+
+def _no_entry(name: str) -> str:
+    raise ValueError(f"this shell has no way to define the command {name}")
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,9 @@ class Syntax:
     added_later: bool = False
     #: The command that reads a script into the running shell.
     source: str = "source"
+    #: A command named NAME that runs the words ARGV (unquoted) followed by its own arguments: a function (csh: an
+    #: alias); ValueError where the shell cannot carry a word.
+    entry: Callable[[str, Sequence[str]], str] = lambda name, argv: _no_entry(name)
 
     @property
     def activate_rel(self) -> str:

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 from envbuilder.core.shells.base import OWN, Shell, Syntax
 
 
@@ -17,7 +20,21 @@ def _dq(text: str) -> str:
     return '"' + _quote(text) + '"'
 
 
-CSH = Syntax("csh.csh", _quote, _dq, "csh", "activate.csh", venv=OWN, undo_script=True, added_later=True)
+#: What a csh alias's double-quoted words may hold: csh has no escapes inside them (``$``, ``!``, `````, ``"``).
+_WORD = re.compile(r"[^\"$!`\\\n]*")
+
+
+def _entry(name: str, argv: Sequence[str]) -> str:
+    """An alias (csh has no functions): its words double-quoted, the alias's arguments after them."""
+    bad = [a for a in argv if not _WORD.fullmatch(a)]
+    if bad:
+        raise ValueError(f"csh cannot carry {bad[0]!r} in an alias")
+    return f"alias {name} '{' '.join(chr(34) + a + chr(34) for a in argv)} \\!*'"
+
+
+CSH = Syntax(
+    "csh.csh", _quote, _dq, "csh", "activate.csh", venv=OWN, undo_script=True, added_later=True, entry=_entry
+)
 
 
 def _completer(function: str, ask: str) -> tuple[str, None]:

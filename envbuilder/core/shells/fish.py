@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from envbuilder.core.shells.base import IF_PRESENT, Shell, Syntax
 
@@ -17,7 +18,13 @@ def _dq(text: str) -> str:
     return re.sub(r'(["\\$])', r"\\\1", text)
 
 
-FISH = Syntax("fish.fish", _quote, _dq, "fish", "activate.fish", venv=IF_PRESENT, added_later=True)
+def _entry(name: str, argv: Sequence[str]) -> str:
+    return f"function {name}; {' '.join(_quote(a) for a in argv)} $argv; end"
+
+
+FISH = Syntax(
+    "fish.fish", _quote, _dq, "fish", "activate.fish", venv=IF_PRESENT, added_later=True, entry=_entry
+)
 
 
 def _completer(function: str, ask: str) -> tuple[str, None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 
 from envbuilder.core.shells.base import ALWAYS, Shell, Syntax
 
@@ -14,7 +15,11 @@ def _dq(text: str) -> str:
     return re.sub(r'(["\\$`])', r"\\\1", text)
 
 
-POSIX = Syntax("posix.sh", shlex.quote, _dq, "sh", "activate", venv=ALWAYS, runs_conda=True)
+def _entry(name: str, argv: Sequence[str]) -> str:
+    return f'{name}() {{ {" ".join(shlex.quote(a) for a in argv)} "$@"; }}'
+
+
+POSIX = Syntax("posix.sh", shlex.quote, _dq, "sh", "activate", venv=ALWAYS, runs_conda=True, entry=_entry)
 
 
 def _bash_completer(function: str, ask: str) -> tuple[str, str]:
