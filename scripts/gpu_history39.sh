@@ -60,8 +60,8 @@ for f in sorted(out.glob("validate-*.out")) + [out / "create.out"]:
         print(f.name, "unreadable:", exc)
         continue
     report = data.get("validation") or data.get("report") or data
-    rows = report.get("checks") or report.get("rows") or []
-    figs = {r.get("check") or r.get("name"): {k: v.get("value") for k, v in (r.get("figures") or {}).items()} for r in rows}
+    checks = report.get("checks") or {}
+    figs = {name: {k: v.get("value") for k, v in (c.get("figures") or {}).items()} for name, c in checks.items()}
     print(f.name, report.get("ok"), report.get("seconds"), json.dumps(figs)[:400], "drift:", len(report.get("drift") or []))
 PY
 } > "$out/summary.txt" 2>&1

@@ -175,7 +175,8 @@ def test_show_prints_the_image_its_digests_runtime_and_binds(boxed, cpu_sif):
     res = boxed.world.cli("show", "box")
     assert res.returncode == 0, res.stderr
     text = res.stdout + res.stderr
-    assert f"{boxed.prefix}/image.sif (from {cpu_sif})" in text
+    assert f"image: {cpu_sif} ({boxed.prefix}/image.sif)" in text
+    assert 'enter: eval "$(envbuilder activate box)"; box COMMAND...' in text
     record = json.loads((boxed.prefix / "envbuilder" / "record.json").read_text())
     assert record["tools"]["image_sha256"] in text
     assert "apptainer" in text and "bin/activate" not in text
