@@ -72,6 +72,7 @@ def _defaults(env: Mapping[str, str]) -> dict[str, str]:
         "managed_python": "1",
         "python_mirror": "",
         "python_downloads": "",
+        "history_dir": "",
     }
 
 
