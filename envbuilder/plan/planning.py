@@ -257,7 +257,10 @@ def _with_container(
         "version": box.pick.facts.python,
         "source": "the image",
         "origin": "image",
-        "where": "the image's own python3, run through the container runtime",
+        "where": f"the overlay venv's python ({box.python}), on top of the image's own python3, run through the "
+        "container runtime"
+        if box.overlay
+        else "the image's own python3, run through the container runtime",
     }
     return replace(
         base,
