@@ -21,6 +21,7 @@ from envbuilder.core.values import (
     DIRECTIVE,
     DIST_NAME,
     FLAG,
+    IMAGE_REQUIREMENT,
     MAX_CORES_PER_NODE,
     MAX_GPUS_PER_NODE,
     MAX_NODES,
@@ -435,7 +436,7 @@ SCHEMA = Table(
                     "PEP 508 requirements installed on top of the image, into an overlay venv beside it that sees "
                     "the image's packages (the image's torch must stay the one seen)",
                     items=str,
-                    rule=REQUIREMENT,
+                    rule=IMAGE_REQUIREMENT,
                 ),
                 "index": Field(
                     str,

@@ -1,0 +1,125 @@
+"""container.packages in the plan: the overlay venv beside the image file, the runtime's commands that make and
+fill it inside the image (the build directory bound at its final path, a /tmp of its own), the python a command
+inside the env runs, and the checks on the recipe's values. (tests/integration/test_container_overlay.py builds
+one through the real runtime.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from envbuilder import plan
+from envbuilder.backends.container import overlay_guard
+from envbuilder.core.errors import BackendError, RecipeError
+from envbuilder.plan.container import OVERLAY_CREATE, OVERLAY_PROBE, PIP_OPTIONS
+from envbuilder.recipe.catalog import Catalog, Layer
+from envbuilder.recipe.loader import load
+from tests.helpers import PLAN_ENV, load_facts, run_cli
+
+NGC = "nvcr.io/nvidia/pytorch:24.05-py3"
+INDEX = "https://example.org/simple"
+
+
+def _recipe(tmp_path: Path, container: str, prefix: str = "") -> Path:
+    prefix = prefix or f"{tmp_path}/envs/box"
+    (tmp_path / "box.toml").write_text(
+        f'schema_version = 1\n[recipe]\nname = "box"\n[env]\nkind = "container"\nprefix = "{prefix}"\n'
+        f'[filesystems.scratch]\npath = "$SCRATCH"\n[container]\nimage = "{NGC}"\n{container}'
+    )
+    return tmp_path
+
+
+def _plan(tmp_path: Path, container: str, prefix: str = "") -> plan.ContainerPlan:
+    recipe = load("box", Catalog([Layer("t", _recipe(tmp_path, container, prefix))]))
+    box = plan.build(recipe, load_facts("a100-pcie-x3"), PLAN_ENV).container
+    assert box is not None
+    return box
+
+
+def test_packages_make_an_overlay_venv_built_inside_the_image_at_its_final_path(tmp_path: Path) -> None:
+    box = _plan(tmp_path, f'packages = ["numpy>=1.26", "einops"]\nindex = "{INDEX}"\n')
+    venv = f"{tmp_path}/envs/box/venv"
+    layer = box.overlay
+    assert layer is not None
+    assert (layer.path, layer.packages, layer.index) == (venv, ("numpy>=1.26", "einops"), INDEX)
+    inside = ["apptainer", "exec", "--cleanenv", "--bind", f"{{build}}:{venv}", "--env", "PYTHONNOUSERSITE=1",
+              "--contain", "--", "{dest}"]  # fmt: skip
+    assert list(layer.create) == [*inside, "python3", "-c", OVERLAY_CREATE, venv]
+    assert list(layer.install) == [
+        *inside, f"{venv}/bin/python", "-m", "pip", "install", *PIP_OPTIONS, "--index-url", INDEX, "--",
+        "numpy>=1.26", "einops",
+    ]  # fmt: skip
+    assert list(layer.probe) == [*inside, f"{venv}/bin/python", "-c", OVERLAY_PROBE]
+    # What runs inside the env later: the overlay's python, its directory bound at its own path.
+    assert box.python == box.to_json()["python"] == f"{venv}/bin/python"
+    assert box.binds == ("/scratch/u1", venv)
+    assert box.to_json()["overlay"]["packages"] == ["numpy>=1.26", "einops"]
+
+
+def test_no_packages_no_overlay_and_the_images_own_python(tmp_path: Path) -> None:
+    box = _plan(tmp_path, "")
+    assert (box.overlay, box.python, box.to_json()["overlay"]) == (None, "python3", None)
+    assert box.binds == ("/scratch/u1",)
+
+
+def test_an_overlay_under_a_bind_is_seen_through_it_and_pypi_is_the_default_index(tmp_path: Path) -> None:
+    box = _plan(tmp_path, 'packages = ["einops"]\n', prefix="${SCRATCH}/envs/box")
+    assert box.overlay is not None and box.overlay.index == "https://pypi.org/simple"
+    assert box.binds == ("/scratch/u1",)  # /scratch/u1/envs/box/venv is under it
+
+
+def test_charliecloud_builds_the_overlay_with_a_private_tmp(tmp_path: Path) -> None:
+    box = _plan(tmp_path, 'runtime = "charliecloud"\npackages = ["einops"]\n')
+    venv = f"{tmp_path}/envs/box/venv"
+    assert box.overlay is not None
+    assert list(box.overlay.create[:6]) == [
+        "ch-run", "--unset-env=*", "--private-tmp", f"--bind={{build}}:{venv}", "--set-env=PYTHONNOUSERSITE=1",
+        "{dest}",
+    ]  # fmt: skip
+
+
+def test_a_prefix_a_runtime_cannot_bind_is_refused_for_an_overlay(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError) as info:
+        _plan(tmp_path, 'packages = ["einops"]\n', prefix=f"{tmp_path}/a,b/box")
+    assert info.value.key == "env.prefix"
+    assert "which a runtime cannot bind" in info.value.message
+    _plan(tmp_path, "", prefix=f"{tmp_path}/a,b/box")  # without packages nothing is bound by the prefix
+
+
+def test_plan_shows_the_packages_step_and_the_overlay(tmp_path: Path) -> None:
+    env = {**PLAN_ENV, "ENVBUILDER_RECIPE_PATH": str(_recipe(tmp_path, 'packages = ["einops==0.8.0"]\n'))}
+    res = run_cli("plan", "box", "--facts", "tests/data/facts/a100-pcie-x3.json", env=env)
+    assert res.returncode == 0, res.stderr
+    venv = f"{tmp_path}/envs/box/venv"
+    assert (
+        f"packages on top: einops==0.8.0 from https://pypi.org/simple, in the overlay venv {venv}"
+        in res.stdout
+    )
+    assert "install einops==0.8.0 into it from https://pypi.org/simple with the image's pip" in res.stdout
+    assert "--index-url https://pypi.org/simple -- einops==0.8.0" in res.stdout
+    data = json.loads(
+        run_cli("plan", "box", "--json", "--facts", "tests/data/facts/a100-pcie-x3.json", env=env).stdout
+    )
+    assert data["data"]["container"]["python"] == f"{venv}/bin/python"
+
+
+def test_the_guard_refuses_a_torch_the_overlay_brought(tmp_path: Path) -> None:
+    box = _plan(tmp_path, 'packages = ["einops"]\n')
+    layer = box.overlay
+    assert layer is not None
+    image = {
+        "torch": "2.3.0a0+40ec155e58",
+        "file": "/usr/local/lib/python3.10/dist-packages/torch/__init__.py",
+    }
+    overlay_guard(box, layer, image, image)  # the image's own, seen through the overlay
+    mine = {
+        "torch": "2.3.0a0+40ec155e58",
+        "file": f"{layer.path}/lib/python3.10/site-packages/torch/__init__.py",
+    }
+    with pytest.raises(BackendError, match="installed into the overlay"):
+        overlay_guard(box, layer, image, mine)  # the same version, but not the image's build
+    with pytest.raises(BackendError) as info:
+        overlay_guard(box, layer, image, {"torch": "2.5.0", "file": "/x/torch/__init__.py"})
+    assert "torch 2.5.0 from /x/torch/__init__.py is seen through the overlay" in info.value.message
