@@ -189,15 +189,13 @@ def _copy(source: Path, dest: Path) -> None:
 
 
 def _at(argv: Sequence[str], dest: Path, program: str, build: Optional[Path] = None) -> list[str]:
-    """``argv`` with the image at ``dest``, the runtime's program found on PATH, and ``build`` for the build
-    directory the runtime's options bind (in its options only: what follows the image is the command's)."""
-    out, options = [], True
-    for arg in argv:
-        options = options and arg != DEST
-        if arg == DEST:
-            out.append(str(dest))
-        else:
-            out.append(arg.replace(BUILD_DIR, str(build)) if options and build is not None else arg)
+    """``argv`` with the image at ``dest`` (the first argument that names it: ``{dest}``, or Podman's
+    ``oci-archive:{dest}``), the runtime's program found on PATH, and ``build`` for the build directory the
+    runtime's options bind (before the image only: what follows it is the command's, the recipe's values among it)."""
+    image = next((i for i, arg in enumerate(argv) if DEST in arg), len(argv))
+    out = [arg.replace(BUILD_DIR, str(build)) if build is not None else arg for arg in argv[:image]]
+    out += [arg.replace(DEST, str(dest)) for arg in argv[image : image + 1]]
+    out += argv[image + 1 :]
     return [program, *out[1:]] if Path(out[0]).name == Path(program).name else out
 
 

@@ -10,11 +10,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder.core import containers
-from envbuilder.core.errors import RecipeError
+from envbuilder.core.errors import RecipeError, UsageError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
 from envbuilder.plan.prefix import expand
-from envbuilder.resolver import images
+from envbuilder.resolver import images, mirror
 from envbuilder.resolver.matrix import Matrix, load_matrix
 
 if TYPE_CHECKING:
@@ -62,7 +62,9 @@ class Overlay:
 
     path: str
     packages: tuple[str, ...]
+    #: The index the recipe names, and where pip reads it (its site mirror's URLs and wheel directories, bound in).
     index: str
+    sources: tuple[str, ...]
     #: The runtime's argv that makes the venv (OVERLAY_CREATE), installs the packages, and prints the torch seen
     #: through it (OVERLAY_PROBE); the image at ``{dest}``, the build directory at ``{build}``.
     create: tuple[str, ...]
@@ -79,6 +81,7 @@ class Overlay:
             "python": self.python,
             "packages": list(self.packages),
             "index": self.index,
+            "sources": list(self.sources),
             "create": list(self.create),
             "install": list(self.install),
             "probe": list(self.probe),
@@ -168,12 +171,15 @@ def container_plan(
             f"{runtime.name} has no GPU flag: the image must carry the host's driver libraries (ch-fromhost --nvidia)"
         )
     file = f"{prefix}/{runtime.image_file}"
-    layer = _overlay(recipe, runtime, prefix) if spec.packages else None
+    layer = _overlay(recipe, runtime, prefix, env) if spec.packages else None
     if layer is not None and not any(_under(layer.path, bind.split(":", 1)[0]) for bind in binds):
-        binds = (
-            *binds,
-            layer.path,
-        )  # seen inside at its own path, where its scripts and pyvenv.cfg say it is
+        # Seen inside at its own path, where its scripts and pyvenv.cfg say it is.
+        binds = (*binds, layer.path)
+    if layer is not None and isinstance(runtime, containers.Charliecloud) and not _under(layer.path, "/tmp"):  # noqa: S108 (a path named, not a file made)
+        warnings.append(
+            f"ch-run makes no mount point in a read-only image: the overlay venv {layer.path} is bound at its own "
+            "path, which must be a directory in the image (or lie under /tmp); apptainer makes it"
+        )
     return ContainerPlan(
         pick=pick,
         runtime=runtime.name,
@@ -188,8 +194,9 @@ def container_plan(
     )
 
 
-def _overlay(recipe: Recipe, runtime: containers.Runtime, prefix: str) -> Overlay:
-    """The overlay venv of ``recipe``'s container.packages, under ``prefix`` beside the image file."""
+def _overlay(recipe: Recipe, runtime: containers.Runtime, prefix: str, env: Mapping[str, str]) -> Overlay:
+    """The overlay venv of ``recipe``'s container.packages, under ``prefix`` beside the image file, installed from
+    container.index or the site's mirror of it (ENVBUILDER_INDEX_MIRROR, as for a venv's packages)."""
     path = f"{prefix}/{OVERLAY_DIR}"
     if containers.bind_problem(path) is not None:  # bound by its path: a comma or colon would split it
         raise RecipeError(
@@ -200,22 +207,43 @@ def _overlay(recipe: Recipe, runtime: containers.Runtime, prefix: str) -> Overla
         )
     spec = recipe.container
     index = PYPI_SIMPLE if spec.index == "pypi" else spec.index
+    urls, dirs = mirror.sources_for(index, mirror.from_env(env))
     python = f"{path}/bin/python"
+    # A wheel directory or file:// index of the mirror is seen inside at its own path.
+    seen = [*dirs, *(u[len("file://") :].rstrip("/") for u in urls if u.startswith("file://"))]
+    for where in seen:
+        if containers.bind_problem(where) is not None:
+            raise UsageError(
+                f"{mirror.VAR}: the wheel directory {where} cannot be bound into the container for "
+                "container.packages (a comma, colon or space would split the bind)",
+                hint="name a directory with a plain absolute path",
+            )
+    binds = [f"{BUILD_DIR}:{path}", *dict.fromkeys(seen)]
 
     def inside(argv: list[str]) -> tuple[str, ...]:
-        bind = f"{BUILD_DIR}:{path}"
         # A clean environment without the user's site directory: nothing of the host's satisfies a requirement.
-        return tuple(runtime.exec(DEST, argv, binds=[bind], env={"PYTHONNOUSERSITE": "1"}, contain=True))
+        return tuple(runtime.exec(DEST, argv, binds=binds, env={"PYTHONNOUSERSITE": "1"}, contain=True))
 
-    install = [python, "-m", "pip", "install", *PIP_OPTIONS, "--index-url", index, "--", *spec.packages]
+    reads = ["--index-url", urls[0]] if urls else ["--no-index"]
+    reads += [arg for url in urls[1:] for arg in ("--extra-index-url", url)]
+    reads += [arg for d in dirs for arg in ("--find-links", d)]
+    install = [python, "-m", "pip", "install", *PIP_OPTIONS, *reads, "--", *spec.packages]
     return Overlay(
         path=path,
         packages=spec.packages,
         index=index,
+        sources=tuple(dict.fromkeys([*urls, *dirs])),
         create=inside(["python3", "-c", OVERLAY_CREATE, path]),
         install=inside(install),
         probe=inside([python, "-c", OVERLAY_PROBE]),
     )
+
+
+def _reads(layer: Overlay) -> str:
+    """Where the overlay's packages come from, for people: the index, or its mirror naming what it stands for."""
+    if layer.sources == (layer.index,):
+        return layer.index
+    return f"{', '.join(layer.sources)} (mirror of {layer.index}, {mirror.VAR})"
 
 
 def _under(path: str, top: str) -> bool:
@@ -267,7 +295,7 @@ def _overlay_steps(layer: Overlay, image: str) -> list[str]:
         f"make an overlay venv of the image's python at {layer.path} (built beside it, bound there inside the "
         "image; it sees the image's packages)",
         shown(layer.create, "overlay"),
-        f"install {', '.join(layer.packages)} into it from {layer.index} with the image's pip",
+        f"install {', '.join(layer.packages)} into it from {_reads(layer)} with the image's pip",
         shown(layer.install),
         "check that the torch seen through the overlay is still the image's (a package that brings another torch "
         "is refused)",

@@ -50,7 +50,7 @@ def wheels(tmp_path: Path) -> Iterator[Index]:
 
 
 def _world(
-    tmp_path: Path, apptainer, oci_registry, wheels: Index, packages: list[str]
+    tmp_path: Path, apptainer, oci_registry, wheels: Index, packages: list[str], *, index: str = ""
 ) -> tuple[dict[str, str], Path]:
     if not str(tmp_path).startswith("/tmp/"):
         pytest.skip(
@@ -62,7 +62,7 @@ def _world(
     (recipes / "box.toml").write_text(
         f'schema_version = 1\n[recipe]\nname = "box"\n[env]\nkind = "container"\nprefix = "{prefix}"\n'
         f'[container]\nimage = "{oci_registry.ref(CPU)}"\nbinds = ["/tmp"]\n'
-        f'packages = {json.dumps(packages)}\nindex = "{wheels.url}/simple"\n'
+        f'packages = {json.dumps(packages)}\nindex = "{index or wheels.url + "/simple"}"\n'
     )
     env = {
         **PLAN_ENV,
@@ -86,6 +86,12 @@ def _inside(apptainer, prefix: Path, *argv: str) -> subprocess.CompletedProcess[
     """``argv`` run in the env's image (the stand-in sees the prefix through /tmp, as a bind of it would)."""
     cmd = [str(apptainer.exe), "-q", "exec", "--cleanenv", str(prefix / "image.sif"), *argv]
     return subprocess.run(cmd, env=apptainer.env, cwd=prefix, capture_output=True, text=True, timeout=300)
+
+
+def _log(env: dict[str, str]) -> str:
+    """The newest build log of the env."""
+    logs = sorted(Path(env["ENVBUILDER_HOME"], "logs").glob("box-*.log"), key=lambda p: p.stat().st_mtime)
+    return logs[-1].read_text()
 
 
 PROBE = (
@@ -126,10 +132,15 @@ def test_packages_go_into_an_overlay_on_the_images_python_and_another_torch_is_r
     assert (venv / "bin" / "overlaydemo-where").read_text().startswith(f"#!{venv}/bin/python")
     before = (prefix / "envbuilder" / "record.json").read_bytes()
 
-    # A package that requires another torch: refused, and the env that was there stays as it was.
-    env, _ = _world(tmp_path, apptainer, oci_registry, wheels, ["overlaydemo==1.0", "needsoldtorch"])
+    # A package that requires another torch: refused, and the env that was there stays as it was. Its wheels come
+    # from the site's mirror of PyPI, a wheel directory bound into the container.
+    env, _ = _world(
+        tmp_path, apptainer, oci_registry, wheels, ["overlaydemo==1.0", "needsoldtorch"], index="pypi"
+    )
+    env["ENVBUILDER_INDEX_MIRROR"] = f"pypi={wheels.files}"
     res = _create(env, "--force")
     assert res.returncode != 0
+    assert f"--no-index --find-links {wheels.files} -- overlaydemo==1.0 needsoldtorch" in _log(env)
     assert "container.packages brought in another torch: torch 2.5.0 installed into the overlay" in res.stderr
     assert f"not the image's torch {containers.TORCH_BUILD}" in res.stderr
     assert (prefix / "envbuilder" / "record.json").read_bytes() == before

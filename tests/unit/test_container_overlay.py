@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from envbuilder import plan
-from envbuilder.backends.container import overlay_guard
+from envbuilder.backends.container import _at, overlay_guard
 from envbuilder.core.errors import BackendError, RecipeError
 from envbuilder.plan.container import OVERLAY_CREATE, OVERLAY_PROBE, PIP_OPTIONS
 from envbuilder.recipe.catalog import Catalog, Layer
@@ -80,6 +80,18 @@ def test_charliecloud_builds_the_overlay_with_a_private_tmp(tmp_path: Path) -> N
     ]  # fmt: skip
 
 
+def test_charliecloud_cannot_bind_an_overlay_outside_tmp_and_the_plan_says_so(tmp_path: Path) -> None:
+    def warnings(prefix: str) -> list[str]:
+        recipe = _recipe(tmp_path, 'runtime = "charliecloud"\npackages = ["einops"]\n', prefix=prefix)
+        return list(
+            plan.build(load("box", Catalog([Layer("t", recipe)])), load_facts("cpu-only"), PLAN_ENV).warnings
+        )
+
+    said = "ch-run makes no mount point in a read-only image: the overlay venv /srv/envs/box/venv is bound"
+    assert any(w.startswith(said) for w in warnings("/srv/envs/box"))
+    assert not any("ch-run makes no mount point" in w for w in warnings("/tmp/envs/box"))
+
+
 def test_a_prefix_a_runtime_cannot_bind_is_refused_for_an_overlay(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as info:
         _plan(tmp_path, 'packages = ["einops"]\n', prefix=f"{tmp_path}/a,b/box")
@@ -123,3 +135,47 @@ def test_the_guard_refuses_a_torch_the_overlay_brought(tmp_path: Path) -> None:
     with pytest.raises(BackendError) as info:
         overlay_guard(box, layer, image, {"torch": "2.5.0", "file": "/x/torch/__init__.py"})
     assert "torch 2.5.0 from /x/torch/__init__.py is seen through the overlay" in info.value.message
+
+
+def test_the_sites_index_mirror_serves_the_overlay_its_wheel_directory_bound_in(tmp_path: Path) -> None:
+    recipe = load("box", Catalog([Layer("t", _recipe(tmp_path, 'packages = ["einops"]\n'))]))
+    env = {**PLAN_ENV, "ENVBUILDER_INDEX_MIRROR": "pypi=https://mirror.site/pypi/simple,/srv/wheels"}
+    the_plan = plan.build(recipe, load_facts("a100-pcie-x3"), env)
+    layer = the_plan.container.overlay if the_plan.container else None
+    assert layer is not None
+    venv = f"{tmp_path}/envs/box/venv"
+    assert layer.install[:6] == (
+        "apptainer",
+        "exec",
+        "--cleanenv",
+        "--bind",
+        f"{{build}}:{venv},/srv/wheels",
+        "--env",
+    )
+    assert layer.install[layer.install.index("install") + 1 :] == (
+        *PIP_OPTIONS, "--index-url", "https://mirror.site/pypi/simple", "--find-links", "/srv/wheels", "--", "einops",
+    )  # fmt: skip
+    assert layer.sources == ("https://mirror.site/pypi/simple", "/srv/wheels")
+    assert (
+        "install einops into it from https://mirror.site/pypi/simple, /srv/wheels (mirror of "
+        "https://pypi.org/simple, ENVBUILDER_INDEX_MIRROR) with the image's pip" in the_plan.steps
+    )
+    only = plan.build(
+        recipe, load_facts("a100-pcie-x3"), {**PLAN_ENV, "ENVBUILDER_INDEX_MIRROR": "pypi=/srv/w"}
+    )
+    assert only.container is not None and only.container.overlay is not None
+    assert "--no-index" in only.container.overlay.install
+
+
+def test_create_puts_the_build_directory_in_the_runtimes_options_only_and_finds_podmans_image(
+    tmp_path: Path,
+) -> None:
+    marker = 'demo; python_version != "{build}"'  # a requirement's text is the command's: never substituted
+    for runtime in ("apptainer", "charliecloud", "podman"):
+        box = _plan(tmp_path, f'runtime = "{runtime}"\npackages = [{json.dumps(marker)}]\n')
+        assert box.overlay is not None
+        argv = _at(box.overlay.install, Path("/e/.p/image"), runtime, Path("/e/.p/venv"))
+        bound = [a for a in argv if "/e/.p/venv:" in a]
+        assert len(bound) == 1 and bound[0].endswith(f":{tmp_path}/envs/box/venv"), argv
+        assert argv[-1] == marker, argv
+        assert any(a in ("/e/.p/image", "oci-archive:/e/.p/image") for a in argv), argv
