@@ -50,6 +50,8 @@ OVERLAY_DIR = "venv"
 BUILD_DIR = "{build}"
 #: pip's options for the overlay (the image's pip, run by the overlay's python, installs into the overlay).
 PIP_OPTIONS = ("--no-input", "--disable-pip-version-check", "--no-cache-dir", "--progress-bar", "off")
+#: Where ch-run can make a bind's mount point (its /tmp is the host's, or its own with --private-tmp).
+HOST_TMP = "/tmp"  # noqa: S108 (a path compared with, not a file made)
 #: Where PyPI's simple index is (container.index = "pypi").
 PYPI_SIMPLE = "https://pypi.org/simple"
 
@@ -175,7 +177,11 @@ def container_plan(
     if layer is not None and not any(_under(layer.path, bind.split(":", 1)[0]) for bind in binds):
         # Seen inside at its own path, where its scripts and pyvenv.cfg say it is.
         binds = (*binds, layer.path)
-    if layer is not None and isinstance(runtime, containers.Charliecloud) and not _under(layer.path, "/tmp"):  # noqa: S108 (a path named, not a file made)
+    if (
+        layer is not None
+        and isinstance(runtime, containers.Charliecloud)
+        and not _under(layer.path, HOST_TMP)
+    ):
         warnings.append(
             f"ch-run makes no mount point in a read-only image: the overlay venv {layer.path} is bound at its own "
             "path, which must be a directory in the image (or lie under /tmp); apptainer makes it"

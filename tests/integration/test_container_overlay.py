@@ -3,9 +3,11 @@
 Charliecloud, wheels served by a PEP 503 index on 127.0.0.1 (tests/wheelindex.py), and the image's own python and
 pip making and filling the overlay venv inside the image, where the build directory is bound at the env's final
 path. The overlay's package is imported inside the image through the overlay after the rename (its console
-script's header names the final path); a package that requires another torch is refused and the old env stays.
+script's header names the final path); a package that requires another torch (its wheels read through the
+site's mirror of PyPI, a wheel directory bound into the container) is refused and the old env stays.
 
-Each create pulls the image (the stand-in unpacks and compresses the 1.2 GB root): 20-60 s on this machine."""
+Each create pulls the image (the stand-in unpacks and compresses the 1.2 GB root): 20-150 s on this loaded
+machine; the test takes 5-6 minutes here."""
 
 from __future__ import annotations
 
