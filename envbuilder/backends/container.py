@@ -17,10 +17,11 @@ from typing import Any, Optional
 from envbuilder import __version__
 from envbuilder.backends.base import Backend, Build
 from envbuilder.backends.buildlog import run_logged
+from envbuilder.backends.torchbuild import metadata_name_version
 from envbuilder.core import containers
 from envbuilder.core.errors import BackendError, CommandFailed, NetworkError
 from envbuilder.plan import ContainerPlan
-from envbuilder.plan.container import DEST
+from envbuilder.plan.container import BUILD_DIR, DEST, OVERLAY_DIR, Overlay
 from envbuilder.plan.steps import InstallStep
 from envbuilder.resolver import images
 
@@ -43,6 +44,8 @@ class ContainerBackend(Backend):
         #: What the probe read inside the image, once it has.
         self.found: dict[str, str] = {}
         self.sha256 = ""
+        #: The overlay's packages, once installed: (name, version).
+        self.overlaid: list[tuple[str, str]] = []
 
     @property
     def plan(self) -> ContainerPlan:
@@ -95,6 +98,22 @@ class ContainerBackend(Backend):
         res = run_logged(_at(box.probe, dest, build.python), env, build.log, timeout=PROBE_TIMEOUT_S)
         self.found = _probe_result(res.stdout)
         guard(box, self.found)
+        if box.overlay is not None:
+            self._overlay(build, box.overlay, dest, env)
+
+    def _overlay(self, build: Build, layer: Overlay, dest: Path, env: Mapping[str, str]) -> None:
+        """The overlay venv made and filled inside the image, in the partial env's directory bound at its final
+        path; then the torch seen through it checked against the image's."""
+        where = build.partial / OVERLAY_DIR
+        where.mkdir(mode=0o755)
+        build.say(f"making the overlay venv at {layer.path} with the image's python")
+        run_logged(_at(layer.create, dest, build.python, where), env, build.log, timeout=PROBE_TIMEOUT_S)
+        build.say(f"installing {', '.join(layer.packages)} into the overlay")
+        run_logged(_at(layer.install, dest, build.python, where), env, build.log)
+        build.say("reading the torch seen through the overlay")
+        res = run_logged(_at(layer.probe, dest, build.python, where), env, build.log, timeout=PROBE_TIMEOUT_S)
+        overlay_guard(self.plan, layer, self.found, _probe_result(res.stdout))
+        self.overlaid = _dists(where)
 
     def install(self, build: Build, step: InstallStep, env: Mapping[str, str]) -> None:
         raise BackendError(f"a container env installs nothing into its image (step {step.display()!r})")
@@ -104,7 +123,10 @@ class ContainerBackend(Backend):
 
     def inventory(self, build: Build) -> list[dict[str, Any]]:
         torch = self.found.get("torch")
-        return [{"name": "torch", "version": torch, "installer": "image"}] if torch else []
+        image = [{"name": "torch", "version": torch, "installer": "image"}] if torch else []
+        return image + [
+            {"name": n, "version": v, "installer": "pip (overlay)", "in_env": True} for n, v in self.overlaid
+        ]
 
     def tools(self, build: Build) -> dict[str, str]:
         box = self.plan
@@ -119,6 +141,7 @@ class ContainerBackend(Backend):
             "image_digest": box.registry_digest or box.pick.ref.digest,
             "python": self.found.get("python", ""),
             "cuda": self.found.get("cuda", ""),
+            "overlay_python": box.overlay.python if box.overlay else "",
         }
 
 
@@ -165,9 +188,14 @@ def _copy(source: Path, dest: Path) -> None:
     shutil.copyfile(source, dest)
 
 
-def _at(argv: Sequence[str], dest: Path, program: str) -> list[str]:
-    """``argv`` with the image at ``dest`` and the runtime's program found on PATH."""
-    out = [str(dest) if arg == DEST else arg for arg in argv]
+def _at(argv: Sequence[str], dest: Path, program: str, build: Optional[Path] = None) -> list[str]:
+    """``argv`` with the image at ``dest`` (the first argument that names it: ``{dest}``, or Podman's
+    ``oci-archive:{dest}``), the runtime's program found on PATH, and ``build`` for the build directory the
+    runtime's options bind (before the image only: what follows it is the command's, the recipe's values among it)."""
+    image = next((i for i, arg in enumerate(argv) if DEST in arg), len(argv))
+    out = [arg.replace(BUILD_DIR, str(build)) if build is not None else arg for arg in argv[:image]]
+    out += [arg.replace(DEST, str(dest)) for arg in argv[image : image + 1]]
+    out += argv[image + 1 :]
     return [program, *out[1:]] if Path(out[0]).name == Path(program).name else out
 
 
@@ -213,6 +241,31 @@ def guard(box: ContainerPlan, found: Mapping[str, str]) -> None:
             "the env was not put in place",
             hint="pin the image by digest, or correct what the table or the image's labels say",
         )
+
+
+def overlay_guard(
+    box: ContainerPlan, layer: Overlay, image: Mapping[str, str], seen: Mapping[str, str]
+) -> None:
+    """Refuse an overlay through which another torch is seen than the image's own (a package that required
+    another torch, and pip installed it into the overlay, where it wins over the image's)."""
+    mine = seen.get("file", "")
+    inside = mine == layer.path or mine.startswith(layer.path.rstrip("/") + "/")
+    if seen.get("torch") == image.get("torch") and not inside:
+        return
+    where = f"installed into the overlay ({mine})" if inside else f"from {mine or 'nowhere'}"
+    raise BackendError(
+        f"container.packages brought in another torch: torch {seen.get('torch') or 'none'} {where} is seen through "
+        f"the overlay, not the image's torch {image.get('torch')} (planned: {box.pick.facts.torch or 'any'}); the "
+        "env was not put in place",
+        hint="pin each package of container.packages to a release that accepts the image's torch (the build log "
+        "shows what pip installed and why), or choose the image whose torch they need",
+    )
+
+
+def _dists(venv: Path) -> list[tuple[str, str]]:
+    """(name, version) of each package in the overlay venv, sorted by name."""
+    found = [metadata_name_version(info) for info in venv.glob("lib/python*/site-packages/*.dist-info")]
+    return sorted((nv for nv in found if nv is not None), key=lambda nv: nv[0].lower())
 
 
 def _public(version: str) -> str:

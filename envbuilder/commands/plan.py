@@ -148,6 +148,12 @@ def _render_container(box: planner.ContainerPlan, out: Out) -> None:
         out.result.field("fits", why)
     binds = ",".join(box.binds) or "none"
     out.result.field("runs with", f"binds {binds}; GPU {'on' if box.gpu else 'off'}; MPI from the {box.mpi}")
+    if box.overlay is not None:
+        layer = box.overlay
+        out.result.field(
+            "packages on top",
+            f"{', '.join(layer.packages)} from {layer.index}, in the overlay venv {layer.path}",
+        )
 
 
 def _render_validation(p: planner.Plan, out: Out) -> None:

@@ -262,9 +262,12 @@ class Runtime:
         gpu: bool = False,
         env: Optional[Mapping[str, str]] = None,
         cleanenv: bool = True,
+        contain: bool = False,
     ) -> list[str]:
-        """Run ``argv`` inside ``image``."""
-        return [self.program, "exec", *self._options(binds, gpu, env, cleanenv), "--", image, *argv]
+        """Run ``argv`` inside ``image``; ``contain``: with a /tmp (and home) of its own, not the host's (a build
+        inside the image sees none of the host's files but its binds, and its binds may land anywhere there)."""
+        options = [*self._options(binds, gpu, env, cleanenv), *(["--contain"] if contain else [])]
+        return [self.program, "exec", *options, "--", image, *argv]
 
     def read_only(self, path: str) -> str:
         """A bind of the host's ``path`` at the same path, read-only where the runtime can say so."""
@@ -326,8 +329,13 @@ class Charliecloud(Runtime):
         gpu: bool = False,
         env: Optional[Mapping[str, str]] = None,
         cleanenv: bool = True,
+        contain: bool = False,
     ) -> list[str]:
-        out = [self.program, *(["--unset-env=*"] if cleanenv else [])]
+        out = [
+            self.program,
+            *(["--unset-env=*"] if cleanenv else []),
+            *(["--private-tmp"] if contain else []),
+        ]
         out += [f"--bind={bind}" for bind in binds]
         out += [f"--set-env={key}={value}" for key, value in (env or {}).items()]
         return [*out, image, "--", *argv]
@@ -381,6 +389,7 @@ class Podman(Runtime):
         gpu: bool = False,
         env: Optional[Mapping[str, str]] = None,
         cleanenv: bool = True,
+        contain: bool = False,
     ) -> list[str]:
         out = [self.program, "run", "--rm", "--network=host"]
         out += ["--device", "nvidia.com/gpu=all"] if gpu else []

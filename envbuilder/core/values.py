@@ -366,6 +366,20 @@ VAR_NAME = Rule(var_name_problem, VAR_RE)
 NOT_AN_OPTION = Rule(_option_problem, r"(?!-)[\s\S]*")
 DIST_NAME = Rule(_dist_name_problem, DIST_NAME_RE)
 REQUIREMENT = Rule(requirement_problem, r"(?!\s*-)[\s\S]*")
+
+
+def image_requirement_problem(spec: str) -> Optional[Problem]:
+    """:func:`requirement_problem` for a requirement installed on top of a container image (container.packages),
+    whose index is container.index."""
+    problem = requirement_problem(spec)
+    if problem is None:
+        return None
+    if spec.lstrip().startswith("-"):
+        return problem[0], "name the index in container.index; each entry is one requirement"
+    return problem[0], (problem[1] or "").replace("packages.index", "container.index")
+
+
+IMAGE_REQUIREMENT = Rule(image_requirement_problem, REQUIREMENT.pattern)
 PATH_ENTRY = Rule(path_entry_problem, r"[^:]+")
 CONDA_ENV = Rule(conda_env_problem, CONDA_ENV_RE)
 FLAG = Rule(flag_problem, FLAG_RE, "one option, without a value: -e, --gres")

@@ -10,11 +10,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder.core import containers
-from envbuilder.core.errors import RecipeError
+from envbuilder.core.errors import RecipeError, UsageError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
 from envbuilder.plan.prefix import expand
-from envbuilder.resolver import images
+from envbuilder.resolver import images, mirror
 from envbuilder.resolver.matrix import Matrix, load_matrix
 
 if TYPE_CHECKING:
@@ -25,6 +25,69 @@ TORCH_PROBE = (
     "import json, platform, torch; print(json.dumps({'torch': torch.__version__, "
     "'cuda': torch.version.cuda or '', 'python': platform.python_version(), 'machine': platform.machine()}))"
 )
+
+
+#: What the overlay venv's python prints through it: the probe's facts, and where the torch it imports lives.
+OVERLAY_PROBE = TORCH_PROBE.replace("platform.machine()}", "platform.machine(), 'file': torch.__file__}")
+#: What create runs inside the image to make the overlay venv at sys.argv[1] (the build's directory bound there):
+#: a venv of the image's own python that sees its packages; where that python is a venv itself, whose packages
+#: --system-site-packages would not reach (it reaches the base python's), a .pth adds them after the overlay's own.
+OVERLAY_CREATE = (
+    "import json, os, site, sys, sysconfig, venv\n"
+    "dest = sys.argv[1]\n"
+    "venv.EnvBuilder(system_site_packages=True, symlinks=True).create(dest)\n"
+    "own = sysconfig.get_path('purelib', 'venv', vars={'base': dest, 'platbase': dest})\n"
+    "parent = [p for p in site.getsitepackages() if os.path.isdir(p)] if sys.prefix != sys.base_prefix else []\n"
+    "if parent:\n"
+    "    with open(os.path.join(own, '_envbuilder_image_env.pth'), 'w') as f:\n"
+    "        f.write(''.join(p + '\\n' for p in parent))\n"
+    "print(json.dumps({'site': own, 'parent': parent}))\n"
+)
+#: The overlay venv's directory under the prefix, beside the image file.
+OVERLAY_DIR = "venv"
+#: Where the overlay's commands name the directory it is built in (create substitutes the partial env's): bound
+#: at the overlay's final path inside the container, so that every path the venv and pip write is the final one.
+BUILD_DIR = "{build}"
+#: pip's options for the overlay (the image's pip, run by the overlay's python, installs into the overlay).
+PIP_OPTIONS = ("--no-input", "--disable-pip-version-check", "--no-cache-dir", "--progress-bar", "off")
+#: Where ch-run can make a bind's mount point (its /tmp is the host's, or its own with --private-tmp).
+HOST_TMP = "/tmp"  # noqa: S108 (a path compared with, not a file made)
+#: Where PyPI's simple index is (container.index = "pypi").
+PYPI_SIMPLE = "https://pypi.org/simple"
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """Packages on top of the image: a venv of the image's python beside the image file, made and filled inside
+    the container (the build directory bound at its final path), then checked: the torch seen through it must
+    still be the image's."""
+
+    path: str
+    packages: tuple[str, ...]
+    #: The index the recipe names, and where pip reads it (its site mirror's URLs and wheel directories, bound in).
+    index: str
+    sources: tuple[str, ...]
+    #: The runtime's argv that makes the venv (OVERLAY_CREATE), installs the packages, and prints the torch seen
+    #: through it (OVERLAY_PROBE); the image at ``{dest}``, the build directory at ``{build}``.
+    create: tuple[str, ...]
+    install: tuple[str, ...]
+    probe: tuple[str, ...]
+
+    @property
+    def python(self) -> str:
+        return f"{self.path}/bin/python"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "python": self.python,
+            "packages": list(self.packages),
+            "index": self.index,
+            "sources": list(self.sources),
+            "create": list(self.create),
+            "install": list(self.install),
+            "probe": list(self.probe),
+        }
 
 
 @dataclass(frozen=True)
@@ -46,6 +109,14 @@ class ContainerPlan:
     registry_digest: str = ""
     #: Where it is fetched from when a site mirror (ENVBUILDER_REGISTRY_MIRROR) stands in for its registry.
     mirror: str = ""
+    #: The recipe's packages on top of the image (container.packages), None where it names none.
+    overlay: Optional[Overlay] = None
+
+    @property
+    def python(self) -> str:
+        """The python a command inside the image runs: the overlay venv's (its directory is among the binds), or
+        the image's own python3."""
+        return self.overlay.python if self.overlay else "python3"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +130,8 @@ class ContainerPlan:
             "probe": list(self.probe),
             "registry_digest": self.registry_digest or None,
             "mirror": self.mirror or None,
+            "python": self.python,
+            "overlay": self.overlay.to_json() if self.overlay else None,
         }
 
 
@@ -66,6 +139,12 @@ class ContainerPlan:
 DEST = "{dest}"
 #: The python a container env's ranks and programs run: the image's, on its PATH (the one create's probe read).
 IMAGE_PYTHON = "python3"
+
+
+def box_python(box: Mapping[str, Any]) -> str:
+    """The python a container env's ranks and programs run inside its image: the overlay venv's where
+    ``container.packages`` made one (the plan's ``container.python``), else the image's own."""
+    return str(box.get("python") or IMAGE_PYTHON)
 
 
 def image_path(prefix: str, tools: Mapping[str, Any]) -> str:
@@ -132,17 +211,87 @@ def container_plan(
             f"{runtime.name} has no GPU flag: the image must carry the host's driver libraries (ch-fromhost --nvidia)"
         )
     file = f"{prefix}/{runtime.image_file}"
+    layer = _overlay(recipe, runtime, prefix, env) if spec.packages else None
+    if layer is not None and not any(_under(layer.path, bind.split(":", 1)[0]) for bind in binds):
+        # Seen inside at its own path, where its scripts and pyvenv.cfg say it is.
+        binds = (*binds, layer.path)
+    if (
+        layer is not None
+        and isinstance(runtime, containers.Charliecloud)
+        and not _under(layer.path, HOST_TMP)
+    ):
+        warnings.append(
+            f"ch-run makes no mount point in a read-only image: the overlay venv {layer.path} is bound at its own "
+            "path, which must be a directory in the image (or lie under /tmp); apptainer makes it"
+        )
     return ContainerPlan(
         pick=pick,
         runtime=runtime.name,
         file=file,
         fetch=tuple(tuple(c) for c in runtime.fetch(source, DEST)),
         binds=binds,
+        overlay=layer,
         gpu=gpu,
         mpi=spec.mpi,
         probe=tuple(runtime.exec(DEST, ["python3", "-c", TORCH_PROBE], gpu=False)),
         mirror=source.name if source != ref else "",
     )
+
+
+def _overlay(recipe: Recipe, runtime: containers.Runtime, prefix: str, env: Mapping[str, str]) -> Overlay:
+    """The overlay venv of ``recipe``'s container.packages, under ``prefix`` beside the image file, installed from
+    container.index or the site's mirror of it (ENVBUILDER_INDEX_MIRROR, as for a venv's packages)."""
+    path = f"{prefix}/{OVERLAY_DIR}"
+    if containers.bind_problem(path) is not None:  # bound by its path: a comma or colon would split it
+        raise RecipeError(
+            f"container.packages go into an overlay venv at {path}, which a runtime cannot bind: the prefix must "
+            "be a plain absolute path (letters, digits, ._/+@%- only)",
+            key="env.prefix",
+            hint="choose a prefix without spaces, commas or colons, or drop container.packages",
+        )
+    spec = recipe.container
+    index = PYPI_SIMPLE if spec.index == "pypi" else spec.index
+    urls, dirs = mirror.sources_for(index, mirror.from_env(env))
+    python = f"{path}/bin/python"
+    # A wheel directory or file:// index of the mirror is seen inside at its own path.
+    seen = [*dirs, *(u[len("file://") :].rstrip("/") for u in urls if u.startswith("file://"))]
+    for where in seen:
+        if containers.bind_problem(where) is not None:
+            raise UsageError(
+                f"{mirror.VAR}: the wheel directory {where} cannot be bound into the container for "
+                "container.packages (a comma, colon or space would split the bind)",
+                hint="name a directory with a plain absolute path",
+            )
+    binds = [f"{BUILD_DIR}:{path}", *dict.fromkeys(seen)]
+
+    def inside(argv: list[str]) -> tuple[str, ...]:
+        # A clean environment without the user's site directory: nothing of the host's satisfies a requirement.
+        return tuple(runtime.exec(DEST, argv, binds=binds, env={"PYTHONNOUSERSITE": "1"}, contain=True))
+
+    reads = ["--index-url", urls[0]] if urls else ["--no-index"]
+    reads += [arg for url in urls[1:] for arg in ("--extra-index-url", url)]
+    reads += [arg for d in dirs for arg in ("--find-links", d)]
+    install = [python, "-m", "pip", "install", *PIP_OPTIONS, *reads, "--", *spec.packages]
+    return Overlay(
+        path=path,
+        packages=spec.packages,
+        index=index,
+        sources=tuple(dict.fromkeys([*urls, *dirs])),
+        create=inside(["python3", "-c", OVERLAY_CREATE, path]),
+        install=inside(install),
+        probe=inside([python, "-c", OVERLAY_PROBE]),
+    )
+
+
+def _reads(layer: Overlay) -> str:
+    """Where the overlay's packages come from, for people: the index, or its mirror naming what it stands for."""
+    if layer.sources == (layer.index,):
+        return layer.index
+    return f"{', '.join(layer.sources)} (mirror of {layer.index}, {mirror.VAR})"
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 def _binds(recipe: Recipe, env: Mapping[str, str], warnings: list[str]) -> tuple[str, ...]:
@@ -171,5 +320,27 @@ def steps_in_words(plan: ContainerPlan, prefix: str) -> list[str]:
     shown = [[plan.file if arg == DEST else arg for arg in c] for c in (*plan.fetch, plan.probe[:-1])]
     steps += [shlex.join(c) for c in shown[:-1]] or [f"copy {plan.pick.ref.path} as it is"]
     steps.append(f"read the torch inside: {shlex.join(shown[-1])} '<probe>'")
+    if plan.overlay is not None:
+        steps += _overlay_steps(plan.overlay, plan.file)
     steps.append(f"record the image's sha256 in the env's record at {prefix}")
     return steps
+
+
+def _overlay_steps(layer: Overlay, image: str) -> list[str]:
+    """The overlay's steps, in words and as the commands create runs."""
+
+    def shown(argv: Sequence[str], code: str = "") -> str:
+        built = [image if a == DEST else a.replace(BUILD_DIR, "<build>") for a in argv]
+        return (
+            shlex.join(built[:-2]) + f" '<{code}>' " + shlex.quote(built[-1]) if code else shlex.join(built)
+        )
+
+    return [
+        f"make an overlay venv of the image's python at {layer.path} (built beside it, bound there inside the "
+        "image; it sees the image's packages)",
+        shown(layer.create, "overlay"),
+        f"install {', '.join(layer.packages)} into it from {_reads(layer)} with the image's pip",
+        shown(layer.install),
+        "check that the torch seen through the overlay is still the image's (a package that brings another torch "
+        "is refused)",
+    ]

@@ -21,7 +21,7 @@ from envbuilder.core.records import RecordedPython
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import interpreter, lockfit, suite
 from envbuilder.plan.activation import activation_for
-from envbuilder.plan.container import IMAGE_PYTHON, container_plan, exec_prefix
+from envbuilder.plan.container import box_python, container_plan, exec_prefix
 from envbuilder.plan.container import steps_in_words as container_steps
 from envbuilder.plan.listing import steps_in_words
 from envbuilder.plan.prefix import filesystem_for, prefix_for
@@ -263,7 +263,7 @@ def _with_container(
         gpu=suite.device_for(base.target, cpu=False) == "cuda",
     )
     launched = suite.LaunchedEnv(
-        base.prefix, IMAGE_PYTHON, base.activate, own_python=False, wrap=wrap, mpi=box.mpi
+        base.prefix, box_python(box.to_json()), base.activate, own_python=False, wrap=wrap, mpi=box.mpi
     )
     launcher_name, launch, interactive, script = _launch(
         recipe, base.target, launched, opts=opts, warnings=warnings
@@ -273,7 +273,10 @@ def _with_container(
         "version": box.pick.facts.python,
         "source": "the image",
         "origin": "image",
-        "where": "the image's own python3, run through the container runtime",
+        "where": f"the overlay venv's python ({box.python}), on top of the image's own python3, run through the "
+        "container runtime"
+        if box.overlay
+        else "the image's own python3, run through the container runtime",
     }
     return replace(
         base,

@@ -21,6 +21,7 @@ from envbuilder.core.values import (
     DIRECTIVE,
     DIST_NAME,
     FLAG,
+    IMAGE_REQUIREMENT,
     MAX_CORES_PER_NODE,
     MAX_GPUS_PER_NODE,
     MAX_NODES,
@@ -442,6 +443,19 @@ SCHEMA = Table(
                     str, "the ranks' MPI: the host's bound in, or the image's", choices=containers.MPI_MODES
                 ),
                 "allow": Field(list, "image gates to downgrade to warnings", items=str),
+                "packages": Field(
+                    list,
+                    "PEP 508 requirements installed on top of the image, into an overlay venv beside it that sees "
+                    "the image's packages (the image's torch must stay the one seen)",
+                    items=str,
+                    rule=IMAGE_REQUIREMENT,
+                ),
+                "index": Field(
+                    str,
+                    "the package index container.packages come from: pypi (default) or a URL",
+                    pattern=r"pypi|https?://[^\s,]+",
+                    example="https://example.org/simple",
+                ),
             },
             'env.kind = "container": the image the env is, and how it runs',
         ),

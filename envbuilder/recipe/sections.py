@@ -229,6 +229,9 @@ class Container:
     gpu: Optional[bool] = None
     mpi: str = "host"
     allow: tuple[str, ...] = ()
+    #: Requirements installed into an overlay venv on top of the image's python; the index they come from.
+    packages: tuple[str, ...] = ()
+    index: str = "pypi"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import suite
 from envbuilder.plan.activation import Activation, activation_for
-from envbuilder.plan.container import IMAGE_PYTHON
+from envbuilder.plan.container import box_python
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe.loader import Recipe
 from envbuilder.system import proc, state
@@ -103,7 +103,8 @@ def prepare(
     )
     wrap: tuple[str, ...] = ()
     if kinds.kind_info(record.kind).container:  # the program runs inside the image
-        python, wrap = IMAGE_PYTHON, runner.in_image(record, device == "cuda")
+        python = box_python((record.plan or {}).get("container") or {})
+        wrap = runner.in_image(record, device == "cuda")
     elif not batch:
         runner.python_here(record, python, host)
     the_launch = suite.launch_program(

@@ -281,7 +281,8 @@ def _launched(record: state.EnvRecord, device: str, run_dir: Path) -> tuple[str,
     """The python the ranks run, and the runtime's argv before it where they run inside a container env's image
     (the payload bound in)."""
     if kinds.kind_info(record.kind).container:
-        return container.IMAGE_PYTHON, in_image(record, device == "cuda", run_dir)
+        box = (record.plan or {}).get("container") or {}
+        return container.box_python(box), in_image(record, device == "cuda", run_dir)
     if kinds.kind_info(record.kind).own_python:
         return str(Path(record.prefix) / "bin" / "python"), ()
     return _site_python(record), ()
