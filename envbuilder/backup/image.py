@@ -44,6 +44,14 @@ def store(
     """The env's image copied into the backup being written at ``partial``; what ``backup.json`` says of it."""
     name = image_file(record)
     recorded = str(record.tools.get("image_sha256") or "")
+    if ((record.plan or {}).get("container") or {}).get("overlay"):
+        # Its venv of packages on top is not part of an image backup: a restore of the image alone would report
+        # an env whose programs cannot find their python.
+        raise BackupError(
+            f"{record.name} has packages on top of its image (container.packages, the venv in {prefix / 'venv'}), "
+            "which an image backup does not hold yet: nothing was backed up",
+            hint=f"rebuild it where needed with envbuilder create {record.name} (the image's digest is recorded)",
+        )
     step(f"copying {prefix / name}")
     try:
         with removal.open_below(prefix, name) as fh:

@@ -236,3 +236,24 @@ def test_restore_asks_uv_cache_with_the_recorded_indexes():
     assert _index_flags([["uv", "pip", "install", "--no-index", "--find-links", "/w", "x"]]) == [
         "--no-index", "--find-links", "/w",
     ]  # fmt: skip
+
+
+def test_a_container_env_with_packages_on_top_is_refused_not_backed_up_half(tmp_path):
+    """An image backup holds the image file only: an env whose packages live in a venv beside it (an overlay) is
+    refused with the reason, before anything is written, rather than backed up without them."""
+    from envbuilder.backup import image
+
+    prefix = tmp_path / "box"
+    prefix.mkdir()
+    (prefix / "image.sif").write_bytes(b"sqsh")
+    plan = {"kind": "container", "container": {"overlay": {"path": f"{prefix}/venv"}}}
+    record = state.EnvRecord("box", "r", "", str(prefix), "", plan=plan, tools={"image_file": "image.sif"})
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    with pytest.raises(BackupError, match="has packages on top of its image"):
+        image.store(record, prefix, partial, 0o600, lambda _: None)
+    assert list(partial.iterdir()) == []
+    bare = state.EnvRecord(
+        "box", "r", "", str(prefix), "", plan={"kind": "container"}, tools={"image_file": "image.sif"}
+    )
+    assert image.store(bare, prefix, partial, 0o600, lambda _: None)["image"]["file"] == "image.sif"
