@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -53,12 +54,18 @@ def checks(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     )
 
 
+_FRACTION = re.compile(r"(?<=\d\d:\d\d:\d\d)(\.\d+)")
+
+
 def parse_time(value: Any) -> Optional[float]:
     """An ISO-8601 time as seconds since the epoch (a time without a zone is UTC), or None."""
     if not isinstance(value, str) or not value:
         return None
+    text = value[:-1] + "+00:00" if value.endswith("Z") else value
+    # Python 3.9's parser takes a fraction of exactly 3 or 6 digits only: any other length made 6.
+    text = _FRACTION.sub(lambda m: m.group(1)[:7].ljust(7, "0"), text, count=1)
     try:
-        when = datetime.datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+        when = datetime.datetime.fromisoformat(text)
     except ValueError:
         return None
     if when.tzinfo is None:
