@@ -91,12 +91,7 @@ def build(
     if kind_info(recipe.env.kind).container:
         return build_container(recipe, host, env, opts, matrix=matrix)
     opts = opts or Options()
-    warnings: list[str] = []
-    notes: list[str] = []
-    _recipe_remarks(recipe, warnings, notes)
-    target = target_facts(
-        recipe, host, warnings, notes, arch_override=opts.arch, partition=opts.partition, node=opts.node_facts
-    )
+    warnings, notes, target = _start(recipe, host, opts)
     kind = recipe.env.kind
     installer = opts.installer or recipe.env.installer
     prefix, prefix_missing = prefix_for(recipe, env, opts.prefix, warnings)
@@ -200,12 +195,7 @@ def build_container(
     ``image`` (what its registry said of it), checked against the target. Raises RecipeError without an image,
     ResolverErrors on a failed gate."""
     opts = opts or Options()
-    warnings: list[str] = []
-    notes: list[str] = []
-    _recipe_remarks(recipe, warnings, notes)
-    target = target_facts(
-        recipe, host, warnings, notes, arch_override=opts.arch, partition=opts.partition, node=opts.node_facts
-    )
+    warnings, notes, target = _start(recipe, host, opts)
     kind = recipe.env.kind
     prefix, prefix_missing = prefix_for(recipe, env, opts.prefix, warnings)
     fs = filesystem_for(recipe, prefix, env, warnings)
@@ -290,6 +280,17 @@ def _with_container(
         warnings=tuple(dict.fromkeys(warnings)),
         notes=tuple(dict.fromkeys(notes)),
     )
+
+
+def _start(recipe: Recipe, host: HostFacts, opts: Options) -> tuple[list[str], list[str], HostFacts]:
+    """What every plan starts from: the recipe's own remarks, and the target machine's facts (with theirs)."""
+    warnings: list[str] = []
+    notes: list[str] = []
+    _recipe_remarks(recipe, warnings, notes)
+    target = target_facts(
+        recipe, host, warnings, notes, arch_override=opts.arch, partition=opts.partition, node=opts.node_facts
+    )
+    return warnings, notes, target
 
 
 def _recipe_remarks(recipe: Recipe, warnings: list[str], notes: list[str]) -> None:
