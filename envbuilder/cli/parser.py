@@ -7,23 +7,24 @@ import argparse
 import contextlib
 import functools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from envbuilder import __version__
-from envbuilder.cli import helptext
+from envbuilder.cli import helptext, siteparser
+from envbuilder.cli.options import add_index, add_launch, add_lock_use, add_partition, env_verb
 from envbuilder.cli.parts import (
     Choices,
-    Handler,
     Parser,
-    SchedulerValue,
     add_global_options,
     add_json,
     command,
-    hide_aliases,
     positive,
     seconds,
 )
 from envbuilder.core.shells import registry as shells
+
+if TYPE_CHECKING:
+    from envbuilder.cli.parts import Sub
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,13 +69,13 @@ def _build() -> argparse.ArgumentParser:
         _add_prune_backups,
         _add_touch,
         _add_doctor,
-        _add_impact,
-        _add_probe,
-        _add_report,
-        _add_recipes,
-        _add_publish,
-        _add_config,
-        _add_docs,
+        siteparser.add_impact,
+        siteparser.add_probe,
+        siteparser.add_report,
+        siteparser.add_recipes,
+        siteparser.add_publish,
+        siteparser.add_config,
+        siteparser.add_docs,
     ):
         add(sub)
     add_global_options(parser)
@@ -82,24 +83,19 @@ def _build() -> argparse.ArgumentParser:
     return parser
 
 
-if TYPE_CHECKING:
-    # argparse's subparsers action has no public name, and is generic only to type checkers.
-    _Sub = argparse._SubParsersAction[Parser]
-
-
-def _add_plan(sub: _Sub) -> None:
+def _add_plan(sub: Sub) -> None:
     p = sub.add_parser("plan", help="show every step create would take for a recipe")
     p.add_argument("recipe", help="recipe name (see `envbuilder recipes list`)")
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
-    _add_lock_use(p)
-    _add_launch(p)
-    _add_index(p)
+    add_lock_use(p)
+    add_launch(p)
+    add_index(p)
     add_json(p)
     p.set_defaults(handler=command("plan", "handle"))
 
 
-def _add_lock(sub: _Sub) -> None:
+def _add_lock(sub: Sub) -> None:
     p = sub.add_parser(
         "lock", help="resolve a recipe's exact packages for each target platform (x86_64, aarch64)"
     )
@@ -123,12 +119,12 @@ def _add_lock(sub: _Sub) -> None:
         "conda-lock's conda-lock.yml (conda recipes that conda-lock locks)",
     )
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
-    _add_index(p)
+    add_index(p)
     add_json(p)
     p.set_defaults(handler=command("lock", "handle"))
 
 
-def _add_mirror(sub: _Sub) -> None:
+def _add_mirror(sub: Sub) -> None:
     p = sub.add_parser(
         "mirror",
         help="download exactly the files lockfiles name into a site mirror (PEP 503 tree or wheelhouse)",
@@ -149,7 +145,7 @@ def _add_mirror(sub: _Sub) -> None:
     p.set_defaults(handler=command("mirror", "handle"))
 
 
-def _add_create(sub: _Sub) -> None:
+def _add_create(sub: Sub) -> None:
     p = sub.add_parser("create", help="build an env from a recipe, then check that torch works in it")
     p.add_argument("recipe", help="recipe name (see `envbuilder recipes list`)")
     p.add_argument("--prefix", metavar="DIR", help="build the env here instead of the recipe's prefix")
@@ -168,7 +164,7 @@ def _add_create(sub: _Sub) -> None:
         "--name", metavar="NAME", help="record the env under this name (default: the recipe's): a second env"
     )
     p.add_argument("--no-validate", action="store_true", help="skip the checks after building")
-    _add_partition(p)
+    add_partition(p)
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument(
         "--wait",
@@ -177,19 +173,19 @@ def _add_create(sub: _Sub) -> None:
         metavar="SECONDS",
         help="how long to wait for another create of the same env (default 3600; 0 fails at once)",
     )
-    _add_lock_use(p)
-    _add_index(p)
+    add_lock_use(p)
+    add_index(p)
     add_json(p)
     p.set_defaults(handler=command("create", "handle"))
 
 
-def _add_validate(sub: _Sub) -> None:
+def _add_validate(sub: Sub) -> None:
     p = sub.add_parser(
         "validate", help="run the bundled checks (GPU, CUDA, NCCL, DDP, MPI, file system) on an env"
     )
     p.add_argument("env")
     p.add_argument("--checks", metavar="LIST", help="comma-separated checks (default: the recipe's)")
-    _add_launch(p)
+    add_launch(p)
     p.add_argument("--cpu", action="store_true", help="gloo on CPU processes; GPU checks are skipped")
     p.add_argument(
         "--submit", action="store_true", help="submit a batch job, wait for it, collect the report"
@@ -213,7 +209,7 @@ def _add_validate(sub: _Sub) -> None:
     p.set_defaults(handler=command("validate", "handle"))
 
 
-def _add_run(sub: _Sub) -> None:
+def _add_run(sub: Sub) -> None:
     """run and sbatch: the user's own program with the launch rules the validation proved."""
     for name, help_text, handler in (
         ("run", "run your own program in an env with the recipe's launch rules", "handle_run"),
@@ -227,7 +223,7 @@ def _add_run(sub: _Sub) -> None:
             name, help=help_text, usage=f"envbuilder {name} [OPTIONS] ENV -- PROGRAM [ARGS...]"
         )
         p.add_argument("env")
-        _add_launch(p, per_node_help="ranks per node, one per GPU (default: all)")
+        add_launch(p, per_node_help="ranks per node, one per GPU (default: all)")
         p.add_argument(
             "--dry-run",
             action="store_true",
@@ -255,15 +251,15 @@ def _add_run(sub: _Sub) -> None:
         p.set_defaults(handler=command("run", handler), program=())
 
 
-def _add_env_verbs(sub: _Sub) -> None:
+def _add_env_verbs(sub: Sub) -> None:
     """list, show, activate, remove, modulefile: the verbs on the envs you have built."""
     p = sub.add_parser("list", help="the envs you have built, with their health")
     add_json(p)
     p.set_defaults(handler=command("envs", "handle_list"))
-    _env_verb(
+    env_verb(
         sub, "show", "one env's record: recipe, packages, tools, last check", command("envs", "handle_show")
     )
-    e = _env_verb(
+    e = env_verb(
         sub,
         "activate",
         "print the line that activates an env (source it)",
@@ -277,9 +273,9 @@ def _add_env_verbs(sub: _Sub) -> None:
         f"{shells.default().name} where that is none of these)",
     )
     _add_image(e, "mount the env's image (envbuilder pack) on this node and activate from it")
-    e = _env_verb(sub, "remove", "delete an env and its record", command("envs", "handle_remove"))
+    e = env_verb(sub, "remove", "delete an env and its record", command("envs", "handle_remove"))
     e.add_argument("-y", "--yes", action="store_true", help="do not ask")
-    e = _env_verb(
+    e = env_verb(
         sub,
         "modulefile",
         "write a modulefile (Lmod Lua, or Tcl for Environment Modules) that activates an env",
@@ -301,8 +297,8 @@ def _add_env_verbs(sub: _Sub) -> None:
     )
 
 
-def _add_pack(sub: _Sub) -> None:
-    p = _env_verb(
+def _add_pack(sub: Sub) -> None:
+    p = env_verb(
         sub,
         "pack",
         "make a squashfs image of an env, for jobs that import from a node-local mount",
@@ -311,7 +307,7 @@ def _add_pack(sub: _Sub) -> None:
     p.add_argument(
         "--to", metavar="DIR", help="write the image into DIR, e.g. on $WORK (default: beside the env)"
     )
-    p = _env_verb(
+    p = env_verb(
         sub,
         "stage",
         "copy an env's image to every node of this job (Slurm's sbcast; on PBS each node copies it) and "
@@ -345,7 +341,7 @@ _ROOT_HELP = "backup root (default $WORK/envbuilder/backups) or one backup's dir
 _WAIT_HELP = "how long to wait for another writer of the same backup root (default 3600; 0 fails at once)"
 
 
-def _add_backup(sub: _Sub) -> None:
+def _add_backup(sub: Sub) -> None:
     p = sub.add_parser("backup", help="back an env up to $WORK (deduplicated wheels, or an exact archive)")
     p.add_argument("env", nargs="?")
     p.add_argument("--all", action="store_true", help="every env you have built")
@@ -376,7 +372,7 @@ def _add_backup(sub: _Sub) -> None:
     p.set_defaults(handler=command("backup", "handle_backup"))
 
 
-def _add_backups(sub: _Sub) -> None:
+def _add_backups(sub: Sub) -> None:
     p = sub.add_parser("backups", help="list backups: id, mode, size, date, verified")
     p.add_argument("env", nargs="?")
     p.add_argument("--from", dest="source", metavar="DIR", help=_ROOT_HELP)
@@ -384,7 +380,7 @@ def _add_backups(sub: _Sub) -> None:
     p.set_defaults(handler=command("backup", "handle_backups"))
 
 
-def _add_restore(sub: _Sub) -> None:
+def _add_restore(sub: Sub) -> None:
     p = sub.add_parser(
         "restore", help="bring an env back from its backup (offline, verified, beside then swap)"
     )
@@ -401,7 +397,7 @@ def _add_restore(sub: _Sub) -> None:
     p.set_defaults(handler=command("backup", "handle_restore"))
 
 
-def _add_verify_backup(sub: _Sub) -> None:
+def _add_verify_backup(sub: Sub) -> None:
     p = sub.add_parser("verify-backup", help="re-hash a backup (ENV for its newest, or an id ENV@STAMP)")
     p.add_argument("backup", metavar="ENV|ID")
     p.add_argument("--from", dest="source", metavar="DIR", help=_ROOT_HELP)
@@ -409,7 +405,7 @@ def _add_verify_backup(sub: _Sub) -> None:
     p.set_defaults(handler=command("backup", "handle_verify"))
 
 
-def _add_prune_backups(sub: _Sub) -> None:
+def _add_prune_backups(sub: Sub) -> None:
     p = sub.add_parser("prune-backups", help="keep the newest N backups of each env; free unused wheels")
     p.add_argument("--keep", type=positive, required=True, metavar="N")
     p.add_argument("--env", metavar="NAME", help="prune this env's backups only")
@@ -420,8 +416,8 @@ def _add_prune_backups(sub: _Sub) -> None:
     p.set_defaults(handler=command("backup", "handle_prune"))
 
 
-def _add_touch(sub: _Sub) -> None:
-    _env_verb(
+def _add_touch(sub: Sub) -> None:
+    env_verb(
         sub,
         "touch",
         "refresh an env's access times, only where the site's purge policy allows it",
@@ -429,230 +425,10 @@ def _add_touch(sub: _Sub) -> None:
     )
 
 
-def _add_doctor(sub: _Sub) -> None:
+def _add_doctor(sub: Sub) -> None:
     p = sub.add_parser("doctor", help="what is wrong with your envs on this node, and how to fix it")
     p.add_argument("env", nargs="*", metavar="ENV", help="envs to check (default: every env you have built)")
     p.add_argument("--facts", metavar="FILE", help="another node's facts as JSON: the report for that node")
-    _add_index(p)
+    add_index(p)
     add_json(p)
     p.set_defaults(handler=command("doctor", "handle"))
-
-
-def _add_impact(sub: _Sub) -> None:
-    p = sub.add_parser(
-        "impact", help="what a planned node change (driver, OS, modules) breaks, before it is made"
-    )
-    p.add_argument("--facts", required=True, metavar="FILE", help="the node's facts after the change (JSON)")
-    p.add_argument("--before", metavar="FILE", help="the node's facts now (default: probe this node)")
-    p.add_argument(
-        "--registry", metavar="DIR", help="re-plan every published version here (default: shipped)"
-    )
-    p.add_argument("--records", metavar="DIR", help="also judge the env records users shared here")
-    _add_index(p)
-    add_json(p)
-    p.set_defaults(handler=command("impact", "handle"))
-    e = _env_verb(
-        sub, "share", "copy an env's record to the site (impact reads it)", command("envs", "handle_share")
-    )
-    e.add_argument("--to", required=True, metavar="DIR", help="the site's directory of shared records")
-
-
-def _add_probe(sub: _Sub) -> None:
-    p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
-    p.add_argument("--modules", action="store_true", help="also list the modules `module avail` offers")
-    add_json(p)
-    p.set_defaults(handler=command("probe", "handle"))
-
-
-def _add_report(sub: _Sub) -> None:
-    p = sub.add_parser(
-        "report", help="the validation history of envs as one HTML page (plots inline) or Markdown tables"
-    )
-    p.add_argument("env", nargs="*", metavar="ENV", help="envs to report on")
-    p.add_argument("--all", action="store_true", help="every env with a validation history")
-    p.add_argument(
-        "--format",
-        choices=("html", "md"),
-        default="html",
-        help="a self-contained HTML page, or Markdown for tickets",
-    )
-    p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (default: stdout)")
-    p.set_defaults(handler=command("report", "handle"), json=False)
-
-
-def _add_recipes(sub: _Sub) -> None:
-    p = sub.add_parser("recipes", help="list and inspect recipes")
-    rsub = p.add_subparsers(dest="recipes_command", metavar="ACTION", parser_class=Parser)
-    r = rsub.add_parser("list", help="every recipe on the search path")
-    add_json(r)
-    r.set_defaults(handler=command("recipes", "handle_list"))
-    r = rsub.add_parser("show", help="a recipe's effective values")
-    r.add_argument("recipe")
-    r.add_argument(
-        "--explain",
-        action="store_true",
-        help="show the file each value came from, and the torch facts' source",
-    )
-    _add_index(r)
-    add_json(r)
-    r.set_defaults(handler=command("recipes", "handle_show"))
-    r = rsub.add_parser("schema", help="print the recipe JSON schema (for editors)")
-    r.set_defaults(handler=command("recipes", "handle_schema"), json=False)
-    r = rsub.add_parser("diff", help="what changed between two published versions of a recipe")
-    r.add_argument("recipe")
-    r.add_argument("old", metavar="A")
-    r.add_argument("new", metavar="B")
-    add_json(r)
-    r.set_defaults(handler=command("publish", "handle_diff"))
-    r = rsub.add_parser("update", help="the latest published versions, and your envs built from older ones")
-    add_json(r)
-    r.set_defaults(handler=command("publish", "handle_update"))
-    p.set_defaults(handler=None, subparser=p)
-
-
-def _add_publish(sub: _Sub) -> None:
-    p = sub.add_parser(
-        "publish", help="(site admins) validate recipes and publish them, versioned, to a registry"
-    )
-    p.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe names or .toml files")
-    p.add_argument(
-        "--registry", required=True, metavar="DIR", help="the registry directory (created if absent)"
-    )
-    p.add_argument(
-        "--sign-key", metavar="KEY", help="OpenSSH private key to sign each file with (ssh-keygen -Y)"
-    )
-    p.add_argument(
-        "--allowed-signers",
-        metavar="FILE",
-        help="ship this allowed-signers file with the registry (ssh-keygen format)",
-    )
-    p.add_argument(
-        "--require-signatures", action="store_true", help="from now on, users refuse unsigned recipes from it"
-    )
-    p.add_argument("--facts", metavar="FILE", help="also plan each recipe against these host facts")
-    p.add_argument(
-        "--lock",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="ship this lockfile with its recipe (it must have been made from the recipe as published)",
-    )
-    p.add_argument(
-        "--wait", type=seconds, default=60.0, metavar="SECONDS", help="wait for another publish (default 60)"
-    )
-    add_json(p)
-    p.set_defaults(handler=command("publish", "handle_publish"))
-
-
-def _add_config(sub: _Sub) -> None:
-    from envbuilder.core.config import PRECEDENCE  # noqa: PLC0415 - pure text, from the precedence's one home
-
-    p = sub.add_parser(
-        "config",
-        help="the effective settings, and where each comes from (flag, env, file, default)",
-        description=PRECEDENCE,
-    )
-    csub = p.add_subparsers(dest="config_command", metavar="ACTION", parser_class=Parser)
-    c = csub.add_parser("list", help="the effective settings with their sources (the default action)")
-    add_json(c)
-    c.set_defaults(handler=command("config", "handle_list"))
-    add_json(p)
-    p.set_defaults(handler=command("config", "handle_list"))
-
-
-def _add_docs(sub: _Sub) -> None:
-    """completion and man, and the hidden command completion scripts call back for names (no help: not listed)."""
-    p = sub.add_parser(
-        "completion", help=f"print the tab-completion script for {shells.in_words(shells.COMPLETED)}"
-    )
-    p.add_argument(
-        "shell",
-        nargs="?",
-        choices=Choices("envbuilder.core.shells.registry", "COMPLETED"),
-        metavar="SHELL",
-        help="%(choices)s (default: the one $SHELL names)",
-    )
-    # Neither reads a setting: they print without reading the config files.
-    p.set_defaults(handler=command("docs", "handle_completion"), reads_settings=False)
-    p = sub.add_parser("man", help="print the envbuilder man page (roff)")
-    p.set_defaults(handler=command("docs", "handle_man"), reads_settings=False)
-    p = sub.add_parser("__complete")
-    p.add_argument("kind", choices=Choices("envbuilder.cli.completion", "KINDS"), metavar="KIND")
-    p.set_defaults(handler=command("docs", "handle_names"))
-
-
-def _add_lock_use(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--lock",
-        metavar="FILE",
-        help="use this lockfile, envbuilder's or a PEP 751 pylock.toml (default: yours, else the published one)",
-    )
-    group = p.add_mutually_exclusive_group()
-    group.add_argument(
-        "--locked",
-        action="store_true",
-        help="fail unless a lock applies (it matches the recipe and platform)",
-    )
-    group.add_argument("--no-lock", action="store_true", help="resolve afresh even where a lock exists")
-
-
-def _add_index(p: argparse.ArgumentParser) -> None:
-    """Where the torch facts come from: the wheel indexes (cached a day), or the shipped table alone."""
-    group = p.add_mutually_exclusive_group()
-    group.add_argument(
-        "--refresh", action="store_true", help="read the wheel indexes again instead of the day-old cache"
-    )
-    group.add_argument(
-        "--offline",
-        action="store_true",
-        help="read no index: plan from the shipped table (also ENVBUILDER_OFFLINE=1)",
-    )
-
-
-def _add_launch(p: argparse.ArgumentParser, per_node_help: Optional[str] = None) -> None:
-    """How a launch is shaped (plan shows it, validate and run start it): launcher, nodes, ranks per node,
-    account, partition."""
-    p.add_argument(
-        "--launcher",
-        choices=Choices("envbuilder.core.launchers", "LAUNCHERS"),
-        metavar="LAUNCHER",
-        help="%(choices)s (default: the recipe's)",
-    )
-    p.add_argument("--nodes", type=positive, metavar="N")
-    # One name on every command; torchrun's word and the one run and sbatch had are aliases (man page only).
-    per_node = p.add_argument(
-        "--ranks-per-node",
-        "--nproc-per-node",
-        "--gpus-per-node",
-        type=positive,
-        metavar="N",
-        help=per_node_help,
-    )
-    hide_aliases(per_node)
-    p.add_argument(
-        "--account", type=SchedulerValue("ACCOUNT"), metavar="NAME", help="allocation account for batch jobs"
-    )
-    _add_partition(p)
-
-
-def _add_partition(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--partition",
-        type=SchedulerValue("PARTITION"),
-        metavar="NAME",
-        help="the partition (PBS: queue) to plan, build or run for: its GPUs and cores (default: the recipe's)",
-    )
-
-
-def _env_verb(
-    sub: _Sub,
-    name: str,
-    help_text: str,
-    handler: Handler,
-) -> argparse.ArgumentParser:
-    """A verb that acts on one recorded env: ``envbuilder NAME ENV [--json]``."""
-    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
-    p.add_argument("env")
-    add_json(p)
-    p.set_defaults(handler=handler)
-    return p

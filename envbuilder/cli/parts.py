@@ -249,3 +249,8 @@ def missing_dashes(
     exc = UsageExit(f"{prog}: the program must come after `--` (found {extras[0]!r} without it)", prog)
     exc.hint = f"everything after `--` is the program's: {fixed}"
     return exc
+
+
+if TYPE_CHECKING:
+    # argparse's subparsers action has no public name, and is generic only to type checkers.
+    Sub = argparse._SubParsersAction[Parser]
