@@ -26,8 +26,9 @@ from envbuilder.backends import activation, base, installers, lookup, managedpyt
 from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
 from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.backup import Backup, archive, image, pack_workers, verify, wheelhouse
-from envbuilder.core import kinds, settings
+from envbuilder.core import facts, kinds, settings
 from envbuilder.core.errors import BackupError, StateError
+from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
 from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS, InstallStep
@@ -57,6 +58,9 @@ class RestoreOptions:
     later: Optional[transaction.Later] = None
     #: Seconds to wait for another envbuilder that holds the env's mutex (the CLI's --wait).
     wait: float = 0.0
+    #: This node's facts: where they are those the env was created under and its record holds a passing import
+    #: check, the import is not repeated (the restored files are hashed against the backup's). None: it runs.
+    node: Optional[HostFacts] = None
 
 
 @dataclass
@@ -67,10 +71,14 @@ class RestoreResult:
     log: str
     notes: list[str] = field(default_factory=list)
     relocation: Optional[dict[str, Any]] = None
+    #: Why torch was not imported again (this node is the kind it imported on), or None where it was (or the
+    #: caller asked for no check).
+    import_proven: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "status": self.status,
+            "import_proven": self.import_proven,
             "backup": self.backup,
             "log": self.log,
             "notes": self.notes,
@@ -101,6 +109,7 @@ def restore(
     final = Path(opts.prefix or old.prefix).expanduser().resolve()
     home = settings.home(env)
     strictmodes.env_prefix(final)
+    proven = _proven_here(old, opts.node)
     with state.mutex(home, name, timeout=opts.wait):
         notes = transaction.recover(final)
         healed, more = transaction.heal(home, name, final)
@@ -114,26 +123,65 @@ def restore(
                 log.write(note)
             log.close()
         else:
-            imports_next = opts.smoke_check and bool(old.plan.get("torch"))
+            imports_next = opts.smoke_check and bool(old.plan.get("torch")) and not proven
             job = _Job(b, old, name, final, env, modules, step, imports_next)
             record, status, log, relocation = _restore(job, home, opts, notes)
     # A container env's image is byte for byte (sha256) the one whose torch create read inside it.
-    if opts.smoke_check and record.plan.get("torch") and not kinds.kind_info(record.kind).container:
-        step("checking that torch imports")
-        act = activation.from_plan(Activation.of_record(record.plan) or Activation(), None, record.recipe)
-        delta = modules.apply(
-            record.plan.get("module_use", []), record.plan.get("modules", []), proc.scrubbed_env(env)
-        )
-        gpus = len(record.facts.get("gpus") or [])
-        relog = BuildLog(Path(log.path))
-        try:
-            run_env = activated_env(proc.scrubbed_env(env), delta, act)
-            record = smoke(record, final, run_env, site_python=None, log=relog, home=home, gpus=gpus)
-        finally:
-            relog.close()
+    container = kinds.kind_info(record.kind).container
+    if opts.smoke_check and record.plan.get("torch") and not container and not proven:
+        record = _import_check(record, final, env, modules, log_path=Path(log.path), step=step)
+    elif proven and not container and record.validation is None:
+        # The import on record is the backed-up env's, of these same files on this kind of node: it stays.
+        record = replace(record, validation={**(old.validation or {}), "carried_from": b.id})
+        state.save(home, record)
     return RestoreResult(
-        status, record, b.id, str(log.path), notes, relocation.to_json() if relocation else None
+        status,
+        record,
+        b.id,
+        str(log.path),
+        notes,
+        relocation.to_json() if relocation else None,
+        import_proven=proven if opts.smoke_check and record.plan.get("torch") and not container else None,
     )
+
+
+def _proven_here(record: state.EnvRecord, node: Optional[HostFacts]) -> Optional[str]:
+    """Why the import check need not run again (None: it must): the restored bytes were hashed against the
+    backup's, the env passed an import of torch when it was created or last checked, and ``node`` (this node's
+    facts, where the caller probed them) is the same kind of node as the one it was created on."""
+    checked = ((record.validation or {}).get("checks") or {}).get("import") or {}
+    if node is None or checked.get("status") != "pass":
+        return None
+    if facts.differences(record.facts, node):
+        return None
+    return (
+        f"torch {checked.get('torch') or ''} imported on {record.facts.get('hostname') or 'the node it was built on'}"
+        ", whose facts this node shares (arch, glibc, driver, GPUs), and the restored files hash as backed up: "
+        "the import check is not repeated (restore --check-import runs it; envbuilder validate runs every check)"
+    )
+
+
+def _import_check(
+    record: state.EnvRecord,
+    final: Path,
+    env: Mapping[str, str],
+    modules: ModuleSystem,
+    *,
+    log_path: Path,
+    step: Callable[[str], None],
+) -> state.EnvRecord:
+    step("checking that torch imports")
+    act = activation.from_plan(Activation.of_record(record.plan) or Activation(), None, record.recipe)
+    delta = modules.apply(
+        record.plan.get("module_use", []), record.plan.get("modules", []), proc.scrubbed_env(env)
+    )
+    gpus = len(record.facts.get("gpus") or [])
+    relog = BuildLog(log_path)
+    try:
+        run_env = activated_env(proc.scrubbed_env(env), delta, act)
+        return smoke(record, final, run_env, site_python=None, log=relog, home=settings.home(env), gpus=gpus)
+    finally:
+        relog.close()
 
 
 @dataclass(frozen=True)
@@ -224,7 +272,14 @@ def _restored_record(
         # Measured here, as create does: the restored files' access times are not the old env's.
         files=envfiles.measure(partial, purged=purge.policy(old) is not None),
         prefix=str(final),
-        plan={**old.plan, "prefix": str(final)},
+        # The recorded commands name the prefix too: a later backup of this env restores from them.
+        plan={
+            **old.plan,
+            "prefix": str(final),
+            "install_commands": [
+                base.rebase(c, old.prefix, str(final)) for c in old.plan.get("install_commands", [])
+            ],
+        },
         packages=tuple(packages),
         validation=None,
         origin={
@@ -248,6 +303,10 @@ def _wheelhouse(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
     build, delta = _prepare(job, partial, log, backend)
     # The recorded command, for the env's recorded prefix: built here instead.
     recorded = base.rebase(plan["install_commands"][0], old.prefix, str(partial))
+    # Records that earlier restores wrote kept the commands of the prefix they were restored from.
+    source = (old.origin or {}).get("from_prefix")
+    if source and str(partial) not in recorded:
+        recorded = base.rebase(recorded, source, str(partial))
     first = InstallStep(tuple(recorded), site_python=True, creates_env=True)
     cached = isinstance(build.installer, installers.Uv) and _cache_first(job, backend, build, first)
     if not cached:

@@ -392,6 +392,11 @@ def _add_restore(sub: Sub) -> None:
     p.add_argument("--force", action="store_true", help="replace an env that exists at the target")
     p.add_argument("--validate", action="store_true", help="run the full validation suite afterwards")
     p.add_argument("--no-validate", action="store_true", help="skip even the torch import check")
+    p.add_argument(
+        "--check-import",
+        action="store_true",
+        help="import torch after restoring even on the kind of node the env already imported it on",
+    )
     p.add_argument("--wait", type=seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
     add_json(p)
     p.set_defaults(handler=command("backup", "handle_restore"))

@@ -259,9 +259,11 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             prefix=args.prefix,
             name=args.name,
             force=args.force,
-            smoke_check=not args.no_validate,
+            # With --validate the ranks import torch: no separate import before them.
+            smoke_check=not (args.no_validate or args.validate),
             later=later,
             wait=args.wait,
+            node=None if args.check_import or args.no_validate or args.validate else host.probe(env),
         )
         result = restorer.restore(b, env, modules.detect(env), opts, steps.start)
     data = result.to_json()
@@ -282,7 +284,9 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                     f"e.g. {reloc['left'][0]}"
                 )
         smoke = (rec.validation or {}).get("checks", {}).get("import")
-        if smoke:
+        if result.import_proven:
+            out.result.field("import check", result.import_proven)
+        elif smoke:
             out.result.field("smoke check", f"torch {smoke.get('torch')} imports: {smoke.get('status')}")
         out.result.field("activate", f"source {rec.prefix}/bin/activate")
     failed = [k for k, v in ((rec.validation or {}).get("checks") or {}).items() if v.get("status") == "fail"]

@@ -176,3 +176,37 @@ def unwrap_envelope(data: Any, source: str) -> Any:
     if data.get("status") != "ok" or not isinstance(data.get("data"), dict):
         raise HostProbeError(f"{source}: the probe it holds did not succeed (status {data.get('status')!r})")
     return data["data"]
+
+
+#: The facts an import of torch depends on: where all of them are the same, an env whose bytes are the ones that
+#: imported before imports again (restore's rule for skipping its import check).
+IMPORT_FACTS = ("arch", "glibc", "driver_version", "max_cuda")
+
+
+def differences(recorded: Mapping[str, Any], node: HostFacts) -> list[str]:
+    """What differs between the facts an env was created under (its record's ``facts``) and ``node``'s, in words
+    ("glibc 2.28 -> 2.34", "GPUs (none) -> 4x NVIDIA A100 (8.0)"); an unknown fact on either side is a
+    difference."""
+    out = []
+    now = node.to_json()
+    before_gpus, after_gpus = _gpu_words(recorded.get("gpus")), _gpu_words(now.get("gpus"))
+    # On nodes known to have no GPU on both sides, no driver is the same fact twice, not two unknowns.
+    no_gpus = before_gpus == after_gpus == "(none)"
+    for key in IMPORT_FACTS:
+        before, after = recorded.get(key), now.get(key)
+        if before is None and after is None and no_gpus and key in ("driver_version", "max_cuda"):
+            continue
+        if before is None or after is None or str(before) != str(after):
+            out.append(f"{key.replace('_', ' ')} {before or '(unknown)'} -> {after or '(unknown)'}")
+    if before_gpus is None or after_gpus is None or before_gpus != after_gpus:
+        out.append(f"GPUs {before_gpus or '(unknown)'} -> {after_gpus or '(unknown)'}")
+    return out
+
+
+def _gpu_words(gpus: Any) -> Optional[str]:
+    if gpus is None or not isinstance(gpus, list):
+        return None
+    if not gpus:
+        return "(none)"
+    names = [f"{g.get('name')} ({g.get('compute_capability')})" for g in gpus if isinstance(g, Mapping)]
+    return ", ".join(f"{names.count(n)}x {n}" for n in sorted(set(names)))

@@ -5,6 +5,7 @@ purge would, and backups and restores killed mid-way."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from backupworld import World, digests
 from helpers import ok
 
 pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
 
 
 def wait_for(predicate: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 120) -> None:
@@ -83,6 +85,8 @@ def test_torch_round_trip_offline_same_packages_and_hashes(tworld, tmp_path):
     assert "uv's cache cannot serve this env; restoring from the wheelhouse" in Path(data["log"]).read_text()
     assert data["env"]["origin"]["backup"] == made["id"]
     assert data["env"]["validation"]["checks"]["import"]["status"] == "pass"
+    # tbk was created with --no-validate: no import of torch on record, so the restore imported it.
+    assert data["import_proven"] is None and "validate.py" in Path(data["log"]).read_text()
     assert digests(w.prefix("tbk")) == before
     assert w.python("tbk", "import torch, ebdata; print(torch.__version__, float(torch.ones(3).sum()))") == (
         "2.13.0+cpu 3.0"
@@ -114,6 +118,41 @@ def test_restore_to_a_new_prefix_under_a_new_name(tworld):
     # A second restore to the same place refuses to overwrite without --force.
     res = w.cli("restore", "tbk", "--prefix", str(elsewhere), "--name", "tbk2", "--no-validate")
     assert res.returncode == 9 and "--force" in res.stderr
+
+
+def test_restore_imports_torch_again_only_where_the_node_differs_or_when_asked(tworld, tmp_path):
+    w = tworld
+    if not list(w.backups.glob("envs/tbk/*/backup.json")):
+        ok(w.cli("backup", "tbk"))
+
+    def restore(name: str, source: str, *args: str, **extra: str) -> dict:
+        prefix = w.root / "again" / name
+        res = ok(w.cli("restore", source, "--prefix", str(prefix), "--name", name, "--json", *args, **extra))
+        data = json.loads(res.stdout)["data"]
+        data["imported"] = "validate.py" in Path(data["log"]).read_text()  # the import check ran in the env
+        return data
+
+    # Asked for: the import runs, and the restored env's record now holds its passing import.
+    asked = restore("tbk-asked", "tbk", "--check-import")
+    assert asked["imported"] and asked["import_proven"] is None
+    assert asked["env"]["validation"]["checks"]["import"]["status"] == "pass"
+    ok(w.cli("backup", "tbk-asked"))
+    # The same node, the files hashed as backed up, a passing import on record: not imported again, and why.
+    same = restore("tbk-same", "tbk-asked")
+    assert not same["imported"] and "this node shares" in same["import_proven"]
+    assert same["env"]["validation"]["checks"]["import"]["status"] == "pass"
+    # This node now shows a GPU (the stand-in nvidia-smi, as on a GPU node): not the kind of node it imported on.
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "nvidia-smi").symlink_to(REPO / "tests" / "shims" / "nvidia-smi")
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text(
+        json.dumps({"driver": "580.159.04", "cuda": "13.0", "gpus": [{"name": "NVIDIA H200", "cc": "9.0"}]})
+    )
+    path = f"{shim}:{w.env.get('PATH', os.environ['PATH'])}"
+    other = restore("tbk-gpu", "tbk-asked", PATH=path, NVIDIA_SMI_SHIM=str(gpus))
+    assert other["imported"] and other["import_proven"] is None
+    assert other["env"]["validation"]["checks"]["import"]["status"] == "pass"
 
 
 def test_sibling_envs_store_torch_once(tworld):
