@@ -387,8 +387,9 @@ def probe(bench: Bench, i: int, prefix: Path) -> None:
 
 
 def part_restore(bench: Bench, i: int, order: list[str]) -> None:
-    """Per tree: a cold create (untimed here), ``backup``, then ``restore`` to a new prefix on the warm cache, with
-    and without its smoke check (``--no-validate``); raw uv cold then warm as the baseline."""
+    """Per tree: a cold create and an import check (untimed here), ``backup``, then ``restore`` to a new prefix on
+    the warm cache: as it is (the import on record stands on this node), with ``--check-import`` and with
+    ``--no-validate``; raw uv cold then warm as the baseline."""
     d = bench.work / f"restore-{i}"
     for what in ("cold", "warm"):
         timed(bench, i, "uv", f"r-{what}", uv_install, bench, d / f"uv-{what}", d / "uv-cache")
@@ -399,9 +400,14 @@ def part_restore(bench: Bench, i: int, order: list[str]) -> None:
         if made.returncode != 0:
             print(f"round {i + 1}  {tree}: create failed: {made.stderr[-600:]}", file=sys.stderr)
             continue
+        # As a user's env is: torch imported once on this node (its record holds the passing import).
+        envbuilder(bench, tree, state, "validate", "b", "--checks", "import", "-q")
         timed(bench, i, tree, "backup", envbuilder, bench, tree, state, "backup", "b", "--to", bk, "-q")
         argv = ["restore", "b", "--from", bk, "--prefix", str(d / f"{tree}-restored"), "--name", "b-restored"]
         timed(bench, i, tree, "restore", envbuilder, bench, tree, state, *argv, "-q")
+        # The same, importing torch again (--check-import: what every restore did before).
+        argv = ["restore", "b", "--from", bk, "--prefix", str(d / f"{tree}-restored-ci"), "--name", "b-ci"]
+        timed(bench, i, tree, "restore-import", envbuilder, bench, tree, state, *argv, "--check-import", "-q")
         # The same without its smoke check (an import of torch): the install and the guard alone.
         argv = ["restore", "b", "--from", bk, "--prefix", str(d / f"{tree}-restored-nv"), "--name", "b-nv"]
         timed(bench, i, tree, "restore-nv", envbuilder, bench, tree, state, *argv, "--no-validate", "-q")
@@ -462,6 +468,7 @@ ROWS = [
     ("--force rebuild (warm)", "force", ["self:default"], "<= 1.0x"),
     ("restore (warm)", "restore", ["uv:r-warm"], "<= 1.2x"),
     ("restore --no-validate (warm)", "restore-nv", ["uv:r-warm"], "<= 1.2x"),
+    ("restore --check-import (warm)", "restore-import", ["uv:r-warm"], ""),
     ("backup", "backup", [], ""),
     ("validation suite (bench_validate.py)", "suite", ["self:bare"], "<= 1.3x"),
 ]

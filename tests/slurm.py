@@ -398,6 +398,9 @@ class MiniCluster:
                     ),
                     f"PartitionName={self.partition} Nodes={','.join(n.name for n in self.nodes)} Default=YES "
                     "MaxTime=INFINITE State=UP",
+                    # A partition whose time limit no validation job fits in: such a job waits for ever
+                    # (reason PartitionTimeLimit), as on a site whose short queue a recipe's time outgrew.
+                    f"PartitionName=short Nodes={','.join(n.name for n in self.nodes)} Default=NO MaxTime=1 State=UP",
                     "",
                 ]
             )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from envbuilder.core import schedulers
-from envbuilder.core.errors import CommandFailed, UsageError
+from envbuilder.core.errors import CommandFailed, UsageError, ValidationFailed
 from envbuilder.plan import suite
 from envbuilder.system import proc
 from envbuilder.validate.report import Status
@@ -75,6 +75,14 @@ def _wait(
         finished()  # the checks the job's ranks finished since the last poll (a shared file system)
         if state_ is None:
             break
+        never = adapter.never_starts(res.stdout)
+        if never:
+            _cancel(adapter, job, env)
+            raise ValidationFailed(
+                f"job {job} will not start ({never}); it was cancelled and nothing was validated",
+                hint="change what the reason names (the recipe's partition, account or time; --partition, --account) "
+                "and submit again",
+            )
         live.status(f"job {job}: {state_.lower()} ({time.monotonic() - t0:.0f} s)")
         if limit is not None and time.monotonic() - t0 > limit:
             return None, True

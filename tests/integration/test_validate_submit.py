@@ -5,6 +5,9 @@ Apart from test_validate.py so that xdist can run the two files on different wor
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 
 import pytest
 from helpers import REPO
@@ -53,6 +56,36 @@ def test_submitted_job_with_a_dead_rank_reports_it(validate_world, slurm_cluster
     assert res.returncode == 8, res.stderr
     assert env["data"]["exit_code"] not in (None, 0)
     assert "rank 0 died during this check" in _checks(env)["nccl"]["cause"]
+
+
+@pytest.mark.slurm
+def test_a_submitted_job_that_can_never_start_is_cancelled_and_named(validate_world, slurm_cluster):
+    # Sent to the cluster's `short` partition (sbatch's SBATCH_PARTITION outranks the script's #SBATCH line), whose
+    # one-minute limit the job's time is over: it waits for ever (Slurm says PartitionConfig, or
+    # PartitionTimeLimit), and so did
+    # `validate --submit`.
+    res = validate_world.cli(
+        "validate",
+        "vcpu",
+        "--submit",
+        "--checks",
+        "import",
+        extra={**slurm_cluster.env, "SBATCH_PARTITION": "short"},
+    )
+    assert res.returncode == 8, res.stderr
+    found = re.search(
+        r"job (\d+) will not start \((PartitionTimeLimit|PartitionConfig): the (job's time limit|job asks)",
+        res.stderr,
+    )
+    assert found and "it was cancelled and nothing was validated" in res.stderr, res.stderr
+    queue = subprocess.run(
+        ["squeue", "-h", "-j", found.group(1), "-o", "%T"],
+        env={**os.environ, **slurm_cluster.env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert queue.stdout.strip() in ("", "CANCELLED"), queue.stdout  # nothing left waiting in the queue
 
 
 @pytest.mark.slurm

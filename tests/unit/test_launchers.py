@@ -313,12 +313,26 @@ def test_scheduler_adapters_build_exact_argv_and_read_what_the_commands_print():
         "/r/job.sh",
     ]
     assert slurm.job_id("42;cluster\n") == "42"
-    assert slurm.state_query("42") == ["squeue", "-h", "-j", "42", "-o", "%T"]
-    assert (slurm.state(0, "RUNNING\n"), slurm.state(0, ""), slurm.state(1, "RUNNING")) == (
+    assert slurm.state_query("42") == ["squeue", "-h", "-j", "42", "-o", "%T %r"]
+    assert (slurm.state(0, "RUNNING None\n"), slurm.state(0, ""), slurm.state(1, "RUNNING")) == (
         "RUNNING",
         None,
         None,
     )
+    assert slurm.state(0, "PENDING Priority\n") == "PENDING, Priority"
+    # Reasons that clear by themselves are waited out; those that never do are named.
+    assert [
+        slurm.never_starts(f"PENDING {r}\n") for r in ("Priority", "Resources", "ReqNodeNotAvail,_Un")
+    ] == [
+        None,
+        None,
+        None,
+    ]
+    assert slurm.never_starts("PENDING JobHeldAdmin\n") == (
+        "JobHeldAdmin: the job is held, and waits for `scontrol release`"
+    )
+    assert "partition's" in (slurm.never_starts("PENDING PartitionTimeLimit\n") or "")
+    assert slurm.never_starts("RUNNING None\n") is None and pbs.never_starts("anything") is None
     assert slurm.exit_query("42") == ["scontrol", "show", "job", "42"]
     assert slurm.exit_code("JobId=42 JobState=FAILED ExitCode=3:0 Reason=NonZeroExitCode") == 3
     assert slurm.cancel("42") == ["scancel", "42"]

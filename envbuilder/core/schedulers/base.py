@@ -207,6 +207,11 @@ class Scheduler(ABC):
         """argv that tells a finished job's exit code; None where the scheduler keeps no such record."""
         return None
 
+    def never_starts(self, stdout: str) -> Optional[str]:
+        """Why a queued job will not start until someone changes it or the site (the state query's answer, read
+        again), in words; None where it may still start or the scheduler does not say."""
+        return None
+
     def exit_code(self, stdout: str) -> Optional[int]:
         """The exit code in what :meth:`exit_query` printed."""
         return None

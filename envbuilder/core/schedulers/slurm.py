@@ -128,11 +128,25 @@ class Slurm(Scheduler):
         return re.sub(r"%([%jA])", lambda m: "%" if m.group(1) == "%" else jobid, output)
 
     def state_query(self, job: str) -> list[str]:
-        return ["squeue", "-h", "-j", job, "-o", "%T"]
+        # The state, then the reason a pending job waits (squeue's %r).
+        return ["squeue", "-h", "-j", job, "-o", "%T %r"]
 
     def state(self, returncode: int, stdout: str) -> Optional[str]:
-        text = stdout.strip()
-        return (text or None) if returncode == 0 else None
+        words = stdout.split()
+        if returncode != 0 or not words:
+            return None
+        state, reason = words[0], " ".join(words[1:])
+        return f"{state}, {reason}" if state == "PENDING" and reason and reason != "None" else state
+
+    def never_starts(self, stdout: str) -> Optional[str]:
+        words = stdout.split()
+        if len(words) < 2 or words[0] != "PENDING":
+            return None
+        reason = words[1].rstrip(",")
+        for prefix, why in _NEVER:
+            if reason.startswith(prefix):
+                return f"{reason}: {why}"
+        return None
 
     def exit_query(self, job: str) -> Optional[list[str]]:
         return ["scontrol", "show", "job", job]
@@ -145,6 +159,22 @@ class Slurm(Scheduler):
 
     def cancel(self, job: str) -> list[str]:
         return ["scancel", job]
+
+
+#: Pending reasons (squeue's %r) that do not clear while the job and the site stay as they are, and what each means:
+#: from Slurm's "Job Reason Codes" page (slurm.schedmd.com/job_reason_codes.html, read 2026-11-28).
+_NEVER = (
+    ("JobHeld", "the job is held, and waits for `scontrol release`"),
+    ("BadConstraints", "the job asks for features or resources no node of the partition has"),
+    ("PartitionConfig", "the job asks for more than the partition's configuration allows"),
+    ("PartitionTimeLimit", "the job's time limit is over the partition's"),
+    ("PartitionNodeLimit", "the job asks for more nodes than the partition allows"),
+    ("QOSMaxWallDurationPerJobLimit", "the job's time limit is over its QOS's"),
+    ("AssocMaxWallDurationPerJobLimit", "the job's time limit is over its account's"),
+    ("InvalidAccount", "the account does not exist or you are not in it"),
+    ("InvalidQOS", "the QOS does not exist or you may not use it"),
+    ("DependencyNeverSatisfied", "a job it depends on ended in a way that never satisfies the dependency"),
+)
 
 
 def _gpu_flags(job: JobShape, gpu_request: str) -> list[str]:
