@@ -33,7 +33,7 @@ class Pbs(Scheduler):
             job=env[self.job_id_var],
             cpus_per_node=count(env.get("NCPUS")),
             partition=env.get(self.partition_var) or None,
-            gpus=count(env.get("NGPUS")),
+            # No job variable is known to count a chunk's GPUs: CUDA_VISIBLE_DEVICES tells (locate).
         )
 
     def hosts(self, env: Mapping[str, str]) -> Optional[HostList]:
