@@ -10,32 +10,24 @@ import shlex
 from typing import Any, Optional
 
 from envbuilder.core import schedulers, settings
-from envbuilder.core.errors import EnvNotFound, RecipeNotFound, UsageError
+from envbuilder.core.errors import CommandFailed, EnvNotFound, RecipeNotFound, UsageError
 from envbuilder.plan import allocation, suite
 from envbuilder.plan.target import target_facts
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
-from envbuilder.system import host, state
+from envbuilder.system import host, proc, state
 from envbuilder.system.console import Out
 from envbuilder.validate import runner
+
+#: How long the scheduler may take to say how long a job has left.
+QUERY_S = 10.0
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     env = dict(os.environ)
     record, recipe = _source(args.env, env)
     warnings: list[str] = []
-    proved = _proved(record)
-    partition = args.partition or (_recorded(record, "partition") if record else None)
-    target = target_facts(recipe, host.facts_for(args.facts), warnings, [], partition=partition)
-    device = suite.device_for(target, cpu=args.cpu)
-    request = suite.LaunchRequest(
-        args.launcher or proved.get("launcher"),
-        args.nodes or proved.get("nodes"),
-        args.ranks_per_node or proved.get("ranks_per_node"),
-        args.account,
-        partition,
-    )
-    shape = suite.shape_for(recipe, target, request, device, warnings)
+    shape = _shape(args, record, recipe, warnings)
     advice = allocation.advise(recipe, shape, _script(args.script), time=args.time)
     if advice is None:
         raise UsageError(
@@ -45,15 +37,46 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     if recipe.scheduler.account_required and not args.account:
         warnings.append("this site needs an allocation account for every job: pass --account")
     here = runner.locate(env)
-    missing = allocation.compare(advice, here) if here.in_job else []
-    for text in warnings:
+    left = _time_left(here, env)
+    missing = allocation.compare(advice, here, left) if here.in_job else []
+    for text in (*warnings, *advice.notes):
         out.warn(text)
-    data = _data(
-        args.env if record else None, recipe.name, shape.launcher.name, advice, here=here, missing=missing
-    )
+    name = args.env if record else None
+    data = _data(name, recipe.name, shape.launcher.name, advice, here=here, missing=missing, left=left)
     if not args.json:
         _show(data, advice, here, missing, out)
     return data
+
+
+def _shape(
+    args: argparse.Namespace, record: Optional[state.EnvRecord], recipe: loader.Recipe, warnings: list[str]
+) -> suite.Shape:
+    """The launch's shape, as a job script would start it: the command line's, else the last passing
+    validation's launcher, nodes and ranks per node, else the recipe's; the env's partition."""
+    proved = _proved(record)
+    partition = args.partition or (_recorded(record, "partition") if record else None)
+    target = target_facts(recipe, host.facts_for(args.facts), warnings, [], partition=partition)
+    request = suite.LaunchRequest(
+        args.launcher or proved.get("launcher"),
+        args.nodes or proved.get("nodes"),
+        args.ranks_per_node or proved.get("ranks_per_node"),
+        args.account,
+        partition,
+    )
+    return suite.shape_for(recipe, target, request, suite.device_for(target, cpu=args.cpu), warnings)
+
+
+def _time_left(here: schedulers.Where, env: dict[str, str]) -> Optional[int]:
+    """How long the job ``here`` has left, where its scheduler answers at once; None otherwise."""
+    adapter = schedulers.get(here.scheduler)
+    argv = adapter.time_left_query(here.job) if adapter and here.job else None
+    if argv is None:
+        return None
+    try:
+        res = proc.run(argv, env=proc.scrubbed_env(env), timeout=QUERY_S, check=False)
+    except (OSError, CommandFailed):  # no client here, or a controller that does not answer: unknown
+        return None
+    return adapter.time_left(res.stdout) if adapter and res.returncode == 0 else None
 
 
 def _source(name: str, env: dict[str, str]) -> tuple[Optional[state.EnvRecord], loader.Recipe]:
@@ -102,6 +125,7 @@ def _data(
     *,
     here: schedulers.Where,
     missing: list[allocation.Missing],
+    left: Optional[int],
 ) -> dict[str, Any]:
     job = advice.job
     inside = None
@@ -112,6 +136,7 @@ def _data(
             "gpus": here.gpus,
             "visible_gpus": here.visible_gpus,
             "tasks": here.tasks,
+            "seconds_left": left,
         }
         inside = {"job": here.job, "held": held, "missing": [m.to_json() for m in missing]}
     return {
@@ -126,6 +151,7 @@ def _data(
             "time": job.walltime,
         },
         "lines": {label: list(argv) for label, argv in advice.lines()},
+        "notes": list(advice.notes),
         "inside": inside,
     }
 

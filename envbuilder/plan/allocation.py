@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
-from envbuilder.core import schedulers
+from envbuilder.core import schedulers, values
 from envbuilder.core.errors import RecipeError, UsageError
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import batch
@@ -92,6 +92,8 @@ class Advice:
     interactive: Optional[tuple[str, ...]]
     shell: Optional[tuple[str, ...]]
     batch: Optional[tuple[str, ...]]
+    #: What the lines' reader should know: a site command that asks for too little, a line left out.
+    notes: tuple[str, ...] = ()
 
     def lines(self) -> list[tuple[str, tuple[str, ...]]]:
         """(label, argv) of each line there is, the site's own first."""
@@ -158,8 +160,39 @@ def advise(
         adapter.shell(job, request, required),
         adapter.batch(job, request, required, script),
     )
-    kept = [_allowed(line, recipe, adapter) for line in lines]
-    return Advice(adapter.name, job, need, request, site, *kept)
+    interactive, shell, batch_line = (_allowed(line, recipe, adapter) for line in lines)
+    notes = [_site_cpus(site, job, adapter) if site else None]
+    notes += [
+        f"no {line[0]} line: it would pass an option this site forbids (scheduler.forbidden_flags)"
+        for line, kept in zip(lines, (interactive, shell, batch_line))
+        if line and not kept
+    ]
+    return Advice(
+        adapter.name,
+        job,
+        need,
+        request,
+        site,
+        interactive,
+        shell,
+        batch_line,
+        tuple(n for n in notes if n),
+    )
+
+
+def _site_cpus(site: Sequence[str], job: schedulers.JobShape, adapter: schedulers.Scheduler) -> Optional[str]:
+    """Where the site's interactive command is a step that asks for no CPUs (a step without gets one), why the
+    scheduler's own lines are the ones to use."""
+    if not adapter.step_cpu_options or (job.cpus_per_task or 0) < 2:
+        return None
+    asked = {name for _, name in batch.options(site[1:], adapter.short_options)}
+    if asked & set(adapter.step_cpu_options):
+        return None
+    return (
+        f"the site's interactive command ({site[0]} ...) asks for no CPUs, so its step gets one for "
+        f"{job.tasks_per_node} task(s) that use {job.cpus_per_task} each: use the lines below, or add "
+        f"{adapter.step_cpu_options[0]}={job.cpus_per_task} to it"
+    )
 
 
 def _allowed(
@@ -194,9 +227,9 @@ def hold(recipe: Recipe, shape: Shape, here: schedulers.Where, warnings: list[st
     warnings.extend(notes(missing))
 
 
-def compare(advice: Advice, here: schedulers.Where) -> list[Missing]:
-    """What the job ``here`` lacks of ``advice``'s need on this node: nodes, CPUs, GPUs. Unknown holdings are
-    not missing."""
+def compare(advice: Advice, here: schedulers.Where, seconds_left: Optional[int] = None) -> list[Missing]:
+    """What the job ``here`` lacks of ``advice``'s need on this node: nodes, CPUs, GPUs, and the time the job
+    would ask for (``seconds_left``: what the scheduler says it has left). Unknown holdings are not missing."""
     adapter = schedulers.get(advice.scheduler)
     need, job = advice.need, advice.job
     found: list[Missing] = []
@@ -221,7 +254,16 @@ def compare(advice: Advice, here: schedulers.Where) -> list[Missing]:
             f"for {_n(need.ranks_per_node, 'rank')}"
         )
         found.append(Missing("gpus", gpus, need.gpus_per_node, text, ask, refuse=refuse))
+    wanted = values.time_seconds(job.walltime) or 0
+    if seconds_left is not None and seconds_left < wanted:
+        ask = tuple(w for w in adapter.place_options(job) if "time" in w) if adapter else ()
+        text = f"the job has {_clock(seconds_left)} left; the launch's job asks for {job.walltime}"
+        found.append(Missing("time", seconds_left, wanted, text, ask or (job.walltime,), refuse=False))
     return found
+
+
+def _clock(seconds: int) -> str:
+    return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def _cpus(need: Need, cpus: int, ask: tuple[str, ...]) -> Missing:

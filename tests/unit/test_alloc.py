@@ -232,3 +232,45 @@ def test_slurm_tells_the_gpus_of_a_step_and_none_in_a_step_without():
     assert slurm.where(salloc).gpus is None
     assert slurm.where({**salloc, "SLURM_GPUS_PER_NODE": "h100:4"}).gpus == 4
     assert schedulers.locate({**salloc, "CUDA_VISIBLE_DEVICES": "0,1"}).visible_gpus == 2
+
+
+def _site(tmp_path: Path, scheduler: str) -> allocation.Advice:
+    """The advice for a recipe of this site's test directory with ``scheduler`` lines added to its [scheduler]."""
+    (tmp_path / "site.toml").write_text(
+        'schema_version = 1\n[recipe]\nname = "site"\n[scheduler]\ntype = "slurm"\npartition = "debug"\n'
+        f"{scheduler}\n[scheduler.partitions.debug]\ncores_per_node = 8\n[torch]\ninstall = false\n"
+        '[launcher]\ndefault = "srun"\n[validation]\nnproc_per_node = 2\n'
+    )
+    recipe = loader.load("site", Catalog.from_env({"ENVBUILDER_RECIPE_PATH": str(tmp_path)}))
+    target = target_facts(recipe, CPU_HOST, [], [])
+    shape = suite.shape_for(recipe, target, suite.LaunchRequest(), "cpu", [])
+    advice = allocation.advise(recipe, shape)
+    assert advice is not None
+    return advice
+
+
+def test_a_site_command_that_asks_for_no_cpus_is_named(tmp_path: Path):
+    # The seeds' own pages got this wrong: a step that asks for no CPUs gets one.
+    bare = 'interactive = ["srun", "--partition={partition}", "--nodes={nodes}", "--pty", "bash"]'
+    advice = _site(tmp_path, bare)
+    [note] = advice.notes
+    assert "asks for no CPUs" in note and "--cpus-per-task=8" in note
+    assert _slurm(advice.shell[1:]).cpus_per_task == "8"
+    fixed = bare.replace('"--pty"', '"--cpus-per-task={cpus}", "--pty"')
+    assert _site(tmp_path, fixed).notes == ()
+
+
+def test_a_line_that_would_pass_a_forbidden_flag_is_left_out(tmp_path: Path):
+    advice = _site(tmp_path, 'forbidden_flags = ["--ntasks-per-node"]')
+    assert (advice.interactive, advice.shell, advice.batch) == (None, None, None)
+    assert len(advice.notes) == 3 and all("forbids" in note for note in advice.notes)
+
+
+def test_too_little_time_left_is_a_warning():
+    advice = _need(1, 1)
+    [short] = allocation.compare(advice, _job(cpus_per_node=1), seconds_left=59)
+    assert (short.what, short.held, short.needed, short.refuse) == ("time", 59, 600, False)
+    assert short.ask == ("--time=00:10:00",)
+    assert allocation.compare(advice, _job(cpus_per_node=1), seconds_left=600) == []
+    assert schedulers.get("slurm").time_left("9:58\n") == 598
+    assert schedulers.get("slurm").time_left("UNLIMITED") is None

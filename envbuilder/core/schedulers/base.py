@@ -222,6 +222,15 @@ class Scheduler(ABC):
         """argv that submits ``script`` with ``job``'s resources on the command line; None where it has none."""
         return None
 
+    def time_left_query(self, job: str) -> Optional[list[str]]:
+        """argv that asks how long the job has left (:meth:`time_left` reads it); None where there is no cheap
+        way to ask."""
+        return None
+
+    def time_left(self, stdout: str) -> Optional[int]:
+        """The seconds :meth:`time_left_query` said the job has left; None for no limit or no answer."""
+        return None
+
     @abstractmethod
     def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
         """The directives for ``job`` (without the prefix), asking for GPUs in the site's ``gpu_request`` style,

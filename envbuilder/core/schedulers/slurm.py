@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Optional
 
+from envbuilder.core import values
 from envbuilder.core.launchers import ShellVar
 from envbuilder.core.schedulers.base import HostList, JobShape, Scheduler, Where, count
 
@@ -170,6 +171,14 @@ class Slurm(Scheduler):
         # %j and %A are the job's id (a job that is no array's), %% a '%'; the other patterns stay as written.
         jobid = job.split(";", 1)[0]
         return re.sub(r"%([%jA])", lambda m: "%" if m.group(1) == "%" else jobid, output)
+
+    def time_left_query(self, job: str) -> Optional[list[str]]:
+        return ["squeue", "-h", "-j", job, "-o", "%L"]
+
+    def time_left(self, stdout: str) -> Optional[int]:
+        # [D-]HH:MM:SS, MM:SS or "UNLIMITED"/"INVALID".
+        text = stdout.strip()
+        return values.time_seconds(text if "-" in text or text.count(":") != 1 else f"0:{text}")
 
     def state_query(self, job: str) -> list[str]:
         return ["squeue", "-h", "-j", job, "-o", "%T"]
