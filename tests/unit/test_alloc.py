@@ -274,3 +274,15 @@ def test_too_little_time_left_is_a_warning():
     assert allocation.compare(advice, _job(cpus_per_node=1), seconds_left=600) == []
     assert schedulers.get("slurm").time_left("9:58\n") == 598
     assert schedulers.get("slurm").time_left("UNLIMITED") is None
+
+
+def test_a_pbs_job_is_compared_by_its_cpus_and_visible_gpus():
+    # Polaris hands out whole nodes (gpu_request "none"): only CUDA_VISIBLE_DEVICES counts the GPUs.
+    advice = _advice("polaris-overlay-conda", account="ABC23001")
+    env = {"PBS_JOBID": "12.polaris", "NCPUS": "64", "PBS_QUEUE": "debug", "CUDA_VISIBLE_DEVICES": ""}
+    here = schedulers.locate(env)
+    [gpus] = allocation.compare(advice, here)
+    assert (gpus.what, gpus.held, gpus.needed, gpus.refuse) == ("gpus", 0, advice.need.gpus_per_node, True)
+    assert gpus.ask[0] == "-l" and gpus.ask[1].startswith("select=")
+    env["CUDA_VISIBLE_DEVICES"] = "0,1,2,3"
+    assert allocation.compare(advice, schedulers.locate(env)) == []
