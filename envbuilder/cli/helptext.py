@@ -153,6 +153,10 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("doctor", "doctor local --json", "doctor --facts gh200.json"),
         (*_RECORDS, *_RECIPES, *_INDEX),
     ),
+    "alloc": (
+        ("alloc local", "alloc local --nodes 2 --account ABC23001", "alloc zurada-conda-cu126 --json"),
+        (*_RECORDS, *_RECIPES, "SLURM_JOB_ID"),
+    ),
     "impact": (
         (
             "impact --facts after.json",

@@ -19,7 +19,7 @@ from envbuilder.core import checks, launchers, schedulers
 from envbuilder.core.errors import RecipeError, UsageError, did_you_mean
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
-from envbuilder.plan import batch
+from envbuilder.plan import allocation, batch
 from envbuilder.recipe import sections
 
 if TYPE_CHECKING:  # only types: the recipe arrives loaded, the activation planned (planning imports suite)
@@ -238,13 +238,8 @@ def shape_for(
             f"{nodes} nodes asked for inside job {here.job}, which holds {here.nodes}",
             hint="ask for fewer nodes, or leave the job and pass --submit",
         )
-    if here and here.in_step and here.cpus_per_node and here.cpus_per_node < nproc:
-        warnings.append(
-            f"this step holds {here.cpus_per_node} CPU(s) on the node for {nproc} ranks, which share them: "
-            "start the interactive step with the CPUs the launch uses (srun --cpus-per-task)"
-        )
     cores = (here.cpus_per_node if here and here.in_job else None) or part.cores_per_node
-    return Shape(
+    shape = Shape(
         launcher=chosen,
         nodes=nodes,
         nproc=nproc,
@@ -255,6 +250,10 @@ def shape_for(
         account=request.account,
         here=here,
     )
+    if here and here.in_job:
+        # What the job holds against what the launch needs, before a rank starts (alloc prints the same).
+        allocation.hold(recipe, shape, here, warnings)
+    return shape
 
 
 def launch_program(

@@ -7,13 +7,14 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
 from envbuilder.core.errors import StateError, ValidationFailed
 from envbuilder.core.facts import HostFacts
+from envbuilder.plan import allocation
 from envbuilder.recipe import loader
 from envbuilder.system import fsutil, modules, proc, state
 from envbuilder.system.console import Cell, Out, plain
@@ -54,7 +55,8 @@ def execute(
     # SIGTERM (a batch job's time limit, scancel, kill) unwinds like Ctrl-C: the launcher and every rank it
     # started are ended, a submitted job is cancelled, and the CLI exits 130.
     runs = (Path(opts.runs) if opts.runs else Path(record.prefix), RUNS_HINT)
-    with status_ctx or contextlib.nullcontext(), proc.sigterm_as_interrupt(), fsutil.disk_errors(runs):
+    guards = (proc.sigterm_as_interrupt(), fsutil.disk_errors(runs), short_here(record.name))
+    with status_ctx or contextlib.nullcontext(), guards[0], guards[1], guards[2]:
         result = validator.run(record, recipe, facts, env, modules.detect(env), opts=opts, live=live)
     if home is not None:
         result = keep_history(
@@ -64,6 +66,16 @@ def execute(
     if not quiet:
         render(result, out)
     return result
+
+
+@contextlib.contextmanager
+def short_here(name: str) -> Iterator[None]:
+    """A job that lacks what the launch needs (:mod:`plan.allocation`) cannot run the checks here: as on a login
+    node, ``create`` runs the smoke check instead, and ``validate`` says what the job lacks and how to ask."""
+    try:
+        yield
+    except allocation.AllocationShort as short:
+        raise validator.NotHere(f"not validating {name} here: {short.message}", hint=short.hint) from None
 
 
 def keep_history(

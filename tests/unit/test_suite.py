@@ -140,7 +140,8 @@ def test_filesystems_named_by_the_recipe_must_exist(tmp_path):
     ("env", "where"),
     [
         ({}, schedulers.Where()),
-        # An srun --pty shell: a step of job 7 holding 32 CPUs here.
+        # An srun --pty shell: a step of job 7 holding 32 CPUs here, and no GPU (a step that holds GRES GPUs is
+        # told how many).
         (
             {
                 "SLURM_JOB_ID": "7",
@@ -148,7 +149,7 @@ def test_filesystems_named_by_the_recipe_must_exist(tmp_path):
                 "SLURM_CPUS_ON_NODE": "32",
                 "SLURM_JOB_NUM_NODES": "2",
             },
-            schedulers.Where("slurm", "7", in_step=True, nodes=2, cpus_per_node=32),
+            schedulers.Where("slurm", "7", in_step=True, nodes=2, cpus_per_node=32, gpus=0),
         ),
         # An salloc shell on the login node knows only the allocation's CPU list.
         (

@@ -38,6 +38,13 @@ class Where:
     #: CPUs the job holds on this node (or on each node), where the scheduler says.
     cpus_per_node: Optional[int] = None
     partition: Optional[str] = None
+    #: GPUs the scheduler gave the job on this node (0: a job on its node that was given none); None where it
+    #: does not say (an allocation's shell on a login node, a site that hands out whole nodes).
+    gpus: Optional[int] = None
+    #: GPUs this process may use: CUDA_VISIBLE_DEVICES's count, where it is set.
+    visible_gpus: Optional[int] = None
+    #: The tasks the job was given, where the scheduler says.
+    tasks: Optional[int] = None
 
     @property
     def in_job(self) -> bool:
@@ -165,6 +172,64 @@ class Scheduler(ABC):
         if isinstance(self.rdzv_id, ShellVar):
             return {self.rdzv_id.var: env.get(self.rdzv_id.var, "envbuilder")}
         return {}
+
+    # -- the allocation a launch needs, as the lines a user types (``envbuilder alloc``) -------------------------
+    # Each is an argv: every value in it is one word, checked by JobShape (no value starts with '-' or holds
+    # whitespace), so none becomes an option. ``required`` (scheduler.required_flags, one directive each) is split
+    # at whitespace as the scheduler splits a directive line.
+
+    def node_options(self, job: JobShape, gpu_request: str = "none") -> list[str]:
+        """The options that ask for ``job``'s nodes and tasks on them (and, where the scheduler asks for a node's
+        resources in one option, its CPUs and GPUs, in the site's ``gpu_request`` style)."""
+        return []
+
+    def cpu_options(self, job: JobShape) -> list[str]:
+        """The options that ask for ``job``'s CPUs (none where it asks for whole nodes)."""
+        return []
+
+    def gpu_options(self, job: JobShape, gpu_request: str) -> list[str]:
+        """The options that ask for ``job``'s GPUs in the site's ``gpu_request`` style (none for "none")."""
+        return []
+
+    def place_options(self, job: JobShape) -> list[str]:
+        """The options that name ``job``'s partition, account and walltime."""
+        return []
+
+    def resources(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:
+        """Every option an allocating command needs for ``job``, then the site's required directives."""
+        words = [w for directive in required for w in directive.split()]
+        return [
+            *self.node_options(job, gpu_request),
+            *self.cpu_options(job),
+            *self.gpu_options(job, gpu_request),
+            *self.place_options(job),
+            *words,
+        ]
+
+    def allocate(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> Optional[list[str]]:
+        """argv of an interactive allocation of ``job``'s resources (a shell inside it); None where the
+        scheduler has none envbuilder knows."""
+        return None
+
+    def shell(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> Optional[list[str]]:
+        """argv of an interactive shell on the allocation's first node, where it differs from :meth:`allocate`'s
+        (Slurm's ``srun --pty``); None otherwise."""
+        return None
+
+    def batch(
+        self, job: JobShape, gpu_request: str, required: Sequence[str], script: str
+    ) -> Optional[list[str]]:
+        """argv that submits ``script`` with ``job``'s resources on the command line; None where it has none."""
+        return None
+
+    def time_left_query(self, job: str) -> Optional[list[str]]:
+        """argv that asks how long the job has left (:meth:`time_left` reads it); None where there is no cheap
+        way to ask."""
+        return None
+
+    def time_left(self, stdout: str) -> Optional[int]:
+        """The seconds :meth:`time_left_query` said the job has left; None for no limit or no answer."""
+        return None
 
     @abstractmethod
     def directives(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> list[str]:

@@ -33,6 +33,7 @@ class Pbs(Scheduler):
             job=env[self.job_id_var],
             cpus_per_node=count(env.get("NCPUS")),
             partition=env.get(self.partition_var) or None,
+            # No job variable is known to count a chunk's GPUs: CUDA_VISIBLE_DEVICES tells (locate).
         )
 
     def hosts(self, env: Mapping[str, str]) -> Optional[HostList]:
@@ -61,6 +62,31 @@ class Pbs(Scheduler):
         if job.account:
             flags.append(f"-A {job.account}")
         return flags + list(required)
+
+    def node_options(self, job: JobShape, gpu_request: str = "none") -> list[str]:
+        # One chunk per node, its CPUs and GPUs on the same select (cpu_options and gpu_options add none).
+        chunk = [f"select={job.nodes}"]
+        if job.cpus_per_task:
+            chunk.append(f"ncpus={job.cpus_per_task * job.tasks_per_node}")
+        if job.gpus_per_node and gpu_request != "none":
+            chunk.append(f"ngpus={job.gpus_per_node}")
+        return ["-l", ":".join(chunk)]
+
+    def place_options(self, job: JobShape) -> list[str]:
+        flags = ["-l", f"walltime={job.walltime}"]
+        if job.partition:
+            flags += ["-q", job.partition]
+        if job.account:
+            flags += ["-A", job.account]
+        return flags
+
+    def allocate(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> Optional[list[str]]:
+        return ["qsub", "-I", *self.resources(job, gpu_request, required)]
+
+    def batch(
+        self, job: JobShape, gpu_request: str, required: Sequence[str], script: str
+    ) -> Optional[list[str]]:
+        return ["qsub", "-N", job.name, *self.resources(job, gpu_request, required), script]
 
     def submit(self, script: str, output: str) -> list[str]:
         return ["qsub", "-o", output, "-j", "oe", script]

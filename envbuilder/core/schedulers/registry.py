@@ -40,7 +40,16 @@ def locate(
         where = replace(where, nodes=len({h.strip() for h in nodefile.splitlines() if h.strip()}) or None)
     if usable_cpus and where.cpus_per_node and adapter.on_node(env):
         where = replace(where, cpus_per_node=min(where.cpus_per_node, usable_cpus))
-    return where
+    return replace(where, visible_gpus=visible_gpus(env))
+
+
+def visible_gpus(env: Mapping[str, str]) -> Optional[int]:
+    """The GPUs CUDA_VISIBLE_DEVICES leaves this process (None where it is unset; Slurm's "NoDevFiles" and an
+    empty value leave none)."""
+    text = env.get("CUDA_VISIBLE_DEVICES")
+    if text is None:
+        return None
+    return len([d for d in text.split(",") if d.strip() and d.strip() != "NoDevFiles"])
 
 
 def detect(env: Mapping[str, str]) -> Optional[Scheduler]:

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Optional
 
+from envbuilder.core import values
 from envbuilder.core.launchers import ShellVar
 from envbuilder.core.schedulers.base import HostList, JobShape, Scheduler, Where, count
 
@@ -76,7 +77,24 @@ class Slurm(Scheduler):
             nodes=count(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")),
             cpus_per_node=cpus,
             partition=env.get(self.partition_var) or None,
+            gpus=self._gpus(env),
+            tasks=count(env.get("SLURM_NTASKS")),
         )
+
+    def _gpus(self, env: Mapping[str, str]) -> Optional[int]:
+        """The GPUs Slurm gave the job on this node. A batch script and a step are told (SLURM_GPUS_ON_NODE, the
+        indexes in SLURM_STEP_GPUS or SLURM_JOB_GPUS) whenever they hold GPUs as GRES, so one on its node that
+        is told nothing holds none; an salloc shell is told only --gpus-per-node's count."""
+        told = count(env.get("SLURM_GPUS_ON_NODE"))
+        if told is not None:
+            return told
+        for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+            if env.get(var, "").strip():
+                return len([i for i in env[var].split(",") if i.strip()])
+        per_node = env.get("SLURM_GPUS_PER_NODE", "")  # "2" or "h100:2"
+        if per_node:
+            return count(per_node.rsplit(":", 1)[-1])
+        return 0 if self.on_node(env) else None
 
     def hosts(self, env: Mapping[str, str]) -> Optional[HostList]:
         nodelist = env.get(self.hosts_var)
@@ -114,6 +132,33 @@ class Slurm(Scheduler):
             flags += _gpu_flags(job, gpu_request)
         return flags + list(required)
 
+    def node_options(self, job: JobShape, gpu_request: str = "none") -> list[str]:
+        return [f"--nodes={job.nodes}", f"--ntasks-per-node={job.tasks_per_node}"]
+
+    def cpu_options(self, job: JobShape) -> list[str]:
+        return [f"--cpus-per-task={job.cpus_per_task}"] if job.cpus_per_task else []
+
+    def gpu_options(self, job: JobShape, gpu_request: str) -> list[str]:
+        return _gpu_flags(job, gpu_request) if job.gpus_per_node else []
+
+    def place_options(self, job: JobShape) -> list[str]:
+        flags = [f"--partition={job.partition}"] if job.partition else []
+        if job.account:
+            flags.append(f"--account={job.account}")
+        return [*flags, f"--time={job.walltime}"]
+
+    def allocate(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> Optional[list[str]]:
+        return ["salloc", *self.resources(job, gpu_request, required)]
+
+    def shell(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> Optional[list[str]]:
+        # A step: it holds only what it asks for (one CPU unless --cpus-per-task says more).
+        return ["srun", *self.resources(job, gpu_request, required), "--pty", "bash", "-i"]
+
+    def batch(
+        self, job: JobShape, gpu_request: str, required: Sequence[str], script: str
+    ) -> Optional[list[str]]:
+        return ["sbatch", f"--job-name={job.name}", *self.resources(job, gpu_request, required), script]
+
     def submit(self, script: str, output: str) -> list[str]:
         return ["sbatch", "--parsable", f"--output={output}", script]
 
@@ -126,6 +171,14 @@ class Slurm(Scheduler):
         # %j and %A are the job's id (a job that is no array's), %% a '%'; the other patterns stay as written.
         jobid = job.split(";", 1)[0]
         return re.sub(r"%([%jA])", lambda m: "%" if m.group(1) == "%" else jobid, output)
+
+    def time_left_query(self, job: str) -> Optional[list[str]]:
+        return ["squeue", "-h", "-j", job, "-o", "%L"]
+
+    def time_left(self, stdout: str) -> Optional[int]:
+        # [D-]HH:MM:SS, MM:SS or "UNLIMITED"/"INVALID".
+        text = stdout.strip()
+        return values.time_seconds(text if "-" in text or text.count(":") != 1 else f"0:{text}")
 
     def state_query(self, job: str) -> list[str]:
         # The state, then the reason a pending job waits (squeue's %r).
