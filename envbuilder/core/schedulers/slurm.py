@@ -12,6 +12,7 @@ from typing import Optional
 from envbuilder.core import values
 from envbuilder.core.launchers import ShellVar
 from envbuilder.core.schedulers.base import HostList, JobShape, Scheduler, Where, count
+from envbuilder.core.shells import registry as shells
 
 
 class Slurm(Scheduler):
@@ -152,7 +153,7 @@ class Slurm(Scheduler):
 
     def shell(self, job: JobShape, gpu_request: str, required: Sequence[str]) -> Optional[list[str]]:
         # A step: it holds only what it asks for (one CPU unless --cpus-per-task says more).
-        return ["srun", *self.resources(job, gpu_request, required), "--pty", "bash", "-i"]
+        return ["srun", *self.resources(job, gpu_request, required), "--pty", shells.default().name, "-i"]
 
     def batch(
         self, job: JobShape, gpu_request: str, required: Sequence[str], script: str
