@@ -162,11 +162,13 @@ def gfx_of(gpu: Gpu, table: VendorTable) -> Optional[str]:
 
 
 def xpu_family_of(gpu: Gpu, table: VendorTable) -> Optional[str]:
-    """An Intel GPU's family: as reported, else from the names the table knows for each family."""
+    """An Intel GPU's family: as reported, else from the PCI device ids and names the table knows for each."""
     if gpu.arch:
         return gpu.arch
+    text = gpu.name.lower()
+    pci = set(re.findall(r"0x[0-9a-f]{4}", text))  # a GPU the probe names by its PCI device id
     for device in table.xpu_devices:
-        if any(name.lower() in gpu.name.lower() for name in device.names):
+        if pci & set(device.pci) or any(name.lower() in text for name in device.names):
             return device.family
     return None
 
