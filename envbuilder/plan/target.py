@@ -52,6 +52,14 @@ def target_facts(
     site_gpus: Optional[tuple[Gpu, ...]] = None
     if compute.gpus_per_node is not None:
         site_gpus = tuple(_site_gpu(compute, gpu_name) for _ in range(compute.gpus_per_node))
+    site_vendor = compute.gpu_vendor or "nvidia"
+    if host.gpus and site_gpus and host.gpu_vendor != site_vendor:
+        # Not one of the site's GPU nodes (an NVIDIA host planning for Intel or AMD nodes, or the reverse).
+        warnings.append(
+            f"this host's GPUs are {host.gpu_vendor}'s ({host.gpus[0].name}) but the site's compute nodes have "
+            f"{site_vendor}'s ({gpu_name}): resolving for the site's; create must run on such a node"
+        )
+        host = replace(host, gpus=None)
     if host.gpus:
         gpus: Optional[tuple[Gpu, ...]] = host.gpus
         driver, max_cuda = host.driver_version, host.max_cuda

@@ -563,3 +563,11 @@ def test_the_lumi_recipe_plans_on_the_oldest_driver_that_runs_rocm_6_2():
     oldest = dataclasses.replace(load_facts("mi250x-x8"), amdgpu_version="6.3.6")
     p = plan.build(loader.load("lumi-venv-rocm", CATALOG), oldest, PLAN_ENV, plan.Options())
     assert p.resolution is not None and p.resolution.variant == "rocm6.2.4"
+
+
+def test_an_nvidia_host_plans_the_pvc_recipe_for_the_sites_intel_nodes():
+    """An H100 node is not one of the pvc nodes: its GPUs do not replace the site's Intel ones (impact runs every
+    recipe against one node's facts)."""
+    p = make("stampede3-pvc-xpu", "h100-sxm-x4")
+    assert p.resolution is not None and p.resolution.variant == "xpu"
+    assert any("this host's GPUs are nvidia's" in w and "resolving for the site's" in w for w in p.warnings)
