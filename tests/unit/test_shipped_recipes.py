@@ -571,3 +571,10 @@ def test_an_nvidia_host_plans_the_pvc_recipe_for_the_sites_intel_nodes():
     p = make("stampede3-pvc-xpu", "h100-sxm-x4")
     assert p.resolution is not None and p.resolution.variant == "xpu"
     assert any("this host's GPUs are nvidia's" in w and "resolving for the site's" in w for w in p.warnings)
+
+
+def test_recipes_list_marks_the_examples():
+    from envbuilder.commands.recipes import list_recipes
+
+    rows = {r["name"]: r for r in list_recipes(CATALOG)}
+    assert {n for n, r in rows.items() if r.get("example")} == {"stampede3-pvc-xpu", "lumi-venv-rocm"}
