@@ -74,10 +74,14 @@ class HostFacts:
 
     @property
     def gpu_vendor(self) -> Optional[str]:
-        """The vendor of the target's GPUs ("nvidia" where a GPU does not say), None without a known GPU."""
+        """The vendor of the target's GPUs, None without a known GPU. A GPU that does not say (a facts file written
+        before vendors were recorded, a site's GPU name) is AMD's or Intel's by its name, else NVIDIA's."""
         if not self.gpus:
             return None
-        return self.gpus[0].vendor or "nvidia"
+        gpu = self.gpus[0]
+        if gpu.vendor:
+            return gpu.vendor
+        return next((v for v, pattern in _VENDOR_NAMES if re.search(pattern, gpu.name)), "nvidia")
 
     @property
     def python_minor(self) -> Optional[str]:
@@ -114,6 +118,8 @@ _VENDOR_KEYS = ("amdgpu_version", "level_zero")
 _KNOWN_KEYS = (*_STR_KEYS, "gpus", "allocation", "filesystems", "modules", "source", "facts_version")
 _GPU_KEYS = ("name", "compute_capability", "memory_mib", "vendor", "arch")
 GPU_VENDORS = ("nvidia", "amd", "intel")
+#: How a GPU's name tells its vendor where the facts do not say.
+_VENDOR_NAMES = (("amd", r"\bAMD\b|Instinct|Radeon"), ("intel", r"\bIntel\b"))
 #: Other spellings of an architecture (``platform.machine()`` on some systems, hand-written facts) -> ours.
 ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
 

@@ -163,3 +163,18 @@ def test_every_rocm_variant_of_the_table_has_a_gfx_list_for_each_release_that_of
         if m.vendor.gfx_list(v, rel.torch) is None
     ]
     assert not missing
+
+
+@pytest.mark.parametrize(
+    ("name", "vendor"),
+    [
+        ("AMD Instinct MI250X", "amd"),
+        ("AMD Radeon PRO W7900", "amd"),
+        ("Intel(R) Data Center GPU Max 1550", "intel"),
+        ("NVIDIA H100 80GB HBM3", "nvidia"),
+        ("Tesla V100-SXM2-32GB", "nvidia"),
+    ],
+)
+def test_a_gpu_that_does_not_say_its_vendor_is_known_by_its_name(name, vendor):
+    """Facts files written before vendors were recorded, and site GPU names, still reach the right gates."""
+    assert HostFacts(gpus=(Gpu(name),)).gpu_vendor == vendor
