@@ -23,6 +23,7 @@ from envbuilder_facts import (
     accelerator,
     arch_gaps,
     bus_bandwidth,
+    device_code,
     dist_backend,
     expected_gpus,
     fs_roundtrip,
@@ -152,7 +153,7 @@ class Suite(SiteChecks):
             devices.append(
                 {
                     "name": props.name,
-                    "capability": self._capability(props),
+                    "capability": device_code(self.kind, props),
                     "memory_gib": round(props.total_memory / 2**30, 1),
                     "uuid": str(getattr(props, "uuid", "")),
                 }
@@ -170,14 +171,6 @@ class Suite(SiteChecks):
             return self.log.result("gpu", "pass", **data)
         cause, hint = self._gpu_cause(count, expected, source)
         return self.log.result("gpu", "fail", cause=cause, hint=hint, **data)
-
-    def _capability(self, props: Any) -> Optional[str]:
-        """What the build's code list is compared with: sm X.Y (CUDA), the gfx target (ROCm); none for XPU."""
-        if self.kind == "rocm":
-            return str(getattr(props, "gcnArchName", "")) or None
-        if self.kind == "xpu":
-            return None
-        return f"{props.major}.{props.minor}"
 
     def _gpu_cause(self, count: int, expected: int, source: str) -> tuple[str, str]:
         torch = self.torch

@@ -50,6 +50,16 @@ def dist_backend(kind: str) -> str:
     return {"cuda": "nccl", "rocm": "nccl", "xpu": "xccl"}.get(kind, "gloo")
 
 
+def device_code(kind: str, props: Any) -> Optional[str]:
+    """What a build's code list is compared with, from torch's device properties: sm X.Y (CUDA), the gfx target
+    (ROCm's ``gcnArchName``); None for XPU."""
+    if kind == "rocm":
+        return str(getattr(props, "gcnArchName", "")) or None
+    if kind == "xpu":
+        return None
+    return f"{props.major}.{props.minor}"
+
+
 def gfx_gaps(arch_list: list[str], devices: list[str]) -> list[str]:
     """The AMD GPUs' gfx targets (``gcnArchName``, "gfx90a:sramecc+:xnack-") a ROCm build has no code for."""
     built = {a.split(":")[0] for a in arch_list}

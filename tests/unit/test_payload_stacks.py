@@ -36,3 +36,14 @@ def test_gfx_gaps_compares_targets_without_their_feature_flags():
 def test_rocm_and_level_zero_libraries_are_tracked_for_provenance():
     for stem in ("libamdhip64", "librccl", "libMIOpen", "libhsa-runtime64", "libze_loader", "libsycl"):
         assert stem in facts.TRACKED_LIBS
+
+
+def test_device_code_is_what_each_stack_compares():
+    from types import SimpleNamespace
+
+    assert facts.device_code("cuda", SimpleNamespace(major=9, minor=0)) == "9.0"
+    assert (
+        facts.device_code("rocm", SimpleNamespace(gcnArchName="gfx90a:sramecc+:xnack-"))
+        == "gfx90a:sramecc+:xnack-"
+    )
+    assert facts.device_code("xpu", SimpleNamespace(name="Intel(R) Data Center GPU Max 1550")) is None
