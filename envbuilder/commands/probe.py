@@ -27,8 +27,16 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             out.result.field("gpus", "unknown")
         elif not facts.gpus:
             out.result.field("gpus", "none")
+        for key in ("amdgpu_version", "level_zero"):  # AMD and Intel nodes only
+            if key in data:
+                out.result.field(key, str(data[key]) or "not installed")
         for gpu in facts.gpus or ():
-            out.result.field("gpu", f"{gpu.name} (compute capability {gpu.compute_capability or '?'})")
+            code = (
+                f"{gpu.vendor} {gpu.arch}"
+                if gpu.arch
+                else f"compute capability {gpu.compute_capability or '?'}"
+            )
+            out.result.field("gpu", f"{gpu.name} ({code})")
         for key, value in facts.allocation.items():
             out.result.field(key, value)
         for key, value in facts.filesystems.items():

@@ -36,6 +36,7 @@ def list_recipes(catalog: Catalog) -> list[dict[str, Any]]:
         row.update(
             site=recipe.site.name,
             status=recipe.site.status,
+            example=recipe.recipe.example,
             kind=recipe.env.kind,
             torch=recipe.torch.version if recipe.torch.install else "from site",
             variant=recipe.torch.variant if recipe.torch.install else None,
@@ -83,7 +84,7 @@ def _list_row(row: dict[str, Any]) -> list[Cell]:
         row["name"],
         row["version"] or "-",
         row["site"] or "-",
-        row["status"],
+        row["status"] + (" example" if row.get("example") else ""),
         row["kind"],
         torch,
         row["layer"],

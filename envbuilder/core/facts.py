@@ -25,6 +25,11 @@ class Gpu:
     name: str
     compute_capability: Optional[str] = None
     memory_mib: Optional[int] = None
+    #: "nvidia", "amd" or "intel"; None: not said (a GPU of an older facts file is NVIDIA's).
+    vendor: Optional[str] = None
+    #: The GPU's code target where it is not a compute capability: an AMD ``gfx90a``, an Intel device family
+    #: (``pvc``, ``bmg``, ...).
+    arch: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,11 @@ class HostFacts:
     max_cuda: Optional[str] = None
     #: None: unknown. Empty: known to have no NVIDIA GPU.
     gpus: Optional[tuple[Gpu, ...]] = None
+    #: The AMD kernel driver's version (``/sys/module/amdgpu/version``, amd-smi's DRIVER VERSION); None: unknown
+    #: or no AMD GPU.
+    amdgpu_version: Optional[str] = None
+    #: The Level Zero GPU runtime an Intel GPU node has (the compute runtime's version); "" known absent.
+    level_zero: Optional[str] = None
     hostname: Optional[str] = None
     module_system: Optional[str] = None
     scheduler: Optional[str] = None
@@ -49,7 +59,10 @@ class HostFacts:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["gpus"] = None if self.gpus is None else [asdict(g) for g in self.gpus]
+        data["gpus"] = None if self.gpus is None else [_gpu_json(g) for g in self.gpus]
+        for key in _VENDOR_KEYS:  # NVIDIA-only documents stay as they were
+            if data[key] is None:
+                del data[key]
         data["allocation"] = dict(self.allocation)
         data["filesystems"] = dict(self.filesystems)
         if self.modules is None:
@@ -60,11 +73,30 @@ class HostFacts:
         return data
 
     @property
+    def gpu_vendor(self) -> Optional[str]:
+        """The vendor of the target's GPUs, None without a known GPU. A GPU that does not say (a facts file written
+        before vendors were recorded, a site's GPU name) is AMD's or Intel's by its name, else NVIDIA's."""
+        if not self.gpus:
+            return None
+        gpu = self.gpus[0]
+        if gpu.vendor:
+            return gpu.vendor
+        return next((v for v, pattern in _VENDOR_NAMES if re.search(pattern, gpu.name)), "nvidia")
+
+    @property
     def python_minor(self) -> Optional[str]:
         if not self.python:
             return None
         parts = self.python.split(".")
         return ".".join(parts[:2]) if len(parts) >= 2 else None
+
+
+def _gpu_json(gpu: Gpu) -> dict[str, Any]:
+    data = asdict(gpu)
+    for key in ("vendor", "arch"):
+        if data[key] is None:
+            del data[key]
+    return data
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -79,9 +111,15 @@ _STR_KEYS = (
     "hostname",
     "module_system",
     "scheduler",
+    "amdgpu_version",
+    "level_zero",
 )
+_VENDOR_KEYS = ("amdgpu_version", "level_zero")
 _KNOWN_KEYS = (*_STR_KEYS, "gpus", "allocation", "filesystems", "modules", "source", "facts_version")
-_GPU_KEYS = ("name", "compute_capability", "memory_mib")
+_GPU_KEYS = ("name", "compute_capability", "memory_mib", "vendor", "arch")
+GPU_VENDORS = ("nvidia", "amd", "intel")
+#: How a GPU's name tells its vendor where the facts do not say.
+_VENDOR_NAMES = (("amd", r"\bAMD\b|Instinct|Radeon"), ("intel", r"\bIntel\b"))
 #: Other spellings of an architecture (``platform.machine()`` on some systems, hand-written facts) -> ours.
 ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
 
@@ -133,7 +171,13 @@ def _gpu_from_json(gpu: Any, where: str) -> Gpu:
     mem = gpu.get("memory_mib")
     if mem is not None and (not isinstance(mem, int) or isinstance(mem, bool) or mem < 0):
         raise HostProbeError(f"{where}.memory_mib: expected an integer, found {mem!r}")
-    return Gpu(gpu["name"], cc, mem)
+    vendor = gpu.get("vendor")
+    if vendor is not None and vendor not in GPU_VENDORS:
+        raise HostProbeError(f"{where}.vendor: expected one of {', '.join(GPU_VENDORS)}, found {vendor!r}")
+    arch = gpu.get("arch")
+    if arch is not None and not (isinstance(arch, str) and re.fullmatch(r"[a-z][a-z0-9_-]*", arch)):
+        raise HostProbeError(f'{where}.arch: expected a string like "gfx90a" or "pvc", found {arch!r}')
+    return Gpu(gpu["name"], cc, mem, vendor, arch)
 
 
 def facts_from_text(text: str, source: str) -> HostFacts:

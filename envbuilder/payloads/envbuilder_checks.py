@@ -20,10 +20,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 from envbuilder_facts import (
+    accelerator,
     arch_gaps,
     bus_bandwidth,
+    device_code,
+    dist_backend,
     expected_gpus,
     fs_roundtrip,
+    gfx_gaps,
     loaded_libraries,
     shadowed,
     shared_gpus,
@@ -85,6 +89,10 @@ class Suite(SiteChecks):
         self.rank = rank
         self.torch: Any = None
         self.device = "cpu"
+        #: The GPU stack of this torch ("cuda", "rocm", "xpu"; "" for a CPU build) and its device API
+        #: (torch.cuda for CUDA and ROCm, whose HIP build keeps torch.cuda's names; torch.xpu for XPU).
+        self.kind = ""
+        self.api: Any = None
         self.dist_ready = False
         self.dist_broken: Optional[str] = None
 
@@ -108,14 +116,27 @@ class Suite(SiteChecks):
             )
         self.torch = torch
         seconds = time.perf_counter() - t0
-        if self.args.device == "cuda" and torch.version.cuda and torch.cuda.is_available():
-            count = torch.cuda.device_count()
-            self.device = f"cuda:{self.rank.local % count}" if count else "cpu"
+        xpu = getattr(torch, "xpu", None)
+        hip = getattr(torch.version, "hip", None)
+        self.kind = accelerator(torch.version.cuda, hip, bool(xpu is not None and xpu.is_available()))
+        self.api = (xpu if self.kind == "xpu" else torch.cuda) if self.kind else None
+        if self.args.device == "cuda" and self.api is not None and self.api.is_available():
+            count = self.api.device_count()
+            prefix = "xpu" if self.kind == "xpu" else "cuda"
+            self.device = f"{prefix}:{self.rank.local % count}" if count else "cpu"
         return self.log.result(
             "import",
             "pass",
             torch=torch.__version__,
             cuda=torch.version.cuda,
+            hip=hip,
+            stack=self.kind or "cpu",
+            # envbuilder's resolver says the same in the plan (resolver/vendors.NEW_SUPPORT).
+            **(
+                {"note": "support for ROCm/XPU is new and has not run on such hardware here"}
+                if self.kind in ("rocm", "xpu")
+                else {}
+            ),
             python=sys.version.split()[0],
             file=os.path.dirname(torch.__file__),
             figures={"import_s": {"value": round(seconds, 3), "unit": "s"}},
@@ -124,16 +145,15 @@ class Suite(SiteChecks):
     # gpu / arch / cuda --------------------------------------------------------------------------------------
 
     def check_gpu(self) -> dict[str, Any]:
-        torch = self.torch
         expected, source = expected_gpus(self.args.expect_gpus)
-        count = torch.cuda.device_count() if torch.version.cuda else 0
+        count = self.api.device_count() if self.api is not None else 0
         devices = []
         for i in range(count):
-            props = torch.cuda.get_device_properties(i)
+            props = self.api.get_device_properties(i)
             devices.append(
                 {
                     "name": props.name,
-                    "capability": f"{props.major}.{props.minor}",
+                    "capability": device_code(self.kind, props),
                     "memory_gib": round(props.total_memory / 2**30, 1),
                     "uuid": str(getattr(props, "uuid", "")),
                 }
@@ -155,32 +175,35 @@ class Suite(SiteChecks):
     def _gpu_cause(self, count: int, expected: int, source: str) -> tuple[str, str]:
         torch = self.torch
         promised = f"the {source} promises {expected} GPU(s) to this rank; torch sees {count}"
-        if not torch.version.cuda:
+        if not self.kind:
             return (
                 f"{promised}: this torch ({torch.__version__}) is a CPU build",
-                "recreate the env on a GPU node, or pin torch.variant to a cuNNN build in the recipe",
+                "recreate the env on a GPU node, or pin torch.variant to a cuNNN, rocmX.Y or xpu build in the recipe",
             )
         cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
         if cvd is not None and cvd.strip() in ("", "-1"):
             return f"{promised}: CUDA_VISIBLE_DEVICES={cvd!r} hides them", "unset CUDA_VISIBLE_DEVICES"
         if count == 0:
             try:
-                torch.cuda.init()
-                why = "CUDA initialised but found no device"
+                self.api.init()
+                why = f"{self.kind.upper()} initialised but found no device"
             except Exception as exc:  # the driver's own words are the cause
-                why = f"CUDA cannot initialise: {exc}"
+                why = f"{self.kind.upper()} cannot initialise: {exc}"
+            tool = {"rocm": "amd-smi", "xpu": "xpu-smi or sycl-ls"}.get(self.kind, "nvidia-smi")
             return (
                 f"{promised}: {why}",
-                "run on a GPU node of the allocation; check the driver with nvidia-smi",
+                f"run on a GPU node of the allocation; check the driver with {tool}",
             )
         return promised, "request the GPUs the recipe expects (or pass --nproc-per-node / --expect-gpus)"
 
     def check_arch(self) -> dict[str, Any]:
         torch = self.torch
-        count = torch.cuda.device_count() if torch.version.cuda else 0
+        count = self.api.device_count() if self.api is not None else 0
         if not count:
             return self.log.result("arch", "skip", reason="no GPU visible")
-        arch_list = list(torch.cuda.get_arch_list())
+        arch_list = list(self.api.get_arch_list())
+        if self.kind != "cuda":
+            return self._other_arch(arch_list, count)
         fault = faults(self.rank.rank).get("arch", "")
         if fault.startswith("arch="):
             arch_list = fault[5:].split("+")
@@ -199,9 +222,33 @@ class Suite(SiteChecks):
             "arch", "pass", arch_list=arch_list, capabilities=[f"sm_{a}{b}" for a, b in caps]
         )
 
+    def _other_arch(self, arch_list: list[str], count: int) -> dict[str, Any]:
+        """ROCm: each GPU's gfx target in the build's list. XPU: the device names, not yet compared."""
+        names = [str(self.api.get_device_properties(i).name) for i in range(count)]
+        if self.kind == "xpu":
+            return self.log.result(
+                "arch",
+                "skip",
+                reason="XPU device families are not compared with the build's list yet",
+                arch_list=arch_list,
+                devices=names,
+            )
+        gcn = [str(getattr(self.api.get_device_properties(i), "gcnArchName", "")) for i in range(count)]
+        missing = gfx_gaps(arch_list, gcn)
+        if missing:
+            return self.log.result(
+                "arch",
+                "fail",
+                arch_list=arch_list,
+                missing=missing,
+                cause=f"this torch build has no kernels for {', '.join(missing)} (built for {' '.join(arch_list)})",
+                hint="pick a ROCm variant whose wheels include this GPU's gfx target (envbuilder plan shows why)",
+            )
+        return self.log.result("arch", "pass", arch_list=arch_list, capabilities=gcn)
+
     def check_cuda(self) -> dict[str, Any]:
         torch = self.torch
-        if not self.device.startswith("cuda"):
+        if self.device == "cpu":
             return self.log.result("cuda", "skip", reason="no GPU for this rank")
         dev = torch.device(self.device)
         n = self.args.matmul_n
@@ -248,12 +295,12 @@ class Suite(SiteChecks):
         b = torch.randn(n, n, device=self.device, dtype=dtype)
         for _ in range(3):
             a @ b
-        torch.cuda.synchronize(self.device)
+        self.api.synchronize(self.device)
         iters = 20
         t0 = time.perf_counter()
         for _ in range(iters):
             a @ b
-        torch.cuda.synchronize(self.device)
+        self.api.synchronize(self.device)
         return 2 * n**3 * iters / (time.perf_counter() - t0) / 1e12
 
     # libraries ----------------------------------------------------------------------------------------------
@@ -261,7 +308,10 @@ class Suite(SiteChecks):
     def check_libraries(self) -> dict[str, Any]:
         torch = self.torch
         versions: dict[str, Any] = {"cudnn": None, "nccl": None}
-        if self.device.startswith("cuda"):
+        if self.kind == "xpu" and self.device != "cpu":  # opens the SYCL runtime and Level Zero
+            a = torch.ones(8, 8, device=self.device)
+            (a @ a).sum().item()
+        elif self.device != "cpu":  # CUDA, or ROCm (cudnn = MIOpen's version, nccl = RCCL's)
             # CUDA libraries open lazily: use each once (cuBLAS, cuDNN, NCCL) before reading the process's maps.
             a = torch.ones(8, 8, device=self.device)
             (a @ a).sum().item()
@@ -305,10 +355,10 @@ class Suite(SiteChecks):
             return dist
         if self.dist_broken:
             return None
-        backend = "nccl" if self.device.startswith("cuda") else "gloo"
+        backend = dist_backend(self.kind) if self.device != "cpu" else "gloo"
         timeout = datetime.timedelta(seconds=self.args.timeout)
-        if self.device.startswith("cuda"):
-            self.torch.cuda.set_device(self.torch.device(self.device))
+        if self.device != "cpu":
+            self.api.set_device(self.torch.device(self.device))
         self.log.advance()  # the rendezvous waits for every rank
         if self.rank.torchrun:
             dist.init_process_group(backend, timeout=timeout)
@@ -387,8 +437,8 @@ class Suite(SiteChecks):
         return rows
 
     def _sync(self) -> None:
-        if self.device.startswith("cuda"):
-            self.torch.cuda.synchronize(self.device)
+        if self.device != "cpu":
+            self.api.synchronize(self.device)
 
     def check_ddp(self) -> dict[str, Any]:
         torch = self.torch
@@ -407,9 +457,7 @@ class Suite(SiteChecks):
             self.device
         )
         self.log.advance()  # the constructor broadcasts rank 0's parameters
-        ddp = DistributedDataParallel(
-            model, device_ids=[self.device] if self.device.startswith("cuda") else None
-        )
+        ddp = DistributedDataParallel(model, device_ids=[self.device] if self.device != "cpu" else None)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.02)
         losses = []
         for epoch in range(self.args.epochs):

@@ -16,7 +16,54 @@ import time
 from typing import Any, Optional
 
 #: Libraries whose provenance matters: the CUDA stack a wheel bundles, and torch's OpenMP runtime.
-TRACKED_LIBS = ("libcudart", "libcudnn", "libnccl", "libnvJitLink", "libcublas", "libgomp", "libc10")
+TRACKED_LIBS = (
+    "libcudart",
+    "libcudnn",
+    "libnccl",
+    "libnvJitLink",
+    "libcublas",
+    "libgomp",
+    "libc10",
+    # ROCm builds: HIP runtime, RCCL, MIOpen and the HSA runtime, which the wheel carries in torch/lib.
+    "libamdhip64",
+    "librccl",
+    "libMIOpen",
+    "libhsa-runtime64",
+    # XPU builds: the Level Zero loader (the node's) and the SYCL runtime (pip's intel-sycl-rt).
+    "libze_loader",
+    "libsycl",
+)
+
+
+def accelerator(cuda: Optional[str], hip: Optional[str], xpu: bool) -> str:
+    """Which GPU stack a torch build drives, from ``torch.version.cuda``, ``torch.version.hip`` and whether
+    ``torch.xpu`` is available: "cuda", "rocm" (torch.cuda's API over HIP), "xpu", or "" for CPU only."""
+    if hip:
+        return "rocm"
+    if cuda:
+        return "cuda"
+    return "xpu" if xpu else ""
+
+
+def dist_backend(kind: str) -> str:
+    """The collective backend a build offers: NCCL (RCCL under the same name on ROCm), XCCL on XPU, else gloo."""
+    return {"cuda": "nccl", "rocm": "nccl", "xpu": "xccl"}.get(kind, "gloo")
+
+
+def device_code(kind: str, props: Any) -> Optional[str]:
+    """What a build's code list is compared with, from torch's device properties: sm X.Y (CUDA), the gfx target
+    (ROCm's ``gcnArchName``); None for XPU."""
+    if kind == "rocm":
+        return str(getattr(props, "gcnArchName", "")) or None
+    if kind == "xpu":
+        return None
+    return f"{props.major}.{props.minor}"
+
+
+def gfx_gaps(arch_list: list[str], devices: list[str]) -> list[str]:
+    """The AMD GPUs' gfx targets (``gcnArchName``, "gfx90a:sramecc+:xnack-") a ROCm build has no code for."""
+    built = {a.split(":")[0] for a in arch_list}
+    return sorted({d.split(":")[0] for d in devices} - built)
 
 
 def sm(arch: str) -> tuple[int, int]:

@@ -304,6 +304,11 @@ def _recipe_remarks(recipe: Recipe, warnings: list[str], notes: list[str]) -> No
         notes.append(f"corrected: {corr.seed} -> {corr.fix}")
     if recipe.recipe.experimental:
         warnings.append("experimental recipe: it tracks a moving target")
+    if recipe.recipe.example:
+        warnings.append(
+            f"example recipe: written from {recipe.site.name or 'the site'}'s public documentation; its admins "
+            "have not published it, and it has not run there"
+        )
 
 
 def _resolve_torch(

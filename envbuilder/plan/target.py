@@ -51,7 +51,15 @@ def target_facts(
     gpu_name = "GPU" if compute.gpu is None else compute.gpu
     site_gpus: Optional[tuple[Gpu, ...]] = None
     if compute.gpus_per_node is not None:
-        site_gpus = tuple(Gpu(gpu_name, compute.compute_capability) for _ in range(compute.gpus_per_node))
+        site_gpus = tuple(_site_gpu(compute, gpu_name) for _ in range(compute.gpus_per_node))
+    site_vendor = compute.gpu_vendor or "nvidia"
+    if host.gpus and site_gpus and host.gpu_vendor != site_vendor:
+        # Not one of the site's GPU nodes (an NVIDIA host planning for Intel or AMD nodes, or the reverse).
+        warnings.append(
+            f"this host's GPUs are {host.gpu_vendor}'s ({host.gpus[0].name}) but the site's compute nodes have "
+            f"{site_vendor}'s ({gpu_name}): resolving for the site's; create must run on such a node"
+        )
+        host = replace(host, gpus=None)
     if host.gpus:
         gpus: Optional[tuple[Gpu, ...]] = host.gpus
         driver, max_cuda = host.driver_version, host.max_cuda
@@ -79,6 +87,8 @@ def target_facts(
         driver_version=driver,
         max_cuda=max_cuda,
         gpus=gpus,
+        amdgpu_version=host.amdgpu_version if host.gpus else compute.amdgpu_version,
+        level_zero=host.level_zero if host.gpus else compute.level_zero,
         hostname=host.hostname,
         module_system=host.module_system,
         scheduler=host.scheduler,
@@ -86,6 +96,14 @@ def target_facts(
         filesystems=host.filesystems,
         source=f"site compute facts + {host.source}",
     )
+
+
+def _site_gpu(compute: sections.Compute, name: str) -> Gpu:
+    """One GPU of the site's compute nodes: NVIDIA's by its compute capability, AMD's or Intel's by its gfx target
+    or device family (the site's compute_capability, set for another partition, does not apply to them)."""
+    if compute.gpu_vendor in ("amd", "intel"):
+        return Gpu(name, vendor=compute.gpu_vendor, arch=compute.gpu_arch)
+    return Gpu(name, compute.compute_capability)
 
 
 def _glibc(recipe: Recipe, host: HostFacts, same_os: bool, warnings: list[str], node: bool) -> Optional[str]:
@@ -149,6 +167,8 @@ def partition_compute(recipe: Recipe, partition: Optional[str], warnings: list[s
         compute,
         gpus_per_node=compute.gpus_per_node if part.gpus_per_node is None else part.gpus_per_node,
         gpu=part.gpu or compute.gpu,
+        gpu_vendor=part.gpu_vendor or compute.gpu_vendor,
+        gpu_arch=part.gpu_arch or compute.gpu_arch,
         cores_per_node=part.cores_per_node or compute.cores_per_node,
     )
 

@@ -15,6 +15,7 @@ from packaging.utils import canonicalize_name
 
 from envbuilder.core import containers, kinds, launchers, schedulers
 from envbuilder.core.errors import did_you_mean
+from envbuilder.core.facts import GPU_VENDORS
 from envbuilder.core.values import (
     CONDA_ENV,
     CPU_BIND,
@@ -90,6 +91,8 @@ def _package_problem(item: Mapping[str, Any]) -> Optional[tuple[str, str, Option
 
 #: The compute facts a site states with their source; "unknown" is a value too, with a note saying why.
 SOURCED_FACTS = ("os", "glibc", "python")
+#: A GPU's code target where it is not a compute capability: gfx90a, gfx942 (AMD), pvc, bmg (Intel).
+GPU_ARCH = r"gfx[0-9a-f]{3,4}|[a-z]{2,5}"
 UNKNOWN = "unknown"
 DATE = r"\d{4}-\d{2}-\d{2}"
 
@@ -216,6 +219,11 @@ SCHEMA = Table(
                 "description": Field(str, "what this recipe is; a child does not inherit it", prose=True),
                 "version": Field(str, "recipe version (publishing assigns one if absent)"),
                 "experimental": Field(bool, "true for recipes that track moving targets (nightlies)"),
+                "example": Field(
+                    bool,
+                    "true for a recipe written from a site's public documentation that the site's admins have not "
+                    "published (nor run) yet",
+                ),
             }
         ),
         "corrections": ArrayOf(
@@ -250,6 +258,24 @@ SCHEMA = Table(
                 "driver_version": Field(str, pattern=r"\d+\.\d+(\.\d+)?", example="550.54.15"),
                 "max_cuda": Field(
                     str, "highest CUDA the driver supports", pattern=r"\d+\.\d+", example="12.9"
+                ),
+                "gpu_vendor": Field(
+                    str, "whose GPUs the nodes have (nvidia when unset)", choices=GPU_VENDORS
+                ),
+                "gpu_arch": Field(
+                    str,
+                    "an AMD GPU's gfx target or an Intel GPU's family",
+                    pattern=GPU_ARCH,
+                    example="gfx90a",
+                ),
+                "amdgpu_version": Field(
+                    str,
+                    "the amdgpu kernel driver's version (amd-smi, /sys/module/amdgpu/version)",
+                    pattern=r"\d+\.\d+(\.\d+)*",
+                    example="6.10.5",
+                ),
+                "level_zero": Field(
+                    str, "the Level Zero loader's version on the nodes", pattern=r"\d+(\.\d+)*"
                 ),
                 "os": Field(
                     str, 'the compute nodes\' operating system, or "unknown" (say why in sources.os)'
@@ -312,6 +338,8 @@ SCHEMA = Table(
                             "max_time": Field(str, rule=TIME.rule),
                             "dev": Field(bool, "a short-turnaround debug queue"),
                             "gpu": Field(str),
+                            "gpu_vendor": Field(str, choices=GPU_VENDORS),
+                            "gpu_arch": Field(str, pattern=GPU_ARCH, example="pvc"),
                             "cores_per_node": Field(int, minimum=1, maximum=MAX_CORES_PER_NODE),
                             "notes": Field(str, prose=True),
                         }

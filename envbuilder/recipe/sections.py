@@ -77,6 +77,7 @@ class About:
     description: str = ""
     version: Optional[str] = None
     experimental: bool = False
+    example: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,11 @@ class Compute:
     compute_capability: Optional[str] = None
     driver_version: Optional[str] = None
     max_cuda: Optional[str] = None
+    #: AMD and Intel GPU nodes (issue 41): the vendor, the gfx target or device family, and the driver facts.
+    gpu_vendor: Optional[str] = None
+    gpu_arch: Optional[str] = None
+    amdgpu_version: Optional[str] = None
+    level_zero: Optional[str] = None
     os: Optional[str] = None
     glibc: Optional[str] = None
     python: Optional[str] = None
@@ -143,6 +149,8 @@ class Partition:
     max_time: Optional[str] = None
     dev: bool = False
     gpu: Optional[str] = None
+    gpu_vendor: Optional[str] = None
+    gpu_arch: Optional[str] = None
     cores_per_node: Optional[int] = None
     notes: Optional[str] = None
 

@@ -131,7 +131,7 @@ def check_gates(
         warnings.append(
             f"the target has {len(facts.gpus)} GPU(s) ({facts.gpus[0].name}) but the CPU wheel was chosen"
         )
-    elif variant != "cpu":
+    elif variant != "cpu" and not (info.rocm or info.xpu):  # ROCm and XPU: vendors.vendor_findings
         warnings.append(
             f"unknown: envbuilder has no GPU facts for {variant}, so the GPU gate cannot be checked"
         )
@@ -298,7 +298,11 @@ def driver_findings(
         )
         return []
     if not driver_ok(info, facts, max_cuda):
-        ok = [v for v in release.variants.get(arch, ()) if driver_ok(m.variants[v], facts, max_cuda)]
+        ok = [
+            v
+            for v in release.variants.get(arch, ())
+            if m.variants[v].is_cuda and driver_ok(m.variants[v], facts, max_cuda)
+        ]
         hint = f"use {ok[-1]} with torch {release.torch}" if ok else "ask the site for a newer driver"
         return [
             Finding(

@@ -171,8 +171,15 @@ def inferred_variant(name: str, m: Matrix) -> VariantInfo:
     is that of the table's newest variant of the same CUDA major (unknown for a new major); ``rocmX.Y`` and
     ``xpu`` carry no fact envbuilder could check."""
     cuda = cuda_of(name) or ""
+    if name.startswith("rocm"):
+        rocm = ".".join(name[len("rocm") :].split(".")[:2])
+        return VariantInfo(
+            name, "", None, None, source=f"inferred from its name: ROCm {rocm}", inferred=True, rocm=rocm
+        )
     if not cuda:
-        return VariantInfo(name, "", None, None, source="no GPU facts known for it", inferred=True)
+        return VariantInfo(
+            name, "", None, None, source="no GPU facts known for it", inferred=True, xpu=name == "xpu"
+        )
     major = minor_tuple(cuda)[0]
     kin = sorted(
         (

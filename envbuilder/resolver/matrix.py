@@ -19,6 +19,7 @@ from packaging.version import Version
 from envbuilder.core._toml import loads
 from envbuilder.core.facts import Gpu
 from envbuilder.core.structs import dataclass
+from envbuilder.resolver.vendortable import VendorTable, vendor_from_data
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class VariantInfo:
     checked: str = ""
     #: Not in the table: an index lists it, and its facts follow from its name (knowledge.inferred_variant).
     inferred: bool = False
+    #: The ROCm release of a ``rocmX.Y`` build ("" for others).
+    rocm: str = ""
+    #: An Intel XPU build.
+    xpu: bool = False
 
     @property
     def is_cuda(self) -> bool:
@@ -65,6 +70,9 @@ class Release:
     released: Optional[str] = None
     #: Free-threaded CPython builds with Linux wheels ("3.14t"), where the table knows them.
     free_threaded: tuple[str, ...] = ()
+    #: The ROCm variants and whether an XPU build exists (x86_64), per the table's [vendor.builds].
+    rocm: tuple[str, ...] = ()
+    xpu: bool = False
 
     @property
     def version(self) -> Version:
@@ -99,6 +107,8 @@ class Matrix:
     cpu_only: dict[str, str] = field(default_factory=dict)
     #: (source, checked) of the keyed rows: "no_index.cu131", "no_wheels.ppc64le", "cpu_only.s390x".
     provenance: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: The AMD (ROCm) and Intel (XPU) facts.
+    vendor: VendorTable = field(default_factory=VendorTable)
 
     def release(self, torch: str) -> Optional[Release]:
         for rel in self.releases:
@@ -154,9 +164,12 @@ def matrix_from_data(data: dict[str, Any]) -> Matrix:
             nightly_only=bool(v.get("nightly_only", False)),
             source=v.get("source", ""),
             checked=v.get("checked", ""),
+            rocm=v.get("rocm", ""),
+            xpu=bool(v.get("xpu", False)),
         )
         for name, v in data["variant"].items()
     }
+    vendor = vendor_from_data(data.get("vendor", {}))
     releases = tuple(
         Release(
             torch=r["torch"],
@@ -173,6 +186,7 @@ def matrix_from_data(data: dict[str, Any]) -> Matrix:
             checked=r.get("checked", ""),
             released=r.get("released"),
             free_threaded=tuple(r.get("free_threaded", ())),
+            **_vendor_builds(vendor, r["torch"]),
         )
         for r in data["release"]
     )
@@ -202,7 +216,13 @@ def matrix_from_data(data: dict[str, Any]) -> Matrix:
         no_wheels=_keyed_rows(data, "no_wheels", provenance),
         cpu_only=_keyed_rows(data, "cpu_only", provenance),
         provenance=provenance,
+        vendor=vendor,
     )
+
+
+def _vendor_builds(vendor: VendorTable, torch: str) -> dict[str, Any]:
+    builds = vendor.builds_of(torch)
+    return {"rocm": builds.rocm, "xpu": builds.xpu} if builds else {}
 
 
 @lru_cache(maxsize=1)

@@ -15,7 +15,7 @@ from packaging.version import InvalidVersion, Version
 from envbuilder.core.errors import ResolverError, ResolverErrors, did_you_mean
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
-from envbuilder.resolver import knowledge, yanked
+from envbuilder.resolver import knowledge, vendors, yanked
 from envbuilder.resolver.gates import (
     Finding,
     TorchRequest,
@@ -198,6 +198,7 @@ def _resolve_release(
     if variant == "auto":
         variant = _auto_variant(release, facts, m, request, notes)
     findings = check_gates(release, variant, request, facts, m, warnings=warnings)
+    findings += vendors.vendor_findings(release, variant, facts, m, warnings=warnings)
     index_url = m.index[release.channel].format(variant=variant)
     found = _index_findings(index, index_url, release.torch, variant, facts)
     if found:  # what the index itself says explains it better than the table's variant list it corrected
@@ -365,12 +366,12 @@ def _check_variant_name(request: TorchRequest, m: Matrix, index: Optional[IndexF
     else:
         reason = m.no_index.get(variant, "it is not in the shipped table") + f"; {_unread(index, url)}"
     close = did_you_mean(variant, [*known, "auto", "cpu"], n=2)
-    hint = f"known CUDA variants: {', '.join(known)}"
+    hint = f"known variants: {', '.join(known)}"
     if close:
         hint = f"{close} " + hint
     hint += "; pick the newest one your driver supports, never the one nvcc reports"
     raise ResolverErrors(
-        [ResolverError(f"unknown CUDA variant {variant!r}: {reason}", gate="unknown-variant", hint=hint)]
+        [ResolverError(f"unknown variant {variant!r}: {reason}", gate="unknown-variant", hint=hint)]
     )
 
 
@@ -444,6 +445,9 @@ def _auto_variant(
         why = "has no NVIDIA GPU" if facts.gpus is not None else "has no known GPU"
         notes.append(f"variant auto: the target {why}, so the CPU wheel")
         return "cpu"
+    picked = vendors.auto_variant(release, facts, m, notes)  # an AMD or Intel node
+    if picked is not None:
+        return picked
     arch = facts.arch or "x86_64"
     # "auto" means NVIDIA's CUDA builds: a ROCm or XPU page the index lists is taken only when named.
     offered = [v for v in release.variants.get(arch, ()) if v in m.variants and m.variants[v].is_cuda]

@@ -18,7 +18,7 @@ from typing import Optional
 from envbuilder.core import schedulers
 from envbuilder.core.errors import CommandFailed, HostProbeError
 from envbuilder.core.facts import ARCH_ALIASES, Gpu, HostFacts, facts_from_text
-from envbuilder.system import proc, textfile
+from envbuilder.system import gpuprobe, proc, textfile
 
 #: A facts file is a few hundred bytes; anything near this is not one.
 MAX_FACTS_BYTES = 1024 * 1024
@@ -47,6 +47,12 @@ def probe(env: Optional[Mapping[str, str]] = None, root: str = "/") -> HostFacts
     """Probe the running host. ``root`` lets tests point /proc reads at a fake tree; ``env`` at a fake PATH."""
     env = dict(os.environ if env is None else env)
     gpus, driver, max_cuda = _probe_nvidia(env, Path(root))
+    amdgpu: Optional[str] = None
+    level_zero: Optional[str] = None
+    if not gpus:  # no NVIDIA GPU: an AMD or an Intel one, where sysfs or the vendor's tool says so
+        amd, amdgpu = gpuprobe.probe_amd(env, Path(root))
+        intel, level_zero = gpuprobe.probe_intel(Path(root)) if not amd else (None, None)
+        gpus = amd or intel or gpus
     return HostFacts(
         arch=ARCH_ALIASES.get(platform.machine(), platform.machine()) or None,
         glibc=_glibc_version(),
@@ -54,6 +60,8 @@ def probe(env: Optional[Mapping[str, str]] = None, root: str = "/") -> HostFacts
         driver_version=driver,
         max_cuda=max_cuda,
         gpus=gpus,
+        amdgpu_version=amdgpu,
+        level_zero=level_zero,
         hostname=socket.gethostname() or None,
         module_system=_module_system(env),
         scheduler=_scheduler(env),

@@ -487,3 +487,36 @@ def test_the_arch_list_is_read_from_the_bindings_library_without_importing_torch
     world.serve_only(counted_torch(tmp_path / "two", CU126_ARCH, reads, library=[CU126_ARCH, "sm_80 sm_86"]))
     log = guard_log(world.create("g126", world.h100_facts, "--force", "--json"))
     assert arch_reads(reads) == 1 and "--arch-flags" in log
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ROCm and XPU builds (issue 41): STAND-IN wheels labelled +rocm7.2 and +xpu, created into real venvs. No AMD or
+# Intel GPU exists here, and the stand-ins carry no HIP or SYCL code: what runs is the plan, the install from the
+# variant's index page and the guard's check of the label.
+
+
+def test_stand_in_rocm_and_xpu_builds_are_created_and_a_cpu_wheel_in_their_place_is_refused(world, tmp_path):
+    mi300a = world.facts(
+        "mi300a",
+        {
+            "amdgpu_version": "30.30.2",
+            "gpus": [{"name": "AMD Instinct MI300A", "vendor": "amd", "arch": "gfx942"}],
+        },
+    )
+    pvc = world.facts(
+        "pvc",
+        {"level_zero": "1.17.6", "gpus": [{"name": "Intel(R) Data Center GPU Max 1550", "vendor": "intel"}]},
+    )
+    rocm = stand_in_torch(tmp_path / "rocm", f"{PIN}+rocm7.2", None)
+    xpu = stand_in_torch(tmp_path / "xpu", f"{PIN}+xpu", None)
+    cpu = stand_in_torch(tmp_path / "cpu", f"{PIN}+cpu", None)
+    for name, variant, facts, wheel in (("grocm", "rocm7.2", mi300a, rocm), ("gxpu", "xpu", pvc, xpu)):
+        world.recipe(name, variant)
+        world.serve_only(wheel)
+        created = ok(world.create(name, facts))
+        assert world.installed(name) == f"{PIN}+{variant}"
+        assert "support for ROCm/XPU is new and has not run on such hardware here" in created.stderr
+        world.serve_only(cpu)
+        res = world.create(name, facts, "--force")
+        refused(res, 7, "torch build mismatch")
+        assert world.installed(name) == f"{PIN}+{variant}"  # the good env stays

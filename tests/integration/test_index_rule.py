@@ -161,12 +161,24 @@ def test_an_unknown_variant_of_a_known_cuda_major_takes_that_majors_driver_floor
     assert set(found) == {"driver"} and "≥ 580" in found["driver"], found
 
 
-def test_a_rocm_page_the_index_lists_is_a_candidate_whose_gpu_gate_is_unknown(server, tmp_path):
+def test_a_rocm_page_the_index_lists_is_a_candidate_the_amd_gates_check(server, tmp_path):
+    """The table has no rocm6.4 build of 2.15.0 (its ROCm is 7.14), the index does: planned (index-wins), with
+    the gfx and driver gates saying what they could not check; an NVIDIA node is refused it (issue 41)."""
     add_build(server, "whl/rocm6.4", tmp_path / "w", "2.15.0+rocm6.4", python_tag=PY_TAG)
-    mi = facts(tmp_path, "mi250", gpus=[{"name": "AMD Instinct MI250X"}])
-    data = plan(env(tmp_path, server, "rocm", "2.15.0", "rocm6.4"), mi)
+    mi = facts(tmp_path, "mi250", gpus=[{"name": "AMD Instinct MI250X"}])  # an AMD GPU by its name
+    rocm = env(tmp_path, server, "rocm", "2.15.0", "rocm6.4")
+    data = plan(rocm, mi)
     assert data["torch"]["requirements"] == ["torch==2.15.0+rocm6.4"]
-    assert any("the GPU gate cannot be checked" in w for w in data["warnings"]), data["warnings"]
+    warnings = data["warnings"]
+    assert any("no gfx list known for torch 2.15.0 rocm6.4; GPU support unchecked" in w for w in warnings), (
+        warnings
+    )
+    assert any(
+        w.startswith("AMD kernel driver unknown; rocm6.4 needs one that runs ROCm 6.4") for w in warnings
+    )
+    assert any("support for ROCm/XPU is new and has not run on such hardware here" in w for w in warnings)
+    found = refusal(rocm, h100(tmp_path))
+    assert found["gpu-arch"].startswith("rocm6.4 wheels run on AMD GPUs; the target's GPUs are NVIDIA"), found
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from helpers import REPO
 
-from envbuilder.core.errors import HostProbeError
-from envbuilder.core.facts import facts_from_json
+from envbuilder.core.errors import HostProbeError, ResolverErrors
+from envbuilder.core.facts import Gpu, facts_from_json
 from envbuilder.system.host import load_facts_file, probe
 
 SHIMS = REPO / "tests" / "shims"
@@ -216,3 +217,80 @@ def test_shim_speaks_like_the_real_nvidia_smi(tmp_path):
     assert "Driver Version: 580.159.04" in header
     assert "CUDA Version: 13.0" in header
     assert "CUDA Version: 13.0" in (REAL / "nvidia-smi-header.txt").read_text()
+
+
+# --- AMD and Intel GPUs (issue 41): a stand-in amd-smi printing captured output, and sysfs trees -----------------
+
+CAPTURED = REPO / "tests" / "data" / "probe"
+
+
+def test_amd_smi_stand_in_gives_the_gfx_target_and_the_driver(tmp_path):
+    env = {
+        "PATH": f"{SHIMS / 'amd'}:{os.environ['PATH']}",
+        "AMD_SMI_SHIM_OUTPUT": str(CAPTURED / "amd-smi-mi350x" / "static.txt"),
+    }
+    facts = probe(env=env, root=str(tmp_path))
+    assert [(g.name, g.vendor, g.arch) for g in facts.gpus] == [("AMD Instinct MI350X", "amd", "gfx950")]
+    assert facts.amdgpu_version == "6.18.3"
+    assert facts.gpu_vendor == "amd"
+    # probe --json / --facts carry them, and read them back unchanged.
+    data = facts.to_json()
+    assert data["gpus"][0]["arch"] == "gfx950" and data["amdgpu_version"] == "6.18.3"
+    assert facts_from_json(json.loads(json.dumps(data)), "probe").to_json() == data
+
+
+def _kfd_node(root: Path, number: int, properties: str) -> None:
+    node = root / "sys" / "class" / "kfd" / "kfd" / "topology" / "nodes" / str(number)
+    node.mkdir(parents=True)
+    (node / "properties").write_text(properties)
+
+
+def test_kfd_topology_names_each_amd_gpu_and_skips_the_cpu_nodes(tmp_path):
+    _kfd_node(tmp_path, 0, "cpu_cores_count 64\nsimd_count 0\nvendor_id 0\ngfx_target_version 0\n")
+    for n in (1, 2):
+        _kfd_node(
+            tmp_path, n, "cpu_cores_count 0\nsimd_count 440\nvendor_id 4098\ngfx_target_version 90010\n"
+        )
+    _kfd_node(tmp_path, 10, "cpu_cores_count 0\nsimd_count 912\nvendor_id 4098\ngfx_target_version 90402\n")
+    (tmp_path / "sys" / "module" / "amdgpu").mkdir(parents=True)
+    (tmp_path / "sys" / "module" / "amdgpu" / "version").write_text("6.10.5\n")
+    facts = probe(env={"PATH": str(tmp_path)}, root=str(tmp_path))
+    assert [g.arch for g in facts.gpus] == ["gfx90a", "gfx90a", "gfx942"]
+    assert facts.amdgpu_version == "6.10.5"
+
+
+def _pci(root: Path, bdf: str, vendor: str, device: str, klass: str) -> None:
+    dev = root / "sys" / "bus" / "pci" / "devices" / bdf
+    dev.mkdir(parents=True)
+    for name, value in (("vendor", vendor), ("device", device), ("class", klass)):
+        (dev / name).write_text(value + "\n")
+
+
+def test_intel_gpus_from_pci_sysfs_and_level_zero_presence(tmp_path):
+    _pci(tmp_path, "0000:00:00.0", "0x8086", "0x09a2", "0x060000")  # a host bridge: not a GPU
+    for bdf in ("0000:18:00.0", "0000:42:00.0"):
+        _pci(tmp_path, bdf, "0x8086", "0x0bd5", "0x038000")
+    facts = probe(env={"PATH": str(tmp_path)}, root=str(tmp_path))
+    assert [(g.name, g.vendor) for g in facts.gpus] == [("Intel GPU 0x0bd5", "intel")] * 2
+    assert facts.level_zero == ""  # an Intel GPU and no loader: known absent
+    lib = tmp_path / "usr" / "lib64"
+    lib.mkdir(parents=True)
+    (lib / "libze_loader.so.1.17.6").write_bytes(b"")
+    assert probe(env={"PATH": str(tmp_path)}, root=str(tmp_path)).level_zero == "1.17.6"
+
+
+def test_a_probed_pvc_node_plans_xpu_and_a_flex_one_is_refused(tmp_path):
+    from envbuilder.resolver.wheels import TorchRequest, resolve
+
+    _pci(tmp_path, "0000:18:00.0", "0x8086", "0x0bd5", "0x038000")
+    (tmp_path / "usr" / "lib64").mkdir(parents=True)
+    (tmp_path / "usr" / "lib64" / "libze_loader.so.1.17.6").write_bytes(b"")
+    facts = probe(env={"PATH": str(tmp_path)}, root=str(tmp_path))
+    r = resolve(TorchRequest("2.13.0"), facts)
+    assert r.variant == "xpu"
+    assert not [
+        w for w in r.warnings if "family" in w or "Level Zero" in w
+    ]  # 0x0bd5 is pvc; the loader is there
+    flex = replace(facts, gpus=(Gpu("Intel GPU 0x56c0", vendor="intel"),))  # a Flex 170 by its PCI id
+    with pytest.raises(ResolverErrors):
+        resolve(TorchRequest("2.13.0", "xpu"), flex)

@@ -17,6 +17,7 @@ from helpers import PLAN_ENV, REPO, load_facts
 from envbuilder import plan
 from envbuilder.core._toml import loads
 from envbuilder.core.errors import EnvbuilderError
+from envbuilder.core.facts import Gpu
 from envbuilder.recipe import loader, schemajson
 from envbuilder.recipe.catalog import Catalog
 
@@ -128,6 +129,26 @@ CASES = [
         "mpiexec -n 4 --ppn 4 --depth 8 --cpu-bind depth PKG/payloads/gpu_affinity.sh reverse-local-rank "
         f"/home/u1/envbuilder/envs/polaris-overlay-conda/bin/python {PAYLOAD} "
         "--checks import,gpu,arch,cuda,libraries,affinity,mpi,nccl,ddp,filesystem --device cuda --expect-gpus 1",
+    ),
+    # Examples from public documentation (issue 41), planned on recorded-form facts of such nodes (no AMD or
+    # Intel GPU exists here: the facts files are written from the sites' published hardware).
+    (
+        "stampede3-pvc-xpu",
+        "pvc-max1550-x4",
+        "https://download.pytorch.org/whl/xpu",
+        ["python/3.9.18"],
+        [],
+        f"{S}/stampede3-pvc-xpu/bin/python {AGENT} --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=4 "
+        f"{PAYLOAD} --checks {CHECKS_FULL} --device cuda --expect-gpus 4",
+    ),
+    (
+        "lumi-venv-rocm",
+        "mi250x-x8",
+        "https://download.pytorch.org/whl/rocm6.2.4",
+        ["cray-python", "aws-ofi-rccl"],
+        ["/appl/local/containers/ai-modules"],
+        f"{S}/lumi-venv-rocm/bin/python {AGENT} --standalone --local-addr=127.0.0.1 --nnodes=1 --nproc-per-node=8 "
+        f"{PAYLOAD} --checks {CHECKS_FULL} --device cuda --expect-gpus 8",
     ),
     (
         "local",
@@ -479,3 +500,81 @@ def test_local_on_the_real_h200_node_picks_the_build_its_driver_runs_natively():
     assert not any("minor-version compatibility" in w for w in p.warnings)
     assert any("variant auto: cu130" in n for n in p.notes)
     assert "--nproc-per-node=2" in p.launch_command
+
+
+# --- ROCm and XPU example recipes (issue 41) --------------------------------------------------------------------
+
+
+def _plan_errors(name: str, facts) -> dict[str, str]:
+    with pytest.raises(EnvbuilderError) as info:
+        plan.build(loader.load(name, CATALOG), facts, PLAN_ENV, plan.Options())
+    return {e.gate: e.message for e in getattr(info.value, "errors", [info.value])}
+
+
+def test_the_examples_say_they_are_examples_and_new():
+    for name, facts_name in (("stampede3-pvc-xpu", "pvc-max1550-x4"), ("lumi-venv-rocm", "mi250x-x8")):
+        warnings = make(name, facts_name).warnings
+        assert any(w.startswith("example recipe: written from") for w in warnings)
+        assert any("support for ROCm/XPU is new and has not run on such hardware here" in w for w in warnings)
+
+
+def test_the_pvc_partition_plans_xpu_from_the_site_facts_alone():
+    """A login node without a GPU: the pvc partition's site facts (Intel Max 1550, pvc) are the target."""
+    p = make("stampede3-pvc-xpu", "cpu-only")
+    assert p.resolution is not None and p.resolution.variant == "xpu"
+    assert any("Level Zero runtime unknown" in w for w in p.warnings)
+
+
+def test_the_pvc_recipe_is_refused_on_a_node_without_level_zero_or_with_a_flex_gpu():
+    pvc = load_facts("pvc-max1550-x4")
+    assert (
+        "no Level Zero runtime"
+        in _plan_errors("stampede3-pvc-xpu", dataclasses.replace(pvc, level_zero=""))["driver"]
+    )
+    flex = dataclasses.replace(pvc, gpus=(Gpu("Intel GPU 0x56c0", vendor="intel"),))
+    assert "which torch 2.8.0 xpu does not support" in _plan_errors("stampede3-pvc-xpu", flex)["gpu-arch"]
+
+
+def test_the_h100_recipe_is_refused_for_the_pvc_partition():
+    with pytest.raises(EnvbuilderError) as info:
+        plan.build(
+            loader.load("stampede3-venv-cu126", CATALOG),
+            load_facts("cpu-only"),
+            PLAN_ENV,
+            plan.Options(partition="pvc"),
+        )
+    found = {e.gate: e.message for e in getattr(info.value, "errors", [info.value])}
+    assert found["gpu-arch"].startswith("cu126 wheels run on NVIDIA GPUs; the target's GPUs are Intel")
+
+
+def test_the_lumi_recipe_is_refused_for_a_gfx_target_its_build_lacks():
+    mi300a = dataclasses.replace(
+        load_facts("mi250x-x8"), gpus=(Gpu("AMD Instinct MI355X", vendor="amd", arch="gfx950"),)
+    )
+    found = _plan_errors("lumi-venv-rocm", mi300a)
+    assert found["gpu-arch"].startswith(
+        "AMD Instinct MI355X is gfx950, which torch 2.7.1 rocm6.2.4 does not carry"
+    )
+
+
+def test_the_lumi_recipe_plans_on_the_oldest_driver_that_runs_rocm_6_2():
+    """amdgpu 6.3.x is ROCm 6.0's kernel driver, which runs ROCm 5.6-6.2 user space (AMD's support matrix): the
+    recipe's rocm6.2.4 still plans there. A driver too old for the wheel's ROCm is refused (test_vendors)."""
+    oldest = dataclasses.replace(load_facts("mi250x-x8"), amdgpu_version="6.3.6")
+    p = plan.build(loader.load("lumi-venv-rocm", CATALOG), oldest, PLAN_ENV, plan.Options())
+    assert p.resolution is not None and p.resolution.variant == "rocm6.2.4"
+
+
+def test_an_nvidia_host_plans_the_pvc_recipe_for_the_sites_intel_nodes():
+    """An H100 node is not one of the pvc nodes: its GPUs do not replace the site's Intel ones (impact runs every
+    recipe against one node's facts)."""
+    p = make("stampede3-pvc-xpu", "h100-sxm-x4")
+    assert p.resolution is not None and p.resolution.variant == "xpu"
+    assert any("this host's GPUs are nvidia's" in w and "resolving for the site's" in w for w in p.warnings)
+
+
+def test_recipes_list_marks_the_examples():
+    from envbuilder.commands.recipes import list_recipes
+
+    rows = {r["name"]: r for r in list_recipes(CATALOG)}
+    assert {n for n, r in rows.items() if r.get("example")} == {"stampede3-pvc-xpu", "lumi-venv-rocm"}
