@@ -15,7 +15,7 @@ import os
 import re
 from typing import Any, Optional
 
-from envbuilder_facts import _listdir, _read, cpulist, pci_address
+from envbuilder_facts import _listdir, _read, pci_address
 
 #: The NCCL variables that choose the network, as the rank saw them.
 NCCL_VARIABLES = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_NET")
@@ -37,7 +37,7 @@ def pci_path(sysfs: str, address: str) -> Optional[list[str]]:
 
 
 def pci_device(sysfs: str, address: str) -> dict[str, Any]:
-    """A PCI device's address, path, NUMA node and nearest CPUs (None: unknown)."""
+    """A PCI device's address, path, NUMA node and nearest CPUs in the kernel's list format (None: unknown)."""
     base = os.path.join(sysfs, "bus", "pci", "devices", address)
     node = _read(os.path.join(base, "numa_node"))
     near = _read(os.path.join(base, "local_cpulist"))
@@ -46,16 +46,21 @@ def pci_device(sysfs: str, address: str) -> dict[str, Any]:
         "path": pci_path(sysfs, address),
         # -1: the firmware gave the device no node (a single-node host, or a VM)
         "numa": int(node) if node and node.lstrip("-").isdigit() and int(node) >= 0 else None,
-        "cpus": cpulist(near) if near else None,
+        "cpulist": near,
     }
 
 
 def _device_address(link: str) -> Optional[str]:
-    """The PCI address a class device's ``device`` link leads to; None for a virtual one (no link, or not PCI)."""
+    """The PCI address of the device a class device's ``device`` link leads to, or of its nearest PCI ancestor
+    (a virtio NIC's ``virtio2`` hangs below its PCI function); None for a virtual one (no link, no PCI)."""
     if not os.path.exists(link):
         return None
-    name = os.path.basename(os.path.realpath(link))
-    return name if _PCI_NAME.match(name) else None
+    path = os.path.realpath(link)
+    while path != os.path.dirname(path):
+        if _PCI_NAME.match(os.path.basename(path)):
+            return os.path.basename(path)
+        path = os.path.dirname(path)
+    return None
 
 
 def _port_states(base: str) -> dict[str, str]:

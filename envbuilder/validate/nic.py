@@ -121,7 +121,7 @@ def _transport(devices: Sequence[Record], env: Mapping[str, str]) -> tuple[str, 
     cxi = [d for d in devices if d.get("kind") == "cxi"]
     if cxi and net not in ("ib", "socket"):
         return "ofi", cxi
-    return "socket", [d for d in devices if d.get("kind") == "net"]
+    return "socket", [d for d in devices if d.get("kind") == "net" and d.get("operstate") != "down"]
 
 
 def _filter(
