@@ -74,8 +74,9 @@ class Pick:
     ties: tuple[str, ...]
     #: Devices of the transport an NCCL variable leaves out: name -> the variable.
     left_out: Mapping[str, str]
-    #: The NUMA nodes of the devices NCCL may use.
+    #: The NUMA nodes of the devices NCCL may use, and of all the transport's devices (before the NCCL variables).
     nodes: frozenset[int] = frozenset()
+    all_nodes: frozenset[int] = frozenset()
 
     def to_json(self) -> dict[str, Any]:
         device = self.device or {}
@@ -142,7 +143,8 @@ def _filter(
         if var not in env:
             ib = [d for d in kept if d["name"].startswith("ib")]
             return ib or kept, {}
-    return kept, {d["name"]: var for d in devices if d not in kept}
+    # A virtual interface (lo) left out is no loss: only devices on the PCI bus are named.
+    return kept, {d["name"]: var for d in devices if d not in kept and d.get("pci")}
 
 
 def pick(rec: Record) -> Optional[Pick]:
@@ -159,8 +161,11 @@ def pick(rec: Record) -> Optional[Pick]:
     ranked = sorted(kept, key=lambda d: (PATHS.index(path_type(gpu, d)), d["name"]))
     best = path_type(gpu, ranked[0])
     ties = tuple(d["name"] for d in ranked[1:] if path_type(gpu, d) == best)
-    nodes = frozenset(d["numa"] for d in kept if d.get("numa") is not None)
-    return Pick(transport, ranked[0], best, ties, left_out, nodes)
+    return Pick(transport, ranked[0], best, ties, left_out, _nodes(kept), _nodes(devices))
+
+
+def _nodes(devices: Sequence[Record]) -> frozenset[int]:
+    return frozenset(d["numa"] for d in devices if d.get("numa") is not None)
 
 
 def far(rank: int, rec: Record, chosen: Pick, used: set[str]) -> Optional[tuple[str, str]]:
@@ -205,6 +210,6 @@ def detail(rec: Record, chosen: Pick) -> str:
     numa = chosen.device.get("numa")
     text = f", nic {chosen.device['name']} numa {'?' if numa is None else numa} ({chosen.path})"
     gpu = rec.get("gpu") or {}
-    if gpu.get("numa") is not None and numa is not None and gpu["numa"] not in chosen.nodes:
+    if gpu.get("numa") is not None and numa is not None and gpu["numa"] not in chosen.all_nodes:
         text += f" [no NIC on NUMA {gpu['numa']}]"
     return text
