@@ -175,7 +175,10 @@ def far(rank: int, rec: Record, chosen: Pick, used: set[str]) -> Optional[tuple[
     device = chosen.device or {}
     if gpu.get("numa") is None or device.get("numa") is None or gpu["numa"] == device["numa"]:
         return None
-    text = f"rank {rank}: GPU {gpu.get('bus_id')} on NUMA {gpu['numa']}, its NIC {device['name']} on NUMA {device['numa']}"
+    text = (
+        f"rank {rank}: GPU {gpu.get('bus_id')} on NUMA {gpu['numa']}, "
+        f"its NIC {device['name']} on NUMA {device['numa']}"
+    )
     network = rec.get("network") or {}
     near_out = [
         d["name"]
@@ -184,10 +187,16 @@ def far(rank: int, rec: Record, chosen: Pick, used: set[str]) -> Optional[tuple[
     ]
     if near_out:
         var = chosen.left_out[near_out[0]]
+        value = (network.get("env") or {}).get(var, "")
+        widened = _widened(var, value, near_out[0])
+        hint = (
+            f"set {var} so that it keeps {near_out[0]} ({var}={widened}), or unset it"
+            if widened
+            else f"unset {var}"
+        )
         return (
-            f"{text} ({var}={(network.get('env') or {}).get(var, '')} leaves out {', '.join(near_out)} on NUMA "
-            f"{gpu['numa']})",
-            f"set {var} so that it keeps {near_out[0]} (or unset it: NCCL then picks the NIC nearest each GPU)",
+            f"{text} ({var}={value} leaves out {', '.join(near_out)} on NUMA {gpu['numa']})",
+            f"{hint}: NCCL then picks the NIC nearest each GPU",
         )
     free = [
         g["bus_id"]
@@ -201,6 +210,17 @@ def far(rank: int, rec: Record, chosen: Pick, used: set[str]) -> Optional[tuple[
             "rank's CPUs to its GPU's NUMA node",
         )
     return None
+
+
+def _widened(var: str, value: str, name: str) -> Optional[str]:
+    """The variable's value that also keeps ``name``: the name added to a list of names, or taken out of an
+    exclusion; None where the exclusion names nothing else."""
+    if not value.startswith("^"):
+        return f"{value},{name}"
+    sel = parse_selector(value, ports=var == "NCCL_IB_HCA")
+    kept = [item for item, _ in sel.items if not (name == item if sel.exact else name.startswith(item))]
+    prefix = "^=" if sel.exact else "^"
+    return f"{prefix}{','.join(kept)}" if kept else None
 
 
 def detail(rec: Record, chosen: Pick) -> str:

@@ -170,7 +170,9 @@ def test_polaris_socket_ifname_leaving_out_the_near_interface_warns():
         "rank 0: GPU 0000:c7:00.0 on NUMA 0, its NIC hsn1 on NUMA 2 (NCCL_SOCKET_IFNAME==hsn1 leaves out hsn0 "
         "on NUMA 0)"
     )
-    assert verdict.hint.startswith("set NCCL_SOCKET_IFNAME so that it keeps hsn0")
+    assert verdict.hint.startswith(
+        "set NCCL_SOCKET_IFNAME so that it keeps hsn0 (NCCL_SOCKET_IFNAME==hsn1,hsn0)"
+    )
     assert verdict.detail.endswith(
         ", nic hsn1 numa 2 (SYS)"
     )  # hsn0 is there, left out: not "no NIC on NUMA 0"
@@ -266,7 +268,15 @@ def test_ib_hca_leaving_out_the_near_hca_warns(two_socket):
         "rank 1: GPU 0000:81:00.0 on NUMA 1, its NIC mlx5_0 on NUMA 0 (NCCL_IB_HCA=mlx5_0:1 leaves out mlx5_1 on NUMA "
         "1)"
     )
-    assert verdict.hint.startswith("set NCCL_IB_HCA so that it keeps mlx5_1")
+    assert verdict.hint.startswith("set NCCL_IB_HCA so that it keeps mlx5_1 (NCCL_IB_HCA=mlx5_0:1,mlx5_1)")
+    # An exclusion: the hint takes the near HCA out of it.
+    for value, hint in (
+        ("^mlx5_1", "unset NCCL_IB_HCA: "),
+        ("^=mlx5_1,mlx5_2", "set NCCL_IB_HCA so that it keeps mlx5_1 (NCCL_IB_HCA=^=mlx5_2), or unset it: "),
+    ):
+        excluded = affinity.judge({1: record(two_socket, [4, 5], "0000:81:00.0", {"NCCL_IB_HCA": value})})
+        assert excluded.status == "warn" and excluded.nics[1]["name"] == "mlx5_0"
+        assert excluded.hint.startswith(hint), excluded.hint
     # Only port 2 of mlx5_1, which is down: mlx5_1 is left out all the same (mlx5_2, no port active, is no
     # candidate at all, so not left out by the variable).
     port2 = affinity.judge(
