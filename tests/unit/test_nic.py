@@ -5,6 +5,7 @@ and the report's pick and warnings (envbuilder/validate/nic.py) on records the r
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -291,3 +292,49 @@ def test_ib_disabled_or_socket_falls_back_to_interfaces(two_socket):
     # A record without network devices (a container hiding /sys/class) names no NIC.
     rec["network"]["devices"] = []
     assert nic.pick(rec) is None
+
+
+# --- scripts/capture_topology.sh ----------------------------------------------------------------------------------
+
+
+def _capture(tmp_path: Path, *sys_root: str) -> Path:
+    """Run the capture script (on ``--sys DIR`` if given) and unpack its tar; the unpacked directory."""
+    out = tmp_path / "out"
+    res = subprocess.run(
+        [
+            "bash",
+            str(REPO / "scripts" / "capture_topology.sh"),
+            *(("--sys", *sys_root) if sys_root else ()),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    (tar,) = out.glob("topology-*.tar.gz")
+    assert res.stdout.strip() == str(tar)
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-C", str(unpacked), "-xzf", str(tar)], check=True, timeout=60)
+    return unpacked
+
+
+def test_capture_of_the_polaris_tree_reads_the_same(tmp_path):
+    unpacked = _capture(tmp_path, POLARIS)
+    captured = str(unpacked / "sys")
+    assert nics.network(captured, {}) == nics.network(POLARIS, {})
+    assert facts.numa_nodes(captured) == facts.numa_nodes(POLARIS)
+    links = (unpacked / "sys" / "LINKS").read_text().splitlines()
+    assert "class/cxi/cxi0 -> ../../devices/pci0000:c0/0000:c0:01.1/0000:c1:00.0/cxi/cxi0" in links
+    assert "bus/pci/devices/0000:07:00.0 -> ../../../devices/pci0000:00/0000:00:03.1/0000:07:00.0" in links
+    origin = (unpacked / "ORIGIN").read_text()
+    assert f"sysfs: {POLARIS}\n" in origin and "kernel: " in origin
+
+
+def test_capture_of_this_machine_reads_as_its_sys(tmp_path):
+    captured = str(_capture(tmp_path) / "sys")
+    assert nics.nics(captured) == nics.nics("/sys")
+    assert nics.gpus(captured) == nics.gpus("/sys")
+    assert facts.numa_nodes(captured) == facts.numa_nodes("/sys")
