@@ -27,8 +27,9 @@ Record = Mapping[str, Any]
 
 #: The path types nearest first, as nvidia-smi topo -m and NCCL's topology name them; "?" where /sys says nothing.
 PATHS = ("PIX", "PXB", "PHB", "NODE", "SYS", "?")
-#: What NCCL's socket transport leaves out when NCCL_SOCKET_IFNAME is unset (it prefers ib* interfaces first).
-DEFAULT_SOCKET_IFNAME = "^docker,lo,virbr"
+#: What NCCL's socket transport leaves out when NCCL_SOCKET_IFNAME is unset (ncclFindInterfaces: ib* interfaces
+#: first, then any but these).
+DEFAULT_SOCKET_IFNAME = "^docker,lo"
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,10 @@ def pick(rec: Record) -> Optional[Pick]:
     network = rec.get("network") or {}
     if not network.get("devices"):
         return None
-    env = network.get("env") or {}
+    # An empty variable is an unset one; NCCL reads an NCCL_SOCKET_IFNAME of one character as unset too.
+    env = {k: v for k, v in (network.get("env") or {}).items() if v.strip()}
+    if len(env.get("NCCL_SOCKET_IFNAME", "")) == 1:
+        del env["NCCL_SOCKET_IFNAME"]
     transport, devices = _transport(network["devices"], env)
     kept, left_out = _filter(transport, devices, env)
     gpu = rec.get("gpu") or {}

@@ -183,6 +183,10 @@ def test_polaris_socket_ifname_leaving_out_the_near_interface_warns():
     # Unset, the socket transport takes the near interface; lo is never a candidate.
     unset = affinity.judge({0: record(POLARIS, polaris_cpus(3), POLARIS_GPUS[3], {"NCCL_NET": "Socket"})})
     assert (unset.status, unset.nics[0]["name"], unset.nics[0]["path"]) == ("pass", "hsn0", "PHB")
+    empty = affinity.judge(
+        {0: record(POLARIS, polaris_cpus(3), POLARIS_GPUS[3], {**env, "NCCL_SOCKET_IFNAME": " "})}
+    )
+    assert (empty.status, empty.nics[0]["name"]) == ("pass", "hsn0")
 
 
 # --- an InfiniBand node built here ------------------------------------------------------------------------------
