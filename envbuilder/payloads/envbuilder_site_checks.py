@@ -41,8 +41,9 @@ class SiteChecks:
     device: str
 
     def check_affinity(self) -> dict[str, Any]:
-        """Where this rank runs: its CPUs, their cores and NUMA nodes, its GPU's. Only the ranks' records
-        together show a binding error (two ranks on one core), so envbuilder's report judges them."""
+        """Where this rank runs: its CPUs, their cores and NUMA nodes, its GPU's, and the host's network devices
+        with the NCCL variables the rank was given. Only the ranks' records together show a binding error (two
+        ranks on one core), so envbuilder's report judges them, and picks the NIC NCCL would likely use."""
         root = sysfs()
         data = cpu_placement(root)
         data["host"] = socket.gethostname()

@@ -342,3 +342,27 @@ def test_capture_of_this_machine_reads_as_its_sys(tmp_path):
     assert nics.nics(captured) == nics.nics("/sys")
     assert nics.gpus(captured) == nics.gpus("/sys")
     assert facts.numa_nodes(captured) == facts.numa_nodes("/sys")
+
+
+def test_socket_transport_prefers_ib_interfaces_unless_told():
+    # Interfaces only (an IPoIB ib0, eth0 on the GPU's node, a docker bridge): NCCL's sockets take ib* first.
+    def iface(name: str, numa: int | None, pci: str | None) -> dict:
+        return {"name": name, "kind": "net", "pci": pci, "numa": numa, "path": None, "operstate": "up"}
+
+    devices = [
+        iface("docker0", None, None),
+        iface("eth0", 0, "0000:01:00.0"),
+        iface("ib0", 1, "0000:81:00.0"),
+    ]
+    rec = {
+        "gpu": {"bus_id": "0000:03:00.0", "numa": 0},
+        "network": {"devices": devices, "env": {}, "gpus": []},
+    }
+    assert nic.pick(rec).device["name"] == "ib0"
+    rec["network"]["env"] = {"NCCL_SOCKET_IFNAME": "^ib"}
+    chosen = nic.pick(rec)
+    assert (chosen.device["name"], chosen.path, dict(chosen.left_out)) == (
+        "eth0",
+        "NODE",
+        {"ib0": "NCCL_SOCKET_IFNAME"},
+    )
