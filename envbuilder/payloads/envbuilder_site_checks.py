@@ -1,5 +1,5 @@
 """The checks of how a site places and builds things, beside the core suite: ``affinity`` (where each rank runs:
-CPUs, cores, NUMA nodes, its GPU's) and ``horovod`` (what the site's Horovod build has). Mixed into
+CPUs, cores, NUMA nodes, its GPU's, the host's network devices) and ``horovod`` (what the site's Horovod build has). Mixed into
 ``envbuilder_checks.Suite``; runs inside the env, standard library only at import."""
 
 from __future__ import annotations
@@ -19,9 +19,16 @@ from envbuilder_facts import (
     smi_bus_id,
     torch_bus_id,
 )
+from envbuilder_nics import network, pci_path, visible_gpu
 
 #: Where the kernel tells the CPU and PCI topology (the affinity check).
 SYSFS = "/sys"
+#: A sysfs tree to read instead (a captured one, for tests); read by the affinity check only.
+SYSFS_ROOT = "ENVBUILDER_SYSFS_ROOT"
+
+
+def sysfs() -> str:
+    return os.environ.get(SYSFS_ROOT) or SYSFS
 
 
 class SiteChecks:
@@ -29,26 +36,42 @@ class SiteChecks:
 
     args: Any
     log: Any
+    rank: Any
     torch: Any
     device: str
 
     def check_affinity(self) -> dict[str, Any]:
-        """Where this rank runs: its CPUs, their cores and NUMA nodes, its GPU's. Only the ranks' records
-        together show a binding error (two ranks on one core), so envbuilder's report judges them."""
-        data = cpu_placement(SYSFS)
+        """Where this rank runs: its CPUs, their cores and NUMA nodes, its GPU's, and the host's network devices
+        with the NCCL variables the rank was given. Only the ranks' records together show a binding error (two
+        ranks on one core), so envbuilder's report judges them, and picks the NIC NCCL would likely use."""
+        root = sysfs()
+        data = cpu_placement(root)
         data["host"] = socket.gethostname()
         data["omp_num_threads"] = omp_threads(os.environ.get("OMP_NUM_THREADS"))
-        if self.device.startswith("cuda"):
-            data["gpu"] = self._gpu_placement()
+        data["network"] = network(root, os.environ)
+        gpu = self._gpu_placement(root)
+        if gpu is not None:
+            data["gpu"] = gpu
         return self.log.result("affinity", "pass", **data)
 
-    def _gpu_placement(self) -> dict[str, Any]:
-        index = self.torch.device(self.device).index
-        props = self.torch.cuda.get_device_properties(index)
-        bus_id = torch_bus_id(props) or smi_bus_id(str(getattr(props, "uuid", "")))
+    def _gpu_placement(self, root: str) -> Optional[dict[str, Any]]:
+        """The rank's GPU: torch's device, found in /sys by torch's PCI bus id, else nvidia-smi's, else by its
+        place in CUDA_VISIBLE_DEVICES. A CPU run on a GPU node whose launch gives each rank GPUs (a
+        CUDA_VISIBLE_DEVICES the launcher sets) reports the GPU the rank was given, so its placement is judged
+        all the same; None where it has none."""
+        on_gpu = self.device.startswith("cuda")
+        index = self.torch.device(self.device).index if on_gpu else self.rank.local
+        bus_id, source = None, "torch"
+        if on_gpu:
+            props = self.torch.cuda.get_device_properties(index)
+            bus_id = torch_bus_id(props) or smi_bus_id(str(getattr(props, "uuid", "")))
         if bus_id is None:
-            return {"index": index, "bus_id": None, "numa": None, "cpus": None}
-        return {"index": index, **gpu_placement(bus_id, SYSFS)}
+            bus_id = visible_gpu(root, os.environ.get("CUDA_VISIBLE_DEVICES"), index)
+            source = "CUDA_VISIBLE_DEVICES"
+        if bus_id is None:
+            return {"index": index, "bus_id": None, "numa": None, "cpus": None} if on_gpu else None
+        placed = gpu_placement(bus_id, root)
+        return {"index": index, "source": source, **placed, "path": pci_path(root, placed["bus_id"])}
 
     def check_horovod(self) -> dict[str, Any]:
         runner = horovodrun(sys.executable)

@@ -10,15 +10,21 @@ different CPU sets share a physical core (a CPU, or its SMT sibling); more ranks
 cores. WARN: a rank's CPUs span its GPU's node and others; ranks x OMP threads exceed the CPUs the host's ranks
 may use; a rank's OMP threads exceed its own CPUs. Ranks that all have the same CPUs, as many cores as ranks or
 more (torchrun's unbound workers), are left to the kernel's scheduler.
+
+Each rank's network device (the one NCCL would likely use, ``nic.pick``: an approximation of NCCL's topology
+search) joins the detail; WARN where it sits on another NUMA node than the rank's GPU and an NCCL variable or the
+ranks' GPU map could change that (``nic.far``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import field
 from itertools import combinations
 from typing import Any, Optional
 
 from envbuilder.core.structs import dataclass
+from envbuilder.validate import nic
 
 Record = Mapping[str, Any]
 
@@ -38,8 +44,10 @@ class Verdict:
     status: str  # pass | warn | fail
     cause: Optional[str]
     hint: Optional[str]
-    #: Where each rank runs, compact: "rank 0: cpus 0-7 numa 0, gpu numa 0, omp 8"
+    #: Where each rank runs, compact: "rank 0: cpus 0-7 numa 0, gpu numa 0, omp 8, nic cxi0 numa 0 (PHB)"
     detail: str
+    #: rank -> the network device NCCL would likely use (``nic.Pick.to_json``), for the ranks that recorded one
+    nics: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def judge(per_rank: Mapping[int, Record]) -> Verdict:
@@ -51,14 +59,32 @@ def judge(per_rank: Mapping[int, Record]) -> Verdict:
     for rank, rec in records.items():
         _gpu_distance(rank, rec, failures, warnings)
         _own_threads(rank, rec, warnings)
+    picks: dict[int, nic.Pick] = {}
     for host, ranks in _by_host(records).items():
         failures += [(text, _CORE_HINT) for text in _shared_cores(ranks)]
         warnings += [(text, _OMP_HINT) for text in _oversubscribed(host, ranks)]
-    detail = "; ".join(_detail(rank, rec) for rank, rec in records.items())
+        warnings += _far_nics(ranks, picks)
+    detail = "; ".join(_detail(rank, rec, picks.get(rank)) for rank, rec in records.items())
+    nics = {rank: chosen.to_json() for rank, chosen in sorted(picks.items())}
     for status, found in (("fail", failures), ("warn", warnings)):
         if found:
-            return Verdict(status, "; ".join(text for text, _ in found), found[0][1], detail)
-    return Verdict("pass", None, None, detail)
+            return Verdict(status, "; ".join(text for text, _ in found), found[0][1], detail, nics)
+    return Verdict("pass", None, None, detail, nics)
+
+
+def _far_nics(ranks: Mapping[int, Record], picks: dict[int, nic.Pick]) -> list[tuple[str, str]]:
+    """Each rank's network device (into ``picks``), and the ranks of one host whose device is far from their GPU."""
+    used = {str((rec.get("gpu") or {}).get("bus_id")) for rec in ranks.values()}
+    found = []
+    for rank, rec in ranks.items():
+        chosen = nic.pick(rec)
+        if chosen is None:
+            continue
+        picks[rank] = chosen
+        warning = nic.far(rank, rec, chosen, used)
+        if warning is not None:
+            found.append(warning)
+    return found
 
 
 def _by_host(records: Mapping[int, Record]) -> dict[str, dict[int, Record]]:
@@ -131,13 +157,15 @@ def _oversubscribed(host: str, ranks: Mapping[int, Record]) -> list[str]:
     return [f"{host}: {len(ranks)} rank(s) x OMP threads = {threads} threads on {len(cpus)} CPU(s)"]
 
 
-def _detail(rank: int, rec: Record) -> str:
+def _detail(rank: int, rec: Record, chosen: Optional[nic.Pick]) -> str:
     text = f"rank {rank}: cpus {cpu_text(rec['cpus'])} numa {_list(rec.get('numa'))}"
     gpu = rec.get("gpu")
     if gpu is not None:
         text += f", gpu numa {_list([gpu['numa']] if gpu.get('numa') is not None else None)}"
     if rec.get("omp_num_threads") is not None:
         text += f", omp {rec['omp_num_threads']}"
+    if chosen is not None:
+        text += nic.detail(rec, chosen)
     return text
 
 

@@ -272,7 +272,17 @@ def merge(
 def _placement(row: Row) -> Row:
     """The affinity row judged across ranks: each rank only reports where it runs."""
     verdict = affinity.judge(row.per_rank)
-    return replace(row, status=verdict.status, cause=verdict.cause, hint=verdict.hint, detail=verdict.detail)
+    per_rank = {
+        r: {**rec, "nic": verdict.nics[r]} if r in verdict.nics else rec for r, rec in row.per_rank.items()
+    }
+    return replace(
+        row,
+        status=verdict.status,
+        cause=verdict.cause,
+        hint=verdict.hint,
+        detail=verdict.detail,
+        per_rank=per_rank,
+    )
 
 
 @dataclass(frozen=True)
