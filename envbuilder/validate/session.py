@@ -163,7 +163,7 @@ def render(result: report.Report, out: Out) -> None:
         if row.status in ("fail", "warn"):
             detail = (row.cause or "") + (f"\nhint: {row.hint}" if row.hint else "")
         check = report.check_label(row.check, result.device)
-        rows.append([check, ranks, status, report.figure_text(row), detail])
+        rows.append([check, ranks, status, report.figure_text(row, result.drift), detail])
     out.result.table(_REPORT_COLUMNS, rows)
     if not result.ok and result.stderr_tail:
         out.line("launcher output (last lines):")
