@@ -46,6 +46,12 @@ def add_report(sub: Sub) -> None:
     p.add_argument("env", nargs="*", metavar="ENV", help="envs to report on")
     p.add_argument("--all", action="store_true", help="every env with a validation history")
     p.add_argument(
+        "--site",
+        action="store_true",
+        help="every user's envs of the site's published recipes, per recipe (the history_dir store)",
+    )
+    p.add_argument("--recipe", metavar="NAME", help="with --site: only this recipe's envs")
+    p.add_argument(
         "--format",
         choices=("html", "md"),
         default="html",

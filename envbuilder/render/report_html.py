@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from envbuilder.render import reportdata as data
+from envbuilder.render import sitedata
 from envbuilder.render.svgplot import LOG2, TIME, Axis, esc, line_chart, status_grid
 
 _STYLE = """
@@ -41,6 +42,76 @@ def render(envs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], generated: s
         parts += _env(name, data.timed(runs))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def render_site(
+    envs: Sequence[sitedata.SiteEnv], generated: str, store: str, skipped: Sequence[tuple[str, str]]
+) -> str:
+    """The site's page: per recipe of the site's store, where it passes, its envs, drift, fact changes, checks
+    and figures over time across every user's envs; then what could not be read (``skipped``: path, why)."""
+    recipes = sitedata.by_recipe(envs)
+    users = {one.user for one in envs}
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>envbuilder site report: {esc(store)}</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        "<h1>envbuilder site validation history</h1>",
+        f'<p class="note">Generated {esc(generated)} from the site\'s history store {esc(store)}: '
+        f"{len(recipes)} recipe(s), {len(envs)} env(s) of {len(users)} user(s).</p>",
+    ]
+    for recipe, group in recipes:
+        parts += _site_recipe(recipe, group)
+    if skipped:
+        parts.append(f"<h2>Not read ({len(skipped)})</h2><ul>")
+        parts += [f"<li>{esc(path)}: {esc(why)}</li>" for path, why in skipped]
+        parts.append("</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], status_at: int = -1) -> str:
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td>{_status(v) if i == status_at else esc(v)}</td>" for i, v in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _site_recipe(recipe: str, envs: Sequence[sitedata.SiteEnv]) -> list[str]:
+    runs = sitedata.combined(envs)
+    users = sorted({one.user for one in envs})
+    parts = [f'<section class="recipe"><h2>recipe {esc(recipe)}</h2>']
+    if not runs:
+        return [*parts, '<p class="note">No validation recorded for this recipe.</p></section>']
+    parts.append(
+        f"<p>{len(envs)} env(s) of {len(users)} user(s), {len(runs)} run(s) from "
+        f"{esc(data.stamp(runs[0][0]))} to {esc(data.stamp(runs[-1][0]))}.</p>"
+    )
+    parts.append("<h3>Where it passes</h3>")
+    header = ("partition", "envs passing now", "runs passed", "recipe versions", "newest run")
+    parts.append(_table(header, sitedata.where_rows(envs)))
+    parts.append("<h3>Envs (newest run per partition)</h3>")
+    header = ("user", "env", "partition", "version", "status", "runs passed", "newest run", "driver")
+    parts.append(_table(header, sitedata.env_rows(envs), status_at=4))
+    drift = sitedata.drift_rows(envs)
+    if drift:
+        parts.append("<h3>Drift in the newest runs</h3><ul>")
+        parts += [f"<li>{esc(who)} on {esc(part)}: {esc(text)}</li>" for who, part, text in drift]
+        parts.append("</ul>")
+    changes = sitedata.changes(envs)
+    if changes:
+        parts.append("<h3>Fact changes</h3><ul>")
+        parts += [f"<li>{esc(data.stamp(c.time))}: {esc(c.label)}</li>" for c in changes]
+        parts.append("</ul>")
+    parts.append("<h3>Checks per partition over time, every env</h3>")
+    parts.append(status_grid(f"{recipe}: checks over time (oldest left)", data.status_rows(runs)))
+    parts += _figures(f"recipe {recipe}", runs, changes)
+    parts.append("</section>")
+    return parts
 
 
 def _status(value: str) -> str:

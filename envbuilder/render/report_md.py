@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from envbuilder.render import reportdata as data
+from envbuilder.render import sitedata
 
 
 def cell(value: object) -> str:
@@ -36,6 +37,66 @@ def render(envs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], generated: s
     for name, runs in envs:
         lines += _env(name, data.timed(runs))
     return "\n".join(lines) + "\n"
+
+
+def render_site(
+    envs: Sequence[sitedata.SiteEnv], generated: str, store: str, skipped: Sequence[tuple[str, str]]
+) -> str:
+    """The site's report: per recipe, where it passes, its envs, drift, fact changes, checks and figures."""
+    recipes = sitedata.by_recipe(envs)
+    lines = [
+        "# envbuilder site validation history",
+        "",
+        f"Generated {cell(generated)} from the site's history store {cell(store)}: {len(recipes)} recipe(s), "
+        f"{len(envs)} env(s) of {len({one.user for one in envs})} user(s).",
+        "",
+    ]
+    for recipe, group in recipes:
+        lines += _site_recipe(recipe, group)
+    if skipped:
+        lines += [f"## Not read ({len(skipped)})", ""]
+        lines += _table(("path", "why"), skipped)
+    return "\n".join(lines) + "\n"
+
+
+def _site_recipe(recipe: str, envs: Sequence[sitedata.SiteEnv]) -> list[str]:
+    runs = sitedata.combined(envs)
+    lines = [f"## recipe {cell(recipe)}", ""]
+    if not runs:
+        return [*lines, "No validation recorded for this recipe.", ""]
+    lines += [
+        f"{len(envs)} env(s) of {len({one.user for one in envs})} user(s), {len(runs)} run(s) from "
+        f"{data.stamp(runs[0][0])} to {data.stamp(runs[-1][0])}.",
+        "",
+        "### Where it passes",
+        "",
+    ]
+    header: tuple[str, ...] = (
+        "partition",
+        "envs passing now",
+        "runs passed",
+        "recipe versions",
+        "newest run",
+    )
+    lines += _table(header, sitedata.where_rows(envs))
+    lines += ["### Envs (newest run per partition)", ""]
+    header = ("user", "env", "partition", "version", "status", "runs passed", "newest run", "driver")
+    lines += _table(header, sitedata.env_rows(envs))
+    drift = sitedata.drift_rows(envs)
+    if drift:
+        lines += ["### Drift in the newest runs", ""]
+        lines += _table(("env", "partition", "drift"), drift)
+    changes = sitedata.changes(envs)
+    if changes:
+        lines += ["### Fact changes", ""]
+        lines += _table(("time", "change"), [(data.stamp(c.time), c.label) for c in changes])
+    lines += ["### Checks, every env", ""]
+    lines += _table(("check", "newest", "passed", "statuses, oldest first"), _check_rows(runs))
+    lines += ["### Figures, every env", ""]
+    lines += _table(
+        ("figure", "unit", "partition", "newest", "median", "min", "max", "runs"), _figure_rows(runs)
+    )
+    return lines
 
 
 def _env(name: str, runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[str]:

@@ -205,6 +205,34 @@ def compare(
     return out
 
 
+def latest_drift(runs: Sequence[Any]) -> list[Drift]:
+    """Per partition, the drift of its newest run against the runs before it (``runs`` oldest first): what a
+    report shows beside the figures. A record of another shape (another version wrote it) is left out."""
+    usable = [r for r in runs if _well_formed(r)]
+    newest = {str(r.get("partition") or ""): i for i, r in enumerate(usable)}
+    out: list[Drift] = []
+    for part in sorted(newest):
+        out += compare(usable[newest[part]], usable[: newest[part]])
+    return out
+
+
+def _well_formed(run: Any) -> bool:
+    if not isinstance(run, Mapping) or not isinstance(run.get("checks") or [], list):
+        return False
+    facts = run.get("facts") or {}
+    if not isinstance(facts, Mapping) or not isinstance(facts.get("modules") or {}, Mapping):
+        return False
+    if not all(isinstance(run.get(k) or facts.get(k) or [], list) for k in ("nodes", "gpus")):
+        return False
+    return all(
+        isinstance(c, Mapping)
+        and isinstance(c.get("name"), str)
+        and isinstance(c.get("figures") or {}, Mapping)
+        and isinstance(c.get("units") or {}, Mapping)
+        for c in run.get("checks") or []
+    )
+
+
 def _history_of(
     runs: Sequence[Mapping[str, Any]], check: str, figure: str
 ) -> list[tuple[Mapping[str, Any], float]]:
