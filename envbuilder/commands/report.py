@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -96,16 +95,9 @@ def _now() -> str:
 
 
 def _write(output: Optional[str], text: str, out: Out, what: str) -> None:
-    """The report to stdout, or to the file ``output`` (atomically)."""
-    if output is None:
-        sys.stdout.write(text)
-        return
-    path = Path(output)
-    if path.is_dir():
-        raise UsageError(f"-o {path} is a directory", hint="name the report's file: -o report.html")
-    with fsutil.disk_errors((path.absolute().parent, "write it elsewhere with -o FILE")):
-        fsutil.write_atomic(path, text.encode())
-    out.line(f"wrote {what} to {path}")
+    path = fsutil.write_output(output, text)
+    if path is not None:
+        out.line(f"wrote {what} to {path}")
 
 
 def _runs(home: Path, name: str, out: Out) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from envbuilder.render import reportdata as data
 from envbuilder.render import sitedata
 from envbuilder.render.svgplot import LOG2, TIME, Axis, esc, line_chart, status_grid
 
-_STYLE = """
+STYLE = """
 body { font-family: sans-serif; margin: 24px; color: #24292f; background: #ffffff; }
 h1 { font-size: 22px; } h2 { font-size: 18px; border-bottom: 1px solid #d0d7de; padding-bottom: 4px; }
 h3 { font-size: 14px; margin-top: 18px; }
@@ -34,7 +34,7 @@ def render(envs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], generated: s
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>envbuilder report: {esc(names)}</title>",
-        f"<style>{_STYLE}</style></head><body>",
+        f"<style>{STYLE}</style></head><body>",
         "<h1>envbuilder validation history</h1>",
         f'<p class="note">Generated {esc(generated)} from the history store; {len(envs)} env(s).</p>',
     ]
@@ -55,7 +55,7 @@ def render_site(
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>envbuilder site report: {esc(store)}</title>",
-        f"<style>{_STYLE}</style></head><body>",
+        f"<style>{STYLE}</style></head><body>",
         "<h1>envbuilder site validation history</h1>",
         f'<p class="note">Generated {esc(generated)} from the site\'s history store {esc(store)}: '
         f"{len(recipes)} recipe(s), {len(envs)} env(s) of {len(users)} user(s).</p>",

@@ -21,7 +21,7 @@ def cell(value: object) -> str:
     return " ".join(out.split()) or " "
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return [*lines, ""]
@@ -55,7 +55,7 @@ def render_site(
         lines += _site_recipe(recipe, group)
     if skipped:
         lines += [f"## Not read ({len(skipped)})", ""]
-        lines += _table(("path", "why"), skipped)
+        lines += table(("path", "why"), skipped)
     return "\n".join(lines) + "\n"
 
 
@@ -78,22 +78,22 @@ def _site_recipe(recipe: str, envs: Sequence[sitedata.SiteEnv]) -> list[str]:
         "recipe versions",
         "newest run",
     )
-    lines += _table(header, sitedata.where_rows(envs))
+    lines += table(header, sitedata.where_rows(envs))
     lines += ["### Envs (newest run per partition)", ""]
     header = ("user", "env", "partition", "version", "status", "runs passed", "newest run", "driver")
-    lines += _table(header, sitedata.env_rows(envs))
+    lines += table(header, sitedata.env_rows(envs))
     drift = sitedata.drift_rows(envs)
     if drift:
         lines += ["### Drift in the newest runs", ""]
-        lines += _table(("env", "partition", "drift"), drift)
+        lines += table(("env", "partition", "drift"), drift)
     changes = sitedata.changes(envs)
     if changes:
         lines += ["### Fact changes", ""]
-        lines += _table(("time", "change"), [(data.stamp(c.time), c.label) for c in changes])
+        lines += table(("time", "change"), [(data.stamp(c.time), c.label) for c in changes])
     lines += ["### Checks, every env", ""]
-    lines += _table(("check", "newest", "passed", "statuses, oldest first"), _check_rows(runs))
+    lines += table(("check", "newest", "passed", "statuses, oldest first"), _check_rows(runs))
     lines += ["### Figures, every env", ""]
-    lines += _table(
+    lines += table(
         ("figure", "unit", "partition", "newest", "median", "min", "max", "runs"), _figure_rows(runs)
     )
     return lines
@@ -109,15 +109,15 @@ def _env(name: str, runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[str
         f"**{cell(data.text(newest.get('status')) or '?')}** on {cell(data.partition(newest))}.",
         "",
     ]
-    lines += _table(("fact", "value"), data.latest_facts(newest))
+    lines += table(("fact", "value"), data.latest_facts(newest))
     changes = data.fact_changes(runs)
     if changes:
         lines += ["### Fact changes", ""]
-        lines += _table(("time", "change"), [(data.stamp(c.time), c.label) for c in changes])
+        lines += table(("time", "change"), [(data.stamp(c.time), c.label) for c in changes])
     lines += ["### Checks", ""]
-    lines += _table(("check", "newest", "passed", "statuses, oldest first"), _check_rows(runs))
+    lines += table(("check", "newest", "passed", "statuses, oldest first"), _check_rows(runs))
     lines += ["### Figures", ""]
-    lines += _table(
+    lines += table(
         ("figure", "unit", "partition", "newest", "median", "min", "max", "runs"), _figure_rows(runs)
     )
     return lines
