@@ -77,6 +77,7 @@ def two_weeks(home: Path, env: str = "site-torch", partitions: Optional[list[str
                     "status": status,
                     "seconds": 3.0,
                     "figures": {"import_s": max(imports)},
+                    "units": {"import_s": "s"},
                     "per_rank": {str(r): {"import_s": round(t, 3)} for r, t in enumerate(imports)},
                 },
                 {

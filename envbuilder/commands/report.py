@@ -48,8 +48,9 @@ def handle(args: argparse.Namespace, out: Out) -> None:
             f"no validation history for {', '.join(missing)} in {history.store(home)}",
             hint=f"run `envbuilder validate {missing[0]}` first",
         )
+    drift = {name: [d.to_json() for d in historymodel.latest_drift(runs)] for name, runs in envs}
     render = report_md.render if args.format == "md" else report_html.render
-    _write(args.output, render(envs, _now()), out, f"the report on {len(envs)} env(s)")
+    _write(args.output, render(envs, _now(), drift), out, f"the report on {len(envs)} env(s)")
 
 
 def _site(args: argparse.Namespace, out: Out) -> None:

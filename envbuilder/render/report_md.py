@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Optional
 
 from envbuilder.render import reportdata as data
 from envbuilder.render import sitedata
@@ -27,7 +27,11 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     return [*lines, ""]
 
 
-def render(envs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], generated: str) -> str:
+def render(
+    envs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
+    generated: str,
+    drift: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None,
+) -> str:
     lines = [
         "# envbuilder validation history",
         "",
@@ -35,7 +39,7 @@ def render(envs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], generated: s
         "",
     ]
     for name, runs in envs:
-        lines += _env(name, data.timed(runs))
+        lines += _env(name, data.timed(runs), (drift or {}).get(name, ()))
     return "\n".join(lines) + "\n"
 
 
@@ -85,21 +89,24 @@ def _site_recipe(recipe: str, envs: Sequence[sitedata.SiteEnv]) -> list[str]:
     drift = sitedata.drift_rows(envs)
     if drift:
         lines += ["### Drift in the newest runs", ""]
-        lines += table(("env", "partition", "drift"), drift)
+        lines += table(("env", "partition", "drift", "fact change at"), drift)
     changes = sitedata.changes(envs)
     if changes:
         lines += ["### Fact changes", ""]
         lines += table(("time", "change"), [(data.stamp(c.time), c.label) for c in changes])
-    lines += ["### Checks, every env", ""]
-    lines += table(("check", "newest", "passed", "statuses, oldest first"), _check_rows(runs))
-    lines += ["### Figures, every env", ""]
+    plotted = sitedata.per_env(envs)
+    lines += ["### Checks per partition and env", ""]
+    lines += table(("check", "newest", "passed", "statuses, oldest first"), _check_rows(plotted))
+    lines += ["### Figures per partition and env", ""]
     lines += table(
-        ("figure", "unit", "partition", "newest", "median", "min", "max", "runs"), _figure_rows(runs)
+        ("figure", "unit", "partition, env", "newest", "median", "min", "max", "runs"), _figure_rows(plotted)
     )
     return lines
 
 
-def _env(name: str, runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[str]:
+def _env(
+    name: str, runs: Sequence[tuple[float, Mapping[str, Any]]], drift: Sequence[Mapping[str, Any]]
+) -> list[str]:
     lines = [f"## {cell(name)}", ""]
     if not runs:
         return [*lines, "No validation recorded for this env.", ""]
@@ -111,6 +118,18 @@ def _env(name: str, runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[str
     ]
     lines += table(("fact", "value"), data.latest_facts(newest))
     changes = data.fact_changes(runs)
+    linked = data.drift_links(drift, runs, changes)
+    if linked:
+        lines += ["### Drift in the newest runs", ""]
+        rows = [
+            (
+                data.text(alarm.get("partition")) or data.partition({}),
+                data.text(alarm.get("text")),
+                ", ".join(data.stamp(changes[i].time) for i in found) or "none recorded",
+            )
+            for alarm, found in linked
+        ]
+        lines += table(("partition", "drift", "fact change at"), rows)
     if changes:
         lines += ["### Fact changes", ""]
         lines += table(("time", "change"), [(data.stamp(c.time), c.label) for c in changes])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from envbuilder.render import reportdata as data
 
@@ -44,6 +44,19 @@ def combined(envs: Sequence[SiteEnv]) -> list[tuple[float, Mapping[str, Any]]]:
     return sorted((pair for one in envs for pair in data.timed(one.runs)), key=lambda p: p[0])
 
 
+def per_env(envs: Sequence[SiteEnv]) -> list[tuple[float, Mapping[str, Any]]]:
+    """:func:`combined`, each run's partition named with its env (``gpu-a100, alice/e1``): the checks and the
+    figures over time are drawn per env and partition, a series per env, not one zigzag across them."""
+    return sorted(
+        (
+            (when, {**run, "partition": f"{data.partition(run)}, {one.label}"})
+            for one in envs
+            for when, run in data.timed(one.runs)
+        ),
+        key=lambda p: p[0],
+    )
+
+
 def where_rows(envs: Sequence[SiteEnv]) -> list[tuple[str, ...]]:
     """Per partition: (partition, envs passing at their newest run there ``2/3``, runs passed ``25/28``, the
     recipe versions run, the newest run's time)."""
@@ -54,7 +67,7 @@ def where_rows(envs: Sequence[SiteEnv]) -> list[tuple[str, ...]]:
             parts.setdefault(data.partition(run), {}).setdefault(one.label, []).append(
                 (when, status, version)
             )
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for part, per_env in sorted(parts.items()):
         runs = [r for env_runs in per_env.values() for r in env_runs]
         now = sum(env_runs[-1][1] == "pass" for env_runs in per_env.values())
@@ -79,7 +92,7 @@ def _version_key(version: str) -> tuple[int, ...]:
 def env_rows(envs: Sequence[SiteEnv]) -> list[tuple[str, ...]]:
     """Per env and partition, its newest run: (user, env, partition, recipe version, status, runs passed, time,
     driver)."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for one in envs:
         newest: dict[str, list[tuple[float, Mapping[str, Any]]]] = {}
         for when, run in data.timed(one.runs):
@@ -105,25 +118,53 @@ def env_rows(envs: Sequence[SiteEnv]) -> list[tuple[str, ...]]:
 def changes(envs: Sequence[SiteEnv]) -> list[data.Change]:
     """The fact changes of each env (``reportdata.fact_changes``), the same change of several envs within a day
     made one that names them: ``driver 550.54 -> 570.86 (alice/e1, bob/e2)``."""
+    return [data.Change(when, f"{label} ({', '.join(who)})") for when, label, who in _merged(envs)]
+
+
+def _merged(envs: Sequence[SiteEnv]) -> list[tuple[float, str, list[str]]]:
     merged: list[tuple[float, str, list[str]]] = []
     for one in envs:
         for change in data.fact_changes(data.timed(one.runs)):
-            same = next(
-                (m for m in merged if m[1] == change.label and abs(change.time - m[0]) <= _ONE_CHANGE_S), None
-            )
+            same = _same(merged, change)
             if same is None:
                 merged.append((change.time, change.label, [one.label]))
             elif one.label not in same[2]:
                 same[2].append(one.label)
-    return [data.Change(when, f"{label} ({', '.join(who)})") for when, label, who in sorted(merged)]
+    return sorted(merged)
 
 
-def drift_rows(envs: Sequence[SiteEnv]) -> list[tuple[str, str, str]]:
+def _same(
+    merged: Sequence[tuple[float, str, list[str]]], change: data.Change
+) -> Optional[tuple[float, str, list[str]]]:
+    return next(
+        (m for m in merged if m[1] == change.label and abs(change.time - m[0]) <= _ONE_CHANGE_S), None
+    )
+
+
+def drift_links(envs: Sequence[SiteEnv]) -> list[tuple[str, str, str, list[int]]]:
     """Each drift alarm of the envs' newest runs: (env ``user/env``, partition, the alarm in words, which names
-    the facts that changed)."""
+    the facts that changed, and the indexes in :func:`changes` of the fact changes it names)."""
+    merged = _merged(envs)
+    out = []
+    for one in envs:
+        runs = data.timed(one.runs)
+        own = data.fact_changes(runs)
+        for alarm, found in data.drift_links(one.drift, runs, own):
+            indexes = [
+                i
+                for i, (when, label, who) in enumerate(merged)
+                if one.label in who
+                and any(own[j].label == label and abs(own[j].time - when) <= _ONE_CHANGE_S for j in found)
+            ]
+            part = data.text(alarm.get("partition")) or data.partition({})
+            out.append((one.label, part, data.text(alarm.get("text")), indexes))
+    return out
+
+
+def drift_rows(envs: Sequence[SiteEnv]) -> list[tuple[str, str, str, str]]:
+    """:func:`drift_links` as table rows: the fact changes named by their times."""
+    found = changes(envs)
     return [
-        (one.label, data.text(alarm.get("partition")) or "(no partition)", data.text(alarm.get("text")))
-        for one in envs
-        for alarm in one.drift
-        if isinstance(alarm, Mapping)
+        (who, part, text, ", ".join(data.stamp(found[i].time) for i in indexes) or "none recorded")
+        for who, part, text, indexes in drift_links(envs)
     ]

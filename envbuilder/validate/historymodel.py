@@ -134,6 +134,8 @@ class Drift:
     partition: str
     changes: tuple[str, ...]
     fails: bool
+    #: The time of the last run whose figure was still near the median (the changes named are since then).
+    since: str = ""
 
     @property
     def text(self) -> str:
@@ -162,6 +164,7 @@ class Drift:
             "partition": self.partition,
             "changes": list(self.changes),
             "fails": self.fails,
+            "since": self.since,
             "text": self.text,
         }
 
@@ -200,6 +203,7 @@ def compare(
                     partition=str(current.get("partition") or ""),
                     changes=tuple(changes(good, current)),
                     fails=threshold is not None and worse >= threshold,
+                    since=str(good.get("time") or ""),
                 )
             )
     return out

@@ -13,6 +13,7 @@ import datetime
 import html.parser
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -173,6 +174,7 @@ def test_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert dom.count("line", "marker") == 4 + 2
     assert dom.count("path", "series") == 2 + 2 + 4 * 2 + 1
     assert "nccl busbw (GB/s)" in text  # the unit the record gives
+    assert "import_s (s)" in text  # per rank too: the unit of the import check's figure of that name
     # The hostile names are text on the page: no element came from them, and nothing ran.
     assert not [t for t, _ in dom.tags if t in ("img", "script")]
     assert HOSTILE_RECIPE in text
@@ -322,8 +324,11 @@ def test_site_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert cells[at : at + 5] == ["gpu-a100", "2/2", "18/19", "3", "2026-11-14 08:00 UTC"]
     assert (
         "bob/e2 on gpu-a100: nccl bus bandwidth 150 GB/s, 50% below its median of 300 GB/s over the last 4 runs "
-        "on gpu-a100 since module nccl/2.21 appeared" in text
+        "on gpu-a100 since module nccl/2.21 appeared (fact change: 2026-11-05 10:00 UTC" in text
     )
+    # That time is a link to the change, in the list of fact changes.
+    assert [a.get("href") for t, a in dom.tags if t == "a"] == ["#recipe0-change-0"]
+    assert ("li", {"id": "recipe0-change-0"}) in dom.tags
     upgrade = "driver 550.54 -> 570.86, cuda 12.4 -> 12.8, +cuda/12.8 (on gpu-a100, gpu-h100) (alice/e1)"
     assert f"2026-11-08 08:00 UTC: {upgrade}" in text
     assert "2026-11-05 10:00 UTC: +nccl/2.21 (bob/e2)" in text
@@ -344,3 +349,41 @@ def test_site_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     opaque = b"\xff" if png.channels == 4 else b""
     assert bytes.fromhex("2e9e4f") + opaque in drawn  # passing cells
     assert bytes.fromhex("d1242f") + opaque in drawn  # alice's failed import on day 5
+
+
+def test_a_drift_on_the_page_links_to_the_change_it_names(tmp_path: Path) -> None:
+    """An env whose driver changed on day 2 (its bandwidth unchanged) and whose newest run, after a module
+    appeared, halved its bandwidth: the page shows the drift of the newest run and links it to the module's
+    change only (the driver's came before the last run near the median); Markdown names that change's time."""
+    home = tmp_path / "home"
+    for day in range(5):
+        write_run(
+            home,
+            "e",
+            START + datetime.timedelta(days=day),
+            facts={
+                "driver": "550.54" if day == 0 else "560.35",
+                "modules": {"nccl": "2.21"} if day == 4 else {},
+            },
+            checks=[
+                {
+                    "name": "nccl",
+                    "status": "pass",
+                    "figures": {"busbw": 150.0 if day == 4 else 300.0},
+                    "units": {"busbw": "GB/s"},
+                }
+            ],
+        )
+    env = {"ENVBUILDER_HOME": str(home), "HOME": str(tmp_path)}
+    alarm = (
+        "nccl bus bandwidth 150 GB/s, 50% below its median of 300 GB/s over the last 4 runs on gpu-a100 since "
+        "module nccl/2.21 appeared"
+    )
+    page = ok(run_cli("report", "e", env=env)).stdout
+    (drift,) = re.findall(r'<li class="drift">(.*?)</li>', page)
+    assert drift.startswith(f"on gpu-a100: {alarm} (fact change: <a href=")
+    (target,) = re.findall(r'href="#([^"]+)"', drift)
+    assert re.findall(rf'<li id="{target}">([^<]*)</li>', page) == ["2026-11-05 08:00 UTC: +nccl/2.21"]
+    assert "2026-11-02 08:00 UTC: driver 550.54 -&gt; 560.35" in page  # listed, not linked
+    text = ok(run_cli("report", "e", "--format", "md", env=env)).stdout
+    assert f"| gpu-a100 | {alarm} | 2026-11-05 08:00 UTC |" in text

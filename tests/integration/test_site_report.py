@@ -20,6 +20,8 @@ from helpers import REPO, cli_argv, cli_env, ok, refused, run_cli
 from historyfiles import START, write_run
 from sharedfs import User, give_to, other_user
 
+from envbuilder.render.report_md import cell
+
 pytestmark = pytest.mark.integration
 
 
@@ -108,7 +110,7 @@ def test_the_site_report_reads_what_the_user_may_and_names_the_rest(site: Path) 
     res = ok(as_user(other, site, "report", "--site", "--format", "md"))
     text = res.stdout
     assert text.startswith("# envbuilder site validation history\n")
-    assert f"from the site's history store {site}: 2 recipe(s), 3 env(s) of 2 user(s)." in text
+    assert f"from the site's history store {cell(str(site))}: 2 recipe(s), 3 env(s) of 2 user(s)." in text
     assert "## recipe site-torch\n\n2 env(s) of 2 user(s), 14 run(s) from 2026-11-01 08:00 UTC" in text
     # Where site-torch passes: e1 on gpu-a100 (7/7 runs), e2 on gpu-h100 (the 7 runs it could read, one failed).
     assert "| gpu-a100 | 1/1 | 7/7 | 3 | 2026-11-07 08:00 UTC |" in text
@@ -118,10 +120,12 @@ def test_the_site_report_reads_what_the_user_may_and_names_the_rest(site: Path) 
     # The drop of e1's newest run, with the upgrade named; e2's steady figures raise nothing.
     assert (
         f"| {other.name}/e1 | gpu-a100 | nccl bus bandwidth 200 GB/s, 39% below its median of 330 GB/s over "
-        "the last 6 runs on gpu-a100 since driver 550.54 -> 570.86 |"
+        "the last 6 runs on gpu-a100 since driver 550.54 -> 570.86 | 2026-11-07 08:00 UTC |"
     ) in text
     assert "| 2026-11-07 08:00 UTC | driver 550.54 -> 570.86 (" + other.name + "/e1) |" in text
-    assert "| nccl busbw | GB/s | gpu-h100 | 400 | 400 | 400 | 400 | 7 |" in text
+    assert "| nccl busbw | GB/s | gpu-h100, root/e2 | 400 | 400 | 400 | 400 | 7 |" in text
+    assert f"| nccl busbw | GB/s | gpu-a100, {other.name}/e1 | 200 | 330 | 200 | 331 | 7 |" in text
+    assert "| import on gpu-h100, root/e2 | pass | 6/7 | fail pass pass pass pass pass pass |" in text
     assert "## recipe tools-cpu" in text and "| root | e3 | (no partition) |" in text
     # What this user may not read, or what is not the store's, is left out and named.
     skipped = {
@@ -133,7 +137,7 @@ def test_the_site_report_reads_what_the_user_may_and_names_the_rest(site: Path) 
     }
     for path, why in skipped.items():
         assert f"left out {path}: {why}" in res.stderr, res.stderr
-        assert f"| {path} | {why} |" in text
+        assert f"| {cell(path)} | {why} |" in text
     assert "## Not read (3)" in text
 
 
