@@ -176,3 +176,15 @@ def test_site_refusals_say_what_to_give(tmp_path: Path) -> None:
     res = ok(run_cli("report", "--site", "--format", "md", "-o", str(out), env=site))
     assert f"wrote the site report on 1 recipe(s), 1 env(s) to {out}" in res.stderr
     assert out.read_text().startswith("# envbuilder site validation history\n")
+
+
+def test_the_site_config_names_the_store(tmp_path: Path) -> None:
+    """history_dir as an admin sets it: in the site config file, not in the user's environment."""
+    store = tmp_path / "store"
+    write_run(tmp_path, "e", START, directory=store / "u" / "pytorch-gpu" / "e")
+    config = tmp_path / "site.toml"
+    config.write_text(f'[settings]\nhistory_dir = "{store}"\n')
+    env = {"ENVBUILDER_HOME": str(tmp_path / "home"), "HOME": str(tmp_path), "ENVBUILDER_CONFIG": str(config)}
+    text = ok(run_cli("report", "--site", "--format", "md", env=env)).stdout
+    assert f"from the site's history store {cell(str(store))}: 1 recipe(s), 1 env(s) of 1 user(s)." in text
+    assert "## recipe pytorch-gpu" in text
