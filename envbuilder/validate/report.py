@@ -612,33 +612,18 @@ def check_label(check: str, device: str) -> str:
     return "gloo" if check == "nccl" and device == "cpu" else check
 
 
-def figure_text(row: Row, drift: Sequence[Mapping[str, Any]] = ()) -> str:
-    """The row's figures in words, each one that drifted (``drift``: the report's alarms) marked with how far it
-    is from its median: ``import time 4.1 s (+62% vs 10-run median)``."""
-    marks = {str(d.get("figure")): d for d in drift}
+def figure_text(row: Row, marks: Optional[Mapping[str, str]] = None) -> str:
+    """The row's figures in words, each one named in ``marks`` (``CHECK.FIGURE``: a drift) with its mark."""
     parts = []
     for name, fig in row.figures.items():
         value = fig["value"]
         text = f"{value:.3g}" if isinstance(value, float) else str(value)
         unit = str(fig.get("unit", ""))
         words = FIGURE_WORDS.get(name, name.replace("_", " "))
-        alarm = marks.get(f"{row.check}.{name}")
-        mark = f" {drift_mark(alarm)}" if alarm is not None else ""
-        parts.append(f"{words} {text} {_UNIT_WORDS.get(unit, unit)}".rstrip() + mark)
+        mark = (marks or {}).get(f"{row.check}.{name}")
+        parts.append(f"{words} {text} {_UNIT_WORDS.get(unit, unit)}".rstrip() + (f" {mark}" if mark else ""))
     for ref in row.references:
         if ref.get("verdict") in ("ok", "out"):
             unit = str(ref.get("unit", ""))
             parts.append(f"(ref {ref['value']} {_UNIT_WORDS.get(unit, unit)}: {ref['verdict']})")
     return ", ".join(parts)
-
-
-def drift_mark(alarm: Mapping[str, Any]) -> str:
-    """``(+62% vs 10-run median)``: the figure's change from its median over the runs it was compared with, and
-    whether it passed the recipe's drift_threshold."""
-    value, median = alarm.get("value"), alarm.get("median")
-    if isinstance(value, (int, float)) and isinstance(median, (int, float)) and median:
-        change = f"{(value - median) / median * 100:+.0f}%"
-    else:
-        change = "drifted"
-    past = ", past drift_threshold" if alarm.get("fails") else ""
-    return f"({change} vs {alarm.get('runs', '?')}-run median{past})"
