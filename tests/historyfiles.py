@@ -16,9 +16,17 @@ SIZES = [2**k for k in range(10, 29, 2)]
 
 
 def write_run(
-    home: Path, env: str, when: datetime.datetime, host: str = "gpu001", pid: int = 4242, **fields: Any
+    home: Path,
+    env: str,
+    when: datetime.datetime,
+    host: str = "gpu001",
+    pid: int = 4242,
+    *,
+    directory: Optional[Path] = None,
+    **fields: Any,
 ) -> Path:
-    """One run's record in the store, with the store's fields (``fields`` override them)."""
+    """One run's record in the store (``<home>/history/<env>/``, or ``directory``), with the store's fields
+    (``fields`` override them)."""
     record: dict[str, Any] = {
         "version": 1,
         "env": env,
@@ -41,7 +49,7 @@ def write_run(
         "status": "pass",
         **fields,
     }
-    directory = home / "history" / env
+    directory = directory or home / "history" / env
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{when.strftime('%Y%m%dT%H%M%S.%fZ')}-{host}-{pid}.json"
     path.write_text(json.dumps(record))
@@ -69,6 +77,7 @@ def two_weeks(home: Path, env: str = "site-torch", partitions: Optional[list[str
                     "status": status,
                     "seconds": 3.0,
                     "figures": {"import_s": max(imports)},
+                    "units": {"import_s": "s"},
                     "per_rank": {str(r): {"import_s": round(t, 3)} for r, t in enumerate(imports)},
                 },
                 {

@@ -159,17 +159,21 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "impact": (
         (
-            "impact --facts after.json",
             "impact --facts after.json --before now.json --json",
             "impact --facts new.json --registry /srv/reg --records /srv/envs",
+            "impact --facts after.json --format html -o impact.html",
         ),
         (*_RECIPES, *_INDEX),
     ),
     "share": (("share local --to /shared/envs", "share local --to /shared/envs --json"), _RECORDS),
     "probe": (("probe", "probe --json > facts.json", "probe --modules --json > now.json"), ("SLURM_JOB_ID",)),
     "report": (
-        ("report local -o report.html", "report --all -o site.html", "report local --format md"),
-        _RECORDS,
+        (
+            "report local -o report.html",
+            "report --all --format md",
+            "report --site --recipe pytorch-gpu -o site.html",
+        ),
+        (*_RECORDS, "ENVBUILDER_HISTORY_DIR"),
     ),
     "recipes": (("recipes list", "recipes show local --explain"), _RECIPES),
     "recipes list": (("recipes list", "recipes list --json"), _RECIPES),

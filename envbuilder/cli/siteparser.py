@@ -23,6 +23,13 @@ def add_impact(sub: Sub) -> None:
         "--registry", metavar="DIR", help="re-plan every published version here (default: shipped)"
     )
     p.add_argument("--records", metavar="DIR", help="also judge the env records users shared here")
+    p.add_argument(
+        "--format",
+        choices=("text", "html", "md"),
+        default="text",
+        help="the table as text, as a self-contained HTML page, or as Markdown for tickets",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="with --format html or md: write it to FILE")
     add_index(p)
     add_json(p)
     p.set_defaults(handler=command("impact", "handle"))
@@ -45,6 +52,12 @@ def add_report(sub: Sub) -> None:
     )
     p.add_argument("env", nargs="*", metavar="ENV", help="envs to report on")
     p.add_argument("--all", action="store_true", help="every env with a validation history")
+    p.add_argument(
+        "--site",
+        action="store_true",
+        help="every user's envs of the site's published recipes, per recipe (the history_dir store)",
+    )
+    p.add_argument("--recipe", metavar="NAME", help="with --site: only this recipe's envs")
     p.add_argument(
         "--format",
         choices=("html", "md"),

@@ -6,6 +6,7 @@ breaks. The comparison is ``plan.impact``'s; here the facts, recipes, records an
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 from collections.abc import Mapping
@@ -20,8 +21,9 @@ from envbuilder.core.facts import HostFacts
 from envbuilder.plan import impact
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir, registry_layer
+from envbuilder.render import impact_page
 from envbuilder.resolver.matrix import Matrix, load_matrix
-from envbuilder.system import host, state, tables
+from envbuilder.system import fsutil, host, state, tables
 from envbuilder.system.console import Out, plain
 
 _STYLES = {
@@ -40,6 +42,12 @@ _COLUMNS = (
 
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
+    if args.json and args.format != "text":
+        raise UsageError(f"--json or --format {args.format}, not both")
+    if args.output and args.format == "text":
+        raise UsageError(
+            "-o writes a page: give --format html or md", hint="envbuilder impact ... --format html -o FILE"
+        )
     env = dict(os.environ)
     after = host.load_facts_file(args.facts)
     before = host.facts_for(args.before)
@@ -53,7 +61,9 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         before_from, args.facts, tuple(impact.sorted_verdicts(verdicts)), tuple(dict.fromkeys(notes))
     )
     data = report.to_json()
-    if not args.json:
+    if args.format != "text":
+        _page(args.format, args.output, report, (facts_line(before), facts_line(after)), out)
+    elif not args.json:
         render(report, before, after, _stdout())
     if report.breaks:
         n = report.counts[impact.BREAKS]
@@ -64,6 +74,15 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         exc.data = data
         raise exc
     return data
+
+
+def _page(fmt: str, output: Optional[str], report: impact.Impact, facts: tuple[str, str], out: Out) -> None:
+    """The table as an HTML page or Markdown, to stdout or to the file ``output``."""
+    generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    render_page = impact_page.render_md if fmt == "md" else impact_page.render_html
+    path = fsutil.write_output(output, render_page(report, facts, generated))
+    if path is not None:
+        out.line(f"wrote the impact on {len(report.verdicts)} recipe(s) and env(s) to {path}")
 
 
 def _catalog(registry: Optional[str], env: Mapping[str, str]) -> tuple[Catalog, str]:

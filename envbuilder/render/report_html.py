@@ -7,12 +7,13 @@ where a run holds them. Every text taken from a record is escaped. Pure: records
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Optional
 
 from envbuilder.render import reportdata as data
+from envbuilder.render import sitedata
 from envbuilder.render.svgplot import LOG2, TIME, Axis, esc, line_chart, status_grid
 
-_STYLE = """
+STYLE = """
 body { font-family: sans-serif; margin: 24px; color: #24292f; background: #ffffff; }
 h1 { font-size: 22px; } h2 { font-size: 18px; border-bottom: 1px solid #d0d7de; padding-bottom: 4px; }
 h3 { font-size: 14px; margin-top: 18px; }
@@ -26,21 +27,121 @@ svg.plot { border: 1px solid #eaeef2; background: #ffffff; }
 """
 
 
-def render(envs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], generated: str) -> str:
-    """The page for ``envs``: (name, that env's history records) pairs, in the order given."""
+def render(
+    envs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
+    generated: str,
+    drift: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None,
+) -> str:
+    """The page for ``envs``: (name, that env's history records) pairs, in the order given; ``drift``: per env,
+    its newest runs' drift alarms (``historymodel.Drift.to_json``)."""
     names = ", ".join(name for name, _ in envs)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>envbuilder report: {esc(names)}</title>",
-        f"<style>{_STYLE}</style></head><body>",
+        f"<style>{STYLE}</style></head><body>",
         "<h1>envbuilder validation history</h1>",
         f'<p class="note">Generated {esc(generated)} from the history store; {len(envs)} env(s).</p>',
     ]
-    for name, runs in envs:
-        parts += _env(name, data.timed(runs))
+    for n, (name, runs) in enumerate(envs):
+        parts += _env(name, data.timed(runs), (drift or {}).get(name, ()), f"env{n}")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def render_site(
+    envs: Sequence[sitedata.SiteEnv], generated: str, store: str, skipped: Sequence[tuple[str, str]]
+) -> str:
+    """The site's page: per recipe of the site's store, where it passes, its envs, drift, fact changes, checks
+    and figures over time across every user's envs; then what could not be read (``skipped``: path, why)."""
+    recipes = sitedata.by_recipe(envs)
+    users = {one.user for one in envs}
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>envbuilder site report: {esc(store)}</title>",
+        f"<style>{STYLE}</style></head><body>",
+        "<h1>envbuilder site validation history</h1>",
+        f'<p class="note">Generated {esc(generated)} from the site\'s history store {esc(store)}: '
+        f"{len(recipes)} recipe(s), {len(envs)} env(s) of {len(users)} user(s).</p>",
+    ]
+    for n, (recipe, group) in enumerate(recipes):
+        parts += _site_recipe(recipe, group, f"recipe{n}")
+    if skipped:
+        parts.append(f"<h2>Not read ({len(skipped)})</h2><ul>")
+        parts += [f"<li>{esc(path)}: {esc(why)}</li>" for path, why in skipped]
+        parts.append("</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], status_at: int = -1) -> str:
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td>{_status(v) if i == status_at else esc(v)}</td>" for i, v in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _site_recipe(recipe: str, envs: Sequence[sitedata.SiteEnv], ids: str) -> list[str]:
+    runs = sitedata.combined(envs)
+    users = sorted({one.user for one in envs})
+    parts = [f'<section class="recipe"><h2>recipe {esc(recipe)}</h2>']
+    if not runs:
+        return [*parts, '<p class="note">No validation recorded for this recipe.</p></section>']
+    parts.append(
+        f"<p>{len(envs)} env(s) of {len(users)} user(s), {len(runs)} run(s) from "
+        f"{esc(data.stamp(runs[0][0]))} to {esc(data.stamp(runs[-1][0]))}.</p>"
+    )
+    parts.append("<h3>Where it passes</h3>")
+    header: tuple[str, ...] = (
+        "partition",
+        "envs passing now",
+        "runs passed",
+        "recipe versions",
+        "newest run",
+    )
+    parts.append(_table(header, sitedata.where_rows(envs)))
+    parts.append("<h3>Envs (newest run per partition)</h3>")
+    header = ("user", "env", "partition", "version", "status", "runs passed", "newest run", "driver")
+    parts.append(_table(header, sitedata.env_rows(envs), status_at=4))
+    changes = sitedata.changes(envs)
+    linked = [(f"{who} on {part}", text, found) for who, part, text, found in sitedata.drift_links(envs)]
+    parts += _drift_and_changes(ids, changes, linked)
+    plotted = sitedata.per_env(envs)
+    parts.append("<h3>Checks per partition and env over time</h3>")
+    parts.append(status_grid(f"{recipe}: checks over time (oldest left)", data.status_rows(plotted)))
+    parts += _figures(f"recipe {recipe}", plotted, changes)
+    parts.append("</section>")
+    return parts
+
+
+def _drift_and_changes(
+    prefix: str, changes: Sequence[data.Change], linked: Sequence[tuple[str, str, Sequence[int]]]
+) -> list[str]:
+    """The drift alarms (where, the alarm in words, the indexes of the fact changes it names), each linked to
+    those changes in the list of fact changes below it (whose items have ids ``PREFIX-change-N``)."""
+    parts = []
+    if linked:
+        parts.append("<h3>Drift in the newest runs</h3><ul>")
+        for where, text, found in linked:
+            links = ", ".join(
+                f'<a href="#{prefix}-change-{i}">{esc(data.stamp(changes[i].time))}</a>' for i in found
+            )
+            named = f"fact change: {links}" if links else "no fact change recorded"
+            parts.append(f'<li class="drift">{esc(where)}: {esc(text)} ({named})</li>')
+        parts.append("</ul>")
+    if changes:
+        parts.append("<h3>Fact changes</h3><ul>")
+        parts += [
+            f'<li id="{prefix}-change-{i}">{esc(data.stamp(c.time))}: {esc(c.label)}</li>'
+            for i, c in enumerate(changes)
+        ]
+        parts.append("</ul>")
+    return parts
 
 
 def _status(value: str) -> str:
@@ -48,7 +149,9 @@ def _status(value: str) -> str:
     return f'<span class="{css}">{esc(value or "?")}</span>'
 
 
-def _env(name: str, runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[str]:
+def _env(
+    name: str, runs: Sequence[tuple[float, Mapping[str, Any]]], drift: Sequence[Mapping[str, Any]], ids: str
+) -> list[str]:
     parts = [f'<section class="env"><h2>{esc(name)}</h2>']
     if not runs:
         return [*parts, '<p class="note">No validation recorded for this env.</p></section>']
@@ -63,10 +166,11 @@ def _env(name: str, runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[str
         + "</table>"
     )
     changes = data.fact_changes(runs)
-    if changes:
-        parts.append("<h3>Fact changes</h3><ul>")
-        parts += [f"<li>{esc(data.stamp(c.time))}: {esc(c.label)}</li>" for c in changes]
-        parts.append("</ul>")
+    linked = [
+        (f"on {data.text(alarm.get('partition')) or data.partition({})}", data.text(alarm.get("text")), found)
+        for alarm, found in data.drift_links(drift, runs, changes)
+    ]
+    parts += _drift_and_changes(ids, changes, linked)
     parts.append("<h3>Checks per partition over time</h3>")
     parts.append(status_grid(f"{name}: checks over time (oldest left)", data.status_rows(runs)))
     parts += _figures(name, runs, changes)
@@ -109,7 +213,13 @@ def _figures(
         if sweep
     ]
     newest += [
-        line_chart(f"{name}: {figure} per rank", series, x=Axis("rank"), y=Axis(figure), width=600)
+        line_chart(
+            f"{name}: {figure} per rank",
+            series,
+            x=Axis("rank"),
+            y=Axis(data.rank_label(figure, units)),
+            width=600,
+        )
         for figure, series in data.rank_series(runs).items()
     ]
     if newest:

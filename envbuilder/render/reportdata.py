@@ -28,6 +28,8 @@ MAX_RUNS = 200
 class Change:
     time: float
     label: str
+    #: The partitions it happened on.
+    partitions: tuple[str, ...] = ()
 
 
 def text(value: Any) -> str:
@@ -107,8 +109,30 @@ def fact_changes(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> list[Change
         else:
             merged.append((when, [part], label))
     if len(last) < 2:
-        return [Change(when, label) for when, _, label in merged]
-    return [Change(when, f"{label} (on {', '.join(parts)})") for when, parts, label in merged]
+        return [Change(when, label, tuple(parts)) for when, parts, label in merged]
+    return [Change(when, f"{label} (on {', '.join(parts)})", tuple(parts)) for when, parts, label in merged]
+
+
+def drift_links(
+    drift: Sequence[Any], runs: Sequence[tuple[float, Mapping[str, Any]]], changes: Sequence[Change]
+) -> list[tuple[Mapping[str, Any], list[int]]]:
+    """Each drift alarm (``historymodel.Drift.to_json``: a newest run's figure well off its median) with the
+    indexes of the fact changes it names: those on its partition after the last run near the median (its
+    ``since``) up to the newest run there; for an alarm without ``since``, the newest change before that run."""
+    out = []
+    for alarm in drift:
+        if not isinstance(alarm, Mapping):
+            continue
+        part = text(alarm.get("partition")) or partition({})
+        since = parse_time(alarm.get("since"))
+        newest = max((when for when, run in runs if partition(run) == part), default=math.inf)
+        found = [
+            i
+            for i, change in enumerate(changes)
+            if part in change.partitions and change.time <= newest and (since is None or change.time > since)
+        ]
+        out.append((alarm, found if since is not None else found[-1:]))
+    return out
 
 
 #: Changes of the same facts on several partitions this close together are one upgrade.
@@ -230,6 +254,13 @@ def rank_series(runs: Sequence[tuple[float, Mapping[str, Any]]]) -> dict[str, li
         for name, points in by_figure.items():
             found.setdefault(name, []).append(_series(f"{partition(run)} ({stamp(when)})", points))
     return dict(sorted(found.items()))
+
+
+def rank_label(figure: str, units: Mapping[str, str]) -> str:
+    """A per-rank figure's axis label with its unit: a rank's ``seconds`` are seconds; another figure has the
+    unit its check gives the figure of that name (``figure_units``: ``import import_s`` -> ``s``)."""
+    unit = "s" if figure == "seconds" else next((u for k, u in units.items() if k.endswith(f" {figure}")), "")
+    return f"{figure} ({unit})" if unit else figure
 
 
 def latest_facts(run: Mapping[str, Any]) -> list[tuple[str, str]]:

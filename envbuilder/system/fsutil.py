@@ -16,13 +16,14 @@ import glob
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from envbuilder.core.errors import CommandFailed, DiskError, StateError
+from envbuilder.core.errors import CommandFailed, DiskError, StateError, UsageError
 from envbuilder.core.structs import dataclass
 from envbuilder.system import removal
 
@@ -550,3 +551,17 @@ def _breaker_alive(fd: int, name: str) -> bool:
         return not _gone(int(pid), str(host), float(since), BREAKER_STALE_S)
     except (ValueError, TypeError):
         return time.time() - since <= BREAKER_STALE_S
+
+
+def write_output(output: Optional[str], text: str) -> Optional[Path]:
+    """A command's document (a report's page) to stdout, or atomically to the file ``output`` (``-o``): then
+    its path."""
+    if output is None:
+        sys.stdout.write(text)
+        return None
+    path = Path(output)
+    if path.is_dir():
+        raise UsageError(f"-o {path} is a directory", hint="name the report's file: -o report.html")
+    with disk_errors((path.absolute().parent, "write it elsewhere with -o FILE")):
+        write_atomic(path, text.encode())
+    return path

@@ -59,6 +59,61 @@ def envs(home: Path) -> list[str]:
     return sorted(e.name for e in entries if _ENV.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
 
 
+#: One env of the site's store: (user, recipe, env, its runs oldest first).
+SiteEnvRuns = tuple[str, str, str, list[dict[str, Any]]]
+
+
+def site_envs(root: Path, recipe: Optional[str] = None) -> tuple[list[SiteEnvRuns], list[tuple[str, str]]]:
+    """Every env's runs in the site's store ``<root>/<user>/<recipe>/<env>/`` (only ``recipe``'s where named),
+    sorted by recipe, user and env; and what was not read, as (path, why): a directory this user may not list
+    (its owner keeps it private), a link (never followed), an entry that is not a store directory, a file that
+    is not a readable run. Each user's directories are theirs to open or close: what is readable is read."""
+    try:
+        info = root.lstat()
+    except FileNotFoundError:
+        info = None
+    if info is None or not stat.S_ISDIR(info.st_mode):
+        what = "missing" if info is None else "a symlink" if stat.S_ISLNK(info.st_mode) else "not a directory"
+        raise StateError(
+            f"the site's validation history {root} (history_dir) is {what}",
+            hint="name the directory the site's envs write their runs to (history_dir, ENVBUILDER_HISTORY_DIR)",
+        )
+    found: list[SiteEnvRuns] = []
+    skipped: list[tuple[str, str]] = []
+    for user in _subdirs(root, skipped):
+        recipes = _subdirs(root / user, skipped)
+        for name in recipes if recipe is None else [r for r in recipes if r == recipe]:
+            for env in _subdirs(root / user / name, skipped):
+                directory = root / user / name / env
+                bad: list[str] = []
+                try:
+                    runs = read_dir(directory, bad)
+                except PermissionError:
+                    skipped.append((str(directory), "not readable (permission denied)"))
+                    continue
+                skipped += [(path, "not a readable history record") for path in bad]
+                found.append((user, name, env, runs))
+    return sorted(found, key=lambda f: (f[1], f[0], f[2])), skipped
+
+
+def _subdirs(path: Path, skipped: list[tuple[str, str]]) -> list[str]:
+    """The names of the store directories in ``path``, sorted; the rest named in ``skipped``."""
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except PermissionError:
+        skipped.append((str(path), "not readable (permission denied)"))
+        return []
+    names = []
+    for entry in entries:
+        if entry.is_symlink():
+            skipped.append((entry.path, "a link (not followed)"))
+        elif not entry.is_dir(follow_symlinks=False) or not _ENV.fullmatch(entry.name):
+            skipped.append((entry.path, "not a directory of the store"))
+        else:
+            names.append(entry.name)
+    return names
+
+
 def is_env_name(name: str) -> bool:
     """Can ``name`` have runs in the store (no separator, no ``..``)?"""
     return bool(_ENV.fullmatch(name))

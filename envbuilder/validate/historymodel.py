@@ -134,6 +134,8 @@ class Drift:
     partition: str
     changes: tuple[str, ...]
     fails: bool
+    #: The time of the last run whose figure was still near the median (the changes named are since then).
+    since: str = ""
 
     @property
     def text(self) -> str:
@@ -162,6 +164,7 @@ class Drift:
             "partition": self.partition,
             "changes": list(self.changes),
             "fails": self.fails,
+            "since": self.since,
             "text": self.text,
         }
 
@@ -200,9 +203,38 @@ def compare(
                     partition=str(current.get("partition") or ""),
                     changes=tuple(changes(good, current)),
                     fails=threshold is not None and worse >= threshold,
+                    since=str(good.get("time") or ""),
                 )
             )
     return out
+
+
+def latest_drift(runs: Sequence[Any]) -> list[Drift]:
+    """Per partition, the drift of its newest run against the runs before it (``runs`` oldest first): what a
+    report shows beside the figures. A record of another shape (another version wrote it) is left out."""
+    usable = [r for r in runs if _well_formed(r)]
+    newest = {str(r.get("partition") or ""): i for i, r in enumerate(usable)}
+    out: list[Drift] = []
+    for part in sorted(newest):
+        out += compare(usable[newest[part]], usable[: newest[part]])
+    return out
+
+
+def _well_formed(run: Any) -> bool:
+    if not isinstance(run, Mapping) or not isinstance(run.get("checks") or [], list):
+        return False
+    facts = run.get("facts") or {}
+    if not isinstance(facts, Mapping) or not isinstance(facts.get("modules") or {}, Mapping):
+        return False
+    if not all(isinstance(run.get(k) or facts.get(k) or [], list) for k in ("nodes", "gpus")):
+        return False
+    return all(
+        isinstance(c, Mapping)
+        and isinstance(c.get("name"), str)
+        and isinstance(c.get("figures") or {}, Mapping)
+        and isinstance(c.get("units") or {}, Mapping)
+        for c in run.get("checks") or []
+    )
 
 
 def _history_of(

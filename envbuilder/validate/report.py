@@ -622,14 +622,16 @@ def check_label(check: str, device: str) -> str:
     return "gloo" if check == "nccl" and device == "cpu" else check
 
 
-def figure_text(row: Row) -> str:
+def figure_text(row: Row, marks: Optional[Mapping[str, str]] = None) -> str:
+    """The row's figures in words, each one named in ``marks`` (``CHECK.FIGURE``: a drift) with its mark."""
     parts = []
     for name, fig in row.figures.items():
         value = fig["value"]
         text = f"{value:.3g}" if isinstance(value, float) else str(value)
         unit = str(fig.get("unit", ""))
         words = FIGURE_WORDS.get(name, name.replace("_", " "))
-        parts.append(f"{words} {text} {_UNIT_WORDS.get(unit, unit)}".rstrip())
+        mark = (marks or {}).get(f"{row.check}.{name}")
+        parts.append(f"{words} {text} {_UNIT_WORDS.get(unit, unit)}".rstrip() + (f" {mark}" if mark else ""))
     for ref in row.references:
         if ref.get("verdict") in ("ok", "out"):
             unit = str(ref.get("unit", ""))

@@ -168,6 +168,7 @@ def render(result: report.Report, out: Out) -> None:
         f"{result.launcher}, {result.device}, {where}, {result.seconds:.1f} s"
     )
     rows: list[list[Cell]] = []
+    marks = {str(alarm.get("figure")): drift_mark(alarm) for alarm in result.drift}
     for row in result.rows:
         ranks = _ranks(row.ranks, result.world)
         status = plain(row.status.upper(), _STYLE[row.status])
@@ -175,12 +176,24 @@ def render(result: report.Report, out: Out) -> None:
         if row.status in ("fail", "warn"):
             detail = (row.cause or "") + (f"\nhint: {row.hint}" if row.hint else "")
         check = report.check_label(row.check, result.device)
-        rows.append([check, ranks, status, report.figure_text(row), detail])
+        rows.append([check, ranks, status, report.figure_text(row, marks), detail])
     out.result.table(_REPORT_COLUMNS, rows)
     if not result.ok and result.stderr_tail:
         out.line("launcher output (last lines):")
         for line in result.stderr_tail.splitlines()[-8:]:
             out.line(f"  {line}")
+
+
+def drift_mark(alarm: Mapping[str, Any]) -> str:
+    """A drifted figure's mark in the table, so that the table alone tells it: ``(+62% vs 10-run median)``, its
+    change from its median over the runs it was compared with, and whether it passed the recipe's threshold."""
+    value, median = alarm.get("value"), alarm.get("median")
+    if isinstance(value, (int, float)) and isinstance(median, (int, float)) and median:
+        change = f"{(value - median) / median * 100:+.0f}%"
+    else:
+        change = "drifted"
+    past = ", past drift_threshold" if alarm.get("fails") else ""
+    return f"({change} vs {alarm.get('runs', '?')}-run median{past})"
 
 
 def _ranks(ranks: tuple[int, ...], world: int) -> str:

@@ -16,11 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pngread
 import pytest
 from helpers import DATA, UserWorld, ok, refused
+from test_report_page import chromium, counter, dom_of, needs_browser
 from torchindex import pytorch_like, serve, torch_mirror
 
 from envbuilder.recipe.catalog import Catalog, Layer, builtin_dir
+from envbuilder.render.report_md import cell
 from envbuilder.system import modules, state
 
 pytestmark = pytest.mark.integration
@@ -378,3 +381,70 @@ def test_tcl_environment_modules_list_their_modules(envmodules_init):
     # The tree's Tcl modulefiles (Tcl modules do not read the .lua ones).
     assert set(listed) == {"cmake/3.25.2", "python/3.12.1-gpu"}, listed
     assert modules.ModuleSystem("none").available(env) == ()
+
+
+@needs_browser
+def test_the_impact_page_renders_in_headless_chromium(site, tmp_path):
+    """The table of an old driver's impact on the shipped recipes as an HTML page in the report's style, opened
+    in a real headless Chromium: the verdicts' rows and their reasons on the page, BREAKS drawn red, nothing
+    fetched; the exit status still says that something breaks."""
+    before = node(tmp_path, "d580", **D580)
+    after = node(tmp_path, "d470", **D470)
+    page = tmp_path / "impact.html"
+    res = site.impact("--facts", after, "--before", before, "--format", "html", "-o", str(page))
+    refused(res, 16, "error: the change breaks")
+    data = site.report("--facts", after, "--before", before, code=16)
+    assert f"wrote the impact on {len(data['subjects'])} recipe(s) and env(s) to {page}" in res.stderr
+    assert res.stdout == ""
+
+    shot = tmp_path / "shot.png"
+    with counter() as listener:
+        dumped = chromium(page, tmp_path, listener.port, "--dump-dom").stdout
+        chromium(page, tmp_path, listener.port, "--window-size=1280,900", f"--screenshot={shot}")
+        assert listener.count == 0
+    dom = dom_of(dumped)
+    text = " ".join(" ".join(dom.text).split())
+    assert "envbuilder impact of a planned node change" in text
+    assert f"before {before} driver 580.65.06 (CUDA 13.0)" in text
+    assert f"after {after} driver 470.57.02 (CUDA 11.4)" in text
+    counts = data["counts"]
+    summary = ", ".join(
+        f"{counts[s]} {s.lower()}" for s in ("BREAKS", "BROKEN", "CHANGES", "FIXED", "UNAFFECTED")
+    )
+    assert f"{len(data['subjects'])} recipe(s) and env(s): {summary}" in text
+    assert dom.count("tr", "verdict") == len(data["subjects"])
+    assert dom.count("span", "status-fail") == counts["BREAKS"] > 0
+    for subject in data["subjects"]:
+        assert f"{subject['status']} {subject['subject']} {' '.join(subject['why'].split())} shipped" in text
+    png = pngread.read(shot)
+    assert bytes.fromhex("d1242f") + (b"\xff" if png.channels == 4 else b"") in png.colours(step=1)
+
+
+def test_the_impact_table_as_markdown_for_a_ticket(site, tmp_path):
+    before = node(tmp_path, "d580", **D580)
+    after = node(tmp_path, "d470", **D470)
+    res = site.impact("--facts", after, "--before", before, "--format", "md")
+    refused(res, 16, "error: the change breaks")
+    text = res.stdout
+    assert text.startswith("# envbuilder impact of a planned node change\n")
+    assert f"| after | {cell(after)} | driver 470.57.02 (CUDA 11.4), glibc " in text
+    data = site.report("--facts", after, "--before", before, code=16)
+    frontera = rows(data)["frontera-venv-cu126"]
+    assert frontera["status"] == "BREAKS"
+    assert f"| BREAKS | frontera-venv-cu126 | {cell(frontera['why'])} | shipped |" in text
+    assert "\n| verdict | recipe or env | why, or old -> new | from |\n" in text
+
+
+def test_a_page_of_the_impact_is_asked_for_plainly(site, tmp_path):
+    after = node(tmp_path, "d470", **D470)
+    refused(
+        site.impact("--facts", after, "--json", "--format", "html"), 2, "--json or --format html, not both"
+    )
+    refused(
+        site.impact("--facts", after, "-o", str(tmp_path / "x")), 2, "-o writes a page: give --format html"
+    )
+    refused(
+        site.impact("--facts", after, "--format", "md", "-o", str(tmp_path)),
+        2,
+        f"-o {tmp_path} is a directory",
+    )

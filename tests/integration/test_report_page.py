@@ -13,6 +13,7 @@ import datetime
 import html.parser
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -173,6 +174,8 @@ def test_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert dom.count("line", "marker") == 4 + 2
     assert dom.count("path", "series") == 2 + 2 + 4 * 2 + 1
     assert "nccl busbw (GB/s)" in text  # the unit the record gives
+    # Per rank too (the axis of import time per rank): the unit of the import check's figure of that name.
+    assert "import_s (s)" in [t.strip() for t in dom.text]
     # The hostile names are text on the page: no element came from them, and nothing ran.
     assert not [t for t, _ in dom.tags if t in ("img", "script")]
     assert HOSTILE_RECIPE in text
@@ -254,3 +257,134 @@ def test_refusals_name_the_store_and_the_way_out(tmp_path: Path) -> None:
     refused(run_cli("report", "e", "--all", env=env), 2, "name envs or give --all, not both")
     refused(run_cli("report", "e", "-o", str(tmp_path), env=env), 2, f"-o {tmp_path} is a directory")
     refused(run_cli("report", "e", "--format", "pdf", env=env), 2, "invalid choice: 'pdf'")
+
+
+def site_history(site: Path) -> None:
+    """The site's store: site-torch's two weeks (tests/historyfiles.py) as alice's env e1, and bob's env e2 of the
+    same recipe on gpu-a100 whose newest run's bandwidth halves after a module appeared; a link among the users."""
+    two_weeks(site / "staging")
+    (site / "alice" / "site-torch").mkdir(parents=True)
+    (site / "staging" / "history" / "site-torch").rename(site / "alice" / "site-torch" / "e1")
+    shutil.rmtree(site / "staging")
+    for day in range(5):
+        write_run(
+            site,
+            "e2",
+            START + datetime.timedelta(days=day, hours=2),
+            host="gpu007",
+            directory=site / "bob" / "site-torch" / "e2",
+            facts={"driver": "550.54", "modules": {"nccl": "2.21"} if day == 4 else {}},
+            checks=[
+                {
+                    "name": "nccl",
+                    "status": "pass",
+                    "figures": {"busbw": 150.0 if day == 4 else 300.0},
+                    "units": {"busbw": "GB/s"},
+                }
+            ],
+        )
+    (site / "mallory").symlink_to(site / "bob")
+
+
+@needs_browser
+def test_site_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site_history(site)
+    page = tmp_path / "site.html"
+    env = {
+        "ENVBUILDER_HOME": str(tmp_path / "home"),
+        "HOME": str(tmp_path),
+        "ENVBUILDER_HISTORY_DIR": str(site),
+    }
+    res = ok(run_cli("report", "--site", "-o", str(page), env=env))
+    assert f"wrote the site report on 1 recipe(s), 2 env(s) to {page}" in res.stderr
+    assert f"left out {site / 'mallory'}: a link (not followed)" in res.stderr
+
+    shot = tmp_path / "shot.png"
+    with counter() as listener:
+        dumped = chromium(page, tmp_path, listener.port, "--dump-dom").stdout
+        chromium(
+            page,
+            tmp_path,
+            listener.port,
+            "--hide-scrollbars",
+            "--window-size=1280,1600",
+            f"--screenshot={shot}",
+        )
+        assert listener.count == 0
+
+    dom = dom_of(dumped)
+    text = " ".join(" ".join(dom.text).split())
+    assert "envbuilder site validation history" in text
+    assert "1 recipe(s), 2 env(s) of 2 user(s)" in text
+    assert "recipe site-torch" in text and "Where it passes" in text
+    assert "33 run(s) from 2026-11-01 08:00 UTC to 2026-11-14 08:05 UTC" in text
+    # Where: gpu-a100 holds both envs (both pass now), 18 of its 19 runs passed; gpu-h100 only alice's.
+    cells = [" ".join(t.split()) for t in dom.text if t.strip()]
+    at = cells.index("gpu-a100")
+    assert cells[at : at + 5] == ["gpu-a100", "2/2", "18/19", "3", "2026-11-14 08:00 UTC"]
+    assert (
+        "bob/e2 on gpu-a100: nccl bus bandwidth 150 GB/s, 50% below its median of 300 GB/s over the last 4 runs "
+        "on gpu-a100 since module nccl/2.21 appeared (fact change: 2026-11-05 10:00 UTC" in text
+    )
+    # That time is a link to the change, in the list of fact changes.
+    assert [a.get("href") for t, a in dom.tags if t == "a"] == ["#recipe0-change-0"]
+    assert ("li", {"id": "recipe0-change-0"}) in dom.tags
+    upgrade = "driver 550.54 -> 570.86, cuda 12.4 -> 12.8, +cuda/12.8 (on gpu-a100, gpu-h100) (alice/e1)"
+    assert f"2026-11-08 08:00 UTC: {upgrade}" in text
+    assert "2026-11-05 10:00 UTC: +nccl/2.21 (bob/e2)" in text
+    assert f"Not read (1) {site / 'mallory'}: a link (not followed)" in text
+    # The check grid; four figures over time; the sweep; import time per rank.
+    assert dom.count("svg") == 7
+    # Four figures x 14 days x 2 partitions, and bob's 5 runs on busbw; the sweep's 10 sizes and 4 ranks on each
+    # partition (alice's newest runs).
+    assert dom.count("circle", "point") == 4 * 14 * 2 + 5 + 2 * 10 + 2 * 4
+    assert dom.count("rect", "cell") == 6 * 14 + 5
+    assert dom.count("line", "marker") == 4 * 2  # alice's upgrade and bob's module on each figure over time
+    assert "nccl busbw (GB/s)" in text
+
+    png = pngread.read(shot)
+    assert (png.width, png.height) == (1280, 1600)
+    assert len(png.colours(step=8)) > 50
+    drawn = png.colours(step=1)
+    opaque = b"\xff" if png.channels == 4 else b""
+    assert bytes.fromhex("2e9e4f") + opaque in drawn  # passing cells
+    assert bytes.fromhex("d1242f") + opaque in drawn  # alice's failed import on day 5
+
+
+def test_a_drift_on_the_page_links_to_the_change_it_names(tmp_path: Path) -> None:
+    """An env whose driver changed on day 2 (its bandwidth unchanged) and whose newest run, after a module
+    appeared, halved its bandwidth: the page shows the drift of the newest run and links it to the module's
+    change only (the driver's came before the last run near the median); Markdown names that change's time."""
+    home = tmp_path / "home"
+    for day in range(5):
+        write_run(
+            home,
+            "e",
+            START + datetime.timedelta(days=day),
+            facts={
+                "driver": "550.54" if day == 0 else "560.35",
+                "modules": {"nccl": "2.21"} if day == 4 else {},
+            },
+            checks=[
+                {
+                    "name": "nccl",
+                    "status": "pass",
+                    "figures": {"busbw": 150.0 if day == 4 else 300.0},
+                    "units": {"busbw": "GB/s"},
+                }
+            ],
+        )
+    env = {"ENVBUILDER_HOME": str(home), "HOME": str(tmp_path)}
+    alarm = (
+        "nccl bus bandwidth 150 GB/s, 50% below its median of 300 GB/s over the last 4 runs on gpu-a100 since "
+        "module nccl/2.21 appeared"
+    )
+    page = ok(run_cli("report", "e", env=env)).stdout
+    (drift,) = re.findall(r'<li class="drift">(.*?)</li>', page)
+    assert drift.startswith(f"on gpu-a100: {alarm} (fact change: <a href=")
+    (target,) = re.findall(r'href="#([^"]+)"', drift)
+    assert re.findall(rf'<li id="{target}">([^<]*)</li>', page) == ["2026-11-05 08:00 UTC: +nccl/2.21"]
+    assert "2026-11-02 08:00 UTC: driver 550.54 -&gt; 560.35" in page  # listed, not linked
+    text = ok(run_cli("report", "e", "--format", "md", env=env)).stdout
+    assert f"| gpu-a100 | {alarm} | 2026-11-05 08:00 UTC |" in text

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,16 @@ def test_real_runs_fill_the_history_and_a_slower_import_raises_the_alarm_naming_
     assert alarm["fails"] and alarm["changes"] == ["module drifty 1.0 -> 2.0"]
     last = json.loads(sorted(store.iterdir())[-1].read_text())
     assert last["status"] == "fail" and last["facts"]["modules"] == {"drifty": "2.0"}
+
+    # The results table people read (stdout through a pipe, NO_COLOR, 80 columns) marks the drifted figure: the
+    # median of the four runs before it is still a fast one's.
+    res = validate_world.cli("validate", "vdrift", "--checks", "import", extra={**slow, "COLUMNS": "80"})
+    assert res.returncode == 8, res.stderr
+    heading, *table = res.stdout.splitlines()
+    assert heading.startswith("Validation of vdrift: 2 rank(s)") and "\x1b" not in res.stdout
+    assert max(len(line) for line in table) <= 80, res.stdout
+    mark = r"import time [\d.]+ s \(\+\d+% vs 4-run median, past drift_threshold\)"
+    assert re.search(mark, " ".join(res.stdout.split())), res.stdout
 
 
 @pytest.mark.slurm
