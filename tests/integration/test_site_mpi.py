@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import mpitwin
 import pytest
 from helpers import DATA, UserWorld, lmod_vars
+from wheelindex import serve
 
 pytestmark = pytest.mark.integration
 
@@ -60,11 +62,12 @@ class MpiWorld(UserWorld):
     """A user of a site whose MPI comes from its module: the fixture module tree, the site's software tree
     (ENVBUILDER_TEST_SOFT) holding the MPI, and the wheelhouse; the env built in it at ``prefix``."""
 
-    def __init__(self, root: Path, wheelhouse: Path, soft: Path) -> None:
+    def __init__(self, root: Path, index_mirror: str, soft: Path, uv_cache: Path) -> None:
         super().__init__(
             root,
-            f"https://download.pytorch.org/whl/={wheelhouse} pypi={wheelhouse}",
+            index_mirror,
             MODULEPATH=str(DATA / "modules" / "site"),
+            UV_CACHE_DIR=str(uv_cache),
             ENVBUILDER_TEST_SOFT=str(soft),
             CFLAGS="-O0 -g0",
             USER="tester",
@@ -89,7 +92,12 @@ class MpiWorld(UserWorld):
 
 
 @pytest.fixture(scope="module")
-def mpi_world(tmp_path_factory, site_mpi, mpi4py_source, torch_files) -> MpiWorld:
+def mpi_world(
+    tmp_path_factory, site_mpi, mpi4py_source, torch_files, torch_index, torch_uv_cache
+) -> Iterator[MpiWorld]:
+    """The module's env, built once. download.pytorch.org is the session's torch index and uv's cache the
+    session's, so torch is linked from where the session unpacked it (not unpacked again for this module); PyPI
+    is the wheelhouse, served on loopback."""
     if not LMOD_INIT.is_file():
         pytest.skip("Lmod not installed (.ci/run installs it)")
     root = tmp_path_factory.mktemp("site-mpi")
@@ -102,10 +110,12 @@ def mpi_world(tmp_path_factory, site_mpi, mpi4py_source, torch_files) -> MpiWorl
     soft = root / "soft"
     soft.mkdir()
     (soft / mpitwin.DIRNAME).symlink_to(site_mpi)
-    world = MpiWorld(root, wheelhouse, soft)
-    res = world.cli("create", NAME, "--no-validate", "--json", timeout=1200)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return world
+    with serve(wheelhouse) as pypi:
+        mirror = f"https://download.pytorch.org/whl/={torch_index.url}/whl/ pypi={pypi.url}/simple/"
+        world = MpiWorld(root, mirror, soft, torch_uv_cache)
+        res = world.cli("create", NAME, "--no-validate", "--json", timeout=1200)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        yield world
 
 
 def test_mpi4py_built_by_the_recipe_links_the_modules_libmpi_and_a_new_shell_runs_it(mpi_world):
