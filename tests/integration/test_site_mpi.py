@@ -7,8 +7,9 @@ too, and the env's python without the module fails with the loader's error, whic
 
 The files: the session's torch files (torch 2.13.0 CPU, and PyPI's mpich wheel, which the site MPI is made from),
 mpi4py's source and its build requirements (conftest's ``mpi4py_source``), as one wheelhouse standing for PyPI;
-download.pytorch.org is the session's torch index. mpi4py's C compiles unoptimised (CFLAGS=-O0): ~50 s on this 2-core machine, where -O2
-takes ~2.5 minutes; what it links against is the same. The env is built once for the module's tests."""
+download.pytorch.org is the session's torch index. mpi4py's C compiles unoptimised (CFLAGS=-O0): ~50 s on this
+2-core machine, where -O2 takes ~2.5 minutes; what it links against is the same. The env is built once for the
+module's tests."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ default = "mpiexec"
 
 class MpiWorld(UserWorld):
     """A user of a site whose MPI comes from its module: the fixture module tree, the site's software tree
-    (ENVBUILDER_TEST_SOFT) holding the MPI, and the wheelhouse; the env built in it at ``prefix``."""
+    (ENVBUILDER_TEST_SOFT) holding the MPI, and the indexes of ``index_mirror``; the env built in it at ``prefix``."""
 
     def __init__(self, root: Path, index_mirror: str, soft: Path, uv_cache: Path) -> None:
         super().__init__(
@@ -92,30 +93,33 @@ class MpiWorld(UserWorld):
 
 
 @pytest.fixture(scope="module")
-def mpi_world(
-    tmp_path_factory, site_mpi, mpi4py_source, torch_files, torch_index, torch_uv_cache
-) -> Iterator[MpiWorld]:
-    """The module's env, built once. download.pytorch.org is the session's torch index and uv's cache the
-    session's, so torch is linked from where the session unpacked it (not unpacked again for this module); PyPI
-    is the wheelhouse, served on loopback."""
-    if not LMOD_INIT.is_file():
-        pytest.skip("Lmod not installed (.ci/run installs it)")
-    root = tmp_path_factory.mktemp("site-mpi")
-    wheelhouse = root / "wheelhouse"
-    wheelhouse.mkdir()
+def mpi_mirror(tmp_path_factory, mpi4py_source, torch_files, torch_index) -> Iterator[str]:
+    """ENVBUILDER_INDEX_MIRROR for the module: download.pytorch.org is the session's torch index, whose torch
+    the session's uv cache holds unpacked; PyPI is the wheelhouse (the torch files, mpi4py's source and its build
+    requirements), served on loopback."""
+    wheelhouse = tmp_path_factory.mktemp("site-mpi-wheelhouse")
     for d in (torch_files, mpi4py_source):
         for f in d.iterdir():
             if not (wheelhouse / f.name).exists():  # setuptools is in both
                 (wheelhouse / f.name).symlink_to(f)
+    with serve(wheelhouse) as pypi:
+        yield f"https://download.pytorch.org/whl/={torch_index.url}/whl/ pypi={pypi.url}/simple/"
+
+
+@pytest.fixture(scope="module")
+def mpi_world(tmp_path_factory, site_mpi, mpi_mirror, torch_uv_cache) -> MpiWorld:
+    """The module's env, built once, with uv's cache the session's: torch is linked from where the session
+    unpacked it, not unpacked again for this module."""
+    if not LMOD_INIT.is_file():
+        pytest.skip("Lmod not installed (.ci/run installs it)")
+    root = tmp_path_factory.mktemp("site-mpi")
     soft = root / "soft"
     soft.mkdir()
     (soft / mpitwin.DIRNAME).symlink_to(site_mpi)
-    with serve(wheelhouse) as pypi:
-        mirror = f"https://download.pytorch.org/whl/={torch_index.url}/whl/ pypi={pypi.url}/simple/"
-        world = MpiWorld(root, mirror, soft, torch_uv_cache)
-        res = world.cli("create", NAME, "--no-validate", "--json", timeout=1200)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        yield world
+    world = MpiWorld(root, mpi_mirror, soft, torch_uv_cache)
+    res = world.cli("create", NAME, "--no-validate", "--json", timeout=1200)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return world
 
 
 def test_mpi4py_built_by_the_recipe_links_the_modules_libmpi_and_a_new_shell_runs_it(mpi_world):
