@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +88,28 @@ def wheel_files(d: Path, torch_files: Path) -> Path:
     return d
 
 
+@dataclass(frozen=True)
+class Wheels:
+    """The conda tests' indexes (conftest's ``conda_wheels``): PyPI at ``url`` (the module's: condademo and the
+    torch files), download.pytorch.org at ``torch_url`` (the session's torch index, whose torch the session's uv
+    cache already holds unpacked: a conda env's torch is linked from there, not unpacked again per module)."""
+
+    url: str
+    torch_url: str
+
+
+def index_mirror(idx: Any) -> str:
+    """ENVBUILDER_INDEX_MIRROR for ``idx``: a :class:`Wheels`' two indexes, or one test index for both."""
+    if isinstance(idx, Wheels):
+        return f"https://download.pytorch.org/whl/={idx.torch_url}/whl/ pypi={idx.url}/simple/"
+    return mirror_env(idx)
+
+
 class World(UserWorld):
     def __init__(self, root: Path, channel: Path, idx: Any, uv_cache: Path) -> None:
         super().__init__(
             root,
-            f"{mirror_env(idx)} conda-forge={channel}",
+            f"{index_mirror(idx)} conda-forge={channel}",
             ENVBUILDER_HOME=str(root / "eb"),
             MODULEPATH=str(DATA / "modules" / "site"),
             UV_CACHE_DIR=str(uv_cache),

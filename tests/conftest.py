@@ -17,7 +17,7 @@ import pytest
 import sitepython
 import testwheels
 from backupworld import backup_files
-from condaworld import build_channel, wheel_files
+from condaworld import Wheels, build_channel, wheel_files
 from helpers import ENVMODULES_INIT_DIR, TRAIN, CpuTorchWorld, ValidateWorld
 from slurm import ConfinedCluster, MiniCluster, MultiNodeCluster, available, multinode_available
 from wheelindex import serve
@@ -323,16 +323,19 @@ def conda_channel(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def conda_wheels(tmp_path_factory, torch_files):
-    """The conda tests' wheel index (the torch files and condademo), served per module."""
+def conda_wheels(tmp_path_factory, torch_files, torch_index) -> Iterator[Wheels]:
+    """The conda tests' wheel index (the torch files and condademo), served per module as PyPI, with the
+    session's torch index as download.pytorch.org (condaworld.Wheels)."""
     with serve(wheel_files(tmp_path_factory.mktemp("conda-wheels"), torch_files)) as index:
-        yield index
+        yield Wheels(index.url, torch_index.url)
 
 
 @pytest.fixture(scope="module")
-def conda_uv_cache(tmp_path_factory) -> Path:
-    """uv's cache for a conda module's envs: torch, from the module's one index, is unpacked once, not per test."""
-    return tmp_path_factory.mktemp("conda-uv-cache")
+def conda_uv_cache(torch_uv_cache: Path) -> Path:
+    """uv's cache for the conda modules' envs: the session's torch cache (``torch_uv_cache``), so torch, from the
+    session's torch index, is linked from where the session unpacked it once, not unpacked again per module (it
+    was, at about 10 s of CPU each time)."""
+    return torch_uv_cache
 
 
 @pytest.fixture(scope="session")

@@ -6,19 +6,22 @@ new shell's activation must load the module for ``from mpi4py import MPI`` to wo
 too, and the env's python without the module fails with the loader's error, which shows that the twin is real.
 
 The files: the session's torch files (torch 2.13.0 CPU, and PyPI's mpich wheel, which the site MPI is made from),
-mpi4py's source and its build requirements (conftest's ``mpi4py_source``), as one wheelhouse standing for PyPI
-and download.pytorch.org. mpi4py's C compiles unoptimised (CFLAGS=-O0): ~50 s on this 2-core machine, where -O2
-takes ~2.5 minutes; what it links against is the same. The env is built once for the module's tests."""
+mpi4py's source and its build requirements (conftest's ``mpi4py_source``), as one wheelhouse standing for PyPI;
+download.pytorch.org is the session's torch index. mpi4py's C compiles unoptimised (CFLAGS=-O0): ~50 s on this
+2-core machine, where -O2 takes ~2.5 minutes; what it links against is the same. The env is built once for the
+module's tests."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import mpitwin
 import pytest
 from helpers import DATA, UserWorld, lmod_vars
+from wheelindex import serve
 
 pytestmark = pytest.mark.integration
 
@@ -58,13 +61,14 @@ default = "mpiexec"
 
 class MpiWorld(UserWorld):
     """A user of a site whose MPI comes from its module: the fixture module tree, the site's software tree
-    (ENVBUILDER_TEST_SOFT) holding the MPI, and the wheelhouse; the env built in it at ``prefix``."""
+    (ENVBUILDER_TEST_SOFT) holding the MPI, and the indexes of ``index_mirror``; the env built in it at ``prefix``."""
 
-    def __init__(self, root: Path, wheelhouse: Path, soft: Path) -> None:
+    def __init__(self, root: Path, index_mirror: str, soft: Path, uv_cache: Path) -> None:
         super().__init__(
             root,
-            f"https://download.pytorch.org/whl/={wheelhouse} pypi={wheelhouse}",
+            index_mirror,
             MODULEPATH=str(DATA / "modules" / "site"),
+            UV_CACHE_DIR=str(uv_cache),
             ENVBUILDER_TEST_SOFT=str(soft),
             CFLAGS="-O0 -g0",
             USER="tester",
@@ -89,20 +93,30 @@ class MpiWorld(UserWorld):
 
 
 @pytest.fixture(scope="module")
-def mpi_world(tmp_path_factory, site_mpi, mpi4py_source, torch_files) -> MpiWorld:
-    if not LMOD_INIT.is_file():
-        pytest.skip("Lmod not installed (.ci/run installs it)")
-    root = tmp_path_factory.mktemp("site-mpi")
-    wheelhouse = root / "wheelhouse"
-    wheelhouse.mkdir()
+def mpi_mirror(tmp_path_factory, mpi4py_source, torch_files, torch_index) -> Iterator[str]:
+    """ENVBUILDER_INDEX_MIRROR for the module: download.pytorch.org is the session's torch index, whose torch
+    the session's uv cache holds unpacked; PyPI is the wheelhouse (the torch files, mpi4py's source and its build
+    requirements), served on loopback."""
+    wheelhouse = tmp_path_factory.mktemp("site-mpi-wheelhouse")
     for d in (torch_files, mpi4py_source):
         for f in d.iterdir():
             if not (wheelhouse / f.name).exists():  # setuptools is in both
                 (wheelhouse / f.name).symlink_to(f)
+    with serve(wheelhouse) as pypi:
+        yield f"https://download.pytorch.org/whl/={torch_index.url}/whl/ pypi={pypi.url}/simple/"
+
+
+@pytest.fixture(scope="module")
+def mpi_world(tmp_path_factory, site_mpi, mpi_mirror, torch_uv_cache) -> MpiWorld:
+    """The module's env, built once, with uv's cache the session's: torch is linked from where the session
+    unpacked it, not unpacked again for this module."""
+    if not LMOD_INIT.is_file():
+        pytest.skip("Lmod not installed (.ci/run installs it)")
+    root = tmp_path_factory.mktemp("site-mpi")
     soft = root / "soft"
     soft.mkdir()
     (soft / mpitwin.DIRNAME).symlink_to(site_mpi)
-    world = MpiWorld(root, wheelhouse, soft)
+    world = MpiWorld(root, mpi_mirror, soft, torch_uv_cache)
     res = world.cli("create", NAME, "--no-validate", "--json", timeout=1200)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return world

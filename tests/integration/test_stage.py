@@ -237,22 +237,27 @@ def _wait(job: str, env: dict[str, str]) -> dict[str, str]:
 
 
 def test_stage_refuses_outside_slurm_and_a_missing_or_stale_image(
-    cpu_torch_world: CpuTorchWorld, tmp_path: Path
+    cpu_torch_world: CpuTorchWorld, packed: Packed, tmp_path: Path
 ) -> None:
-    """Each refused before anything is copied (the job's variables alone say where it runs)."""
+    """Each refused before anything is copied (the job's variables alone say where it runs). The stale image is
+    the module's one pack, seen from a copy of its records (a second pack of torch cost ~4 s of CPU)."""
     extra = {**_home(cpu_torch_world, tmp_path), "TMPDIR": str(tmp_path / "node")}
     refused(cpu_torch_world.cli("stage", "vcpu", **extra), EXIT_USAGE, "run it inside an allocation")
     refused(cpu_torch_world.cli("stage", "vcpu", PBS_JOBID="7.pbs", **extra), EXIT_USAGE, "$PBS_NODEFILE")
     job = {**extra, "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2"}
     refused(cpu_torch_world.cli("stage", "vcpu", **job), EXIT_STATE, "vcpu has no image")
-    ok(cpu_torch_world.cli("pack", "vcpu", "--to", str(tmp_path / "images"), timeout=BOUND_S, **extra))
-    home = Path(extra["ENVBUILDER_HOME"])
+    home = tmp_path / "packed-home"
+    shutil.copytree(packed.home, home)
     record = state.load(home, "vcpu")
+    assert record.image, "the module's pack recorded no image"
+    images = sorted(os.listdir(packed.root / "images"))
     # As if a package was installed after the pack: the env itself is the session's and stays as it is.
     state.save(home, replace(record, image={**record.image, "packages": record.image["packages"][1:]}))
-    res = cpu_torch_world.cli("run", "vcpu", "--stage", "--", "python", "-c", "pass", **job)
+    res = cpu_torch_world.cli(
+        "run", "vcpu", "--stage", "--", "python", "-c", "pass", **{**job, "ENVBUILDER_HOME": str(home)}
+    )
     refused(res, EXIT_STATE, "is older than the env")
-    assert os.listdir(tmp_path / "images") == ["vcpu.sqfs"]
+    assert sorted(os.listdir(packed.root / "images")) == images == ["vcpu.sqfs"]
 
 
 def _pbs_job(
