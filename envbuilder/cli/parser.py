@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from envbuilder import __version__
-from envbuilder.cli import helptext, siteparser
+from envbuilder.cli import aidparser, helptext, siteparser
 from envbuilder.cli.options import add_index, add_launch, add_lock_use, add_partition, env_verb
 from envbuilder.cli.parts import (
     Choices,
@@ -69,6 +69,7 @@ def _build() -> argparse.ArgumentParser:
         _add_prune_backups,
         _add_touch,
         _add_doctor,
+        aidparser.add_explain,
         siteparser.add_impact,
         siteparser.add_probe,
         siteparser.add_report,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import field
 from types import MappingProxyType
 from typing import Optional
 
@@ -80,6 +81,25 @@ class JobShape:
     def walltime(self) -> str:
         """The walltime as HH:MM:SS, the form every scheduler and wrapper reads alike."""
         return values.walltime(self.time, "scheduler.time")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What a scheduler's record of a finished (or running) job tells: where its output went, how it ended, where
+    it ran, its script and the variables it was submitted with, where the record says them."""
+
+    job: str
+    #: The command that told it, in words ("sacct", "scontrol show job").
+    source: str
+    state: Optional[str] = None
+    #: As the scheduler writes it (Slurm: ``0:9``, status and signal; PBS: ``137``).
+    exit_code: Optional[str] = None
+    nodes: Optional[str] = None
+    #: The job's output files, stdout first (one where both went to one file).
+    outputs: tuple[str, ...] = ()
+    script: Optional[str] = None
+    workdir: Optional[str] = None
+    variables: Mapping[str, str] = field(default_factory=dict)
 
 
 class Scheduler(ABC):
@@ -214,6 +234,14 @@ class Scheduler(ABC):
     @abstractmethod
     def cancel(self, job: str) -> list[str]:
         """argv that cancels the job."""
+
+    def record_queries(self, job: str) -> list[list[str]]:
+        """argv that tell a job's record (:class:`JobRecord`), the first that answers wins; [] where none."""
+        return []
+
+    def job_record(self, job: str, argv: Sequence[str], stdout: str) -> Optional[JobRecord]:
+        """The record in what ``argv`` (one of :meth:`record_queries`) printed; None where it holds none."""
+        return None
 
 
 def count(text: Optional[str]) -> Optional[int]:

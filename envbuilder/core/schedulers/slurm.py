@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import Optional
 
 from envbuilder.core.launchers import ShellVar
-from envbuilder.core.schedulers.base import HostList, JobShape, Scheduler, Where, count
+from envbuilder.core.schedulers.base import HostList, JobRecord, JobShape, Scheduler, Where, count
 
 
 class Slurm(Scheduler):
@@ -145,6 +145,70 @@ class Slurm(Scheduler):
 
     def cancel(self, job: str) -> list[str]:
         return ["scancel", job]
+
+    def record_queries(self, job: str) -> list[list[str]]:
+        # The accounting database first (it keeps a job for good); without accounting (or once sacct does not
+        # know the job) the controller's record, which it keeps for MinJobAge (300 s by default) after the end.
+        return [
+            [
+                "sacct",
+                "-j",
+                job,
+                "-X",
+                "-n",
+                "-P",
+                "-o",
+                "JobID,State,ExitCode,NodeList,StdOut,StdErr,WorkDir",
+            ],
+            ["scontrol", "-o", "show", "job", job],
+        ]
+
+    def job_record(self, job: str, argv: Sequence[str], stdout: str) -> Optional[JobRecord]:
+        if argv[:1] == ["sacct"]:
+            return _sacct_record(job, stdout)
+        fields = _scontrol_fields(stdout)
+        if not fields.get("JobId"):
+            return None
+        outputs = [fields.get("StdOut", ""), fields.get("StdErr", "")]
+        return JobRecord(
+            job=fields["JobId"],
+            source="scontrol show job",
+            state=fields.get("JobState") or None,
+            exit_code=fields.get("ExitCode") or None,
+            nodes=fields.get("NodeList") or None,
+            outputs=tuple(dict.fromkeys(o for o in outputs if o)),
+            script=fields.get("Command") or None,
+            workdir=fields.get("WorkDir") or None,
+        )
+
+
+def _sacct_record(job: str, stdout: str) -> Optional[JobRecord]:
+    """sacct -P's line for the job (its allocation, -X): patterns in StdOut/StdErr expanded for the job id."""
+    for line in stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != 7 or not parts[0]:
+            continue
+        jobid, state, exit_code, nodes, out, err, workdir = parts
+        outputs = [SCHEDULER.output_of(p, jobid) for p in (out, err) if p]
+        return JobRecord(
+            job=jobid,
+            source="sacct",
+            state=state.split()[0] if state else None,
+            exit_code=exit_code or None,
+            nodes=nodes or None,
+            outputs=tuple(dict.fromkeys(outputs)),
+            workdir=workdir or None,
+        )
+    return None
+
+
+def _scontrol_fields(stdout: str) -> dict[str, str]:
+    """``scontrol -o show job``'s Key=Value pairs; a value runs to the next `` Key=`` (a path may hold spaces)."""
+    line = stdout.strip().splitlines()[0] if stdout.strip() else ""
+    return {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"(?:^| )([A-Za-z][\w:/]*)=(.*?)(?= [A-Za-z][\w:/]*=|$)", line)
+    }
 
 
 def _gpu_flags(job: JobShape, gpu_request: str) -> list[str]:
