@@ -195,13 +195,8 @@ def _library_note(library: str, env: EnvFacts) -> str:
     )
 
 
-_NAMED = (
-    (re.compile(r"\bENVBUILDER_ENV=[\"']?([A-Za-z0-9][A-Za-z0-9_.-]*)"), "ENVBUILDER_ENV"),
-    (
-        re.compile(r"\benvbuilder +(?:activate|run) +(?:--[a-z-]+ +)?([A-Za-z0-9][A-Za-z0-9_.-]*)"),
-        "envbuilder line",
-    ),
-)
+_VARIABLE = re.compile(r"\bENVBUILDER_ENV=[\"']?([A-Za-z0-9][A-Za-z0-9_.-]*)")
+_VERB = re.compile(r"\benvbuilder +(?:activate|run) +([^\n;&|]*)")
 _ACTIVATE = re.compile(r"^\s*(?:source|\.) +[\"']?([^\"'\s]+)/bin/activate(?:\.[a-z]+)?[\"']?\s*$", re.M)
 
 
@@ -209,13 +204,19 @@ def env_in_script(
     script: str, variables: Mapping[str, str], prefixes: Mapping[str, str]
 ) -> Optional[tuple[str, str]]:
     """The env a job ran and how that is known: ENVBUILDER_ENV among its variables or in its script, an
-    ``envbuilder activate|run NAME`` line, or a ``source PREFIX/bin/activate`` of a recorded env's prefix."""
+    ``envbuilder activate|run ... NAME`` line naming a recorded env, or a ``source PREFIX/bin/activate`` of a
+    recorded env's prefix (``prefixes``: each recorded env's prefix and name)."""
     if variables.get("ENVBUILDER_ENV"):
         return variables["ENVBUILDER_ENV"], "the job's ENVBUILDER_ENV variable"
-    for pattern, how in _NAMED:
-        m = pattern.search(script)
-        if m:
-            return m.group(1), f"the job script's {how}"
+    m = _VARIABLE.search(script)
+    if m:
+        return m.group(1), "the job script's ENVBUILDER_ENV"
+    names = set(prefixes.values())
+    for m in _VERB.finditer(script):
+        # The first word that is a recorded env's name: options and their values come before it.
+        word = next((w for w in (w.strip("\"'()") for w in m.group(1).split()) if w in names), None)
+        if word:
+            return word, "the job script's envbuilder line"
     for m in _ACTIVATE.finditer(script):
         name = prefixes.get(m.group(1).rstrip("/"))
         if name:
