@@ -116,10 +116,18 @@ def env_notes(m: Match, env: EnvFacts) -> list[str]:
     if "driver_cuda" in fact and env.cuda:
         notes.append(
             f"{env.name}'s torch {env.torch} is built for CUDA {env.cuda} ({env.variant}); the node's driver "
-            f"reports {fact['driver_cuda']}: rebuild {env.name} for that node (`envbuilder plan {env.recipe or 'RECIPE'}"
+            f"supports CUDA {_cuda_version(fact['driver_cuda'])}: rebuild {env.name} for that node (`envbuilder plan {env.recipe or 'RECIPE'}"
             " --facts NODE.json`, the node's facts from `envbuilder probe --json`, picks a variant it can run)"
         )
     return notes
+
+
+def _cuda_version(text: str) -> str:
+    """CUDA's version number as the driver API gives it (11040) in words (11.4)."""
+    if not text.isdigit() or len(text) < 4:
+        return text
+    number = int(text)
+    return f"{number // 1000}.{number % 1000 // 10}"
 
 
 def _sm(text: str) -> str:

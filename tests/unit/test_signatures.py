@@ -213,6 +213,13 @@ def test_a_missing_module_against_the_envs_packages() -> None:
     assert "scipy is not among big's packages: add it to the recipe (site-cu130)" in line
 
 
+def test_a_driver_too_old_against_the_cuda_the_envs_torch_was_built_for() -> None:
+    (line,) = note(
+        "RuntimeError: The NVIDIA driver on your system is too old (found version 11040).", gpu_env()
+    )
+    assert "big's torch 2.13.0 is built for CUDA 13.0 (cu130); the node's driver supports CUDA 11.4" in line
+
+
 def test_nothing_matched_says_so_and_offers_doctor() -> None:
     result = Explanation(source="x", matches=(), env=gpu_env())
     assert (
