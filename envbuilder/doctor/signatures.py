@@ -277,16 +277,28 @@ def match(text: str, registry: Sequence[Signature]) -> list[Match]:
     matches = []
     for sig, numbers in found.values():
         shown = tuple((n, _shown(lines[n - 1])) for n in numbers[:SHOWN_LINES])
-        where = [lines[n - 1] for n in numbers]
-        matches.append(Match(sig, shown, len(numbers), _facts(sig, where, lines)))
+        matches.append(Match(sig, shown, len(numbers), _facts(sig, numbers, lines)))
     return sorted(matches, key=lambda m: m.lines[0][0])
 
 
-def _facts(sig: Signature, where: Sequence[str], lines: Sequence[str]) -> tuple[tuple[str, str], ...]:
+#: Lines after the last matching line, and before the first, where a fact is looked for next.
+NEAR = 12
+
+
+def _facts(sig: Signature, numbers: Sequence[int], lines: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """Each fact from the nearest line that tells it: the matching lines, then the lines right after the last
+    (a block the message heads), then those right before the first (nearest first), then anywhere."""
+    first, last = numbers[0], numbers[-1]
+    order = [
+        *(lines[n - 1] for n in numbers),
+        *lines[last : last + NEAR],
+        *reversed(lines[max(0, first - 1 - NEAR) : first - 1]),
+        *lines,
+    ]
     out = []
     for name, pattern in sig.facts:
         compiled = re.compile(pattern)
-        value = next((m.group(1) for m in map(compiled.search, [*where, *lines]) if m and m.group(1)), None)
+        value = next((m.group(1) for m in map(compiled.search, order) if m and m.group(1)), None)
         if value is not None:
             out.append((name, value.strip()[:200]))
     return tuple(out)

@@ -165,6 +165,40 @@ def test_matches_in_the_order_of_their_first_line_with_their_facts() -> None:
     assert "than sm_70" in found[1].text("means")
 
 
+#: The end of torchrun's output when rank 1 of two was killed with SIGKILL (torch 2.13.0, this machine's CPU env:
+#: tests/integration/test_explain.py makes it for real): rank 0 was ended by torchrun, rank 1 is the root cause.
+TORCHRUN_END = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-28_13:34:04
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 1846)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 1846
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-28_13:34:04
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 1847)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 1847
+============================================================
+"""
+
+
+def test_a_fact_comes_from_the_lines_nearest_the_match() -> None:
+    found = {m.signature.id: m for m in signatures.match(TORCHRUN_END, shipped())}
+    assert found["torchrun-rank-killed"].fact == {"rank": "1"}
+    assert found["torchrun-child-failed"].fact == {"rank": "1", "exitcode": "-9"}
+
+
 def test_a_fact_the_output_does_not_tell_reads_as_a_question_mark() -> None:
     (m,) = signatures.match(
         "RuntimeError: CUDA error: no kernel image is available for execution on the device", shipped()
