@@ -199,7 +199,7 @@ def pattern_problem(pattern: str) -> Optional[str]:
     except re.error as exc:
         return f"not a regular expression: {exc}"
     repeats: list[int] = []
-    problem = _walk(parsed, repeats)
+    problem = _walk(parsed.data, repeats)
     if problem is None and len(repeats) > MAX_REPEATS:
         problem = f"more than {MAX_REPEATS} repetitions (+, *, {{m,n}})"
     return problem
