@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -16,13 +17,17 @@ from envbuilder.doctor import explanation, jobs, signatures
 from envbuilder.doctor.explanation import EnvFacts, Explanation
 from envbuilder.system.console import Out, plain
 
+#: What a job id looks like to every scheduler here (Slurm's 123, 123_4, 123.batch; PBS's 123.server, 123[].server):
+#: anything else is a log's name, and no value of another shape reaches a scheduler's command line.
+JOB_ID = re.compile(r"[0-9]+(?:[_.\[][A-Za-z0-9_.\[\]-]*)?")
+
 
 def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     env = dict(os.environ)
     registry = jobs.registry(env)  # first: a broken site file is reported before any job is looked up
     record: Optional[JobRecord] = None
     path = Path(args.what)
-    if path.exists() or path.is_symlink() or "/" in args.what or not args.what.strip():
+    if path.exists() or path.is_symlink() or not JOB_ID.fullmatch(args.what):
         output = jobs.read_log(path)
         source = str(path)
     else:

@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import DATA, UserWorld, ok, refused
+from helpers import DATA, REPO, UserWorld, ok, refused
 from sharedfs import give_to, other_user
 from slurm import sbatch_wait
 
@@ -89,6 +90,8 @@ def test_nothing_known_is_said_plainly(world: UserWorld, tmp_path: Path) -> None
         "no known signature in this output; run `envbuilder doctor ENV` to check the env itself" in res.stdout
     )
     refused(world.cli("explain", str(tmp_path / "absent.log")), 15, "cannot read the log")
+    # Not a job id's shape: a log's name, never a scheduler's argument.
+    refused(world.cli("explain", "slurm-123.out"), 15, "cannot read the log slurm-123.out")
 
 
 def test_a_cuda_library_the_dynamic_loader_cannot_find(world: UserWorld, tmp_path: Path) -> None:
@@ -184,6 +187,36 @@ def test_a_failed_slurm_job_by_its_id(world: UserWorld, slurm_cluster: Any, tmp_
     assert data["env"]["name"] == "small" and data["env"]["named_by"] == "the job script's ENVBUILDER_ENV"
     assert data["matches"][0]["env_notes"][0].startswith("torch is not among small's packages")
     refused(world.cli("explain", "999999", **slurm_cluster.env), 2, "no scheduler here knows job '999999'")
+
+
+def test_a_failed_pbs_job_by_its_id(world: UserWorld, tmp_path: Path) -> None:
+    """PBS cannot run here: the qsub/qstat stand-ins (tests/shims/pbs) run the job script as a one-node job would
+    and keep its attributes, which ``qstat -x -f`` prints in PBS Pro's full form. The env is named by the job's
+    variable list (``qsub -v``)."""
+    spool = tmp_path / "spool"
+    extra = {"PATH": f"{REPO / 'tests' / 'shims' / 'pbs'}:{world.env['PATH']}", "PBS_SHIM_SPOOL": str(spool)}
+    env = {**world.env, **extra}
+    script = tmp_path / "job.sh"
+    script.write_text(f"{world.scratch / 'envs' / 'small' / 'bin' / 'python'} -c 'import torch'\n")
+    out = tmp_path / "job.out"
+    argv = ["qsub", "-o", str(out), "-j", "oe", "-v", "ENVBUILDER_ENV=small", str(script)]
+    job = subprocess.run(
+        argv, env=env, capture_output=True, text=True, check=True, cwd=tmp_path
+    ).stdout.strip()
+    deadline = time.monotonic() + 60
+    while (
+        "job_state = F"
+        not in subprocess.run(
+            ["qstat", "-x", "-f", job], env=env, capture_output=True, text=True, check=False
+        ).stdout
+    ):
+        assert time.monotonic() < deadline, "the stand-in's job did not end"
+        time.sleep(0.2)
+    data = explained(world, job, **extra)
+    assert data["source"] == f"job {job} (PBS, qstat -x -f): {out}"
+    assert data["job"] == {"state": "F", "exit code": "1"}
+    assert ids(data) == ["python-module-missing"]
+    assert (data["env"]["name"], data["env"]["named_by"]) == ("small", "the job's ENVBUILDER_ENV variable")
 
 
 @pytest.mark.parametrize("log", sorted(FAILURES.glob("*.log")), ids=lambda p: p.stem)
