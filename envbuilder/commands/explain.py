@@ -26,12 +26,13 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     env = dict(os.environ)
     registry = jobs.registry(env)  # first: a broken site file is reported before any job is looked up
     record: Optional[JobRecord] = None
+    unanswered: tuple[str, ...] = ()
     path = Path(args.what)
     if path.exists() or path.is_symlink() or not JOB_ID.fullmatch(args.what):
         output = jobs.read_log(path)
         source = str(path)
     else:
-        record, scheduler = jobs.job_record(args.what, env)
+        record, scheduler, unanswered = jobs.job_record(args.what, env)
         output = jobs.read_outputs(record, scheduler)
         source = f"job {record.job} ({scheduler}, {record.source}): {', '.join(output.paths)}"
         for missing, why in output.missing:
@@ -43,6 +44,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         job=_job_facts(record),
         lines=output.text.count("\n") + 1 if output.text else 0,
         cut=output.cut,
+        unanswered=unanswered,
     )
     data = result.to_json()
     if not args.json:
@@ -88,6 +90,8 @@ def _render(result: Explanation, out: Out) -> None:
     if result.env is not None:
         e = result.env
         res.field("env", f"{e.name} (named by {e.named_by}): torch {e.torch or '?'} {e.variant}".rstrip())
+    for query in result.unanswered:
+        res.line(f"(no answer from {query})")
     if result.cut:
         res.line(f"(only the last {signatures.MAX_TEXT // (1024 * 1024)} MiB of the output were read)")
     for m in result.matches:

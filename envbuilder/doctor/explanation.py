@@ -48,6 +48,8 @@ class Explanation:
     #: Lines read, and whether only the output's end was read.
     lines: int = 0
     cut: bool = False
+    #: The scheduler's queries that did not answer before the one that did (sacct where there is no accounting).
+    unanswered: tuple[str, ...] = ()
 
     @property
     def known(self) -> bool:
@@ -71,6 +73,7 @@ class Explanation:
             "version": VERSION,
             "source": self.source,
             "job": dict(self.job),
+            "unanswered": list(self.unanswered),
             "lines_read": self.lines,
             "only_the_end_read": self.cut,
             "env": None

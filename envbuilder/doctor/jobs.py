@@ -111,9 +111,10 @@ def read_outputs(record: JobRecord, scheduler: str) -> Output:
     return Output("\n".join(texts), tuple(read), cut, tuple(missing))
 
 
-def job_record(job: str, env: Mapping[str, str]) -> tuple[JobRecord, str]:
-    """The scheduler's record of ``job`` (the first scheduler whose tools are here and that knows it), and the
-    scheduler's title; an error that says what each answered where none does."""
+def job_record(job: str, env: Mapping[str, str]) -> tuple[JobRecord, str, tuple[str, ...]]:
+    """The scheduler's record of ``job`` (the first scheduler whose tools are here and that knows it), the
+    scheduler's title, and what the queries tried before it answered (sacct without accounting); an error that
+    says what each answered where none does."""
     asked: list[str] = []
     run_env = proc.scrubbed_env(env)
     for adapter in SCHEDULERS.values():
@@ -127,7 +128,7 @@ def job_record(job: str, env: Mapping[str, str]) -> tuple[JobRecord, str]:
                 continue
             record = adapter.job_record(job, argv, result.stdout) if result.returncode == 0 else None
             if record is not None:
-                return record, adapter.title
+                return record, adapter.title, tuple(asked)
             answer = proc.tail(result.stderr or result.stdout, 2).strip() or "no record of the job"
             asked.append(f"`{proc.quote(argv)}`: {answer}")
     if not asked:

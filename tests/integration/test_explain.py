@@ -183,6 +183,8 @@ def test_a_failed_slurm_job_by_its_id(world: UserWorld, slurm_cluster: Any, tmp_
     data = json.loads(res.stdout)["data"]
     assert data["source"] == f"job {job_id} (Slurm, scontrol show job): {jobs}/slurm-{job_id}.out"
     assert data["job"]["state"] == "FAILED" and data["job"]["exit code"] == "1:0"
+    (sacct,) = data["unanswered"]
+    assert sacct.startswith("`sacct -j") and "accounting storage is disabled" in sacct
     assert ids(data) == ["python-module-missing"]
     assert data["env"]["name"] == "small" and data["env"]["named_by"] == "the job script's ENVBUILDER_ENV"
     assert data["matches"][0]["env_notes"][0].startswith("torch is not among small's packages")
