@@ -90,6 +90,7 @@ def test_nothing_known_is_said_plainly(world: UserWorld, tmp_path: Path) -> None
         "no known signature in this output; run `envbuilder doctor ENV` to check the env itself" in res.stdout
     )
     refused(world.cli("explain", str(tmp_path / "absent.log")), 15, "cannot read the log")
+    refused(world.cli("explain", str(log), "--env", "nosuch"), 9, "no env named 'nosuch'")
     # Not a job id's shape: a log's name, never a scheduler's argument.
     refused(world.cli("explain", "slurm-123.out"), 15, "cannot read the log slurm-123.out")
 
