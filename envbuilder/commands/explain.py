@@ -27,12 +27,14 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     registry = jobs.registry(env)  # first: a broken site file is reported before any job is looked up
     record: Optional[JobRecord] = None
     unanswered: tuple[str, ...] = ()
+    scheduler_ending: Optional[str] = None
     path = Path(args.what)
     if path.exists() or path.is_symlink() or not JOB_ID.fullmatch(args.what):
         output = jobs.read_log(path)
         source = str(path)
     else:
         record, scheduler, unanswered = jobs.job_record(args.what, env)
+        scheduler_ending = jobs.ending(record, scheduler)
         output = jobs.read_outputs(record, scheduler)
         source = f"job {record.job} ({scheduler}, {record.source}): {', '.join(output.paths)}"
         for missing, why in output.missing:
@@ -41,7 +43,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         source=source,
         matches=tuple(signatures.match(output.text, registry)),
         env=_env(args.env, record, env, out),
-        job=_job_facts(record),
+        job=_job_facts(record, scheduler_ending),
         lines=output.text.count("\n") + 1 if output.text else 0,
         cut=output.cut,
         unanswered=unanswered,
@@ -75,10 +77,15 @@ def _env(
         return None
 
 
-def _job_facts(record: Optional[JobRecord]) -> tuple[tuple[str, str], ...]:
+def _job_facts(record: Optional[JobRecord], ending: Optional[str]) -> tuple[tuple[str, str], ...]:
     if record is None:
         return ()
-    facts = (("state", record.state), ("exit code", record.exit_code), ("nodes", record.nodes))
+    facts = (
+        ("state", record.state),
+        ("exit code", record.exit_code),
+        ("nodes", record.nodes),
+        ("ended by", ending),
+    )
     return tuple((k, v) for k, v in facts if v)
 
 

@@ -144,6 +144,12 @@ def job_record(job: str, env: Mapping[str, str]) -> tuple[JobRecord, str, tuple[
     )
 
 
+def ending(record: JobRecord, title: str) -> Optional[str]:
+    """How the job ended, as the scheduler whose title is ``title`` reads its record."""
+    adapter = next((a for a in SCHEDULERS.values() if a.title == title), None)
+    return adapter.ending(record) if adapter else None
+
+
 def read_script(record: JobRecord) -> str:
     """The job's script where the record names one that can still be read ("" otherwise)."""
     if not record.script or not Path(record.script).is_absolute():

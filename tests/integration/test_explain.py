@@ -190,6 +190,13 @@ def test_a_failed_slurm_job_by_its_id(world: UserWorld, slurm_cluster: Any, tmp_
     assert data["env"]["name"] == "small" and data["env"]["named_by"] == "the job script's ENVBUILDER_ENV"
     assert data["matches"][0]["env_notes"][0].startswith("torch is not among small's packages")
     refused(world.cli("explain", "999999", **slurm_cluster.env), 2, "no scheduler here knows job '999999'")
+    # A job that SIGKILL ended leaves nothing in its output: the record says it.
+    script.write_text("#!/bin/bash\nkill -9 $$\n")
+    job = sbatch_wait([f"--output={jobs}/slurm-%j.out", str(script)], env=env, timeout=120, cwd=jobs)
+    job_id = job.stdout.strip().split(";")[0]
+    data = json.loads(ok(world.cli("explain", job_id, "--json", **slurm_cluster.env)).stdout)["data"]
+    assert data["known"] is False
+    assert data["job"]["ended by"].startswith("exit code 0:9: signal 9 (SIGKILL: the out-of-memory killer")
 
 
 def test_a_failed_pbs_job_by_its_id(world: UserWorld, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from envbuilder.core._toml import loads
 from envbuilder.core.errors import RecipeError
+from envbuilder.core.schedulers.base import JobRecord
 from envbuilder.core.schedulers.pbs import SCHEDULER as PBS
 from envbuilder.core.schedulers.slurm import SCHEDULER as SLURM
 from envbuilder.doctor import explanation, signatures
@@ -328,3 +329,32 @@ def test_pbs_record_from_qstat_x_f() -> None:
     assert record.outputs == ("/home/u/train.o7",)
     assert record.variables["ENVBUILDER_ENV"] == "big"
     assert record.workdir == "/home/u"
+
+
+@pytest.mark.parametrize(
+    ("state", "exit_code", "words"),
+    [
+        ("OUT_OF_MEMORY", "0:125", "OUT_OF_MEMORY: Slurm's memory limit"),
+        ("TIMEOUT", "0:0", "TIMEOUT: its time limit"),
+        ("CANCELLED by 0", "0:15", "CANCELLED: a cancel"),
+        ("FAILED", "0:9", "exit code 0:9: signal 9 (SIGKILL: the out-of-memory killer"),
+        ("FAILED", "1:0", None),
+    ],
+)
+def test_how_a_slurm_job_ended(state: str, exit_code: str, words: object) -> None:
+    found = SLURM.ending(JobRecord(job="1", source="scontrol show job", state=state, exit_code=exit_code))
+    assert found == words if words is None else (found or "").startswith(str(words))
+
+
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [
+        ("271", "Exit_status 271: signal 15 (SIGTERM"),
+        ("137", "Exit_status 137: signal 9 (SIGKILL"),
+        ("-11", "Exit_status -11: PBS itself could not start or run the job"),
+        ("1", None),
+    ],
+)
+def test_how_a_pbs_job_ended(status: str, words: object) -> None:
+    found = PBS.ending(JobRecord(job="1", source="qstat -x -f", exit_code=status))
+    assert found == words if words is None else (found or "").startswith(str(words))

@@ -243,6 +243,24 @@ class Scheduler(ABC):
         """The record in what ``argv`` (one of :meth:`record_queries`) printed; None where it holds none."""
         return None
 
+    def ending(self, record: JobRecord) -> Optional[str]:
+        """How the job ended, in words, where its state or exit code says more than "it failed" (a signal, a
+        memory or time limit); None otherwise."""
+        return None
+
+
+#: What a signal that ends a job usually means.
+SIGNALS = {
+    9: "SIGKILL: the out-of-memory killer, a limit the scheduler enforces, or a kill by hand",
+    15: "SIGTERM: the scheduler ending the job (time limit, cancel, preemption) or a kill by hand",
+    6: "SIGABRT: the program aborted itself (an uncaught C++ exception, an assertion, NCCL's abort)",
+    11: "SIGSEGV: a segmentation fault (a library built for another CPU, CUDA or ABI; a real bug)",
+}
+
+
+def signal_words(number: int) -> str:
+    return f"signal {number} ({SIGNALS[number]})" if number in SIGNALS else f"signal {number}"
+
 
 def count(text: Optional[str]) -> Optional[int]:
     """The positive whole number a scheduler variable holds (``" 4 "``); None for none, zero or anything else."""

@@ -8,7 +8,15 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from envbuilder.core.launchers import LaunchSpec, build, plain
-from envbuilder.core.schedulers.base import HostList, JobRecord, JobShape, Scheduler, Where, count
+from envbuilder.core.schedulers.base import (
+    HostList,
+    JobRecord,
+    JobShape,
+    Scheduler,
+    Where,
+    count,
+    signal_words,
+)
 
 
 class Pbs(Scheduler):
@@ -80,6 +88,24 @@ class Pbs(Scheduler):
 
     def cancel(self, job: str) -> list[str]:
         return ["qdel", job]
+
+    def ending(self, record: JobRecord) -> Optional[str]:
+        # Exit_status: the script's status; above 256, 256 + the signal PBS ended it with (a walltime or memory
+        # limit, qdel); 128 + N, a signal its shell saw; negative, PBS could not start or run it (codes differ
+        # between PBS versions: the server's log says which).
+        status = record.exit_code or ""
+        if not status.lstrip("-").isdigit():
+            return None
+        number = int(status)
+        if number < 0:
+            return (
+                f"Exit_status {status}: PBS itself could not start or run the job (the server's log says why)"
+            )
+        if number > 256:
+            return f"Exit_status {status}: {signal_words(number - 256)} (sent by PBS)"
+        if 128 < number < 160:
+            return f"Exit_status {status}: {signal_words(number - 128)}"
+        return None
 
     def record_queries(self, job: str) -> list[list[str]]:
         # -x: finished jobs too, for as long as the server keeps their history (job_history_duration).

@@ -10,7 +10,15 @@ from types import MappingProxyType
 from typing import Optional
 
 from envbuilder.core.launchers import ShellVar
-from envbuilder.core.schedulers.base import HostList, JobRecord, JobShape, Scheduler, Where, count
+from envbuilder.core.schedulers.base import (
+    HostList,
+    JobRecord,
+    JobShape,
+    Scheduler,
+    Where,
+    count,
+    signal_words,
+)
 
 
 class Slurm(Scheduler):
@@ -146,6 +154,16 @@ class Slurm(Scheduler):
     def cancel(self, job: str) -> list[str]:
         return ["scancel", job]
 
+    def ending(self, record: JobRecord) -> Optional[str]:
+        # ExitCode is STATUS:SIGNAL, the signal that ended the batch script (0 where none did).
+        for state, words in _ENDINGS.items():
+            if (record.state or "").startswith(state):
+                return f"{state}: {words}"
+        parts = (record.exit_code or "").split(":")
+        if len(parts) == 2 and parts[1].isdigit() and int(parts[1]):
+            return f"exit code {record.exit_code}: {signal_words(int(parts[1]))}"
+        return None
+
     def record_queries(self, job: str) -> list[list[str]]:
         # The accounting database first (it keeps a job for good); without accounting (or once sacct does not
         # know the job) the controller's record, which it keeps for MinJobAge (300 s by default) after the end.
@@ -180,6 +198,16 @@ class Slurm(Scheduler):
             script=fields.get("Command") or None,
             workdir=fields.get("WorkDir") or None,
         )
+
+
+#: Job states that say why a job ended.
+_ENDINGS = {
+    "OUT_OF_MEMORY": "Slurm's memory limit: a process of the job was killed by the cgroup's OOM killer",
+    "TIMEOUT": "its time limit",
+    "PREEMPTED": "preemption by another job",
+    "NODE_FAIL": "a node of the job failing",
+    "CANCELLED": "a cancel (scancel, or an admin)",
+}
 
 
 def _sacct_record(job: str, stdout: str) -> Optional[JobRecord]:
