@@ -27,3 +27,21 @@ def add_alloc(sub: Sub) -> None:
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     add_json(p)
     p.set_defaults(handler=command("alloc", "handle"))
+
+
+def add_explain(sub: Sub) -> None:
+    p = sub.add_parser(
+        "explain", help="what a failed job's output means: known failure signatures, the fact and the fix"
+    )
+    p.add_argument(
+        "what",
+        metavar="LOG|JOBID",
+        help="a job's log file, or a job id whose output files the scheduler's record names",
+    )
+    p.add_argument(
+        "--env",
+        metavar="ENV",
+        help="the env the job ran (default: the one its script or variables name, where they do)",
+    )
+    add_json(p)
+    p.set_defaults(handler=command("explain", "handle"))

@@ -42,6 +42,7 @@ VARIABLES = {
     "SHELL": "the shell to write completion for when none is named",
     "TMPDIR": "node-local directory for image mounts and unpacked copies (default /tmp)",
     "ENVBUILDER_NO_FUSE": "1 unpacks an image instead of mounting it with squashfuse (a node without FUSE)",
+    "ENVBUILDER_SIGNATURES_DIR": "the site's directory of extra failure signatures (*.toml) explain reads",
     "ENVBUILDER_HISTORY_DIR": "the site's shared validation history: runs of envs of published recipes go there too",
 }
 
@@ -156,6 +157,10 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "alloc": (
         ("alloc local", "alloc local --nodes 2 --account ABC23001", "alloc zurada-conda-cu126 --json"),
         (*_RECORDS, *_RECIPES, "SLURM_JOB_ID"),
+    ),
+    "explain": (
+        ("explain slurm-1234.out", "explain 1234 --env local", "explain job.log --json"),
+        ("ENVBUILDER_SIGNATURES_DIR", *_RECORDS),
     ),
     "impact": (
         (

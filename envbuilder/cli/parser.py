@@ -70,6 +70,7 @@ def _build() -> argparse.ArgumentParser:
         _add_touch,
         _add_doctor,
         aidparser.add_alloc,
+        aidparser.add_explain,
         siteparser.add_impact,
         siteparser.add_probe,
         siteparser.add_report,

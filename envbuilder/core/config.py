@@ -83,6 +83,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("python_downloads", "ENVBUILDER_PYTHON_DOWNLOADS", TEXT),
     # The site's shared validation history: the runs of envs built from published recipes go there too.
     Setting("history_dir", "ENVBUILDER_HISTORY_DIR", PATH),
+    # A site's own failure signatures for `envbuilder explain` (read only where no other user can change them).
+    Setting("signatures_dir", "ENVBUILDER_SIGNATURES_DIR", PATH),
 )
 NAMES = tuple(s.name for s in SETTINGS)
 _BY_NAME = {s.name: s for s in SETTINGS}

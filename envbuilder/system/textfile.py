@@ -99,3 +99,38 @@ def _decode(data: bytes) -> str:
         raise UnreadableFile(
             f"not UTF-8 text: byte 0x{data[exc.start]:02x} (at line {line}, column {column})"
         ) from None
+
+
+def read_tail(path: Path, limit: int) -> tuple[str, bool]:
+    """The last ``limit`` bytes of the regular file ``path`` as text (bytes that are not UTF-8 replaced: a log
+    holds what programs wrote), and whether its start was left out; UnreadableFile where it cannot be read."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise UnreadableFile(f"not a regular file ({_kind(path.stat().st_mode)})")
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise UnreadableFile(os_reason(exc)) from None
+    except ValueError:
+        raise UnreadableFile("not a valid file name") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnreadableFile(f"not a regular file ({_kind(st.st_mode)})")
+        cut = st.st_size > limit
+        if cut:
+            os.lseek(fd, st.st_size - limit, os.SEEK_SET)
+        chunks: list[bytes] = []
+        left = limit  # a log still being written may grow: what is past the limit is left for the next read
+        while left > 0:
+            chunk = os.read(fd, min(1024 * 1024, left))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise UnreadableFile(os_reason(exc)) from None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", errors="replace"), cut

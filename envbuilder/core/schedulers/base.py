@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import field
 from types import MappingProxyType
 from typing import Optional
 
@@ -87,6 +88,25 @@ class JobShape:
     def walltime(self) -> str:
         """The walltime as HH:MM:SS, the form every scheduler and wrapper reads alike."""
         return values.walltime(self.time, "scheduler.time")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What a scheduler's record of a finished (or running) job tells: where its output went, how it ended, where
+    it ran, its script and the variables it was submitted with, where the record says them."""
+
+    job: str
+    #: The command that told it, in words ("sacct", "scontrol show job").
+    source: str
+    state: Optional[str] = None
+    #: As the scheduler writes it (Slurm: ``0:9``, status and signal; PBS: ``137``).
+    exit_code: Optional[str] = None
+    nodes: Optional[str] = None
+    #: The job's output files, stdout first (one where both went to one file).
+    outputs: tuple[str, ...] = ()
+    script: Optional[str] = None
+    workdir: Optional[str] = None
+    variables: Mapping[str, str] = field(default_factory=dict)
 
 
 class Scheduler(ABC):
@@ -284,6 +304,32 @@ class Scheduler(ABC):
     @abstractmethod
     def cancel(self, job: str) -> list[str]:
         """argv that cancels the job."""
+
+    def record_queries(self, job: str) -> list[list[str]]:
+        """argv that tell a job's record (:class:`JobRecord`), the first that answers wins; [] where none."""
+        return []
+
+    def job_record(self, job: str, argv: Sequence[str], stdout: str) -> Optional[JobRecord]:
+        """The record in what ``argv`` (one of :meth:`record_queries`) printed; None where it holds none."""
+        return None
+
+    def ending(self, record: JobRecord) -> Optional[str]:
+        """How the job ended, in words, where its state or exit code says more than "it failed" (a signal, a
+        memory or time limit); None otherwise."""
+        return None
+
+
+#: What a signal that ends a job usually means.
+SIGNALS = {
+    9: "SIGKILL: the out-of-memory killer, a limit the scheduler enforces, or a kill by hand",
+    15: "SIGTERM: the scheduler ending the job (time limit, cancel, preemption) or a kill by hand",
+    6: "SIGABRT: the program aborted itself (an uncaught C++ exception, an assertion, NCCL's abort)",
+    11: "SIGSEGV: a segmentation fault (a library built for another CPU, CUDA or ABI; a real bug)",
+}
+
+
+def signal_words(number: int) -> str:
+    return f"signal {number} ({SIGNALS[number]})" if number in SIGNALS else f"signal {number}"
 
 
 def count(text: Optional[str]) -> Optional[int]:

@@ -8,7 +8,15 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from envbuilder.core.launchers import LaunchSpec, build, plain
-from envbuilder.core.schedulers.base import HostList, JobShape, Scheduler, Where, count
+from envbuilder.core.schedulers.base import (
+    HostList,
+    JobRecord,
+    JobShape,
+    Scheduler,
+    Where,
+    count,
+    signal_words,
+)
 
 
 class Pbs(Scheduler):
@@ -106,6 +114,71 @@ class Pbs(Scheduler):
 
     def cancel(self, job: str) -> list[str]:
         return ["qdel", job]
+
+    def ending(self, record: JobRecord) -> Optional[str]:
+        # Exit_status: the script's status; above 256, 256 + the signal PBS ended it with (a walltime or memory
+        # limit, qdel); 128 + N, a signal its shell saw; negative, PBS could not start or run it (codes differ
+        # between PBS versions: the server's log says which).
+        status = record.exit_code or ""
+        if not status.lstrip("-").isdigit():
+            return None
+        number = int(status)
+        if number < 0:
+            return (
+                f"Exit_status {status}: PBS itself could not start or run the job (the server's log says why)"
+            )
+        if number > 256:
+            return f"Exit_status {status}: {signal_words(number - 256)} (sent by PBS)"
+        if 128 < number < 160:
+            return f"Exit_status {status}: {signal_words(number - 128)}"
+        return None
+
+    def record_queries(self, job: str) -> list[list[str]]:
+        # -x: finished jobs too, for as long as the server keeps their history (job_history_duration).
+        return [["qstat", "-x", "-f", job]]
+
+    def job_record(self, job: str, argv: Sequence[str], stdout: str) -> Optional[JobRecord]:
+        fields = _qstat_fields(stdout)
+        if not fields.get("Job Id"):
+            return None
+        # Output_Path is HOST:PATH; with Join_Path oe (envbuilder's qsub -j oe) the error stream is in it too.
+        outputs = [_path(fields.get("Output_Path", ""))]
+        if fields.get("Join_Path", "n") == "n":
+            outputs.append(_path(fields.get("Error_Path", "")))
+        variables = dict(
+            item.split("=", 1) for item in fields.get("Variable_List", "").split(",") if "=" in item
+        )
+        return JobRecord(
+            job=fields["Job Id"],
+            source="qstat -x -f",
+            state=fields.get("job_state") or None,
+            exit_code=fields.get("Exit_status") or None,
+            nodes=fields.get("exec_host") or None,
+            outputs=tuple(o for o in outputs if o),
+            workdir=variables.get("PBS_O_WORKDIR") or None,
+            variables=variables,
+        )
+
+
+def _qstat_fields(stdout: str) -> dict[str, str]:
+    """``qstat -f``'s ``Job Id: ID`` and ``key = value`` lines; a long value goes on in lines that start with a
+    tab, which are joined to it."""
+    fields: dict[str, str] = {}
+    key = None
+    for line in stdout.splitlines():
+        if line.startswith("Job Id:"):
+            fields["Job Id"] = line.split(":", 1)[1].strip()
+        elif line.startswith("\t") and key:
+            fields[key] += line.strip()
+        elif " = " in line:
+            key, value = (part.strip() for part in line.split(" = ", 1))
+            fields[key] = value
+    return fields
+
+
+def _path(value: str) -> str:
+    """The path of PBS's ``HOST:PATH``."""
+    return value.split(":", 1)[1] if ":" in value else value
 
 
 #: The adapter the registry offers.

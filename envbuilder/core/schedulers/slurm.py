@@ -11,7 +11,15 @@ from typing import Optional
 
 from envbuilder.core import values
 from envbuilder.core.launchers import ShellVar
-from envbuilder.core.schedulers.base import HostList, JobShape, Scheduler, Where, count
+from envbuilder.core.schedulers.base import (
+    HostList,
+    JobRecord,
+    JobShape,
+    Scheduler,
+    Where,
+    count,
+    signal_words,
+)
 from envbuilder.core.shells import registry as shells
 
 
@@ -213,6 +221,90 @@ class Slurm(Scheduler):
 
     def cancel(self, job: str) -> list[str]:
         return ["scancel", job]
+
+    def ending(self, record: JobRecord) -> Optional[str]:
+        # ExitCode is STATUS:SIGNAL, the signal that ended the batch script (0 where none did).
+        for state, words in _ENDINGS.items():
+            if (record.state or "").startswith(state):
+                return f"{state}: {words}"
+        parts = (record.exit_code or "").split(":")
+        if len(parts) == 2 and parts[1].isdigit() and int(parts[1]):
+            return f"exit code {record.exit_code}: {signal_words(int(parts[1]))}"
+        return None
+
+    def record_queries(self, job: str) -> list[list[str]]:
+        # The accounting database first (it keeps a job for good); without accounting (or once sacct does not
+        # know the job) the controller's record, which it keeps for MinJobAge (300 s by default) after the end.
+        return [
+            [
+                "sacct",
+                "-j",
+                job,
+                "-X",
+                "-n",
+                "-P",
+                "-o",
+                "JobID,State,ExitCode,NodeList,StdOut,StdErr,WorkDir",
+            ],
+            ["scontrol", "-o", "show", "job", job],
+        ]
+
+    def job_record(self, job: str, argv: Sequence[str], stdout: str) -> Optional[JobRecord]:
+        if argv[:1] == ["sacct"]:
+            return _sacct_record(job, stdout)
+        fields = _scontrol_fields(stdout)
+        if not fields.get("JobId"):
+            return None
+        outputs = [fields.get("StdOut", ""), fields.get("StdErr", "")]
+        return JobRecord(
+            job=fields["JobId"],
+            source="scontrol show job",
+            state=fields.get("JobState") or None,
+            exit_code=fields.get("ExitCode") or None,
+            nodes=fields.get("NodeList") or None,
+            outputs=tuple(dict.fromkeys(o for o in outputs if o)),
+            script=fields.get("Command") or None,
+            workdir=fields.get("WorkDir") or None,
+        )
+
+
+#: Job states that say why a job ended.
+_ENDINGS = {
+    "OUT_OF_MEMORY": "Slurm's memory limit: a process of the job was killed by the cgroup's OOM killer",
+    "TIMEOUT": "its time limit",
+    "PREEMPTED": "preemption by another job",
+    "NODE_FAIL": "a node of the job failing",
+    "CANCELLED": "a cancel (scancel, or an admin)",
+}
+
+
+def _sacct_record(job: str, stdout: str) -> Optional[JobRecord]:
+    """sacct -P's line for the job (its allocation, -X): patterns in StdOut/StdErr expanded for the job id."""
+    for line in stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != 7 or not parts[0]:
+            continue
+        jobid, state, exit_code, nodes, out, err, workdir = parts
+        outputs = [SCHEDULER.output_of(p, jobid) for p in (out, err) if p]
+        return JobRecord(
+            job=jobid,
+            source="sacct",
+            state=state.split()[0] if state else None,
+            exit_code=exit_code or None,
+            nodes=nodes or None,
+            outputs=tuple(dict.fromkeys(outputs)),
+            workdir=workdir or None,
+        )
+    return None
+
+
+def _scontrol_fields(stdout: str) -> dict[str, str]:
+    """``scontrol -o show job``'s Key=Value pairs; a value runs to the next `` Key=`` (a path may hold spaces)."""
+    line = stdout.strip().splitlines()[0] if stdout.strip() else ""
+    return {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"(?:^| )([A-Za-z][\w:/]*)=(.*?)(?= [A-Za-z][\w:/]*=|$)", line)
+    }
 
 
 #: Pending reasons (squeue's %r) that do not clear while the job and the site stay as they are, and what each means:
