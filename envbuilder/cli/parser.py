@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from envbuilder import __version__
 from envbuilder.cli import helptext, siteparser
-from envbuilder.cli.options import add_index, add_launch, add_lock_use, add_partition, env_verb
+from envbuilder.cli.options import add_index, add_launch, add_lock_use, add_partition, add_preflight, env_verb
 from envbuilder.cli.parts import (
     Choices,
     Parser,
@@ -164,6 +164,7 @@ def _add_create(sub: Sub) -> None:
         "--name", metavar="NAME", help="record the env under this name (default: the recipe's): a second env"
     )
     p.add_argument("--no-validate", action="store_true", help="skip the checks after building")
+    add_preflight(p)
     add_partition(p)
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument(
@@ -307,6 +308,7 @@ def _add_pack(sub: Sub) -> None:
     p.add_argument(
         "--to", metavar="DIR", help="write the image into DIR, e.g. on $WORK (default: beside the env)"
     )
+    add_preflight(p)
     p = env_verb(
         sub,
         "stage",
@@ -368,6 +370,7 @@ def _add_backup(sub: Sub) -> None:
         "-o", "--output", metavar="FILE", help="--portable: the archive to write (default ./ENV.portable.tar)"
     )
     p.add_argument("--wait", type=seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
+    add_preflight(p)
     add_json(p)
     p.set_defaults(handler=command("backup", "handle_backup"))
 
@@ -392,6 +395,7 @@ def _add_restore(sub: Sub) -> None:
     p.add_argument("--force", action="store_true", help="replace an env that exists at the target")
     p.add_argument("--validate", action="store_true", help="run the full validation suite afterwards")
     p.add_argument("--no-validate", action="store_true", help="skip even the torch import check")
+    add_preflight(p)
     p.add_argument("--wait", type=seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
     add_json(p)
     p.set_defaults(handler=command("backup", "handle_restore"))
