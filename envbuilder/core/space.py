@@ -197,10 +197,19 @@ def compare(needs: Sequence[Need], rooms: Sequence[Room]) -> Verdict:
 
 def _limits(room: Room, need_bytes: int, need_files: int, soft: bool) -> list[Shortfall]:
     at = room.path
-    out = [Shortfall(at, f"free space on {at}", "bytes", need_bytes, room.free, room.size, soft)]
+    out = [Shortfall(at, f"free space on {at}", "bytes", need_bytes, room.free, room.size, soft, shared=True)]
     if room.inodes:
         out.append(
-            Shortfall(at, f"free inodes on {at}", "files", need_files, room.free_files, room.inodes, soft)
+            Shortfall(
+                at,
+                f"free inodes on {at}",
+                "files",
+                need_files,
+                room.free_files,
+                room.inodes,
+                soft,
+                shared=True,
+            )
         )
     q = room.quota
     if q is not None:
