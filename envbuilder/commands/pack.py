@@ -23,7 +23,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         if image.container_file(record) is not None:
             return _one_file_already(record, out, args.json)
         way_out = "write the image elsewhere with --to DIR"
-        if not space.skipped(args.no_preflight, os.environ, out.warn):
+        if not image.refusal(record) and not space.skipped(args.no_preflight, os.environ, out.warn):
             fig = estimate.of_record(record.to_json())
             # squashfs compresses; the env's own size is the most the image can take.
             into = str(image.image_path(record, to).parent)

@@ -96,7 +96,8 @@ def check(
 ) -> Verdict:
     """Measure the room for each need and compare; warn on stderr (``warn``) of a limit nearly reached or a
     quota that could not be read, and refuse with the numbers (a DiskError) where the needs do not fit."""
-    rooms = [room(n.path, limits, env) for n in needs]
+    seen: dict[Path, Room] = {}  # one statvfs and one quota tool run per directory
+    rooms = [seen.setdefault(existing(n.path), room(n.path, limits, env)) for n in needs]
     verdict = space.compare(needs, rooms)
     for note in verdict.notes:
         warn(f"pre-flight: {note}")

@@ -178,6 +178,18 @@ def test_backup_is_refused_where_the_store_lacks_room_and_passes_where_it_has_th
     assert len(w.data("backups", "a")) == 2
 
 
+def test_pack_is_refused_where_the_image_cannot_fit_and_goes_elsewhere_with_to(built, tmp_path):
+    w = built
+    fill(w.scratch, leave=1 << 20)
+    res = w.cli("pack", "a", "--json")
+    _refused(res, f"free space on {w.scratch}/envs: need", "write the image elsewhere with --to DIR")
+    assert sorted(p.name for p in (w.scratch / "envs").iterdir()) == ["a"]  # no partial image
+    elsewhere = tmp_path / "work"
+    elsewhere.mkdir()
+    made = w.data("pack", "a", "--to", str(elsewhere))
+    assert Path(made["path"]).parent == elsewhere
+
+
 def test_no_preflight_lets_create_start_and_fail_in_the_installer_cleanly(tmp_path, index):
     w = UserWorld(tmp_path, mirror_env(index))
     w.write_recipe("a", big_recipe("a"))
