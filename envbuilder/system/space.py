@@ -65,7 +65,7 @@ def ask_quota(tool: str, where: Path, env: Mapping[str, str]) -> tuple[Optional[
 def room(path: str, limits: Limits, env: Mapping[str, str]) -> Room:
     where = existing(path)
     st = os.statvfs(where)
-    found = limits(str(where)) if limits else None
+    found = limits(str(where))
     stated, tool = found if found else (None, "")
     quota, note = ask_quota(tool, where, env) if tool else (None, "")
     return Room(
