@@ -66,6 +66,40 @@ def figure(variant: Optional[str]) -> Figure:
     )
 
 
+#: How many times its packed size a torch wheel takes once installed, per variant, with the source.
+UNPACK: Mapping[str, tuple[float, str]] = {
+    "cpu": (
+        3.95,
+        "torch 2.13.0+cpu cp311: a 191,794,682-byte wheel, 757,817,452 bytes installed (measured 2026-11-28)",
+    ),
+    "cuda": (2.05, "a CUDA torch wheel of 1.9 GB unpacked to 3.9 GB (pytorch/pytorch#56055, 2021-04-16)"),
+}
+
+
+def from_lock(the_plan: Plan) -> Optional[Figure]:
+    """An env's size from the sizes its applying lock gives for every file it installs (times the variant's
+    unpack ratio, plus a bare venv), with its files from the table; None where the lock is not used or a file
+    lacks its size."""
+    lock = the_plan.lock
+    locked = the_plan.locked
+    if lock is None or not lock.applies or locked is None or not locked.packages:
+        return None
+    sizes = [p.files[0].size for p in locked.packages if p.files]
+    if not sizes or any(size is None for size in sizes):
+        return None
+    res = the_plan.resolution
+    variant = res.variant if res else "cpu"
+    ratio, why = UNPACK["cpu" if variant == "cpu" else "cuda"]
+    packed = sum(size or 0 for size in sizes)
+    bare, table = INSTALLED["none"], figure(res.variant if res else None)
+    return Figure(
+        int(packed * ratio) + bare.bytes,
+        table.files,
+        f"the lock's sizes: {len(sizes)} files, {packed:,} bytes packed, times {ratio} ({why}), plus a bare "
+        f"venv; files: {table.source}",
+    )
+
+
 def for_plan(the_plan: Plan, cache: Optional[str]) -> list[Need]:
     """What creating ``the_plan``'s env writes: the env beside its prefix and, for uv, the unpacked copy its
     cache keeps (``cache``; a soft need: the cache may hold it already). uv hard-links from its cache where
@@ -73,7 +107,7 @@ def for_plan(the_plan: Plan, cache: Optional[str]) -> list[Need]:
     if the_plan.container is not None:
         return []  # an image's size is the registry's to say; not estimated
     res = the_plan.resolution
-    fig = figure(res.variant if res else None)
+    fig = from_lock(the_plan) or figure(res.variant if res else None)
     where = str(PurePosixPath(the_plan.prefix).parent)
     needs = [Need(where, f"the env {the_plan.prefix}", fig.bytes, fig.files, fig.source)]
     if cache and the_plan.installer == "uv":

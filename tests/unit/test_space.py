@@ -3,13 +3,22 @@ print it, and the comparison that refuses, warns or lets pass."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from envbuilder import lockfile, plan
 from envbuilder.core import space
+from envbuilder.core.facts import HostFacts
 from envbuilder.core.space import Need, Quota, Room, Stated
+from envbuilder.lockfile import pylock, reader
 from envbuilder.plan import preflight
+from envbuilder.recipe.catalog import Catalog, Layer
+from envbuilder.recipe.loader import load
 
 GiB = 1 << 30
+CPU_HOST = HostFacts(arch="x86_64", python="3.11.7", glibc="2.34", gpus=())
+ENV = {"SCRATCH": "/scratch/u", "HOME": "/home/u"}
 
 #: `lfs quota -u bob /scratch` as Lustre prints it (lfs-quota(1), the Lustre manual's "Checking Quotas"):
 #: kbytes, soft and hard block limits, grace ("-" when none), then the same for files; "*" marks a value over
@@ -163,3 +172,65 @@ def test_a_record_measured_at_create_is_used_over_the_table():
     assert preflight.of_record(rec) == preflight.Figure(123, 4, "the env's record (measured 2026-11-28)")
     older = {"files": {"sentinels": []}, "plan": {"resolution": {"variant": "cpu"}}}
     assert preflight.of_record(older).bytes == preflight.INSTALLED["cpu"].bytes
+
+
+# --- estimates from a plan: the lock's sizes where it gives every one, else the table -------------------------
+
+
+def _recipe(tmp_path: Path):
+    (tmp_path / "demo.toml").write_text(
+        'schema_version = 1\n[recipe]\nname = "demo"\n[env]\nkind = "venv"\ninstaller = "uv"\n'
+        'prefix = "${SCRATCH}/envs/{name}"\n[python]\ncommand = "python3"\nversion = "3.11"\n'
+        '[torch]\nversion = "2.7.1"\nvariant = "cpu"\npackages = ["torch"]\n',
+        encoding="utf-8",
+    )
+    return load("demo", Catalog([Layer("test", tmp_path)]))
+
+
+def _lock(inputs: dict, sizes: tuple) -> lockfile.Lock:
+    pkgs = tuple(
+        lockfile.LockedPackage(
+            name, "1.0", "wheel", (lockfile.LockedFile(f"https://x/{name}.whl", "a" * 64, size),)
+        )
+        for name, size in zip(("torch", "numpy"), sizes)
+    )
+    platform = lockfile.PlatformLock("x86_64", "x86_64-manylinux_2_28", inputs, pkgs)
+    return lockfile.Lock(
+        "demo", "", "f" * 64, "venv", "uv", "now", "test", (platform,), path="/l", origin="--lock"
+    )
+
+
+def test_a_lock_with_every_size_gives_the_estimate(tmp_path):
+    r = _recipe(tmp_path)
+    inputs = plan.build(r, CPU_HOST, ENV).lock_inputs
+    p = plan.build(r, CPU_HOST, ENV, lock=_lock(inputs, (190_000_000, 10_000_000)))
+    env_need, cache_need = preflight.for_plan(p, "/scratch/u/uv-cache")
+    assert env_need.path == "/scratch/u/envs"
+    assert env_need.bytes == int(200_000_000 * 3.95) + preflight.INSTALLED["none"].bytes
+    assert env_need.source.startswith("the lock's sizes: 2 files, 200,000,000 bytes packed, times 3.95")
+    assert cache_need.soft and cache_need.path == "/scratch/u/uv-cache"
+
+
+def test_a_lock_missing_a_size_falls_back_to_the_table(tmp_path):
+    r = _recipe(tmp_path)
+    inputs = plan.build(r, CPU_HOST, ENV).lock_inputs
+    p = plan.build(r, CPU_HOST, ENV, lock=_lock(inputs, (190_000_000, None)))
+    (env_need, _) = preflight.for_plan(p, "/cache")
+    assert env_need.bytes == preflight.INSTALLED["cpu"].bytes and env_need.source.startswith("measured")
+
+
+def test_lock_sizes_are_read_and_written_again(tmp_path):
+    text = (
+        'lock-version = "1.0"\ncreated-by = "uv"\n[[packages]]\nname = "torch"\nversion = "2.7.1"\n'
+        '[[packages.wheels]]\nurl = "https://x/torch.whl"\nsize = 191794682\nhashes = {sha256 = "'
+        + "a" * 64
+        + '"}\n'
+    )
+    (pkg,) = reader.from_pylock(text, "a test lock")
+    assert pkg.files[0].size == 191_794_682
+    lock = _lock({"kind": "venv"}, (191_794_682, 7))
+    assert "size = 191794682" in pylock.render(lock, lock.platforms[0])
+    path = tmp_path / "demo.lock.toml"
+    path.write_text(lock.dumps(), encoding="utf-8")
+    again = lockfile.read(path, "yours").platforms[0]
+    assert [p.files[0].size for p in again.packages] == [191_794_682, 7]
