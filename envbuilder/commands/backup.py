@@ -90,7 +90,7 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 mode = args.mode or backup.default_mode(record)
                 if not quiet:
                     out.heading(f"Backing up {record.name} ({mode}) to {root}")
-                check = _room(args, out, settings.BACKUP_WAY_OUT, record.recipe)
+                check = _room(args, out, settings.BACKUP_WAY_OUT, record.recipe, str(root))
                 result = backup.make(record, root, mode, args.format, step, preflight=check)
             steps.stop()
             if not quiet:
@@ -102,7 +102,7 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 records.append(state.load(home, name))
             except EnvbuilderError as exc:
                 out.warn(f"{name}: {exc.message}")
-        check = _room(args, out, settings.BACKUP_WAY_OUT, None)
+        check = _room(args, out, settings.BACKUP_WAY_OUT, None, str(root))
         done, failed = backup.make_all(records, root, args.mode, step, home=home, preflight=check)
     if not quiet:
         for r in done:
@@ -173,7 +173,7 @@ def _render_one(result: backup.BackupResult, out: Out) -> None:
 
 
 def _room(
-    args: argparse.Namespace, out: Out, way_out: str, recipe: Optional[str]
+    args: argparse.Namespace, out: Out, way_out: str, recipe: Optional[str], target: str
 ) -> Optional[Callable[[Sequence[Need]], object]]:
     """Pre-flight for what this verb writes (None under --no-preflight): the limits the env's recipe states for
     the file system written to, where that recipe still loads."""
@@ -189,7 +189,7 @@ def _room(
             loaded = None  # a recipe moved or gone: free space and inodes are still checked
         if loaded is not None:
             limits = estimate.limits(loaded, env)
-            elsewhere = [f"{n} ({fs.path})" for n, fs in loaded.filesystems.items()]
+            elsewhere = estimate.elsewhere(loaded, env, target)
 
     def check(needs: Sequence[Need]) -> object:
         return space.check(needs, env=env, warn=out.warn, way_out=way_out, limits=limits, elsewhere=elsewhere)
@@ -278,7 +278,7 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         out.heading(f"Restoring {b.id} ({b.mode}, created {b.data.get('created')})")
     final = Path(args.prefix or b.data["prefix"]).expanduser().resolve()
     where = (final.parent, "restore elsewhere with --prefix DIR (and --name NAME)")
-    check = _room(args, out, where[1], (b.data.get("record") or {}).get("recipe"))
+    check = _room(args, out, where[1], (b.data.get("record") or {}).get("recipe"), str(final))
     if check is not None:
         fig = estimate.of_record(b.data.get("record") or {})
         check([Need(str(final.parent), f"the restored env {final}", fig.bytes, fig.files, fig.source)])

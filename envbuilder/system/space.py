@@ -104,22 +104,32 @@ def check(
     for c in verdict.warnings:
         warn(f"pre-flight: {'may not fit' if not c.fits else 'close to the limit'}: {c.words()}")
     if verdict.refused:
-        worst = verdict.refused[0]
-        quota = "quota" in worst.limit
-        ways = [way_out, *(f"another file system of the site: {', '.join(elsewhere)}" for _ in elsewhere[:1])]
-        cache = [n for n in needs if "cache" in n.what]
-        if cache:
-            ways.append(f"free {cache[0].what.split(' (')[0]} at {cache[0].path} (uv cache prune)")
-        sources = "; ".join(dict.fromkeys(f"{n.what}: {n.source}" for n in needs if not n.soft))
-        err = DiskError(
-            space.refusal(verdict),
-            path=worst.path,
-            errno=errno.EDQUOT if quota else errno.ENOSPC,
-            hint="; or ".join(ways) + f" (estimate: {sources}; --no-preflight skips this check)",
-        )
-        err.data = {"preflight": to_json(needs, verdict)}
-        raise err
+        raise _refusal(needs, rooms, verdict, way_out, elsewhere)
     return verdict
+
+
+def _refusal(
+    needs: Sequence[Need], rooms: Sequence[Room], verdict: Verdict, way_out: str, elsewhere: Sequence[str]
+) -> DiskError:
+    """The refusal: the numbers, then the ways out (the verb's own, the site's other file systems, and pruning a
+    cache that shares the full file system), with where the estimate came from."""
+    worst = verdict.refused[0]
+    ways = [way_out]
+    if elsewhere:
+        ways.append(f"another file system of the site: {', '.join(elsewhere)}")
+    full = {r.device for r in rooms if r.path == worst.path}
+    for need, r in zip(needs, rooms):
+        if need.soft and r.device in full:
+            ways.append(f"make room in {need.what} at {need.path} (uv cache prune)")
+    sources = "; ".join(dict.fromkeys(f"{n.what}: {n.source}" for n in needs if not n.soft))
+    err = DiskError(
+        space.refusal(verdict),
+        path=worst.path,
+        errno=errno.EDQUOT if "quota" in worst.limit else errno.ENOSPC,
+        hint="; or ".join(ways) + f" (estimate: {sources}; --no-preflight skips this check)",
+    )
+    err.data = {"preflight": to_json(needs, verdict)}
+    return err
 
 
 def to_json(needs: Sequence[Need], verdict: Verdict) -> dict[str, object]:

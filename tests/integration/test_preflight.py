@@ -64,18 +64,23 @@ def _refused(res, *words: str) -> dict:
 def test_a_cpu_torch_env_that_does_not_fit_is_refused_before_anything_is_written(tmp_path):
     w = UserWorld(tmp_path)
     w.write_recipe("t", torch_recipe("t"))
+    cache = w.scratch / "uv-cache"  # uv's cache beside the envs, as on a cluster: pruning it makes room
     with tmpfs(w.scratch, size="256m"):
-        res = w.cli("create", "t", "--no-validate", "--json")
+        res = w.cli("create", "t", "--no-validate", "--json", UV_CACHE_DIR=str(cache))
         problem = _refused(
             res,
             f"free space on {w.scratch}: need 832.3 MB",
             "build elsewhere with --prefix DIR",
+            f"make room in uv's cache (its unpacked copy) at {cache} (uv cache prune)",
             "torch 2.13.0+cpu",  # where the figure comes from
             "--no-preflight skips this check",
         )
         assert problem["path"] == str(w.scratch) and problem["errno"] == 28  # ENOSPC
-        assert list(w.scratch.iterdir()) == []  # not even the env's parent directory
-        assert not (tmp_path / "uv-cache").exists()  # nothing downloaded
+        checks = json.loads(res.stdout)["data"]["preflight"]["checks"]
+        assert {(c["limit"], c["fits"]) for c in checks if c["unit"] == "bytes"} == {
+            (f"free space on {w.scratch}", False)
+        }
+        assert list(w.scratch.iterdir()) == []  # not even the env's parent directory, nor uv's cache
 
 
 def test_a_cpu_torch_env_that_fits_in_bytes_but_not_in_inodes_is_refused(tmp_path):
