@@ -280,7 +280,7 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     where = (final.parent, "restore elsewhere with --prefix DIR (and --name NAME)")
     check = _room(args, out, where[1], (b.data.get("record") or {}).get("recipe"), str(final))
     if check is not None:
-        fig = estimate.of_record(b.data.get("record") or {})
+        fig = estimate.of_backup(b.data)
         check([Need(str(final.parent), f"the restored env {final}", fig.bytes, fig.files, fig.source)])
     # An env that --force replaces is removed after the swap, while the smoke check runs: joined here.
     with (

@@ -128,6 +128,21 @@ def of_record(record: Mapping[str, Any]) -> Figure:
     return Figure(fig.bytes, fig.files, f"not measured in its record: {fig.source}")
 
 
+def of_backup(data: Mapping[str, Any]) -> Figure:
+    """What restoring a backup (its ``backup.json``) puts back: the env as its record measured it, else a container
+    env's image file as the backup holds it, else the table's figure for its variant."""
+    record = data.get("record") or {}
+    fig = of_record(record)
+    image = data.get("image")
+    if (
+        fig.source.startswith("not measured")
+        and isinstance(image, dict)
+        and isinstance(image.get("size"), int)
+    ):
+        return Figure(image["size"], 16, f"the backup's image file, {image['size']:,} bytes")
+    return fig
+
+
 def limits(recipe: Recipe, env: Mapping[str, str]) -> Callable[[str], Optional[tuple[Stated, str]]]:
     """For a directory: the limits the recipe states for the [filesystems] entry holding it (the longest of
     their expanded paths that holds it) and that entry's quota tool ("" where it names none); None where no

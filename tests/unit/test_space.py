@@ -174,6 +174,13 @@ def test_a_record_measured_at_create_is_used_over_the_table():
     assert preflight.of_record(older).bytes == preflight.INSTALLED["cpu"].bytes
 
 
+def test_a_backup_of_an_unmeasured_container_env_is_its_image_file():
+    data = {"record": {"files": {}, "plan": {}}, "image": {"file": "x.sif", "size": 5_000_000_000}}
+    assert preflight.of_backup(data).bytes == 5_000_000_000
+    measured = {"record": {"files": {"bytes": 9, "count": 2}}, "image": {"size": 5_000_000_000}}
+    assert preflight.of_backup(measured).bytes == 9
+
+
 # --- estimates from a plan: the lock's sizes where it gives every one, else the table -------------------------
 
 
