@@ -319,6 +319,7 @@ def _add_pack(sub: Sub) -> None:
     p.add_argument(
         "--clean", action="store_true", help="remove the env's staged copies from every node instead"
     )
+    add_preflight(p)
     # The node side of stage, run on each node by its steps (no help: not listed); clean takes the env name as KEY.
     p = sub.add_parser("__stage-node")
     p.add_argument(
@@ -332,6 +333,7 @@ def _add_pack(sub: Sub) -> None:
         default="",
         help="unpack: the image as sbcast wrote it on the node; fetch: the image",
     )
+    p.add_argument("--need", default="", help="BYTES:FILES this node must have room for before it writes")
     p.set_defaults(handler=command("stage", "handle_node"))
 
 

@@ -8,15 +8,19 @@ the envs that are built are small ones from the tests' loopback index."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import UserWorld, demo_recipe, ok
+from helpers import UserWorld, demo_recipe, ok, run_cli
 from sharedfs import fill, tmpfs
 from wheelindex import build_wheel, demo_wheels, mirror_env, serve
+
+from envbuilder.core.errors import DiskError
+from envbuilder.scale import image, staging
 
 pytestmark = pytest.mark.integration
 
@@ -206,3 +210,54 @@ def test_no_preflight_lets_create_start_and_fail_in_the_installer_cleanly(tmp_pa
         assert problem["path"].startswith(str(w.scratch))
         leftovers = [p.name for p in (w.scratch / "envs").iterdir()] if (w.scratch / "envs").exists() else []
         assert leftovers == []  # the partial env is gone
+
+
+# --- stage: each node checks its own directory before it copies (the node side, run here as a node runs it) ----
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """This node's TMPDIR, a 4 MiB tmpfs; the aliases a copy makes in the directory every node names alike are
+    removed after."""
+    local = tmp_path / "node-local"
+    with tmpfs(local, size="4m"):
+        monkeypatch.setenv("TMPDIR", str(local))
+        yield local / f"envbuilder-{os.getuid()}"
+    for alias in image.default_base().glob("box-*.image.sif"):
+        if alias.is_symlink() and str(tmp_path) in os.readlink(alias):
+            alias.unlink()
+
+
+def test_a_node_refuses_an_image_file_its_directory_cannot_hold_and_takes_one_it_can(tmp_path, node):
+    content = os.urandom(6 << 20)
+    source = tmp_path / "envs" / "box" / "image.sif"
+    source.parent.mkdir(parents=True)
+    source.write_bytes(content)
+    digest = hashlib.sha256(content).hexdigest()
+    key = f"box-{digest[:16]}"
+    with pytest.raises(DiskError, match=r"free space on .*node-local.*: need 6.0 MB") as refused:
+        staging.on_node("fetch-file", key, digest, str(source), need=f"{len(content)}:1")
+    assert "a TMPDIR on a larger node-local disk" in (refused.value.hint or "")
+    assert not list(node.glob(f"*{key}*")), list(node.iterdir())  # not even a partial copy
+    small = tmp_path / "envs2" / "box" / "image.sif"
+    small.parent.mkdir(parents=True)
+    small.write_bytes(content[: 1 << 20])
+    small_digest = hashlib.sha256(small.read_bytes()).hexdigest()
+    small_key = f"box-{small_digest[:16]}"
+    line = staging.on_node("fetch-file", small_key, small_digest, str(small), need=f"{1 << 20}:1")
+    assert line.startswith("copied ")
+    fill(node)  # full now, but the copy is there: nothing to write, nothing to check
+    assert (
+        staging.on_node("fetch-file", small_key, small_digest, str(small), need=f"{1 << 20}:1")
+        == f"ready {node}"
+    )
+
+
+def test_a_node_refuses_before_the_broadcast_where_the_image_and_its_env_cannot_fit(node):
+    with pytest.raises(DiskError, match=r"free (space|inodes) on"):
+        staging.on_node("prepare", "a-0123456789abcdef", "0" * 64, need=f"{64 << 20}:100")
+    assert staging.on_node("prepare", "a-0123456789abcdef", "0" * 64, need=f"{1 << 20}:10") == f"empty {node}"
+    # As stage runs it on each node: the hidden verb takes --need, and a refusal is a disk error on its stderr.
+    argv = ("__stage-node", "prepare", "a-1123456789abcdef", "0" * 64, "--need", f"{64 << 20}:100")
+    res = run_cli(*argv, env={"TMPDIR": os.environ["TMPDIR"], "HOME": str(node.parent)})
+    assert res.returncode == 15 and "error: not enough room: free space on" in res.stderr, res.stderr
