@@ -42,7 +42,7 @@ VARIABLES = {
     "SHELL": "the shell to write completion for when none is named",
     "TMPDIR": "node-local directory for image mounts and unpacked copies (default /tmp)",
     "ENVBUILDER_NO_FUSE": "1 unpacks an image instead of mounting it with squashfuse (a node without FUSE)",
-    "ENVBUILDER_NO_PREFLIGHT": "1 skips the space, inode and quota check before create, restore, pack and backup "
+    "ENVBUILDER_NO_PREFLIGHT": "1 skips the space, inode and quota check before create, restore, pack, stage and backup "
     "write (as --no-preflight does)",
     "ENVBUILDER_HISTORY_DIR": "the site's shared validation history: runs of envs of published recipes go there too",
 }
