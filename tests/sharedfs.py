@@ -65,13 +65,22 @@ def _mount(argv: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def tmpfs(path: Path, *, size: str = "4m", read_only: bool = False, options: str = "") -> Iterator[Path]:
+def tmpfs(
+    path: Path,
+    *,
+    size: str = "4m",
+    read_only: bool = False,
+    options: str = "",
+    nr_inodes: Optional[int] = None,
+) -> Iterator[Path]:
     """A tmpfs of ``size`` at ``path`` (made if absent), unmounted afterwards. ``read_only`` mounts it read-only
-    (after ``path`` was filled, if the caller wants files in it: see ``read_only_again``)."""
+    (after ``path`` was filled, if the caller wants files in it: see ``read_only_again``); ``nr_inodes`` caps its
+    inodes (its root directory takes one), for a file system with bytes to spare and no files left."""
     if os.geteuid() != 0:
         pytest.skip("tmpfs mounts need root (mount -t tmpfs)")
     path.mkdir(parents=True, exist_ok=True)
-    opts = f"size={size},mode=0755" + (f",{options}" if options else "") + (",ro" if read_only else "")
+    extra = [o for o in (options, f"nr_inodes={nr_inodes}" if nr_inodes else "") if o]
+    opts = f"size={size},mode=0755" + "".join(f",{o}" for o in extra) + (",ro" if read_only else "")
     _mount(["mount", "-t", "tmpfs", "-o", opts, "envbuilder-test", str(path)])
     try:
         yield path

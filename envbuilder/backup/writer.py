@@ -23,10 +23,16 @@ from envbuilder.backup import archive, image, wheelhouse
 from envbuilder.backup.catalog import BACKUP_VERSION, Backup, backups, checksum, load
 from envbuilder.core import kinds, settings
 from envbuilder.core.errors import BackupError, CommandFailed, DiskError, EnvbuilderError
+from envbuilder.core.space import Need
 from envbuilder.core.structs import dataclass
+from envbuilder.plan import preflight as estimate
 from envbuilder.system import fsutil, removal, state, transaction
 
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+#: Handed what an operation will write; refuses (raises) what cannot fit.
+Preflight = Callable[[Sequence[Need]], object]
 
 
 def _stamp() -> str:
@@ -89,10 +95,16 @@ def make(
     mode: str,
     fmt: str = "tar",
     step: Callable[[str], None] = lambda text: None,
+    *,
+    preflight: Optional[Preflight] = None,
 ) -> BackupResult:
-    """Back ``record``'s env up under ``root`` (call with writer_mutex and the env's mutex held)."""
+    """Back ``record``'s env up under ``root`` (call with writer_mutex and the env's mutex held). ``preflight``
+    is handed what the backup will write before it writes it (and refuses what cannot fit)."""
     prefix = Path(record.prefix)
     _refuse_unbackable(record, prefix, mode)
+    if preflight is not None and mode == "archive":
+        fig = estimate.of_record(record.to_json())
+        preflight([Need(str(root), f"the archive of {record.name}", fig.bytes, 4, fig.source)])
     file_mode, dir_mode = modes(prefix)
     stamp = _stamp()
     env_dir = root / "envs" / record.name
@@ -120,7 +132,9 @@ def make(
                 "record": record.to_json(),
             }
             if mode == "wheelhouse":
-                data.update(_wheelhouse(record, prefix, root, file_mode, step=step, notes=notes))
+                data.update(
+                    _wheelhouse(record, prefix, root, file_mode, step=step, notes=notes, preflight=preflight)
+                )
             elif mode == "image":
                 data.update(image.store(record, prefix, tx.partial, file_mode, step))
             else:
@@ -194,6 +208,7 @@ def _wheelhouse(
     *,
     step: Callable[[str], None],
     notes: list[str],
+    preflight: Optional[Preflight] = None,
 ) -> dict[str, Any]:
     dists = wheelhouse.scan(prefix)
     damaged = [d for d in dists if d.missing]
@@ -211,6 +226,7 @@ def _wheelhouse(
             )
     store = wheelhouse.Store(root, file_mode, wheelhouse.zstd())
     known = _known(root)
+    _check_room(preflight, root, [d for d in dists if not d.editable and d.digest not in known])
     todo = []
     for d in dists:
         if d.editable:
@@ -253,6 +269,28 @@ def _wheelhouse(
         "new_bytes": new_bytes,
         "compression": "zstd" if store.zstd else "none",
     }
+
+
+def _check_room(preflight: Optional[Preflight], root: Path, new: Sequence[wheelhouse.Dist]) -> None:
+    if preflight is not None:
+        preflight([_new_wheels(root, new)])
+
+
+def _new_wheels(root: Path, new: Sequence[wheelhouse.Dist]) -> Need:
+    """What the wheels the store lacks take at most: their files' bytes as installed (the store compresses),
+    one blob each."""
+    size = 0
+    for d in new:
+        for e in d.entries:
+            with contextlib.suppress(OSError):
+                size += os.lstat(e.source).st_size
+    return Need(
+        str(root),
+        f"{len(new)} wheel(s) the store does not have",
+        size,
+        len(new) + 2,
+        "the env's installed files of the wheels not yet stored (uncompressed: an upper bound)",
+    )
 
 
 def _first_failure(futures: Sequence[Future[Any]]) -> BaseException:
@@ -303,6 +341,7 @@ def make_all(
     step: Callable[[str], None],
     *,
     home: Path,
+    preflight: Optional[Preflight] = None,
 ) -> tuple[list[BackupResult], list[tuple[str, EnvbuilderError]]]:
     """Back every env up (wheelhouse for venvs, the image file for container envs, archive otherwise, unless
     ``mode`` says), each under its env's mutex (an env another envbuilder is changing is a failure, not a wait);
@@ -311,7 +350,7 @@ def make_all(
     for record in records:
         try:
             with state.mutex(home, record.name):
-                done.append(make(record, root, mode or default_mode(record), step=step))
+                done.append(make(record, root, mode or default_mode(record), step=step, preflight=preflight))
         except EnvbuilderError as exc:
             failed.append((record.name, exc))
     return done, failed

@@ -43,6 +43,8 @@ VARIABLES = {
     "TMPDIR": "node-local directory for image mounts and unpacked copies (default /tmp)",
     "ENVBUILDER_NO_FUSE": "1 unpacks an image instead of mounting it with squashfuse (a node without FUSE)",
     "ENVBUILDER_SIGNATURES_DIR": "the site's directory of extra failure signatures (*.toml) explain reads",
+    "ENVBUILDER_NO_PREFLIGHT": "1 skips the space, inode and quota check before create, restore, pack, stage and backup "
+    "write (as --no-preflight does)",
     "ENVBUILDER_HISTORY_DIR": "the site's shared validation history: runs of envs of published recipes go there too",
 }
 
@@ -53,6 +55,7 @@ _RECORDS = ("ENVBUILDER_HOME", "WORK")
 _BACKUPS = ("ENVBUILDER_BACKUP_ROOT", "WORK")
 _PROGRESS = "ENVBUILDER_PROGRESS_EVERY"
 _COMPILE = "ENVBUILDER_COMPILE_BYTECODE"
+_PREFLIGHT = "ENVBUILDER_NO_PREFLIGHT"
 
 #: Per command (``recipes list`` for nested ones): its examples (without the leading ``envbuilder``, each one
 #: a command line the parser accepts, which a test checks) and the variables it reads.
@@ -84,7 +87,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (
             "create vista-venv-cu124",
             "create local --prefix ~/envs/local --force",
-            "create local --no-validate -q",
+            "create local --no-validate -q --no-preflight",
         ),
         (
             *_RECIPES,
@@ -96,6 +99,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "ENVBUILDER_CONDA_PKGS",
             _COMPILE,
             _PROGRESS,
+            _PREFLIGHT,
         ),
     ),
     "validate": (
@@ -128,7 +132,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("activate local", "activate vista-venv-cu124 --json", "activate local --image"),
         (*_RECORDS, "TMPDIR", "ENVBUILDER_NO_FUSE"),
     ),
-    "pack": (("pack local", "pack local --to $WORK/images"), _RECORDS),
+    "pack": (("pack local", "pack local --to $WORK/images"), (*_RECORDS, _PREFLIGHT)),
     "stage": (
         ("stage local", "stage vista-venv-cu124 --json", "stage local --clean"),
         (*_RECORDS, "SLURM_JOB_ID", "PBS_NODEFILE", "TMPDIR"),
@@ -140,12 +144,12 @@ COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "backup": (
         ("backup --all", "backup local --mode archive --to /work/me/backups", "backup local --portable"),
-        (*_BACKUPS, "ENVBUILDER_HOME", _PROGRESS),
+        (*_BACKUPS, "ENVBUILDER_HOME", _PROGRESS, _PREFLIGHT),
     ),
     "backups": (("backups", "backups local --json"), (*_BACKUPS, "ENVBUILDER_HOME")),
     "restore": (
         ("restore local", "restore local --backup local@20261123T101500Z --force"),
-        (*_BACKUPS, "ENVBUILDER_HOME", _PROGRESS, _PYTHONS[1], _PYTHONS[2]),
+        (*_BACKUPS, "ENVBUILDER_HOME", _PROGRESS, _PYTHONS[1], _PYTHONS[2], _PREFLIGHT),
     ),
     "verify-backup": (("verify-backup local", "verify-backup local@20261123T101500Z"), _BACKUPS),
     "prune-backups": (("prune-backups --keep 3", "prune-backups --keep 1 --env local --dry-run"), _BACKUPS),

@@ -87,3 +87,11 @@ def env_verb(
     add_json(p)
     p.set_defaults(handler=handler)
     return p
+
+
+def add_preflight(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="skip the pre-flight check of space, inodes and quota before writing (said on stderr)",
+    )

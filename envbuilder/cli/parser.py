@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from envbuilder import __version__
 from envbuilder.cli import aidparser, helptext, siteparser
-from envbuilder.cli.options import add_index, add_launch, add_lock_use, add_partition, env_verb
+from envbuilder.cli.options import add_index, add_launch, add_lock_use, add_partition, add_preflight, env_verb
 from envbuilder.cli.parts import (
     Choices,
     Parser,
@@ -166,6 +166,7 @@ def _add_create(sub: Sub) -> None:
         "--name", metavar="NAME", help="record the env under this name (default: the recipe's): a second env"
     )
     p.add_argument("--no-validate", action="store_true", help="skip the checks after building")
+    add_preflight(p)
     add_partition(p)
     p.add_argument("--facts", metavar="FILE", help="host facts as JSON instead of probing this machine")
     p.add_argument(
@@ -309,6 +310,7 @@ def _add_pack(sub: Sub) -> None:
     p.add_argument(
         "--to", metavar="DIR", help="write the image into DIR, e.g. on $WORK (default: beside the env)"
     )
+    add_preflight(p)
     p = env_verb(
         sub,
         "stage",
@@ -319,6 +321,7 @@ def _add_pack(sub: Sub) -> None:
     p.add_argument(
         "--clean", action="store_true", help="remove the env's staged copies from every node instead"
     )
+    add_preflight(p)
     # The node side of stage, run on each node by its steps (no help: not listed); clean takes the env name as KEY.
     p = sub.add_parser("__stage-node")
     p.add_argument(
@@ -332,6 +335,7 @@ def _add_pack(sub: Sub) -> None:
         default="",
         help="unpack: the image as sbcast wrote it on the node; fetch: the image",
     )
+    p.add_argument("--need", default="", help="BYTES:FILES this node must have room for before it writes")
     p.set_defaults(handler=command("stage", "handle_node"))
 
 
@@ -370,6 +374,7 @@ def _add_backup(sub: Sub) -> None:
         "-o", "--output", metavar="FILE", help="--portable: the archive to write (default ./ENV.portable.tar)"
     )
     p.add_argument("--wait", type=seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
+    add_preflight(p)
     add_json(p)
     p.set_defaults(handler=command("backup", "handle_backup"))
 
@@ -399,6 +404,7 @@ def _add_restore(sub: Sub) -> None:
         action="store_true",
         help="import torch after restoring even on the kind of node the env already imported it on",
     )
+    add_preflight(p)
     p.add_argument("--wait", type=seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
     add_json(p)
     p.set_defaults(handler=command("backup", "handle_restore"))

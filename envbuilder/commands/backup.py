@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from envbuilder import backup
 from envbuilder.backup import portable
 from envbuilder.backup import restore as restorer
 from envbuilder.core import settings
 from envbuilder.core.errors import BackupError, EnvbuilderError, UsageError, ValidationFailed
+from envbuilder.core.space import Need
+from envbuilder.plan import preflight as estimate
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.scale import image
@@ -24,6 +27,7 @@ from envbuilder.system import (
     proc,
     progress,
     purge,
+    space,
     state,
     strictmodes,
     transaction,
@@ -86,7 +90,8 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 mode = args.mode or backup.default_mode(record)
                 if not quiet:
                     out.heading(f"Backing up {record.name} ({mode}) to {root}")
-                result = backup.make(record, root, mode, args.format, step)
+                check = _room(args, out, settings.BACKUP_WAY_OUT, record.recipe, str(root))
+                result = backup.make(record, root, mode, args.format, step, preflight=check)
             steps.stop()
             if not quiet:
                 _render_one(result, out)
@@ -97,7 +102,8 @@ def handle_backup(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 records.append(state.load(home, name))
             except EnvbuilderError as exc:
                 out.warn(f"{name}: {exc.message}")
-        done, failed = backup.make_all(records, root, args.mode, step, home=home)
+        check = _room(args, out, settings.BACKUP_WAY_OUT, None, str(root))
+        done, failed = backup.make_all(records, root, args.mode, step, home=home, preflight=check)
     if not quiet:
         for r in done:
             _render_one(r, out)
@@ -164,6 +170,31 @@ def _render_one(result: backup.BackupResult, out: Out) -> None:
     for note in result.notes:
         out.result.line(f"    {note}")
     out.result.field("restore", f"envbuilder restore {s['env']}")
+
+
+def _room(
+    args: argparse.Namespace, out: Out, way_out: str, recipe: Optional[str], target: str
+) -> Optional[Callable[[Sequence[Need]], object]]:
+    """Pre-flight for what this verb writes (None under --no-preflight): the limits the env's recipe states for
+    the file system written to, where that recipe still loads."""
+    env = dict(os.environ)
+    if space.skipped(args.no_preflight, env, out.warn):
+        return None
+    limits: space.Limits = space.no_limits
+    elsewhere: list[str] = []
+    if recipe:
+        try:
+            loaded = loader.load(recipe, Catalog.from_env(env))
+        except EnvbuilderError:
+            loaded = None  # a recipe moved or gone: free space and inodes are still checked
+        if loaded is not None:
+            limits = estimate.limits(loaded, env)
+            elsewhere = estimate.elsewhere(loaded, env, target)
+
+    def check(needs: Sequence[Need]) -> object:
+        return space.check(needs, env=env, warn=out.warn, way_out=way_out, limits=limits, elsewhere=elsewhere)
+
+    return check
 
 
 def handle_backups(args: argparse.Namespace, out: Out) -> list[dict[str, Any]]:
@@ -247,6 +278,10 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         out.heading(f"Restoring {b.id} ({b.mode}, created {b.data.get('created')})")
     final = Path(args.prefix or b.data["prefix"]).expanduser().resolve()
     where = (final.parent, "restore elsewhere with --prefix DIR (and --name NAME)")
+    check = _room(args, out, where[1], (b.data.get("record") or {}).get("recipe"), str(final))
+    if check is not None:
+        fig = estimate.of_backup(b.data)
+        check([Need(str(final.parent), f"the restored env {final}", fig.bytes, fig.files, fig.source)])
     # An env that --force replaces is removed after the swap, while the smoke check runs: joined here.
     with (
         proc.sigterm_as_interrupt(),

@@ -20,11 +20,12 @@ from envbuilder.build import images
 from envbuilder.core import checks, kinds, settings
 from envbuilder.core.errors import NetworkError, ResolverError, UsageError, ValidationFailed
 from envbuilder.core.facts import HostFacts
+from envbuilder.plan import preflight
 from envbuilder.recipe import edits, loader
 from envbuilder.recipe.catalog import Catalog, find_lock
 from envbuilder.resolver import mirror
 from envbuilder.resolver.matrix import table_age
-from envbuilder.system import fsutil, host, modules, proc, progress, purge, state, transaction
+from envbuilder.system import fsutil, host, modules, proc, progress, purge, space, state, transaction
 from envbuilder.system.console import Out
 
 
@@ -78,6 +79,9 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             out.warn(w)
         if unread:  # before minutes of building: the install reads the same indexes
             out.warn(network.plan_saw(unread))
+    checked = (
+        None if space.skipped(args.no_preflight, env, out.warn) else _preflight(the_plan, recipe, env, out)
+    )
     steps = talk.steps
     report = creator.Reporter(
         step=steps.start, note=talk.note, wait=talk.wait, moving=steps.moving, downloads=steps.downloading
@@ -99,6 +103,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 the_plan, recipe, env, modules.detect(env), copts, report=report, facts=facts.to_json()
             )
         data = result.to_json()
+        data["preflight"] = checked
         if not args.json:
             _render(result, out, [])
         if result.recipe_edit and not args.quiet:
@@ -113,6 +118,25 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     data["advice"] = hint
     _failing(result, data)
     return data
+
+
+def _preflight(
+    the_plan: planner.Plan, recipe: loader.Recipe, env: dict[str, str], out: Out
+) -> Optional[dict[str, object]]:
+    """Refuse before building what the env's file system (or uv's cache's) cannot hold; None where nothing is
+    estimated (a container env's image)."""
+    needs = preflight.for_plan(the_plan, str(settings.uv_cache(env)[0]))
+    if not needs:
+        return None
+    verdict = space.check(
+        needs,
+        env=env,
+        warn=out.warn,
+        way_out="build elsewhere with --prefix DIR",
+        limits=preflight.limits(recipe, env),
+        elsewhere=preflight.elsewhere(recipe, env, the_plan.prefix),
+    )
+    return space.to_json(needs, verdict)
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from envbuilder.core import settings
+from envbuilder.core.space import Need
+from envbuilder.plan import preflight as estimate
 from envbuilder.scale import image
-from envbuilder.system import fsutil, state
+from envbuilder.system import fsutil, space, state
 from envbuilder.system.console import Out
 
 
@@ -20,9 +22,18 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         record = state.load(home, args.env)
         if image.container_file(record) is not None:
             return _one_file_already(record, out, args.json)
-        with fsutil.disk_errors(
-            (to or Path(record.prefix).parent, "write the image elsewhere with --to DIR")
-        ):
+        way_out = "write the image elsewhere with --to DIR"
+        if not image.refusal(record) and not space.skipped(args.no_preflight, os.environ, out.warn):
+            fig = estimate.of_record(record.to_json())
+            # squashfs compresses; the env's own size is the most the image can take.
+            into = str(image.image_path(record, to).parent)
+            space.check(
+                [Need(into, f"the image of {record.name}", fig.bytes, 2, fig.source)],
+                env=os.environ,
+                warn=out.warn,
+                way_out=way_out,
+            )
+        with fsutil.disk_errors((to or Path(record.prefix).parent, way_out)):
             record = image.pack(home, record, to)
     made = dict(record.image)
     if not args.json:

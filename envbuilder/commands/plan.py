@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterable, Mapping
-from typing import Optional
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Optional
 
 from envbuilder import plan as planner
 from envbuilder.build import images
-from envbuilder.core import launchers
+from envbuilder.core import launchers, settings
 from envbuilder.core.errors import EnvbuilderError
 from envbuilder.core.kinds import kind_info
+from envbuilder.core.space import Need, gb
+from envbuilder.plan import preflight
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, find_lock
 from envbuilder.resolver import mirror
@@ -44,7 +46,7 @@ def make_plan(
     return planner.build(recipe, facts, env, opts, lock=lock, index=index, table_age=table_age())
 
 
-def handle(args: argparse.Namespace, out: Out) -> planner.RecordedPlan:
+def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     opts = planner.Options(
         prefix=args.prefix,
         launcher=args.launcher,
@@ -67,9 +69,24 @@ def handle(args: argparse.Namespace, out: Out) -> planner.RecordedPlan:
     except EnvbuilderError as exc:
         exc.data = {"recipe": args.recipe}
         raise
+    needs = preflight.for_plan(result, str(settings.uv_cache(os.environ)[0]))
     if not args.json:
         render(result, out, os.environ)
-    return result.to_json()
+        _render_estimate(needs, out)
+    return {**result.to_json(), "estimate": [n.to_json() for n in needs]}
+
+
+def _render_estimate(needs: Sequence[Need], out: Out) -> None:
+    """What create will write where, as pre-flight estimates it (create checks it against the file systems)."""
+    if not needs:
+        return
+    out.result.line()
+    out.result.heading("Space (pre-flight estimate; create checks it)")
+    for n in needs:
+        maybe = " (may be there already)" if n.soft else ""
+        out.result.field(n.what, f"{gb(n.bytes)}, {n.files:,} files under {n.path}{maybe}")
+    for source in dict.fromkeys(n.source for n in needs):
+        out.result.line(f"  from: {source}")
 
 
 def render(p: planner.Plan, out: Out, env: Mapping[str, str]) -> None:

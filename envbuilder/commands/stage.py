@@ -10,7 +10,7 @@ from typing import Any
 
 from envbuilder.core import settings
 from envbuilder.scale import staging
-from envbuilder.system import state
+from envbuilder.system import space, state
 from envbuilder.system.console import Out
 
 
@@ -25,7 +25,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
                 f"removed {gone} staged copies of {record.name} from {len(cleaned.removed)} node(s)"
             )
         return cleaned.to_json()
-    staged = staging.stage(record, env)
+    staged = staging.stage(record, env, preflight=not space.skipped(args.no_preflight, env, out.warn))
     if not args.json:
         how = "copied and unpacked" if staged.copied else "already there"
         out.result.line(f"staged {staged.name} on {staged.nodes} node(s): {staged.path} ({how})")
@@ -34,4 +34,4 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
 
 
 def handle_node(args: argparse.Namespace, out: Out) -> None:
-    sys.stdout.write(staging.on_node(args.step, args.key, args.sha256, args.into) + "\n")
+    sys.stdout.write(staging.on_node(args.step, args.key, args.sha256, args.into, args.need) + "\n")

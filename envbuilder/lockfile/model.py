@@ -41,6 +41,9 @@ def nightly_warning(name: str) -> str:
 class LockedFile:
     url: str
     sha256: str
+    #: The file's bytes where the lock says (PEP 751's ``size``; uv writes it where the index gave it), for
+    #: pre-flight's estimate; None where unknown.
+    size: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ class Lock:
                             **({"build": k.build} if k.build else {}),
                             **({"marker": k.marker} if k.marker else {}),
                             "source": k.source,
-                            "files": [{"url": f.url, "sha256": f.sha256} for f in k.files],
+                            "files": [_file_json(f) for f in k.files],
                         }
                         for k in p.packages
                     ],
@@ -211,3 +214,7 @@ class Locker(Protocol):
     engine: str
 
     def lock(self, arch: str, tag: str, inputs: Mapping[str, Any]) -> PlatformLock: ...
+
+
+def _file_json(f: LockedFile) -> dict[str, Any]:
+    return {"url": f.url, "sha256": f.sha256, **({"size": f.size} if f.size is not None else {})}

@@ -52,7 +52,10 @@ def _from_packages(lock: Lock, platform: PlatformLock) -> str:
         entry: dict[str, Any] = {"name": pkg.name, "version": pkg.version}
         if pkg.marker:
             entry["marker"] = pkg.marker
-        files = [{"url": f.url, "hashes": {"sha256": f.sha256}} for f in pkg.files]
+        files = [
+            {"url": f.url, **({"size": f.size} if f.size is not None else {}), "hashes": {"sha256": f.sha256}}
+            for f in pkg.files
+        ]
         if pkg.source == "sdist":
             entry["sdist"] = files[0]
         else:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from packaging.markers import InvalidMarker, Marker
 from packaging.version import InvalidVersion, Version
@@ -85,8 +85,16 @@ def _pylock_file(entry: Any) -> LockedFile:
         return LockedFile("", "")
     hashes = entry.get("hashes")
     return LockedFile(
-        str(entry.get("url", "")), str(hashes.get("sha256", "")) if isinstance(hashes, dict) else ""
+        str(entry.get("url", "")),
+        str(hashes.get("sha256", "")) if isinstance(hashes, dict) else "",
+        _size(entry),
     )
+
+
+def _size(entry: Mapping[str, Any]) -> Optional[int]:
+    """A file's ``size`` where it is a byte count (anything else is no size: it only feeds an estimate)."""
+    size = entry.get("size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
 
 
 def from_conda_lock(doc: Any, subdir: str, where: str) -> tuple[LockedPackage, ...]:
@@ -225,7 +233,7 @@ def _locked_package(pkg: Mapping[str, Any], where: str, ptable: str) -> LockedPa
                 f"{where}: {ptable}.files has an entry without a valid sha256",
                 hint="regenerate it with `envbuilder lock`",
             )
-        files.append(LockedFile(str(f.get("url", "")), sha))
+        files.append(LockedFile(str(f.get("url", "")), sha, _size(f)))
     source = _need(pkg, "source", str, where, ptable)
     if source not in SOURCES:
         raise LockError(f"{where}: {ptable}.source {source!r} is not one of {', '.join(SOURCES)}")

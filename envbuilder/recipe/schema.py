@@ -16,6 +16,7 @@ from packaging.utils import canonicalize_name
 from envbuilder.core import containers, kinds, launchers, schedulers
 from envbuilder.core.errors import did_you_mean
 from envbuilder.core.facts import GPU_VENDORS
+from envbuilder.core.space import QUOTA_TOOLS
 from envbuilder.core.values import (
     CONDA_ENV,
     CPU_BIND,
@@ -380,6 +381,12 @@ SCHEMA = Table(
                     ),
                     "quota": Field(str),
                     "files_quota": Field(str),
+                    "quota_command": Field(
+                        str,
+                        "how pre-flight asks for your quota here: lfs (lfs quota -u USER PATH) or quota "
+                        "(quota -w -f PATH)",
+                        choices=QUOTA_TOOLS,
+                    ),
                     "backed_up": Field(bool),
                     "visible_on_compute": Field(bool),
                     "notes": Field(str, prose=True),

@@ -188,6 +188,8 @@ class Filesystem:
     touch_allowed: Optional[bool] = None
     quota: Optional[str] = None
     files_quota: Optional[str] = None
+    #: How the user's quota there is asked for (core.space.QUOTA_TOOLS: "lfs", "quota"); None: not asked.
+    quota_command: Optional[str] = None
     backed_up: Optional[bool] = None
     visible_on_compute: Optional[bool] = None
     notes: Optional[str] = None

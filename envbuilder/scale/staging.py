@@ -36,10 +36,12 @@ from typing import Any, Optional
 
 from envbuilder.core import containers, schedulers
 from envbuilder.core.errors import UsageError
+from envbuilder.core.space import Need
 from envbuilder.core.structs import dataclass
+from envbuilder.plan import preflight as estimate
 from envbuilder.render import activate_scripts
 from envbuilder.scale import image
-from envbuilder.system import fsutil, proc, removal, state, transaction
+from envbuilder.system import fsutil, proc, removal, space, state, transaction
 from envbuilder.validate import runner
 
 #: What the node side prints when the node holds a complete copy already.
@@ -98,19 +100,21 @@ def planned(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
     return Staged(record.name, path, here.nodes or 1, copied=False)
 
 
-def stage(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
+def stage(record: state.EnvRecord, env: Mapping[str, str], preflight: bool = True) -> Staged:
     """Copy the env's image to every node of this allocation and unpack it there (a container env's image file:
-    copied there as it is)."""
+    copied there as it is). ``preflight``: each node first checks that its directory has room for the copy and
+    what it unpacks to (``--need``), and refuses before writing where it has not."""
     if image.container_file(record) is not None:
-        return _stage_file(record, env)
+        return _stage_file(record, env, preflight)
     record = image.settled(record, env)
     plan = planned(record, env)
     key, digest = image.image_key(record), str(record.image["sha256"])
     adapter, here = _allocation(env)
+    need = _need(record, int(record.image.get("bytes") or 0)) if preflight else ()
     if not adapter.broadcasts:
-        return _stage_fetch(record, plan, adapter, here, env)
+        return _stage_fetch(record, plan, adapter, here, env, need=need)
     run_env = proc.scrubbed_env(env)
-    prepare = proc.run(_on_each_node(adapter, here, "prepare", key, digest), env=run_env).stdout
+    prepare = proc.run(_on_each_node(adapter, here, "prepare", key, digest, *need), env=run_env).stdout
     answers = [line.split(" ", 1) for line in prepare.splitlines()]
     if answers and all(a[0] == READY for a in answers):
         return plan
@@ -125,7 +129,7 @@ def stage(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
     return replace(plan, copied=True)
 
 
-def _stage_file(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
+def _stage_file(record: state.EnvRecord, env: Mapping[str, str], preflight: bool) -> Staged:
     """A container env's image file on every node, as :func:`stage` puts a squashfs image there (one broadcast,
     or each node's own copy where the scheduler has none), checked against its sha256 there and renamed into
     place: never unpacked, since the runtime runs the file."""
@@ -134,11 +138,14 @@ def _stage_file(record: state.EnvRecord, env: Mapping[str, str]) -> Staged:
     key = image.image_key(record)
     adapter, here = _allocation(env)
     run_env = proc.scrubbed_env(env)
+    need = ("--need", f"{source.stat().st_size}:1") if preflight else ()
     if not adapter.broadcasts:
-        fetch = _on_each_node(adapter, here, "fetch-file", key, digest, str(source))
+        fetch = _on_each_node(adapter, here, "fetch-file", key, digest, str(source), *need)
         lines = proc.run(fetch, env=run_env).stdout.splitlines()
         return replace(plan, copied=any(line.split(" ", 1)[0] != READY for line in lines if line))
-    prepare = proc.run(_on_each_node(adapter, here, "prepare-file", key, digest, source.name), env=run_env)
+    prepare = proc.run(
+        _on_each_node(adapter, here, "prepare-file", key, digest, source.name, *need), env=run_env
+    )
     answers = [line.split(" ", 1) for line in prepare.stdout.splitlines()]
     if answers and all(a[0] == READY for a in answers):
         return plan
@@ -156,13 +163,22 @@ def _stage_fetch(
     adapter: schedulers.Scheduler,
     here: schedulers.Where,
     env: Mapping[str, str],
+    *,
+    need: tuple[str, ...] = (),
 ) -> Staged:
     """Each node of a job whose scheduler has no broadcast (PBS) copies the image from the shared file system
     and unpacks it, all at once."""
     key, digest = image.image_key(record), str(record.image["sha256"])
-    fetch = _on_each_node(adapter, here, "fetch", key, digest, str(image.usable(record)))
+    fetch = _on_each_node(adapter, here, "fetch", key, digest, str(image.usable(record)), *need)
     lines = proc.run(fetch, env=proc.scrubbed_env(env)).stdout.splitlines()
     return replace(plan, copied=any(line.split(" ", 1)[0] != READY for line in lines if line))
+
+
+def _need(record: state.EnvRecord, image_bytes: int) -> tuple[str, ...]:
+    """``--need BYTES:FILES`` for the node steps: the image's copy and the env it unpacks to, both there at once
+    until the copy is dropped."""
+    fig = estimate.of_record(record.to_json())
+    return ("--need", f"{image_bytes + fig.bytes}:{fig.files + 1}")
 
 
 def clean(record: state.EnvRecord, env: Mapping[str, str]) -> Cleaned:
@@ -225,6 +241,30 @@ def _on_each_node(adapter: schedulers.Scheduler, here: schedulers.Where, *args: 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The node side, one task per node
+
+
+def _there(step: str, key: str, into: str) -> bool:
+    """Whether this node has the copy already (then nothing is written, and nothing is checked)."""
+    base, _ = _bases()
+    if step.endswith("-file"):
+        return image.staged_file(base, key, _file_name(Path(into).name)).is_file()
+    return _complete(image.unpacked_path(base, key))
+
+
+def _check_room(need: str) -> None:
+    """Refuse (a DiskError, exit 15, on this node's stderr) before copying what this node's directory cannot
+    hold."""
+    size, _, files = need.partition(":")
+    if not (size.isdigit() and files.isdigit()):
+        raise UsageError(f"--need {need!r} is not BYTES:FILES")
+    base, _ = _bases()
+    what = f"the staged copy on {socket.gethostname()}"
+    space.check(
+        [Need(str(base), what, int(size), int(files), "the env's record and its image")],
+        env=os.environ,
+        warn=lambda text: print(text, file=sys.stderr),
+        way_out="stage where each node has room: a TMPDIR on a larger node-local disk",
+    )
 
 
 def _bases() -> tuple[Path, Path]:
@@ -449,12 +489,14 @@ _FILE_STEPS = {
 }
 
 
-def on_node(step: str, key: str, digest: str = "", into: str = "") -> str:
+def on_node(step: str, key: str, digest: str = "", into: str = "", need: str = "") -> str:
     """One node's part of a staging step (``prepare``, ``unpack``, ``fetch`` from the image at ``into``, or
     ``clean`` with the env's name as ``key``; ``into``: for ``unpack`` the image sbcast wrote): the line it
-    reports."""
+    reports. ``need`` ("BYTES:FILES"): the first step that writes on this node checks its room for them first."""
     if step == "clean":
         return _clean(key)
+    if need and step in ("prepare", "fetch", "prepare-file", "fetch-file") and not _there(step, key, into):
+        _check_room(need)
     if step in _FILE_STEPS:
         return _FILE_STEPS[step](key, digest, into)
     if step == "fetch":

@@ -15,9 +15,11 @@ instead of walking it.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 import stat
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -30,24 +32,47 @@ SPREAD = 48
 
 
 def measure(prefix: Path, purged: bool) -> dict[str, Any]:
-    """The record's ``files`` of the env at ``prefix`` (``purged``: on a file system whose purge reads atimes)."""
+    """The record's ``files`` of the env at ``prefix`` (``purged``: on a file system whose purge reads atimes):
+    with its size on disk (``bytes``, allocated blocks) and inodes (``count``: files, links and directories),
+    which pre-flight reads for restore, backup and pack."""
     files: dict[str, Any] = {"sentinels": sentinels(prefix)}
+    size = _Size()
+    times = _access_times(prefix, size)
     if purged:
-        least = heapq.nsmallest(SAMPLE + 1, _access_times(prefix))
+        least = heapq.nsmallest(SAMPLE + 1, times)
         files["oldest"] = [[rel, atime] for atime, rel in least[:SAMPLE]]
         files["next"] = least[SAMPLE][0] if len(least) > SAMPLE else None
+    else:
+        for _ in times:
+            pass
+    files.update(bytes=size.bytes, count=size.count, measured=time.strftime("%Y-%m-%d"))
     return files
 
 
-def _access_times(prefix: Path) -> Iterator[tuple[float, str]]:
-    """(atime, path relative to ``prefix``) of every file under it (symlinks themselves are not purged)."""
-    for dirpath, _dirs, names in os.walk(prefix):
+class _Size:
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.count = 1  # the prefix itself
+
+    def add(self, st: os.stat_result) -> None:
+        self.bytes += st.st_blocks * 512
+        self.count += 1
+
+
+def _access_times(prefix: Path, size: _Size) -> Iterator[tuple[float, str]]:
+    """(atime, path relative to ``prefix``) of every file under it (symlinks themselves are not purged), adding
+    every entry's blocks and inode to ``size`` on the way."""
+    for dirpath, dirs, names in os.walk(prefix):
         rel_dir = os.path.relpath(dirpath, prefix)
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                size.add(os.lstat(f"{dirpath}/{name}"))
         for name in names:
             try:
                 st = os.lstat(f"{dirpath}/{name}")  # a walk of thousands: no Path per file
             except OSError:
                 continue
+            size.add(st)
             if not stat.S_ISLNK(st.st_mode):
                 yield st.st_atime, name if rel_dir == "." else f"{rel_dir}/{name}"
 

@@ -49,7 +49,11 @@ class World(UserWorld):
 
     def __init__(self, root: Path, index) -> None:
         self.backups = root / "backups"
-        super().__init__(root, mirror_env(index), ENVBUILDER_BACKUP_ROOT=str(self.backups))
+        # Pre-flight off: these tests are about the writes themselves meeting a full or read-only disk (a tiny
+        # tmpfs that pre-flight, reading a CPU torch env's size, would refuse first: tests/integration/test_preflight.py).
+        super().__init__(
+            root, mirror_env(index), ENVBUILDER_BACKUP_ROOT=str(self.backups), ENVBUILDER_NO_PREFLIGHT="1"
+        )
         self.to = root / "elsewhere"
         self.registry = root / "registry"
         self.tmp = root / "node-tmp"
