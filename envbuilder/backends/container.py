@@ -46,6 +46,9 @@ class ContainerBackend(Backend):
         self.sha256 = ""
         #: The overlay's packages, once installed: (name, version).
         self.overlaid: list[tuple[str, str]] = []
+        #: The image's own PATH, as the overlay's probe read it inside (what entering the env puts after the
+        #: overlay's bin).
+        self.image_path = ""
 
     @property
     def plan(self) -> ContainerPlan:
@@ -112,7 +115,9 @@ class ContainerBackend(Backend):
         run_logged(_at(layer.install, dest, build.python, where), env, build.log)
         build.say("reading the torch seen through the overlay")
         res = run_logged(_at(layer.probe, dest, build.python, where), env, build.log, timeout=PROBE_TIMEOUT_S)
-        overlay_guard(self.plan, layer, self.found, _probe_result(res.stdout))
+        seen = _probe_result(res.stdout)
+        overlay_guard(self.plan, layer, self.found, seen)
+        self.image_path = seen.get("path", "")
         self.overlaid = _dists(where)
 
     def install(self, build: Build, step: InstallStep, env: Mapping[str, str]) -> None:
@@ -142,6 +147,7 @@ class ContainerBackend(Backend):
             "python": self.found.get("python", ""),
             "cuda": self.found.get("cuda", ""),
             "overlay_python": box.overlay.python if box.overlay else "",
+            "image_env_path": self.image_path,
         }
 
 

@@ -330,9 +330,7 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     activate = Activation.of_record(record.plan) or Activation()
     entry: tuple[str, ...] = ()
     if kinds.kind_info(record.kind).container:  # `module load` defines a function that enters the image
-        entry = container.exec_prefix(
-            (record.plan or {}).get("container") or {}, container.image_path(record.prefix, record.tools)
-        )
+        entry = container.entry_argv((record.plan or {}).get("container") or {}, record.prefix, record.tools)
     text = modulefile.render(
         name=record.name,
         prefix=record.prefix,

@@ -28,7 +28,9 @@ TORCH_PROBE = (
 
 
 #: What the overlay venv's python prints through it: the probe's facts, and where the torch it imports lives.
-OVERLAY_PROBE = TORCH_PROBE.replace("platform.machine()}", "platform.machine(), 'file': torch.__file__}")
+OVERLAY_PROBE = TORCH_PROBE.replace("import json,", "import json, os,").replace(
+    "platform.machine()}", "platform.machine(), 'file': torch.__file__, 'path': os.environ.get('PATH', '')}"
+)
 #: What create runs inside the image to make the overlay venv at sys.argv[1] (the build's directory bound there):
 #: a venv of the image's own python that sees its packages; where that python is a venv itself, whose packages
 #: --system-site-packages would not reach (it reaches the base python's), a .pth adds them after the overlay's own.
@@ -150,6 +152,25 @@ def box_python(box: Mapping[str, Any]) -> str:
 def image_path(prefix: str, tools: Mapping[str, Any]) -> str:
     """A container env's image file under its prefix (the record's ``image_file``)."""
     return f"{prefix}/{tools.get('image_file') or 'image.sif'}"
+
+
+#: The image's PATH where its own is not recorded (an env made before create read it): the usual directories.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def entry_argv(box: Mapping[str, Any], prefix: str, tools: Mapping[str, Any]) -> tuple[str, ...]:
+    """What a container env's shell function (``activate``, the modulefile) runs before its arguments: the
+    runtime's exec of the image and, where container.packages made an overlay venv, ``env`` setting the overlay's
+    bin before the image's PATH (the one create read inside) and VIRTUAL_ENV, so that ``python`` and the
+    overlay's scripts are the overlay's and its packages import. ``env`` inside the image, not a runtime's
+    option: each runtime passes PATH in its own way, and a shell's ``$PATH`` is not carried by csh's alias."""
+    argv = exec_prefix(box, image_path(prefix, tools))
+    overlay = box.get("overlay") or {}
+    if not overlay.get("path"):
+        return argv
+    venv = str(overlay["path"])
+    image = str(tools.get("image_env_path") or DEFAULT_PATH)
+    return (*argv, "env", f"PATH={venv}/bin:{image}", f"VIRTUAL_ENV={venv}")
 
 
 def exec_prefix(
