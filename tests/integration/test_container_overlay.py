@@ -239,3 +239,14 @@ def test_an_overlay_env_is_entered_with_its_packages_and_backed_up_and_restored_
     assert broken.returncode != 0
     assert "overlay" in broken.stderr and "sha256" in broken.stderr, broken.stderr
     assert not (tmp_path / "envs" / "third").exists()
+    # remove: the runtime's cache create made beside the envs stays while a container env there uses it, and goes
+    # with the last one.
+    cache = prefix.parent / ".envbuilder-apptainer"
+    gone = run_cli("remove", "copy", "--yes", env=env)
+    assert gone.returncode == 0, gone.stderr
+    assert f"kept apptainer's cache {cache}: box beside it uses it" in gone.stdout, gone.stdout
+    assert cache.is_dir()
+    last = run_cli("remove", "box", "--yes", env=env)
+    assert last.returncode == 0, last.stderr
+    assert f"removed apptainer's cache {cache}" in last.stdout, last.stdout
+    assert list(prefix.parent.iterdir()) == []
