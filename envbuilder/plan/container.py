@@ -14,6 +14,8 @@ from envbuilder.core.errors import RecipeError, UsageError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
 from envbuilder.plan.prefix import expand
+from envbuilder.plan.target import TargetFact
+from envbuilder.recipe.schema import SOURCED_FACTS
 from envbuilder.resolver import images, mirror
 from envbuilder.resolver.matrix import Matrix, load_matrix
 
@@ -171,6 +173,29 @@ def entry_argv(box: Mapping[str, Any], prefix: str, tools: Mapping[str, Any]) ->
     venv = str(overlay["path"])
     image = str(tools.get("image_env_path") or DEFAULT_PATH)
     return (*argv, "env", f"PATH={venv}/bin:{image}", f"VIRTUAL_ENV={venv}")
+
+
+def image_target_facts(facts: images.ImageFacts) -> tuple[TargetFact, ...]:
+    """A container env's target facts (os, glibc, python): its image's, since its programs run on them and not on
+    the node's, where the image table or the image's labels state them; else unknown until create reads them
+    inside the image."""
+    out = []
+    for name in SOURCED_FACTS:
+        value = getattr(facts, name)
+        if value:
+            out.append(
+                TargetFact(name, str(value), "image", f"the image's ({facts.origins.get(name, 'stated')})")
+            )
+        else:
+            out.append(
+                TargetFact(
+                    name,
+                    None,
+                    "unknown",
+                    "the image's: neither the table nor its labels say; create reads it inside",
+                )
+            )
+    return tuple(out)
 
 
 def exec_prefix(
