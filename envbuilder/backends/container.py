@@ -147,6 +147,9 @@ class ContainerBackend(Backend):
             "image_digest": box.registry_digest or box.pick.ref.digest,
             "python": self.found.get("python", ""),
             "cuda": self.found.get("cuda", ""),
+            # The system the image's python runs on, as create read it inside (its /etc/os-release, its C library).
+            "image_os": self.found.get("os", ""),
+            "image_glibc": self.found.get("glibc", ""),
             "overlay_python": box.overlay.python if box.overlay else "",
             "image_env_path": self.image_path,
         }

@@ -195,6 +195,8 @@ def _container_facts(record: state.EnvRecord) -> dict[str, Any]:
         "torch": record.torch,
         "cuda": tools.get("cuda") or None,
         "python": tools.get("python") or None,
+        "os": tools.get("image_os") or None,
+        "glibc": tools.get("image_glibc") or None,
     }
 
 
@@ -208,6 +210,7 @@ def _show_container(box: dict[str, Any], out: Out) -> None:
         f"torch {box['torch'] or '?'}",
         f"CUDA {box['cuda'] or 'none'}",
         f"Python {box['python'] or '?'}",
+        f"on {box['os'] or 'an unknown system'} (glibc {box['glibc'] or '?'})",
     ]
     out.result.field("inside", ", ".join(inside))
 

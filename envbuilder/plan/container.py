@@ -22,10 +22,17 @@ from envbuilder.resolver.matrix import Matrix, load_matrix
 if TYPE_CHECKING:
     from envbuilder.recipe.loader import Recipe
 
-#: What create runs inside the image: the torch it holds, as one JSON line (python's standard library and torch).
+#: What create runs inside the image: the torch it holds, and the system its python runs on (the os-release name,
+#: the C library), as one JSON line (python's standard library and torch).
 TORCH_PROBE = (
-    "import json, platform, torch; print(json.dumps({'torch': torch.__version__, "
-    "'cuda': torch.version.cuda or '', 'python': platform.python_version(), 'machine': platform.machine()}))"
+    "import json, platform, torch\n"
+    "try:\n"
+    "    rel = dict(l.rstrip('\\n').split('=', 1) for l in open('/etc/os-release') if '=' in l)\n"
+    "except OSError:\n"
+    "    rel = {}\n"
+    "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda or '', "
+    "'python': platform.python_version(), 'os': rel.get('PRETTY_NAME', '').strip().strip('\"'), "
+    "'glibc': platform.libc_ver()[1], 'machine': platform.machine()}))"
 )
 
 
