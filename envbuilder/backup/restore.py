@@ -443,7 +443,11 @@ def _image(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
     if b.data.get("overlay") and str(job.final) != old.prefix:
         # Its python, binds and commands name the overlay's path, which moved with the prefix.
         box = image.rebased(old.plan.get("container") or {}, old.prefix, str(job.final))
-        old = replace(old, plan={**old.plan, "container": box})
+        tools = {
+            **old.tools,
+            "overlay_python": image.rebased(old.tools.get("overlay_python"), old.prefix, str(job.final)),
+        }
+        old = replace(old, plan={**old.plan, "container": box}, tools=tools)
     record = _restored_record(old, b, job.name, (partial, job.final), [dict(p) for p in old.packages])
     fsutil.write_atomic(partial / "envbuilder" / "record.json", record.dumps())
     return record

@@ -165,6 +165,15 @@ def _entered(env: dict[str, str], name: str, tmp_path: Path) -> subprocess.Compl
     return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
 
 
+def _summary_says_what_it_is(said: str, oci_registry, prefix: Path) -> None:
+    """create's summary of a container env: its image, digest and size, the overlay, how to enter it."""
+    assert f"created box: the image {oci_registry.ref(CPU)} at {prefix}" in said, said
+    assert oci_registry.digests[CPU] in said, said
+    assert f"packages on top: 1 in {prefix / 'venv'} (" in said and "): overlaydemo 1.0" in said, said
+    assert 'enter: eval "$(envbuilder activate box)"; box COMMAND...' in said, said
+    assert "bin/activate" not in said and "activate extension" not in said, said
+
+
 def test_an_overlay_env_is_entered_with_its_packages_and_backed_up_and_restored_with_them(
     tmp_path: Path, apptainer, oci_registry, wheels: Index
 ) -> None:
@@ -174,13 +183,7 @@ def test_an_overlay_env_is_entered_with_its_packages_and_backed_up_and_restored_
         "create", "box", "--no-validate", "--facts", "tests/data/facts/cpu-only.json", env=env, timeout=900
     )
     assert res.returncode == 0, res.stderr
-    said = res.stdout + res.stderr
-    # The summary says what a container env is: its image, digest and size, the overlay, how to enter it.
-    assert f"created box: the image {oci_registry.ref(CPU)} at {prefix}" in said, said
-    assert oci_registry.digests[CPU] in said, said
-    assert f"packages on top: 1 in {venv} (" in said and "): overlaydemo 1.0" in said, said
-    assert 'enter: eval "$(envbuilder activate box)"; box COMMAND...' in said, said
-    assert "bin/activate" not in said and "activate extension" not in said, said
+    _summary_says_what_it_is(res.stdout + res.stderr, oci_registry, prefix)
 
     # Entered through activate's function: the overlay's python first, its package and script found.
     entered = _entered(env, "box", tmp_path)
@@ -220,6 +223,12 @@ def test_an_overlay_env_is_entered_with_its_packages_and_backed_up_and_restored_
         timeout=600,
     )
     assert moved.returncode == 0, moved.stderr
+    copied = json.loads((other / "envbuilder" / "record.json").read_text())
+    assert (
+        copied["plan"]["container"]["python"]
+        == copied["tools"]["overlay_python"]
+        == f"{other}/venv/bin/python"
+    )
     there = _entered(env, "copy", tmp_path)
     assert there.returncode == 0, there.stderr
     assert there.stdout.splitlines()[-2:] == [
