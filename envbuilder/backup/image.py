@@ -54,6 +54,9 @@ def store(
     """The env's image copied into the backup being written at ``partial``; what ``backup.json`` says of it."""
     name = image_file(record)
     recorded = str(record.tools.get("image_sha256") or "")
+    overlay = bool(((record.plan or {}).get("container") or {}).get("overlay"))
+    if overlay:  # before the image is read: a missing overlay stops the backup at once
+        _overlay_dir(record, prefix)
     step(f"copying {prefix / name}")
     try:
         with removal.open_below(prefix, name) as fh:
@@ -75,16 +78,14 @@ def store(
         "bytes": size,
         "new_bytes": size,
     }
-    if ((record.plan or {}).get("container") or {}).get("overlay"):
+    if overlay:
         data["overlay"] = _store_overlay(record, prefix, partial, file_mode, step)
         data["bytes"] = data["new_bytes"] = size + data["overlay"]["size"]
     return data
 
 
-def _store_overlay(
-    record: state.EnvRecord, prefix: Path, partial: Path, file_mode: int, step: Callable[[str], None]
-) -> dict[str, Any]:
-    """The overlay venv (container.packages) archived into ``partial`` with its manifest; what backup.json says."""
+def _overlay_dir(record: state.EnvRecord, prefix: Path) -> Path:
+    """The env's overlay venv, a directory of its own (not a link); else the BackupError that says so."""
     venv = prefix / OVERLAY_DIR
     removal.refuse_link(venv, "the overlay venv envbuilder made")
     if not venv.is_dir():
@@ -93,6 +94,14 @@ def _store_overlay(
             "would restore an env without its packages, so nothing was backed up",
             hint=f"envbuilder create {record.name} --force, then back it up",
         )
+    return venv
+
+
+def _store_overlay(
+    record: state.EnvRecord, prefix: Path, partial: Path, file_mode: int, step: Callable[[str], None]
+) -> dict[str, Any]:
+    """The overlay venv (container.packages) archived into ``partial`` with its manifest; what backup.json says."""
+    venv = _overlay_dir(record, prefix)
     step(f"archiving the overlay venv {venv}")
     packed, manifest = archive.pack(venv, partial, "tar", archive.Tools.find())
     name = OVERLAY_STEM + packed[len("env") :]  # env.tar.zst -> overlay.tar.zst
