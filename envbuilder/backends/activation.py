@@ -52,7 +52,7 @@ def container_line(name: str, prefix: str, plan: Mapping[str, Any], tools: Mappi
     image, through the runtime, with the recipe's binds and GPU flag (``plan``, ``tools``: its record's)."""
     chosen = registry.get(shell) if shell else registry.default()
     strictmodes.env_prefix(Path(prefix))  # the image it runs: only where no one else could have put it
-    argv = container.exec_prefix(plan.get("container") or {}, container.image_path(prefix, tools))
+    argv = container.entry_argv(plan.get("container") or {}, prefix, tools)
     try:
         return activate_scripts.render_container_entry(name, argv, chosen.syntax)
     except ValueError as exc:

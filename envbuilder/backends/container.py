@@ -24,6 +24,7 @@ from envbuilder.plan import ContainerPlan
 from envbuilder.plan.container import BUILD_DIR, DEST, OVERLAY_DIR, Overlay
 from envbuilder.plan.steps import InstallStep
 from envbuilder.resolver import images
+from envbuilder.system import removal, transaction
 
 #: How long the probe inside the image may take (its first start unpacks nothing, but a cold file system is slow).
 PROBE_TIMEOUT_S = 600.0
@@ -46,6 +47,9 @@ class ContainerBackend(Backend):
         self.sha256 = ""
         #: The overlay's packages, once installed: (name, version).
         self.overlaid: list[tuple[str, str]] = []
+        #: The image's own PATH, as the overlay's probe read it inside (what entering the env puts after the
+        #: overlay's bin).
+        self.image_path = ""
 
     @property
     def plan(self) -> ContainerPlan:
@@ -69,7 +73,7 @@ class ContainerBackend(Backend):
     def own_env(self, partial: Path, env: Mapping[str, str]) -> dict[str, str]:
         """The runtime's cache and temporary directories beside the env, where the user's environment names none
         (site rules: build nothing from $HOME; a compute node's /tmp is small)."""
-        work = partial.parent / f".envbuilder-{self.plan.runtime}"
+        work = work_dir(partial.parent, self.plan.runtime)
         wanted = containers.runtime(self.plan.runtime).work_env(str(work / "cache"), str(work / "tmp"))
         return {key: value for key, value in wanted.items() if not env.get(key)}
 
@@ -112,7 +116,9 @@ class ContainerBackend(Backend):
         run_logged(_at(layer.install, dest, build.python, where), env, build.log)
         build.say("reading the torch seen through the overlay")
         res = run_logged(_at(layer.probe, dest, build.python, where), env, build.log, timeout=PROBE_TIMEOUT_S)
-        overlay_guard(self.plan, layer, self.found, _probe_result(res.stdout))
+        seen = _probe_result(res.stdout)
+        overlay_guard(self.plan, layer, self.found, seen)
+        self.image_path = seen.get("path", "")
         self.overlaid = _dists(where)
 
     def install(self, build: Build, step: InstallStep, env: Mapping[str, str]) -> None:
@@ -141,8 +147,64 @@ class ContainerBackend(Backend):
             "image_digest": box.registry_digest or box.pick.ref.digest,
             "python": self.found.get("python", ""),
             "cuda": self.found.get("cuda", ""),
+            # The system the image's python runs on, as create read it inside (its /etc/os-release, its C library).
+            "image_os": self.found.get("os", ""),
+            "image_glibc": self.found.get("glibc", ""),
             "overlay_python": box.overlay.python if box.overlay else "",
+            "image_env_path": self.image_path,
         }
+
+
+def work_dir(parent: Path, runtime: str) -> Path:
+    """The runtime's cache and temporary directory create makes in ``parent``, the prefix's directory: one per
+    runtime there, shared by every container env beside it."""
+    return parent / f".envbuilder-{runtime}"
+
+
+def drop_work_dir(prefix: Path, runtime: str) -> Optional[str]:
+    """Remove the runtime's directory that create made beside the removed env at ``prefix`` (its layer cache and
+    temporary files), unless another env beside it uses it: a container env of the same runtime, or a create or
+    restore under way (a partial directory). None once removed (or absent); else why it was kept, in words. Never
+    through a symlink, nor a symlink itself (removal.remove_below)."""
+    work = work_dir(prefix.parent, runtime)
+    if not work.exists() and not work.is_symlink():
+        return None
+    try:
+        users = sorted(
+            s.name for s in prefix.parent.iterdir() if s not in (prefix, work) and _uses(s, runtime)
+        )
+    except OSError as exc:
+        return (
+            f"{prefix.parent} cannot be listed ({exc.strerror}), so whether another env uses it is not known"
+        )
+    if users:
+        return f"{', '.join(users)} beside it use{'s' if len(users) == 1 else ''} it"
+    return removal.remove_below(prefix.parent, work, dirs=True)
+
+
+def _uses(entry: Path, runtime: str) -> bool:
+    """Whether ``entry`` (beside a removed env) is a container env of ``runtime``, or an env being built."""
+    if transaction.PARTIAL in entry.name:
+        return True
+    marker = entry.joinpath(*removal.MARKER)
+    if entry.is_symlink() or not marker.is_file():
+        return False
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True  # a record it cannot read: kept, as for an env that might use it
+    if not isinstance(data, dict):
+        return True
+    plan, tools = _part(data, "plan"), _part(data, "tools")
+    box = _part(plan, "container")
+    kind = data.get("kind") or plan.get("kind")
+    return kind == "container" and (tools.get("runtime") or box.get("runtime")) == runtime
+
+
+def _part(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """``data[key]`` where it is a table, else an empty one (a record written by hand)."""
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _fetch(argv: Sequence[str], box: ContainerPlan, env: Mapping[str, str], build: Build) -> None:

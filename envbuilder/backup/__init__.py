@@ -6,6 +6,7 @@ Layout under the backup root::
     envs/NAME/STAMP/manifest.json    archive mode: every entry of the env with its sha256
     envs/NAME/STAMP/env.tar.zst      archive mode: the env itself (or env.sqfs, env.tar)
     envs/NAME/STAMP/image.sif        image mode: a container env's image file as it is (``image``)
+    envs/NAME/STAMP/overlay.tar.zst  image mode: its overlay venv (container.packages), with overlay-manifest.json
     envs/NAME/STAMP/verify.json      the last verify-backup result
     store/ab/DIGEST.whl.zst          wheelhouse mode: each wheel once, shared by every backup
     locks/backups.lock               one writer at a time (fsutil.Mutex: works on Lustre and NFS)

@@ -485,13 +485,28 @@ def _from_uv_cache(b: Backup, plan: Mapping[str, Any], build: base.Build) -> boo
 
 
 def _image(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
-    """Copy the backed-up image file into ``partial`` (verified again as it is read) and write the record there."""
+    """Copy the backed-up image file into ``partial`` (verified again as it is read), unpack its overlay venv
+    where it has one, and write the record there."""
     b, old = job.b, job.old
     if not kinds.kind_info(old.kind).container:
         raise BackupError(f"an image backup of a {old.kind} env cannot be restored by this release")
     job.step(f"copying {b.data['image']['file']}")
-    image.put_back(b.root, b.path.relative_to(b.root).as_posix(), b.data, partial)
+    rel = b.path.relative_to(b.root).as_posix()
+    image.put_back(b.root, rel, b.data, partial)
     log.write(f"image: {b.data['image']['file']} sha256:{b.data['image']['sha256']}")
+    if b.data.get("overlay"):
+        job.step(f"unpacking the overlay venv {b.data['overlay']['file']}")
+    moved = image.put_back_overlay(b.root, rel, b.data, partial, (old.prefix, str(job.final)))
+    if moved is not None:
+        log.write(f"overlay relocated: {len(moved.rewritten)} rewritten, {len(moved.left)} left")
+    if b.data.get("overlay") and str(job.final) != old.prefix:
+        # Its python, binds and commands name the overlay's path, which moved with the prefix.
+        box = image.rebased(old.plan.get("container") or {}, old.prefix, str(job.final))
+        tools = {
+            **old.tools,
+            "overlay_python": image.rebased(old.tools.get("overlay_python"), old.prefix, str(job.final)),
+        }
+        old = replace(old, plan={**old.plan, "container": box}, tools=tools)
     record = _restored_record(old, b, job.name, (partial, job.final), [dict(p) for p in old.packages])
     fsutil.write_atomic(partial / "envbuilder" / "record.json", record.dumps())
     return record

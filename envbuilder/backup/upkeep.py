@@ -14,7 +14,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder.backup import wheelhouse
+from envbuilder.backup import image, wheelhouse
 from envbuilder.backup.catalog import Backup, backups, listing, read
 from envbuilder.backup.writer import modes, pack_workers
 from envbuilder.core.errors import UsageError
@@ -51,22 +51,32 @@ def verify(
             rel = b.path.relative_to(b.root).as_posix()
             digest = img["sha256"] if hash_wheels else None
             problems += _check_file(b.root, f"{rel}/{img['file']}", img["size"], digest, "the image")
+            layer = b.data.get("overlay")
+            if layer:  # the overlay venv's archive: small beside the image, hashed always
+                problems += _check_file(
+                    b.root, f"{rel}/{layer['file']}", layer["size"], layer["sha256"], "the overlay venv"
+                )
+                problems += _manifest(b, rel, image.OVERLAY_MANIFEST, layer.get("manifest_sha256"))
         else:
             arc = b.data.get("archive", {})
             rel = b.path.relative_to(b.root).as_posix()
             problems += _check_file(b.root, f"{rel}/{arc['file']}", arc["size"], arc["sha256"], "the archive")
-            try:
-                digest = hashlib.sha256(read(b.root, f"{rel}/manifest.json")).hexdigest()
-            except OSError:
-                digest = "missing"
-            if digest != arc.get("manifest_sha256"):
-                problems.append("manifest.json is missing or changed")
+            problems += _manifest(b, rel, "manifest.json", arc.get("manifest_sha256"))
     if record_result and b.path.is_dir():
         result = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "ok": not problems, "problems": problems}
         file_mode, _ = modes(b.path)
         with contextlib.suppress(OSError):
             fsutil.write_atomic(b.path / "verify.json", json.dumps(result).encode(), file_mode & 0o644)
     return problems
+
+
+def _manifest(b: Backup, rel: str, name: str, recorded: Optional[str]) -> list[str]:
+    """A problem where the backup's manifest ``name`` is missing or not the one written."""
+    try:
+        digest = hashlib.sha256(read(b.root, f"{rel}/{name}")).hexdigest()
+    except OSError:
+        digest = "missing"
+    return [] if digest == recorded else [f"{name} is missing or changed"]
 
 
 def _check_file(root: Path, rel: str, size: int, digest: Optional[str], what: str) -> list[str]:

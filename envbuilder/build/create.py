@@ -424,7 +424,9 @@ def _guard(job: _Job, backend: base.Backend, build: base.Build) -> None:
 
 def _activate(job: _Job, backend: base.Backend, build: base.Build) -> Activation:
     act = activation.from_plan(job.plan.activate, job.modules.init_dir, job.plan.recipe)
-    job.report.step("writing the activate extension")
+    # A container env has no activate extension: `envbuilder activate` prints the function that enters it.
+    if not kinds.kind_info(job.plan.kind).container:
+        job.report.step("writing the activate extension")
     backend.activate(build, act)
     payloads.into_env(Path(build.partial))
     return act

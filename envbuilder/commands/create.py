@@ -363,6 +363,8 @@ def _render(result: creator.CreateResult, out: Out, failed: list[str]) -> None:
         if rec.torch:
             shown = variant and not rec.torch.endswith(f"+{variant}")
             out.result.field("torch", rec.torch + (f" ({variant})" if shown else ""))
+    elif kinds.kind_info(rec.kind).container:
+        _render_container(result, out)
     else:
         in_env = [p for p in rec.packages if p.get("in_env")]
         total = sum(int(p.get("size") or 0) for p in in_env)
@@ -377,4 +379,42 @@ def _render(result: creator.CreateResult, out: Out, failed: list[str]) -> None:
     if smoke and not failed and result.status != "exists":
         imp = smoke.get("import", {})
         out.result.field("smoke check", f"torch {imp.get('torch')} imports (cuda {imp.get('cuda')})")
-    out.result.field("activate", activation.activate_line(rec.prefix))
+    if kinds.kind_info(rec.kind).container:  # no bin/activate: a function enters the image
+        out.result.field(
+            "enter",
+            f'eval "$(envbuilder activate {rec.name})"; {rec.name} COMMAND... (or envbuilder run {rec.name} COMMAND...)',
+        )
+    else:
+        out.result.field("activate", activation.activate_line(rec.prefix))
+
+
+def _render_container(result: creator.CreateResult, out: Out) -> None:
+    """What a container env holds: its image (reference, digest, file and size) and the overlay's packages."""
+    rec = result.record
+    tools, box = rec.tools, (rec.plan or {}).get("container") or {}
+    image = Path(rec.prefix) / Path(str(tools.get("image_file") or "image.sif")).name
+    size = image.stat().st_size if image.is_file() else None
+    out.result.line(f"{result.status} {rec.name}: the image {tools.get('image')} at {rec.prefix}")
+    out.result.field("image file", f"{image} ({_bytes(size)}, sha256 {str(tools.get('image_sha256'))[:16]}…)")
+    out.result.field("digest", str(tools.get("image_digest") or "none (not from a registry, or not read)"))
+    overlay = (box.get("overlay") or {}).get("path")
+    if overlay:
+        mine = [f"{p['name']} {p['version']}" for p in rec.packages if p.get("in_env")]
+        out.result.field(
+            "packages on top",
+            f"{len(mine)} in {overlay} ({_bytes(_tree_size(Path(overlay)))}): {', '.join(mine)}",
+        )
+    if result.log:
+        out.result.field("log", result.log)
+
+
+def _bytes(size: Optional[int]) -> str:
+    """A size for people: MiB, or KiB below one MiB (an overlay of a few small packages)."""
+    if size is None:
+        return "size unknown"
+    return _mib(size) if size >= 2**20 else f"{size / 2**10:.0f} KiB"
+
+
+def _tree_size(root: Path) -> int:
+    """The bytes of the files under ``root`` (its links not followed)."""
+    return sum(p.lstat().st_size for p in fsutil.walk(root) if p.is_file() and not p.is_symlink())

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from envbuilder import backup
 from envbuilder.backends import activation
+from envbuilder.backends import container as container_backend
 from envbuilder.core import kinds, settings
 from envbuilder.core.errors import EnvbuilderError, EnvNotFound, StateError, UnsafePath, UsageError
 from envbuilder.plan import container
@@ -194,6 +195,8 @@ def _container_facts(record: state.EnvRecord) -> dict[str, Any]:
         "torch": record.torch,
         "cuda": tools.get("cuda") or None,
         "python": tools.get("python") or None,
+        "os": tools.get("image_os") or None,
+        "glibc": tools.get("image_glibc") or None,
     }
 
 
@@ -207,6 +210,7 @@ def _show_container(box: dict[str, Any], out: Out) -> None:
         f"torch {box['torch'] or '?'}",
         f"CUDA {box['cuda'] or 'none'}",
         f"Python {box['python'] or '?'}",
+        f"on {box['os'] or 'an unknown system'} (glibc {box['glibc'] or '?'})",
     ]
     out.result.field("inside", ", ".join(inside))
 
@@ -280,6 +284,7 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             # restore there removes the rest); the record goes only once the env has.
             transaction.discard(prefix)
         state.record_path(home, record.name).unlink()
+        cache = _drop_runtime_cache(record) if left is None else None
     if left is not None:
         out.warn(f"left {prefix} in place: {left}; only the record of {record.name} was removed")
     if not args.json:
@@ -288,7 +293,30 @@ def handle_remove(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             if left
             else f"removed {record.name} ({prefix})"
         )
-    return {"name": record.name, "prefix": str(prefix), "removed": True, "prefix_left": left}
+    if cache is not None and not args.json:
+        out.result.line(cache)
+    return {
+        "name": record.name,
+        "prefix": str(prefix),
+        "removed": True,
+        "prefix_left": left,
+        "runtime_cache": cache,
+    }
+
+
+def _drop_runtime_cache(record: state.EnvRecord) -> Optional[str]:
+    """A removed container env's runtime cache beside it (create made it), removed unless another env uses it;
+    what was done, in words (None for other kinds and where there was none)."""
+    if not kinds.kind_info(record.kind).container:
+        return None
+    runtime = str(
+        record.tools.get("runtime") or ((record.plan or {}).get("container") or {}).get("runtime") or ""
+    )
+    work = container_backend.work_dir(Path(record.prefix).parent, runtime)
+    if not runtime or (not work.exists() and not work.is_symlink()):
+        return None
+    kept = container_backend.drop_work_dir(Path(record.prefix), runtime)
+    return f"removed {runtime}'s cache {work}" if kept is None else f"kept {runtime}'s cache {work}: {kept}"
 
 
 def _unchanged_since_asked(home: Path, record: state.EnvRecord) -> None:
@@ -330,9 +358,7 @@ def handle_modulefile(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     activate = Activation.of_record(record.plan) or Activation()
     entry: tuple[str, ...] = ()
     if kinds.kind_info(record.kind).container:  # `module load` defines a function that enters the image
-        entry = container.exec_prefix(
-            (record.plan or {}).get("container") or {}, container.image_path(record.prefix, record.tools)
-        )
+        entry = container.entry_argv((record.plan or {}).get("container") or {}, record.prefix, record.tools)
     text = modulefile.render(
         name=record.name,
         prefix=record.prefix,

@@ -35,7 +35,9 @@ class Kind:
 
     #: The backend that builds it, as (module in envbuilder.backends, class).
     backend: tuple[str, str]
-    #: It has a ``bin/python`` of its own; else (a user prefix) the site python runs it, PYTHONUSERBASE at the prefix.
+    #: It has a ``bin/python`` of its own in its prefix, which runs on the host (VIRTUAL_ENV at the prefix). Else
+    #: another python runs its programs: the site python for a user prefix (PYTHONUSERBASE at the prefix), the
+    #: image's (or the overlay venv's, on the image's python) through the runtime for a container env.
     own_python: bool = True
     #: A venv the installer makes; its packages are wheels, which a wheelhouse backup holds and restore installs
     #: again (other kinds are archived whole).
@@ -55,7 +57,7 @@ KINDS: dict[str, Kind] = {
     "conda": Kind(("conda", "CondaBackend"), conda=True),
     "user-prefix": Kind(("venv", "UserPrefixBackend"), own_python=False),
     "overlay": Kind(("venv", "VenvBackend"), venv=True, overlay=True),
-    "container": Kind(("container", "ContainerBackend"), container=True),
+    "container": Kind(("container", "ContainerBackend"), own_python=False, container=True),
 }
 #: The two ways of an overlay env (``env.overlay``): a venv on top of the site python, or a copy of its env.
 OVERLAYS: dict[str, tuple[str, str]] = {"venv": KINDS["overlay"].backend, "clone": ("conda", "CloneBackend")}

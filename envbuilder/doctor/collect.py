@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -15,6 +16,7 @@ from envbuilder.doctor.container import ImageState
 from envbuilder.doctor.findings import ACTION, Finding
 from envbuilder.doctor.replan import PythonState
 from envbuilder.doctor.report import EnvInputs
+from envbuilder.plan import container
 from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog, find_lock
 from envbuilder.recipe.loader import Recipe
@@ -22,6 +24,11 @@ from envbuilder.resolver.indexfacts import IndexFacts
 from envbuilder.scale import image
 from envbuilder.system import imagehash, proc, purge, state
 from envbuilder.system.state import EnvRecord
+
+#: What a python prints of itself (doctor's start of an env's python).
+VERSION_CODE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
+#: How long a container env's python may take to start inside its image (the runtime mounts the image first).
+IMAGE_PYTHON_TIMEOUT_S = 120
 
 
 def listdir(path: str) -> list[str]:
@@ -84,12 +91,32 @@ def image_state(record: EnvRecord, env: Mapping[str, str], home: Path) -> Option
         sha = imagehash.cached_sha256(path, settings.image_hashes_cache(home))
     except OSError as exc:
         problem = exc.strerror or str(exc)
-    search = _module_env(record, env).get("PATH", "")
+    run_env = _module_env(record, env)
+    search = run_env.get("PATH", "")
     program = containers.runtime(runtime).program if runtime in containers.RUNTIMES else runtime
     found = shutil.which(program, path=search) if program else None
-    return ImageState(
+    read = ImageState(
         str(path), str(tools.get("image_sha256") or ""), sha, problem, runtime or "?", found or "", search
     )
+    if found and sha and sha == read.recorded:  # the python of the image that was built, through its runtime
+        return _python_inside(record, read, run_env)
+    return read
+
+
+def _python_inside(record: EnvRecord, read: ImageState, run_env: Mapping[str, str]) -> ImageState:
+    """``read`` with what the python a container env's programs run said when started inside its image."""
+    box = (record.plan or {}).get("container") or {}
+    python = container.box_python(box)
+    argv = [*container.exec_prefix(box, read.path, gpu=False), python, "-c", VERSION_CODE]
+    argv[0] = read.runtime_path
+    try:
+        res = proc.run(argv, env=run_env, timeout=IMAGE_PYTHON_TIMEOUT_S, check=False)
+    except (OSError, CommandFailed) as exc:
+        return replace(read, python=python, python_ok=False, python_said=str(exc).strip()[-300:])
+    if res.returncode != 0:
+        said = proc.tail(res.stderr or res.stdout, 3).strip() or proc.describe_status(res.returncode)
+        return replace(read, python=python, python_ok=False, python_said=said)
+    return replace(read, python=python, python_ok=True, python_said=res.stdout.strip().splitlines()[-1])
 
 
 def python_state(record: EnvRecord, env: Mapping[str, str]) -> PythonState:
@@ -102,7 +129,7 @@ def python_state(record: EnvRecord, env: Mapping[str, str]) -> PythonState:
     if not Path(record.prefix).is_dir() or (base and not exists):
         return PythonState(base, exists, python)
     run_env = _module_env(record, env)
-    argv = [python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"]
+    argv = [python, "-c", VERSION_CODE]
     try:
         res = proc.run(argv, env=run_env, timeout=60, check=False)
     except (OSError, CommandFailed) as exc:

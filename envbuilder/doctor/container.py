@@ -1,8 +1,12 @@
-"""A container env's own checks (pure): its image file is the one create recorded (its sha256), and the runtime
-that runs it is on the PATH its modules give. A container env has no python of its own to start: the image's
-python runs through the runtime, so the python checks of other kinds do not apply."""
+"""A container env's own checks (pure): its image file is the one create recorded (its sha256), the runtime that
+runs it is on the PATH its modules give, and the python its programs run (the overlay venv's where
+container.packages made one, else the image's python3) starts inside the image through that runtime. It has no
+python of its own on the host (``kinds.Kind.own_python``), so the host python checks of other kinds do not
+apply."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 from envbuilder.core.structs import dataclass
 from envbuilder.doctor.findings import ACTION, INFO, Finding
@@ -23,6 +27,12 @@ class ImageState:
     runtime_path: str
     #: The PATH it was looked for on, for the message.
     searched: str = ""
+    #: The python its programs run inside the image, and what starting it there through the runtime said: its
+    #: version (``python_ok``), or why it did not start; ``python_ok`` None where it was not tried (the image
+    #: changed or unreadable, or no runtime).
+    python: str = ""
+    python_ok: Optional[bool] = None
+    python_said: str = ""
 
 
 def container_findings(name: str, state: ImageState) -> list[Finding]:
@@ -66,4 +76,20 @@ def container_findings(name: str, state: ImageState) -> list[Finding]:
         )
     else:
         found.append(Finding(INFO, name, "runtime", f"{state.runtime} runs its image: {state.runtime_path}"))
+    if state.python_ok:
+        found.append(
+            Finding(
+                INFO, name, "python", f"{state.python} starts inside its image: Python {state.python_said}"
+            )
+        )
+    elif state.python_ok is not None:
+        found.append(
+            Finding(
+                ACTION,
+                name,
+                "python",
+                f"{state.python} does not start inside its image through {state.runtime}: {state.python_said}",
+                rebuild,
+            )
+        )
     return found

@@ -14,21 +14,32 @@ from envbuilder.core.errors import RecipeError, UsageError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
 from envbuilder.plan.prefix import expand
+from envbuilder.plan.target import TargetFact
+from envbuilder.recipe.schema import SOURCED_FACTS
 from envbuilder.resolver import images, mirror
 from envbuilder.resolver.matrix import Matrix, load_matrix
 
 if TYPE_CHECKING:
     from envbuilder.recipe.loader import Recipe
 
-#: What create runs inside the image: the torch it holds, as one JSON line (python's standard library and torch).
+#: What create runs inside the image: the torch it holds, and the system its python runs on (the os-release name,
+#: the C library), as one JSON line (python's standard library and torch).
 TORCH_PROBE = (
-    "import json, platform, torch; print(json.dumps({'torch': torch.__version__, "
-    "'cuda': torch.version.cuda or '', 'python': platform.python_version(), 'machine': platform.machine()}))"
+    "import json, platform, torch\n"
+    "try:\n"
+    "    rel = dict(l.rstrip('\\n').split('=', 1) for l in open('/etc/os-release') if '=' in l)\n"
+    "except OSError:\n"
+    "    rel = {}\n"
+    "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda or '', "
+    "'python': platform.python_version(), 'os': rel.get('PRETTY_NAME', '').strip().strip('\"'), "
+    "'glibc': platform.libc_ver()[1], 'machine': platform.machine()}))"
 )
 
 
 #: What the overlay venv's python prints through it: the probe's facts, and where the torch it imports lives.
-OVERLAY_PROBE = TORCH_PROBE.replace("platform.machine()}", "platform.machine(), 'file': torch.__file__}")
+OVERLAY_PROBE = TORCH_PROBE.replace("import json,", "import json, os,").replace(
+    "platform.machine()}", "platform.machine(), 'file': torch.__file__, 'path': os.environ.get('PATH', '')}"
+)
 #: What create runs inside the image to make the overlay venv at sys.argv[1] (the build's directory bound there):
 #: a venv of the image's own python that sees its packages; where that python is a venv itself, whose packages
 #: --system-site-packages would not reach (it reaches the base python's), a .pth adds them after the overlay's own.
@@ -150,6 +161,48 @@ def box_python(box: Mapping[str, Any]) -> str:
 def image_path(prefix: str, tools: Mapping[str, Any]) -> str:
     """A container env's image file under its prefix (the record's ``image_file``)."""
     return f"{prefix}/{tools.get('image_file') or 'image.sif'}"
+
+
+#: The image's PATH where its own is not recorded (an env made before create read it): the usual directories.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def entry_argv(box: Mapping[str, Any], prefix: str, tools: Mapping[str, Any]) -> tuple[str, ...]:
+    """What a container env's shell function (``activate``, the modulefile) runs before its arguments: the
+    runtime's exec of the image and, where container.packages made an overlay venv, ``env`` setting the overlay's
+    bin before the image's PATH (the one create read inside) and VIRTUAL_ENV, so that ``python`` and the
+    overlay's scripts are the overlay's and its packages import. ``env`` inside the image, not a runtime's
+    option: each runtime passes PATH in its own way, and a shell's ``$PATH`` is not carried by csh's alias."""
+    argv = exec_prefix(box, image_path(prefix, tools))
+    overlay = box.get("overlay") or {}
+    if not overlay.get("path"):
+        return argv
+    venv = str(overlay["path"])
+    image = str(tools.get("image_env_path") or DEFAULT_PATH)
+    return (*argv, "env", f"PATH={venv}/bin:{image}", f"VIRTUAL_ENV={venv}")
+
+
+def image_target_facts(facts: images.ImageFacts) -> tuple[TargetFact, ...]:
+    """A container env's target facts (os, glibc, python): its image's, since its programs run on them and not on
+    the node's, where the image table or the image's labels state them; else unknown until create reads them
+    inside the image."""
+    out = []
+    for name in SOURCED_FACTS:
+        value = getattr(facts, name)
+        if value:
+            out.append(
+                TargetFact(name, str(value), "image", f"the image's ({facts.origins.get(name, 'stated')})")
+            )
+        else:
+            out.append(
+                TargetFact(
+                    name,
+                    None,
+                    "unknown",
+                    "the image's: neither the table nor its labels say; create reads it inside",
+                )
+            )
+    return tuple(out)
 
 
 def exec_prefix(

@@ -21,7 +21,7 @@ from envbuilder.core.records import RecordedPython
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import interpreter, lockfit, suite
 from envbuilder.plan.activation import activation_for
-from envbuilder.plan.container import box_python, container_plan, exec_prefix
+from envbuilder.plan.container import box_python, container_plan, exec_prefix, image_target_facts
 from envbuilder.plan.container import steps_in_words as container_steps
 from envbuilder.plan.listing import steps_in_words
 from envbuilder.plan.prefix import filesystem_for, prefix_for
@@ -277,6 +277,7 @@ def _with_container(
         interactive_command=tuple(interactive) if interactive else None,
         batch_script=script,
         steps=tuple(container_steps(box, base.prefix)),
+        target_facts=image_target_facts(box.pick.facts),
         warnings=tuple(dict.fromkeys(warnings)),
         notes=tuple(dict.fromkeys(notes)),
     )

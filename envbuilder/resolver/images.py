@@ -43,7 +43,7 @@ OCI_ARCHS = {
     "s390x": "s390x",
     "riscv64": "riscv64",
 }
-_FACTS = ("torch", "cuda", "python", "driver", "archs", "cuda_archs")
+_FACTS = ("torch", "cuda", "python", "driver", "archs", "cuda_archs", "os", "glibc")
 #: The facts that are lists.
 _LISTS = ("archs", "cuda_archs")
 
@@ -61,6 +61,9 @@ class ImageFacts:
     archs: Optional[tuple[str, ...]] = None
     #: The GPU code its torch carries, as TORCH_CUDA_ARCH_LIST spells it (8.0, 9.0+PTX).
     cuda_archs: Optional[tuple[str, ...]] = None
+    #: The image's operating system and C library (what its python and wheels run on), where the table says.
+    os: Optional[str] = None
+    glibc: Optional[str] = None
     origins: Mapping[str, str] = field(default_factory=dict)
     confidence: str = "P"
     #: The table row's source, where the table said anything.

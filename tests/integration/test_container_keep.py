@@ -1,8 +1,9 @@
 """A container env kept like an env, through the CLI and the container test world's real parts (tests/containers.py:
 Debian's OCI registry on 127.0.0.1, the Apptainer stand-in over Charliecloud): ``list`` and ``show`` say what the
-image is (its file, sha256 and registry digest, the runtime, the binds, the torch inside) and no bin/activate;
-``doctor`` checks the image file against its recorded sha256 and the runtime on the PATH, and starts no python of
-the env's own; ``backup`` copies the image file to the backup root, verified, ``restore`` puts it back at a prefix,
+image is (its file, sha256 and registry digest, the runtime, the binds, the torch inside and the system it runs
+on, as create read them inside) and no bin/activate;
+``doctor`` checks the image file against its recorded sha256 and the runtime on the PATH, and starts the image's
+python inside it through the runtime (none on the host); ``backup`` copies the image file to the backup root, verified, ``restore`` puts it back at a prefix,
 verified, atomically (``--force`` replaces); ``remove`` deletes the env and never what a link in it leads to.
 
 The env is created once for the module (one pull of the CPU tag, tens of seconds); a test that changes it puts it
@@ -79,8 +80,11 @@ def test_show_and_list_say_what_the_image_is_and_print_no_activate_script(box, o
         ["/tmp"],
         containers.TORCH_BUILD,
     )
+    # The system the image's python runs on, as create read it inside (the world's image is a bookworm root).
+    assert (inside["os"], inside["glibc"]) == ("Debian GNU/Linux 12 (bookworm)", "2.36"), inside
     text = ok(box.cli("show", "box")).stdout
     assert f"{oci_registry.ref(CPU)} ({box.image})" in text, text
+    assert "on Debian GNU/Linux 12 (bookworm) (glibc 2.36)" in text, text
     assert f"sha256: {inside['sha256']}" in text.replace("  ", " "), text
     assert oci_registry.digests[CPU] in text, text
     assert "bin/activate" not in text, text
@@ -99,10 +103,15 @@ def doctor(box: BoxWorld, *names: str, **extra: str) -> tuple[int, dict]:
     return res.returncode, json.loads(res.stdout)["data"]
 
 
-def test_doctor_checks_the_image_file_and_its_runtime_and_starts_no_python(box, apptainer):
+def test_doctor_checks_the_image_file_its_runtime_and_its_python_inside(box, apptainer):
     code, data = doctor(box, "box")
     assert code == 0, data
-    assert findings(data, "python") == []  # the env's python is the image's: nothing at PREFIX/bin/python
+    # The env's python is the image's, started inside it through the runtime (nothing at PREFIX/bin/python).
+    [(severity, said)] = findings(data, "python")
+    assert (severity, said.rsplit(".", 1)[0]) == (
+        "info",
+        f"python3 starts inside its image: Python {containers.PYTHON}",
+    )
     digest = sha256(box.image)
     assert findings(data, "image") == [
         ("info", f"its image {box.image} is the one recorded (sha256 {digest[:16]}…)")

@@ -151,3 +151,111 @@ def test_packages_go_into_an_overlay_on_the_images_python_and_another_torch_is_r
     assert not list(venv.glob("lib/python*/site-packages/torch"))
     again = _inside(apptainer, prefix, f"{venv}/bin/python", "-c", PROBE)
     assert json.loads(again.stdout.splitlines()[-1])["torch"] == containers.TORCH_BUILD, again.stderr
+
+
+ENTERED = "import overlaydemo, sys; print(overlaydemo.overlaydemo, sys.prefix)"
+
+
+def _entered(env: dict[str, str], name: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``envbuilder activate NAME``'s function, sourced in bash, running ``python`` and the overlay's script."""
+    line = run_cli("activate", name, "--shell", "bash", env=env)
+    assert line.returncode == 0, line.stderr
+    script = tmp_path / f"enter-{name}.sh"
+    script.write_text(f"{line.stdout}\n{name} python -c '{ENTERED}'\n{name} overlaydemo-where\n")
+    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+
+
+def _summary_says_what_it_is(said: str, oci_registry, prefix: Path) -> None:
+    """create's summary of a container env: its image, digest and size, the overlay, how to enter it."""
+    assert f"created box: the image {oci_registry.ref(CPU)} at {prefix}" in said, said
+    assert oci_registry.digests[CPU] in said, said
+    assert f"packages on top: 1 in {prefix / 'venv'} (" in said and "): overlaydemo 1.0" in said, said
+    assert 'enter: eval "$(envbuilder activate box)"; box COMMAND...' in said, said
+    assert "bin/activate" not in said and "activate extension" not in said, said
+
+
+def test_an_overlay_env_is_entered_with_its_packages_and_backed_up_and_restored_with_them(
+    tmp_path: Path, apptainer, oci_registry, wheels: Index
+) -> None:
+    env, prefix = _world(tmp_path, apptainer, oci_registry, wheels, ["overlaydemo==1.0"])
+    venv = prefix / "venv"
+    res = run_cli(
+        "create", "box", "--no-validate", "--facts", "tests/data/facts/cpu-only.json", env=env, timeout=900
+    )
+    assert res.returncode == 0, res.stderr
+    _summary_says_what_it_is(res.stdout + res.stderr, oci_registry, prefix)
+
+    # Entered through activate's function: the overlay's python first, its package and script found.
+    entered = _entered(env, "box", tmp_path)
+    assert entered.returncode == 0, entered.stderr
+    demo = next(venv.glob("lib/python*/site-packages/overlaydemo.py"))
+    assert entered.stdout.splitlines()[-2:] == [f"from the overlay {venv}", str(demo)], entered.stdout
+
+    # Backed up with its overlay, restored over itself with --force and at another prefix; both entered again.
+    backups = tmp_path / "backups"
+    made = run_cli("backup", "box", "--to", str(backups), "--json", env=env, timeout=600)
+    assert made.returncode == 0, made.stderr
+    (stored,) = backups.glob("envs/box/2*")
+    assert sorted(p.name for p in stored.iterdir()) == [
+        "backup.json",
+        "image.sif",
+        "overlay-manifest.json",
+        "overlay.tar.zst",
+    ]
+    (demo.parent / "overlaydemo.py").write_text(
+        "overlaydemo = 'changed'\n"
+    )  # restore puts back the backed-up one
+    back = run_cli("restore", "box", "--from", str(backups), "--force", env=env, timeout=600)
+    assert back.returncode == 0, back.stderr
+    again = _entered(env, "box", tmp_path)
+    assert again.stdout.splitlines()[-2:] == [f"from the overlay {venv}", str(demo)], again.stderr
+    other = tmp_path / "envs" / "copy"
+    moved = run_cli(
+        "restore",
+        "box",
+        "--from",
+        str(backups),
+        "--name",
+        "copy",
+        "--prefix",
+        str(other),
+        env=env,
+        timeout=600,
+    )
+    assert moved.returncode == 0, moved.stderr
+    copied = json.loads((other / "envbuilder" / "record.json").read_text())
+    assert (
+        copied["plan"]["container"]["python"]
+        == copied["tools"]["overlay_python"]
+        == f"{other}/venv/bin/python"
+    )
+    there = _entered(env, "copy", tmp_path)
+    assert there.returncode == 0, there.stderr
+    assert there.stdout.splitlines()[-2:] == [
+        f"from the overlay {other / 'venv'}",
+        str(other / demo.relative_to(prefix)),
+    ], there.stdout
+    # A damaged byte in the overlay's archive: named, and nothing restored.
+    with (stored / "overlay.tar.zst").open("r+b") as f:
+        f.seek(40)
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    broken = run_cli(
+        "restore", "box", "--from", str(backups), "--name", "third", "--prefix", str(tmp_path / "envs" / "third"),
+        env=env, timeout=600,
+    )  # fmt: skip
+    assert broken.returncode != 0
+    assert "overlay" in broken.stderr and "sha256" in broken.stderr, broken.stderr
+    assert not (tmp_path / "envs" / "third").exists()
+    # remove: the runtime's cache create made beside the envs stays while a container env there uses it, and goes
+    # with the last one.
+    cache = prefix.parent / ".envbuilder-apptainer"
+    gone = run_cli("remove", "copy", "--yes", env=env)
+    assert gone.returncode == 0, gone.stderr
+    assert f"kept apptainer's cache {cache}: box beside it uses it" in gone.stdout, gone.stdout
+    assert cache.is_dir()
+    last = run_cli("remove", "box", "--yes", env=env)
+    assert last.returncode == 0, last.stderr
+    assert f"removed apptainer's cache {cache}" in last.stdout, last.stdout
+    assert list(prefix.parent.iterdir()) == []

@@ -238,9 +238,10 @@ def test_restore_asks_uv_cache_with_the_recorded_indexes():
     ]  # fmt: skip
 
 
-def test_a_container_env_with_packages_on_top_is_refused_not_backed_up_half(tmp_path):
-    """An image backup holds the image file only: an env whose packages live in a venv beside it (an overlay) is
-    refused with the reason, before anything is written, rather than backed up without them."""
+def test_a_container_env_with_packages_on_top_is_backed_up_with_its_overlay_never_half(tmp_path):
+    """An image backup of an env whose packages live in a venv beside the image (an overlay) holds both: the image
+    file and an archive of the venv with its manifest. Without the venv it is refused with the reason before
+    anything is written, rather than backed up without them."""
     from envbuilder.backup import image
 
     prefix = tmp_path / "box"
@@ -250,10 +251,20 @@ def test_a_container_env_with_packages_on_top_is_refused_not_backed_up_half(tmp_
     record = state.EnvRecord("box", "r", "", str(prefix), "", plan=plan, tools={"image_file": "image.sif"})
     partial = tmp_path / "partial"
     partial.mkdir()
-    with pytest.raises(BackupError, match="has packages on top of its image"):
+    with pytest.raises(BackupError, match=r"overlay venv .* is missing: a backup of the image alone"):
         image.store(record, prefix, partial, 0o600, lambda _: None)
     assert list(partial.iterdir()) == []
-    bare = state.EnvRecord(
-        "box", "r", "", str(prefix), "", plan={"kind": "container"}, tools={"image_file": "image.sif"}
-    )
-    assert image.store(bare, prefix, partial, 0o600, lambda _: None)["image"]["file"] == "image.sif"
+    (prefix / "venv" / "lib").mkdir(parents=True)
+    (prefix / "venv" / "lib" / "demo.py").write_text("X = 1\n")
+    data = image.store(record, prefix, partial, 0o600, lambda _: None)
+    assert data["overlay"]["file"].startswith("overlay.tar") and data["overlay"]["dir"] == "venv"
+    assert sorted(p.name for p in partial.iterdir()) == [
+        "image.sif",
+        "overlay-manifest.json",
+        data["overlay"]["file"],
+    ]
+    assert data["bytes"] == 4 + data["overlay"]["size"]
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    assert image.put_back_overlay(tmp_path, "partial", data, restored, None) is None
+    assert (restored / "venv" / "lib" / "demo.py").read_text() == "X = 1\n"

@@ -198,3 +198,30 @@ def test_the_validation_ranks_run_the_overlays_python_inside_the_image(tmp_path:
         PLAN_ENV,
     ).launch_command
     assert bare[bare.index(f"{tmp_path}/bare/envs/box/image.sif") + 1] == "python3", bare
+
+
+def test_a_container_plans_target_facts_are_its_images(tmp_path: Path) -> None:
+    """os, glibc and python of a container env are the image's (its programs run on them, not on the node's):
+    from the image table's row where it has one, else unknown until create reads them inside."""
+    env = {**PLAN_ENV, "ENVBUILDER_RECIPE_PATH": str(_recipe(tmp_path, ""))}
+    argv = ("plan", "box", "--json", "--facts", "tests/data/facts/a100-pcie-x3.json")
+    facts = json.loads(run_cli(*argv, env=env).stdout)["data"]["target_facts"]
+    row = "the image's (image table: NGC PyTorch 24.05, checked 2026-11-28)"
+    assert facts == [
+        {"name": "os", "value": "Ubuntu 22.04", "origin": "image", "detail": row},
+        {"name": "glibc", "value": "2.35", "origin": "image", "detail": row},
+        {"name": "python", "value": "3.10", "origin": "image", "detail": row},
+    ]
+    text = run_cli(*argv[:2], *argv[3:], env=env).stdout
+    assert f"compute glibc: 2.35, {row}" in text.replace("  ", " "), text
+    local = tmp_path / "other"
+    local.mkdir()
+    (local / "box.toml").write_text(
+        (tmp_path / "box.toml").read_text().replace(NGC, "registry.example.org/lab/torch@sha256:" + "a" * 64)
+    )
+    unknown = json.loads(run_cli(*argv, env={**env, "ENVBUILDER_RECIPE_PATH": str(local)}).stdout)
+    assert [(f["name"], f["value"], f["origin"]) for f in unknown["data"]["target_facts"]] == [
+        ("os", None, "unknown"),
+        ("glibc", None, "unknown"),
+        ("python", None, "unknown"),
+    ], unknown

@@ -113,3 +113,23 @@ def test_a_container_modulefile_defines_the_function_and_no_venv() -> None:
     assert 'set-function "box" "apptainer exec --bind \'/scratch/u 1\' -- /p/image.sif \\"\\$@\\""' in tcl
     assert "VIRTUAL_ENV" not in tcl
     assert "VIRTUAL_ENV" in modulefile.render(name="v", prefix="/p/v", recipe="v")
+
+
+def test_an_overlay_env_is_entered_with_the_overlays_bin_before_the_images_path() -> None:
+    box = {**BOX, "overlay": {"path": "/scratch/u1/envs/box/venv"}}
+    tools = {"image_file": "image.sif", "image_env_path": "/opt/venv/bin:/usr/bin:/bin"}
+    argv = container.entry_argv(box, "/scratch/u1/envs/box", tools)
+    assert argv == (
+        *APPTAINER,
+        "--",
+        IMAGE,
+        "env",
+        "PATH=/scratch/u1/envs/box/venv/bin:/opt/venv/bin:/usr/bin:/bin",
+        "VIRTUAL_ENV=/scratch/u1/envs/box/venv",
+    )
+    # An env whose record has no image PATH (made before create read it): the usual directories after the bin.
+    older = container.entry_argv(box, "/scratch/u1/envs/box", {"image_file": "image.sif"})
+    assert older[-2] == f"PATH=/scratch/u1/envs/box/venv/bin:{container.DEFAULT_PATH}"
+    # Without an overlay, the image's exec alone; each shell carries the overlay's (no $ for csh to expand).
+    assert container.entry_argv(BOX, "/scratch/u1/envs/box", tools) == (*APPTAINER, "--", IMAGE)
+    assert render_container_entry("box", argv, CSH).endswith('"VIRTUAL_ENV=/scratch/u1/envs/box/venv" \\!*\'')

@@ -1,9 +1,11 @@
 """A container env's doctor checks (pure): the image file against its recorded sha256, the runtime on the PATH
-its modules give; and no python check, which a container env (its python is the image's) cannot pass."""
+its modules give, the python its programs run started inside the image; and no host python check, which a
+container env (its python is the image's) cannot pass."""
 
 from __future__ import annotations
 
 import datetime
+from dataclasses import replace
 
 from envbuilder.core.facts import HostFacts
 from envbuilder.doctor.container import ImageState, container_findings
@@ -71,3 +73,21 @@ def test_a_container_env_gets_its_own_checks_and_no_python_check():
     checks = {f.check for f in check_env(inputs, ctx, lambda _: [])}
     assert {"image", "runtime"} <= checks
     assert "python" not in checks
+
+
+def test_the_python_inside_the_image_is_checked_through_the_runtime():
+    venv = "/scratch/u1/envs/box/venv/bin/python"
+    ran = replace(state(), python=venv, python_ok=True, python_said="3.11.2")
+    assert [(f.severity, f.check, f.message) for f in container_findings("box", ran)][-1] == (
+        "info",
+        "python",
+        f"{venv} starts inside its image: Python 3.11.2",
+    )
+    failed = replace(state(), python=venv, python_ok=False, python_said="No such file or directory")
+    last = container_findings("box", failed)[-1]
+    assert (last.severity, last.check, last.message) == (
+        "action",
+        "python",
+        f"{venv} does not start inside its image through apptainer: No such file or directory",
+    )
+    assert last.fix == "envbuilder restore box --force (from a backup) or envbuilder create box --force"
