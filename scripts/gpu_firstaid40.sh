@@ -22,7 +22,7 @@ record() {  # record NAME WHAT CMD...: the command's output (both streams) under
     echo "# command: $*"
     echo "# ----"
   } > "$logs/$name.log"
-  timeout 120 "$@" >> "$logs/$name.log" 2>&1
+  timeout "${RECORD_TIMEOUT:-45}" "$@" >> "$logs/$name.log" 2>&1
   echo "$name rc=$?" | tee -a "$out/steps.txt"
 }
 cat > "$logs/collective.py" <<'PY'
@@ -33,14 +33,14 @@ torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=float(os.environ.get("WAIT", "600"))))
 x = torch.ones(1 << 20, device="cuda")
 if sys.argv[1:] == ["hang"] and rank == 1:
-    time.sleep(90)  # rank 1 never joins the collective: rank 0's watchdog times out
+    time.sleep(40)  # rank 1 never joins the collective: rank 0's watchdog times out
 dist.all_reduce(x)
 torch.cuda.synchronize()
 print("rank", rank, "sum", x[0].item())
 PY
 tr="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
 record cuda-oom "a tensor larger than the GPU's memory" python3 -c "import torch; torch.empty(400 * 2**30, dtype=torch.uint8, device='cuda')"
-record nccl-timeout "rank 1 never joins an all_reduce; process group timeout 20 s" env WAIT=20 $tr "$logs/collective.py" hang
+record nccl-timeout "rank 1 never joins an all_reduce; process group timeout 10 s" env WAIT=10 $tr "$logs/collective.py" hang
 record nccl-ifname "NCCL_SOCKET_IFNAME names an interface the node lacks, InfiniBand off" env NCCL_SOCKET_IFNAME==nosuchif0 NCCL_IB_DISABLE=1 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=WARN $tr "$logs/collective.py"
 record nccl-net-plugin "NCCL_NET names the AWS OFI plugin, which the node lacks" env NCCL_NET="AWS Libfabric" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=WARN $tr "$logs/collective.py"
 record cudart12-missing "the loader asked for the CUDA 12 runtime in a CUDA 13 env (as an extension built for CUDA 12 does)" python3 -c "import torch, ctypes; print(torch.version.cuda); ctypes.CDLL('libcudart.so.12')"
