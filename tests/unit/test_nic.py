@@ -366,3 +366,19 @@ def test_socket_transport_prefers_ib_interfaces_unless_told():
         "NODE",
         {"ib0": "NCCL_SOCKET_IFNAME"},
     )
+
+
+H200 = str(REPO / "tests" / "data" / "topology" / "h200-node")
+
+
+def test_the_captured_h200_node_reads_as_it_was():
+    # Captured by scripts/capture_topology.sh on the lent 2x H200 machine (a VM: one NUMA node, the GPUs at
+    # 0000:00:06.0 and 0000:00:07.0, one virtio NIC eth0, no InfiniBand): each rank's NIC is eth0 over
+    # sockets, next to its GPU's node, and nothing is flagged.
+    found = nics.nics(H200)
+    assert [d["name"] for d in found if d["kind"] == "net" and d["pci"]] == ["eth0"]
+    assert sorted(g["bus_id"] for g in nics.gpus(H200)) == ["0000:00:06.0", "0000:00:07.0"]
+    ranks = {r: record(H200, list(range(32)), gpu) for r, gpu in enumerate(("0000:00:06.0", "0000:00:07.0"))}
+    verdict = affinity.judge(ranks)
+    assert verdict.status == "pass", verdict.cause
+    assert [(verdict.nics[r]["transport"], verdict.nics[r]["name"]) for r in range(2)] == [("socket", "eth0")] * 2
