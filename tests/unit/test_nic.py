@@ -381,4 +381,6 @@ def test_the_captured_h200_node_reads_as_it_was():
     ranks = {r: record(H200, list(range(32)), gpu) for r, gpu in enumerate(("0000:00:06.0", "0000:00:07.0"))}
     verdict = affinity.judge(ranks)
     assert verdict.status == "pass", verdict.cause
-    assert [(verdict.nics[r]["transport"], verdict.nics[r]["name"]) for r in range(2)] == [("socket", "eth0")] * 2
+    assert [(verdict.nics[r]["transport"], verdict.nics[r]["name"]) for r in range(2)] == [
+        ("socket", "eth0")
+    ] * 2
