@@ -16,7 +16,7 @@ from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.system import host, state, strictmodes
 from envbuilder.system.console import Out
-from envbuilder.validate import report, session
+from envbuilder.validate import junit, report, session
 from envbuilder.validate import runner as validator
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         )
         validator.store(home, record, result)
     if args.junit:
-        Path(args.junit).write_text(report.junit(result), encoding="utf-8")
+        Path(args.junit).write_text(junit.junit(result), encoding="utf-8")
     data = session.finish(result)  # a failed validation raises here: only passing reports are published
     if target is not None:
         from envbuilder.recipe import publish  # noqa: PLC0415 - see image above

@@ -15,7 +15,7 @@ from envbuilder.core.facts import HostFacts
 from envbuilder.core.structs import dataclass
 from envbuilder.plan.prefix import expand
 from envbuilder.plan.target import TargetFact
-from envbuilder.recipe.schema import SOURCED_FACTS
+from envbuilder.recipe.siteschema import SOURCED_FACTS
 from envbuilder.resolver import images, mirror
 from envbuilder.resolver.matrix import Matrix, load_matrix
 

@@ -10,7 +10,7 @@ from envbuilder.core.facts import Gpu, HostFacts
 from envbuilder.core.kinds import kind_info
 from envbuilder.core.structs import dataclass
 from envbuilder.recipe import sections
-from envbuilder.recipe.schema import SOURCED_FACTS, UNKNOWN
+from envbuilder.recipe.siteschema import SOURCED_FACTS, UNKNOWN
 from envbuilder.resolver.wheels import gpu_capability
 
 if (

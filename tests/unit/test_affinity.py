@@ -7,7 +7,7 @@ import sys
 
 from helpers import REPO
 
-from envbuilder.validate import affinity, report
+from envbuilder.validate import affinity, junit, report
 
 sys.path.insert(0, str(REPO / "envbuilder" / "payloads"))
 import envbuilder_facts as facts
@@ -164,7 +164,7 @@ def test_the_report_judges_the_affinity_row_and_keeps_warnings_out_of_failures()
         "e", "torchrun", "cpu", 1, 1, (), (report.Row("import", "pass", (0,)), warned), 1.0, 0, "here", "t"
     )
     assert result.ok and result.failed == []
-    assert "warning: rank 0: OMP_NUM_THREADS=4 exceeds its 1 CPU(s)" in report.junit(result)
+    assert "warning: rank 0: OMP_NUM_THREADS=4 exceeds its 1 CPU(s)" in junit.junit(result)
 
 
 # --- the payload's readers ------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from helpers import REPO
 
 from envbuilder.resolver.matrix import load_matrix
-from envbuilder.validate import report
+from envbuilder.validate import junit, report
 
 sys.path.insert(0, str(REPO / "envbuilder" / "payloads"))
 import envbuilder_facts as facts
@@ -242,7 +242,7 @@ def test_junit_has_one_case_per_check():
         report.Row("nccl", "fail", (0, 1), {}, cause='rank 1 died <here> & "there"', hint="see the log"),
         report.Row("mpi", "skip", (), reason="mpi4py is not installed"),
     ]
-    text = report.junit(_report(rows))
+    text = junit.junit(_report(rows))
     suite = ET.fromstring(text.split("\n", 1)[1])  # noqa: S314 - our own output
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
     cases = {c.get("name"): c for c in suite.iter("testcase")}
@@ -257,13 +257,13 @@ def test_drift_fails_the_report_and_its_junit_only_past_the_threshold():
     told = {"figure": "nccl.busbw", "text": "nccl bus bandwidth 2 GB/s, 50% below", "fails": False}
     reported = dataclasses.replace(_report(rows), drift=(told,))
     assert reported.ok and reported.drift_failed == []
-    suite = ET.fromstring(report.junit(reported).split("\n", 1)[1])  # noqa: S314 - our own output
+    suite = ET.fromstring(junit.junit(reported).split("\n", 1)[1])  # noqa: S314 - our own output
     assert (suite.get("tests"), suite.get("failures")) == ("2", "0")
     case = next(c for c in suite.iter("testcase") if c.get("name") == "drift")
     assert case.find("failure") is None and case.find("system-out").text == told["text"]
     failed = dataclasses.replace(_report(rows), drift=({**told, "fails": True},))
     assert not failed.ok and failed.drift_failed == ["nccl.busbw"]
-    suite = ET.fromstring(report.junit(failed).split("\n", 1)[1])  # noqa: S314 - our own output
+    suite = ET.fromstring(junit.junit(failed).split("\n", 1)[1])  # noqa: S314 - our own output
     assert (suite.get("tests"), suite.get("failures")) == ("2", "1")
     assert failed.to_json()["drift"] == [{**told, "fails": True}] and failed.to_json()["ok"] is False
 
