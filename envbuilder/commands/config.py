@@ -73,6 +73,7 @@ def _defaults(env: Mapping[str, str]) -> dict[str, str]:
         "python_mirror": "",
         "python_downloads": "",
         "history_dir": "",
+        "signatures_dir": "",
     }
 
 

@@ -21,6 +21,7 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
@@ -111,7 +112,9 @@ def run(
     )
     timeout = float(opts.timeout or recipe.validation.timeout or suite.DEFAULT_TIMEOUT_S)
     runs = Path(opts.runs) if opts.runs else prefix / "envbuilder" / "validation"
-    run_dir = runs / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    # To the microsecond: two validations of one env in the same second (a job's own step, a process of another
+    # PID namespace with the same number) once met in one directory.
+    run_dir = runs / f"run-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}-{os.getpid()}"
     payload = suite.Payload(
         checks=checks,
         device=device,

@@ -656,7 +656,7 @@ def test_plan_on_a_login_node_marks_the_facts_it_took_from_this_host(recipe):
 #: The compute glibc each seed site states (read in its pages, or derived from the OS release they name), and
 #: the sites that state no OS. Every other fact the site does not know is this host's, or unknown.
 SITE_GLIBC = {"lonestar6": "2.28", "polaris": "2.38", "cirrus": "2.28", "zurada": "2.34"}
-NO_SITE_OS = {"frontera", "vista"}
+NO_SITE_OS = {"frontera", "vista", "lumi"}  # lumi: an example site whose OS its pages do not give
 #: Each seed recipe and its site file; not a container env's, whose plan checks the image's facts (its own libc
 #: and OS) instead of the node's glibc and OS.
 SEED_SITES = {

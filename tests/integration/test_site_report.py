@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,11 +89,39 @@ def site() -> Iterator[Path]:
         shutil.rmtree(top)
 
 
+def _reachable_by_all(path: Path) -> bool:
+    """Whether every user may run ``path``: each directory above it searchable by others, the file theirs to run."""
+    real = path.resolve()
+    return all(p.stat().st_mode & 0o001 for p in real.parents) and bool(real.stat().st_mode & 0o001)
+
+
+def _argv_for_others(*args: str) -> tuple[list[str], dict[str, str]]:
+    """The CLI's argv as another user can run it, and what its environment needs. The tests' python may live
+    where only root reaches (pyenv under /root): then the system's python of the same version runs it, with the
+    checkout and this venv's packages on its path."""
+    if _reachable_by_all(Path(sys.executable)):
+        return cli_argv(*args), {}
+    system = Path("/usr/bin/python3")
+    probe = subprocess.run(
+        [str(system), "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.stdout.strip() != str(sys.version_info[:2]):
+        pytest.skip(
+            f"{sys.executable} is not another user's to run, and {system} is not Python {sys.version[:4]}"
+        )
+    packages = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    return [str(system), "-m", "envbuilder", *args], {"PYTHONPATH": f"{REPO}:{packages}"}
+
+
 def as_user(user: User, site: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The real CLI in a child process run by ``user``."""
-    env = cli_env({"ENVBUILDER_HISTORY_DIR": str(site), "HOME": str(site.parent), "LANG": "C.UTF-8"})
+    argv, more = _argv_for_others(*args)
+    env = cli_env({"ENVBUILDER_HISTORY_DIR": str(site), "HOME": str(site.parent), "LANG": "C.UTF-8", **more})
     return subprocess.run(
-        cli_argv(*args),
+        argv,
         env=env,
         capture_output=True,
         text=True,
