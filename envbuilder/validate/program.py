@@ -88,15 +88,9 @@ def prepare(
     wanted = suite.LaunchRequest(
         request.launcher, request.nodes, ranks, request.account, partition, here=None if batch else here
     )
-    shape = suite.shape_for(recipe, target, wanted, device, warnings)
     if not batch:
-        _refuse_elsewhere(record, device, host, shape)
+        _refuse_elsewhere(record, device, host, in_job=bool(here and here.in_job))
     prefix = Path(record.prefix)
-    wrapper_dir = prefix / "envbuilder" / "payloads"
-    affinity: tuple[str, ...] = ()
-    if recipe.launcher.gpu_affinity != "none" and not shape.launcher.agent and shape.gpus:
-        affinity = (str(wrapper_dir / "gpu_affinity.sh"), recipe.launcher.gpu_affinity)
-    program = suite.Program(request.program, python=request.program[0].endswith(".py"))
     own_python = kinds.kind_info(record.kind).own_python
     python = (
         str(prefix / "bin" / "python") if own_python else str(record.tools.get("python_path") or "python3")
@@ -106,7 +100,13 @@ def prepare(
         python = box_python((record.plan or {}).get("container") or {})
         wrap = runner.in_image(record, device == "cuda")
     elif not batch:
-        runner.python_here(record, python, host)
+        runner.python_here(record, python, host)  # before what the job lacks: the env cannot start here
+    shape = suite.shape_for(recipe, target, wanted, device, warnings)
+    wrapper_dir = prefix / "envbuilder" / "payloads"
+    affinity: tuple[str, ...] = ()
+    if recipe.launcher.gpu_affinity != "none" and not shape.launcher.agent and shape.gpus:
+        affinity = (str(wrapper_dir / "gpu_affinity.sh"), recipe.launcher.gpu_affinity)
+    program = suite.Program(request.program, python=request.program[0].endswith(".py"))
     the_launch = suite.launch_program(
         recipe,
         shape,
@@ -132,9 +132,9 @@ def _recorded_partition(record: state.EnvRecord) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
-def _refuse_elsewhere(record: state.EnvRecord, device: str, host: HostFacts, shape: suite.Shape) -> None:
+def _refuse_elsewhere(record: state.EnvRecord, device: str, host: HostFacts, *, in_job: bool) -> None:
     """A GPU env's program cannot run on a host without GPUs outside any job (a login node)."""
-    if device == "cuda" and not host.gpus and not (shape.here and shape.here.in_job):
+    if device == "cuda" and not host.gpus and not in_job:
         raise UsageError(
             f"this host ({host.hostname or 'here'}) has no GPU and is in no job; {record.name} is for GPUs",
             hint=f"submit it (envbuilder sbatch {record.name} -- ...) or run it inside an allocation",

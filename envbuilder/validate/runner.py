@@ -124,6 +124,10 @@ def run(
     )
     own_python = kinds.kind_info(record.kind).own_python
     python, wrap = _launched(record, device, run_dir)
+    if (
+        not opts.submit and not reason
+    ):  # an env whose python cannot start here says so before what a job lacks
+        python_here(record, python, host)
     the_launch = suite.launch(
         recipe,
         target,
@@ -148,8 +152,6 @@ def run(
             f"not validating {record.name} here: {reason}",
             hint=_elsewhere_hint(record.name, the_launch),
         )
-    if not opts.submit:
-        python_here(record, python, host)
     _make_run_dir(run_dir)
     budget = timeout * len(checks) + SLACK_S
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
