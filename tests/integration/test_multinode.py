@@ -198,17 +198,17 @@ def test_a_node_whose_step_dies_is_a_fail_naming_it(cpu_torch_world, slurm_nodes
     ddp = data["checks"]["ddp"]
     assert ddp["status"] == "fail"
     # The node that died comes first; the ranks on n1, whose collective failed, lost it. Every rank on n2 is named
-    # on n2: the first died; a rank the kill reached after the launcher had already ended it (the kills go one by
-    # one) is reported as ended by the launcher while it waited for its dead peer.
+    # on n2: one died first (which one depends on the order the kills land); a rank the kill reached after the
+    # launcher had already ended it is reported as ended by the launcher while it waited for its dead peer.
     parts = ddp["cause"].split("; ")
-    first, *rest = data["layout"]["n2"]
-    assert f"rank {first} on n2: rank {first} died during this check" in ddp["cause"], ddp["cause"]
-    for rank in rest:
-        (part,) = [p for p in parts if p.startswith(f"rank {rank} on n2: ")] or [ddp["cause"]]
-        assert f"rank {rank} died during this check" in part or "then the launcher ended it" in part, ddp[
-            "cause"
-        ]
-    assert parts[0].startswith(f"rank {data['layout']['n2'][0]} on n2"), ddp["cause"]
+    n2 = data["layout"]["n2"]
+    said = {rank: next((p for p in parts if p.startswith(f"rank {rank} on n2: ")), "") for rank in n2}
+    assert any(f"rank {rank} died during this check" in said[rank] for rank in n2), ddp["cause"]
+    for rank in n2:
+        assert (
+            f"rank {rank} died during this check" in said[rank] or "then the launcher ended it" in said[rank]
+        ), ddp["cause"]
+    assert any(parts[0].startswith(f"rank {rank} on n2: ") for rank in n2), ddp["cause"]
     assert all(": lost ranks " in p for p in parts if " on n1: " in p), ddp["cause"]
     assert data["checks"]["import"]["status"] == "pass"
     # The bed is whole again for whatever runs next.
