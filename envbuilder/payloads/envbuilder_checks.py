@@ -210,13 +210,8 @@ class Suite(SiteChecks):
         caps = [tuple(torch.cuda.get_device_capability(i)) for i in range(count)]
         missing = arch_gaps(arch_list, caps)  # type: ignore[arg-type]
         if missing:
-            return self.log.result(
-                "arch",
-                "fail",
-                arch_list=arch_list,
-                missing=missing,
-                cause=f"this torch build has no kernels for {', '.join(missing)} (built for {' '.join(arch_list)})",
-                hint="pick a CUDA variant whose wheels still include this GPU's arch (envbuilder plan shows why)",
+            return self._arch_missing(
+                arch_list, missing, "a CUDA variant whose wheels still include this GPU's arch"
             )
         return self.log.result(
             "arch", "pass", arch_list=arch_list, capabilities=[f"sm_{a}{b}" for a, b in caps]
@@ -236,15 +231,21 @@ class Suite(SiteChecks):
         gcn = [str(getattr(self.api.get_device_properties(i), "gcnArchName", "")) for i in range(count)]
         missing = gfx_gaps(arch_list, gcn)
         if missing:
-            return self.log.result(
-                "arch",
-                "fail",
-                arch_list=arch_list,
-                missing=missing,
-                cause=f"this torch build has no kernels for {', '.join(missing)} (built for {' '.join(arch_list)})",
-                hint="pick a ROCm variant whose wheels include this GPU's gfx target (envbuilder plan shows why)",
+            return self._arch_missing(
+                arch_list, missing, "a ROCm variant whose wheels include this GPU's gfx target"
             )
         return self.log.result("arch", "pass", arch_list=arch_list, capabilities=gcn)
+
+    def _arch_missing(self, arch_list: list[str], missing: list[str], pick: str) -> dict[str, Any]:
+        """The arch check's failure: the GPUs' targets the build has no kernels for, and the variant to pick."""
+        return self.log.result(
+            "arch",
+            "fail",
+            arch_list=arch_list,
+            missing=missing,
+            cause=f"this torch build has no kernels for {', '.join(missing)} (built for {' '.join(arch_list)})",
+            hint=f"pick {pick} (envbuilder plan shows why)",
+        )
 
     def check_cuda(self) -> dict[str, Any]:
         torch = self.torch

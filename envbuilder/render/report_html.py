@@ -97,17 +97,9 @@ def _site_recipe(recipe: str, envs: Sequence[sitedata.SiteEnv], ids: str) -> lis
         f"{esc(data.stamp(runs[0][0]))} to {esc(data.stamp(runs[-1][0]))}.</p>"
     )
     parts.append("<h3>Where it passes</h3>")
-    header: tuple[str, ...] = (
-        "partition",
-        "envs passing now",
-        "runs passed",
-        "recipe versions",
-        "newest run",
-    )
-    parts.append(_table(header, sitedata.where_rows(envs)))
+    parts.append(_table(sitedata.WHERE_HEADER, sitedata.where_rows(envs)))
     parts.append("<h3>Envs (newest run per partition)</h3>")
-    header = ("user", "env", "partition", "version", "status", "runs passed", "newest run", "driver")
-    parts.append(_table(header, sitedata.env_rows(envs), status_at=4))
+    parts.append(_table(sitedata.ENV_HEADER, sitedata.env_rows(envs), status_at=4))
     changes = sitedata.changes(envs)
     linked = [(f"{who} on {part}", text, found) for who, part, text, found in sitedata.drift_links(envs)]
     parts += _drift_and_changes(ids, changes, linked)

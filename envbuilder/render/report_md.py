@@ -75,17 +75,9 @@ def _site_recipe(recipe: str, envs: Sequence[sitedata.SiteEnv]) -> list[str]:
         "### Where it passes",
         "",
     ]
-    header: tuple[str, ...] = (
-        "partition",
-        "envs passing now",
-        "runs passed",
-        "recipe versions",
-        "newest run",
-    )
-    lines += table(header, sitedata.where_rows(envs))
+    lines += table(sitedata.WHERE_HEADER, sitedata.where_rows(envs))
     lines += ["### Envs (newest run per partition)", ""]
-    header = ("user", "env", "partition", "version", "status", "runs passed", "newest run", "driver")
-    lines += table(header, sitedata.env_rows(envs))
+    lines += table(sitedata.ENV_HEADER, sitedata.env_rows(envs))
     drift = sitedata.drift_rows(envs)
     if drift:
         lines += ["### Drift in the newest runs", ""]

@@ -57,6 +57,11 @@ def per_env(envs: Sequence[SiteEnv]) -> list[tuple[float, Mapping[str, Any]]]:
     )
 
 
+#: The columns of :func:`where_rows` and :func:`env_rows`, as both pages head them.
+WHERE_HEADER = ("partition", "envs passing now", "runs passed", "recipe versions", "newest run")
+ENV_HEADER = ("user", "env", "partition", "version", "status", "runs passed", "newest run", "driver")
+
+
 def where_rows(envs: Sequence[SiteEnv]) -> list[tuple[str, ...]]:
     """Per partition: (partition, envs passing at their newest run there ``2/3``, runs passed ``25/28``, the
     recipe versions run, the newest run's time)."""
