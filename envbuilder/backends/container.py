@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -169,6 +170,9 @@ def drop_work_dir(prefix: Path, runtime: str) -> Optional[str]:
     work = work_dir(prefix.parent, runtime)
     if not work.exists() and not work.is_symlink():
         return None
+    owner = work.lstat().st_uid
+    if owner != os.geteuid():  # create makes it as this user: another user's is theirs to keep
+        return f"{work} belongs to another user (uid {owner}), not to this one; left it"
     try:
         users = sorted(
             s.name for s in prefix.parent.iterdir() if s not in (prefix, work) and _uses(s, runtime)

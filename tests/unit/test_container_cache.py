@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sharedfs import give_to, other_user
+
 from envbuilder.backends.container import drop_work_dir, work_dir
 
 
@@ -47,3 +49,13 @@ def test_a_create_under_way_keeps_it_and_a_link_is_never_followed(tmp_path: Path
     said = drop_work_dir(tmp_path / "box", "apptainer")
     assert said is not None and "link" in said, said
     assert work.is_symlink() and (elsewhere / "cache" / "blobs" / "layer").read_bytes() == b"x" * 64
+
+
+def test_another_users_cache_is_left_to_them(tmp_path: Path) -> None:
+    # A group-shared envs directory where another user made the runtime's directory: it is not this user's to
+    # remove, even as root.
+    work = _cache(tmp_path)
+    give_to(work, other_user())
+    said = drop_work_dir(tmp_path / "box", "apptainer")
+    assert said is not None and "belongs to another user" in said, said
+    assert (work / "cache" / "blobs" / "layer").read_bytes() == b"x" * 64
