@@ -106,12 +106,14 @@ def _render(result: Explanation, out: Out) -> None:
         first = m.lines[0][0]
         more = f", {m.count} lines" if m.count > 1 else ""
         res.show(plain("KNOWN ", "bold"), plain(m.signature.id, "bold cyan"), f"  (line {first}{more})")
-        for number, text in m.lines:
-            res.line(f"  {number}: {text}")
-        res.field("means", m.text("means"))
+        width = res.console.width
+        for number, text in m.lines:  # the log's own line, cut to the width: the log file holds it whole
+            said = f"  {number}: {text}"
+            res.line(said if len(said) <= width else said[: width - 3] + "...")
+        res.field("means", m.text("means"), prose=True)
         for note in result.notes(m):
-            res.field("this env", note)
-        res.field("fix", m.text("fix"))
+            res.field("this env", note, prose=True)
+        res.field("fix", m.text("fix"), prose=True)
         res.field("source", m.signature.source)
     step = result.next_step()
     if step:

@@ -93,8 +93,21 @@ class Lines:
     def line(self, text: str = "") -> None:
         self.show(text)
 
-    def field(self, name: str, value: str) -> None:
-        self.show("  ", plain(name, "cyan"), ": ", value)
+    def field(self, name: str, value: str, *, prose: bool = False) -> None:
+        """``  name: value``. ``prose``: a sentence, wrapped to the console's width under its first line (commands,
+        paths and URLs are never given as prose: they stay whole on one line, to be copied)."""
+        if not prose:
+            self.show("  ", plain(name, "cyan"), ": ", value)
+            return
+        import textwrap  # noqa: PLC0415 - only prose fields need it
+
+        indent = len(name) + 4
+        lines = textwrap.wrap(value, width=max(self.console.width - indent, 30), break_on_hyphens=False) or [
+            ""
+        ]
+        self.show("  ", plain(name, "cyan"), ": ", lines[0])
+        for more in lines[1:]:
+            self.show(" " * indent + more)
 
 
 class Results(Lines):
