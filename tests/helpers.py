@@ -259,7 +259,7 @@ class UserWorld:
 #: What CpuTorchWorld runs once in its env so that its bytecode is written: the imports of a validation's agent
 #: and ranks, and the DDP check's steps in a world of one rank (its store the file named by argv[1]).
 WARM_UP = """
-import sys
+import os, sys
 import mpi4py, numpy, torch, torch.distributed as dist, torch.distributed.run
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
@@ -274,6 +274,8 @@ for x, y in DataLoader(data, batch_size=4, sampler=DistributedSampler(data)):
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # as the validation payload ends: gloo sometimes aborts in interpreter finalisation
 """
 
 

@@ -28,15 +28,18 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     record: Optional[JobRecord] = None
     unanswered: tuple[str, ...] = ()
     scheduler_ending: Optional[str] = None
+    files: tuple[str, ...]
     path = Path(args.what)
     if path.exists() or path.is_symlink() or not JOB_ID.fullmatch(args.what):
         output = jobs.read_log(path)
         source = str(path)
+        label, files = "a log", (source,)
     else:
         record, scheduler, unanswered = jobs.job_record(args.what, env)
         scheduler_ending = jobs.ending(record, scheduler)
         output = jobs.read_outputs(record, scheduler)
-        source = f"job {record.job} ({scheduler}, {record.source}): {', '.join(output.paths)}"
+        label, files = f"job {record.job} ({scheduler}, {record.source})", tuple(output.paths)
+        source = f"{label}: {', '.join(files)}"
         for missing, why in output.missing:
             out.warn(f"job {record.job}'s {missing} cannot be read: {why}")
     result = Explanation(
@@ -47,10 +50,11 @@ def handle(args: argparse.Namespace, out: Out) -> dict[str, Any]:
         lines=output.text.count("\n") + 1 if output.text else 0,
         cut=output.cut,
         unanswered=unanswered,
+        files=files,
     )
     data = result.to_json()
     if not args.json:
-        _render(result, out)
+        _render(result, label, out)
     return data
 
 
@@ -89,9 +93,11 @@ def _job_facts(record: Optional[JobRecord], ending: Optional[str]) -> tuple[tupl
     return tuple((k, v) for k, v in facts if v)
 
 
-def _render(result: Explanation, out: Out) -> None:
+def _render(result: Explanation, label: str, out: Out) -> None:
     res = out.result
-    res.heading(f"Explaining {result.source}")
+    res.heading(f"Explaining {label}")
+    for path in result.files:
+        res.field("read", path)
     for key, value in result.job:
         res.field(key, value)
     if result.env is not None:

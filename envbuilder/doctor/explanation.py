@@ -50,6 +50,8 @@ class Explanation:
     cut: bool = False
     #: The scheduler's queries that did not answer before the one that did (sacct where there is no accounting).
     unanswered: tuple[str, ...] = ()
+    #: The files read, shown whole on lines of their own (a path is not cut to the console's width).
+    files: tuple[str, ...] = ()
 
     @property
     def known(self) -> bool:

@@ -64,7 +64,8 @@ def run_to_log(argv: list[str], log: Path, **kwargs: Any) -> int:
 
 
 def test_a_real_import_error_and_the_envs_side_of_it(world: UserWorld, tmp_path: Path) -> None:
-    log = tmp_path / "job.log"
+    log = tmp_path / "a-project-directory-whose-path-alone-is-wider-than-an-80-column-terminal" / "job.log"
+    log.parent.mkdir()
     python = world.scratch / "envs" / "small" / "bin" / "python"
     assert run_to_log([str(python), "-c", "import torch"], log) == 1
     data = explained(world, str(log))
@@ -80,9 +81,12 @@ def test_a_real_import_error_and_the_envs_side_of_it(world: UserWorld, tmp_path:
     ]
     human = ok(world.cli("explain", str(log), "--env", "small", COLUMNS="80")).stdout
     assert "KNOWN python-module-missing" in human and "run `envbuilder doctor small`" in human
-    # Read through a pipe at 80 columns: the sentences wrap under their field; only a source's URL stays whole.
+    # Read through a pipe at 80 columns: the sentences wrap under their field; only a source's URL and the path read
+    # stay whole, on lines of their own (the heading names no path).
     long = [
-        line for line in human.splitlines() if len(line) > 80 and not line.lstrip().startswith("source: ")
+        line
+        for line in human.splitlines()
+        if len(line) > 80 and not line.lstrip().startswith(("source: ", "read: "))
     ]
     assert not long, long
 
