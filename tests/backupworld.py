@@ -107,7 +107,8 @@ class World(UserWorld):
         return self.scratch / "envs" / name
 
     def store_bytes(self) -> int:
-        return sum(p.stat().st_size for p in (self.backups / "store").glob("*/*") if p.is_file())
+        """The bytes of the stored wheels (not the digests remembered beside them, .NAME.sha256)."""
+        return sum(p.stat().st_size for p in (self.backups / "store").glob("*/[!.]*") if p.is_file())
 
     def python(self, name: str, code: str, prefix: Optional[Path] = None) -> str:
         py = (prefix or self.prefix(name)) / "bin" / "python"

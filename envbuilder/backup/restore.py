@@ -381,10 +381,11 @@ def _cache_first(job: _Job, backend: base.Backend, build: base.Build, first: Ins
     b, plan = job.b, job.old.plan
     job.step("creating the env; trying uv's cache for the backed-up packages (offline)")
     backend.create(build, first, build.env)
-    # The stored wheels are hashed meanwhile: a corrupt backup is refused whichever way the env is built.
+    # The stored wheels are checked meanwhile: a corrupt backup is refused whichever way the env is built. A
+    # wheel hashed before and unchanged since (backup wrote it, verify-backup read it) is not read again.
     stop = threading.Event()
     with ThreadPoolExecutor(max_workers=1) as pool:
-        checking = pool.submit(verify, b, False, True, stop)
+        checking = pool.submit(verify, b, False, True, stop, memo=True)
         cached = _from_uv_cache(b, plan, build)
         if not cached:
             stop.set()  # decompressing checks every blob anyway: no second read

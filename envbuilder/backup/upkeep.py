@@ -14,7 +14,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any, Optional
 
-from envbuilder.backup import image, wheelhouse
+from envbuilder.backup import hashmemo, image, wheelhouse
 from envbuilder.backup.catalog import Backup, backups, listing, read
 from envbuilder.backup.writer import modes, pack_workers
 from envbuilder.core.errors import UsageError
@@ -23,12 +23,18 @@ from envbuilder.system import fsutil, purge, removal, state, transaction
 
 
 def verify(
-    b: Backup, record_result: bool = True, hash_wheels: bool = True, cancel: Optional[threading.Event] = None
+    b: Backup,
+    record_result: bool = True,
+    hash_wheels: bool = True,
+    cancel: Optional[threading.Event] = None,
+    memo: bool = False,
 ) -> list[str]:
     """Re-hash everything the backup holds; the problems found (none: it restores as written). With
     ``hash_wheels`` false the stored wheels (or a container env's image) are only checked for presence and size
-    (restore hashes them as it decompresses or copies them, before anything is put in place). Once ``cancel`` is set, wheels not yet started are
-    skipped (restore stops checking when it turns to decompressing, which checks them anyway)."""
+    (restore hashes them as it decompresses or copies them, before anything is put in place). Once ``cancel`` is
+    set, wheels not yet started are skipped (restore stops checking when it turns to decompressing, which checks
+    them anyway). ``memo``: a stored wheel whose digest is remembered for it, unchanged since it was hashed
+    (hashmemo), is not read again (restore from uv's cache); verify-backup reads every byte."""
     problems: list[str] = [b.error] if b.error else []
     if not b.error:
         if b.mode == "wheelhouse":
@@ -39,7 +45,12 @@ def verify(
                         []
                         if cancel is not None and cancel.is_set()
                         else _check_file(
-                            b.root, w["path"], w["size"], w["sha256"] if hash_wheels else None, w["name"]
+                            b.root,
+                            w["path"],
+                            w["size"],
+                            w["sha256"] if hash_wheels else None,
+                            w["name"],
+                            memo=memo,
                         )
                     ),
                     wheels,
@@ -79,16 +90,22 @@ def _manifest(b: Backup, rel: str, name: str, recorded: Optional[str]) -> list[s
     return [] if digest == recorded else [f"{name} is missing or changed"]
 
 
-def _check_file(root: Path, rel: str, size: int, digest: Optional[str], what: str) -> list[str]:
-    """Problems with the file ``rel`` of the backup root, read without following a symlink."""
+def _check_file(
+    root: Path, rel: str, size: int, digest: Optional[str], what: str, *, memo: bool = False
+) -> list[str]:
+    """Problems with the file ``rel`` of the backup root, read without following a symlink. ``memo``: a digest
+    remembered for this very file, unchanged since (hashmemo), is taken without reading it again."""
     path = root / rel
     try:
         with removal.open_below(root, rel) as fh:
-            actual_size = os.fstat(fh.fileno()).st_size
-            if actual_size != size:
-                return [f"{what}: {path} has {actual_size} bytes, {size} were written"]
-            if digest is not None and wheelhouse.fh_sha256(fh) != digest:
+            before = os.fstat(fh.fileno())
+            if before.st_size != size:
+                return [f"{what}: {path} has {before.st_size} bytes, {size} were written"]
+            if digest is None or (memo and hashmemo.holds(root, rel, digest, before)):
+                return []
+            if wheelhouse.fh_sha256(fh) != digest:
                 return [f"{what}: {path} does not match its sha256 (a changed or damaged byte)"]
+            hashmemo.remember(root, rel, digest, before, os.fstat(fh.fileno()))
     except FileNotFoundError:
         return [f"{what}: {path} is missing"]
     except OSError as exc:
@@ -154,6 +171,11 @@ def prune(root: Path, keep: int, env: Optional[str] = None, dry_run: bool = Fals
             continue
         result.blobs += 1
         result.freed += size
+        memo = hashmemo.beside(blob)
+        if memo.is_symlink() or memo.exists():
+            why = removal.remove_below(root, memo, dry_run=dry_run)
+            if why:
+                result.left.append(why)
     return result
 
 

@@ -34,6 +34,7 @@ from typing import IO, Any, Optional, cast
 
 from packaging.utils import canonicalize_name
 
+from envbuilder.backup import hashmemo
 from envbuilder.core.errors import BackupError, CommandFailed
 from envbuilder.core.structs import dataclass
 from envbuilder.system import proc, removal, transaction
@@ -371,19 +372,23 @@ def _stored_problem(
     reached through a symlink is not the store's (it is stored again, the link replaced)."""
     try:
         with removal.open_below(root, rel) as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size != known.get("size"):
-                return f"{size} bytes, {known.get('size')} were written"
+            before = os.fstat(fh.fileno())
+            if before.st_size != known.get("size"):
+                return f"{before.st_size} bytes, {known.get('size')} were written"
+            if hashmemo.holds(root, rel, str(known.get("sha256")), before):
+                return None  # hashed in full before, and the same file, unchanged, since
             h = hashlib.sha256()
             for chunk in iter(lambda: fh.read(CHUNK), b""):
                 _check_cancel(cancel)
                 h.update(chunk)
+            after = os.fstat(fh.fileno())
     except FileNotFoundError:
         return "missing"
     except OSError as exc:
         return f"unreadable ({exc.strerror})"
     if h.hexdigest() != known.get("sha256"):
         return "its sha256 differs from the one written (a changed or damaged byte)"
+    hashmemo.remember(root, rel, h.hexdigest(), before, after)
     return None
 
 
@@ -425,8 +430,8 @@ class Store:
         self, dist: Dist, known: Optional[dict[str, Any]] = None, cancel: Optional[threading.Event] = None
     ) -> Blob:
         """The blob for ``dist``: the stored one if an earlier backup wrote it and its bytes still hash to what
-        that backup recorded (hashed now: a blob not checked in this run is never trusted), its files checked
-        against RECORD either way; else packed now, replacing a damaged one. Safe to call from several threads
+        that backup recorded (hashed now, unless hashmemo holds a digest for this very file, unchanged since it
+        was hashed), its files checked against RECORD either way; else packed now, replacing a damaged one. Safe to call from several threads
         for different dists."""
         found = self.existing(dist.digest)
         damaged = None
@@ -465,6 +470,8 @@ class Store:
             tmp.chmod(self.file_mode)
             digest = file_sha256(tmp)
             tx.swap()
+        written = final.lstat()  # after the rename, which moved its change time
+        hashmemo.remember(self.root, rel, digest, written, written)
         return Blob(
             dist.digest,
             dist.wheel_filename(),
@@ -497,6 +504,7 @@ class Store:
         what = blob.get("name", src.name)
         try:
             with removal.open_below(self.root, str(blob["path"])) as fh:  # never a link planted in the store
+                before = os.fstat(fh.fileno())
                 size = 0
                 try:
                     if blob["compression"] == "zstd":
@@ -511,6 +519,7 @@ class Store:
                     if digest.hexdigest() == blob["sha256"]:
                         raise
                     size = -1
+                after = os.fstat(fh.fileno())
         except OSError as exc:
             if exc.filename == str(src):
                 raise BackupError(f"{what}: cannot read {src}: {exc.strerror}") from None
@@ -521,6 +530,7 @@ class Store:
                     out.unlink()
         if size != blob["size"] or digest.hexdigest() != blob["sha256"]:
             raise BackupError(f"{what}: {src} does not match its sha256 (a changed or damaged byte)")
+        hashmemo.remember(self.root, str(blob["path"]), blob["sha256"], before, after)
         return out
 
     def blobs(self) -> Iterator[Path]:

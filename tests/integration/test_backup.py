@@ -45,7 +45,7 @@ def test_three_envs_store_only_what_differs(world):
     assert big["new_bytes"] == sizes[2] - sizes[1]
     assert 1_000_000 < sizes[2] - sizes[1] < 4_500_000  # ebbig's 4 MB of hex text, zstd-compressed
     # Few files: one per distinct wheel, whatever the number of envs.
-    assert len(list((w.backups / "store").glob("*/*"))) == 3  # ebdemo, ebdep, ebbig
+    assert len(list((w.backups / "store").glob("*/[!.]*"))) == 3  # ebdemo, ebdep, ebbig
 
 
 def test_archive_round_trip_relocates_pip_scripts(world):
@@ -93,7 +93,7 @@ def test_a_corrupted_byte_is_found_and_restore_refuses(world):
     wheel = w.data("backup", "cor")
     arc = w.data("backup", "cor", "--mode", "archive")
     assert w.data("verify-backup", "cor")["ok"]
-    blob = next(w.backups.glob("store/*/*"))
+    blob = next(w.backups.glob("store/*/[!.]*"))
     raw = bytearray(blob.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     blob.write_bytes(bytes(raw))
@@ -113,6 +113,41 @@ def test_a_corrupted_byte_is_found_and_restore_refuses(world):
     res = w.cli("restore", "cor", "--backup", arc["id"])
     assert res.returncode == 12 and "the archive" in res.stderr
     assert not w.prefix("cor").exists()
+
+
+def test_restore_from_uv_cache_trusts_a_remembered_digest_and_verify_backup_reads_every_byte(world):
+    """The trust a stored wheel's hash memo (backup/hashmemo.py) is given, shown by forging one: restore from uv's
+    cache checks a stored wheel by the digest remembered beside it while the file is the one hashed (same size,
+    times, inode), and hashes it again once that changed; verify-backup reads every byte whatever the memo says."""
+    w = world
+    ok(w.cli("create", w.small("memo", "ebdemo==1.0"), "--no-validate"))
+    made = w.data("backup", "memo")
+    bid = made["id"]
+    stored = json.loads((Path(made["path"]) / "backup.json").read_text())["wheels"]
+    (wheel,) = [x for x in stored if x["name"] == "ebdemo"]
+    blob = w.backups / wheel["path"]
+    memo = blob.with_name(f".{blob.name}.sha256")
+    written = json.loads(memo.read_text())  # the backup hashed what it wrote, and remembered it
+    assert written["sha256"] == wheel["sha256"]
+    st = blob.stat()
+    assert written["identity"] == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    # Damaged bytes of the same size, and a memo that vouches for the file as it now is.
+    raw = bytearray(blob.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    blob.write_bytes(bytes(raw))
+    st = blob.stat()
+    forged = {**written, "identity": [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]}
+    memo.write_text(json.dumps(forged))
+    subprocess.run(["rm", "-rf", str(w.prefix("memo"))], check=True)
+    ok(w.cli("restore", "memo", "--backup", bid))  # the env is the backed-up build, by its RECORD digests
+    res = w.cli("verify-backup", bid)
+    assert res.returncode == 12 and "sha256" in res.stderr, res.stderr
+    # The memo as written by the backup no longer matches the file (its change time moved): hashed, refused.
+    memo.write_text(json.dumps(written))
+    subprocess.run(["rm", "-rf", str(w.prefix("memo"))], check=True)
+    res = w.cli("restore", "memo", "--backup", bid)
+    assert res.returncode == 12 and "failed verification" in res.stderr, res.stderr
+    assert not w.prefix("memo").exists()
 
 
 def test_a_changed_file_refuses_a_wheelhouse_backup_but_not_an_archive(world):
@@ -255,13 +290,17 @@ def test_prune_keeps_the_newest_and_frees_unused_wheels(world):
     ok(w.cli("backup", "pr"))
     ok(w.cli("create", w.small("pr", "ebdemo==2.0"), "--no-validate", "--force"))
     ok(w.cli("backup", "pr"))
-    assert len(list(w.backups.glob("store/*/*"))) == 4  # ebdemo 1.0 and 2.0, ebdep, ebbig
+    assert len(list(w.backups.glob("store/*/[!.]*"))) == 4  # ebdemo 1.0 and 2.0, ebdep, ebbig
     dry = w.data("prune-backups", "--keep", "1", "--dry-run")
     assert len(dry["removed"]) == 1 and dry["blobs_removed"] == 2 and len(w.data("backups", "pr")) == 2
     done = w.data("prune-backups", "--keep", "1")
     assert done["removed"] == dry["removed"] and done["bytes_freed"] > 1_000_000
     assert [b["id"] for b in w.data("backups", "pr")] != dry["removed"]
-    assert len(list(w.backups.glob("store/*/*"))) == 2
+    kept = sorted(w.backups.glob("store/*/[!.]*"))
+    assert len(kept) == 2
+    # A removed wheel's remembered digest goes with it; the kept ones keep theirs.
+    memos = list(w.backups.glob("store/*/.*.sha256"))
+    assert {m.name for m in memos} == {f".{b.name}.sha256" for b in kept}
     subprocess.run(["rm", "-rf", str(w.prefix("pr"))], check=True)
     ok(w.cli("restore", "pr", "--no-validate"))
     assert w.python("pr", "import ebdemo; print(ebdemo.VERSION)") == "2.0"
@@ -317,7 +356,7 @@ def test_a_backup_is_no_more_readable_than_its_env(world, env_mode, file_mode):
         for f in Path(made["path"]).iterdir():
             assert f.stat().st_mode & 0o777 == file_mode, f
         assert Path(made["path"]).stat().st_mode & 0o007 == (env_mode & 0o005)
-    for blob in w.backups.glob("store/*/*"):
+    for blob in w.backups.glob("store/*/[!.]*"):
         assert blob.stat().st_mode & 0o777 == file_mode
 
 
@@ -389,7 +428,7 @@ def test_a_stored_wheel_truncated_or_missing_is_written_again(world):
     w = world
     ok(w.cli("create", w.small("trunc", "ebdemo==1.0"), "--no-validate"))
     first = w.data("backup", "trunc")
-    blobs = sorted(w.backups.glob("store/*/*"))
+    blobs = sorted(w.backups.glob("store/*/[!.]*"))
     blobs[0].write_bytes(blobs[0].read_bytes()[:10])
     blobs[1].unlink()
     second = w.data("backup", "trunc")

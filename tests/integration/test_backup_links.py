@@ -105,7 +105,7 @@ def test_files_of_a_backup_that_are_symlinks_are_not_read(world):
     refused(res, EXIT_BACKUP, "a symlink, not a file envbuilder wrote")
     assert "manifest.json is missing or changed" in res.stderr
     # A stored wheel reached through a link: verify and restore refuse it.
-    blob = next(p for p in (w.backups / "store").glob("*/*") if p.is_file())
+    blob = next(p for p in (w.backups / "store").glob("*/[!.]*") if p.is_file())
     (mine / "store").mkdir()
     _move_out(blob, mine / "store")
     refused(w.cli("verify-backup", wheels["id"]), EXIT_BACKUP, "a symlink, not a file envbuilder wrote")
@@ -215,7 +215,7 @@ def test_a_stored_wheel_that_is_a_symlink_is_stored_again_and_what_it_points_to_
     w = world
     w.data("backup", "p")
     mine = _mine(w)
-    blobs = sorted(p for p in (w.backups / "store").glob("*/*") if p.is_file())
+    blobs = sorted(p for p in (w.backups / "store").glob("*/[!.]*") if p.is_file())
     for blob in blobs:  # the same bytes, kept private by their owner, reached through a link
         moved = mine / blob.name
         shutil.move(str(blob), moved)
