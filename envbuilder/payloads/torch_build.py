@@ -4,6 +4,7 @@ Prints one JSON line; envbuilder reads torch's version.py itself."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -28,6 +29,7 @@ def locate() -> dict[str, Any]:
 
 
 def arch_flags() -> dict[str, Any]:
+    gc.disable()  # while torch is imported, the collector walked its new objects again and again (payloads/validate)
     try:
         import torch
 
