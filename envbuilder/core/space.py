@@ -4,7 +4,8 @@ and whether it fits.
 - A :class:`Need` is bytes and files an operation puts under one directory, with where the figure came from.
 - A :class:`Room` is what was found for the file system holding a directory: its free bytes and inodes for an
   unprivileged user (``statvfs``: ``f_bavail``, ``f_favail``), the user's quota there where the site has a way to
-  ask (:class:`Quota`, read from ``lfs quota`` or ``quota -w`` output by :func:`parse_quota`), and the limits the
+  ask (:class:`Quota`, read from ``lfs quota`` or ``quota -w`` output by :func:`parse_quota`, or from the answer of
+  a quota command the site config names, :class:`SiteCommand`, by :func:`parse_answer`), and the limits the
   recipe states for it (``[filesystems.NAME] quota``/``files_quota``, read by :func:`parse_size`/
   :func:`parse_count`).
 - :func:`compare` adds up the needs per file system and says, per limit, whether they fit (a refusal), fit within
@@ -15,10 +16,12 @@ The caller (``system.space``) measures; nothing here reads a file or starts a pr
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Optional
 
+from envbuilder.core.errors import RecipeError, did_you_mean
 from envbuilder.core.structs import dataclass
 
 #: A limit is "close" when the operation leaves less than this share of it free.
@@ -282,3 +285,152 @@ def _quota_row(tool: str, fields: list[str]) -> Optional[Quota]:
 def refusal(verdict: Verdict) -> str:
     """The refusal's first line: every limit the needs do not fit, with the numbers."""
     return "not enough room: " + "; ".join(c.words() for c in verdict.refused)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The site's own quota command (``[[quota_commands]]`` in the site config; never a recipe's)
+
+#: The site config's table of quota commands: ``[[quota_commands]]`` with ``path``, ``argv`` and ``timeout``.
+SITE_KEY = "quota_commands"
+SITE_FIELDS = ("path", "argv", "timeout")
+#: The words that may stand for a value in a site command's argv, each as a whole argument.
+PLACEHOLDERS = ("{path}", "{user}")
+#: The longest a site may let its command take, in seconds (a pre-flight that waits longer helps nobody).
+MAX_TIMEOUT = 300.0
+#: The keys of a site command's answer: one JSON object, each value a whole number of at least 0, or null.
+ANSWER_KEYS = ("bytes_used", "bytes_limit", "files_used", "files_limit")
+
+
+@dataclass(frozen=True)
+class SiteCommand:
+    """A quota command the site config names for the directories under ``path``: ``argv`` (an absolute program
+    and fixed arguments, :data:`PLACEHOLDERS` among them), how long it may take, and where it was named
+    (``file``, ``key``) for every message about it."""
+
+    path: str
+    argv: tuple[str, ...]
+    timeout: Optional[float]
+    file: str
+    key: str
+
+    @property
+    def label(self) -> str:
+        return f"the site's quota command ({self.key} in {self.file})"
+
+
+def site_commands(items: object, file: str) -> list[SiteCommand]:
+    """The site config's ``[[quota_commands]]``, checked: an error naming the file and key for anything a site
+    should not write (a relative program, a placeholder inside an argument, an unknown key)."""
+    if items is None:
+        return []
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise RecipeError(f"expected an array of tables ([[{SITE_KEY}]])", file=file, key=SITE_KEY)
+    return [_site_command(item, f"{SITE_KEY}[{n}]", file) for n, item in enumerate(items)]
+
+
+def _site_command(item: Mapping[str, object], key: str, file: str) -> SiteCommand:
+    for k in item:
+        if k not in SITE_FIELDS:
+            hint = did_you_mean(k, SITE_FIELDS) or f"expected {', '.join(SITE_FIELDS)}"
+            raise RecipeError(f"unknown key {k!r}", file=file, key=f"{key}.{k}", hint=hint)
+    where, argv, timeout = item.get("path"), item.get("argv"), item.get("timeout")
+    if not isinstance(where, str) or not where.startswith("/"):
+        raise RecipeError(
+            "expected an absolute path: the directory whose quota the command answers for",
+            file=file,
+            key=f"{key}.path",
+        )
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise RecipeError(
+            "expected a list of strings: the program and its arguments", file=file, key=f"{key}.argv"
+        )
+    for n, arg in enumerate(argv):
+        problem = _argument_problem(n, arg)
+        if problem:
+            raise RecipeError(problem, file=file, key=f"{key}.argv[{n}]", hint=_ARGV_HINT)
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT
+    ):
+        raise RecipeError(
+            f"expected seconds, more than 0 and at most {MAX_TIMEOUT:g}", file=file, key=f"{key}.timeout"
+        )
+    return SiteCommand(where, tuple(argv), float(timeout) if timeout is not None else None, file, key)
+
+
+_ARGV_HINT = (
+    'e.g. argv = ["/usr/local/sbin/envbuilder-quota", "--user", "{user}", "{path}"]: an absolute program, '
+    "then fixed arguments, {path} and {user} each as a whole argument"
+)
+
+
+def _argument_problem(n: int, arg: str) -> str:
+    if n == 0:
+        if not arg.startswith("/"):
+            return f"expected an absolute program path, not {arg!r} (a command is never looked up on PATH)"
+        return f"a placeholder cannot be the program: {arg!r}" if "{" in arg or "}" in arg else ""
+    if arg in PLACEHOLDERS or ("{" not in arg and "}" not in arg):
+        return ""
+    return (
+        f"{arg!r}: a placeholder stands as a whole argument, {' or '.join(PLACEHOLDERS)}, and no other "
+        "argument holds a brace"
+    )
+
+
+def site_argv(command: SiteCommand, path: str, user: str) -> tuple[Optional[list[str]], str]:
+    """The argv that asks ``command`` for ``user``'s quota on the file system holding ``path``, each placeholder
+    replaced whole (never a substring, never through a shell), or None and why where a value could be read as
+    an option (one starting with "-") or is empty."""
+    values = {"{path}": path, "{user}": user}
+    argv = [command.argv[0]]
+    for arg in command.argv[1:]:
+        if arg in values:
+            value = values[arg]
+            if not value or value.startswith("-"):
+                return None, f"{arg} would be {value!r}, which the command could read as an option"
+            argv.append(value)
+        else:
+            argv.append(arg)
+    return argv, ""
+
+
+def parse_answer(tool: str, text: str) -> tuple[Optional[Quota], str]:
+    """A site command's answer: one JSON object with :data:`ANSWER_KEYS` (``bytes_used`` and ``bytes_limit``
+    required, the files' pair optional; a limit null, 0 or absent: none; a use null only where its limit is
+    none), or None and what is wrong with it: never a guess."""
+    doc, why = _answer_object(text)
+    if doc is None:
+        return None, why
+    nums: dict[str, Optional[int]] = {}
+    for k in ANSWER_KEYS:
+        v = doc.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            return None, f"answered {k} = {json.dumps(v)}: expected a whole number of at least 0, or null"
+        nums[k] = v
+    for what in ("bytes", "files"):
+        if nums[f"{what}_limit"] and nums[f"{what}_used"] is None:
+            return None, f"answered a {what}_limit without its {what}_used"
+    quota = Quota(
+        tool,
+        nums["bytes_used"] or 0,
+        nums["bytes_limit"] or None,
+        nums["files_used"] or 0,
+        nums["files_limit"] or None,
+    )
+    return quota, ""
+
+
+def _answer_object(text: str) -> tuple[Optional[dict[str, object]], str]:
+    """The answer's one JSON object with known keys and the two required ones, or None and why not."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "nothing")
+        return None, f"printed no JSON object (it began: {first[:80]!r})"
+    if not isinstance(doc, dict):
+        return None, f"printed JSON that is not an object: {text.strip()[:80]!r}"
+    unknown = sorted(set(doc) - set(ANSWER_KEYS))
+    if unknown:
+        return None, f"answered with an unknown key {unknown[0]!r} (expected {', '.join(ANSWER_KEYS)})"
+    if "bytes_used" not in doc or "bytes_limit" not in doc:
+        return None, "answered without bytes_used and bytes_limit"
+    return doc, ""

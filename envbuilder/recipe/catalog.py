@@ -107,14 +107,15 @@ def site_registries(env: Mapping[str, str]) -> list[Layer]:
         return []
     doc = read_toml(path)
     # [[shared_roots]]: the group-shared backup roots, read by strictmodes where a check needs them;
-    # [settings] and [locked]: the settings, read by system.configfiles.
-    unknown = sorted(set(doc) - {"registries", "shared_roots", "settings", "locked"})
+    # [settings] and [locked]: the settings, read by system.configfiles; [[quota_commands]]: the site's quota
+    # commands, read by system.space where pre-flight runs.
+    unknown = sorted(set(doc) - {"registries", "shared_roots", "settings", "locked", "quota_commands"})
     if unknown:
         raise RecipeError(
             f"unknown key {unknown[0]!r}",
             file=str(path),
             key=unknown[0],
-            hint="expected [[registries]], [[shared_roots]], [settings] or [locked]",
+            hint="expected [[registries]], [[shared_roots]], [[quota_commands]], [settings] or [locked]",
         )
     items = doc.get("registries", [])
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from envbuilder.core import space
-from envbuilder.core.errors import CommandFailed, DiskError
+from envbuilder.core.errors import CommandFailed, DiskError, UnsafePath
 from envbuilder.core.space import Need, Room, Stated, Verdict
-from envbuilder.system import proc
+from envbuilder.system import proc, strictmodes
 
 #: How long a quota tool may take (a Lustre client waits on its servers).
 QUOTA_TIMEOUT = 20.0
@@ -42,32 +42,111 @@ def quota_argv(tool: str, where: Path) -> list[str]:
 
 
 def ask_quota(tool: str, where: Path, env: Mapping[str, str]) -> tuple[Optional[space.Quota], str]:
-    """The user's quota from the site's tool, or None and why (the tool missing or failing, or output in no
-    format this knows: reported, never guessed)."""
+    """The user's quota from the tool a recipe names (lfs, quota), or None and why (the tool missing or failing,
+    or output in no format this knows: reported, never guessed)."""
     argv = quota_argv(tool, where)
     shown = " ".join(argv)
     if shutil.which(argv[0], path=env.get("PATH")) is None:
         return None, f"{shown}: {argv[0]} is not on PATH here; your quota was not checked"
-    try:
-        res = proc.run(argv, env=proc.scrubbed_env(env), timeout=QUOTA_TIMEOUT, check=False)
-    except CommandFailed as exc:  # a timeout
-        return None, f"{shown}: {exc.message}; your quota was not checked"
-    if res.returncode != 0:
-        tail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
-        return None, f"{shown} failed (exit {res.returncode}: {tail[0]}); your quota was not checked"
-    quota = space.parse_quota(tool, res.stdout, str(where))
+    out, why = _ask(argv, env, QUOTA_TIMEOUT)
+    if out is None:
+        return None, f"{shown} {why}; your quota was not checked"
+    quota = space.parse_quota(tool, out, str(where))
     if quota is None:
-        first = next((ln.strip() for ln in res.stdout.splitlines() if ln.strip()), "nothing")
+        first = next((ln.strip() for ln in out.splitlines() if ln.strip()), "nothing")
         return None, f"{shown} printed no quota line envbuilder can read (it began: {first!r}); not used"
     return quota, ""
 
 
-def room(path: str, limits: Limits, env: Mapping[str, str]) -> Room:
+def ask_site(
+    command: space.SiteCommand, where: Path, env: Mapping[str, str]
+) -> tuple[Optional[space.Quota], str]:
+    """The user's quota from the site's own command (its answer in the documented JSON form), or None and why:
+    the command unsafe to run, missing, failing, hanging past its timeout, or answering in another form. Each is
+    a warning naming the command; none is fatal, and the other checks still run."""
+    program = command.argv[0]
+    tool = f"site: {Path(program).name}"
+    argv, why = space.site_argv(command, str(where), pwd.getpwuid(os.getuid()).pw_name)
+    shown = proc.quote(argv or command.argv)
+    if argv is None:
+        return None, f"{command.label} was not run: {why}; your quota was not checked"
+    unsafe = _unsafe(program)
+    if unsafe:
+        return None, f"{command.label} was not run: {unsafe}; your quota was not checked"
+    out, why = _ask(argv, env, command.timeout or QUOTA_TIMEOUT)
+    if out is None:
+        return None, f"{command.label} {why} (ran: {shown}); your quota was not checked"
+    quota, why = space.parse_answer(tool, out)
+    if quota is None:
+        return None, f"{command.label} {why} (ran: {shown}); not used (docs/site-quota.md has its form)"
+    return quota, ""
+
+
+def _unsafe(program: str) -> str:
+    """Why the site's program is not to be run ("" where it may be): missing, or one another user could replace
+    (the rule that guards the site config itself)."""
+    if not Path(program).is_file():
+        return f"{program} is not a file on this host"
+    try:
+        strictmodes.check(Path(program), what="the program", elsewhere="ask the admins to fix its mode")
+    except UnsafePath as exc:
+        return exc.message
+    return ""
+
+
+def _ask(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple[Optional[str], str]:
+    """A quota tool's stdout, or None and what went wrong, in words that follow its argv."""
+    try:
+        res = proc.run(argv, env=proc.scrubbed_env(env), timeout=timeout, check=False)
+    except CommandFailed as exc:  # a timeout
+        return None, f"did not answer: {exc.message.splitlines()[-1].strip('()')}"
+    except OSError as exc:
+        return None, f"could not be started: {exc.strerror or exc}"
+    if res.returncode != 0:
+        tail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:]
+        return None, f"failed (exit {res.returncode}{': ' + tail[0] if tail else ''})"
+    return res.stdout, ""
+
+
+def site_commands(env: Mapping[str, str]) -> list[space.SiteCommand]:
+    """The site config's ``[[quota_commands]]``, from the admin's file only: one another user could change is
+    refused, as every reader of the site config refuses it."""
+    from envbuilder.system import siteconfig  # noqa: PLC0415 - only pre-flight needs the site config here
+
+    path = siteconfig.config_path(env)
+    if path is None or not path.is_file():
+        return []
+    strictmodes.check(
+        path, what="the site config", elsewhere="ask the admins to fix its mode, or unset ENVBUILDER_CONFIG"
+    )
+    return space.site_commands(siteconfig.read_toml(path).get(space.SITE_KEY), str(path))
+
+
+def site_command_for(where: Path, commands: Sequence[space.SiteCommand]) -> Optional[space.SiteCommand]:
+    """The command for the directory ``where``: the entry whose path (resolved) is it or holds it, the longest."""
+    real = os.path.realpath(where)
+    held = []
+    for c in commands:
+        root = os.path.realpath(c.path)
+        if real == root or real.startswith(root.rstrip("/") + "/"):
+            held.append((len(root), c))
+    return max(held, key=lambda h: h[0])[1] if held else None
+
+
+def room(
+    path: str, limits: Limits, env: Mapping[str, str], commands: Sequence[space.SiteCommand] = ()
+) -> Room:
+    """The room under ``path``; the user's quota from the site's command where one is named for it (the admin's
+    word, over the recipe's tool), else from the tool the recipe names."""
     where = existing(path)
     st = os.statvfs(where)
     found = limits(str(where))
     stated, tool = found if found else (None, "")
-    quota, note = ask_quota(tool, where, env) if tool else (None, "")
+    site = site_command_for(where, commands)
+    if site is not None:
+        quota, note = ask_site(site, where, env)
+    else:
+        quota, note = ask_quota(tool, where, env) if tool else (None, "")
     return Room(
         str(where),
         where.stat().st_dev,
@@ -96,8 +175,14 @@ def check(
 ) -> Verdict:
     """Measure the room for each need and compare; warn on stderr (``warn``) of a limit nearly reached or a
     quota that could not be read, and refuse with the numbers (a DiskError) where the needs do not fit."""
+    commands = site_commands(env)
     seen: dict[Path, Room] = {}  # one statvfs and one quota tool run per directory
-    rooms = [seen.setdefault(existing(n.path), room(n.path, limits, env)) for n in needs]
+    rooms = []
+    for n in needs:
+        where = existing(n.path)
+        if where not in seen:
+            seen[where] = room(n.path, limits, env, commands)
+        rooms.append(seen[where])
     verdict = space.compare(needs, rooms)
     for note in verdict.notes:
         warn(f"pre-flight: {note}")

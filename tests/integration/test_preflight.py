@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import UserWorld, demo_recipe, ok, run_cli
-from sharedfs import fill, tmpfs
+from sharedfs import fill, give_to, other_user, tmpfs
 from wheelindex import build_wheel, demo_wheels, mirror_env, serve
 
 from envbuilder.core.errors import DiskError
@@ -261,3 +261,173 @@ def test_a_node_refuses_before_the_broadcast_where_the_image_and_its_env_cannot_
     argv = ("__stage-node", "prepare", "a-1123456789abcdef", "0" * 64, "--need", f"{64 << 20}:100")
     res = run_cli(*argv, env={"TMPDIR": os.environ["TMPDIR"], "HOME": str(node.parent)})
     assert res.returncode == 15 and "error: not enough room: free space on" in res.stderr, res.stderr
+
+
+# --- the site's own quota command ([[quota_commands]] in the admin's site config), a real script standing in ---
+
+
+class SiteQuota:
+    """A stand-in site quota command (a root-owned script under the test's directory, as an admin installs a
+    wrapper around their own tool) named in a real site config for $SCRATCH. It writes its argv, one argument a
+    line, to ``calls``, and runs ``body`` (shell) to answer."""
+
+    def __init__(self, w: UserWorld, body: str, argv: str = '"--user", "{user}", "--dir", "{path}"') -> None:
+        admin = w.root / "admin"
+        admin.mkdir(exist_ok=True)
+        self.program = admin / "site-quota"
+        self.calls = admin / "calls"
+        self.program.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >> {self.calls}\n{body}\n', encoding="utf-8")
+        self.program.chmod(0o755)
+        self.config = w.root / "site.toml"
+        self.write(f'path = "{w.scratch}"\nargv = ["{self.program}", {argv}]\ntimeout = 2\n')
+
+    def write(self, entry: str) -> None:
+        self.config.write_text(f"[[quota_commands]]\n{entry}", encoding="utf-8")
+        self.config.chmod(0o644)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"ENVBUILDER_CONFIG": str(self.config)}
+
+    def called(self) -> list[str]:
+        return self.calls.read_text(encoding="utf-8").splitlines() if self.calls.exists() else []
+
+
+def _site(w: UserWorld, **numbers: object) -> SiteQuota:
+    return SiteQuota(w, f"echo '{json.dumps(numbers)}'")
+
+
+def test_a_site_quota_command_that_says_nearly_full_refuses_with_its_numbers(tmp_path):
+    w = UserWorld(tmp_path)
+    w.scratch.mkdir()
+    # The recipe names lfs and states 100 GB: the site's own command is the admin's word, and is taken over both.
+    w.write_recipe("t", torch_recipe("t", 'quota = "100 GB"\nquota_command = "lfs"\n'))
+    site = _site(w, bytes_used=9 << 30, bytes_limit=(9 << 30) + (300 << 20), files_used=10, files_limit=None)
+    res = w.cli("create", "t", "--no-validate", "--json", **site.env)
+    problem = _refused(res, "your quota (site: site-quota): need 832.3 MB, 300.0 MB left of 9.29 GB")
+    assert problem["errno"] == 122  # EDQUOT
+    user = __import__("pwd").getpwuid(os.getuid()).pw_name
+    assert site.called() == ["--user", user, "--dir", str(w.scratch)]  # each value one whole argument
+    assert "recipe's stated quota" not in res.stderr and "lfs" not in res.stderr
+    assert list(w.scratch.iterdir()) == []
+
+
+def test_a_site_quota_close_to_its_limit_warns_and_one_with_room_passes(tmp_path, index):
+    w = UserWorld(tmp_path, mirror_env(index))
+    w.scratch.mkdir()
+    w.write_recipe("a", big_recipe("a"))
+    w.write_recipe("b", big_recipe("b"))
+    # 30 MiB left of 100 MiB: the small env's 22 MB leaves under a tenth; its files are far from their limit.
+    site = _site(w, bytes_used=70 << 20, bytes_limit=100 << 20, files_used=10, files_limit=100_000)
+    res = ok(w.cli("create", "a", "--no-validate", **site.env))
+    assert "pre-flight: close to the limit: your quota (site: site-quota): need 22.0 MB, 30.0 MB left" in (
+        res.stderr
+    )
+    site = _site(w, bytes_used=1 << 20, bytes_limit=10 << 30, files_used=10, files_limit=100_000)
+    res = ok(w.cli("create", "b", "--no-validate", **site.env))
+    assert "pre-flight" not in res.stderr, res.stderr
+    assert len(site.called()) == 2 * 4  # asked once per create (the cache is elsewhere: not under $SCRATCH)
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (
+            "echo 'myquota: cannot reach the quota server' >&2; exit 3",
+            "failed (exit 3: myquota: cannot reach",
+        ),
+        ("echo 'Disk usage: 9.5G of 10G'", "printed no JSON object (it began: 'Disk usage: 9.5G of 10G')"),
+        ('echo \'{"bytes_used": "9.5G", "bytes_limit": null}\'', 'answered bytes_used = "9.5G"'),
+        ("exec sleep 30", "did not answer: timed out after 2 s"),
+    ],
+    ids=["fails", "garbage", "wrong-type", "hangs"],
+)
+def test_a_site_quota_command_that_fails_is_a_warning_and_the_other_checks_still_run(tmp_path, body, said):
+    w = UserWorld(tmp_path)
+    w.write_recipe("t", torch_recipe("t"))
+    site = SiteQuota(w, body)
+    with tmpfs(w.scratch, size="256m"):
+        res = w.cli("create", "t", "--no-validate", "--json", **site.env)
+        # The free space check refuses the CPU torch env all the same; the command's trouble is a warning.
+        _refused(res, f"free space on {w.scratch}: need 832.3 MB")
+        warning = next(ln for ln in res.stderr.splitlines() if "the site's quota command" in ln)
+        assert warning.startswith("warning: pre-flight: the site's quota command (quota_commands[0] in ")
+        assert str(site.program) in warning and said in warning, warning
+        assert "your quota (" not in res.stderr  # nothing guessed
+    assert site.called()  # it did run
+
+
+def test_a_failing_site_quota_command_does_not_stop_a_create_that_fits(tmp_path, index):
+    w = UserWorld(tmp_path, mirror_env(index))
+    w.scratch.mkdir()
+    w.write_recipe("a", big_recipe("a"))
+    site = SiteQuota(w, "exit 1")
+    res = ok(w.cli("create", "a", "--no-validate", **site.env))
+    assert (
+        f"the site's quota command (quota_commands[0] in {site.config}) failed (exit 1) (ran: " in res.stderr
+    )
+    assert (w.scratch / "envs" / "a" / "bin" / "python").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "key", "said"),
+    [
+        ('"--dir={path}"', "quota_commands[0].argv[1]", "a placeholder stands as a whole argument"),
+        (
+            '"{path}; touch /tmp/pwned"',
+            "quota_commands[0].argv[1]",
+            "a placeholder stands as a whole argument",
+        ),
+        ('"{home}"', "quota_commands[0].argv[1]", "a placeholder stands as a whole argument"),
+    ],
+)
+def test_a_site_config_placeholder_inside_an_argument_is_refused_naming_the_file_and_key(
+    tmp_path, argv, key, said
+):
+    w = UserWorld(tmp_path)
+    w.scratch.mkdir()
+    w.write_recipe("t", torch_recipe("t"))
+    site = SiteQuota(w, "exit 0", argv=argv)
+    res = w.cli("create", "t", "--no-validate", **site.env)
+    assert res.returncode == 3, res.stderr  # a configuration error
+    assert f"error: {site.config}: {key}: " in res.stderr and said in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert site.called() == [] and list(w.scratch.iterdir()) == []
+
+
+def test_a_site_config_naming_a_relative_program_is_refused(tmp_path):
+    w = UserWorld(tmp_path)
+    w.scratch.mkdir()
+    w.write_recipe("t", torch_recipe("t"))
+    site = SiteQuota(w, "exit 0")
+    site.write(f'path = "{w.scratch}"\nargv = ["site-quota", "{{path}}"]\n')
+    res = w.cli(
+        "create", "t", "--no-validate", **site.env, PATH=f"{site.program.parent}:{os.environ['PATH']}"
+    )
+    assert res.returncode == 3, res.stderr
+    assert f"error: {site.config}: quota_commands[0].argv[0]: expected an absolute program path" in res.stderr
+    assert "Traceback" not in res.stderr and site.called() == []
+
+
+def test_a_site_quota_command_others_can_change_is_not_run(tmp_path):
+    other = other_user()
+    w = UserWorld(tmp_path)
+    w.write_recipe("t", torch_recipe("t"))
+    site = _site(w, bytes_used=0, bytes_limit=100 << 20)
+    with tmpfs(w.scratch, size="256m"):
+        res = w.cli("create", "t", "--no-validate", **site.env)
+        assert "your quota (site: site-quota): need 832.3 MB" in res.stderr, res.stderr
+        assert site.called()
+        site.calls.unlink()
+        # A program another user owns: a warning, it is not run; the other checks go on (free space refuses).
+        give_to(site.program, other, 0o755)
+        res = w.cli("create", "t", "--no-validate", **site.env)
+        assert f"was not run: the program {site.program} is owned by" in res.stderr, res.stderr
+        assert f"free space on {w.scratch}: need 832.3 MB" in res.stderr
+        assert "your quota (" not in res.stderr and site.called() == []
+        # A site config another user can write is not obeyed at all (the rule every reader of it follows).
+        os.chown(site.program, 0, 0)
+        site.config.chmod(0o666)
+        res = w.cli("create", "t", "--no-validate", **site.env)
+        assert res.returncode == 9 and f"the site config {site.config} is writable" in res.stderr, res.stderr
+        assert site.called() == []

@@ -9,12 +9,14 @@ import pytest
 
 from envbuilder import lockfile, plan
 from envbuilder.core import space
+from envbuilder.core.errors import RecipeError
 from envbuilder.core.facts import HostFacts
 from envbuilder.core.space import Need, Quota, Room, Stated
 from envbuilder.lockfile import pylock, reader
 from envbuilder.plan import preflight
 from envbuilder.recipe.catalog import Catalog, Layer
 from envbuilder.recipe.loader import load
+from envbuilder.system import space as system_space
 
 GiB = 1 << 30
 CPU_HOST = HostFacts(arch="x86_64", python="3.11.7", glibc="2.34", gpus=())
@@ -241,3 +243,107 @@ def test_lock_sizes_are_read_and_written_again(tmp_path):
     path.write_text(lock.dumps(), encoding="utf-8")
     again = lockfile.read(path, "yours").platforms[0]
     assert [p.files[0].size for p in again.packages] == [191_794_682, 7]
+
+
+# --- the site's own quota command: its entry in the site config, its argv, its answer ---
+
+SITE = "/etc/envbuilder/config.toml"
+
+
+def _site(argv: list[str], path: str = "/scratch", **more: object) -> space.SiteCommand:
+    (command,) = space.site_commands([{"path": path, "argv": argv, **more}], SITE)
+    return command
+
+
+def test_a_site_answer_is_read_with_its_limits():
+    answer = (
+        '{"bytes_used": 1073741824, "bytes_limit": 2147483648, "files_used": 12, "files_limit": 500000}\n'
+    )
+    assert space.parse_answer("site: q", answer) == (Quota("site: q", GiB, 2 * GiB, 12, 500_000), "")
+
+
+def test_a_site_answer_with_no_limits_and_no_file_counts_is_a_quota_without_limits():
+    quota, why = space.parse_answer("site: q", '{"bytes_used": 5, "bytes_limit": null}')
+    assert quota == Quota("site: q", 5, None, 0, None) and why == ""
+    assert space.compare([_need()], [_room(quota=quota)]).checks[-1].limit == "free inodes on /scratch"
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "printed no JSON object (it began: 'nothing')"),
+        ("9.5G used of 10G\n", "printed no JSON object (it began: '9.5G used of 10G')"),
+        ('[{"bytes_used": 1, "bytes_limit": 2}]', "printed JSON that is not an object"),
+        ('{"bytes_used": 1, "bytes_limit": 2}\n{"bytes_used": 1}', "printed no JSON object"),
+        ('{"bytes_used": 1, "byte_limit": 2}', "unknown key 'byte_limit'"),
+        ('{"bytes_used": 1}', "without bytes_used and bytes_limit"),
+        ('{"bytes_used": "1G", "bytes_limit": 2}', 'bytes_used = "1G": expected a whole number'),
+        ('{"bytes_used": 1.5, "bytes_limit": 2}', "bytes_used = 1.5"),
+        ('{"bytes_used": -1, "bytes_limit": 2}', "bytes_used = -1"),
+        ('{"bytes_used": true, "bytes_limit": 2}', "bytes_used = true"),
+        ('{"bytes_used": null, "bytes_limit": 2}', "a bytes_limit without its bytes_used"),
+        ('{"bytes_used": 1, "bytes_limit": 2, "files_limit": 9}', "a files_limit without its files_used"),
+    ],
+)
+def test_a_site_answer_in_any_other_form_is_none_and_says_why(text, why):
+    quota, said = space.parse_answer("site: q", text)
+    assert quota is None and why in said, said
+
+
+def test_the_site_argv_puts_each_value_in_whole_and_never_reads_a_placeholder_twice():
+    command = _site(["/usr/local/sbin/q", "--user", "{user}", "--", "{path}", "fixed"])
+    hostile = "/scratch/$(touch x); rm -rf ~ `id` {user}\nnext"
+    assert space.site_argv(command, hostile, "bob") == (
+        ["/usr/local/sbin/q", "--user", "bob", "--", hostile, "fixed"],
+        "",
+    )
+
+
+@pytest.mark.parametrize(("path", "user"), [("/scratch", "-rf"), ("/scratch", "--help"), ("/scratch", "")])
+def test_a_value_that_could_be_an_option_is_never_put_in_the_argv(path, user):
+    argv, why = space.site_argv(_site(["/usr/local/sbin/q", "{user}", "{path}"]), path, user)
+    assert argv is None and "{user}" in why and "option" in why
+
+
+@pytest.mark.parametrize(
+    ("entry", "key", "said"),
+    [
+        ({"argv": ["myquota", "{path}"]}, "quota_commands[0].argv[0]", "expected an absolute program path"),
+        ({"argv": ["./myquota"]}, "quota_commands[0].argv[0]", "expected an absolute program path"),
+        ({"argv": ["/x/{user}"]}, "quota_commands[0].argv[0]", "a placeholder cannot be the program"),
+        ({"argv": ["/x/q", "--dir={path}"]}, "quota_commands[0].argv[1]", "a placeholder stands as a whole"),
+        ({"argv": ["/x/q", "{path};id"]}, "quota_commands[0].argv[1]", "a placeholder stands as a whole"),
+        ({"argv": ["/x/q", "{PATH}"]}, "quota_commands[0].argv[1]", "a placeholder stands as a whole"),
+        ({"argv": ["/x/q", "{ path }"]}, "quota_commands[0].argv[1]", "a placeholder stands as a whole"),
+        ({"argv": "/x/q {path}"}, "quota_commands[0].argv", "expected a list of strings"),
+        ({"argv": []}, "quota_commands[0].argv", "expected a list of strings"),
+        ({"argv": ["/x/q"], "path": "scratch"}, "quota_commands[0].path", "expected an absolute path"),
+        ({"argv": ["/x/q"], "timeout": 0}, "quota_commands[0].timeout", "expected seconds"),
+        ({"argv": ["/x/q"], "timeout": 3600}, "quota_commands[0].timeout", "at most 300"),
+        ({"argv": ["/x/q"], "timeout": True}, "quota_commands[0].timeout", "expected seconds"),
+        ({"argv": ["/x/q"], "shell": True}, "quota_commands[0].shell", "unknown key 'shell'"),
+    ],
+)
+def test_a_site_entry_a_site_should_not_write_is_an_error_naming_the_file_and_key(entry, key, said):
+    with pytest.raises(RecipeError) as err:
+        space.site_commands([{"path": "/scratch", **entry}], SITE)
+    assert err.value.file == SITE and err.value.key == key and said in err.value.message
+
+
+def test_the_site_config_holds_an_array_of_quota_command_tables():
+    assert space.site_commands(None, SITE) == []
+    with pytest.raises(RecipeError, match=r"expected an array of tables \(\[\[quota_commands\]\]\)"):
+        space.site_commands({"path": "/scratch"}, SITE)
+
+
+def test_the_longest_site_entry_holding_a_directory_is_its_command(tmp_path):
+    (tmp_path / "scratch" / "proj").mkdir(parents=True)
+    (tmp_path / "scratchy").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "scratch" / "proj")
+    outer = _site(["/x/outer"], path=str(tmp_path / "scratch"))
+    inner = _site(["/x/inner"], path=str(tmp_path / "scratch" / "proj"))
+    commands = [outer, inner]
+    assert system_space.site_command_for(tmp_path / "scratch" / "proj" / "envs", commands) is inner
+    assert system_space.site_command_for(tmp_path / "scratch", commands) is outer
+    assert system_space.site_command_for(tmp_path / "link", commands) is inner  # the directory it resolves to
+    assert system_space.site_command_for(tmp_path / "scratchy", commands) is None  # a prefix, not a parent
