@@ -125,7 +125,10 @@ def test_the_first_real_failure_is_reported_not_the_cancellation_of_the_others(t
     root = tmp_path / "root"
     with pytest.raises(wheelhouse.Modified, match=r"small 1\.0: 1 file"):
         backup.make(record, root, "wheelhouse")
-    assert not any(p.name.startswith(".") for p in root.rglob("*") if p.is_file())
+    # No temporary file is left. A wheel stored whole before the failure stays (the store is content-addressed;
+    # prune removes what no backup uses), with the digest remembered beside it (.NAME.sha256).
+    hidden = [p for p in root.rglob(".*") if p.is_file()]
+    assert all(p.name.endswith(".sha256") and p.with_name(p.name[1:-7]).is_file() for p in hidden), hidden
     assert not (root / "envs" / "two").exists() or list((root / "envs" / "two").iterdir()) == []
 
 
