@@ -109,17 +109,9 @@ def _ask(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple[O
 
 
 def site_commands(env: Mapping[str, str]) -> list[space.SiteCommand]:
-    """The site config's ``[[quota_commands]]``, from the admin's file only: one another user could change is
-    refused, as every reader of the site config refuses it."""
-    from envbuilder.system import siteconfig  # noqa: PLC0415 - only pre-flight needs the site config here
-
-    path = siteconfig.config_path(env)
-    if path is None or not path.is_file():
-        return []
-    strictmodes.check(
-        path, what="the site config", elsewhere="ask the admins to fix its mode, or unset ENVBUILDER_CONFIG"
-    )
-    return space.site_commands(siteconfig.read_toml(path).get(space.SITE_KEY), str(path))
+    """The site config's ``[[quota_commands]]``, from the admin's file only (strictmodes.site_tables)."""
+    items, file = strictmodes.site_tables(env, space.SITE_KEY)
+    return space.site_commands(items, file)
 
 
 def site_command_for(where: Path, commands: Sequence[space.SiteCommand]) -> Optional[space.SiteCommand]:

@@ -256,20 +256,27 @@ def _refusal(
 # Group-shared roots (site config)
 
 
-def _shared_roots(env: Mapping[str, str]) -> list[SharedRoot]:
-    """The site config's ``[[shared_roots]]``, read only where a check needs them (most never do)."""
-    from envbuilder.system import siteconfig  # noqa: PLC0415 - only a group-shared directory needs the site config
+def site_tables(env: Mapping[str, str], key: str) -> tuple[list[dict[str, object]], str]:
+    """The site config's array of tables ``[[key]]`` and the file it came from: from the admin's file only (one
+    another user could change stops the command, exit 9); none where there is no site config."""
+    from envbuilder.system import siteconfig  # noqa: PLC0415 - only a few checks need the site config
 
     path = siteconfig.config_path(env)
     if path is None or not path.is_file():
-        return []
+        return [], ""
     check(
         path, what="the site config", elsewhere="ask the admins to fix its mode, or unset ENVBUILDER_CONFIG"
     )
-    items = siteconfig.read_toml(path).get(SHARED_KEY, [])
+    items = siteconfig.read_toml(path).get(key, [])
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-        raise RecipeError("expected an array of tables ([[shared_roots]])", file=str(path), key=SHARED_KEY)
-    return [_shared_root(item, f"{SHARED_KEY}[{n}]", str(path)) for n, item in enumerate(items)]
+        raise RecipeError(f"expected an array of tables ([[{key}]])", file=str(path), key=key)
+    return items, str(path)
+
+
+def _shared_roots(env: Mapping[str, str]) -> list[SharedRoot]:
+    """The site config's ``[[shared_roots]]``, read only where a check needs them (most never do)."""
+    items, file = site_tables(env, SHARED_KEY)
+    return [_shared_root(item, f"{SHARED_KEY}[{n}]", file) for n, item in enumerate(items)]
 
 
 def _shared_root(item: Mapping[str, object], key: str, file: str) -> SharedRoot:
