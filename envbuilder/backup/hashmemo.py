@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 from pathlib import Path
+from typing import IO, Callable
 
 from envbuilder.system import fsutil, removal
 
@@ -54,6 +55,26 @@ def remember(root: Path, rel: str, sha256: str, before: os.stat_result, after: o
     mode = after.st_mode & 0o644
     with contextlib.suppress(OSError):
         fsutil.write_atomic(root / _memo_rel(rel), data, mode)
+
+
+def matches(
+    root: Path,
+    rel: str,
+    fh: IO[bytes],
+    sha256: str,
+    digest_of: Callable[[IO[bytes]], str],
+    *,
+    trust: bool = True,
+) -> bool:
+    """Whether the file ``rel`` of ``root``, open as ``fh``, holds ``sha256``: the remembered digest where
+    ``trust`` and it holds for this very file, else ``digest_of(fh)`` (remembered when it matched)."""
+    before = os.fstat(fh.fileno())
+    if trust and holds(root, rel, sha256, before):
+        return True
+    if digest_of(fh) != sha256:
+        return False
+    remember(root, rel, sha256, before, os.fstat(fh.fileno()))
+    return True
 
 
 def beside(blob: Path) -> Path:

@@ -98,14 +98,13 @@ def _check_file(
     path = root / rel
     try:
         with removal.open_below(root, rel) as fh:
-            before = os.fstat(fh.fileno())
-            if before.st_size != size:
-                return [f"{what}: {path} has {before.st_size} bytes, {size} were written"]
-            if digest is None or (memo and hashmemo.holds(root, rel, digest, before)):
-                return []
-            if wheelhouse.fh_sha256(fh) != digest:
+            actual_size = os.fstat(fh.fileno()).st_size
+            if actual_size != size:
+                return [f"{what}: {path} has {actual_size} bytes, {size} were written"]
+            if digest is not None and not hashmemo.matches(
+                root, rel, fh, digest, wheelhouse.fh_sha256, trust=memo
+            ):
                 return [f"{what}: {path} does not match its sha256 (a changed or damaged byte)"]
-            hashmemo.remember(root, rel, digest, before, os.fstat(fh.fileno()))
     except FileNotFoundError:
         return [f"{what}: {path} is missing"]
     except OSError as exc:

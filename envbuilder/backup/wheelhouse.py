@@ -370,25 +370,25 @@ def _stored_problem(
 ) -> Optional[str]:
     """What is wrong with a stored blob, against the size and sha256 its backup recorded (None: nothing); one
     reached through a symlink is not the store's (it is stored again, the link replaced)."""
+
+    def digest_of(fh: IO[bytes]) -> str:
+        h = hashlib.sha256()
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            _check_cancel(cancel)
+            h.update(chunk)
+        return h.hexdigest()
+
     try:
         with removal.open_below(root, rel) as fh:
-            before = os.fstat(fh.fileno())
-            if before.st_size != known.get("size"):
-                return f"{before.st_size} bytes, {known.get('size')} were written"
-            if hashmemo.holds(root, rel, str(known.get("sha256")), before):
-                return None  # hashed in full before, and the same file, unchanged, since
-            h = hashlib.sha256()
-            for chunk in iter(lambda: fh.read(CHUNK), b""):
-                _check_cancel(cancel)
-                h.update(chunk)
-            after = os.fstat(fh.fileno())
+            size = os.fstat(fh.fileno()).st_size
+            if size != known.get("size"):
+                return f"{size} bytes, {known.get('size')} were written"
+            if not hashmemo.matches(root, rel, fh, str(known.get("sha256")), digest_of):
+                return "its sha256 differs from the one written (a changed or damaged byte)"
     except FileNotFoundError:
         return "missing"
     except OSError as exc:
         return f"unreadable ({exc.strerror})"
-    if h.hexdigest() != known.get("sha256"):
-        return "its sha256 differs from the one written (a changed or damaged byte)"
-    hashmemo.remember(root, rel, h.hexdigest(), before, after)
     return None
 
 
