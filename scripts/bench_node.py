@@ -433,13 +433,26 @@ def part_validate(bench: Bench, i: int, order: list[str]) -> None:
             continue
         fig = json.loads(report.read_text())
         ratio = fig["busbw_ratio_median"]
-        for way, what, secs in (
-            (tree, "suite", fig["suite_wall_median_s"]),
-            (tree, "bare", fig["raw_wall_s"][0]),
+        for way, what, secs, parts in (
+            (tree, "suite", fig["suite_wall_median_s"], fig.get("suite_parts_s")),
+            (tree, "bare", fig["raw_wall_s"][0], fig.get("raw_parts_s")),
         ):
-            bench.runs.append({"round": i, "way": way, "what": what, "seconds": secs, "busbw_ratio": ratio})
+            bench.runs.append(
+                {
+                    "round": i,
+                    "way": way,
+                    "what": what,
+                    "seconds": secs,
+                    "busbw_ratio": ratio,
+                    "parts_s": parts,
+                }
+            )
         print(f"round {i + 1}  {tree:10s} suite {fig['suite_wall_median_s']:.2f} s, bare {fig['raw_wall_s'][0]:.2f} s,"
               f" busbw ratio {ratio}", file=sys.stderr)  # fmt: skip
+        print(
+            f"  suite parts {fig.get('suite_parts_s')}\n  bare parts {fig.get('raw_parts_s')}",
+            file=sys.stderr,
+        )
         save(bench)
         shutil.rmtree(state, ignore_errors=True)
     shutil.rmtree(d, ignore_errors=True)

@@ -5,11 +5,14 @@ the RECORDs it will not trust."""
 from __future__ import annotations
 
 import hashlib
+import random
+import re
 from base64 import urlsafe_b64encode
 from pathlib import Path
 
 import pytest
 
+from envbuilder.backends import torcharch
 from envbuilder.backends.torcharch import library_flags, wheel_digest
 
 DIST = "torch-2.13.0+cu126.dist-info"
@@ -110,6 +113,24 @@ def test_a_list_inside_a_longer_string_is_not_taken(tmp_path):
 )
 def test_a_library_that_cannot_tell_gives_nothing(tmp_path, strings):
     assert library_flags(bindings(tmp_path, *strings)) is None
+
+
+def test_a_list_of_compute_names_and_one_at_the_start_of_the_file(tmp_path):
+    assert library_flags(bindings(tmp_path, b"compute_90 sm_90a")) == ("compute_90", "sm_90a")
+    lib = tmp_path / "torch" / "lib" / "libtorch_python.so"
+    lib.write_bytes(b"sm_80 sm_90\x00rest")  # no NUL before it: not a C string the library holds
+    assert library_flags(tmp_path / "torch") is None
+
+
+def test_the_search_finds_what_a_whole_file_regular_expression_finds():
+    """The anchored search against the plain definition (a regular expression tried at every byte), on random
+    bytes made of the few that arch lists, their neighbours and NULs are made of."""
+    whole = re.compile(rb"(?<=\x00)(?:sm|compute)_\d+[af]?(?: (?:sm|compute)_\d+[af]?)*(?=\x00)")
+    pieces = [b"\x00", b" ", b"sm_", b"compute_", b"8", b"90", b"a", b"f", b"x", b"-arch ", b"sm", b"_"]
+    rand = random.Random(36)  # noqa: S311 - test data, not a secret
+    for _ in range(3000):
+        data = b"".join(rand.choice(pieces) for _ in range(rand.randint(0, 40)))
+        assert torcharch._literals(data) == {m.group(0) for m in whole.finditer(data)}, data
 
 
 def test_no_library_or_an_empty_one_gives_nothing(tmp_path):
