@@ -522,15 +522,37 @@ def reading(
             raise CommandFailed(argv, code, tail(err.read().decode(errors="replace")))
 
 
+#: The interrupts (Ctrl-C, SIGTERM) that arrived under :func:`sigterm_as_interrupt`.
+_ARRIVED: list[int] = []
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    _ARRIVED.append(signum)
+    raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """A batch scheduler's SIGTERM (time limit, scancel) unwinds like Ctrl-C: the partial build is removed."""
-
-    def raise_interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    """A batch scheduler's SIGTERM (time limit, scancel) unwinds like Ctrl-C: the partial build is removed. Both
+    are also remembered, for :func:`raise_dropped_interrupt` (Ctrl-C only where Python's own handler has it)."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    if ctrl_c is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
+    _ARRIVED.clear()
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if ctrl_c is signal.default_int_handler:
+            signal.signal(signal.SIGINT, ctrl_c)
+        _ARRIVED.clear()
+
+
+def raise_dropped_interrupt() -> None:
+    """Raise again an interrupt that Python dropped: a KeyboardInterrupt raised while a weakref callback, a
+    ``__del__`` or a fork hook runs is printed as "Exception ignored" and lost, and a create went on to succeed
+    after its Ctrl-C (seen in CI). Called where a build is about to be put in place (``Transaction.swap``), which
+    only a run that no interrupt has unwound reaches."""
+    if _ARRIVED:
+        raise KeyboardInterrupt

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 from envbuilder.core.errors import StateError
 from envbuilder.core.structs import dataclass
-from envbuilder.system import fsutil, removal, state
+from envbuilder.system import fsutil, proc, removal, state
 
 PARTIAL = ".partial-"
 OLD = ".old-"
@@ -139,7 +139,8 @@ class Transaction:
 
     def swap(self, pending: Optional[Mapping[str, Any]] = None) -> None:
         """Put the partial at ``final``. ``pending``: what is still to do once it is there, written inside it
-        first as its marker (``finish`` does it)."""
+        first as its marker (``finish`` does it). A Ctrl-C that Python dropped on the way here stops it first."""
+        proc.raise_dropped_interrupt()
         if pending is not None:
             fsutil.write_atomic(self.partial / PENDING, (json.dumps(pending, indent=1) + "\n").encode())
         if self.partial.is_dir() and os.path.lexists(self.final):

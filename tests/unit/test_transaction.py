@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from envbuilder.core.errors import StateError
-from envbuilder.system import state, transaction
+from envbuilder.system import proc, state, transaction
 
 
 def _tree(root: Path, tag: str) -> Path:
@@ -110,6 +110,35 @@ def test_a_failure_removes_the_partial_and_keeps_the_old_tree(tmp_path, error):
         _tree(tx.partial, "new")
         raise error
     assert _tag(final) == "old" and _beside(final) == []
+
+
+class _DropsCtrlC:
+    """Sends this process a real SIGINT from ``__del__``: the handler's KeyboardInterrupt is raised inside it,
+    where Python prints "Exception ignored" and drops it, as it does in a weakref callback (CI saw that one)."""
+
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs at the next bytecode of this thread
+            pass
+
+
+def test_a_ctrl_c_python_dropped_still_stops_the_swap(tmp_path, monkeypatch):
+    dropped: list[
+        type[BaseException]
+    ] = []  # what Python reports as "Exception ignored", here instead of stderr
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: dropped.append(info.exc_type))
+    final = _tree(tmp_path / "env", "old")
+    with proc.sigterm_as_interrupt(), pytest.raises(KeyboardInterrupt), transaction.Transaction(final) as tx:
+        _tree(tx.partial, "new")
+        _DropsCtrlC()  # made and dropped at once: its __del__ runs here
+        assert dropped == [KeyboardInterrupt]  # dropped, and the build went on
+        tx.swap()
+    assert _tag(final) == "old" and _beside(final) == []
+    # Outside the command's block, and with no interrupt since, swaps go through.
+    with transaction.Transaction(final) as tx:
+        _tree(tx.partial, "new")
+        tx.swap()
+    assert _tag(final) == "new"
 
 
 def test_a_failure_between_the_renames_puts_the_old_tree_back(tmp_path, monkeypatch):
