@@ -436,6 +436,7 @@ def part_validate(bench: Bench, i: int, order: list[str]) -> None:
         for way, what, secs, parts in (
             (tree, "suite", fig["suite_wall_median_s"], fig.get("suite_parts_s")),
             (tree, "bare", fig["raw_wall_s"][0], fig.get("raw_parts_s")),
+            (tree, "bare-ddp", fig["raw_ddp_wall_s"][0], fig.get("raw_ddp_parts_s")),
         ):
             bench.runs.append(
                 {
@@ -484,6 +485,7 @@ ROWS = [
     ("restore --check-import (warm)", "restore-import", ["uv:r-warm"], ""),
     ("backup", "backup", [], ""),
     ("validation suite (bench_validate.py)", "suite", ["self:bare"], "<= 1.3x"),
+    ("suite against the bare loop + DDP training", "suite", ["self:bare-ddp"], ""),
 ]
 
 

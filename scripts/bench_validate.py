@@ -70,11 +70,12 @@ def main() -> int:
     world, device = reports[0]["world"], reports[0]["device"]
     nbytes = reports[0]["checks"]["nccl"]["figures"]["busbw"]["bytes"]
 
-    raw_busbw, raw_walls, raw_parts = [], [], []
+    raw_busbw, raw_walls, raw_parts, ddp_walls, ddp_parts = [], [], [], [], []
     for _ in range(args.runs):
         wall, busbw = bare_loop(python, world, nbytes, device, parts=raw_parts)
         raw_walls.append(wall)
         raw_busbw.append(busbw)
+        ddp_walls.append(bare_loop(python, world, nbytes, device, parts=ddp_parts, ddp=True)[0])
 
     figures = {
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
@@ -91,6 +92,11 @@ def main() -> int:
         "raw_busbw_GBps": [round(x, 2) for x in raw_busbw],
         "raw_wall_s": [round(x, 2) for x in raw_walls],
         "suite_over_raw_wall_median": round(statistics.median(suite_walls) / statistics.median(raw_walls), 2),
+        # The bare program that also trains as the DDP check does: the suite's work, like for like.
+        "raw_ddp_wall_s": [round(x, 2) for x in ddp_walls],
+        "suite_over_raw_ddp_wall_median": round(
+            statistics.median(suite_walls) / statistics.median(ddp_walls), 2
+        ),
         # One rank moves nothing between ranks (busbw 0): no ratio then.
         "busbw_ratio_median": round(statistics.median(suite_busbw) / statistics.median(raw_busbw), 3)
         if statistics.median(raw_busbw)
@@ -99,6 +105,7 @@ def main() -> int:
         # Where the wall time goes, part by part (median of the runs; see suite_breakdown, raw_breakdown).
         "suite_parts_s": _median_parts(suite_parts),
         "raw_parts_s": _median_parts(raw_parts),
+        "raw_ddp_parts_s": _median_parts(ddp_parts),
     }
     print(json.dumps(figures, indent=2))
     if args.json:
@@ -107,13 +114,21 @@ def main() -> int:
 
 
 def bare_loop(
-    python: str, world: int, nbytes: int, device: str, parts: Optional[list[dict[str, Any]]] = None
+    python: str,
+    world: int,
+    nbytes: int,
+    device: str,
+    *,
+    parts: Optional[list[dict[str, Any]]] = None,
+    ddp: bool = False,
 ) -> tuple[float, float]:
-    """The bare program (raw_allreduce.py under torchrun, ``world`` ranks of ``python``): its wall time and the
-    busbw it prints (and, into ``parts``, where that time went). Also scripts/bench_create.py's bare probe."""
+    """The bare program (raw_allreduce.py under torchrun, ``world`` ranks of ``python``; ``ddp``: then the DDP
+    check's training too): its wall time and the busbw it prints (and, into ``parts``, where that time went). Also
+    scripts/bench_create.py's bare probe."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     argv = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
             str(HERE / "raw_allreduce.py"), "--bytes", str(nbytes), "--device", device]  # fmt: skip
+    argv += ["--ddp"] if ddp else []
     begun, t0 = time.time(), time.perf_counter()
     res = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     wall = time.perf_counter() - t0
@@ -190,7 +205,8 @@ def raw_breakdown(line: dict, begun: float, ended: float) -> dict[str, float | N
         "envbuilder_start": launched - begun,  # here: the start of torchrun's process
         "launcher_start": line["started"] - launched,
         "import_torch": line["imported"] - line["started"],  # python's own start included
-        "work": line["done"] - line["imported"],
+        "work": line.get("looped", line["done"]) - line["imported"],
+        **({"ddp": line["done"] - line["looped"]} if "looped" in line else {}),
         "end": ended - line["done"],
     }
 
