@@ -46,6 +46,8 @@ _FIELDS = ("id", "summary", "contains", "regex", "means", "fix", "source", "doct
 _REQUIRED = ("id", "means", "fix", "source")
 _ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 _FACT = re.compile(r"[a-z][a-z0-9_]{0,31}")
+#: ``{fact}`` or ``{fact|words for when the output did not tell it}`` in ``means`` and ``fix``.
+_PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]{0,31})(?:\|([^{}]*))?\}")
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,18 @@ class Match:
         return dict(self.facts)
 
     def text(self, field: str) -> str:
-        """``means`` or ``fix`` with each ``{fact}`` filled in ("?" where the output did not tell it)."""
-        out = str(getattr(self.signature, field))
+        """``means`` or ``fix`` with each ``{fact}`` filled in; where the output did not tell it, the words after
+        a bar (``{gpu_sm|the GPU's}``), else "?"."""
         found = dict(self.facts)
-        for name, _ in self.signature.facts:
-            out = out.replace("{" + name + "}", found.get(name, "?"))
-        return out
+        declared = {name for name, _ in self.signature.facts}
+
+        def fill(match: re.Match[str]) -> str:
+            name, fallback = match.group(1), match.group(2)
+            if name not in declared:
+                return match.group(0)
+            return found.get(name, "?" if fallback is None else fallback)
+
+        return _PLACEHOLDER.sub(fill, str(getattr(self.signature, field)))
 
 
 # ---------------------------------------------------------------------------------------------------------------

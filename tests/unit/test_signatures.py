@@ -7,6 +7,7 @@ records are read from what their tools print."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -200,11 +201,24 @@ def test_a_fact_comes_from_the_lines_nearest_the_match() -> None:
     assert found["torchrun-child-failed"].fact == {"rank": "1", "exitcode": "-9"}
 
 
-def test_a_fact_the_output_does_not_tell_reads_as_a_question_mark() -> None:
+def test_a_fact_the_output_does_not_tell_reads_as_its_words_or_a_question_mark() -> None:
+    # The H200 log (CUDA_FORCE_PTX_JIT) names no arch: the sentence reads whole, with the words the template gives.
     (m,) = signatures.match(
         "RuntimeError: CUDA error: no kernel image is available for execution on the device", shipped()
     )
-    assert "{gpu_sm}" not in m.text("means") and "than ?" in m.text("means")
+    assert m.text("means").endswith("built for other GPU architectures than the one it ran on"), m.text(
+        "means"
+    )
+    (m,) = signatures.match("NCCL WARN Watchdog caught collective operation timeout", shipped())
+    sig = m.signature
+    plain = signatures.Match(
+        replace(sig, means="ran {op} for {timeout_ms|a while} ({nope})"),
+        m.lines,
+        m.count,
+        (("op", "ALLREDUCE"),),
+    )
+    assert plain.text("means") == "ran ALLREDUCE for a while ({nope})"
+    assert signatures.Match(replace(sig, means="{op}"), m.lines, m.count, ()).text("means") == "?"
 
 
 def gpu_env(**fields: object) -> EnvFacts:
