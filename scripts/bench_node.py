@@ -402,15 +402,16 @@ def part_restore(bench: Bench, i: int, order: list[str]) -> None:
             continue
         # As a user's env is: torch imported once on this node (its record holds the passing import).
         envbuilder(bench, tree, state, "validate", "b", "--checks", "import", "-q")
-        timed(bench, i, tree, "backup", envbuilder, bench, tree, state, "backup", "b", "--to", bk, "-q")
+        # Timed as users run them (progress lines on stderr, as the create rows are), not with -q.
+        timed(bench, i, tree, "backup", envbuilder, bench, tree, state, "backup", "b", "--to", bk)
         argv = ["restore", "b", "--from", bk, "--prefix", str(d / f"{tree}-restored"), "--name", "b-restored"]
-        timed(bench, i, tree, "restore", envbuilder, bench, tree, state, *argv, "-q")
+        timed(bench, i, tree, "restore", envbuilder, bench, tree, state, *argv)
         # The same, importing torch again (--check-import: what every restore did before).
         argv = ["restore", "b", "--from", bk, "--prefix", str(d / f"{tree}-restored-ci"), "--name", "b-ci"]
-        timed(bench, i, tree, "restore-import", envbuilder, bench, tree, state, *argv, "--check-import", "-q")
+        timed(bench, i, tree, "restore-import", envbuilder, bench, tree, state, *argv, "--check-import")
         # The same without its smoke check (an import of torch): the install and the guard alone.
         argv = ["restore", "b", "--from", bk, "--prefix", str(d / f"{tree}-restored-nv"), "--name", "b-nv"]
-        timed(bench, i, tree, "restore-nv", envbuilder, bench, tree, state, *argv, "--no-validate", "-q")
+        timed(bench, i, tree, "restore-nv", envbuilder, bench, tree, state, *argv, "--no-validate")
         shutil.rmtree(state, ignore_errors=True)
     shutil.rmtree(d, ignore_errors=True)
 

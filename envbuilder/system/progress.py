@@ -84,6 +84,9 @@ class Steps:
         #: What watching() measures, and the running step's measure of it.
         self.roots: Sequence[Path] = ()
         self.growth: Optional[Growth] = None
+        #: The size of ``roots`` the last step's end measured: the next step starts from it, walking no tree twice
+        #: at one boundary (a restore walked the whole new env at the end of its install and again at once).
+        self.carried: Optional[int] = None
 
     def __enter__(self) -> Steps:
         return self
@@ -118,7 +121,7 @@ class Steps:
                     if self.growth is not None:
                         self.growth.watch()
 
-        self.roots = roots
+        self.roots, self.carried = roots, None
         thread = threading.Thread(target=sample, daemon=True)
         thread.start()
         try:
@@ -126,7 +129,7 @@ class Steps:
         finally:
             stop.set()
             thread.join()
-            self.roots = ()
+            self.roots, self.carried = (), None
 
     def start(self, text: str) -> None:
         with self.lock:
@@ -138,7 +141,10 @@ class Steps:
         self.said = self.began
         if self.roots and not self.quiet:
             self.growth = Growth(self.roots, self._moving)
-            self.growth.sample()  # where the step starts from
+            if self.carried is None:
+                self.growth.sample()  # where the step starts from
+            else:
+                self.growth.base = self.carried  # where the last one ended
         if self.quiet:
             return
         if self.console.is_terminal:
@@ -182,6 +188,8 @@ class Steps:
             return
         if self.growth is not None:
             self.growth.sample()  # all the step wrote
+            narrowed = list(self.growth.roots) != list(self.roots)
+            self.carried = None if narrowed else self.growth.size
             self.growth = None
         took = self.clock() - self.began
         if not self.quiet:
@@ -290,6 +298,8 @@ class Growth:
         self.least = least
         self.clock = clock
         self.base: Optional[int] = None
+        #: What the last walk found.
+        self.size: Optional[int] = None
         #: What was reported before the walk was narrowed to the first root.
         self.before = 0
         #: The first walk (the base the growth is measured from) waits ``after`` seconds.
@@ -309,7 +319,7 @@ class Growth:
     def sample(self) -> None:
         """Measure now and report the growth."""
         now = self.clock()
-        size = sum_sizes(self.roots)
+        size = self.size = sum_sizes(self.roots)
         took = self.clock() - now
         self.due = self.clock() + max(self.least, 10 * took)
         if self.base is None:

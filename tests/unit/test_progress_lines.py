@@ -151,6 +151,29 @@ def test_a_quick_step_is_never_walked_and_a_long_one_is_measured_from_then_on(tm
     assert (len(walks), seen) == (2, [0, 500])
 
 
+def test_watched_steps_walk_each_boundary_once_and_each_shows_what_it_wrote(tmp_path, monkeypatch):
+    walks: list[int] = []
+    real = progress.sum_sizes
+    monkeypatch.setattr(progress, "sum_sizes", lambda roots: walks.append(1) or real(roots))
+    console, sink = _log_console()
+    env = tmp_path / "env"
+    env.mkdir()
+    with progress.Steps(console, every=3600) as steps, steps.watching([env], every=3600):
+        steps.start("installing")
+        (env / "torch").write_bytes(b"t" * 3000)
+        steps.start("writing the activate extension")  # starts where installing ended: no second walk
+        (env / "activate").write_bytes(b"a" * 500)
+        steps.start("moving the env into place")
+        steps.end()
+    # A walk when the first step starts, then one at each step's end (two at each boundary before).
+    assert len(walks) == 4, sink.getvalue()
+    assert [line.split("  ")[-1] for line in sink.getvalue().splitlines() if "✓" in line] == [
+        "3.0 kB",
+        "500 bytes",
+        "0.0 s",
+    ]
+
+
 def _rank_file(ranks: Path, rank: int, *events: dict) -> None:
     with (ranks / f"rank-{rank}.jsonl").open("a", encoding="utf-8") as fh:
         for e in events:
