@@ -15,7 +15,6 @@ instead of walking it.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import os
 import stat
@@ -61,20 +60,27 @@ class _Size:
 
 def _access_times(prefix: Path, size: _Size) -> Iterator[tuple[float, str]]:
     """(atime, path relative to ``prefix``) of every file under it (symlinks themselves are not purged), adding
-    every entry's blocks and inode to ``size`` on the way."""
-    for dirpath, dirs, names in os.walk(prefix):
-        rel_dir = os.path.relpath(dirpath, prefix)
-        for name in dirs:
-            with contextlib.suppress(OSError):
-                size.add(os.lstat(f"{dirpath}/{name}"))
-        for name in names:
-            try:
-                st = os.lstat(f"{dirpath}/{name}")  # a walk of thousands: no Path per file
-            except OSError:
-                continue
-            size.add(st)
-            if not stat.S_ISLNK(st.st_mode):
-                yield st.st_atime, name if rel_dir == "." else f"{rel_dir}/{name}"
+    every entry's blocks and inode to ``size`` on the way. One ``lstat`` per entry through ``os.scandir`` (a walk
+    of tens of thousands: no Path and no joined path per file)."""
+    todo = [(str(prefix), "")]
+    while todo:
+        directory, rel = todo.pop()
+        try:
+            entries = os.scandir(directory)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                size.add(st)
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append((entry.path, path))
+                elif not stat.S_ISLNK(st.st_mode):
+                    yield st.st_atime, path
 
 
 def sentinels(prefix: Path) -> list[str]:
