@@ -58,6 +58,7 @@ def execute(
     guards = (proc.sigterm_as_interrupt(), fsutil.disk_errors(runs), short_here(record.name))
     with status_ctx or contextlib.nullcontext(), guards[0], guards[1], guards[2]:
         result = validator.run(record, recipe, facts, env, modules.detect(env), opts=opts, live=live)
+        proc.raise_dropped_interrupt()  # a Ctrl-C Python dropped: no verdict, no history, exit 130
     if home is not None:
         result = keep_history(
             home, record, recipe=recipe, facts=facts, result=result, out=out, site=site_store(env)
