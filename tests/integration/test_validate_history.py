@@ -37,7 +37,7 @@ class _Slow:
 
 sys.meta_path.insert(0, _Slow())
 """
-SLOWER_BY_S = 5
+SLOWER_BY_S = 3
 
 
 def _modulefile(root: Path, version: str, slow: Optional[Path] = None) -> None:
@@ -129,22 +129,18 @@ def test_real_runs_fill_the_history_and_a_slower_import_raises_the_alarm_naming_
     recipe.write_text(
         recipe.read_text().replace("timeout = 60\n", "timeout = 60\ndrift_threshold = 0.2\n", 1)
     )
-    code, envelope, stderr = _validate(validate_world, extra)
-    assert code == 8, (envelope["data"]["drift"], fast, stderr)
-    assert "drifted past the recipe's drift_threshold" in stderr, stderr
-    (alarm,) = envelope["data"]["drift"]
-    assert alarm["fails"] and alarm["changes"] == ["module drifty 1.0 -> 2.0"]
-    last = json.loads(sorted(store.iterdir())[-1].read_text())
-    assert last["status"] == "fail" and last["facts"]["modules"] == {"drifty": "2.0"} and last["ranks"] == 2
-
-    # The results table people read (stdout through a pipe, NO_COLOR, 80 columns) marks the drifted figure: the
-    # median of the four runs before it is still a fast one's.
+    # One run shows both what the exit status says and the results table people read (stdout through a pipe,
+    # NO_COLOR, 80 columns), which marks the drifted figure against the three fast runs' median.
     res = validate_world.cli("validate", "vdrift", "--checks", "import", extra={**extra, "COLUMNS": "80"})
     assert res.returncode == 8, res.stderr
+    assert "drifted past the recipe's drift_threshold" in res.stderr, res.stderr
+    assert "since module drifty 1.0 -> 2.0" in res.stderr, res.stderr
+    last = json.loads(sorted(store.iterdir())[-1].read_text())
+    assert last["status"] == "fail" and last["facts"]["modules"] == {"drifty": "2.0"} and last["ranks"] == 2
     heading, *table = res.stdout.splitlines()
     assert heading.startswith("Validation of vdrift: 2 rank(s)") and "\x1b" not in res.stdout
     assert max(len(line) for line in table) <= 80, res.stdout
-    mark = r"import time [\d.]+ s \(\+\d+% vs 4-run median, past drift_threshold\)"
+    mark = r"import time [\d.]+ s \(\+\d+% vs 3-run median, past drift_threshold\)"
     assert re.search(mark, " ".join(res.stdout.split())), res.stdout
 
 
