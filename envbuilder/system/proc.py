@@ -534,7 +534,12 @@ def _interrupt(signum: int, frame: object) -> None:
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """A batch scheduler's SIGTERM (time limit, scancel) unwinds like Ctrl-C: the partial build is removed. Both
-    are also remembered, for :func:`raise_dropped_interrupt` (Ctrl-C only where Python's own handler has it)."""
+    are also remembered, for :func:`raise_dropped_interrupt` (Ctrl-C only where Python's own handler has it).
+    Re-entrant: a block inside another (a validation inside a create) keeps the outer one's handlers and what
+    they remembered."""
+    if signal.getsignal(signal.SIGTERM) is _interrupt:
+        yield
+        return
     previous = signal.signal(signal.SIGTERM, _interrupt)
     ctrl_c = signal.getsignal(signal.SIGINT)
     if ctrl_c is signal.default_int_handler:

@@ -134,6 +134,13 @@ def test_a_ctrl_c_python_dropped_still_stops_the_swap(tmp_path, monkeypatch):
         assert dropped == [KeyboardInterrupt]  # dropped, and the build went on
         tx.swap()
     assert _tag(final) == "old" and _beside(final) == []
+    # A block entered inside another (a validation inside a create) forgets nothing the outer one remembered.
+    with proc.sigterm_as_interrupt():
+        _DropsCtrlC()
+        with proc.sigterm_as_interrupt():
+            pass
+        with pytest.raises(KeyboardInterrupt):
+            proc.raise_dropped_interrupt()
     # Outside the command's block, and with no interrupt since, swaps go through.
     with transaction.Transaction(final) as tx:
         _tree(tx.partial, "new")
