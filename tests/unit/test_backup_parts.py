@@ -138,6 +138,49 @@ def test_a_missing_file_is_reported(tmp_path):
     assert wheelhouse.scan(prefix)[0].missing == ("share/demo.txt",)
 
 
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "torch/__init__.py",
+        "../../../bin/torchrun",
+        "./pkg/mod.py",
+        "pkg//mod.py",
+        "pkg/./mod.py",
+        "pkg/sub/../mod.py",
+        "pkg/.hidden",
+        ".libs/libx.so",
+        "pkg/",
+        "..",
+        ".",
+        "/abs/file",
+        "a,b/c.py",
+    ],
+)
+def test_a_record_path_is_joined_as_normpath_join_does(rel):
+    site = "/p/lib/python3.11/site-packages"
+    assert wheelhouse._joined(site, rel) == os.path.normpath(os.path.join(site, rel))
+
+
+def test_a_file_is_there_as_lexists_has_it(tmp_path):
+    """scan's listing of each directory answers as ``os.path.lexists`` would: a broken symlink is there, a name
+    under a file or under a missing directory is not, a directory reached through a link is listed."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("x")
+    (tmp_path / "d" / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "linked").symlink_to(tmp_path / "d")
+    listing = wheelhouse._Listing()
+    for directory, name in [
+        ("d", "f"),
+        ("d", "dangling"),
+        ("d", "gone"),
+        ("linked", "f"),
+        ("d/f", "x"),
+        ("missing", "f"),
+    ]:
+        path = tmp_path / directory / name
+        assert listing.has(str(tmp_path / directory), name) == os.path.lexists(path), path
+
+
 def test_relocation_rewrites_whole_paths_in_safe_files_only(tmp_path):
     root = tmp_path / "env"
     (root / "bin").mkdir(parents=True)
