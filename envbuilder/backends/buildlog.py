@@ -14,7 +14,7 @@ from typing import IO, Optional
 from envbuilder.backends import network
 from envbuilder.core import settings
 from envbuilder.core.errors import BackendError, CommandFailed
-from envbuilder.system import proc
+from envbuilder.system import envwalk, proc
 
 #: How the log marks a command's output lines, by stream.
 _MARKS = {"stdout": "out", "stderr": "err"}
@@ -128,23 +128,34 @@ def run_logged(
 
 def drop_world_write(root: Path) -> list[str]:
     """Remove the world-write bit everywhere under ``root`` (:func:`world_write_swept` with nothing to overlap)."""
-    with world_write_swept(root) as fixed:
+    with world_write_swept(root) as swept:
         pass
-    return fixed
+    return swept.fixed
+
+
+class Swept:
+    """What :func:`world_write_swept` found, once its block is left: the entries it fixed (relative paths) and
+    the walk itself (``walk``: the env's measure for its record, from the same lstat of every entry)."""
+
+    def __init__(self, walking: envwalk.Walking) -> None:
+        self.walking = walking
+        self.fixed: list[str] = []
+
+    @property
+    def walk(self) -> envwalk.Walk:
+        return self.walking.walk
 
 
 @contextlib.contextmanager
-def world_write_swept(root: Path) -> Iterator[list[str]]:
-    """Remove the world-write bit everywhere under ``root``, walking the tree while the block runs; the list
-    yielded holds what was fixed (relative paths) once the block is left. Children ran under build_umask, and
-    this catches what a tool chmods itself (uv sets its venv ``.lock`` to 0666). ``find`` does the walk: a torch
-    env holds some 17,000 files, and find is six times faster than a Python walk. The block must not create
-    files without an explicit mode (it may be walked past); its reads overlap the walk."""
-    fixed: list[str] = []
-    with proc.background(["find", str(root), "-perm", "-0002", "!", "-type", "l", "-print0"]) as walk:
-        yield fixed
-        found = walk.result().stdout
-    for name in filter(None, found.split("\0")):
-        path = Path(name)
+def world_write_swept(root: Path) -> Iterator[Swept]:
+    """Remove the world-write bit everywhere under ``root``, walking the tree while the block runs (find, on
+    another core: :func:`envwalk.walking`); what was fixed is in ``.fixed`` once the block is left. Children
+    ran under build_umask, and this catches what a tool chmods itself (uv sets its venv ``.lock`` to 0666). The
+    block must not create files without an explicit mode (it may be walked past); its reads overlap the walk."""
+    with envwalk.walking(root) as walking:
+        swept = Swept(walking)
+        yield swept
+    for rel in walking.walk.writable:
+        path = root / rel
         path.chmod(path.stat().st_mode & 0o7775)
-        fixed.append(str(path.relative_to(root)))
+        swept.fixed.append(rel)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from envbuilder import payloads
 from envbuilder.backends import activation, base, installers, lookup, managedpython, torchbuild
-from envbuilder.backends.buildlog import BuildLog, drop_world_write, open_log
+from envbuilder.backends.buildlog import BuildLog, open_log, world_write_swept
 from envbuilder.backends.smoke import activated_env, smoke
 from envbuilder.backup import Backup, archive, image, pack_workers, verify, wheelhouse
 from envbuilder.core import facts, kinds, settings
@@ -34,7 +34,7 @@ from envbuilder.plan.activation import Activation
 from envbuilder.plan.steps import CONSTRAINTS, InstallStep
 from envbuilder.resolver import mirror
 from envbuilder.system import (
-    envfiles,
+    envwalk,
     fsutil,
     proc,
     purge,
@@ -262,15 +262,18 @@ def _restored_record(
     name: str,
     where: tuple[Path, Path],
     packages: list[dict[str, Any]],
+    *,
+    files: Optional[dict[str, Any]] = None,
     **more: Any,
 ) -> state.EnvRecord:
-    """The restored env's record; ``where``: the directory it is built in and its final prefix."""
+    """The restored env's record; ``where``: the directory it is built in and its final prefix; ``files``: its
+    measure where the caller walked it already."""
     partial, final = where
     return replace(
         old,
         name=name,
         # Measured here, as create does: the restored files' access times are not the old env's.
-        files=envfiles.measure(partial, purged=purge.policy(old) is not None),
+        files=files if files is not None else envwalk.measure(partial, purged=purge.policy(old) is not None),
         prefix=str(final),
         # The recorded commands name the prefix too: a later backup of this env restores from them.
         plan={
@@ -330,11 +333,14 @@ def _wheelhouse(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
         _compare(b, partial)
     backend.move_in(build)
     loaded = base.loaded_modules(modules.kind, delta)
-    record = _restored_record(
-        old, b, job.name, (partial, job.final), backend.inventory(build), modules=loaded
-    )
+    # One walk (find, on another core) while the packages are read: it clears world write and measures the env.
+    with world_write_swept(partial) as swept:
+        packages = backend.inventory(build)
+    files = swept.walk.files(partial, purged=purge.policy(old) is not None)
+    record = _restored_record(old, b, job.name, (partial, job.final), packages, files=files, modules=loaded)
     fsutil.write_atomic(partial / "envbuilder" / "record.json", record.dumps())
-    drop_world_write(partial)
+    for rel in swept.fixed:
+        log.write(f"removed world write permission from {rel}")
     return record
 
 

@@ -40,7 +40,7 @@ from envbuilder.plan.activation import Activation, build_loads
 from envbuilder.plan.steps import CLONE, CONSTRAINTS, LOCK_REQUIREMENTS, InstallStep
 from envbuilder.recipe import edits
 from envbuilder.recipe.loader import Recipe
-from envbuilder.system import envfiles, fsutil, proc, purge, removal, state, strictmodes, transaction
+from envbuilder.system import fsutil, proc, purge, removal, state, strictmodes, transaction
 from envbuilder.system.modules import EnvDelta, ModuleSystem
 
 
@@ -438,9 +438,10 @@ def _record(
     """What was built, written inside the env (the home's copy follows the swap)."""
     job.report.step("recording installed packages")
     backend.move_in(build)
-    # The tools' last writes are done: the world-write sweep walks the env while the record is put together (its
-    # reads of the dist-info files, the installer's version, and one file written with its own mode).
-    with world_write_swept(build.partial) as fixed:
+    # The tools' last writes are done: one walk of the env (find, on another core) runs while the record is put
+    # together (its reads of the dist-info files, the installer's version). It clears world write and measures
+    # the env, once, so that list, show and doctor never walk it (envfiles).
+    with world_write_swept(build.partial) as swept:
         record = state.EnvRecord(
             name=where.name,
             recipe=job.plan.recipe,
@@ -454,11 +455,10 @@ def _record(
             tools=backend.tools(build),
             modules=base.loaded_modules(job.modules.kind, delta),
         )
-        # Measured once here, so that list, show and doctor never walk the env (envfiles).
-        files = envfiles.measure(build.partial, purged=purge.policy(record) is not None)
-        record = replace(record, files=files)
-        fsutil.write_atomic(build.partial / "envbuilder" / "record.json", record.dumps())
-    for rel in fixed:
+    files = swept.walk.files(build.partial, purged=purge.policy(record) is not None)
+    record = replace(record, files=files)
+    fsutil.write_atomic(build.partial / "envbuilder" / "record.json", record.dumps())
+    for rel in swept.fixed:
         build.log.write(f"removed world write permission from {rel}")
     return record
 

@@ -20,7 +20,7 @@ from envbuilder.recipe import loader
 from envbuilder.recipe.catalog import Catalog
 from envbuilder.scale import image
 from envbuilder.system import (
-    envfiles,
+    envwalk,
     fsutil,
     host,
     modules,
@@ -355,7 +355,7 @@ def handle_touch(args: argparse.Namespace, out: Out) -> dict[str, Any]:
     with state.mutex(home, record.name):
         count = purge.touch(record)
         # The record's sample of least recently read files holds the times from before: measured again.
-        state.save(home, replace(record, files=envfiles.measure(Path(record.prefix), purged=True)))
+        state.save(home, replace(record, files=envwalk.measure(Path(record.prefix), purged=True)))
     if not args.json:
         out.result.line(f"refreshed the access time of {count} file(s) in {record.prefix}")
     return {"name": record.name, "files": count}

@@ -1,4 +1,4 @@
-"""What an env's files are measured for once, when envbuilder makes the env (create, restore) or refreshes their
+"""What an env's files are measured for once (the walk itself: :mod:`envwalk`), when envbuilder makes the env (create, restore) or refreshes their
 access times (touch), and kept in its record: so that ``list``, ``show`` and ``doctor`` stat a few files per env
 instead of walking it.
 
@@ -15,11 +15,8 @@ instead of walking it.
 
 from __future__ import annotations
 
-import heapq
 import os
-import stat
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,59 +25,6 @@ SAMPLE = 16
 #: How many files spread over the installed packages the health check looks for (beside one per package): with
 #: 5% of an env's files deleted at random, none of the ~64 it checks is gone about once in 25.
 SPREAD = 48
-
-
-def measure(prefix: Path, purged: bool) -> dict[str, Any]:
-    """The record's ``files`` of the env at ``prefix`` (``purged``: on a file system whose purge reads atimes):
-    with its size on disk (``bytes``, allocated blocks) and inodes (``count``: files, links and directories),
-    which pre-flight reads for restore, backup and pack."""
-    files: dict[str, Any] = {"sentinels": sentinels(prefix)}
-    size = _Size()
-    times = _access_times(prefix, size)
-    if purged:
-        least = heapq.nsmallest(SAMPLE + 1, times)
-        files["oldest"] = [[rel, atime] for atime, rel in least[:SAMPLE]]
-        files["next"] = least[SAMPLE][0] if len(least) > SAMPLE else None
-    else:
-        for _ in times:
-            pass
-    files.update(bytes=size.bytes, count=size.count, measured=time.strftime("%Y-%m-%d"))
-    return files
-
-
-class _Size:
-    def __init__(self) -> None:
-        self.bytes = 0
-        self.count = 1  # the prefix itself
-
-    def add(self, st: os.stat_result) -> None:
-        self.bytes += st.st_blocks * 512
-        self.count += 1
-
-
-def _access_times(prefix: Path, size: _Size) -> Iterator[tuple[float, str]]:
-    """(atime, path relative to ``prefix``) of every file under it (symlinks themselves are not purged), adding
-    every entry's blocks and inode to ``size`` on the way. One ``lstat`` per entry through ``os.scandir`` (a walk
-    of tens of thousands: no Path and no joined path per file)."""
-    todo = [(str(prefix), "")]
-    while todo:
-        directory, rel = todo.pop()
-        try:
-            entries = os.scandir(directory)
-        except OSError:
-            continue
-        with entries:
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                size.add(st)
-                path = f"{rel}/{entry.name}" if rel else entry.name
-                if stat.S_ISDIR(st.st_mode):
-                    todo.append((entry.path, path))
-                elif not stat.S_ISLNK(st.st_mode):
-                    yield st.st_atime, path
 
 
 def sentinels(prefix: Path) -> list[str]:

@@ -232,14 +232,26 @@ class Background:
 
 @contextlib.contextmanager
 def background(
-    argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None, umask: int = -1
+    argv: Sequence[str],
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    umask: int = -1,
+    errors: str = "strict",
 ) -> Iterator[Background]:
     """Start ``argv`` (as :func:`run` does: own session, tied to this process) and hand it back to be collected
-    with ``.result()``; leaving the block any other way (an error, Ctrl-C) ends it and all it started."""
+    with ``.result()``; leaving the block any other way (an error, Ctrl-C) ends it and all it started. ``errors``:
+    how output that is not text in the locale's encoding is decoded (``surrogateescape`` for file names)."""
     argv = tuple(os.fspath(a) for a in argv)
     log.debug("+ %s &", quote(argv))
     child, mask = _start(
-        argv, env, umask, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv,
+        env,
+        umask,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors=errors,
     )
     try:
         _release_signals(mask)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder.system import envfiles, purge, state
+from envbuilder.system import envfiles, envwalk, purge, state
 
 HOUR = 3600.0
 
@@ -36,7 +36,7 @@ def _record(prefix: Path, files: dict) -> state.EnvRecord:
 def test_the_sampled_purge_estimate_matches_the_walk_or_is_earlier(tmp_path):
     now = time.time()
     files = _env(tmp_path, envfiles.SAMPLE + 8, now)
-    measured = envfiles.measure(tmp_path, purged=True)
+    measured = envwalk.measure(tmp_path, purged=True)
     assert len(measured["oldest"]) == envfiles.SAMPLE
     sampled = _record(tmp_path, measured)
     walked = _record(tmp_path, {})  # a record without measured files: the walk
@@ -59,8 +59,48 @@ def test_the_sampled_purge_estimate_matches_the_walk_or_is_earlier(tmp_path):
 def test_a_sampled_file_gone_is_damage(tmp_path):
     now = time.time()
     files = _env(tmp_path, 30, now)
-    rec = _record(tmp_path, envfiles.measure(tmp_path, purged=True))
+    rec = _record(tmp_path, envwalk.measure(tmp_path, purged=True))
     assert state.health(rec).status == "ok"
     files[-1].unlink()  # the least recently read file: what the purge takes first
     health = state.health(rec)
     assert health.status == "damaged" and health.missing == (str(files[-1].relative_to(tmp_path)),)
+
+
+def _python_walk(root: Path) -> tuple[int, int, list[tuple[float, str]]]:
+    """What a plain lstat of every entry gives: blocks in bytes, inodes with the root, and the atimes of what is
+    neither a directory nor a symlink."""
+    size, count, times = 0, 1, []
+    for top, dirs, names in os.walk(root):
+        for name in dirs + names:
+            path = Path(top, name)
+            st = path.lstat()
+            size += st.st_blocks * 512
+            count += 1
+            if not path.is_symlink() and not path.is_dir():
+                times.append((st.st_atime, str(path.relative_to(root))))
+    return size, count, sorted(times)
+
+
+def test_the_walk_measures_what_lstat_sees_and_finds_what_anyone_may_write(tmp_path):
+    """One find walks the env for its record and for the world-write sweep: its figures are those of an lstat of
+    every entry, a name that is not UTF-8 included; symlinks are counted but neither sampled nor swept."""
+    now = time.time()
+    files = _env(tmp_path, envfiles.SAMPLE + 4, now)
+    (tmp_path / "lib").mkdir()
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/lib/caf\xe9.py"))
+    odd.write_bytes(b"x" * 5000)
+    os.utime(odd, (now - 100 * 86400, now))  # the least recently read
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    (tmp_path / "open" / "lock").write_text("")
+    (tmp_path / "open" / "lock").chmod(0o666)
+    (tmp_path / "link").symlink_to(files[0])
+    size, count, times = _python_walk(tmp_path)
+    measured = envwalk.measure(tmp_path, purged=True)
+    assert (measured["bytes"], measured["count"]) == (size, count)
+    assert measured["oldest"][0] == [os.path.relpath(odd, tmp_path), times[0][0]]
+    assert [rel for rel, _ in measured["oldest"]] == [rel for _, rel in times[: envfiles.SAMPLE]]
+    assert measured["next"] == times[envfiles.SAMPLE][0]
+    with envwalk.walking(tmp_path) as held:
+        pass
+    assert sorted(held.walk.writable) == ["open", "open/lock"]
