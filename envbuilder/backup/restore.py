@@ -93,7 +93,11 @@ def restore(
     modules: ModuleSystem,
     opts: RestoreOptions,
     step: Callable[[str], None] = lambda text: None,
+    *,
+    sized: Callable[[int], None] = lambda size: None,
 ) -> RestoreResult:
+    """Restore backup ``b`` (RestoreOptions say where and how); ``step`` starts each progress step, ``sized``
+    hands it what the new env measures once it is built."""
     # What is restored is what another user could have put there, unless only this user (or the group the site
     # names for a shared root) can write the backup.
     strictmodes.backup_root(b.root, env, str(b.path.relative_to(b.root)))
@@ -124,7 +128,7 @@ def restore(
             log.close()
         else:
             imports_next = opts.smoke_check and bool(old.plan.get("torch")) and not proven
-            job = _Job(b, old, name, final, env, modules, step, imports_next)
+            job = _Job(b, old, name, final, env, modules, step, imports_next, sized)
             record, status, log, relocation = _restore(job, home, opts, notes)
     # A container env's image is byte for byte (sha256) the one whose torch create read inside it.
     container = kinds.kind_info(record.kind).container
@@ -198,6 +202,8 @@ class _Job:
     step: Callable[[str], None]
     #: The smoke check follows the install (it imports torch): uv writes the bytecode as it installs.
     imports_next: bool = True
+    #: What the partial env measures once it is built (progress.Steps.sized).
+    sized: Callable[[int], None] = lambda size: None
 
 
 def _restore(
@@ -336,6 +342,7 @@ def _wheelhouse(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
     # One walk (find, on another core) while the packages are read: it clears world write and measures the env.
     with world_write_swept(partial) as swept:
         packages = backend.inventory(build)
+    job.sized(swept.walk.size)  # the progress line's figure, from the same walk
     files = swept.walk.files(partial, purged=purge.policy(old) is not None)
     record = _restored_record(old, b, job.name, (partial, job.final), packages, files=files, modules=loaded)
     fsutil.write_atomic(partial / "envbuilder" / "record.json", record.dumps())

@@ -300,7 +300,7 @@ def handle_restore(args: argparse.Namespace, out: Out) -> dict[str, Any]:
             wait=args.wait,
             node=None if args.check_import or args.no_validate or args.validate else host.probe(env),
         )
-        result = restorer.restore(b, env, modules.detect(env), opts, steps.start)
+        result = restorer.restore(b, env, modules.detect(env), opts, steps.start, sized=steps.sized)
     data = result.to_json()
     rec = result.record
     if rec.image:

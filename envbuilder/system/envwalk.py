@@ -15,8 +15,9 @@ from typing import Any, Optional
 from envbuilder.system import envfiles, proc
 
 #: What find prints of each entry under an env, NUL-ended: its type letter, its 512-byte blocks, its permission
-#: bits in octal, its access time in seconds and its path under the prefix (empty for the prefix itself).
-_FORMAT = "%y %b %m %A@ %P\\0"
+#: bits in octal, its size, device and inode, its access time in seconds and its path under the prefix (empty for
+#: the prefix itself).
+_FORMAT = "%y %b %m %s %D %i %A@ %P\\0"
 
 
 def measure(prefix: Path, purged: bool) -> dict[str, Any]:
@@ -30,23 +31,29 @@ def measure(prefix: Path, purged: bool) -> dict[str, Any]:
 
 class Walk:
     """One walk of an env (one ``lstat`` of every entry, by find): what the record keeps of it (:meth:`files`),
-    and the entries that any user may write (``writable``, relative paths; symlinks, whose mode means nothing,
-    left out)."""
+    the entries that any user may write (``writable``, relative paths; symlinks, whose mode means nothing, left
+    out), and the size progress shows (``size``, as :func:`progress.sum_sizes` counts it)."""
 
     def __init__(self, printed: str) -> None:
         self.bytes = 0
         self.count = 0
+        #: The bytes of its regular files, each file once (hard links): what progress shows as written.
+        self.size = 0
         self.writable: list[str] = []
         #: (access time as find printed it, path) of every file that is neither a directory nor a symlink.
         self.times: list[tuple[str, str]] = []
+        seen: set[tuple[str, str]] = set()
         for line in printed.split("\0"):
             if not line:
                 continue
-            kind, blocks, mode, atime, rel = line.split(" ", 4)
+            kind, blocks, mode, size, device, inode, atime, rel = line.split(" ", 7)
             self.count += 1
             if not rel:
                 continue  # the prefix itself: one inode, its own blocks not counted
             self.bytes += int(blocks) * 512
+            if kind == "f" and (device, inode) not in seen:
+                seen.add((device, inode))
+                self.size += int(size)
             if kind != "l":
                 if int(mode, 8) & stat.S_IWOTH:
                     self.writable.append(rel)

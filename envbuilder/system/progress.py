@@ -87,6 +87,8 @@ class Steps:
         #: The size of ``roots`` the last step's end measured: the next step starts from it, walking no tree twice
         #: at one boundary (a restore walked the whole new env at the end of its install and again at once).
         self.carried: Optional[int] = None
+        #: What the running step's roots measured in a walk its caller made (sized): its end walks them no more.
+        self.given: Optional[int] = None
 
     def __enter__(self) -> Steps:
         return self
@@ -137,7 +139,7 @@ class Steps:
 
     def _start(self, text: str) -> None:
         self._end()
-        self.text, self.began, self.moved, self.fetching = text, self.clock(), 0, ""
+        self.text, self.began, self.moved, self.fetching, self.given = text, self.clock(), 0, "", None
         self.said = self.began
         if self.roots and not self.quiet:
             self.growth = Growth(self.roots, self._moving)
@@ -171,6 +173,15 @@ class Steps:
             line = f"    {self.text}: {what}, {now - self.began:.0f} s{fetching}"
             self.console.print(Text(line, style="dim"))
 
+    def sized(self, size: int) -> None:
+        """The watched roots measure ``size`` now, as :func:`sum_sizes` counts (a walk the caller made for its own
+        use, once the step has written what it writes): the running step ends with it, without a walk of its own
+        (a restore walks its new env once, not once for its record and again for this line)."""
+        with self.lock:
+            if self.growth is not None and list(self.growth.roots) == list(self.roots):
+                self.growth.take(size)
+                self.given = size
+
     def downloading(self, summary: str) -> None:
         """What the running step's installer announced it downloads (:class:`Downloads`), shown beside the
         bytes from the next measure on."""
@@ -187,7 +198,8 @@ class Steps:
         if not self.text:
             return
         if self.growth is not None:
-            self.growth.sample()  # all the step wrote
+            if self.given is None:
+                self.growth.sample()  # all the step wrote
             narrowed = list(self.growth.roots) != list(self.roots)
             self.carried = None if narrowed else self.growth.size
             self.growth = None
@@ -319,8 +331,12 @@ class Growth:
     def sample(self) -> None:
         """Measure now and report the growth."""
         now = self.clock()
-        size = self.size = sum_sizes(self.roots)
-        took = self.clock() - now
+        size = sum_sizes(self.roots)
+        self.take(size, self.clock() - now)
+
+    def take(self, size: int, took: float = 0.0) -> None:
+        """Report the growth to ``size``, what the roots measure now (a walk that ``took`` seconds)."""
+        self.size = size
         self.due = self.clock() + max(self.least, 10 * took)
         if self.base is None:
             self.base = size

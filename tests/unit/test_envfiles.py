@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder.system import envfiles, envwalk, purge, state
+from envbuilder.system import envfiles, envwalk, progress, purge, state
 
 HOUR = 3600.0
 
@@ -95,6 +95,7 @@ def test_the_walk_measures_what_lstat_sees_and_finds_what_anyone_may_write(tmp_p
     (tmp_path / "open" / "lock").write_text("")
     (tmp_path / "open" / "lock").chmod(0o666)
     (tmp_path / "link").symlink_to(files[0])
+    os.link(odd, tmp_path / "lib" / "hard.py")  # one file, two names
     size, count, times = _python_walk(tmp_path)
     measured = envwalk.measure(tmp_path, purged=True)
     assert (measured["bytes"], measured["count"]) == (size, count)
@@ -104,3 +105,4 @@ def test_the_walk_measures_what_lstat_sees_and_finds_what_anyone_may_write(tmp_p
     with envwalk.walking(tmp_path) as held:
         pass
     assert sorted(held.walk.writable) == ["open", "open/lock"]
+    assert held.walk.size == progress.sum_sizes([tmp_path]) >= 5000  # what a restore's progress line shows

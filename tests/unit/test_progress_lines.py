@@ -174,6 +174,29 @@ def test_watched_steps_walk_each_boundary_once_and_each_shows_what_it_wrote(tmp_
     ]
 
 
+def test_a_step_given_its_size_ends_without_a_walk(tmp_path, monkeypatch):
+    """Restore walks its new env once (envwalk) and hands the size to the running step: the step's line shows
+    what it wrote from that walk, and its end walks nothing more."""
+    walks: list[int] = []
+    real = progress.sum_sizes
+    monkeypatch.setattr(progress, "sum_sizes", lambda roots: walks.append(1) or real(roots))
+    console, sink = _log_console()
+    env = tmp_path / "env"
+    env.mkdir()
+    with progress.Steps(console, every=3600) as steps, steps.watching([env], every=3600):
+        steps.start("installing")
+        (env / "torch").write_bytes(b"t" * 3000)
+        steps.sized(real([env]))
+        steps.start("moving the env into place")
+        (env / "record.json").write_bytes(b"r" * 200)
+        steps.end()
+    assert len(walks) == 2, sink.getvalue()  # where installing starts, and the end of the last step
+    assert [line.split("  ")[-1] for line in sink.getvalue().splitlines() if "✓" in line] == [
+        "3.0 kB",
+        "200 bytes",
+    ]
+
+
 def _rank_file(ranks: Path, rank: int, *events: dict) -> None:
     with (ranks / f"rank-{rank}.jsonl").open("a", encoding="utf-8") as fh:
         for e in events:
