@@ -147,15 +147,16 @@ class Swept:
 
 
 @contextlib.contextmanager
-def world_write_swept(root: Path) -> Iterator[Swept]:
-    """Remove the world-write bit everywhere under ``root``, walking the tree while the block runs (find, on
-    another core: :func:`envwalk.walking`); what was fixed is in ``.fixed`` once the block is left. Children
-    ran under build_umask, and this catches what a tool chmods itself (uv sets its venv ``.lock`` to 0666). The
-    block must not create files without an explicit mode (it may be walked past); its reads overlap the walk."""
-    with envwalk.walking(root) as walking:
+def world_write_swept(root: Path, *, atimes: bool = False, sizes: bool = False) -> Iterator[Swept]:
+    """Remove the world-write bit everywhere under ``root`` (``root`` included), walking the tree while the block
+    runs (find, on another core: :func:`envwalk.walking`, which also takes the ``atimes`` and ``sizes`` asked
+    for); what was fixed is in ``.fixed`` once the block is left. Children ran under build_umask, and this
+    catches what a tool chmods itself (uv sets its venv ``.lock`` to 0666). The block must not create files
+    without an explicit mode (it may be walked past); its reads overlap the walk."""
+    with envwalk.walking(root, atimes=atimes, sizes=sizes) as walking:
         swept = Swept(walking)
         yield swept
     for rel in walking.walk.writable:
         path = root / rel
         path.chmod(path.stat().st_mode & 0o7775)
-        swept.fixed.append(rel)
+        swept.fixed.append(rel or ".")

@@ -340,10 +340,11 @@ def _wheelhouse(job: _Job, partial: Path, log: BuildLog) -> state.EnvRecord:
     backend.move_in(build)
     loaded = base.loaded_modules(modules.kind, delta)
     # One walk (find, on another core) while the packages are read: it clears world write and measures the env.
-    with world_write_swept(partial) as swept:
+    purged = purge.policy(old) is not None
+    with world_write_swept(partial, atimes=purged, sizes=True) as swept:
         packages = backend.inventory(build)
     job.sized(swept.walk.size)  # the progress line's figure, from the same walk
-    files = swept.walk.files(partial, purged=purge.policy(old) is not None)
+    files = swept.walk.files(purged)
     record = _restored_record(old, b, job.name, (partial, job.final), packages, files=files, modules=loaded)
     fsutil.write_atomic(partial / "envbuilder" / "record.json", record.dumps())
     for rel in swept.fixed:

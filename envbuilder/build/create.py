@@ -441,7 +441,9 @@ def _record(
     # The tools' last writes are done: one walk of the env (find, on another core) runs while the record is put
     # together (its reads of the dist-info files, the installer's version). It clears world write and measures
     # the env, once, so that list, show and doctor never walk it (envfiles).
-    with world_write_swept(build.partial) as swept:
+    plan = job.plan.to_json()
+    purged = purge.plan_policy(plan) is not None
+    with world_write_swept(build.partial, atimes=purged) as swept:
         record = state.EnvRecord(
             name=where.name,
             recipe=job.plan.recipe,
@@ -449,13 +451,13 @@ def _record(
             recipe_values=edits.values(job.recipe),
             prefix=str(where.final),
             created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            plan=job.plan.to_json(),
+            plan=plan,
             facts=dict(job.facts),
             packages=tuple(backend.inventory(build)),
             tools=backend.tools(build),
             modules=base.loaded_modules(job.modules.kind, delta),
         )
-    files = swept.walk.files(build.partial, purged=purge.policy(record) is not None)
+    files = swept.walk.files(purged)
     record = replace(record, files=files)
     fsutil.write_atomic(build.partial / "envbuilder" / "record.json", record.dumps())
     for rel in swept.fixed:

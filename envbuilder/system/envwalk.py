@@ -1,12 +1,16 @@
 """The walk of an env that measures it for its record (:mod:`envfiles` says what is kept and why) and finds what
 any user may write (the world-write sweep of create and restore): one ``lstat`` of every entry, by find, in the
-background of the work that puts the record together."""
+background of the work that puts the record together.
+
+find prints one NUL-ended item per fact, and only the facts asked for, so that reading them back is a few list
+comprehensions over the whole output rather than Python work per entry: a torch env has 30,000 entries, and a
+line of several fields split and parsed for each cost as much as the walk itself.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import heapq
-import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,55 +18,50 @@ from typing import Any, Optional
 
 from envbuilder.system import envfiles, proc
 
-#: What find prints of each entry under an env, NUL-ended: its type letter, its 512-byte blocks, its permission
-#: bits in octal, its size, device and inode, its access time in seconds and its path under the prefix (empty for
-#: the prefix itself).
-_FORMAT = "%y %b %m %s %D %i %A@ %P\\0"
+#: Every entry, the prefix itself first (find starts there): its 512-byte blocks.
+_BLOCKS = ["-printf", "%b\\0"]
+#: An entry any user may write (symlinks, whose mode means nothing, left out): ``w`` and its path under the
+#: prefix (empty for the prefix itself).
+_WRITABLE = [",", "-perm", "-0002", "!", "-type", "l", "-printf", "w%P\\0"]
+#: A file that is neither a directory nor a symlink (what the purge removes): ``a``, its access time in seconds,
+#: its path.
+_ATIMES = [",", "!", "-type", "d", "!", "-type", "l", "-printf", "a%A@ %P\\0"]
+#: A regular file: ``s``, its size, its device and inode (a file with several names is counted once).
+_SIZES = [",", "-type", "f", "-printf", "s%s %D:%i\\0"]
 
 
 def measure(prefix: Path, purged: bool) -> dict[str, Any]:
     """The record's ``files`` of the env at ``prefix`` (``purged``: on a file system whose purge reads atimes):
     with its size on disk (``bytes``, allocated blocks) and inodes (``count``: files, links and directories),
     which pre-flight reads for restore, backup and pack."""
-    with walking(prefix) as held:
+    with walking(prefix, atimes=purged) as held:
         pass
-    return held.walk.files(prefix, purged)
+    return held.walk.files(purged)
 
 
 class Walk:
-    """One walk of an env (one ``lstat`` of every entry, by find): what the record keeps of it (:meth:`files`),
-    the entries that any user may write (``writable``, relative paths; symlinks, whose mode means nothing, left
-    out), and the size progress shows (``size``, as :func:`progress.sum_sizes` counts it)."""
+    """One walk of an env: what the record keeps of it (:meth:`files`), the entries any user may write
+    (``writable``, paths relative to the prefix, "" for the prefix itself) and, where asked, the size progress
+    shows (``size``, as :func:`progress.sum_sizes` counts it)."""
 
-    def __init__(self, printed: str) -> None:
-        self.bytes = 0
-        self.count = 0
-        #: The bytes of its regular files, each file once (hard links): what progress shows as written.
-        self.size = 0
-        self.writable: list[str] = []
-        #: (access time as find printed it, path) of every file that is neither a directory nor a symlink.
-        self.times: list[tuple[str, str]] = []
-        seen: set[tuple[str, str]] = set()
-        for line in printed.split("\0"):
-            if not line:
-                continue
-            kind, blocks, mode, size, device, inode, atime, rel = line.split(" ", 7)
-            self.count += 1
-            if not rel:
-                continue  # the prefix itself: one inode, its own blocks not counted
-            self.bytes += int(blocks) * 512
-            if kind == "f" and (device, inode) not in seen:
-                seen.add((device, inode))
-                self.size += int(size)
-            if kind != "l":
-                if int(mode, 8) & stat.S_IWOTH:
-                    self.writable.append(rel)
-                if kind != "d":
-                    self.times.append((atime, rel))
+    def __init__(self, printed: str, sentinels: list[str]) -> None:
+        #: The files the health check looks for (envfiles.sentinels), read while find walked.
+        self.sentinels = sentinels
+        items = printed.split("\0")
+        blocks = [item for item in items if item[:1].isdigit()]
+        #: Inodes: files, links and directories, the prefix included.
+        self.count = len(blocks)
+        #: Bytes on disk of everything under the prefix (the prefix's own blocks left out).
+        self.bytes = sum(map(int, blocks[1:])) * 512
+        self.writable = [item[1:] for item in items if item[:1] == "w"]
+        #: (access time as find printed it, path) of every file the purge could remove (when asked).
+        self.times = [item[1:].split(" ", 1) for item in items if item[:1] == "a"]
+        sizes = {key: size for size, key in (item[1:].split(" ", 1) for item in items if item[:1] == "s")}
+        self.size = sum(map(int, sizes.values()))
 
-    def files(self, prefix: Path, purged: bool) -> dict[str, Any]:
-        """The record's ``files`` (:func:`measure`)."""
-        files: dict[str, Any] = {"sentinels": envfiles.sentinels(prefix)}
+    def files(self, purged: bool) -> dict[str, Any]:
+        """The record's ``files`` (:func:`measure`); ``purged`` needs a walk that took the access times."""
+        files: dict[str, Any] = {"sentinels": self.sentinels}
         if purged:
             least = heapq.nsmallest(envfiles.SAMPLE + 1, ((float(atime), rel) for atime, rel in self.times))
             files["oldest"] = [[rel, atime] for atime, rel in least[: envfiles.SAMPLE]]
@@ -85,12 +84,22 @@ class Walking:
 
 
 @contextlib.contextmanager
-def walking(prefix: Path) -> Iterator[Walking]:
+def walking(prefix: Path, *, atimes: bool = False, sizes: bool = False) -> Iterator[Walking]:
     """Walk ``prefix`` while the block runs: find does it in C, on another core, several times faster than a
-    Python walk of the tens of thousands of entries of a torch env. An entry find cannot read (a directory
-    without read permission) is left out, as one gone while it looked; names are read as the file system
-    has them (``surrogateescape``, as ``os.fsdecode``). The block must not create files the walk needs."""
+    Python walk. ``atimes``: also the access times (an env on a purged file system); ``sizes``: also the size
+    progress shows. An entry find cannot read (a directory without read permission) is left out, as one gone
+    while it looked; names are read as the file system has them (``surrogateescape``, as ``os.fsdecode``). The
+    block must not create files the walk needs."""
+    argv = [
+        "find",
+        str(prefix),
+        *_BLOCKS,
+        *_WRITABLE,
+        *(_ATIMES if atimes else []),
+        *(_SIZES if sizes else []),
+    ]
     held = Walking()
-    with proc.background(["find", str(prefix), "-printf", _FORMAT], errors="surrogateescape") as child:
+    with proc.background(argv, errors="surrogateescape") as child:
         yield held
-        held._walk = Walk(child.result(check=False).stdout)
+        sentinels = envfiles.sentinels(prefix)  # the RECORDs read while find may still be at it
+        held._walk = Walk(child.result(check=False).stdout, sentinels)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -45,7 +46,12 @@ class PurgeStatus:
 
 def policy(record: EnvRecord) -> Optional[dict[str, Any]]:
     """The recorded file system policy, when it purges."""
-    fs = (record.plan or {}).get("filesystem") or {}
+    return plan_policy(record.plan or {})
+
+
+def plan_policy(plan: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    """The file system policy of a plan (as JSON), when it purges."""
+    fs = plan.get("filesystem") or {}
     return fs if fs.get("purge_days") else None
 
 

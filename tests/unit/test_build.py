@@ -138,5 +138,9 @@ def test_drop_world_write(tmp_path):
     f = tmp_path / ".lock"
     f.write_text("")
     f.chmod(0o666)
+    (tmp_path / "link").symlink_to(f)
     assert buildlog.drop_world_write(tmp_path) == [".lock"]
     assert oct(f.stat().st_mode & 0o777) == "0o664"
+    tmp_path.chmod(0o777)  # the env's own directory too
+    assert buildlog.drop_world_write(tmp_path) == ["."]
+    assert oct(tmp_path.stat().st_mode & 0o777) == "0o775"

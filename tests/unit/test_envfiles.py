@@ -102,7 +102,8 @@ def test_the_walk_measures_what_lstat_sees_and_finds_what_anyone_may_write(tmp_p
     assert measured["oldest"][0] == [os.path.relpath(odd, tmp_path), times[0][0]]
     assert [rel for rel, _ in measured["oldest"]] == [rel for _, rel in times[: envfiles.SAMPLE]]
     assert measured["next"] == times[envfiles.SAMPLE][0]
-    with envwalk.walking(tmp_path) as held:
+    tmp_path.chmod(0o777)
+    with envwalk.walking(tmp_path, sizes=True) as held:
         pass
-    assert sorted(held.walk.writable) == ["open", "open/lock"]
+    assert sorted(held.walk.writable) == ["", "open", "open/lock"]  # "": the prefix itself
     assert held.walk.size == progress.sum_sizes([tmp_path]) >= 5000  # what a restore's progress line shows
