@@ -10,6 +10,8 @@ of them alike:
   import            ``python -c "import envbuilder.cli"``: the same process's wall time
   create-imports    ``python -c "import envbuilder.cli, envbuilder.commands.create, envbuilder.build.create"``: what
                     a create imports before it starts (the figure ``envbuilder/core/structs.py`` is kept for)
+  restore-imports   ``python -c "import envbuilder.cli, envbuilder.commands.backup, envbuilder.backup.restore"``:
+                    what a restore (or a backup) imports before it starts
   help              ``envbuilder --help`` (target: under 200 ms)
   version           ``envbuilder --version``
   completion        ``envbuilder completion bash`` (the script shtab writes from the parser)
@@ -55,6 +57,10 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str]]] = {
     "import": ([sys.executable, "-c", "import envbuilder.cli"], {}),
     "create-imports": (
         [sys.executable, "-c", "import envbuilder.cli, envbuilder.commands.create, envbuilder.build.create"],
+        {},
+    ),
+    "restore-imports": (
+        [sys.executable, "-c", "import envbuilder.cli, envbuilder.commands.backup, envbuilder.backup.restore"],
         {},
     ),
     "help": ([ENVBUILDER, "--help"], {}),
