@@ -60,7 +60,11 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str]]] = {
         {},
     ),
     "restore-imports": (
-        [sys.executable, "-c", "import envbuilder.cli, envbuilder.commands.backup, envbuilder.backup.restore"],
+        [
+            sys.executable,
+            "-c",
+            "import envbuilder.cli, envbuilder.commands.backup, envbuilder.backup.restore",
+        ],
         {},
     ),
     "help": ([ENVBUILDER, "--help"], {}),
