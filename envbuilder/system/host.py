@@ -6,12 +6,13 @@ facts themselves and their JSON form live in the pure :mod:`envbuilder.core.fact
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
 import shutil
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -124,8 +125,11 @@ def _probe_nvidia(
     max_cuda: Optional[str] = None
     smi = shutil.which("nvidia-smi", path=env.get("PATH"))
     if smi:
-        gpus, driver = _smi_query(smi, env)
-        max_cuda = _smi_cuda_version(smi, env)
+        # The two questions at once: each nvidia-smi start costs 25 ms or more on a GPU node (more where the GPUs
+        # sleep), and every create, restore and validate asks them.
+        with proc.background([smi, "--version"], env=env) as version:
+            gpus, driver = _smi_query(smi, env)
+            max_cuda = _smi_cuda_version(smi, env, version)
     proc_dir = root / "proc" / "driver" / "nvidia"
     if driver is None:
         try:
@@ -181,13 +185,17 @@ def _smi_query(smi: str, env: Mapping[str, str]) -> tuple[Optional[tuple[Gpu, ..
     return tuple(gpus), driver
 
 
-def _smi_cuda_version(smi: str, env: Mapping[str, str]) -> Optional[str]:
-    """The highest CUDA the driver supports: ``nvidia-smi --version`` says it without querying a GPU (R535 and
-    later); else the header of the full table, which queries every GPU (a second or more on a node whose GPUs
-    sleep between jobs)."""
-    for argv in ([smi, "--version"], [smi]):
+def _smi_cuda_version(smi: str, env: Mapping[str, str], version: proc.Background) -> Optional[str]:
+    """The highest CUDA the driver supports: ``nvidia-smi --version`` (``version``, started already) says it
+    without querying a GPU (R535 and later); else the header of the full table, which queries every GPU (a second
+    or more on a node whose GPUs sleep between jobs)."""
+    answers: list[Callable[[], proc.Result]] = [
+        functools.partial(version.result, timeout=20),
+        functools.partial(proc.run, [smi], env=env, timeout=20, check=True),
+    ]
+    for ask in answers:
         try:
-            res = proc.run(argv, env=env, timeout=20, check=True)
+            res = ask()
         except (CommandFailed, OSError):
             continue
         match = _CUDA_HEADER_RE.search(res.stdout)

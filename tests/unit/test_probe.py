@@ -101,13 +101,14 @@ def test_max_cuda_comes_from_the_version_line_without_the_full_table(tmp_path):
     calls = tmp_path / "calls"
     env = {**_shim(tmp_path, H200_NODE), "NVIDIA_SMI_SHIM_LOG": str(calls)}
     assert probe(env=env, root=str(tmp_path)).max_cuda == "13.0"
-    assert calls.read_text().splitlines()[-1] == "--version"
+    assert "--version" in calls.read_text().splitlines()  # asked while the GPUs are queried
     assert "" not in calls.read_text().splitlines()  # the table was never asked for
     calls.unlink()
     old = {**H200_NODE, "cuda": "12.2", "old_driver": True}
     env = {**_shim(tmp_path, old), "NVIDIA_SMI_SHIM_LOG": str(calls)}
     assert probe(env=env, root=str(tmp_path)).max_cuda == "12.2"
-    assert calls.read_text().splitlines()[-2:] == ["--version", ""]
+    asked = calls.read_text().splitlines()
+    assert "--version" in asked and asked[-1] == "", asked  # the table only once --version said nothing
 
 
 def test_old_driver_without_compute_cap_field_still_lists_gpus(tmp_path):
