@@ -65,6 +65,8 @@ class Bench:
     variant: str = ""
     runs: list[dict[str, Any]] = field(default_factory=list)
     probe: dict[str, Any] = field(default_factory=dict)
+    #: The python envbuilder runs with: a venv of its own, as pipx gives users (bench_create.own_venv).
+    envpython: str = sys.executable
 
     @property
     def device(self) -> str:
@@ -91,6 +93,11 @@ def run(args: Any, uv: str) -> int:
     )
     if args.cpu and not list(bench.wheels.glob("torch-*.whl")):
         fetch_cpu_wheels(bench.wheels)
+    # Not this interpreter: a node image's python may hold many packages whose .pth files it reads at every start
+    # (0.06 s on the H200 node), which an envbuilder installed with pipx never reads and raw uv never pays.
+    from bench_create import own_venv  # noqa: PLC0415 - a sibling script (it imports this one the same way)
+
+    bench.envpython = own_venv(work / "envbuilder-python")
     check_trees(bench)
     bench.torch, bench.variant = torch_of(bench.wheels, args.variant)
     write_recipe(bench)
@@ -134,7 +141,7 @@ def check_trees(bench: Bench) -> None:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "envbuilder")], check=False)
         code = "import envbuilder; print(envbuilder.__file__)"
         res = subprocess.run(
-            [sys.executable, "-c", code],
+            [bench.envpython, "-c", code],
             check=False,
             capture_output=True,
             text=True,
@@ -143,7 +150,7 @@ def check_trees(bench: Bench) -> None:
         )
         if res.returncode != 0 or not Path(res.stdout.strip()).is_relative_to(tree):
             raise SystemExit(
-                f"--tree {name}: {sys.executable} imports {res.stdout.strip() or res.stderr[-500:]}"
+                f"--tree {name}: {bench.envpython} imports {res.stdout.strip() or res.stderr[-500:]}"
             )
 
 
@@ -257,11 +264,11 @@ def tree_env(bench: Bench, tree: str, state: Path) -> dict[str, str]:
 
 
 def envbuilder(bench: Bench, tree: str, state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m envbuilder ARGS`` from ``tree`` (this python: it has envbuilder's dependencies). Its stderr
+    """``python -m envbuilder ARGS`` from ``tree`` (bench.envpython: it sees envbuilder's dependencies). Its stderr
     comes back traced: each line with the seconds since the start at which it arrived, so a create's steps can be
     read off one by one (the JSON's ``trace``)."""
     # Run from the work directory: `python -m` puts the current one first on sys.path, before PYTHONPATH.
-    argv = [sys.executable, "-m", "envbuilder", *args]
+    argv = [bench.envpython, "-m", "envbuilder", *args]
     env = tree_env(bench, tree, state)
     t0 = time.perf_counter()
     with subprocess.Popen(
@@ -333,7 +340,7 @@ def profile_warm(bench: Bench, d: Path, order: list[str]) -> None:
         prefix = d / f"{tree}-profiled"
         script = str(bench.trees[tree] / "scripts" / "profile_create.py")
         out = str(bench.out / f"profile-{tree}.txt")
-        argv = [sys.executable, script, out, "create", RECIPE, "--prefix", str(prefix), "--no-validate"]
+        argv = [bench.envpython, script, out, "create", RECIPE, "--prefix", str(prefix), "--no-validate"]
         env = tree_env(bench, tree, d / tree)
         subprocess.run(argv, check=False, capture_output=True, env=env, cwd=bench.work)
         shutil.rmtree(prefix, ignore_errors=True)
