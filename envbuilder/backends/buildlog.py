@@ -126,13 +126,6 @@ def run_logged(
     return result
 
 
-def drop_world_write(root: Path) -> list[str]:
-    """Remove the world-write bit everywhere under ``root`` (:func:`world_write_swept` with nothing to overlap)."""
-    with world_write_swept(root) as swept:
-        pass
-    return swept.fixed
-
-
 class Swept:
     """What :func:`world_write_swept` found, once its block is left: the entries it fixed (relative paths) and
     the walk itself (``walk``: the env's measure for its record, from the same lstat of every entry)."""
@@ -151,9 +144,10 @@ def world_write_swept(root: Path, *, atimes: bool = False, sizes: bool = False) 
     """Remove the world-write bit everywhere under ``root`` (``root`` included), walking the tree while the block
     runs (find, on another core: :func:`envwalk.walking`, which also takes the ``atimes`` and ``sizes`` asked
     for); what was fixed is in ``.fixed`` once the block is left. Children ran under build_umask, and this
-    catches what a tool chmods itself (uv sets its venv ``.lock`` to 0666). The block must not create files
-    without an explicit mode (it may be walked past); its reads overlap the walk."""
-    with envwalk.walking(root, atimes=atimes, sizes=sizes) as walking:
+    catches what a tool chmods itself (uv sets its venv ``.lock`` to 0666); an entry find cannot read fails
+    the sweep (CommandFailed). The block must not create files without an explicit mode (it may be walked past);
+    its reads overlap the walk."""
+    with envwalk.walking(root, atimes=atimes, sizes=sizes, check=True) as walking:
         swept = Swept(walking)
         yield swept
     for rel in walking.walk.writable:

@@ -84,12 +84,15 @@ class Walking:
 
 
 @contextlib.contextmanager
-def walking(prefix: Path, *, atimes: bool = False, sizes: bool = False) -> Iterator[Walking]:
+def walking(
+    prefix: Path, *, atimes: bool = False, sizes: bool = False, check: bool = False
+) -> Iterator[Walking]:
     """Walk ``prefix`` while the block runs: find does it in C, on another core, several times faster than a
     Python walk. ``atimes``: also the access times (an env on a purged file system); ``sizes``: also the size
     progress shows. An entry find cannot read (a directory without read permission) is left out, as one gone
-    while it looked; names are read as the file system has them (``surrogateescape``, as ``os.fsdecode``). The
-    block must not create files the walk needs."""
+    while it looked, unless ``check`` (CommandFailed: what must see every entry, the world-write sweep); names
+    are read as the file system has them (``surrogateescape``, as ``os.fsdecode``). The block must not create
+    files the walk needs."""
     argv = [
         "find",
         str(prefix),
@@ -102,4 +105,4 @@ def walking(prefix: Path, *, atimes: bool = False, sizes: bool = False) -> Itera
     with proc.background(argv, errors="surrogateescape") as child:
         yield held
         sentinels = envfiles.sentinels(prefix)  # the RECORDs read while find may still be at it
-        held._walk = Walk(child.result(check=False).stdout, sentinels)
+        held._walk = Walk(child.result(check=check).stdout, sentinels)

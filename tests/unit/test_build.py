@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from envbuilder.backends import base, buildlog, installers, uvcache, venv
-from envbuilder.core.errors import BackendError
+from envbuilder.core.errors import BackendError, CommandFailed
 from envbuilder.plan.steps import InstallStep
+from envbuilder.system import envwalk
 
 
 def test_flock_works_on_a_local_disk(tmp_path):
@@ -134,13 +135,23 @@ def test_relocate_rewrites_activate_and_script_headers(tmp_path):
     assert str(b).encode() in (b / "bin" / "blob").read_bytes()  # binaries untouched
 
 
-def test_drop_world_write(tmp_path):
+def _swept(root: Path) -> list[str]:
+    with buildlog.world_write_swept(root) as swept:
+        pass
+    return swept.fixed
+
+
+def test_world_write_is_swept(tmp_path):
     f = tmp_path / ".lock"
     f.write_text("")
     f.chmod(0o666)
     (tmp_path / "link").symlink_to(f)
-    assert buildlog.drop_world_write(tmp_path) == [".lock"]
+    assert _swept(tmp_path) == [".lock"]
     assert oct(f.stat().st_mode & 0o777) == "0o664"
     tmp_path.chmod(0o777)  # the env's own directory too
-    assert buildlog.drop_world_write(tmp_path) == ["."]
+    assert _swept(tmp_path) == ["."]
     assert oct(tmp_path.stat().st_mode & 0o777) == "0o775"
+    # A walk that could not see everything fails the sweep (the measure alone takes what it saw).
+    with pytest.raises(CommandFailed):
+        _swept(tmp_path / "gone")
+    assert envwalk.measure(tmp_path / "gone", purged=False)["count"] == 0
