@@ -1,6 +1,6 @@
-"""What an env's files are measured for once (the walk itself: :mod:`envwalk`), when envbuilder makes the env (create, restore) or refreshes their
+"""What an env's files are measured for once, when envbuilder makes the env (create, restore) or refreshes their
 access times (touch), and kept in its record: so that ``list``, ``show`` and ``doctor`` stat a few files per env
-instead of walking it.
+instead of walking it. The walk itself is :mod:`envwalk`'s.
 
 - ``sentinels``: one file of each installed distribution (the first its RECORD lists outside its dist-info), which
   a removed package takes with it, and SPREAD files spread evenly over all the packages' files, which damage

@@ -151,13 +151,19 @@ def test_a_quick_step_is_never_walked_and_a_long_one_is_measured_from_then_on(tm
     assert (len(walks), seen) == (2, [0, 500])
 
 
-def test_watched_steps_walk_each_boundary_once_and_each_shows_what_it_wrote(tmp_path, monkeypatch):
+def _counted_walks(tmp_path: Path, monkeypatch) -> tuple[list[int], Console, io.StringIO, Path]:
+    """A list that grows by one at each walk progress makes, a log console and its text, and an empty env."""
     walks: list[int] = []
     real = progress.sum_sizes
     monkeypatch.setattr(progress, "sum_sizes", lambda roots: walks.append(1) or real(roots))
     console, sink = _log_console()
     env = tmp_path / "env"
     env.mkdir()
+    return walks, console, sink, env
+
+
+def test_watched_steps_walk_each_boundary_once_and_each_shows_what_it_wrote(tmp_path, monkeypatch):
+    walks, console, sink, env = _counted_walks(tmp_path, monkeypatch)
     with progress.Steps(console, every=3600) as steps, steps.watching([env], every=3600):
         steps.start("installing")
         (env / "torch").write_bytes(b"t" * 3000)
@@ -177,16 +183,11 @@ def test_watched_steps_walk_each_boundary_once_and_each_shows_what_it_wrote(tmp_
 def test_a_step_given_its_size_ends_without_a_walk(tmp_path, monkeypatch):
     """Restore walks its new env once (envwalk) and hands the size to the running step: the step's line shows
     what it wrote from that walk, and its end walks nothing more."""
-    walks: list[int] = []
-    real = progress.sum_sizes
-    monkeypatch.setattr(progress, "sum_sizes", lambda roots: walks.append(1) or real(roots))
-    console, sink = _log_console()
-    env = tmp_path / "env"
-    env.mkdir()
+    walks, console, sink, env = _counted_walks(tmp_path, monkeypatch)
     with progress.Steps(console, every=3600) as steps, steps.watching([env], every=3600):
         steps.start("installing")
         (env / "torch").write_bytes(b"t" * 3000)
-        steps.sized(real([env]))
+        steps.sized(3000)
         steps.start("moving the env into place")
         (env / "record.json").write_bytes(b"r" * 200)
         steps.end()
