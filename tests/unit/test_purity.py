@@ -102,7 +102,7 @@ _CHILD = textwrap.dedent(
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _banned_in_source(path: Path, module: str) -> tuple[str, ...]:
     """Banned imports anywhere in a module's source, functions included, outside ``if TYPE_CHECKING:`` blocks.
     Remembered per file for the run: each pure module's test reads the sources of all it reaches, mostly the same
