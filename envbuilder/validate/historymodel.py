@@ -13,7 +13,6 @@ the last run whose figure was still near that median.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -185,7 +184,7 @@ def compare(
             found = _history_of(same, str(check["name"]), name)
             if len(found) < MIN_RUNS or not isinstance(value, (int, float)):
                 continue
-            median = statistics.median(v for _, v in found)
+            median = _median([v for _, v in found])
             worse = _worse(float(value), median, unit)
             if worse is None or worse < level:
                 continue
@@ -250,6 +249,14 @@ def _history_of(
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 found.append((run, float(value)))
     return found[-WINDOW:]
+
+
+def _median(values: list[float]) -> float:
+    """The median, as ``statistics.median`` gives it (whose import, with decimal and fractions, every command that
+    reads a history would pay)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _worse(value: float, median: float, unit: str) -> Optional[float]:

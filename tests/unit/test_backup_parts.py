@@ -314,3 +314,36 @@ def test_a_container_env_with_packages_on_top_is_backed_up_with_its_overlay_neve
     restored.mkdir()
     assert image.put_back_overlay(tmp_path, "partial", data, restored, None) is None
     assert (restored / "venv" / "lib" / "demo.py").read_text() == "X = 1\n"
+
+
+METADATA = """Metadata-Version: 2.4
+Name: Demo-Pkg
+Version: 1.0.post1
+Summary: a summary
+License: first line
+ second line
+\tthird line
+Classifier: A
+classifier: B
+Requires-Dist: x>=1; extra == "y"
+description-content-type: text/markdown
+
+# Demo
+Name: not-a-header
+Version: 9
+"""
+
+WHEEL = "Wheel-Version: 1.0\nGenerator: bdist_wheel\nRoot-Is-Purelib: false\nTag: cp311-cp311-linux_x86_64\nTag: cp311-abi3-linux_x86_64\n"
+
+
+@pytest.mark.parametrize("text", [METADATA, WHEEL, "", "Name: only\n", "\n\nName: after a blank\n"])
+def test_metadata_headers_read_as_email_parser_reads_them(text):
+    from email.parser import HeaderParser
+
+    parsed = HeaderParser().parsestr(text)
+    ours = wheelhouse.headers(text)
+    for key in {k.lower() for k in parsed} | set(ours):
+        theirs = [" ".join(v.split()) for v in parsed.get_all(key) or []]
+        assert [" ".join(v.split()) for v in ours.get(key, [])] == theirs, key
+    assert wheelhouse.headers(METADATA)["name"] == ["Demo-Pkg"]  # the description's lines are no headers
+    assert wheelhouse.headers(METADATA)["classifier"] == ["A", "B"]

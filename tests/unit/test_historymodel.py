@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import pytest
+
 from envbuilder.core.facts import Gpu, HostFacts
 from envbuilder.validate import historymodel
 from envbuilder.validate.report import Report, Row
@@ -150,3 +152,12 @@ def test_the_record_of_a_report_holds_the_agreed_fields():
         "per_rank": {"0": {"seconds": 1.0}, "1": {"busbw": 12.0, "seconds": 1.5}},
         "sweep": [{"bytes": 1024, "busbw": 0.5}, {"bytes": 4096, "busbw": 1.5}],
     }
+
+
+@pytest.mark.parametrize(
+    "values", [[3.0], [1.0, 2.0], [5.0, 1.0, 3.0], [4.0, 1.0, 3.0, 2.0], [2.5, 2.5, 0.1, 9.0, 7.0]]
+)
+def test_the_median_is_the_statistics_modules(values):
+    import statistics
+
+    assert historymodel._median(values) == statistics.median(values)
