@@ -117,3 +117,40 @@ def test_a_pure_doctor_module_comes_without_the_io_one() -> None:
     assert "envbuilder.doctor.report" in modules
     assert "envbuilder.doctor.collect" not in modules
     assert "envbuilder.system.proc" not in modules
+
+
+_COUNT_COMPILES = textwrap.dedent(
+    """
+    import builtins, json, sys, typing  # typing and its own patterns first: only the code below is counted
+
+    compiled = []
+    real = builtins.compile
+
+    def counting(source, *args, **kwargs):
+        if isinstance(source, str):  # a module's own source comes as bytes, where it has no bytecode yet
+            compiled.append(source[:60])
+        return real(source, *args, **kwargs)
+
+    builtins.compile = counting
+    exec(sys.argv[1])
+    builtins.compile = real
+    print(json.dumps(compiled))
+    """
+)
+
+
+def compiled_by(code: str) -> list[str]:
+    """What ``code`` compiles (``compile``: a string annotation becoming a ForwardRef) in a fresh interpreter."""
+    res = subprocess.run(
+        [sys.executable, "-c", _COUNT_COMPILES, code], capture_output=True, text=True, timeout=60, check=True
+    )
+    found: list[str] = json.loads(res.stdout)
+    return found
+
+
+def test_the_record_types_compile_no_annotation_at_import() -> None:
+    """The recorded plan's TypedDicts hold evaluated annotations: as strings, each was compiled into a ForwardRef
+    as its class was made (54 compiles in every command that plans)."""
+    assert compiled_by("import envbuilder.core.records") == []
+    # The counter is not blind: the same TypedDict shape with a string annotation compiles it.
+    assert compiled_by("class T(typing.TypedDict):\n    a: 'list[str]'\n") == ["list[str]"]
