@@ -592,10 +592,21 @@ def wheels_size(wheels: Path) -> str:
 
 
 def tree_rev(tree: Path) -> str:
-    res = subprocess.run(
-        ["git", "-C", str(tree), "log", "-1", "--format=%h %s"], check=False, capture_output=True, text=True
+    """``tree`` and what it holds: its commit, with a mark where its package differs from that commit (a device
+    copy is the landed commit plus the session's work), or that it is no checkout of its own (a `git archive` of
+    another commit unpacked inside this one)."""
+
+    def git(*args: str) -> str:
+        res = subprocess.run(["git", "-C", str(tree), *args], check=False, capture_output=True, text=True)
+        return res.stdout.strip() if res.returncode == 0 else ""
+
+    top = git("rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != tree.resolve():
+        return f"{tree} (not a git checkout of its own)"
+    changed = (
+        " + uncommitted changes to envbuilder/" if git("status", "--porcelain", "--", "envbuilder") else ""
     )
-    return f"{tree} ({res.stdout.strip()[:90] or 'not a git checkout'})"
+    return f"{tree} ({git('log', '-1', '--format=%h %s')[:90]}{changed})"
 
 
 def save(bench: Bench) -> None:
