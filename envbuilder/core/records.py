@@ -3,7 +3,7 @@ planner writes it (``envbuilder.plan``: ``Plan.to_json``, ``Activation.to_json``
 (:mod:`envbuilder.system.state`) keep it and hand it back to the planner's readers as it was written."""
 
 # No ``from __future__ import annotations`` here: a TypedDict compiles each string annotation into a ForwardRef
-# as its class is made (54 compiles: importing this module took 4.4 ms, now 0.9 ms, on the 2-core VM); evaluated ones cost
+# as its class is made (54 compiles: this import took 4.4 ms, now 0.9 ms, on the 2-core VM); evaluated ones cost
 # nothing. So a class is defined before the classes that name it.
 from typing import Any, Optional, TypedDict
 

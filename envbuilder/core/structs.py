@@ -106,9 +106,9 @@ def _plain(cls: type, options: dict[str, Any]) -> bool:
             not value.init or getattr(value, "kw_only", None) is True
         ):
             return False
+    # A string annotation or the object itself: str() of either names InitVar or KW_ONLY.
     return not any(
-        "InitVar" in str(kind) or "KW_ONLY" in str(kind) or kind is getattr(dataclasses, "KW_ONLY", None)
-        for kind in body.get("__annotations__", {}).values()
+        "InitVar" in str(kind) or "KW_ONLY" in str(kind) for kind in body.get("__annotations__", {}).values()
     )
 
 
@@ -120,7 +120,8 @@ def _add_init(cls: type, fields: tuple[dataclasses.Field[Any], ...], frozen: boo
     if any(optional[i] and not optional[i + 1] for i in range(len(names) - 1)):
         follows = names[optional.index(False, optional.index(True))]
         raise TypeError(f"non-default argument {follows!r} follows default argument")
-    cls.__init__ = _init_fn(cls.__qualname__, names, defaults, factories, hasattr(cls, "__post_init__"))  # type: ignore[misc]
+    init = _init_fn(cls.__qualname__, names, defaults, factories, hasattr(cls, "__post_init__"))
+    cls.__init__ = init  # type: ignore[misc]
     if frozen:
         cls.__setattr__, cls.__delattr__ = _frozen_fns(cls, frozenset(names))  # type: ignore[method-assign]
     params = cls.__dataclass_params__  # type: ignore[attr-defined]
