@@ -105,7 +105,7 @@ def serve() -> Iterator[Registry]:
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     reg.url = f"127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield reg
     server.shutdown()

@@ -252,7 +252,7 @@ def serve(files: Path, rate: Optional[float] = None, max_age: Optional[int] = No
     index = Index(files, rate, max_age)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(index))
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     index.url = f"http://127.0.0.1:{server.server_address[1]}"
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+import sourcetrees
 
 from envbuilder.core import _toml
 
@@ -129,7 +130,7 @@ def _banned_in_source(path: Path, module: str) -> tuple[str, ...]:
         for child in ast.iter_child_nodes(node):
             visit(child)
 
-    visit(ast.parse(path.read_text(encoding="utf-8")))
+    visit(sourcetrees.parse(path))
     return tuple(found)
 
 

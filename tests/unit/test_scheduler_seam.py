@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+import sourcetrees
 
 import envbuilder
 from envbuilder.core import schedulers
@@ -77,7 +78,7 @@ def test_no_module_but_the_adapters_names_a_scheduler_or_its_variables() -> None
         relative = path.relative_to(PACKAGE).as_posix()
         if relative.startswith(EXEMPT):
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"), relative)
+        tree = sourcetrees.parse(path)
         own = ADAPTERS.get(relative)
         hits = [(line, text) for line, text in _hits(tree) if own is None or not _names(own, text)]
         found += [f"envbuilder/{relative}:{line}: {text!r}" for line, text in hits]

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import sourcetrees
 from helpers import REPO, run_cli
 
 from envbuilder.backends import activation
@@ -160,7 +161,7 @@ def test_no_module_outside_the_registry_names_a_shell():
         rel = path.relative_to(REPO).as_posix()
         if rel.startswith("envbuilder/core/shells/"):
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = sourcetrees.parse(path)
         docstrings = _docstrings(tree)
         for node in ast.walk(tree):
             for word in _words(node, docstrings):

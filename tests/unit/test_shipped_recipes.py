@@ -4,11 +4,13 @@ the exact index URL, modules and launch command the corrected procedure calls fo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -244,7 +246,17 @@ def test_seven_seed_systems_are_covered():
     "path", sorted((REPO / "recipes").rglob("*.toml")), ids=lambda p: str(p.relative_to(REPO))
 )
 def test_recipe_files_match_the_json_schema(path):
-    jsonschema.validate(loads(path.read_text()), schemajson.json_schema())
+    _schema_validator().validate(loads(path.read_text()))
+
+
+@functools.cache
+def _schema_validator() -> Any:
+    """The schema checked against its metaschema once, then one validator for every file (``jsonschema.validate``
+    checks and compiles the schema again on each call: 0.18 s a file, 4.5 s of the fast lane)."""
+    schema = schemajson.json_schema()
+    validator = jsonschema.validators.validator_for(schema)
+    validator.check_schema(schema)
+    return validator(schema)
 
 
 def test_site_recipes_carry_corrections_with_sources():

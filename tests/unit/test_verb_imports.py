@@ -13,6 +13,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import sourcetrees
+
 import envbuilder
 
 PACKAGE = Path(envbuilder.__file__).parent
@@ -27,7 +29,7 @@ def module_name(path: Path) -> str:
 def imported(path: Path, module: str) -> Iterator[tuple[int, str]]:
     """(line, module) for every module ``path`` (the module ``module``) imports: ``from X import Y`` gives ``X.Y``
     (Y may be a submodule), relative imports resolved against the module's package."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    tree = sourcetrees.parse(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
