@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -88,6 +89,20 @@ class FileWhenIdle(LoadFileScheduling):
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadFileScheduling | None:
     """:class:`FileWhenIdle` for ``--dist loadfile`` (pyproject.toml's addopts); another ``--dist`` is xdist's."""
     return FileWhenIdle(config, log) if config.getvalue("dist") == "loadfile" else None
+
+
+#: A test module all of whose tests are integration tests says so on one line of its own.
+_ALL_INTEGRATION = re.compile(r"^pytestmark = \[?pytest\.mark\.integration\b", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The fast lane (``-m "not integration"``, as the README writes it) leaves out every test of a module marked
+    integration as a whole: such a module is not imported at all (a second a worker of collecting what would only
+    be deselected)."""
+    if config.getoption("markexpr") != "not integration" or collection_path.suffix != ".py":
+        return None
+    head = collection_path.read_text(encoding="utf-8")
+    return True if _ALL_INTEGRATION.search(head) else None
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
