@@ -95,23 +95,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadFil
 _ALL_INTEGRATION = re.compile(r"^pytestmark = \[?pytest\.mark\.integration\b", re.MULTILINE)
 
 
+def _fast_lane(config: pytest.Config) -> bool:
+    """Whether this is the fast lane, ``-m "not integration"`` as the README writes it."""
+    return bool(config.getoption("markexpr") == "not integration")
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """The fast lane (``-m "not integration"``, as the README writes it) leaves out every test of a module marked
-    integration as a whole: such a module is not imported at all (a second a worker of collecting what would only
-    be deselected)."""
-    if config.getoption("markexpr") != "not integration" or collection_path.suffix != ".py":
+    """The fast lane leaves out every test of a module marked integration as a whole: such a module is not
+    imported at all (a second a worker of collecting what would only be deselected)."""
+    if not _fast_lane(config) or collection_path.suffix != ".py":
         return None
-    head = collection_path.read_text(encoding="utf-8")
-    return True if _ALL_INTEGRATION.search(head) else None
+    return True if _ALL_INTEGRATION.search(collection_path.read_text(encoding="utf-8")) else None
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """Two workers per core for ``-n auto`` (addopts caps it at 4): much of the suite waits on real tools (Slurm's
     scheduler, torchrun's rendezvous, a timeout running out) rather than computing, and a second worker per core
-    fills those waits. The fast lane (``-m "not integration"``) computes: there a second worker per core only
-    collects the suite again (36 s against 32 s on 2 cores, 2026-11-29)."""
+    fills those waits. The fast lane computes: there a second worker per core only collects the suite again (36 s
+    against 32 s on 2 cores, 2026-11-29)."""
     cores = os.cpu_count() or 1
-    return cores if "not integration" in (config.getoption("markexpr") or "") else 2 * cores
+    return cores if _fast_lane(config) else 2 * cores
 
 
 @pytest.fixture(scope="session")
