@@ -48,6 +48,15 @@ PLAN_ENV = {
 }
 
 
+def size_now(path: Path) -> int:
+    """The size of a file that a running process may rename or remove between a test's glob and this stat (a
+    partial file becoming the final one): 0 when it is gone."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def demo_recipe(name: str, prefix: str = "") -> str:
     """A small uv venv recipe without torch that installs ``ebdemo==1.0`` (wheelindex.demo_wheels serves it); its
     env goes to ``prefix`` where one is given (``${SCRATCH}/envs/{name}``), else to the default place."""

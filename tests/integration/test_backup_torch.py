@@ -15,22 +15,28 @@ from typing import Callable
 
 import pytest
 from backupworld import World, digests
-from helpers import ok
+from helpers import ok, size_now
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
 def wait_for(predicate: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Poll until the kill point. Whatever ends the wait short of it (a timeout, a predicate that raises), the
+    process is killed and reaped here, so it never outlives its test (a live one is reported in the next test)."""
     deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            _, err = proc.communicate()
-            pytest.fail(f"the process ended (exit {proc.returncode}) before the kill point\n{err}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("the kill point was never reached")
-        time.sleep(0.005)
+    try:
+        while not predicate():
+            if proc.poll() is not None:
+                _, err = proc.communicate()
+                pytest.fail(f"the process ended (exit {proc.returncode}) before the kill point\n{err}")
+            if time.monotonic() > deadline:
+                pytest.fail("the kill point was never reached")
+            time.sleep(0.005)
+    except BaseException:
+        if proc.poll() is None:
+            kill(proc)
+        raise
 
 
 def kill(proc: subprocess.Popen[str]) -> None:
@@ -188,9 +194,7 @@ def test_killed_backup_leaves_earlier_backups_intact(tworld, point):
         blob.unlink()
     conditions = {
         "backup directory made": lambda: bool(list(root.glob("envs/tbk/.partial-*"))),
-        "torch half written": lambda: any(
-            p.stat().st_size > 20_000_000 for p in root.glob("store/*/.*.tmp-*")
-        ),
+        "torch half written": lambda: any(size_now(p) > 20_000_000 for p in root.glob("store/*/.*.tmp-*")),
         "torch stored": (root / torch_blob).exists,
     }
     proc = w.spawn("backup", "tbk", "--to", str(root))

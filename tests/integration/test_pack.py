@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import UserWorld, bash, ok, refused
+from helpers import UserWorld, bash, ok, refused, size_now
 from wheelindex import build_wheel, demo_wheels, mirror_env, serve
 
 from envbuilder.system import transaction
@@ -313,7 +313,7 @@ def test_a_killed_pack_keeps_the_previous_image_and_the_next_pack_leaves_no_part
     _weigh(w)
     partials = lambda: list(image.parent.glob(".small.sqfs.partial-*"))  # noqa: E731
     proc = w.spawn("pack", "small")
-    _kill_when(proc, lambda: any(p.stat().st_size > 0 for p in partials()), "mksquashfs wrote its partial")
+    _kill_when(proc, lambda: any(size_now(p) > 0 for p in partials()), "mksquashfs wrote its partial")
     assert image.read_bytes() == before and w.data("show", "small")["image"]["sha256"] == made["sha256"]
     again = w.data("pack", "small")
     assert again["sha256"] != made["sha256"] and partials() == []

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CpuTorchWorld, cli_argv, cli_env, ok, refused
+from helpers import CpuTorchWorld, cli_argv, cli_env, ok, refused, size_now
 from slurm import ENDED, MultiNodeCluster, job_record
 
 from envbuilder.scale import image
@@ -337,7 +337,7 @@ def test_a_stage_killed_while_sbcast_writes_leaves_nothing_under_the_copy_s_name
     salloc = subprocess.Popen(argv, env=packed.env, cwd=packed.root, text=True, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + BOUND_S
-        while not any(p.stat().st_size > 0 for p in sent() if p.exists()):
+        while not any(size_now(p) > 0 for p in sent()):
             assert salloc.poll() is None, f"stage ended before sbcast wrote: {salloc.communicate()[1]}"
             assert time.monotonic() < deadline, "sbcast never wrote the image on a node"
             time.sleep(0.002)
