@@ -8,8 +8,8 @@ What it costs once per machine, and which the tests never fetch (they reach loop
 ``python tests/armtwin.py`` (.ci/run runs it) under ``ENVBUILDER_TEST_CACHE`` (/var/cache/envbuilder-tests):
 the root file system with envbuilder's own dependencies in a venv at /opt/envbuilder-deps, and PyPI's aarch64
 wheels of torch 2.10.0 (a CPU build: PyPI's aarch64 torch carries no CUDA), torchvision, torchaudio, their
-dependencies and mpi4py's source. A test uses them through :func:`node` and skips, saying what is missing,
-where they are not there."""
+dependencies and mpi4py's source (with the C its Cython makes, added once here). A test uses them through
+tests/armnode.py and skips, saying what is missing, where they are not there."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
@@ -44,6 +46,8 @@ TORCH = {"torch": "2.10.0", "torchvision": "0.25.0", "torchaudio": "2.10.0"}
 #: mpi4py's source (the MPI recipe builds it with no_binary against the node's MPI) and what its build needs.
 MPI4PY = "mpi4py==4.1.2"
 MPI4PY_BUILD = ("setuptools>=42", "build", "cython")
+#: The C that Cython makes of mpi4py's MPI.pyx, which :func:`_add_cython_output` adds to the cached sdist.
+CYTHON_OUTPUT = "src/mpi4py/MPI.c"
 #: The stamp of a finished cache: what it was made from, so a change here makes it again.
 STAMP = ROOT / ".envbuilder-twin"
 DEPS = "/opt/envbuilder-deps"
@@ -164,8 +168,13 @@ def _download(dest: Path, specs: Sequence[str], binary: bool = True) -> None:
 def prepare() -> None:
     """Make the cache (network: Debian's mirror and PyPI): the arm64 root, its envbuilder-deps venv, the wheels.
     Quiet, and idempotent: a finished cache with this stamp is left as it is."""
-    if STAMP.is_file() and STAMP.read_text() == stamp_text():
-        return
+    if not (STAMP.is_file() and STAMP.read_text() == stamp_text()):
+        _make()
+    _add_cython_output()
+
+
+def _make() -> None:
+    """The arm64 root, its envbuilder-deps venv and the wheels, from nothing."""
     problem = binfmt()
     if problem:
         raise SystemExit(f"armtwin: {problem}")
@@ -191,6 +200,36 @@ def prepare() -> None:
     if res.returncode != 0:
         raise SystemExit(f"armtwin: {install} failed in the arm64 root:\n{res.stdout}{res.stderr}")
     STAMP.write_text(stamp_text())
+
+
+def _add_cython_output() -> None:
+    """Add MPI.c to the cached mpi4py sdist, once. PyPI's sdist carries no C, so each build of it runs Cython on
+    MPI.pyx first: about two minutes of CPU under qemu (23 s natively), in every run of the MPI test (uv never
+    reuses a no_binary build). What Cython writes does not depend on the machine, so it is made here, natively,
+    by the Cython release the node's build would install, and appended as the sdist's last member: newer than its
+    sources however the sdist is unpacked, so mpi4py's build (conf/mpidistutils.py) skips Cython and the node only
+    compiles and links the C against its own MPI, as before."""
+    sdist = next(WHEELS.glob("mpi4py-*.tar.gz"))
+    top = sdist.name.removesuffix(".tar.gz")
+    with tarfile.open(sdist) as tar:
+        if f"{top}/{CYTHON_OUTPUT}" in tar.getnames():
+            return
+    cython = next(pin for pin in _pins(MPI4PY_BUILD) if pin.lower().startswith("cython=="))
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        work = Path(tmp)
+        argv = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", "--only-binary=:all:",
+                "--target", str(work / "cython"), cython]  # fmt: skip
+        subprocess.run(argv, check=True)  # for this machine's python
+        with tarfile.open(sdist) as tar:
+            tar.extractall(work, filter="data")
+        env = {**os.environ, "PYTHONPATH": str(work / "cython")}
+        subprocess.run([sys.executable, "conf/cythonize.py"], cwd=work / top, env=env, check=True)
+        partial = work / sdist.name
+        with tarfile.open(sdist) as src, tarfile.open(partial, "w:gz") as dst:
+            for member in src.getmembers():
+                dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+            dst.add(work / top / CYTHON_OUTPUT, arcname=f"{top}/{CYTHON_OUTPUT}")
+        os.replace(partial, sdist)
 
 
 if __name__ == "__main__":

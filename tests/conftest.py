@@ -29,11 +29,12 @@ from xdist.workermanage import WorkerController
 TESTS = Path(__file__).resolve().parent
 
 #: The test files that keep a worker longest, longest first (each 40 s or more in a full run, 2026-11-28), the
-#: rootfs lane's two (the aarch64 node's, then the bullseye nodes') ahead of the main run's. xdist hands out whole
-#: files in collection order (--dist loadfile, --no-loadscope-reorder in pyproject.toml), each to the first worker
+#: rootfs lane's three (the aarch64 node's two, then the bullseye nodes') ahead of the main run's. xdist hands out
+#: whole files in collection order (--dist loadfile, --no-loadscope-reorder in pyproject.toml), each to the first worker
 #: that runs out (FileWhenIdle), and these go first: its own order, by number of tests, sent these few-test long
 #: files last, so the suite ended with one worker running one of them while the others sat idle.
 LONGEST_FIRST = (
+    "integration/test_aarch64_mpi.py",
     "integration/test_aarch64_node.py",
     "integration/test_compute_nodes.py",
     "integration/test_seed_twins.py",
