@@ -203,22 +203,27 @@ def _make() -> None:
 
 
 def _add_cython_output() -> None:
-    """Add MPI.c to the cached mpi4py sdist, once. PyPI's sdist carries no C, so each build of it runs Cython on
-    MPI.pyx first: about two minutes of CPU under qemu (23 s natively), in every run of the MPI test (uv never
+    """The node's mpi4py sdist with its Cython output (:func:`add_cython_output`), by the Cython release the node's
+    build would install."""
+    cython = next(pin for pin in _pins(MPI4PY_BUILD) if pin.lower().startswith("cython=="))
+    add_cython_output(next(WHEELS.glob("mpi4py-*.tar.gz")), [cython])
+
+
+def add_cython_output(sdist: Path, cython: Sequence[str]) -> None:
+    """Add MPI.c to a cached mpi4py sdist, once. PyPI's sdist carries no C, so each build of it runs Cython on
+    MPI.pyx first (23 s of CPU natively, about two minutes under qemu) in every test that builds it (uv never
     reuses a no_binary build). What Cython writes does not depend on the machine, so it is made here, natively,
-    by the Cython release the node's build would install, and appended as the sdist's last member: newer than its
-    sources however the sdist is unpacked, so mpi4py's build (conf/mpidistutils.py) skips Cython and the node only
-    compiles and links the C against its own MPI, as before."""
-    sdist = next(WHEELS.glob("mpi4py-*.tar.gz"))
+    by the Cython that ``pip install CYTHON`` gets, and appended as the sdist's last member: newer than its sources
+    however the sdist is unpacked, so mpi4py's build (conf/mpidistutils.py) skips Cython and only compiles and
+    links the C against the MPI it is given, as before."""
     top = sdist.name.removesuffix(".tar.gz")
     with tarfile.open(sdist) as tar:
         if f"{top}/{CYTHON_OUTPUT}" in tar.getnames():
             return
-    cython = next(pin for pin in _pins(MPI4PY_BUILD) if pin.lower().startswith("cython=="))
-    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+    with tempfile.TemporaryDirectory(dir=sdist.parent.parent) as tmp:
         work = Path(tmp)
         argv = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", "--only-binary=:all:",
-                "--target", str(work / "cython"), cython]  # fmt: skip
+                "--target", str(work / "cython"), *cython]  # fmt: skip
         subprocess.run(argv, check=True)  # for this machine's python
         with tarfile.open(sdist) as tar:
             tar.extractall(work, filter="data")

@@ -1,7 +1,7 @@
-"""PyPI's files that the tests install (the CPU torch world's numpy, mpi4py and MPICH, mpi4py's source and build
-requirements, a setuptools wheel), fetched once per machine before the tests run, under
-/var/cache/envbuilder-tests (``ENVBUILDER_TEST_CACHE``): ``python tests/testwheels.py`` (.ci/run does it). The
-tests' fixtures then copy from this cache with pip's ``--no-index``, so the tests themselves reach loopback only.
+"""PyPI's files that the tests install (the CPU torch world's numpy, mpi4py and MPICH, mpi4py's source, with the C
+its Cython makes added, and its build requirements, a setuptools wheel), fetched once per machine before the tests
+run, under /var/cache/envbuilder-tests (``ENVBUILDER_TEST_CACHE``): ``python tests/testwheels.py`` (.ci/run does
+it). The tests' fixtures then copy from this cache with pip's ``--no-index``, so the tests themselves reach loopback only.
 torch itself comes from the machine's find-links (/opt/wheels), as pip finds it here."""
 
 from __future__ import annotations
@@ -49,6 +49,12 @@ def fetch(dest: Path, name: str) -> subprocess.CompletedProcess[str]:
     return download(dest, SETS[name], offline=True)
 
 
+def _add_cython_output() -> None:
+    """mpi4py's sdist with the C of its Cython (armtwin.add_cython_output), by the cached Cython its builds use."""
+    cython = ["--no-index", "--find-links", str(CACHE), "cython"]
+    armtwin.add_cython_output(next(CACHE.glob("mpi4py-*.tar.gz")), cython)
+
+
 def _stamp() -> object:
     """What the cache was filled for, as its stamp file holds it."""
     return json.loads(json.dumps({"python": sys.version_info[:2], "sets": SETS}))
@@ -56,6 +62,7 @@ def _stamp() -> object:
 
 def main() -> int:
     if not missing():
+        _add_cython_output()
         print(f"testwheels: {CACHE} is up to date")
         return 0
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -65,6 +72,7 @@ def main() -> int:
         if res.returncode != 0:
             print(f"testwheels: {name} could not be fetched:\n{res.stderr[-2000:]}", file=sys.stderr)
             return 1
+    _add_cython_output()
     STAMP.write_text(json.dumps(_stamp()))
     print(f"testwheels: {CACHE} filled")
     return 0

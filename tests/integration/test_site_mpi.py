@@ -6,7 +6,8 @@ new shell's activation must load the module for ``from mpi4py import MPI`` to wo
 too, and the env's python without the module fails with the loader's error, which shows that the twin is real.
 
 The files: the session's torch files (torch 2.13.0 CPU, and PyPI's mpich wheel, which the site MPI is made from),
-mpi4py's source and its build requirements (conftest's ``mpi4py_source``), as one wheelhouse standing for PyPI;
+mpi4py's source (with the C its Cython makes, added once per machine by tests/testwheels.py, so a build compiles
+and links only) and its build requirements (conftest's ``mpi4py_source``), as one wheelhouse standing for PyPI;
 download.pytorch.org is the session's torch index. mpi4py's C compiles unoptimised (CFLAGS=-O0): ~50 s on this
 2-core machine, where -O2 takes ~2.5 minutes; what it links against is the same. The env is built once for the
 module's tests."""
