@@ -123,15 +123,20 @@ class CliTimeout(BaseException):
 
 
 def run_cli(
-    *args: str, env: Optional[dict[str, str]] = None, check: bool = False, timeout: float = 120
+    *args: str,
+    env: Optional[dict[str, str]] = None,
+    check: bool = False,
+    timeout: float = 120,
+    cwd: Path = REPO,
 ) -> subprocess.CompletedProcess[str]:
     """The CLI as ``python -m envbuilder ARGS`` runs it, in this process: ``cli.main`` with the same environment
-    (nothing else of the test process's), working directory and stdin, its stdout and stderr captured apart at
-    the file descriptors (so the output of the commands it starts is caught too), the exit code it returns.
-    Saves the child process's ~0.3 s of imports per call; tests of signals and process boundaries use
+    (nothing else of the test process's), working directory (the checkout unless ``cwd``: a command that writes
+    where it is run, as sbatch's job output, is given the test's own) and stdin, its stdout and stderr captured
+    apart at the file descriptors (so the output of the commands it starts is caught too), the exit code it
+    returns. Saves the child process's ~0.3 s of imports per call; tests of signals and process boundaries use
     :func:`run_cli_process` or :func:`spawn_cli`."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        with _as_a_child(cli_env(env), out, err, timeout):
+        with _as_a_child(cli_env(env), out, err, timeout, cwd):
             code = cli.main(list(args))
         res = subprocess.CompletedProcess(cli_argv(*args), code, _text(out), _text(err))
     if check:
@@ -146,7 +151,9 @@ def _text(f: IO[bytes]) -> str:
 
 
 @contextlib.contextmanager
-def _as_a_child(env: dict[str, str], out: IO[bytes], err: IO[bytes], timeout: float) -> Iterator[None]:
+def _as_a_child(
+    env: dict[str, str], out: IO[bytes], err: IO[bytes], timeout: float, cwd: Path
+) -> Iterator[None]:
     """This process set up as a child of the test would be (environment, working directory, stdin, stdout and
     stderr going to ``out`` and ``err``), and put back afterwards."""
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
@@ -167,7 +174,7 @@ def _as_a_child(env: dict[str, str], out: IO[bytes], err: IO[bytes], timeout: fl
     try:
         os.environ.clear()
         os.environ.update(env)
-        os.chdir(REPO)
+        os.chdir(cwd)
         for fd, f in ((1, out), (2, err)):
             os.dup2(f.fileno(), fd)
         sys.stdin, sys.stdout, sys.stderr = child_std

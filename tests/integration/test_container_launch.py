@@ -17,7 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import TRAIN, UserWorld, rank_lines
+from helpers import TRAIN, UserWorld, rank_lines, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.rootfs, pytest.mark.slurm]
 
@@ -133,7 +133,9 @@ def test_sbatch_submits_a_job_whose_ranks_run_inside_the_image(boxed):
     assert boxed.created.returncode == 0, boxed.created.stderr
     train = boxed.root / "train.py"
     train.write_text(TRAIN)
-    res = boxed.world.cli("sbatch", "box", "--ranks-per-node", "2", "--json", "--", str(train))
+    # Run where the job's output may go (sbatch writes it in the directory it is run from), not the checkout.
+    argv = ("sbatch", "box", "--ranks-per-node", "2", "--json", "--", str(train))
+    res = run_cli(*argv, env=boxed.world.env, timeout=900, cwd=boxed.root)
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)["data"]
     script = Path(data["script_path"]).read_text()
@@ -141,6 +143,7 @@ def test_sbatch_submits_a_job_whose_ranks_run_inside_the_image(boxed):
     assert f"apptainer exec -- {boxed.prefix}/image.sif python3" in script
     deadline = time.monotonic() + BOUND_S
     output = Path(data["output"])
+    assert output.parent == boxed.root  # where sbatch ran (Slurm's convention), never the checkout
     while time.monotonic() < deadline:
         queued = subprocess.run(
             ["squeue", "-h", "-j", data["job"]], env=boxed.world.env, capture_output=True, text=True
