@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import termios
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Callable, Optional
@@ -55,6 +56,31 @@ def size_now(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
+
+
+def kill_at(
+    proc: subprocess.Popen[str],
+    point: Callable[[], object],
+    what: str,
+    timeout: float = 120,
+    settle: float = 0.0,
+) -> None:
+    """SIGKILL ``proc`` as soon as ``point()`` holds, and reap it; then wait ``settle`` seconds (for its children's
+    parent-death signal). A wait that ends short of the point (the process ended first, the timeout ran out, the
+    point raised) kills and reaps it too, so it never outlives its test (a live one is reported in the next)."""
+    deadline = time.monotonic() + timeout
+    try:
+        while not point():
+            if proc.poll() is not None:
+                pytest.fail(f"it ended (exit {proc.returncode}) before {what}: {proc.communicate()[1]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"{what} never happened")
+            time.sleep(0.002)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    time.sleep(settle)
 
 
 def demo_recipe(name: str, prefix: str = "") -> str:

@@ -13,13 +13,14 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from backupworld import SMALL_RECIPE, World, packages
-from helpers import REPO, bash, lmod_vars, ok
+from helpers import REPO, bash, kill_at, lmod_vars, ok
 
 pytestmark = pytest.mark.integration
+#: After a kill: its orphaned tar/zstd get their parent-death signal.
+SETTLE_S = 0.5
 SQUASHFS = shutil.which("mksquashfs") and shutil.which("unsquashfs")
 
 
@@ -208,17 +209,6 @@ def test_concurrent_backups_of_one_env_are_serialized(world):
         ok(w.cli("verify-backup", b["id"]))
 
 
-def _kill_when(proc: subprocess.Popen[str], point: Any) -> None:
-    deadline = time.monotonic() + 120
-    while not point():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the kill point was never reached"
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
-    time.sleep(0.5)  # its tar/zstd get their parent-death signal
-
-
 def test_killed_archive_backup_and_restore_leave_the_previous_state_and_no_partial(world):
     """SIGKILL in the middle of an archive backup and of its restore (64 MiB that does not compress, so each
     lasts): the earlier backups and the target are as they were; the next run, which breaks the dead process's
@@ -230,7 +220,12 @@ def test_killed_archive_backup_and_restore_leave_the_previous_state_and_no_parti
     site = next(w.prefix("kb").glob("lib/python*/site-packages"))
     (site / "ebdemo" / "ballast.bin").write_bytes(os.urandom(64 * 2**20))
     proc = w.spawn("backup", "kb", "--mode", "archive")
-    _kill_when(proc, lambda: any(p.is_dir() for p in w.backups.glob("envs/kb/.partial-*")))
+    kill_at(
+        proc,
+        lambda: any(p.is_dir() for p in w.backups.glob("envs/kb/.partial-*")),
+        "the kill point",
+        settle=SETTLE_S,
+    )
     assert [b["id"] for b in w.data("backups", "kb")] == before
     made = w.data("backup", "kb", "--mode", "archive", "--wait", "0")
     _no_partials(w)
@@ -238,7 +233,9 @@ def test_killed_archive_backup_and_restore_leave_the_previous_state_and_no_parti
     target = w.root / "elsewhere" / "kb"
     partial = lambda: list(target.parent.glob(".kb.*"))  # noqa: E731
     proc = w.spawn("restore", made["id"], "--prefix", str(target), "--name", "kb2", "--no-validate")
-    _kill_when(proc, lambda: any((p / "pyvenv.cfg").exists() for p in partial()))
+    kill_at(
+        proc, lambda: any((p / "pyvenv.cfg").exists() for p in partial()), "the kill point", settle=SETTLE_S
+    )
     assert not target.exists() and partial()
     ok(w.cli("restore", made["id"], "--prefix", str(target), "--name", "kb2", "--no-validate", "--wait", "0"))
     assert partial() == [] and (target / "pyvenv.cfg").is_file()

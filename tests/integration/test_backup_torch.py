@@ -7,41 +7,15 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
-import time
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from backupworld import World, digests
-from helpers import ok, size_now
+from helpers import kill_at, ok, size_now
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-
-
-def wait_for(predicate: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 120) -> None:
-    """Poll until the kill point. Whatever ends the wait short of it (a timeout, a predicate that raises), the
-    process is killed and reaped here, so it never outlives its test (a live one is reported in the next test)."""
-    deadline = time.monotonic() + timeout
-    try:
-        while not predicate():
-            if proc.poll() is not None:
-                _, err = proc.communicate()
-                pytest.fail(f"the process ended (exit {proc.returncode}) before the kill point\n{err}")
-            if time.monotonic() > deadline:
-                pytest.fail("the kill point was never reached")
-            time.sleep(0.005)
-    except BaseException:
-        if proc.poll() is None:
-            kill(proc)
-        raise
-
-
-def kill(proc: subprocess.Popen[str]) -> None:
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +172,7 @@ def test_killed_backup_leaves_earlier_backups_intact(tworld, point):
         "torch stored": (root / torch_blob).exists,
     }
     proc = w.spawn("backup", "tbk", "--to", str(root))
-    wait_for(conditions[point], proc)
-    kill(proc)
+    kill_at(proc, conditions[point], f"the kill point ({point})")
     listed = json.loads(ok(w.cli("backups", "tbk", "--from", str(root), "--json")).stdout)["data"]
     assert [b["id"] for b in listed] == before  # nothing partial is listed
     # The next backup clears what the killed one left and succeeds; the mutex of the dead process is broken.
@@ -224,8 +197,7 @@ def test_killed_restore_leaves_the_previous_state(tworld, point):
     }
     name = "tbk-" + point.split()[0]  # one env per name: each kill point restores its own
     proc = w.spawn("restore", "tbk", "--prefix", str(target), "--name", name, "--no-validate")
-    wait_for(conditions[point], proc)
-    kill(proc)
+    kill_at(proc, conditions[point], f"the kill point ({point})")
     assert not target.exists()  # never half an env at the target
     res = ok(w.cli("restore", "tbk", "--prefix", str(target), "--name", name, "--no-validate", "--wait", "0"))
     assert "interrupted" in res.stderr  # the leftovers were named as they were removed

@@ -11,12 +11,11 @@ import shutil
 import signal
 import stat
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import UserWorld, bash, ok, refused, size_now
+from helpers import UserWorld, bash, kill_at, ok, refused, size_now
 from wheelindex import build_wheel, demo_wheels, mirror_env, serve
 
 from envbuilder.system import transaction
@@ -28,6 +27,8 @@ pytestmark = [
         reason="needs squashfs-tools, squashfuse and fuse3 (.ci/run installs them)",
     ),
 ]
+#: After a kill: the orphaned mksquashfs/unsquashfs gets its parent-death signal.
+SETTLE_S = 0.5
 
 RECIPE = """
 schema_version = 1
@@ -291,21 +292,6 @@ def _weigh(w: World, mib: int = 96) -> None:
             fh.write(os.urandom(2**20))
 
 
-def _kill_when(proc: subprocess.Popen[str], point: Any, what: str) -> None:
-    """SIGKILL ``proc`` as soon as ``point()`` holds (its children die with it: PR_SET_PDEATHSIG)."""
-    deadline = time.monotonic() + 120
-    while not point():
-        if proc.poll() is not None:
-            pytest.fail(f"it ended (exit {proc.returncode}) before {what}: {proc.communicate()[1]}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"{what} never happened")
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
-    time.sleep(0.5)  # the orphaned mksquashfs/unsquashfs gets its parent-death signal
-
-
 def test_a_killed_pack_keeps_the_previous_image_and_the_next_pack_leaves_no_partial(packed):
     w, made = packed
     image = Path(made["path"])
@@ -313,7 +299,12 @@ def test_a_killed_pack_keeps_the_previous_image_and_the_next_pack_leaves_no_part
     _weigh(w)
     partials = lambda: list(image.parent.glob(".small.sqfs.partial-*"))  # noqa: E731
     proc = w.spawn("pack", "small")
-    _kill_when(proc, lambda: any(size_now(p) > 0 for p in partials()), "mksquashfs wrote its partial")
+    kill_at(
+        proc,
+        lambda: any(size_now(p) > 0 for p in partials()),
+        "mksquashfs wrote its partial",
+        settle=SETTLE_S,
+    )
     assert image.read_bytes() == before and w.data("show", "small")["image"]["sha256"] == made["sha256"]
     again = w.data("pack", "small")
     assert again["sha256"] != made["sha256"] and partials() == []
@@ -336,7 +327,7 @@ def test_a_pack_killed_between_its_image_and_its_record_leaves_the_two_together(
         "after-rename": lambda: image.stat().st_ino != before and not partials(),
     }[point]
     proc = w.spawn("pack", "small", extra={transaction.PAUSE_VAR: point})
-    _kill_when(proc, reached, f"the pack reached {point}")
+    kill_at(proc, reached, f"the pack reached {point}", settle=SETTLE_S)
     assert proc.returncode == -signal.SIGKILL
     recorded = w.data("activate", "small", "--image")
     mount = Path(recorded["image"]["path"])
@@ -355,7 +346,7 @@ def test_a_killed_unpack_leaves_no_copy_and_the_next_use_no_partial(packed):
     key = f"small-{made['sha256'][:16]}"
     partials = lambda: list(w.node().glob(f".{key}.unpacked.partial-*"))  # noqa: E731
     proc = w.spawn("activate", "small", "--image", extra={"ENVBUILDER_NO_FUSE": "1"})
-    _kill_when(proc, partials, "unsquashfs began")
+    kill_at(proc, partials, "unsquashfs began", settle=SETTLE_S)
     assert partials() and not (w.node() / f"{key}.unpacked").exists()
     data = w.data("activate", "small", "--image", ENVBUILDER_NO_FUSE="1")
     copy = Path(data["image"]["path"])
@@ -372,7 +363,12 @@ def test_a_killed_stage_on_a_node_leaves_no_partial_after_the_next(packed):
     key, digest = f"small-{made['sha256'][:16]}", made["sha256"]
     node = lambda: [p.name for p in w.node().glob(f".{key}*") if not p.name.endswith(".lock")]  # noqa: E731
     proc = w.spawn("__stage-node", "fetch", key, digest, made["path"])
-    _kill_when(proc, lambda: any(".partial-" in n for n in node()), "a partial copy or unpack appeared")
+    kill_at(
+        proc,
+        lambda: any(".partial-" in n for n in node()),
+        "a partial copy or unpack appeared",
+        settle=SETTLE_S,
+    )
     assert not (w.node() / f"{key}.unpacked").exists()
     res = ok(w.cli("__stage-node", "fetch", key, digest, made["path"]))
     assert res.stdout.startswith("copied ") and str(w.node() / f"{key}.unpacked") in res.stdout
