@@ -203,10 +203,10 @@ def _make() -> None:
 
 
 def _add_cython_output() -> None:
-    """The node's mpi4py sdist with its Cython output (:func:`add_cython_output`), by the Cython release the node's
-    build would install."""
-    cython = next(pin for pin in _pins(MPI4PY_BUILD) if pin.lower().startswith("cython=="))
-    add_cython_output(next(WHEELS.glob("mpi4py-*.tar.gz")), [cython])
+    """The node's mpi4py sdist with its Cython output (:func:`add_cython_output`), by the release of the Cython
+    wheel cached beside it, which the node's build installs (read from its name: nothing is resolved again)."""
+    version = next(WHEELS.glob("[Cc]ython-*.whl")).name.split("-")[1]
+    add_cython_output(next(WHEELS.glob("mpi4py-*.tar.gz")), [f"cython=={version}"])
 
 
 def add_cython_output(sdist: Path, cython: Sequence[str]) -> None:
