@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
+from typing import Optional
 
 
 def parse(path: Path) -> ast.Module:
@@ -17,3 +19,12 @@ def parse(path: Path) -> ast.Module:
 @functools.cache
 def _parse(text: str, filename: str) -> ast.Module:
     return ast.parse(text, filename)
+
+
+def parse_if(path: Path, pattern: re.Pattern[str]) -> Optional[ast.Module]:
+    """The syntax tree of ``path`` where its text matches ``pattern``, else None: for checks that look for a name
+    or a value in the code, which a module can hold only where its text spells it (a string built from escapes or
+    from adjacent literals aside, which no module here does). Most modules name no shell or scheduler at all, and
+    parsing and walking them was most of those checks' time."""
+    text = path.read_text(encoding="utf-8")
+    return _parse(text, str(path)) if pattern.search(text) else None

@@ -204,13 +204,42 @@ ORPHAN = textwrap.dedent(
 )
 
 
+#: Runs ORPHAN as its child while it is the subreaper of everything below (prctl PR_SET_CHILD_SUBREAPER): the
+#: orphaned installer and whatever it starts come to it, and it waits until none is left, so the test knows when
+#: the installer is gone instead of sleeping until its command would have run. Prints ORPHAN's exit status.
+REAPER = textwrap.dedent(
+    """
+    import ctypes, os, sys
+    if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:
+        sys.exit("prctl(PR_SET_CHILD_SUBREAPER): " + os.strerror(ctypes.get_errno()))
+    pid = os.fork()
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-c", sys.argv[1], sys.argv[2]])
+    status = None
+    while True:
+        try:
+            got, code = os.wait()
+        except ChildProcessError:
+            break
+        if got == pid:
+            status = os.waitstatus_to_exitcode(code)
+    print(status)
+    """
+)
+
+
 def test_a_child_whose_parent_died_during_the_fork_ends_instead_of_running_on(tmp_path):
     """Seen on CI: a create SIGKILLed right after `uv venv` left its partial behind the rerun, because the next
     installer, forked in that instant, never got its parent-death signal and went on installing into it."""
     marker = tmp_path / "marker"
     res = subprocess.run(
-        [sys.executable, "-c", ORPHAN, str(marker)], cwd=REPO, capture_output=True, timeout=60
+        [sys.executable, "-c", REAPER, ORPHAN, str(marker)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    assert res.returncode == -signal.SIGKILL, res.stderr
-    time.sleep(2.5)  # the child's command would have written the marker 1.5 s after the fork
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [str(-signal.SIGKILL)], res.stderr
+    # Every process below is gone: the installer's command, had it run, wrote the marker 1 s after it started.
     assert not marker.exists()

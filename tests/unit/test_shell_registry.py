@@ -161,7 +161,9 @@ def test_no_module_outside_the_registry_names_a_shell():
         rel = path.relative_to(REPO).as_posix()
         if rel.startswith("envbuilder/core/shells/"):
             continue
-        tree = sourcetrees.parse(path)
+        tree = sourcetrees.parse_if(path, named)
+        if tree is None:
+            continue
         docstrings = _docstrings(tree)
         for node in ast.walk(tree):
             for word in _words(node, docstrings):
