@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -197,6 +198,7 @@ def pytest_configure(config: pytest.Config) -> None:
     the session runs, so every worker reaches the same address: uv's cache keys what it unpacked by index, and one
     address lets ``torch_uv_cache`` hold torch once for the session. It serves ``torch_files``' directory, which
     the first worker to need it fills."""
+    _hear_ctrl_c()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     files = config._tmp_path_factory.getbasetemp() / "torch-files"  # shared_dir's "torch-files"
@@ -204,6 +206,15 @@ def pytest_configure(config: pytest.Config) -> None:
     served = contextlib.ExitStack()
     os.environ[TORCH_INDEX_URL] = served.enter_context(serve(files)).url
     config.add_cleanup(served.close)
+
+
+def _hear_ctrl_c() -> None:
+    """SIGINT as an interactive run has it. A run started in the background of a non-interactive shell (``cmd &``,
+    nohup) inherits it ignored, and so would every process the tests start (an ignored signal stays ignored across
+    exec): the tests that stop a create, a validate, a swap or a child with Ctrl-C then failed, 9 of them, for what
+    the run was started from. Restored before xdist starts its workers, which then begin with Python's own."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def shared_dir(factory: pytest.TempPathFactory, name: str) -> Path:
