@@ -256,10 +256,11 @@ def home_cache(bench: Bench) -> Optional[Path]:
     try:
         cache = Path(given) if given else Path(tempfile.mkdtemp(prefix="bench36-home-uv-", dir="/dev/shm"))
         cache.mkdir(parents=True, exist_ok=True)
-        if cache.stat().st_dev != bench.work.stat().st_dev:
-            return cache
     except OSError:
-        pass
+        return None
+    if cache.stat().st_dev != bench.work.stat().st_dev:
+        return cache
+    shutil.rmtree(cache, ignore_errors=True)
     return None
 
 

@@ -58,6 +58,10 @@ def size_now(path: Path) -> int:
         return 0
 
 
+#: After a kill: what the killed process started (tar, zstd, mksquashfs) gets its parent-death signal and ends.
+ORPHANS_SETTLE_S = 0.5
+
+
 def kill_at(
     proc: subprocess.Popen[str],
     point: Callable[[], object],

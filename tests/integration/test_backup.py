@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 from backupworld import SMALL_RECIPE, World, packages
-from helpers import REPO, bash, kill_at, lmod_vars, ok
+from helpers import ORPHANS_SETTLE_S, REPO, bash, kill_at, lmod_vars, ok
 
 pytestmark = pytest.mark.integration
-#: After a kill: its orphaned tar/zstd get their parent-death signal.
-SETTLE_S = 0.5
 SQUASHFS = shutil.which("mksquashfs") and shutil.which("unsquashfs")
 
 
@@ -224,7 +222,7 @@ def test_killed_archive_backup_and_restore_leave_the_previous_state_and_no_parti
         proc,
         lambda: any(p.is_dir() for p in w.backups.glob("envs/kb/.partial-*")),
         "the kill point",
-        settle=SETTLE_S,
+        settle=ORPHANS_SETTLE_S,
     )
     assert [b["id"] for b in w.data("backups", "kb")] == before
     made = w.data("backup", "kb", "--mode", "archive", "--wait", "0")
@@ -234,7 +232,10 @@ def test_killed_archive_backup_and_restore_leave_the_previous_state_and_no_parti
     partial = lambda: list(target.parent.glob(".kb.*"))  # noqa: E731
     proc = w.spawn("restore", made["id"], "--prefix", str(target), "--name", "kb2", "--no-validate")
     kill_at(
-        proc, lambda: any((p / "pyvenv.cfg").exists() for p in partial()), "the kill point", settle=SETTLE_S
+        proc,
+        lambda: any((p / "pyvenv.cfg").exists() for p in partial()),
+        "the kill point",
+        settle=ORPHANS_SETTLE_S,
     )
     assert not target.exists() and partial()
     ok(w.cli("restore", made["id"], "--prefix", str(target), "--name", "kb2", "--no-validate", "--wait", "0"))

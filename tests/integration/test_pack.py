@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import UserWorld, bash, kill_at, ok, refused, size_now
+from helpers import ORPHANS_SETTLE_S, UserWorld, bash, kill_at, ok, refused, size_now
 from wheelindex import build_wheel, demo_wheels, mirror_env, serve
 
 from envbuilder.system import transaction
@@ -27,8 +27,6 @@ pytestmark = [
         reason="needs squashfs-tools, squashfuse and fuse3 (.ci/run installs them)",
     ),
 ]
-#: After a kill: the orphaned mksquashfs/unsquashfs gets its parent-death signal.
-SETTLE_S = 0.5
 
 RECIPE = """
 schema_version = 1
@@ -303,7 +301,7 @@ def test_a_killed_pack_keeps_the_previous_image_and_the_next_pack_leaves_no_part
         proc,
         lambda: any(size_now(p) > 0 for p in partials()),
         "mksquashfs wrote its partial",
-        settle=SETTLE_S,
+        settle=ORPHANS_SETTLE_S,
     )
     assert image.read_bytes() == before and w.data("show", "small")["image"]["sha256"] == made["sha256"]
     again = w.data("pack", "small")
@@ -327,7 +325,7 @@ def test_a_pack_killed_between_its_image_and_its_record_leaves_the_two_together(
         "after-rename": lambda: image.stat().st_ino != before and not partials(),
     }[point]
     proc = w.spawn("pack", "small", extra={transaction.PAUSE_VAR: point})
-    kill_at(proc, reached, f"the pack reached {point}", settle=SETTLE_S)
+    kill_at(proc, reached, f"the pack reached {point}", settle=ORPHANS_SETTLE_S)
     assert proc.returncode == -signal.SIGKILL
     recorded = w.data("activate", "small", "--image")
     mount = Path(recorded["image"]["path"])
@@ -346,7 +344,7 @@ def test_a_killed_unpack_leaves_no_copy_and_the_next_use_no_partial(packed):
     key = f"small-{made['sha256'][:16]}"
     partials = lambda: list(w.node().glob(f".{key}.unpacked.partial-*"))  # noqa: E731
     proc = w.spawn("activate", "small", "--image", extra={"ENVBUILDER_NO_FUSE": "1"})
-    kill_at(proc, partials, "unsquashfs began", settle=SETTLE_S)
+    kill_at(proc, partials, "unsquashfs began", settle=ORPHANS_SETTLE_S)
     assert partials() and not (w.node() / f"{key}.unpacked").exists()
     data = w.data("activate", "small", "--image", ENVBUILDER_NO_FUSE="1")
     copy = Path(data["image"]["path"])
@@ -367,7 +365,7 @@ def test_a_killed_stage_on_a_node_leaves_no_partial_after_the_next(packed):
         proc,
         lambda: any(".partial-" in n for n in node()),
         "a partial copy or unpack appeared",
-        settle=SETTLE_S,
+        settle=ORPHANS_SETTLE_S,
     )
     assert not (w.node() / f"{key}.unpacked").exists()
     res = ok(w.cli("__stage-node", "fetch", key, digest, made["path"]))
