@@ -20,7 +20,7 @@ import sitepython
 import testwheels
 from backupworld import backup_files
 from condaworld import Wheels, build_channel, wheel_files
-from helpers import ENVMODULES_INIT_DIR, TRAIN, CpuTorchWorld, ValidateWorld
+from helpers import ENVMODULES_INIT_DIR, TRAIN, CpuTorchWorld, ValidateWorld, share_bytecode
 from slurm import ConfinedCluster, MiniCluster, MultiNodeCluster, available, multinode_available
 from wheelindex import serve
 from xdist.remote import Producer
@@ -310,18 +310,37 @@ def torch_index(torch_files) -> SimpleNamespace:
 
 
 @pytest.fixture(scope="session")
-def torch_uv_cache(tmp_path_factory) -> Path:
+def bare_torch_uv_cache(tmp_path_factory) -> Path:
     """uv's cache shared by the torch envs of the session, across workers (uv locks its cache for concurrent
-    use): the first env unpacks torch from ``torch_index``, later ones link it."""
+    use): the first env unpacks torch from ``torch_index``, later ones link it. Tests take ``torch_uv_cache``."""
     return shared_dir(tmp_path_factory, "torch-uv-cache")
 
 
 @pytest.fixture(scope="session")
-def cpu_torch_template(torch_index, torch_uv_cache, tmp_path_factory) -> Path:
+def cpu_torch_template(torch_index, bare_torch_uv_cache, tmp_path_factory) -> Path:
     """The world of one real env, built once for the run: torch 2.13.0 CPU, numpy, mpi4py and MPICH (the
-    validation suite's recipe, tests/data/validate-recipes/vcpu.toml). No test uses it; they use copies."""
+    validation suite's recipe, tests/data/validate-recipes/vcpu.toml), its bytecode written. No test uses it;
+    they use copies."""
     template = shared_dir(tmp_path_factory, "cpu-torch-template")
-    return made_once(template, lambda d: CpuTorchWorld(d, torch_index, torch_uv_cache))
+    return made_once(template, lambda d: CpuTorchWorld(d, torch_index, bare_torch_uv_cache))
+
+
+@pytest.fixture(scope="session")
+def torch_uv_cache(cpu_torch_template, bare_torch_uv_cache, tmp_path_factory) -> Path:
+    """The session's uv cache, holding beside torch's, numpy's and mpi4py's files the bytecode that the
+    template's validation steps wrote (``share_bytecode``): an env uv links from it starts as a validated env
+    does, instead of each first import compiling what it loads again (measured here: about 4 s of CPU for
+    ``import torch``, 9 s with dynamo and torchrun's agent, in every rank of a fresh env's first run). Bytecode
+    written by a create, a smoke check or ranks is tested where a cache of its own has none
+    (test_create_torch)."""
+
+    def share(d: Path) -> None:
+        envs = Path(cpu_torch_template) / "scratch" / "envbuilder" / "envs"
+        site = next(envs.glob("vcpu/lib/python3*/site-packages"))
+        (d / "linked").write_text(str(share_bytecode(site, bare_torch_uv_cache)))
+
+    made_once(shared_dir(tmp_path_factory, "torch-uv-bytecode"), share)
+    return bare_torch_uv_cache
 
 
 @pytest.fixture(scope="session")

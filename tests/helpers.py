@@ -370,6 +370,37 @@ class CpuTorchWorld(UserWorld):
         assert res.returncode == 0, res.stderr
 
 
+def share_bytecode(site_packages: Path, cache: Path) -> int:
+    """Hard links in uv's ``cache`` to the bytecode an import wrote under ``site_packages``, each beside its source
+    file there (the same inode: uv linked that file into the env), so an env uv links from ``cache`` later gets
+    it too: uv links every file of a package's directory in its cache. Python checks a .pyc against its source's
+    size and mtime, which a hard link shares, and recompiles where they differ (a copy). The number linked."""
+    wanted: dict[tuple[int, int], Path] = {}
+    for pyc in site_packages.rglob("__pycache__/*.pyc"):
+        source = pyc.parent.parent / (pyc.name.split(".", 1)[0] + ".py")
+        try:
+            st = source.stat()
+        except OSError:
+            continue
+        if st.st_nlink > 1:
+            wanted[(st.st_dev, st.st_ino)] = pyc
+    linked = 0
+    for top, _dirs, names in os.walk(cache):
+        for name in names:
+            if not name.endswith(".py"):
+                continue
+            st = os.stat(os.path.join(top, name))
+            pyc = wanted.pop((st.st_dev, st.st_ino), None)
+            if pyc is None:
+                continue
+            target = Path(top) / "__pycache__" / pyc.name
+            target.parent.mkdir(exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.link(pyc, target)
+                linked += 1
+    return linked
+
+
 def _repoint(dirs: list[Path], old: str, new: str) -> None:
     """``old`` replaced by ``new`` in the text files under ``dirs`` that name it, each written as a new file
     (a hard link to the original is left as it was). Bytecode is left: only its tracebacks name a path. Not
