@@ -335,8 +335,7 @@ def torch_uv_cache(cpu_torch_template, bare_torch_uv_cache, tmp_path_factory) ->
     (test_create_torch)."""
 
     def share(d: Path) -> None:
-        envs = Path(cpu_torch_template) / "scratch" / "envbuilder" / "envs"
-        site = next(envs.glob("vcpu/lib/python3*/site-packages"))
+        site = next(cpu_torch_template.glob("scratch/envbuilder/envs/vcpu/lib/python3*/site-packages"))
         (d / "linked").write_text(str(share_bytecode(site, bare_torch_uv_cache)))
 
     made_once(shared_dir(tmp_path_factory, "torch-uv-bytecode"), share)

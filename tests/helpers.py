@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
@@ -377,10 +378,9 @@ def share_bytecode(site_packages: Path, cache: Path) -> int:
     size and mtime, which a hard link shares, and recompiles where they differ (a copy). The number linked."""
     wanted: dict[tuple[int, int], Path] = {}
     for pyc in site_packages.rglob("__pycache__/*.pyc"):
-        source = pyc.parent.parent / (pyc.name.split(".", 1)[0] + ".py")
         try:
-            st = source.stat()
-        except OSError:
+            st = os.stat(importlib.util.source_from_cache(str(pyc)))
+        except (OSError, ValueError):  # no source beside it, or not a name the import system writes
             continue
         if st.st_nlink > 1:
             wanted[(st.st_dev, st.st_ino)] = pyc
