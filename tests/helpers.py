@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import termios
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ from wheelindex import mirror_env
 from envbuilder import cli
 from envbuilder.core.facts import HostFacts, facts_from_json
 from envbuilder.resolver import mirror
-from envbuilder.system import state
+from envbuilder.system import state, transaction
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
@@ -86,6 +87,62 @@ def kill_at(
             proc.send_signal(signal.SIGKILL)
         proc.communicate()
     time.sleep(settle)
+
+
+class Paused:
+    """A CLI child started with the test hook (``transaction.PAUSE_VAR``): its stderr read in a thread, so that a
+    test waits for the hook's own line rather than for a guess at how long the way there takes on a loaded machine
+    (a sleep of 0.2 s after the last file it writes was once too short in CI). Used as a context manager, it
+    never lets the child outlive its test. ``stdout`` of the child must not be a pipe that nobody reads."""
+
+    def __init__(self, proc: subprocess.Popen[str], point: str) -> None:
+        assert proc.stderr is not None, "spawn it with stderr=subprocess.PIPE"
+        self.proc, self.point = proc, point
+        self._lines: list[str] = []
+        self._reached = threading.Event()
+        self._reader = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._lines.append(line)
+            if line.startswith(f"{transaction.PAUSE_VAR}: paused {self.point} ("):
+                self._reached.set()
+
+    @property
+    def err(self) -> str:
+        return "".join(self._lines)
+
+    def wait(self, timeout: float = 240) -> None:
+        """Return once the child sits at its pause; fail the test if it ends or the timeout runs out first."""
+        deadline = time.monotonic() + timeout
+        while not self._reached.wait(0.02):
+            if self.proc.poll() is not None:
+                self._reader.join(10)
+                pytest.fail(
+                    f"it ended (exit {self.proc.returncode}) before its pause at {self.point}:\n{self.err}"
+                )
+            if time.monotonic() > deadline:
+                pytest.fail(f"it never reached its pause at {self.point}:\n{self.err}")
+
+    def stop(self, sig: int = signal.SIGKILL, timeout: float = 60) -> str:
+        """Send ``sig``, reap the child and return all it wrote to stderr."""
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout)
+        self._reader.join(timeout)
+        return self.err
+
+    def __enter__(self) -> Paused:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._reader.join(10)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def demo_recipe(name: str, prefix: str = "") -> str:

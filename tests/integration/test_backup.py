@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from backupworld import SMALL_RECIPE, World, packages
-from helpers import ORPHANS_SETTLE_S, REPO, bash, kill_at, lmod_vars, ok
+from helpers import ORPHANS_SETTLE_S, REPO, Paused, bash, kill_at, lmod_vars, ok
 
 pytestmark = pytest.mark.integration
 SQUASHFS = shutil.which("mksquashfs") and shutil.which("unsquashfs")
@@ -444,27 +444,21 @@ def test_restore_force_removes_the_old_env_after_the_swap_and_a_killed_removal_i
     ok(w.cli("backup", "rf"))
     prefix = w.prefix("rf")
     (prefix / "marker").write_text("old env")
-    proc = w.spawn("restore", "rf", "--force", "--no-validate", extra={transaction.PAUSE_VAR: "removing-old"})
-    try:
-        deadline = time.monotonic() + 120
+    proc = w.spawn(
+        "restore",
+        "rf",
+        "--force",
+        "--no-validate",
+        extra={transaction.PAUSE_VAR: "removing-old"},
+        stdout=subprocess.DEVNULL,
+    )
+    with Paused(proc, "removing-old") as paused:
+        paused.wait(timeout=120)
         # In place and recorded (its pending marker gone), the old env aside, its removal under way.
-        while not (
-            list(prefix.parent.glob(".rf.old-*"))
-            and (prefix / "bin" / "python").exists()
-            and not (prefix / transaction.PENDING).exists()
-        ):
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "the removal was never reached"
-            time.sleep(0.05)
-        time.sleep(0.2)  # at the pause by now
+        assert (prefix / "bin" / "python").exists() and not (prefix / transaction.PENDING).exists()
         (aside,) = prefix.parent.glob(".rf.old-*")
         assert (aside / "marker").read_text() == "old env" and not (prefix / "marker").exists()
-        proc.send_signal(signal.SIGKILL)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        err = paused.stop(signal.SIGKILL)
     assert f"{transaction.PAUSE_VAR}: paused removing-old" in err
     again = w.data("restore", "rf", "--force", "--no-validate")
     assert any(f"removed {aside.name}, the env a finished --force replaced" in n for n in again["notes"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import testwheels
-from helpers import DATA, REPO, UserWorld, bash, lmod_vars, ok
+from helpers import DATA, REPO, Paused, UserWorld, bash, lmod_vars, ok
 from wheelindex import build_sdist, build_wheel, demo_wheels, mirror_env, serve
 
 from envbuilder.backends import installers
@@ -718,24 +718,21 @@ def test_force_removes_the_old_env_after_the_swap_and_a_stopped_removal_is_swept
         str(world.prefix()),
         "--force",
         extra={transaction.PAUSE_VAR: "removing-old"},
+        stdout=subprocess.DEVNULL,
     )
-    try:
+    with Paused(proc, "removing-old") as paused:
         # The new env is in place and recorded, and its checks ran (their report is in the record) while the old
         # env, moved aside, was still being removed: the removal is off the critical path.
         def validated() -> bool:
             return json.loads(record.read_text()).get("validation") is not None
 
+        paused.wait(timeout=120)
         assert _wait_for(validated, timeout=120), proc.poll()
         aside = list(world.envs.glob(".demo.old-*"))
         assert len(aside) == 1 and (aside[0] / "marker").read_text() == "old env"
         assert not (world.prefix() / "marker").exists()
         assert proc.poll() is None  # it waits for the removal before it ends
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        err = paused.stop(sig)
     assert f"{transaction.PAUSE_VAR}: paused removing-old" in err
     assert proc.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 130), err
     assert "Traceback" not in err

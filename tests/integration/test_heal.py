@@ -9,12 +9,11 @@ import json
 import shlex
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import UserWorld, ok, refused
+from helpers import Paused, UserWorld, ok, refused
 from wheelindex import build_wheel, mirror_env, serve
 
 from envbuilder.system import transaction
@@ -65,24 +64,10 @@ class World(UserWorld):
     def killed_at_the_rename(self, target: Path, *args: str, sig: int = signal.SIGKILL) -> None:
         """Run ``envbuilder ARGS`` paused right after it renamed the env into ``target``, and kill it there."""
         proc = self.spawn(*args, extra={transaction.PAUSE_VAR: "after-rename"}, stdout=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 240
-            while not (target / transaction.PENDING).exists():
-                if proc.poll() is not None:
-                    pytest.fail(
-                        f"it ended (exit {proc.returncode}) before the rename:\n{proc.communicate()[1]}"
-                    )
-                if time.monotonic() > deadline:
-                    pytest.fail("the rename was never reached")
-                time.sleep(0.02)
-            time.sleep(0.2)  # at the pause by now: the marker is written before the rename
-            proc.send_signal(sig)
-            _, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        assert f"{transaction.PAUSE_VAR}: paused after-rename" in err
+        with Paused(proc, "after-rename") as paused:
+            paused.wait()
+            assert (target / transaction.PENDING).exists()  # the marker is written before the rename
+            err = paused.stop(sig)
         if sig == signal.SIGKILL:
             assert proc.returncode == -signal.SIGKILL
         else:
