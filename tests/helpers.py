@@ -89,41 +89,47 @@ def kill_at(
     time.sleep(settle)
 
 
-class Paused:
-    """A CLI child started with the test hook (``transaction.PAUSE_VAR``): its stderr read in a thread, so that a
-    test waits for the hook's own line rather than for a guess at how long the way there takes on a loaded machine
-    (a sleep of 0.2 s after the last file it writes was once too short in CI). Used as a context manager, it
-    never lets the child outlive its test. ``stdout`` of the child must not be a pipe that nobody reads."""
+class Watched:
+    """A CLI child whose stderr is read in a thread as it comes, so that a test waits for a line the child says
+    (the test hook's pause, a "waiting" for another's mutex) rather than for a guess at how long the way there
+    takes on a loaded machine (a sleep of 0.2 s after the last file the child wrote was once too short in CI).
+    Used as a context manager, it never lets the child outlive its test. The child's stdout is read only by
+    :meth:`communicate`: it must not be a pipe that the child fills before then."""
 
-    def __init__(self, proc: subprocess.Popen[str], point: str) -> None:
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stderr is not None, "spawn it with stderr=subprocess.PIPE"
-        self.proc, self.point = proc, point
+        self.proc = proc
         self._lines: list[str] = []
-        self._reached = threading.Event()
+        self._said = threading.Condition()
         self._reader = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
         self._reader.start()
 
     def _read(self, stream: IO[str]) -> None:
         for line in stream:
-            self._lines.append(line)
-            if line.startswith(f"{transaction.PAUSE_VAR}: paused {self.point} ("):
-                self._reached.set()
+            with self._said:
+                self._lines.append(line)
+                self._said.notify_all()
 
     @property
     def err(self) -> str:
-        return "".join(self._lines)
+        with self._said:
+            return "".join(self._lines)
 
-    def wait(self, timeout: float = 240) -> None:
-        """Return once the child sits at its pause; fail the test if it ends or the timeout runs out first."""
+    def wait_for(self, said: Callable[[list[str]], bool], what: str, timeout: float = 240) -> None:
+        """Return once ``said`` holds for the lines of its stderr so far; fail the test (naming ``what``) if the
+        child ends or the timeout runs out first."""
         deadline = time.monotonic() + timeout
-        while not self._reached.wait(0.02):
+        while True:
+            with self._said:
+                if self._said.wait_for(lambda: said(self._lines), timeout=0.05):
+                    return
             if self.proc.poll() is not None:
                 self._reader.join(10)
-                pytest.fail(
-                    f"it ended (exit {self.proc.returncode}) before its pause at {self.point}:\n{self.err}"
-                )
+                if said(self._lines):  # its last lines came with its end
+                    return
+                pytest.fail(f"it ended (exit {self.proc.returncode}) before {what}:\n{self.err}")
             if time.monotonic() > deadline:
-                pytest.fail(f"it never reached its pause at {self.point}:\n{self.err}")
+                pytest.fail(f"{what} never happened:\n{self.err}")
 
     def stop(self, sig: int = signal.SIGKILL, timeout: float = 60) -> str:
         """Send ``sig``, reap the child and return all it wrote to stderr."""
@@ -132,7 +138,14 @@ class Paused:
         self._reader.join(timeout)
         return self.err
 
-    def __enter__(self) -> Paused:
+    def communicate(self, timeout: float = 120) -> tuple[str, str]:
+        """Its whole stdout and stderr once it ends by itself."""
+        out = self.proc.stdout.read() if self.proc.stdout is not None else ""
+        self.proc.wait(timeout)
+        self._reader.join(timeout)
+        return out, self.err
+
+    def __enter__(self) -> Watched:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -143,6 +156,21 @@ class Paused:
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+class Paused(Watched):
+    """A CLI child started with the test hook (``transaction.PAUSE_VAR``) set to ``point``."""
+
+    def __init__(self, proc: subprocess.Popen[str], point: str) -> None:
+        super().__init__(proc)
+        self.point = point
+
+    def wait(self, timeout: float = 240) -> None:
+        """Return once the child sits at its pause."""
+        line = f"{transaction.PAUSE_VAR}: paused {self.point} ("
+        self.wait_for(
+            lambda lines: any(s.startswith(line) for s in lines), f"its pause at {self.point}", timeout
+        )
 
 
 def demo_recipe(name: str, prefix: str = "") -> str:

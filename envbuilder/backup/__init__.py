@@ -21,32 +21,24 @@ on an env's safety) ``upkeep``'s; ``restore`` puts one back. This package names 
 
 from __future__ import annotations
 
-from envbuilder.backup.catalog import BACKUP_VERSION, Backup, backups, checksum, find, listing
-from envbuilder.backup.upkeep import PruneResult, advice, prune, verify
-from envbuilder.backup.writer import (
-    BackupResult,
-    default_mode,
-    make,
-    make_all,
-    pack_workers,
-    writer_mutex,
-)
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "BACKUP_VERSION",
-    "Backup",
-    "BackupResult",
-    "PruneResult",
-    "advice",
-    "backups",
-    "checksum",
-    "default_mode",
-    "find",
-    "listing",
-    "make",
-    "make_all",
-    "pack_workers",
-    "prune",
-    "verify",
-    "writer_mutex",
-]
+from envbuilder.core.faces import lazy
+
+if TYPE_CHECKING:  # `X as X`: mypy's strict re-exports; several on a line (ruff's I001 is off for faces)
+    from envbuilder.backup.catalog import BACKUP_VERSION as BACKUP_VERSION, Backup as Backup, find as find
+    from envbuilder.backup.catalog import backups as backups, checksum as checksum, listing as listing
+    from envbuilder.backup.upkeep import PruneResult as PruneResult, advice as advice, prune as prune
+    from envbuilder.backup.upkeep import verify as verify
+    from envbuilder.backup.writer import BackupResult as BackupResult, default_mode as default_mode
+    from envbuilder.backup.writer import make as make, make_all as make_all, pack_workers as pack_workers
+    from envbuilder.backup.writer import writer_mutex as writer_mutex
+
+__all__, __getattr__ = lazy(
+    __name__,
+    {
+        "catalog": "BACKUP_VERSION Backup backups checksum find listing",
+        "upkeep": "PruneResult advice prune verify",
+        "writer": "BackupResult default_mode make make_all pack_workers writer_mutex",
+    },
+)

@@ -10,22 +10,26 @@ and ``validate`` runs. All of it is pure: the caller brings the host facts, the 
 
 from __future__ import annotations
 
-from envbuilder.core.records import RecordedPlan, RecordedPython
-from envbuilder.plan.container import ContainerPlan
-from envbuilder.plan.planning import Options, build, build_container, torch_request
-from envbuilder.plan.prefix import FALLBACK_ROOT, expand
-from envbuilder.plan.record import Plan, PrefixFilesystem
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "FALLBACK_ROOT",
-    "ContainerPlan",
-    "Options",
-    "Plan",
-    "PrefixFilesystem",
-    "RecordedPlan",
-    "RecordedPython",
-    "build",
-    "build_container",
-    "expand",
-    "torch_request",
-]
+from envbuilder.core.faces import lazy
+from envbuilder.core.records import RecordedPlan, RecordedPython
+
+if TYPE_CHECKING:  # `X as X`: mypy's strict re-exports; several on a line (ruff's I001 is off for faces)
+    from envbuilder.plan.container import ContainerPlan as ContainerPlan
+    from envbuilder.plan.planning import Options as Options, build as build, torch_request as torch_request
+    from envbuilder.plan.planning import build_container as build_container
+    from envbuilder.plan.prefix import FALLBACK_ROOT as FALLBACK_ROOT, PrefixFilesystem as PrefixFilesystem
+    from envbuilder.plan.prefix import expand as expand
+    from envbuilder.plan.record import Plan as Plan
+
+__all__, __getattr__ = lazy(
+    __name__,
+    {
+        "container": "ContainerPlan",
+        "planning": "Options build build_container torch_request",
+        "prefix": "FALLBACK_ROOT PrefixFilesystem expand",
+        "record": "Plan",
+    },
+)
+__all__ += ["RecordedPlan", "RecordedPython"]

@@ -5,15 +5,29 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Optional
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder.core.errors import UsageError
-from envbuilder.plan.record import PrefixFilesystem
+from envbuilder.core.structs import dataclass
+from envbuilder.recipe import sections
 
 if TYPE_CHECKING:
     from envbuilder.recipe.loader import Recipe
 
 FALLBACK_ROOT = "${HOME}/.local/share/envbuilder/envs/{name}"
+
+
+@dataclass(frozen=True)
+class PrefixFilesystem:
+    """The [filesystems] entry the env's prefix lives on, and its name."""
+
+    name: str
+    spec: sections.Filesystem
+
+    def to_json(self) -> dict[str, Any]:
+        values = ((f.name, getattr(self.spec, f.name)) for f in fields(self.spec))
+        return {"name": self.name, **{key: value for key, value in values if value is not None}}
 
 
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")

@@ -3,7 +3,7 @@ as :class:`envbuilder.core.records.RecordedPlan`); ``envbuilder.plan.build`` mak
 
 from __future__ import annotations
 
-from dataclasses import field, fields
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Optional
 
 from envbuilder import lockfile
@@ -12,25 +12,14 @@ from envbuilder.core.records import RecordedPlan, RecordedPython
 from envbuilder.core.structs import dataclass
 from envbuilder.plan import lockfit
 from envbuilder.plan.activation import Activation
+from envbuilder.plan.prefix import PrefixFilesystem
 from envbuilder.plan.steps import InstallStep
 from envbuilder.plan.target import TargetFact
 from envbuilder.recipe import sections
 from envbuilder.resolver.wheels import Resolution
 
-if TYPE_CHECKING:  # plan.container names the prefix's expansion, which imports this module
+if TYPE_CHECKING:
     from envbuilder.plan.container import ContainerPlan
-
-
-@dataclass(frozen=True)
-class PrefixFilesystem:
-    """The [filesystems] entry the env's prefix lives on, and its name."""
-
-    name: str
-    spec: sections.Filesystem
-
-    def to_json(self) -> dict[str, Any]:
-        values = ((f.name, getattr(self.spec, f.name)) for f in fields(self.spec))
-        return {"name": self.name, **{key: value for key, value in values if value is not None}}
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from envbuilder.core.kinds import kind_info
 from envbuilder.core.structs import dataclass
 from envbuilder.recipe import sections
 from envbuilder.recipe.siteschema import SOURCED_FACTS, UNKNOWN
-from envbuilder.resolver.wheels import gpu_capability
+from envbuilder.resolver.matrix import gpu_capability
 
 if (
     TYPE_CHECKING

@@ -3,6 +3,7 @@ real bash; interrupted and concurrent creates; the env commands (list/show/activ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import testwheels
-from helpers import DATA, REPO, Paused, UserWorld, bash, lmod_vars, ok
+from helpers import DATA, REPO, Paused, UserWorld, Watched, bash, lmod_vars, ok
 from wheelindex import build_sdist, build_wheel, demo_wheels, mirror_env, serve
 
 from envbuilder.backends import installers
@@ -490,18 +491,19 @@ def test_concurrent_creates_of_one_env_build_it_once(world):
     world.recipe(extra='[[packages]]\nname = "ebslow"\n')
     gate = world.index.hold("ebslow")
     procs = [world.spawn("create", "demo", "--prefix", str(world.prefix()), "--json") for _ in range(3)]
-    try:
-        assert _wait_for(lambda: any(r.startswith("GET /files/ebslow") for r in world.index.requested))
-        time.sleep(0.5)  # the others are at the mutex by now
-        gate.set()
-        outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        gate.set()
-        world.index.gate.clear()
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    with contextlib.ExitStack() as stack:
+        watched = [stack.enter_context(Watched(p)) for p in procs]
+        try:
+            assert _wait_for(lambda: any(r.startswith("GET /files/ebslow") for r in world.index.requested))
+            # The other two say that they wait at the env's mutex (however long their start took here).
+            assert _wait_for(lambda: sum("; waiting" in w.err for w in watched) == 2, timeout=240), [
+                w.err for w in watched
+            ]
+            gate.set()
+            outs = [w.communicate(timeout=120) for w in watched]
+        finally:
+            gate.set()
+            world.index.gate.clear()
     assert [p.returncode for p in procs] == [0, 0, 0], [o[1] for o in outs]
     statuses = sorted(json.loads(o[0])["data"]["status"] for o in outs)
     assert statuses == ["created", "exists", "exists"]

@@ -5,7 +5,12 @@ of a package does not run another's code by surprise."""
 from __future__ import annotations
 
 import ast
+import importlib
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import envbuilder
 
@@ -66,3 +71,52 @@ def test_the_check_sees_a_fat_face(tmp_path: Path, monkeypatch) -> None:
         "envbuilder/fat/__init__.py:7: defines the function later (move it to a named module)",
         "envbuilder/fat/__init__.py:13: defines the function x (move it to a named module)",
     ]
+
+
+#: The packages whose face is loaded on first use (core.faces.lazy).
+LAZY_FACES = ("envbuilder.plan", "envbuilder.backup")
+
+
+def _fresh(code: str) -> list[str]:
+    """What a fresh interpreter prints for ``code`` (one module name a line): sys.modules of this one already
+    holds everything the suite imported."""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return res.stdout.split()
+
+
+def test_a_module_of_a_lazy_package_loads_without_the_rest_of_its_face() -> None:
+    """Importing plan.prefix (what backends.base needs) runs none of the planner, and backup.catalog none of the
+    writer or upkeep: the reason the faces are lazy (a restore no longer imports the planner)."""
+    loaded = _fresh(
+        "import sys, envbuilder.plan.prefix, envbuilder.backup.catalog\n"
+        "print(*[m for m in sys.modules if m.startswith(('envbuilder.plan', 'envbuilder.backup'))], sep='\\n')"
+    )
+    assert "envbuilder.plan.prefix" in loaded and "envbuilder.backup.catalog" in loaded
+    for heavy in ("envbuilder.plan.planning", "envbuilder.plan.record", "envbuilder.backup.writer"):
+        assert heavy not in loaded, loaded
+    assert "envbuilder.backup.upkeep" not in loaded, loaded
+
+
+@pytest.mark.parametrize("package", LAZY_FACES)
+def test_a_lazy_face_gives_what_its_type_checking_imports_name(package: str) -> None:
+    """Each name the face's ``TYPE_CHECKING`` block imports (what mypy and import-linter see) is, at run time,
+    the very object of the module named there, and ``__all__`` lists exactly those and the eager names."""
+    module = importlib.import_module(package)
+    tree = ast.parse(Path(module.__file__ or "").read_text(encoding="utf-8"))
+    checked = [
+        (imp.module or "", alias.name, alias.asname)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for imp in node.body
+        if isinstance(imp, ast.ImportFrom)
+        for alias in imp.names
+    ]
+    assert checked and all(name == asname for _, name, asname in checked), (
+        checked
+    )  # re-exported as mypy wants
+    for home, name, _ in checked:
+        assert getattr(module, name) is getattr(importlib.import_module(home), name), (package, name)
+    eager = {n for n in module.__all__ if n in vars(module)} - {name for _, name, _ in checked}
+    assert sorted(module.__all__) == sorted({name for _, name, _ in checked} | eager)
+    with pytest.raises(AttributeError, match="has no attribute 'nothing_here'"):
+        module.nothing_here  # noqa: B018
