@@ -32,8 +32,10 @@ BEAT = "ENVBUILDER_VALIDATE_HEARTBEAT"
 FAULT = "ENVBUILDER_VALIDATE_FAULT"
 #: Until the ranks are up: two busy cores import torch in the agent and in each rank.
 UP_S = 300.0
-#: "Within seconds", generously for two busy cores. Before the fix the ranks lived on until --timeout (600 s).
-GONE_S = 20.0
+#: Within torchrun's own escalation, with room for two busy cores: its agent gives the workers 30 s after its
+#: SIGTERM before it kills them (20 s was once too short in a loaded CI run, the agent the only survivor).
+#: Before the fix the ranks lived on until --timeout (600 s).
+GONE_S = 45.0
 #: The per-check timeout of the hang-before-the-checks test: the run waits it out, so it is short, but still
 #: ample for the healthy rank to say hello (the agent and the rank import torch on two busy cores first).
 START_LIMIT_S = 30
@@ -106,6 +108,22 @@ def tokened(token: str) -> dict[int, dict[str, object]]:
         if needle in environ.split(b"\0"):
             found[pid] = {"pgid": pgid, "sid": sid, "cmd": cmd}
     return found
+
+
+def _doing(pid: int) -> str:
+    """What a survivor is doing, for the failure message: its state, signal masks and each thread's wait."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        keep = ("State", "Threads", "SigBlk", "SigIgn", "SigCgt", "PPid")
+        lines = [line for line in status.splitlines() if line.split(":")[0] in keep]
+        for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            lines.append(
+                f"thread {task.name} {state} {(task / 'wchan').read_text()} {(task / 'comm').read_text().strip()}"
+            )
+    except OSError as exc:
+        return f"pid {pid}: {exc}"
+    return f"pid {pid}: " + "; ".join(lines)
 
 
 def in_groups(groups: set[int]) -> dict[int, tuple[str, int, int]]:
@@ -188,7 +206,7 @@ class Run:
         while tokened(self.token) and time.monotonic() < deadline:
             time.sleep(0.2)
         left = tokened(self.token)
-        assert not left, f"survivors {GONE_S:g} s after the kill: {left}"
+        assert not left, f"survivors {GONE_S:g} s after the kill: {left}\n" + "\n".join(map(_doing, left))
         groups = {int(p["pgid"]) for p in before.values()} | {int(p["sid"]) for p in before.values()}
         # Within the same deadline: a process without the token (srun's, say) may still be on its way out.
         while in_groups(groups) and time.monotonic() < deadline:
