@@ -5,12 +5,13 @@ here and nowhere else. Importing it imports argparse and the grammar only: rich 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from envbuilder.cli.parser import build_parser
+from envbuilder.cli.parser import build_parser, command_named
 from envbuilder.cli.parts import (
     PROGRAM_COMMANDS,
     Handler,
@@ -46,13 +47,17 @@ def envelope(command: str, status: str, data: Any, errors: Sequence[dict[str, An
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Out()
-    parser = build_parser()
     argv, program = _split_program(list(sys.argv[1:] if argv is None else argv))
+    named = command_named(argv)
+    parser = build_parser(named)  # the named command's part of the grammar only, else all of it
     try:
-        args, extras = parser.parse_known_args(argv)
-        if extras:
-            raise missing_dashes(args, argv, extras) or unrecognized(args.parsed_by, extras)
-        merge_global_options(args)
+        try:
+            args = _parse(parser, argv)
+        except UsageExit:
+            if named is None:
+                raise
+            parser = build_parser()  # a usage error is told as the whole grammar tells it
+            args = _parse(parser, argv)
         if program is not None:
             args.program = tuple(program)
     except UsageExit as exc:
@@ -67,6 +72,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         (getattr(args, "subparser", None) or parser).print_help(sys.stderr)
         return EXIT_USAGE
     return _dispatch(handler, args, out)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        raise missing_dashes(args, argv, extras) or unrecognized(args.parsed_by, extras)
+    merge_global_options(args)
+    return args
 
 
 def _usage_error(exc: UsageExit, argv: Sequence[str], out: Out) -> int:
@@ -107,7 +120,8 @@ def _dispatch(handler: Handler, args: argparse.Namespace, out: Out) -> int:
     try:
         if getattr(args, "reads_settings", True):
             _apply_settings(args, out)
-        data = handler(args, out)
+        with _probing_early(args):
+            data = handler(args, out)
         if isinstance(data, int):  # a program's exit status (envbuilder run), passed on as it is
             return int(data)
     except EnvbuilderError as exc:
@@ -125,6 +139,16 @@ def _dispatch(handler: Handler, args: argparse.Namespace, out: Out) -> int:
     if as_json:
         _print_json(envelope(command, "ok", data))
     return EXIT_OK
+
+
+def _probing_early(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
+    """A command that probes this host (``probes_host`` in the grammar, and no ``--facts`` file) has nvidia-smi
+    asked at once, while its modules load (``host.asked_early``)."""
+    if not getattr(args, "probes_host", False) or getattr(args, "facts", None):
+        return contextlib.nullcontext()
+    from envbuilder.system import host  # noqa: PLC0415 - not for the commands that do not probe
+
+    return host.asked_early(os.environ)
 
 
 def _apply_settings(args: argparse.Namespace, out: Out) -> None:

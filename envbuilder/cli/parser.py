@@ -6,13 +6,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Optional
 
 from envbuilder import __version__
 from envbuilder.cli import aidparser, helptext, siteparser
 from envbuilder.cli.options import add_index, add_launch, add_lock_use, add_partition, add_preflight, env_verb
 from envbuilder.cli.parts import (
+    GLOBAL_FLAGS,
     Choices,
     Parser,
     add_global_options,
@@ -26,10 +28,20 @@ from envbuilder.core.shells import registry as shells
 if TYPE_CHECKING:
     from envbuilder.cli.parts import Sub
 
+    #: A part of the grammar: the function that adds its commands, and their names.
+    Part = tuple[Callable[[Sub], None], tuple[str, ...]]
 
-def build_parser() -> argparse.ArgumentParser:
+#: ``-v``, ``-qq``, ``-vq``: global flags typed together.
+_SHORT_GLOBALS = re.compile(r"-[vq]+")
+
+
+def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+    """The grammar of every command; where ``command`` names one, the grammar of the part that adds it alone,
+    which parses a line naming that command as the whole grammar does (:func:`command_named` says when a line
+    may be parsed so). Building one part takes about a tenth of the time of all of them, and every command run
+    (and every in-process run of the tests) builds one."""
     with _translations_remembered():
-        return _build()
+        return _build(_parts_for(command))
 
 
 @contextlib.contextmanager
@@ -45,44 +57,35 @@ def _translations_remembered() -> Iterator[None]:
         argparse._ = ask  # type: ignore[attr-defined]
 
 
-def _build() -> argparse.ArgumentParser:
+def _build(parts: Sequence[Part]) -> argparse.ArgumentParser:
     parser = Parser(
         prog="envbuilder",
         description="Build, validate and keep PyTorch environments on HPC clusters, from tested site recipes.",
     )
     parser.add_argument("--version", action="version", version=f"envbuilder {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    # In the order `envbuilder --help` lists them.
-    for add in (
-        _add_plan,
-        _add_lock,
-        _add_mirror,
-        _add_create,
-        _add_validate,
-        _add_run,
-        _add_env_verbs,
-        _add_pack,
-        _add_backup,
-        _add_backups,
-        _add_restore,
-        _add_verify_backup,
-        _add_prune_backups,
-        _add_touch,
-        _add_doctor,
-        aidparser.add_alloc,
-        aidparser.add_explain,
-        siteparser.add_impact,
-        siteparser.add_probe,
-        siteparser.add_report,
-        siteparser.add_recipes,
-        siteparser.add_publish,
-        siteparser.add_config,
-        siteparser.add_docs,
-    ):
+    for add, _names in parts:
         add(sub)
     add_global_options(parser)
     helptext.apply(parser)
     return parser
+
+
+def command_named(argv: Sequence[str]) -> Optional[str]:
+    """The command a line names, where only global flags come before it (so that the grammar of its part
+    parses the line as the whole grammar would); None otherwise (no command, a mistyped one, ``-h`` or an
+    unknown option first), and the line is parsed by the whole grammar."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in _COMMANDS else None
+        if word not in GLOBAL_FLAGS and not _SHORT_GLOBALS.fullmatch(word):
+            return None
+    return None
+
+
+def _parts_for(command: Optional[str]) -> Sequence[Part]:
+    part = _COMMANDS.get(command or "")
+    return PARTS if part is None else (part,)
 
 
 def _add_plan(sub: Sub) -> None:
@@ -94,7 +97,7 @@ def _add_plan(sub: Sub) -> None:
     add_launch(p)
     add_index(p)
     add_json(p)
-    p.set_defaults(handler=command("plan", "handle"))
+    p.set_defaults(handler=command("plan", "handle"), probes_host=True)
 
 
 def _add_lock(sub: Sub) -> None:
@@ -179,7 +182,7 @@ def _add_create(sub: Sub) -> None:
     add_lock_use(p)
     add_index(p)
     add_json(p)
-    p.set_defaults(handler=command("create", "handle"))
+    p.set_defaults(handler=command("create", "handle"), probes_host=True)
 
 
 def _add_validate(sub: Sub) -> None:
@@ -209,7 +212,7 @@ def _add_validate(sub: Sub) -> None:
         "--registry", metavar="DIR", help="the registry to stamp (default: the one the recipe came from)"
     )
     add_json(p)
-    p.set_defaults(handler=command("validate", "handle"))
+    p.set_defaults(handler=command("validate", "handle"), probes_host=True)
 
 
 def _add_run(sub: Sub) -> None:
@@ -407,7 +410,7 @@ def _add_restore(sub: Sub) -> None:
     add_preflight(p)
     p.add_argument("--wait", type=seconds, default=3600.0, metavar="SECONDS", help=_WAIT_HELP)
     add_json(p)
-    p.set_defaults(handler=command("backup", "handle_restore"))
+    p.set_defaults(handler=command("backup", "handle_restore"), probes_host=True)
 
 
 def _add_verify_backup(sub: Sub) -> None:
@@ -444,4 +447,35 @@ def _add_doctor(sub: Sub) -> None:
     p.add_argument("--facts", metavar="FILE", help="another node's facts as JSON: the report for that node")
     add_index(p)
     add_json(p)
-    p.set_defaults(handler=command("doctor", "handle"))
+    p.set_defaults(handler=command("doctor", "handle"), probes_host=True)
+
+
+#: The grammar's parts and the commands each adds, in the order ``envbuilder --help`` lists them
+#: (tests/unit/test_cli_help.py checks that each part adds exactly the commands named here).
+PARTS: tuple[Part, ...] = (
+    (_add_plan, ("plan",)),
+    (_add_lock, ("lock",)),
+    (_add_mirror, ("mirror",)),
+    (_add_create, ("create",)),
+    (_add_validate, ("validate",)),
+    (_add_run, ("run", "sbatch")),
+    (_add_env_verbs, ("list", "show", "activate", "remove", "modulefile")),
+    (_add_pack, ("pack", "stage", "__stage-node")),
+    (_add_backup, ("backup",)),
+    (_add_backups, ("backups",)),
+    (_add_restore, ("restore",)),
+    (_add_verify_backup, ("verify-backup",)),
+    (_add_prune_backups, ("prune-backups",)),
+    (_add_touch, ("touch",)),
+    (_add_doctor, ("doctor",)),
+    (aidparser.add_alloc, ("alloc",)),
+    (aidparser.add_explain, ("explain",)),
+    (siteparser.add_impact, ("impact", "share")),
+    (siteparser.add_probe, ("probe",)),
+    (siteparser.add_report, ("report",)),
+    (siteparser.add_recipes, ("recipes",)),
+    (siteparser.add_publish, ("publish",)),
+    (siteparser.add_config, ("config",)),
+    (siteparser.add_docs, ("completion", "man", "__complete")),
+)
+_COMMANDS = {name: part for part in PARTS for name in part[1]}

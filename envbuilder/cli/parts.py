@@ -168,6 +168,10 @@ GLOBAL_OPTIONS = (
 )
 #: The dest ``--json`` typed before the command lands in (the command's own is ``json``).
 JSON_BEFORE = "json@"
+#: What may come before the command, each as typed alone (none takes a value).
+GLOBAL_FLAGS = frozenset(
+    {"--json", *(flag for flags, _dest, _action, _help in GLOBAL_OPTIONS for flag in flags)}
+)
 
 
 def add_global_options(parser: argparse.ArgumentParser) -> None:

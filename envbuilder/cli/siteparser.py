@@ -43,7 +43,7 @@ def add_probe(sub: Sub) -> None:
     p = sub.add_parser("probe", help="print this machine's facts (arch, glibc, driver, GPUs, scheduler)")
     p.add_argument("--modules", action="store_true", help="also list the modules `module avail` offers")
     add_json(p)
-    p.set_defaults(handler=command("probe", "handle"))
+    p.set_defaults(handler=command("probe", "handle"), probes_host=True)
 
 
 def add_report(sub: Sub) -> None:

@@ -6,19 +6,21 @@ facts themselves and their JSON form live in the pure :mod:`envbuilder.core.fact
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
 import re
 import shutil
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Optional
 
 from envbuilder.core import schedulers
 from envbuilder.core.errors import CommandFailed, HostProbeError
 from envbuilder.core.facts import ARCH_ALIASES, Gpu, HostFacts, facts_from_text
+from envbuilder.core.structs import dataclass
 from envbuilder.system import gpuprobe, proc, textfile
 
 #: A facts file is a few hundred bytes; anything near this is not one.
@@ -116,6 +118,56 @@ _DRIVER_RE = re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)"
 _CUDA_HEADER_RE = re.compile(r"CUDA Version\s*:\s*(\d+\.\d+)")
 
 
+#: What a probe asks nvidia-smi of each GPU (without compute_cap where the driver predates it).
+_QUERY_FIELDS = "name,compute_cap,driver_version,memory.total"
+_OLD_QUERY_FIELDS = "name,driver_version,memory.total"
+
+
+def _query_argv(smi: str, fields: str) -> list[str]:
+    return [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """nvidia-smi's two questions, started by :func:`asked_early` for the first probe that asks them so."""
+
+    smi: str
+    env: dict[str, str]
+    query: proc.Background
+    version: proc.Background
+
+
+_early: list[_Asked] = []
+
+
+@contextlib.contextmanager
+def asked_early(env: Mapping[str, str]) -> Iterator[None]:
+    """Start a probe's nvidia-smi questions now, while the command loads its modules and reads its recipe (each
+    answer takes 25 ms or more on a GPU node, more where the GPUs sleep): the first :func:`probe` inside the block
+    that would ask the same nvidia-smi with the same environment takes their answers instead; any other asks
+    afresh. Leaving the block ends what is still running."""
+    smi = shutil.which("nvidia-smi", path=env.get("PATH"))
+    if smi is None:
+        yield
+        return
+    env = dict(env)
+    with contextlib.ExitStack() as started:
+        query = started.enter_context(proc.background(_query_argv(smi, _QUERY_FIELDS), env=env))
+        version = started.enter_context(proc.background([smi, "--version"], env=env))
+        _early.append(_Asked(smi, env, query, version))
+        try:
+            yield
+        finally:
+            _early.clear()
+
+
+def _take_early(smi: str, env: Mapping[str, str]) -> Optional[_Asked]:
+    """The answers :func:`asked_early` started for this nvidia-smi and environment, once."""
+    if _early and _early[0].smi == smi and _early[0].env == env:
+        return _early.pop()
+    return None
+
+
 def _probe_nvidia(
     env: Mapping[str, str], root: Path
 ) -> tuple[Optional[tuple[Gpu, ...]], Optional[str], Optional[str]]:
@@ -126,9 +178,16 @@ def _probe_nvidia(
     smi = shutil.which("nvidia-smi", path=env.get("PATH"))
     if smi:
         # The two questions at once: each nvidia-smi start costs 25 ms or more on a GPU node (more where the GPUs
-        # sleep), and every create, restore and validate asks them.
-        with proc.background([smi, "--version"], env=env) as version:
-            gpus, driver = _smi_query(smi, env)
+        # sleep), and every create, restore and validate asks them. Where the command asked them at its start
+        # (asked_early), their answers are taken.
+        early = _take_early(smi, env)
+        with contextlib.ExitStack() as started:
+            version = (
+                early.version
+                if early
+                else started.enter_context(proc.background([smi, "--version"], env=env))
+            )
+            gpus, driver = _smi_query(smi, env, early.query if early else None)
             max_cuda = _smi_cuda_version(smi, env, version)
     proc_dir = root / "proc" / "driver" / "nvidia"
     if driver is None:
@@ -146,24 +205,23 @@ def _probe_nvidia(
     return gpus, driver, max_cuda
 
 
-def _smi_query(smi: str, env: Mapping[str, str]) -> tuple[Optional[tuple[Gpu, ...]], Optional[str]]:
-    fields = "name,compute_cap,driver_version,memory.total"
+def _smi_query(
+    smi: str, env: Mapping[str, str], started: Optional[proc.Background] = None
+) -> tuple[Optional[tuple[Gpu, ...]], Optional[str]]:
+    """The GPUs and the driver, from the query ``started`` already where given."""
+    fields = _QUERY_FIELDS
     try:
-        res = proc.run(
-            [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"], env=env, timeout=20, check=True
-        )
+        if started is not None:
+            res = started.result(timeout=20)
+        else:
+            res = proc.run(_query_argv(smi, fields), env=env, timeout=20, check=True)
     except (CommandFailed, OSError):
         # Old drivers lack compute_cap; retry without it rather than losing the GPU list.
+        fields = _OLD_QUERY_FIELDS
         try:
-            res = proc.run(
-                [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"],
-                env=env,
-                timeout=20,
-                check=True,
-            )
+            res = proc.run(_query_argv(smi, fields), env=env, timeout=20, check=True)
         except (CommandFailed, OSError):
             return None, None
-        fields = "name,driver_version,memory.total"
     names = fields.split(",")
     gpus = []
     driver = None

@@ -145,3 +145,72 @@ def test_man_page_renders_without_warnings(tmp_path):
     assert "envbuilder create vista-venv-cu124" in text
     assert "ENVBUILDER_RECIPE_PATH" in text
     assert "--no-validate" in text.replace("\u2010", "-")
+
+
+# A command line naming a command is parsed by that command's part of the grammar alone (cli.parser.PARTS):
+# these keep the parts and the whole grammar saying the same.
+
+
+def test_each_part_adds_the_commands_it_names_and_all_of_them_make_the_grammar():
+    whole = [name for action in parser_once()._subparsers._group_actions for name in action.choices]
+    assert whole == [name for _add, names in cliparser.PARTS for name in names]
+    for _add, names in cliparser.PARTS:
+        part = cliparser.build_parser(names[0])
+        assert [n for a in part._subparsers._group_actions for n in a.choices] == list(names)
+
+
+def _help_of(parser, path):
+    for name, _line, sub in helptext.subcommands(parser):
+        if name == path:
+            return sub.format_help()
+    raise AssertionError(f"no command {path!r}")
+
+
+@pytest.mark.parametrize("command", command_names()[1:])
+def test_a_part_shows_the_same_help_as_the_whole_grammar(command, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    part = cliparser.build_parser(command.split()[0])
+    assert _help_of(part, command) == _help_of(parser_once(), command)
+
+
+@pytest.mark.parametrize("command", command_names()[1:])
+def test_a_part_parses_each_example_as_the_whole_grammar_does(command):
+    def parsed(parser, argv):
+        args = vars(parser.parse_args(argv))
+        handler = args.pop("handler", None)  # a LazyCommand: the same module and function
+        args["handler"] = (handler.module, handler.function) if handler is not None else None
+        return {k: v for k, v in args.items() if k not in ("parsed_by", "subparser")}
+
+    for line in helptext.examples(command):
+        argv = example_argv(line)
+        named = cliparser.command_named(argv)
+        assert named == command.split()[0], line
+        assert parsed(cliparser.build_parser(named), argv) == parsed(parser_once(), argv), line
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["create", "local"], "create"),
+        (["-v", "--json", "-qv", "--traceback", "list"], "list"),
+        (["__stage-node", "x"], "__stage-node"),
+        (["recipes", "list"], "recipes"),
+        ([], None),  # no command: the whole grammar's usage
+        (["--version"], None),
+        (["-h", "create"], None),  # envbuilder's own help, which lists every command
+        (["--bogus", "create"], None),  # an unknown option is reported by the whole grammar
+        (["-vx", "create"], None),
+        (["creat", "local"], None),  # a mistyped command gets the whole grammar's "did you mean"
+    ],
+)
+def test_only_a_line_that_begins_with_global_flags_and_a_command_is_parsed_by_its_part(argv, named):
+    assert cliparser.command_named(argv) == named
+
+
+def test_a_usage_error_under_a_part_reads_as_under_the_whole_grammar(capsys):
+    assert dispatch.main(["-q", "create", "local", "--bogus-flag"]) == 2
+    err = capsys.readouterr().err
+    assert "envbuilder create: unrecognized arguments: --bogus-flag" in err
+    assert dispatch.main(["-h", "create"]) == 0  # envbuilder's own help, not create's
+    out = capsys.readouterr().out
+    assert "COMMAND" in out and "restore" in out and "--prefix" not in out

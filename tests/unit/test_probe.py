@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from helpers import REPO
 
+from envbuilder.cli import dispatch
 from envbuilder.core.errors import HostProbeError, ResolverErrors
 from envbuilder.core.facts import Gpu, facts_from_json
+from envbuilder.system import host
 from envbuilder.system.host import load_facts_file, probe
 
 SHIMS = REPO / "tests" / "shims"
@@ -297,3 +300,91 @@ def test_a_probed_pvc_node_plans_xpu_and_a_flex_one_is_refused(tmp_path):
     flex = replace(facts, gpus=(Gpu("Intel GPU 0x56c0", vendor="intel"),))  # a Flex 170 by its PCI id
     with pytest.raises(ResolverErrors):
         resolve(TorchRequest("2.13.0", "xpu"), flex)
+
+
+# A command that probes asks nvidia-smi at its start (host.asked_early, from cli.dispatch), while its modules load.
+
+
+def _asked(calls: Path) -> list[str]:
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+def _until_asked(calls: Path, n: int) -> None:
+    deadline = time.monotonic() + 60
+    while len(_asked(calls)) < n:
+        assert time.monotonic() < deadline, _asked(calls)
+        time.sleep(0.01)
+
+
+def test_the_first_probe_takes_the_answers_asked_at_the_start_and_a_later_one_asks_again(tmp_path):
+    calls = tmp_path / "calls"
+    env = {**_shim(tmp_path, H200_NODE), "NVIDIA_SMI_SHIM_LOG": str(calls)}
+    with host.asked_early(env):
+        _until_asked(calls, 2)  # both questions were asked before any probe
+        facts = probe(env=env, root=str(tmp_path))
+        assert len(_asked(calls)) == 2, _asked(calls)
+        again = probe(env=env, root=str(tmp_path))
+        assert len(_asked(calls)) == 4, _asked(calls)
+    assert sorted(_asked(calls)[:2]) == sorted(_asked(calls)[2:])  # the same two questions
+    assert facts == again
+    assert facts.driver_version == "580.159.04" and facts.max_cuda == "13.0" and len(facts.gpus) == 2
+    assert facts.gpus[0].compute_capability == "9.0"
+
+
+def test_answers_asked_for_another_environment_are_not_taken(tmp_path):
+    calls = tmp_path / "calls"
+    env = {**_shim(tmp_path, H200_NODE), "NVIDIA_SMI_SHIM_LOG": str(calls)}
+    with host.asked_early(env):
+        _until_asked(calls, 2)
+        other = {**env, "CUDA_VISIBLE_DEVICES": "1"}
+        facts = probe(env=other, root=str(tmp_path))
+        assert len(_asked(calls)) == 4  # asked afresh in the probe's own environment
+    assert len(facts.gpus) == 2
+
+
+def test_an_old_driver_answers_the_early_question_as_the_probe_expects(tmp_path):
+    """The early query asks for compute_cap, which a driver before 510 refuses: the probe then asks without it."""
+    spec = {
+        "driver": "470.82.01",
+        "cuda": "11.4",
+        "old_driver": True,
+        "gpus": [{"name": "Tesla V100-SXM2-16GB", "cc": "7.0", "mem": 16160}],
+    }
+    env = _shim(tmp_path, spec)
+    with host.asked_early(env):
+        facts = probe(env=env, root=str(tmp_path))
+    assert facts.gpus[0].name == "Tesla V100-SXM2-16GB" and facts.gpus[0].compute_capability is None
+    assert facts.driver_version == "470.82.01" and facts.max_cuda == "11.4"
+
+
+def test_questions_nobody_took_end_with_the_block(tmp_path):
+    env = {**_shim(tmp_path, H200_NODE), "NVIDIA_SMI_SHIM_DELAY": "600"}
+    with host.asked_early(env):
+        children = [host._early[0].query.child, host._early[0].version.child]
+    assert not host._early
+    for child in children:
+        assert child.returncode is not None  # ended and reaped, not left to answer nobody
+        with pytest.raises(ProcessLookupError):
+            os.kill(child.pid, 0)
+
+
+def test_no_nvidia_smi_means_nothing_asked(tmp_path):
+    with host.asked_early({"PATH": str(tmp_path)}):
+        assert not host._early
+
+
+def test_probing_commands_ask_nvidia_smi_once_and_a_facts_file_asks_nothing(tmp_path, monkeypatch, capsys):
+    calls = tmp_path / "calls"
+    for name, value in {**_shim(tmp_path, H200_NODE), "NVIDIA_SMI_SHIM_LOG": str(calls)}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("ENVBUILDER_INDEX_MIRROR", raising=False)  # plan from the shipped table (--offline)
+    assert dispatch.main(["probe", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["data"]
+    assert data["driver_version"] == "580.159.04" and len(data["gpus"]) == 2
+    assert len(_asked(calls)) == 2, _asked(calls)  # the early questions' answers, not asked twice
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps(data))
+    calls.unlink()
+    assert dispatch.main(["plan", "local", "--offline", "--facts", str(facts)]) == 0
+    capsys.readouterr()
+    assert _asked(calls) == []
