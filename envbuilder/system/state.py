@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from envbuilder.core import kinds, settings
 from envbuilder.core.errors import EnvNotFound, StateError, did_you_mean
@@ -98,8 +98,27 @@ def save(root: Path, record: EnvRecord) -> Path:
 
 
 def load(root: Path, name: str) -> EnvRecord:
-    path = record_path(root, name)
+    return EnvRecord.from_json(_read(root, name))
+
+
+def recorded_prefixes(root: Path) -> dict[str, str]:
+    """Where each recorded env is, by name: the records read as :func:`load` reads them (the home checked once),
+    without making whole records of them (a create checks every other name's prefix before it claims one).
+    Records that cannot be read, or name no prefix, are left out."""
     strictmodes.home(root)
+    found = {}
+    for name in names(root):
+        with contextlib.suppress(StateError):  # unreadable, of another format, or removed meanwhile
+            prefix = _read(root, name, checked=True).get("prefix")
+            if isinstance(prefix, str):
+                found[name] = prefix
+    return found
+
+
+def _read(root: Path, name: str, checked: bool = False) -> dict[str, Any]:
+    path = record_path(root, name)
+    if not checked:
+        strictmodes.home(root)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -118,7 +137,7 @@ def load(root: Path, name: str) -> EnvRecord:
             f"the record {path} has format version {version!r}; this envbuilder reads {RECORD_VERSION}",
             hint="upgrade envbuilder" if isinstance(version, int) and version > RECORD_VERSION else None,
         )
-    return EnvRecord.from_json(data)
+    return cast(dict[str, Any], data)
 
 
 def names(root: Path) -> list[str]:

@@ -303,14 +303,10 @@ def claim(home: Path, name: str, final: Path, force: bool) -> Optional[Path]:
     """Check that ``name`` may have its env at ``final`` (mutex of ``name`` held): never where another name's env
     is recorded, and not beside the name's own env elsewhere unless ``force`` (a move). The prefix whose env a
     move removes once the new one is in place and recorded, if any."""
-    for other in state.names(home):
+    for other, prefix in state.recorded_prefixes(home).items():
         if other == name:
             continue
-        try:
-            rec = state.load(home, other)
-        except StateError:
-            continue
-        if Path(rec.prefix) == final:
+        if Path(prefix) == final:
             gone = "" if final.exists() else " (gone now)"
             raise StateError(
                 f"{final} is where the env {other!r} is recorded{gone}; {name} cannot take its place",
@@ -338,9 +334,8 @@ def _remove_moved(home: Path, name: str, old: Path, new: Path) -> list[str]:
         return []
     if not removal.is_env(old):
         return [f"left {old} alone: it is no longer an environment (or a symlink to one)"]
-    for other in state.names(home):
-        with contextlib.suppress(StateError):
-            if other != name and Path(state.load(home, other).prefix) == old:
-                return [f"left {old} alone: it is the env {other} now"]
+    for other, prefix in state.recorded_prefixes(home).items():
+        if other != name and Path(prefix) == old:
+            return [f"left {old} alone: it is the env {other} now"]
     discard(old, ignore_errors=True)
     return [f"moved {name} from {old} to {new}; removed the env at {old}"]

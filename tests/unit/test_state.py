@@ -105,6 +105,23 @@ def test_unknown_record_version_and_corrupt_record(tmp_path):
         state.load(tmp_path, "y")
 
 
+def test_recorded_prefixes_read_each_record_as_load_does_and_leave_out_what_it_would_refuse(tmp_path):
+    state.save(tmp_path, record("a", prefix="/s/a"))
+    state.save(tmp_path, record("b", prefix="/s/b"))
+    envs = state.record_path(tmp_path, "x").parent
+    (envs / "corrupt.json").write_text("{")
+    (envs / "future.json").write_text('{"version": 99, "prefix": "/s/f"}')
+    (envs / "noprefix.json").write_text(json.dumps({"version": state.RECORD_VERSION, "name": "noprefix"}))
+    assert state.recorded_prefixes(tmp_path) == {"a": "/s/a", "b": "/s/b"}
+    assert {n: state.load(tmp_path, n).prefix for n in ("a", "b")} == state.recorded_prefixes(tmp_path)
+    os.chmod(envs, 0o777)  # a home others can write: its records are not read
+    try:
+        with pytest.raises(StateError, match="envs/"):
+            state.recorded_prefixes(tmp_path)
+    finally:
+        os.chmod(envs, 0o755)
+
+
 @pytest.mark.parametrize("bad", ["", "../etc", "a/b", ".hidden"])
 def test_env_names_cannot_escape_the_directory(tmp_path, bad):
     with pytest.raises(StateError):
