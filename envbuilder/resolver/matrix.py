@@ -16,7 +16,7 @@ from typing import Any, Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from envbuilder.core._toml import loads
+from envbuilder.core._toml import loads_shipped
 from envbuilder.core.facts import Gpu
 from envbuilder.core.structs import dataclass
 from envbuilder.resolver.vendortable import VendorTable, vendor_from_data
@@ -229,7 +229,7 @@ def _vendor_builds(vendor: VendorTable, torch: str) -> dict[str, Any]:
 def load_matrix() -> Matrix:
     """The matrix shipped in the package (read once)."""
     text = files("envbuilder").joinpath("data/torch_matrix.toml").read_text(encoding="utf-8")
-    return matrix_from_data(loads(text))
+    return matrix_from_data(loads_shipped(text))
 
 
 def table_age(today: Optional[date] = None) -> str:

@@ -449,3 +449,15 @@ def test_an_extends_chain_past_the_limit_names_the_file_and_key(tmp_path):
         loader.load("long", Catalog([Layer("test", tmp_path)]))
     assert info.value.key == "extends" and info.value.file and info.value.file.endswith(".toml")
     assert f"the limit is {loader.MAX_EXTENDS}" in info.value.message
+
+
+def test_the_shipped_tables_pass_the_limits_scan_that_their_parse_skips():
+    """core._toml.loads_shipped parses the package's own torch table without the scan: it must stay within every
+    limit, and read the same either way."""
+    from importlib.resources import files
+
+    from envbuilder.core._toml import loads_shipped
+
+    for name in ("torch_matrix.toml", "container_images.toml"):
+        text = files("envbuilder").joinpath(f"data/{name}").read_text(encoding="utf-8")
+        assert loads(text) == loads_shipped(text), name

@@ -114,12 +114,12 @@ def test_recorded_prefixes_read_each_record_as_load_does_and_leave_out_what_it_w
     (envs / "noprefix.json").write_text(json.dumps({"version": state.RECORD_VERSION, "name": "noprefix"}))
     assert state.recorded_prefixes(tmp_path) == {"a": "/s/a", "b": "/s/b"}
     assert {n: state.load(tmp_path, n).prefix for n in ("a", "b")} == state.recorded_prefixes(tmp_path)
-    os.chmod(envs, 0o777)  # a home others can write: its records are not read
+    envs.chmod(0o777)  # a home others can write: its records are not read
     try:
         with pytest.raises(StateError, match="envs/"):
             state.recorded_prefixes(tmp_path)
     finally:
-        os.chmod(envs, 0o755)
+        envs.chmod(0o755)
 
 
 @pytest.mark.parametrize("bad", ["", "../etc", "a/b", ".hidden"])
