@@ -103,11 +103,41 @@ def wheel_digest(dist_info: Path) -> Optional[str]:
         text = (dist_info / "RECORD").read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    site = dist_info.parent
+    ours = f"{dist_info.name}/"
+    # Quotes, carriage returns and NULs are the csv module's to read (no wheel writes them).
+    read = _read_csv if '"' in text or "\r" in text or "\x00" in text else _read_plain
+    rows = read(text, ours, dist_info.parent)
+    if not rows:
+        return None
+    return hashlib.sha256("\n".join(sorted(rows)).encode("utf-8")).hexdigest()
+
+
+def _read_plain(text: str, ours: str, site: Path) -> Optional[list[str]]:
+    """The wheel's own rows as ``path,hash``, from a RECORD without quotes (wheels quote nothing): split at its
+    commas, which takes a fifth of the csv module's time for a torch's 12,000-16,000 rows (the most of a create's
+    build guard on a GPU node); :func:`_read_csv` reads any RECORD so, row by row, and a test holds the two to the
+    same answer."""
+    rows: list[str] = []
+    for line in text.split("\n"):
+        if not line:
+            continue
+        path, _, rest = line.partition(",")
+        if _installers(path, ours):
+            continue
+        digest, _, size = rest.partition(",")
+        if not digest.startswith(STRONG):
+            return None
+        if ".so" in path and _NATIVE.search(path) and not _size_matches(site / path, size.partition(",")[0]):
+            return None
+        rows.append(f"{path},{digest}")
+    return rows
+
+
+def _read_csv(text: str, ours: str, site: Path) -> Optional[list[str]]:
     rows: list[str] = []
     try:
         for row in csv.reader(io.StringIO(text)):
-            if not row or _installers(row[0], dist_info.name):
+            if not row or _installers(row[0], ours):
                 continue
             path, digest = row[0], row[1] if len(row) > 1 else ""
             if not digest.startswith(STRONG):
@@ -117,17 +147,15 @@ def wheel_digest(dist_info: Path) -> Optional[str]:
             rows.append(f"{path},{digest}")
     except csv.Error:
         return None
-    if not rows:
-        return None
-    return hashlib.sha256("\n".join(sorted(rows)).encode("utf-8")).hexdigest()
+    return rows
 
 
-def _installers(path: str, dist_info: str) -> bool:
-    """Is this RECORD row one the installer wrote for this env (not a file of the wheel)?"""
-    if path.startswith(("../", "/")) or path.endswith(".pyc") or "__pycache__/" in path:
+def _installers(path: str, ours: str) -> bool:
+    """Is this RECORD row one the installer wrote for this env (not a file of the wheel)? ``ours``: the
+    dist-info directory's name and a slash."""
+    if path.endswith(".pyc") or "__pycache__/" in path or path.startswith(("../", "/")):
         return True
-    head, _, name = path.rpartition("/")
-    return head == dist_info and name in INSTALLER_FILES
+    return path.startswith(ours) and path[len(ours) :] in INSTALLER_FILES
 
 
 def _size_matches(path: Path, size: str) -> bool:

@@ -81,6 +81,60 @@ def test_records_it_does_not_trust_give_no_digest(tmp_path):
     assert wheel_digest(dist) is None
 
 
+def test_a_record_with_quoted_rows_is_read_by_the_csv_module_to_the_same_digest(tmp_path):
+    plain = install(site(tmp_path, "a"))
+    quoted = install(site(tmp_path, "b"))
+    text = (quoted / "RECORD").read_text()
+    (quoted / "RECORD").write_text(text.replace("torch/__init__.py,", '"torch/__init__.py",'))
+    assert wheel_digest(plain) == wheel_digest(quoted) is not None
+
+
+#: Fields a RECORD row may be made of, plain (no quote, carriage return or NUL: those go to the csv module).
+_PATHS = [
+    "torch/a.py",
+    "torch/lib/libx.so",
+    "torch/lib/liby.so.1.2",
+    "torch/lib/libz.so",
+    f"{DIST}/METADATA",
+    f"{DIST}/INSTALLER",
+    f"{DIST}/RECORD",
+    f"{DIST}/sub/RECORD",
+    "../../../bin/torchrun",
+    "/abs/file",
+    "torch/__pycache__/a.cpython-311.pyc",
+    "torch/b.pyc",
+    "",
+    " ",
+    "torch/with space.py",
+    "torch/so.pyx",
+]
+_STRONG = ["sha256=abc", "sha512=def", "sha384=x"]
+_WEAK = ["md5=abc", "", "SHA256=abc", "sha256"]
+_SIZES = ["3", "", "12", "x", "3,extra"]
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_the_plain_reading_of_a_record_is_the_csv_modules_row_for_row(tmp_path, seed):
+    """wheel_digest splits a plain RECORD at its commas (a fifth of the csv module's time): on every mix of rows,
+    kept and skipped, strong and weak, native libraries of the right and the wrong size, short and long rows, it
+    answers as the csv module's reading does."""
+    rng = random.Random(seed)  # noqa: S311 - test data, not a secret
+    site_dir = tmp_path / "site"
+    for name in ("torch/lib/libx.so", "torch/lib/liby.so.1.2"):
+        (site_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (site_dir / name).write_bytes(b"abc")  # 3 bytes: the size "3" matches, "12" does not
+    lines = []
+    for _ in range(rng.randrange(1, 12)):
+        digest = rng.choice(_WEAK if rng.random() < 0.05 else _STRONG)  # one weak row ends the reading
+        fields = [rng.choice(_PATHS), digest, rng.choice(_SIZES)][: rng.choice((1, 2, 3, 3, 3, 3, 3))]
+        lines.append(",".join(fields))
+    if rng.random() < 0.3:
+        lines.insert(rng.randrange(len(lines) + 1), "")
+    text = "\n".join(lines) + rng.choice(("\n", ""))
+    ours = f"{DIST}/"
+    assert torcharch._read_plain(text, ours, site_dir) == torcharch._read_csv(text, ours, site_dir), text
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The arch list as its library's bytes hold it (library_flags)
 
