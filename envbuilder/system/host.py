@@ -152,9 +152,12 @@ def asked_early(env: Mapping[str, str]) -> Iterator[None]:
         return
     env = dict(env)
     with contextlib.ExitStack() as started:
-        query = started.enter_context(proc.background(_query_argv(smi, _QUERY_FIELDS), env=env))
-        version = started.enter_context(proc.background([smi, "--version"], env=env))
-        _early.append(_Asked(smi, env, query, version))
+        try:
+            query = started.enter_context(proc.background(_query_argv(smi, _QUERY_FIELDS), env=env))
+            version = started.enter_context(proc.background([smi, "--version"], env=env))
+            _early.append(_Asked(smi, env, query, version))
+        except OSError:  # it does not start: the probe asks again, and finds out on its own
+            started.close()
         try:
             yield
         finally:
@@ -181,14 +184,19 @@ def _probe_nvidia(
         # sleep), and every create, restore and validate asks them. Where the command asked them at its start
         # (asked_early), their answers are taken.
         early = _take_early(smi, env)
-        with contextlib.ExitStack() as started:
-            version = (
-                early.version
-                if early
-                else started.enter_context(proc.background([smi, "--version"], env=env))
-            )
-            gpus, driver = _smi_query(smi, env, early.query if early else None)
-            max_cuda = _smi_cuda_version(smi, env, version)
+        try:
+            with contextlib.ExitStack() as started:
+                version = (
+                    early.version
+                    if early
+                    else started.enter_context(proc.background([smi, "--version"], env=env))
+                )
+                gpus, driver = _smi_query(smi, env, early.query if early else None)
+                max_cuda = _smi_cuda_version(smi, env, version)
+        except (
+            OSError
+        ):  # an nvidia-smi that does not start (a broken install): as if none, /proc says what it can
+            smi, gpus, driver, max_cuda = None, None, None, None
     proc_dir = root / "proc" / "driver" / "nvidia"
     if driver is None:
         try:

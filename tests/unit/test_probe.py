@@ -373,6 +373,20 @@ def test_no_nvidia_smi_means_nothing_asked(tmp_path):
         assert not host._early
 
 
+def test_an_nvidia_smi_that_does_not_start_leaves_the_probe_to_find_out(tmp_path):
+    """An executable that is no program (a broken install, a file of another machine): starting it fails at once;
+    the command goes on, and its probe says what it can without it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_bytes(b"\x00\x01 not a program")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": str(bin_dir)}
+    with host.asked_early(env):
+        assert not host._early
+        facts = probe(env=env, root=str(tmp_path))
+    assert facts.gpus is None and facts.driver_version is None
+
+
 def test_probing_commands_ask_nvidia_smi_once_and_a_facts_file_asks_nothing(tmp_path, monkeypatch, capsys):
     calls = tmp_path / "calls"
     for name, value in {**_shim(tmp_path, H200_NODE), "NVIDIA_SMI_SHIM_LOG": str(calls)}.items():
