@@ -193,9 +193,7 @@ def _probe_nvidia(
                 )
                 gpus, driver = _smi_query(smi, env, early.query if early else None)
                 max_cuda = _smi_cuda_version(smi, env, version)
-        except (
-            OSError
-        ):  # an nvidia-smi that does not start (a broken install): as if none, /proc says what it can
+        except OSError:  # it does not start (a broken install): as if there were none, /proc says what it can
             smi, gpus, driver, max_cuda = None, None, None, None
     proc_dir = root / "proc" / "driver" / "nvidia"
     if driver is None:
