@@ -260,3 +260,19 @@ def test_a_move_removes_the_old_env_once_the_new_one_is_recorded(tmp_path):
     assert state.load(home, "demo").prefix == str(new)
     with pytest.raises(StateError, match="is where the env 'demo' is recorded"):
         transaction.claim(home, "other", new, force=True)
+
+
+def test_a_move_leaves_the_old_place_alone_once_another_env_is_recorded_there(tmp_path):
+    """Between a move's claim and its end, another name's env took the old place (`create other --prefix OLD
+    --force` of someone else's session): the move removes nothing there, and says why."""
+    home, old, new = tmp_path / "home", _tree(tmp_path / "old", "old"), tmp_path / "new"
+    state.save(home, _record("demo", old))
+    moving = transaction.claim(home, "demo", new, force=True)
+    state.save(home, _record("other", old))  # the old place is the other env's now
+    pending = transaction.Pending("create", "moved", _record("demo", new), str(moving))
+    with transaction.Transaction(new) as tx:
+        _tree(tx.partial, "new")
+        tx.swap(pending.to_json())
+    notes = tx.finish({}, lambda: pending.complete(home, new))
+    assert notes == [f"left {old} alone: it is the env other now"]
+    assert _tag(old) == "old"
