@@ -104,8 +104,12 @@ def load(root: Path, name: str) -> EnvRecord:
 def recorded_prefixes(root: Path) -> dict[str, str]:
     """Where each recorded env is, by name: the records read as :func:`load` reads them (the home checked once),
     without making whole records of them (a create checks every other name's prefix before it claims one).
-    Records that cannot be read, or name no prefix, are left out."""
-    strictmodes.home(root)
+    Records that cannot be read, or name no prefix, are left out; so are all of them in a home that is not safe
+    to read, as :func:`load` would refuse each."""
+    try:
+        strictmodes.home(root)
+    except StateError:
+        return {}
     found = {}
     for name in names(root):
         with contextlib.suppress(StateError):  # unreadable, of another format, or removed meanwhile
