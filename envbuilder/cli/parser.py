@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Optional
 
@@ -15,6 +14,7 @@ from envbuilder.cli import aidparser, helptext, siteparser
 from envbuilder.cli.options import add_index, add_launch, add_lock_use, add_partition, add_preflight, env_verb
 from envbuilder.cli.parts import (
     GLOBAL_FLAGS,
+    GLOBAL_SHORT,
     Choices,
     Parser,
     add_global_options,
@@ -30,9 +30,6 @@ if TYPE_CHECKING:
 
     #: A part of the grammar: the function that adds its commands, and their names.
     Part = tuple[Callable[[Sub], None], tuple[str, ...]]
-
-#: ``-v``, ``-qq``, ``-vq``: global flags typed together.
-_SHORT_GLOBALS = re.compile(r"-[vq]+")
 
 
 def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
@@ -78,7 +75,7 @@ def command_named(argv: Sequence[str]) -> Optional[str]:
     for word in argv:
         if not word.startswith("-"):
             return word if word in _COMMANDS else None
-        if word not in GLOBAL_FLAGS and not _SHORT_GLOBALS.fullmatch(word):
+        if word not in GLOBAL_FLAGS and not GLOBAL_SHORT.fullmatch(word):
             return None
     return None
 

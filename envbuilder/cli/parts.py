@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import re
 import shlex
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -172,6 +173,8 @@ JSON_BEFORE = "json@"
 GLOBAL_FLAGS = frozenset(
     {"--json", *(flag for flags, _dest, _action, _help in GLOBAL_OPTIONS for flag in flags)}
 )
+#: Their one-letter forms typed together (``-vq``, ``-vv``).
+GLOBAL_SHORT = re.compile(f"-[{''.join(sorted(f[1] for f in GLOBAL_FLAGS if len(f) == 2))}]+")
 
 
 def add_global_options(parser: argparse.ArgumentParser) -> None:
