@@ -243,6 +243,15 @@ def test_heal_never_takes_over_another_names_env(tmp_path):
         transaction.heal(home, "demo", final)
 
 
+def _moved(home: Path, new: Path, moving: Path) -> list[str]:
+    """demo's new env built and swapped in at ``new``, its move from ``moving`` finished: the notes."""
+    pending = transaction.Pending("create", "moved", _record("demo", new), str(moving))
+    with transaction.Transaction(new) as tx:
+        _tree(tx.partial, "new")
+        tx.swap(pending.to_json())
+    return tx.finish({}, lambda: pending.complete(home, new))
+
+
 def test_a_move_removes_the_old_env_once_the_new_one_is_recorded(tmp_path):
     home, old, new = tmp_path / "home", _tree(tmp_path / "old", "old"), tmp_path / "new"
     state.save(home, _record("demo", old))
@@ -250,11 +259,7 @@ def test_a_move_removes_the_old_env_once_the_new_one_is_recorded(tmp_path):
         transaction.claim(home, "demo", new, force=False)
     moving = transaction.claim(home, "demo", new, force=True)
     assert moving == old
-    pending = transaction.Pending("create", "moved", _record("demo", new), str(moving))
-    with transaction.Transaction(new) as tx:
-        _tree(tx.partial, "new")
-        tx.swap(pending.to_json())
-    notes = tx.finish({}, lambda: pending.complete(home, new))
+    notes = _moved(home, new, moving)
     assert notes == [f"moved demo from {old} to {new}; removed the env at {old}"]
     assert not old.exists() and list(tmp_path.glob(".old.*")) == []
     assert state.load(home, "demo").prefix == str(new)
@@ -269,10 +274,6 @@ def test_a_move_leaves_the_old_place_alone_once_another_env_is_recorded_there(tm
     state.save(home, _record("demo", old))
     moving = transaction.claim(home, "demo", new, force=True)
     state.save(home, _record("other", old))  # the old place is the other env's now
-    pending = transaction.Pending("create", "moved", _record("demo", new), str(moving))
-    with transaction.Transaction(new) as tx:
-        _tree(tx.partial, "new")
-        tx.swap(pending.to_json())
-    notes = tx.finish({}, lambda: pending.complete(home, new))
+    notes = _moved(home, new, moving)
     assert notes == [f"left {old} alone: it is the env other now"]
     assert _tag(old) == "old"
